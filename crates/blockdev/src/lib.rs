@@ -1,0 +1,197 @@
+//! Block devices behind namespaces and volumes.
+//!
+//! The target speaks to storage only through [`BlockDevice`]. A request owns its
+//! data buffer ([`AlignedBuf`]) for the whole I/O and gets it back in [`IoDone`],
+//! so a backend that hands the buffer to the kernel (io_uring, O_DIRECT) never
+//! races a caller that gave up waiting. Backends that finish at once (RAM, null)
+//! return [`IoFuture::Ready`], which costs no allocation.
+
+mod buf;
+pub mod file;
+pub mod mem;
+pub mod null;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+pub use buf::AlignedBuf;
+pub use file::{FileDevice, FileOptions};
+pub use mem::MemDevice;
+pub use null::NullDevice;
+
+/// Size of a device: logical block size in bytes and number of blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    pub block_size: u32,
+    pub num_blocks: u64,
+}
+
+impl Geometry {
+    pub fn size_bytes(&self) -> u64 {
+        self.num_blocks * u64::from(self.block_size)
+    }
+
+    /// Checks a backend's configured size and block size; `what` names the device
+    /// in the error (e.g. `"mem device"` or a path).
+    pub(crate) fn checked(
+        what: &str,
+        size_bytes: u64,
+        block_size: u32,
+    ) -> Result<Geometry, BlockError> {
+        if block_size != 512 && block_size != 4096 {
+            return Err(BlockError::Config(format!(
+                "{what}: block_size = {block_size} is not supported; use 512 or 4096"
+            )));
+        }
+        let bs = u64::from(block_size);
+        if size_bytes == 0 || !size_bytes.is_multiple_of(bs) {
+            let suggest = size_bytes.max(1).next_multiple_of(bs);
+            return Err(BlockError::Config(format!(
+                "{what}: size = {size_bytes} bytes is not a non-zero multiple of block_size {block_size}; \
+                 use a multiple such as {suggest}"
+            )));
+        }
+        Ok(Geometry {
+            block_size,
+            num_blocks: size_bytes / bs,
+        })
+    }
+}
+
+/// `1 GiB`, `512 MiB`, `12 KiB`, `100 bytes`: the largest unit that divides evenly.
+pub(crate) fn human_size(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (1 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+    ];
+    for (unit, name) in UNITS {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
+            return format!("{} {name}", bytes / unit);
+        }
+    }
+    if bytes >= 1 << 20 {
+        return format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64);
+    }
+    format!("{bytes} bytes")
+}
+
+/// What a request asks of the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockOp {
+    /// Fill `buf[..blocks * block_size]` from `lba`.
+    Read,
+    /// Store `buf[..blocks * block_size]` at `lba`; `fua` makes it durable before completion.
+    Write { fua: bool },
+    /// Make every completed write durable. `lba`/`blocks` are ignored.
+    Flush,
+    /// Make `blocks` blocks from `lba` read back as zeroes. The buffer is not used.
+    WriteZeroes,
+    /// The host no longer needs these blocks; they read back as zeroes afterwards
+    /// (we advertise DLFEAT "reads return zeroes" only where the backend keeps that promise).
+    Deallocate,
+}
+
+/// One I/O. `buf` must hold at least `blocks * block_size` bytes for reads and writes.
+#[derive(Debug)]
+pub struct IoRequest {
+    pub op: BlockOp,
+    pub lba: u64,
+    pub blocks: u32,
+    pub buf: AlignedBuf,
+}
+
+/// A finished I/O: the buffer comes back with the outcome.
+#[derive(Debug)]
+pub struct IoDone {
+    pub buf: AlignedBuf,
+    pub result: Result<(), BlockError>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[error("LBA range {lba}+{blocks} is beyond the device's {num_blocks} blocks")]
+    OutOfRange {
+        lba: u64,
+        blocks: u64,
+        num_blocks: u64,
+    },
+    #[error("buffer of {have} bytes is smaller than the {need} bytes the request moves")]
+    BufferTooSmall { have: usize, need: usize },
+    #[error("device has no space left")]
+    NoSpace,
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Config(String),
+}
+
+/// The future a device returns for one request.
+pub enum IoFuture {
+    Ready(Option<IoDone>),
+    Pending(Pin<Box<dyn Future<Output = IoDone> + Send>>),
+}
+
+impl IoFuture {
+    pub fn ready(buf: AlignedBuf, result: Result<(), BlockError>) -> Self {
+        IoFuture::Ready(Some(IoDone { buf, result }))
+    }
+}
+
+impl Future for IoFuture {
+    type Output = IoDone;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<IoDone> {
+        match self.get_mut() {
+            IoFuture::Ready(done) => {
+                Poll::Ready(done.take().expect("IoFuture polled after completion"))
+            }
+            IoFuture::Pending(fut) => fut.as_mut().poll(cx),
+        }
+    }
+}
+
+/// A store of fixed-size blocks: RAM, a file, a block device, a volume, a remote namespace.
+pub trait BlockDevice: Send + Sync + 'static {
+    fn geometry(&self) -> Geometry;
+    /// Starts one I/O. Range and buffer checks are the device's job too: a bad
+    /// request completes with an error, it never panics.
+    fn submit(&self, req: IoRequest) -> IoFuture;
+    /// Whether deallocated blocks read back as zeroes (reported to hosts in DLFEAT).
+    fn deallocate_reads_zeroes(&self) -> bool;
+    /// One line for logs and the startup banner, e.g. `file /var/lib/x.img (O_DIRECT, io_uring)`.
+    fn describe(&self) -> String;
+    /// Flush and release at shutdown. Called once; I/O after it is not allowed.
+    fn shutdown(&self) -> Result<(), BlockError> {
+        Ok(())
+    }
+}
+
+/// Checks `lba + blocks` against the geometry and the buffer; every backend calls it first.
+pub fn check_request(geo: Geometry, req: &IoRequest) -> Result<(), BlockError> {
+    if matches!(req.op, BlockOp::Flush) {
+        return Ok(());
+    }
+    let end = req.lba.checked_add(u64::from(req.blocks));
+    if end.is_none_or(|e| e > geo.num_blocks) {
+        return Err(BlockError::OutOfRange {
+            lba: req.lba,
+            blocks: u64::from(req.blocks),
+            num_blocks: geo.num_blocks,
+        });
+    }
+    if matches!(req.op, BlockOp::Read | BlockOp::Write { .. }) {
+        let need = req.blocks as usize * geo.block_size as usize;
+        if req.buf.len() < need {
+            return Err(BlockError::BufferTooSmall {
+                have: req.buf.len(),
+                need,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod testutil;

@@ -1,0 +1,267 @@
+//! RAM backend, thin: storage comes in fixed chunks allocated on first write.
+//!
+//! Each chunk has its own lock, so reactor threads on different chunks never
+//! contend and there is no device-wide lock on the I/O path. A chunk that was
+//! never written (or was wholly deallocated) reads as zeroes and costs nothing.
+
+use parking_lot::RwLock;
+
+use crate::{
+    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoFuture, IoRequest, check_request,
+    human_size,
+};
+
+/// Bytes per lazily allocated chunk.
+const CHUNK: u64 = 1 << 20;
+/// Largest device we index: 16 Mi chunk slots (~384 MiB of slots) at 1 MiB each.
+const MAX_SIZE: u64 = 16 << 40;
+
+type Chunk = RwLock<Option<Box<[u8]>>>;
+
+/// A thin RAM disk.
+pub struct MemDevice {
+    geo: Geometry,
+    chunks: Box<[Chunk]>,
+}
+
+/// One piece of a request that falls inside a single chunk.
+struct Segment {
+    chunk: usize,
+    /// Offset inside the chunk.
+    at: usize,
+    len: usize,
+    /// Offset inside the request's buffer.
+    buf_at: usize,
+}
+
+impl MemDevice {
+    /// A zeroed device of `size_bytes` (a non-zero multiple of `block_size`,
+    /// which is 512 or 4096). No memory is used until blocks are written.
+    pub fn new(size_bytes: u64, block_size: u32) -> Result<MemDevice, BlockError> {
+        let geo = Geometry::checked("mem device", size_bytes, block_size)?;
+        if size_bytes > MAX_SIZE {
+            return Err(BlockError::Config(format!(
+                "mem device: size = {size_bytes} bytes is over the {} a RAM device supports; use a smaller size",
+                human_size(MAX_SIZE)
+            )));
+        }
+        let n = size_bytes.div_ceil(CHUNK) as usize;
+        let chunks = (0..n).map(|_| RwLock::new(None)).collect();
+        Ok(MemDevice { geo, chunks })
+    }
+
+    /// Bytes of RAM currently holding data (whole chunks).
+    pub fn allocated_bytes(&self) -> u64 {
+        let mut total = 0;
+        for (i, c) in self.chunks.iter().enumerate() {
+            if c.read().is_some() {
+                total += self.chunk_len(i) as u64;
+            }
+        }
+        total
+    }
+
+    fn chunk_len(&self, i: usize) -> usize {
+        let start = i as u64 * CHUNK;
+        (self.geo.size_bytes() - start).min(CHUNK) as usize
+    }
+
+    fn segments(&self, lba: u64, blocks: u32) -> impl Iterator<Item = Segment> + use<> {
+        let bs = u64::from(self.geo.block_size);
+        let mut pos = lba * bs;
+        let end = pos + u64::from(blocks) * bs;
+        let start = pos;
+        std::iter::from_fn(move || {
+            if pos >= end {
+                return None;
+            }
+            let chunk = pos / CHUNK;
+            let at = pos % CHUNK;
+            let len = (CHUNK - at).min(end - pos);
+            let seg = Segment {
+                chunk: chunk as usize,
+                at: at as usize,
+                len: len as usize,
+                buf_at: (pos - start) as usize,
+            };
+            pos += len;
+            Some(seg)
+        })
+    }
+
+    fn read(&self, lba: u64, blocks: u32, buf: &mut AlignedBuf) {
+        for s in self.segments(lba, blocks) {
+            let dst = &mut buf[s.buf_at..s.buf_at + s.len];
+            match &*self.chunks[s.chunk].read() {
+                Some(data) => dst.copy_from_slice(&data[s.at..s.at + s.len]),
+                None => dst.fill(0),
+            }
+        }
+    }
+
+    fn write(&self, lba: u64, blocks: u32, buf: &AlignedBuf) {
+        for s in self.segments(lba, blocks) {
+            let src = &buf[s.buf_at..s.buf_at + s.len];
+            let mut slot = self.chunks[s.chunk].write();
+            let data =
+                slot.get_or_insert_with(|| vec![0u8; self.chunk_len(s.chunk)].into_boxed_slice());
+            data[s.at..s.at + s.len].copy_from_slice(src);
+        }
+    }
+
+    /// Frees chunks the range covers whole, zeroes the rest of the range.
+    fn zero(&self, lba: u64, blocks: u32) {
+        for s in self.segments(lba, blocks) {
+            let whole = s.at == 0 && s.len == self.chunk_len(s.chunk);
+            if whole {
+                // Check under the cheaper read lock first: never-written chunks are common.
+                if self.chunks[s.chunk].read().is_some() {
+                    *self.chunks[s.chunk].write() = None;
+                }
+                continue;
+            }
+            if self.chunks[s.chunk].read().is_none() {
+                continue;
+            }
+            if let Some(data) = &mut *self.chunks[s.chunk].write() {
+                data[s.at..s.at + s.len].fill(0);
+            }
+        }
+    }
+}
+
+impl BlockDevice for MemDevice {
+    fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    fn submit(&self, req: IoRequest) -> IoFuture {
+        if let Err(e) = check_request(self.geo, &req) {
+            return IoFuture::ready(req.buf, Err(e));
+        }
+        let IoRequest {
+            op,
+            lba,
+            blocks,
+            mut buf,
+        } = req;
+        match op {
+            BlockOp::Read => self.read(lba, blocks, &mut buf),
+            BlockOp::Write { .. } => self.write(lba, blocks, &buf),
+            BlockOp::Flush => {}
+            BlockOp::WriteZeroes | BlockOp::Deallocate => self.zero(lba, blocks),
+        }
+        IoFuture::ready(buf, Ok(()))
+    }
+
+    fn deallocate_reads_zeroes(&self) -> bool {
+        true
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "mem ({}, {} B blocks, thin, {} allocated)",
+            human_size(self.geo.size_bytes()),
+            self.geo.block_size,
+            human_size(self.allocated_bytes())
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::testutil::*;
+
+    #[test]
+    fn config_errors_say_what_to_do() {
+        let e = MemDevice::new(1000, 512)
+            .err()
+            .expect("size not a multiple")
+            .to_string();
+        assert!(e.contains("1000") && e.contains("1024"), "{e}");
+        let e = MemDevice::new(0, 4096)
+            .err()
+            .expect("zero size")
+            .to_string();
+        assert!(e.contains("size = 0"), "{e}");
+        let e = MemDevice::new(1 << 20, 1024)
+            .err()
+            .expect("bad block size")
+            .to_string();
+        assert!(e.contains("1024") && e.contains("512 or 4096"), "{e}");
+        assert!(MemDevice::new(32 << 40, 4096).is_err());
+    }
+
+    #[test]
+    fn roundtrip_across_chunks() {
+        // 3.5 chunks with 512 B blocks: a partial last chunk, many boundaries.
+        let dev = MemDevice::new(3 * CHUNK + CHUNK / 2, 512).unwrap();
+        assert_eq!(dev.geometry().num_blocks, 7 * 1024);
+        check_random_roundtrip(&dev, 1, 300);
+        // One write straddling two chunks.
+        let bs = 512usize;
+        let lba = CHUNK / 512 - 3;
+        let mut data = vec![0u8; 8 * bs];
+        Rng::new(9).fill(&mut data);
+        write(&dev, lba, &data);
+        assert_eq!(read(&dev, lba, 8), data);
+    }
+
+    #[test]
+    fn thin_until_written() {
+        let dev = MemDevice::new(1 << 30, 4096).unwrap();
+        assert_eq!(dev.allocated_bytes(), 0);
+        assert!(read(&dev, 1000, 4).iter().all(|&b| b == 0));
+        assert_eq!(dev.allocated_bytes(), 0, "reads allocate nothing");
+        write(&dev, 300, &[7u8; 4096]);
+        assert_eq!(dev.allocated_bytes(), CHUNK);
+        // Zeroing part of the chunk keeps it; zeroing all of it frees it.
+        let blocks_per_chunk = (CHUNK / 4096) as u32;
+        io(&dev, BlockOp::WriteZeroes, 300, 1, AlignedBuf::new(0))
+            .result
+            .unwrap();
+        assert_eq!(dev.allocated_bytes(), CHUNK);
+        write(&dev, 300, &[7u8; 4096]);
+        io(
+            &dev,
+            BlockOp::Deallocate,
+            0,
+            3 * blocks_per_chunk,
+            AlignedBuf::new(0),
+        )
+        .result
+        .unwrap();
+        assert_eq!(dev.allocated_bytes(), 0);
+        assert!(read(&dev, 300, 1).iter().all(|&b| b == 0));
+        assert!(dev.describe().contains("1 GiB"), "{}", dev.describe());
+    }
+
+    #[test]
+    fn bad_requests_error_not_panic() {
+        check_bad_requests(&MemDevice::new(64 * 4096, 4096).unwrap());
+        check_bad_requests(&MemDevice::new(64 * 512, 512).unwrap());
+    }
+
+    #[test]
+    fn zeroing_reads_back_zeroes() {
+        assert!(
+            MemDevice::new(CHUNK, 512)
+                .unwrap()
+                .deallocate_reads_zeroes()
+        );
+        // Spans three chunks so whole-chunk frees and partial zeroing both happen.
+        check_zeroing(&MemDevice::new(3 * CHUNK, 4096).unwrap(), 2);
+        check_zeroing(&MemDevice::new(CHUNK + 64 * 512, 512).unwrap(), 3);
+    }
+
+    #[test]
+    fn concurrent_threads() {
+        // Small chunks of the device are shared between threads' regions, so the
+        // per-chunk locks see contention.
+        let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(2 * CHUNK, 4096).unwrap());
+        check_concurrent(dev, 8, 200);
+    }
+}

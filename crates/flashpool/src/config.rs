@@ -1,0 +1,520 @@
+//! The node's TOML configuration: parsed strictly, checked completely, and
+//! turned into a target. Every error names the key, the value and the fix.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice, NullDevice};
+use nvmf_target::{ListenerConfig, ListenerKind, Namespace, Subsystem, TransportConfig};
+use serde::Deserialize;
+
+#[cfg(test)]
+pub const DEFAULT_NQN: &str = "nqn.2026-01.io.flashpool:default";
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    #[serde(default)]
+    pub node: NodeSection,
+    #[serde(default)]
+    pub transport: TransportSection,
+    #[serde(default)]
+    pub listener: Vec<ListenerSection>,
+    #[serde(default)]
+    pub subsystem: Vec<SubsystemSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSection {
+    #[serde(default = "one")]
+    pub reactors: usize,
+    #[serde(default)]
+    pub cpus: Vec<usize>,
+    #[serde(default = "info")]
+    pub log: String,
+    /// Microseconds a reactor spins on an idle connection before sleeping.
+    #[serde(default)]
+    pub poll_us: u32,
+}
+
+impl Default for NodeSection {
+    fn default() -> Self {
+        NodeSection {
+            reactors: 1,
+            cpus: Vec::new(),
+            log: info(),
+            poll_us: 0,
+        }
+    }
+}
+
+fn one() -> usize {
+    1
+}
+fn info() -> String {
+    "info".into()
+}
+
+/// A byte size: an integer, or a string like "1GiB", "512KiB", "4096".
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+pub enum Size {
+    Bytes(u64),
+    Text(#[serde(deserialize_with = "parse_size_de")] u64),
+}
+
+impl Size {
+    pub fn bytes(self) -> u64 {
+        match self {
+            Size::Bytes(b) | Size::Text(b) => b,
+        }
+    }
+}
+
+fn parse_size_de<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_size(&s).map_err(serde::de::Error::custom)
+}
+
+/// Parses "1GiB", "128KiB", "4096", "2 MiB", "1G" (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("size {s:?} is not a number with an optional unit (KiB, MiB, GiB, TiB)"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "kb" => 1 << 10,
+        "m" | "mib" | "mb" => 1 << 20,
+        "g" | "gib" | "gb" => 1 << 30,
+        "t" | "tib" | "tb" => 1 << 40,
+        u => return Err(format!("size {s:?} has unknown unit {u:?}; use KiB, MiB, GiB or TiB")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransportSection {
+    pub max_queue_depth: Option<u32>,
+    pub max_io_queues: Option<u32>,
+    pub in_capsule_data: Option<Size>,
+    pub max_transfer: Option<Size>,
+    pub max_h2c_data: Option<Size>,
+    pub header_digest: Option<bool>,
+    pub data_digest: Option<bool>,
+    pub kato_max_ms: Option<u32>,
+}
+
+impl Default for TransportSection {
+    fn default() -> Self {
+        toml::from_str("").expect("empty transport section")
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerSection {
+    pub address: String,
+    pub port: u16,
+    #[serde(default = "io_kind")]
+    pub kind: String,
+}
+
+fn io_kind() -> String {
+    "io".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubsystemSection {
+    pub nqn: String,
+    pub serial: Option<String>,
+    pub model: Option<String>,
+    #[serde(default)]
+    pub allow_any_host: bool,
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub namespace: Vec<NamespaceSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceSection {
+    pub nsid: u32,
+    pub backend: String,
+    pub size: Option<Size>,
+    #[serde(default = "bs512")]
+    pub block_size: u32,
+    pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub create: bool,
+    pub uuid: Option<String>,
+    pub nguid: Option<String>,
+}
+
+fn bs512() -> u32 {
+    512
+}
+
+/// The embedded default: one 1 GiB RAM namespace, I/O on 4420, discovery on 8009.
+pub const EMBEDDED_DEFAULT: &str = r#"
+[[listener]]
+address = "127.0.0.1"
+port = 4420
+kind = "io"
+
+[[listener]]
+address = "127.0.0.1"
+port = 8009
+kind = "discovery"
+
+[[subsystem]]
+nqn = "nqn.2026-01.io.flashpool:default"
+serial = "FPDEFAULT0001"
+model = "flashpool RAM"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "mem"
+size = "1GiB"
+block_size = 512
+"#;
+
+pub fn load(path: Option<&Path>) -> Result<(NodeConfig, String)> {
+    let (text, origin) = match path {
+        Some(p) => (
+            std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read config file {}: check the path given to -c", p.display()))?,
+            p.display().to_string(),
+        ),
+        None => (EMBEDDED_DEFAULT.to_string(), "embedded default".to_string()),
+    };
+    let cfg: NodeConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!("config {origin}: {e}"))?;
+    Ok((cfg, origin))
+}
+
+/// Everything `serve` needs, validated.
+pub struct Built {
+    pub transport: TransportConfig,
+    pub listeners: Vec<ListenerConfig>,
+    pub subsystems: Vec<Arc<Subsystem>>,
+}
+
+pub fn build(cfg: &NodeConfig) -> Result<Built> {
+    let transport = transport(cfg)?;
+    let listeners = listeners(cfg)?;
+    if cfg.subsystem.is_empty() {
+        bail!("config: no [[subsystem]] defined; add one with an nqn and at least one [[subsystem.namespace]]");
+    }
+    let mut seen = HashSet::new();
+    let mut subsystems = Vec::new();
+    for (i, s) in cfg.subsystem.iter().enumerate() {
+        let key = format!("subsystem[{i}]");
+        check_nqn(&format!("{key}.nqn"), &s.nqn)?;
+        if !seen.insert(s.nqn.clone()) {
+            bail!("config: {key}.nqn = {:?} is defined twice; each subsystem needs its own NQN", s.nqn);
+        }
+        subsystems.push(Arc::new(subsystem(&key, s)?));
+    }
+    Ok(Built {
+        transport,
+        listeners,
+        subsystems,
+    })
+}
+
+fn range<T: PartialOrd + std::fmt::Display + Copy>(key: &str, v: T, lo: T, hi: T) -> Result<T> {
+    if v < lo || v > hi {
+        bail!("config: {key} = {v} is out of range; use a value from {lo} to {hi}");
+    }
+    Ok(v)
+}
+
+fn transport(cfg: &NodeConfig) -> Result<TransportConfig> {
+    let t = &cfg.transport;
+    let d = TransportConfig::default();
+    let n = &cfg.node;
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (i, &c) in n.cpus.iter().enumerate() {
+        if c >= ncpu {
+            bail!("config: node.cpus[{i}] = {c} does not exist on this machine ({ncpu} CPUs: 0..{})", ncpu - 1);
+        }
+    }
+    let max_transfer = t.max_transfer.map_or(u64::from(d.max_transfer), Size::bytes);
+    if !max_transfer.is_power_of_two() || !(4096..=8 << 20).contains(&max_transfer) {
+        bail!("config: transport.max_transfer = {max_transfer} must be a power of two from 4KiB to 8MiB");
+    }
+    let icd = t.in_capsule_data.map_or(u64::from(d.in_capsule_data), Size::bytes);
+    if icd > 128 * 1024 || icd % 16 != 0 {
+        bail!("config: transport.in_capsule_data = {icd} must be a multiple of 16 up to 131072 (128KiB)");
+    }
+    let h2c = t.max_h2c_data.map_or(u64::from(d.max_h2c_data), Size::bytes);
+    if h2c < 4096 || h2c % 4 != 0 || h2c > 16 << 20 {
+        bail!("config: transport.max_h2c_data = {h2c} must be a multiple of 4 from 4096 to 16MiB");
+    }
+    Ok(TransportConfig {
+        max_queue_depth: range("transport.max_queue_depth", t.max_queue_depth.unwrap_or(128), 2, 1024)? as u16,
+        max_io_queues: range("transport.max_io_queues", t.max_io_queues.unwrap_or(8), 1, 64)? as u16,
+        in_capsule_data: icd as u32,
+        max_transfer: max_transfer as u32,
+        max_h2c_data: h2c as u32,
+        header_digest: t.header_digest.unwrap_or(true),
+        data_digest: t.data_digest.unwrap_or(true),
+        kato_max_ms: range("transport.kato_max_ms", t.kato_max_ms.unwrap_or(120_000), 1000, 3_600_000)?,
+        reactors: range("node.reactors", n.reactors, 1, 64)?,
+        cpus: n.cpus.clone(),
+        poll_us: range("node.poll_us", n.poll_us, 0, 10_000)?,
+    })
+}
+
+fn listeners(cfg: &NodeConfig) -> Result<Vec<ListenerConfig>> {
+    if cfg.listener.is_empty() {
+        return Ok(vec![
+            ListenerConfig {
+                addr: "127.0.0.1:4420".parse().expect("addr"),
+                kind: ListenerKind::Io,
+            },
+            ListenerConfig {
+                addr: "127.0.0.1:8009".parse().expect("addr"),
+                kind: ListenerKind::Discovery,
+            },
+        ]);
+    }
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    for (i, l) in cfg.listener.iter().enumerate() {
+        let ip: IpAddr = l.address.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "config: listener[{i}].address = {:?} is not an IP address; use e.g. \"127.0.0.1\" or \"0.0.0.0\"",
+                l.address
+            )
+        })?;
+        let kind = match l.kind.as_str() {
+            "io" => ListenerKind::Io,
+            "discovery" => ListenerKind::Discovery,
+            k => bail!("config: listener[{i}].kind = {k:?} is unknown; use \"io\" or \"discovery\""),
+        };
+        let addr = SocketAddr::new(ip, l.port);
+        if !seen.insert(addr) {
+            bail!("config: listener[{i}] {addr} is listed twice; remove one");
+        }
+        out.push(ListenerConfig { addr, kind });
+    }
+    Ok(out)
+}
+
+fn check_nqn(key: &str, nqn: &str) -> Result<()> {
+    if !nqn.starts_with("nqn.") || nqn.len() > 223 || !nqn.is_ascii() || nqn.contains(char::is_whitespace) {
+        bail!(
+            "config: {key} = {nqn:?} is not a valid NQN; use \"nqn.YYYY-MM.reverse.domain:name\", ASCII, at most 223 bytes"
+        );
+    }
+    if nqn == nvme_wire::fabrics::DISCOVERY_NQN {
+        bail!("config: {key} = {nqn:?} is the discovery service's NQN; pick another name");
+    }
+    Ok(())
+}
+
+fn subsystem(key: &str, s: &SubsystemSection) -> Result<Subsystem> {
+    let serial = s.serial.clone().unwrap_or_else(|| format!("FP{:016X}", fnv(s.nqn.as_bytes(), 1)));
+    if serial.is_empty() || serial.len() > 20 || !serial.bytes().all(|c| (0x20..0x7f).contains(&c)) {
+        bail!("config: {key}.serial = {serial:?} must be 1 to 20 printable ASCII characters");
+    }
+    let model = s.model.clone().unwrap_or_else(|| "flashpool".into());
+    if model.is_empty() || model.len() > 40 || !model.bytes().all(|c| (0x20..0x7f).contains(&c)) {
+        bail!("config: {key}.model = {model:?} must be 1 to 40 printable ASCII characters");
+    }
+    if !s.allow_any_host && s.hosts.is_empty() {
+        bail!("config: {key} ({}) allows no host: set allow_any_host = true or list host NQNs in hosts", s.nqn);
+    }
+    for (j, h) in s.hosts.iter().enumerate() {
+        if !h.starts_with("nqn.") || h.len() > 223 {
+            bail!("config: {key}.hosts[{j}] = {h:?} is not a valid host NQN (nqn...., at most 223 bytes)");
+        }
+    }
+    if s.namespace.is_empty() {
+        bail!("config: {key} ({}) has no [[subsystem.namespace]]; add one", s.nqn);
+    }
+    let mut nsids = HashSet::new();
+    let mut namespaces = Vec::new();
+    for (j, n) in s.namespace.iter().enumerate() {
+        let nkey = format!("{key}.namespace[{j}]");
+        range(&format!("{nkey}.nsid"), n.nsid, 1, nvmf_target::subsystem::MAX_NSID)?;
+        if !nsids.insert(n.nsid) {
+            bail!("config: {nkey}.nsid = {} is used twice in {}; give each namespace its own nsid", n.nsid, s.nqn);
+        }
+        let dev = device(&nkey, n)?;
+        let uuid = match &n.uuid {
+            Some(u) => parse_hex(&format!("{nkey}.uuid"), u)?,
+            None => derived_id(&s.nqn, n.nsid, 11),
+        };
+        let nguid = match &n.nguid {
+            Some(u) => parse_hex(&format!("{nkey}.nguid"), u)?,
+            None => derived_id(&s.nqn, n.nsid, 29),
+        };
+        namespaces.push(Namespace::new(n.nsid, dev, uuid, nguid));
+    }
+    namespaces.sort_by_key(|n| n.nsid);
+    Ok(Subsystem {
+        nqn: s.nqn.clone(),
+        serial,
+        model,
+        allow_any_host: s.allow_any_host,
+        hosts: s.hosts.clone(),
+        namespaces: namespaces.into(),
+    })
+}
+
+fn device(key: &str, n: &NamespaceSection) -> Result<Arc<dyn BlockDevice>> {
+    if n.block_size != 512 && n.block_size != 4096 {
+        bail!("config: {key}.block_size = {} is not supported; use 512 or 4096", n.block_size);
+    }
+    let size = n.size.map(Size::bytes);
+    let need_size = || -> Result<u64> {
+        let s = size.ok_or_else(|| anyhow::anyhow!("config: {key}.size is missing; a {} namespace needs a size, e.g. size = \"1GiB\"", n.backend))?;
+        if s == 0 || s % u64::from(n.block_size) != 0 {
+            bail!(
+                "config: {key}.size = {s} is not a non-zero multiple of block_size {}; use e.g. {}",
+                n.block_size,
+                (s / u64::from(n.block_size)).max(1) * u64::from(n.block_size)
+            );
+        }
+        Ok(s)
+    };
+    if n.path.is_some() && n.backend != "file" {
+        bail!("config: {key}.path is only for backend = \"file\"; remove it or change the backend");
+    }
+    let dev: Arc<dyn BlockDevice> = match n.backend.as_str() {
+        "mem" => Arc::new(MemDevice::new(need_size()?, n.block_size).map_err(|e| anyhow::anyhow!("config: {key}: {e}"))?),
+        "null" => Arc::new(NullDevice::new(need_size()?, n.block_size).map_err(|e| anyhow::anyhow!("config: {key}: {e}"))?),
+        "file" => {
+            let path = n.path.clone().ok_or_else(|| {
+                anyhow::anyhow!("config: {key}.path is missing; a file namespace needs path = \"/path/to/file-or-device\"")
+            })?;
+            if size.is_some() {
+                need_size()?;
+            }
+            Arc::new(
+                FileDevice::open(FileOptions {
+                    path,
+                    size,
+                    block_size: n.block_size,
+                    create: n.create,
+                })
+                .map_err(|e| anyhow::anyhow!("config: {key}: {e}"))?,
+            )
+        }
+        b => bail!("config: {key}.backend = {b:?} is unknown; use \"mem\", \"null\" or \"file\""),
+    };
+    Ok(dev)
+}
+
+fn parse_hex(key: &str, s: &str) -> Result<[u8; 16]> {
+    let hex: String = s.chars().filter(|&c| c != '-').collect();
+    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        bail!("config: {key} = {s:?} must be 32 hex digits (dashes allowed), e.g. \"5f7d6a3c-0000-4000-8000-00000000001\"");
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex digits");
+    }
+    Ok(out)
+}
+
+fn fnv(bytes: &[u8], seed: u64) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed.wrapping_mul(0x100_0000_01b3);
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// A stable 128-bit identifier from the NQN and NSID (RFC 9562 version 8 layout),
+/// so a restarted node presents the same namespace identity to hosts.
+fn derived_id(nqn: &str, nsid: u32, seed: u64) -> [u8; 16] {
+    let mut key = nqn.as_bytes().to_vec();
+    key.extend_from_slice(&nsid.to_le_bytes());
+    let a = fnv(&key, seed).to_be_bytes();
+    let b = fnv(&key, seed + 1).to_be_bytes();
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&a);
+    out[8..].copy_from_slice(&b);
+    out[6] = (out[6] & 0x0F) | 0x80;
+    out[8] = (out[8] & 0x3F) | 0x80;
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        let cfg: Result<NodeConfig, _> = toml::from_str(text);
+        match cfg {
+            Err(e) => e.to_string(),
+            Ok(c) => match build(&c) {
+                Err(e) => e.to_string(),
+                Ok(_) => "ok".into(),
+            },
+        }
+    }
+
+    const NS: &str = "[[subsystem.namespace]]\nnsid = 1\nbackend = \"mem\"\nsize = \"1MiB\"\n";
+
+    #[test]
+    fn embedded_default_builds() {
+        let (cfg, _) = load(None).unwrap();
+        let b = build(&cfg).unwrap();
+        assert_eq!(b.subsystems[0].nqn, DEFAULT_NQN);
+        assert_eq!(b.subsystems[0].namespaces[0].num_blocks, (1 << 30) / 512);
+        assert_eq!(b.listeners.len(), 2);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("128KiB").unwrap(), 128 << 10);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12XB").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn errors_name_key_value_and_fix() {
+        let e = err("[node]\nreactorz = 2\n");
+        assert!(e.contains("unknown field") && e.contains("reactorz"), "{e}");
+        let e = err(&format!("[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}"));
+        assert!(e.contains("subsystem[1].nqn") && e.contains("defined twice"), "{e}");
+        let e = err(&format!("[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}{NS}"));
+        assert!(e.contains("nsid = 1 is used twice"), "{e}");
+        let e = err("[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"mem\"\nsize = 1000\n");
+        assert!(e.contains("size = 1000") && e.contains("multiple of block_size 512") && e.contains("use e.g. 512"), "{e}");
+        let e = err("[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"file\"\npath = \"/nonexistent/x.img\"\n");
+        assert!(e.contains("namespace[0]") && e.contains("/nonexistent/x.img"), "{e}");
+        let e = err(&format!("[[subsystem]]\nnqn = \"nqn.a:x\"\n{NS}"));
+        assert!(e.contains("allows no host"), "{e}");
+        let e = err(&format!("[[subsystem]]\nnqn = \"bad\"\nallow_any_host = true\n{NS}"));
+        assert!(e.contains("not a valid NQN"), "{e}");
+        let e = err(&format!("[transport]\nmax_queue_depth = 5000\n[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}"));
+        assert!(e.contains("transport.max_queue_depth = 5000 is out of range"), "{e}");
+        let e = err(&format!("[[listener]]\naddress = \"localhost\"\nport = 1\n[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}"));
+        assert!(e.contains("listener[0].address"), "{e}");
+    }
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        assert_eq!(derived_id("nqn.a", 1, 11), derived_id("nqn.a", 1, 11));
+        assert_ne!(derived_id("nqn.a", 1, 11), derived_id("nqn.a", 2, 11));
+        assert_eq!(parse_hex("k", "00112233-4455-6677-8899-aabbccddeeff").unwrap()[15], 0xff);
+    }
+}

@@ -1,0 +1,40 @@
+//! flashpool: disaggregated flash over NVMe/TCP.
+
+mod config;
+mod serve;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "flashpool", version, about = "Software-defined flash storage over NVMe/TCP")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve subsystems over NVMe/TCP. Without -c: a 1 GiB RAM namespace on 127.0.0.1:4420.
+    Serve {
+        /// Node configuration (TOML, see docs/config.md).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Check the configuration and exit without serving.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r: Result<()> = match cli.cmd {
+        Cmd::Serve { config, check } => serve::run(config.as_deref(), check),
+    };
+    if let Err(e) = r {
+        eprintln!("flashpool: error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,333 @@
+//! A controller: the state one host's association holds across its queues.
+//! Properties (CC/CSTS), keep-alive, features, async events, the error log.
+//! Its queues may run on different reactors; everything here that changes
+//! sits behind one mutex that only admin commands and Connects take.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use nvme_wire::fabrics::prop;
+use nvme_wire::log_page::ErrorEntry;
+use nvme_wire::status::{self, Status};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, watch};
+
+use crate::subsystem::{Namespace, Subsystem};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreeReason {
+    HostDisconnected,
+    ConnectionClosed,
+    KeepAliveTimeout(u32),
+    Shutdown,
+    ConnectionError,
+}
+
+impl std::fmt::Display for FreeReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FreeReason::HostDisconnected => write!(f, "host disconnected"),
+            FreeReason::ConnectionClosed => write!(f, "connection closed"),
+            FreeReason::KeepAliveTimeout(ms) => write!(f, "keep-alive timeout (KATO {ms} ms)"),
+            FreeReason::Shutdown => write!(f, "shutdown"),
+            FreeReason::ConnectionError => write!(f, "connection error"),
+        }
+    }
+}
+
+/// The subsystem a controller belongs to: an NVM subsystem or the discovery service.
+pub enum CtrlKind {
+    Io(Arc<Subsystem>),
+    Discovery,
+}
+
+/// Per-controller I/O counters for the SMART log. Each queue adds to its own
+/// `QueueStats`; the log sums them, so the I/O path never shares a cache line.
+#[derive(Default)]
+pub struct QueueStats {
+    pub read_cmds: AtomicU64,
+    pub write_cmds: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub media_errors: AtomicU64,
+}
+
+pub const ERROR_LOG_SLOTS: usize = 64;
+/// AERs a host may keep outstanding (AERL + 1).
+pub const AER_LIMIT: usize = 4;
+
+/// Async event to report: the AER completion's dword 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncEvent(pub u32);
+
+impl AsyncEvent {
+    /// Notice: namespace attribute changed (log page 0x04).
+    pub const NS_CHANGED: AsyncEvent = AsyncEvent(0x02 | (0x00 << 8) | (0x04 << 16));
+    /// Notice: ANA change (log page 0x0C).
+    pub const ANA_CHANGE: AsyncEvent = AsyncEvent(0x02 | (0x03 << 8) | (0x0C << 16));
+    /// Notice: discovery log changed (log page 0x70).
+    pub const DISC_CHANGE: AsyncEvent = AsyncEvent(0x02 | (0xF0 << 8) | (0x70 << 16));
+}
+
+pub struct CtrlState {
+    pub cc: u32,
+    pub csts: u32,
+    pub kato_ms: u32,
+    pub async_event_config: u32,
+    /// Granted I/O queues (Set Features Number of Queues), 0 until set.
+    pub io_queues_granted: u16,
+    /// qid -> connected.
+    pub io_queues: Vec<bool>,
+    pub error_count: u64,
+    pub errors: VecDeque<ErrorEntry>,
+    pub pending_events: VecDeque<AsyncEvent>,
+    pub changed_ns: Vec<u32>,
+    pub shutdown_requested: bool,
+}
+
+pub struct Controller {
+    pub cntlid: u16,
+    pub kind: CtrlKind,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    /// Queue depth of the admin queue from its Connect (sqsize + 1).
+    pub admin_depth: u16,
+    pub state: Mutex<CtrlState>,
+    pub stats: Mutex<Vec<Arc<QueueStats>>>,
+    /// Set once when the controller is torn down; every queue watches it.
+    kill: watch::Sender<Option<FreeReason>>,
+    /// Milliseconds since `epoch` of the last command, for traffic-based keep-alive.
+    last_activity_ms: AtomicU64,
+    epoch: Instant,
+    /// Wakes the admin queue when an async event is queued.
+    pub event_notify: Notify,
+    pub created: Instant,
+}
+
+impl Controller {
+    pub fn new(
+        cntlid: u16,
+        kind: CtrlKind,
+        hostnqn: String,
+        hostid: [u8; 16],
+        kato_ms: u32,
+        admin_depth: u16,
+        max_io_queues: u16,
+    ) -> Self {
+        let now = Instant::now();
+        Controller {
+            cntlid,
+            kind,
+            hostnqn,
+            hostid,
+            admin_depth,
+            state: Mutex::new(CtrlState {
+                cc: 0,
+                csts: 0,
+                kato_ms,
+                async_event_config: 0,
+                io_queues_granted: 0,
+                io_queues: vec![false; usize::from(max_io_queues) + 1],
+                error_count: 0,
+                errors: VecDeque::new(),
+                pending_events: VecDeque::new(),
+                changed_ns: Vec::new(),
+                shutdown_requested: false,
+            }),
+            stats: Mutex::new(Vec::new()),
+            kill: watch::channel(None).0,
+            last_activity_ms: AtomicU64::new(0),
+            epoch: now,
+            event_notify: Notify::new(),
+            created: now,
+        }
+    }
+
+    pub fn subsystem(&self) -> Option<&Arc<Subsystem>> {
+        match &self.kind {
+            CtrlKind::Io(s) => Some(s),
+            CtrlKind::Discovery => None,
+        }
+    }
+
+    pub fn namespaces(&self) -> &[Namespace] {
+        match &self.kind {
+            CtrlKind::Io(s) => &s.namespaces,
+            CtrlKind::Discovery => &[],
+        }
+    }
+
+    pub fn subnqn(&self) -> &str {
+        match &self.kind {
+            CtrlKind::Io(s) => &s.nqn,
+            CtrlKind::Discovery => nvme_wire::fabrics::DISCOVERY_NQN,
+        }
+    }
+
+    pub fn is_discovery(&self) -> bool {
+        matches!(self.kind, CtrlKind::Discovery)
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.state.lock().csts & prop::CSTS_RDY != 0
+    }
+
+    pub fn watch_kill(&self) -> watch::Receiver<Option<FreeReason>> {
+        self.kill.subscribe()
+    }
+
+    /// Tears the controller down once; later calls keep the first reason.
+    pub fn kill(&self, reason: FreeReason) -> bool {
+        self.kill.send_if_modified(|r| {
+            if r.is_none() {
+                *r = Some(reason);
+                true
+            } else {
+                false
+            }
+        })
+    }
+
+    pub fn killed(&self) -> Option<FreeReason> {
+        *self.kill.borrow()
+    }
+
+    pub fn touch(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.last_activity_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Milliseconds since the host last showed it is alive.
+    pub fn idle_ms(&self) -> u64 {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        now.saturating_sub(self.last_activity_ms.load(Ordering::Relaxed))
+    }
+
+    pub fn kato_ms(&self) -> u32 {
+        self.state.lock().kato_ms
+    }
+
+    pub fn register_queue_stats(&self) -> Arc<QueueStats> {
+        let s = Arc::new(QueueStats::default());
+        self.stats.lock().push(s.clone());
+        s
+    }
+
+    pub fn record_error(&self, sqid: u16, cid: u16, st: Status, nsid: u32, lba: u64) {
+        let mut s = self.state.lock();
+        s.error_count += 1;
+        let e = ErrorEntry {
+            error_count: s.error_count,
+            sqid,
+            cid,
+            status: st.to_field(),
+            param_location: 0xFFFF,
+            lba,
+            nsid,
+        };
+        if s.errors.len() == ERROR_LOG_SLOTS {
+            s.errors.pop_back();
+        }
+        s.errors.push_front(e);
+    }
+
+    pub fn queue_event(&self, ev: AsyncEvent) {
+        self.state.lock().pending_events.push_back(ev);
+        self.event_notify.notify_one();
+    }
+
+    /// Property Get: CAP (8 bytes), VS, CC, CSTS (4 bytes).
+    pub fn property_get(&self, offset: u32, size8: bool, cap: u64) -> Result<u64, Status> {
+        let s = self.state.lock();
+        match (offset, size8) {
+            (prop::CAP, true) => Ok(cap),
+            (prop::VS, false) => Ok(u64::from(prop::VS_1_3)),
+            (prop::CC, false) => Ok(u64::from(s.cc)),
+            (prop::CSTS, false) => Ok(u64::from(s.csts)),
+            _ => Err(Status::generic(status::SC_INVALID_FIELD)),
+        }
+    }
+
+    /// Property Set: only CC is writable. Enabling checks the queue entry sizes
+    /// and page size; a bad value sets CSTS.CFS, as a PCIe controller would.
+    pub fn property_set(&self, offset: u32, size8: bool, value: u64) -> Result<(), Status> {
+        if offset != prop::CC || size8 {
+            return Err(Status::generic(status::SC_INVALID_FIELD));
+        }
+        let new = value as u32;
+        let mut s = self.state.lock();
+        let old = s.cc;
+        s.cc = new;
+        let en_old = old & prop::CC_EN != 0;
+        let en_new = new & prop::CC_EN != 0;
+        if en_new && !en_old {
+            let iosqes = (new >> prop::CC_IOSQES_SHIFT) & 0xF;
+            let iocqes = (new >> prop::CC_IOCQES_SHIFT) & 0xF;
+            let mps = (new >> prop::CC_MPS_SHIFT) & 0xF;
+            let css = (new >> prop::CC_CSS_SHIFT) & 0x7;
+            let io_ok = self.is_discovery() || (iosqes == 6 && iocqes == 4);
+            if io_ok && mps == 0 && css == 0 {
+                s.csts = prop::CSTS_RDY;
+            } else {
+                s.csts = prop::CSTS_CFS;
+            }
+        } else if !en_new && en_old {
+            // Controller reset: not ready, shutdown state cleared.
+            s.csts = 0;
+        }
+        if (new >> prop::CC_SHN_SHIFT) & 3 != 0 {
+            s.csts = (s.csts & !(3 << 2)) | prop::CSTS_SHST_COMPLETE;
+            s.shutdown_requested = true;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctrl() -> Controller {
+        Controller::new(1, CtrlKind::Discovery, "h".into(), [0; 16], 0, 32, 4)
+    }
+
+    #[test]
+    fn enable_and_shutdown() {
+        let c = ctrl();
+        assert!(!c.enabled());
+        c.property_set(prop::CC, false, 1 | (6 << 16) | (4 << 20)).unwrap();
+        assert!(c.enabled());
+        assert_eq!(c.property_get(prop::CSTS, false, 0).unwrap(), 1);
+        c.property_set(prop::CC, false, 1 | (1 << 14) | (6 << 16) | (4 << 20)).unwrap();
+        assert_eq!(c.property_get(prop::CSTS, false, 0).unwrap() & 0xC, 0x8);
+        c.property_set(prop::CC, false, 0).unwrap();
+        assert!(!c.enabled());
+    }
+
+    #[test]
+    fn bad_property_access() {
+        let c = ctrl();
+        assert!(c.property_get(prop::CAP, false, 1).is_err());
+        assert!(c.property_get(prop::CC, true, 1).is_err());
+        assert!(c.property_get(0x40, false, 1).is_err());
+        assert!(c.property_set(prop::CSTS, false, 1).is_err());
+        assert_eq!(c.property_get(prop::CAP, true, 7).unwrap(), 7);
+    }
+
+    #[test]
+    fn bad_page_size_sets_cfs() {
+        let c = ctrl();
+        c.property_set(prop::CC, false, 1 | (1 << 7)).unwrap();
+        assert_eq!(c.property_get(prop::CSTS, false, 0).unwrap(), u64::from(prop::CSTS_CFS));
+    }
+
+    #[test]
+    fn kill_keeps_first_reason() {
+        let c = ctrl();
+        assert!(c.kill(FreeReason::ConnectionClosed));
+        assert!(!c.kill(FreeReason::Shutdown));
+        assert_eq!(c.killed(), Some(FreeReason::ConnectionClosed));
+    }
+}

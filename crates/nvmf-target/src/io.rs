@@ -1,0 +1,181 @@
+//! I/O commands: Read, Write, Flush, Write Zeroes, Dataset Management.
+//! `plan` checks a command completely before any data moves, so a bad LBA or
+//! NSID never costs an R2T round trip.
+
+use blockdev::{BlockError, BlockOp};
+use nvme_wire::sqe::{DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN, DsmRange, Sqe, io_opc};
+use nvme_wire::status::{self, Status};
+
+use crate::subsystem::Namespace;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoPlan {
+    Read { lba: u64, blocks: u32 },
+    Write { lba: u64, blocks: u32, fua: bool },
+    Flush,
+    WriteZeroes { lba: u64, blocks: u32 },
+    /// `ranges` range descriptors follow as host data.
+    Dsm { ranges: u32, deallocate: bool },
+}
+
+impl IoPlan {
+    /// Bytes the host sends (write data, DSM ranges).
+    pub fn host_to_ctrl_len(&self, block_size: u32) -> u32 {
+        match *self {
+            IoPlan::Write { blocks, .. } => blocks * block_size,
+            IoPlan::Dsm { ranges, .. } => ranges * DSM_RANGE_LEN as u32,
+            _ => 0,
+        }
+    }
+    /// Bytes the controller returns (read data).
+    pub fn ctrl_to_host_len(&self, block_size: u32) -> u32 {
+        match *self {
+            IoPlan::Read { blocks, .. } => blocks * block_size,
+            _ => 0,
+        }
+    }
+}
+
+/// An I/O command that failed: its status and the LBA for the error log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoReject {
+    pub status: Status,
+    pub lba: u64,
+}
+
+fn reject(sc: u8, lba: u64) -> IoReject {
+    IoReject {
+        status: Status::generic(sc),
+        lba,
+    }
+}
+
+/// Validates an I/O command against its namespace and the transfer limit.
+pub fn plan<'a>(
+    namespaces: &'a [Namespace],
+    sqe: &Sqe,
+    max_transfer: u32,
+) -> Result<(&'a Namespace, IoPlan), IoReject> {
+    let known = matches!(
+        sqe.opcode,
+        io_opc::FLUSH | io_opc::WRITE | io_opc::READ | io_opc::WRITE_ZEROES | io_opc::DATASET_MANAGEMENT
+    );
+    if !known {
+        return Err(reject(status::SC_INVALID_OPCODE, 0));
+    }
+    let Some(ns) = crate::subsystem::find_namespace(namespaces, sqe.nsid) else {
+        return Err(reject(status::SC_INVALID_NS, 0));
+    };
+    let range = |lba: u64, blocks: u32| -> Result<(), IoReject> {
+        match lba.checked_add(u64::from(blocks)) {
+            Some(end) if end <= ns.num_blocks => Ok(()),
+            _ => Err(reject(status::SC_LBA_RANGE, lba)),
+        }
+    };
+    let plan = match sqe.opcode {
+        io_opc::READ | io_opc::WRITE => {
+            let (lba, blocks) = (sqe.slba(), sqe.nlb());
+            range(lba, blocks)?;
+            if u64::from(blocks) * u64::from(ns.block_size) > u64::from(max_transfer) {
+                return Err(reject(status::SC_INVALID_FIELD, lba));
+            }
+            if sqe.opcode == io_opc::READ {
+                IoPlan::Read { lba, blocks }
+            } else {
+                IoPlan::Write {
+                    lba,
+                    blocks,
+                    fua: sqe.fua(),
+                }
+            }
+        }
+        io_opc::FLUSH => IoPlan::Flush,
+        io_opc::WRITE_ZEROES => {
+            let (lba, blocks) = (sqe.slba(), sqe.nlb());
+            range(lba, blocks)?;
+            IoPlan::WriteZeroes { lba, blocks }
+        }
+        _ => IoPlan::Dsm {
+            ranges: (sqe.cdw10 & 0xFF) + 1,
+            deallocate: sqe.cdw11 & DSM_ATTR_DEALLOCATE != 0,
+        },
+    };
+    Ok((ns, plan))
+}
+
+/// Decodes and checks DSM ranges against the namespace.
+pub fn dsm_ranges(ns: &Namespace, data: &[u8], count: u32) -> Result<Vec<DsmRange>, IoReject> {
+    let mut out = Vec::with_capacity(count as usize);
+    for i in 0..count as usize {
+        let r = DsmRange::decode(&data[i * DSM_RANGE_LEN..])
+            .map_err(|_| reject(status::SC_SGL_INVALID_DATA_LEN, 0))?;
+        match r.slba.checked_add(u64::from(r.nlb)) {
+            Some(end) if end <= ns.num_blocks => {}
+            _ => return Err(reject(status::SC_LBA_RANGE, r.slba)),
+        }
+        if r.nlb > 0 {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// The status a failed backend I/O reports to the host.
+pub fn status_of(err: &BlockError, op: BlockOp) -> Status {
+    match err {
+        BlockError::OutOfRange { .. } => Status::generic(status::SC_LBA_RANGE),
+        BlockError::NoSpace => Status::generic(status::SC_CAP_EXCEEDED),
+        BlockError::Io(_) => match op {
+            BlockOp::Read => Status::media(status::SC_UNRECOVERED_READ),
+            _ => Status::media(status::SC_WRITE_FAULT),
+        },
+        BlockError::BufferTooSmall { .. } | BlockError::Config(_) => {
+            Status::generic(status::SC_INTERNAL)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn ns() -> Vec<Namespace> {
+        let dev = Arc::new(blockdev::NullDevice::new(1 << 20, 512).unwrap());
+        vec![Namespace::new(1, dev, [1; 16], [2; 16])]
+    }
+
+    fn rw(opc: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
+        let mut s = Sqe::new(opc, 1);
+        s.nsid = nsid;
+        s.cdw10 = slba as u32;
+        s.cdw11 = (slba >> 32) as u32;
+        s.cdw12 = nlb - 1;
+        s
+    }
+
+    #[test]
+    fn checks_nsid_range_and_mdts() {
+        let n = ns();
+        let p = |s: &Sqe| plan(&n, s, 64 * 1024).map(|(_, p)| p);
+        assert_eq!(p(&rw(io_opc::READ, 1, 0, 8)), Ok(IoPlan::Read { lba: 0, blocks: 8 }));
+        assert_eq!(p(&rw(io_opc::READ, 2, 0, 8)).unwrap_err().status.sc, status::SC_INVALID_NS);
+        assert_eq!(p(&rw(io_opc::READ, 1, 2047, 2)).unwrap_err().status.sc, status::SC_LBA_RANGE);
+        assert_eq!(
+            p(&rw(io_opc::WRITE, 1, u64::MAX, 1)).unwrap_err().status.sc,
+            status::SC_LBA_RANGE
+        );
+        assert_eq!(p(&rw(io_opc::WRITE, 1, 0, 256)).unwrap_err().status.sc, status::SC_INVALID_FIELD);
+        assert_eq!(p(&rw(0x06, 1, 0, 1)).unwrap_err().status.sc, status::SC_INVALID_OPCODE);
+    }
+
+    #[test]
+    fn dsm_ranges_are_checked() {
+        let n = ns();
+        let mut data = vec![0u8; 32];
+        DsmRange { attributes: 0, nlb: 8, slba: 0 }.encode(&mut data[..16]);
+        DsmRange { attributes: 0, nlb: 8, slba: 2044 }.encode(&mut data[16..]);
+        assert_eq!(dsm_ranges(&n[0], &data, 2).unwrap_err().status.sc, status::SC_LBA_RANGE);
+        assert_eq!(dsm_ranges(&n[0], &data, 1).unwrap().len(), 1);
+    }
+}

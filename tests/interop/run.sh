@@ -1,0 +1,827 @@
+#!/usr/bin/env bash
+# tests/interop/run.sh -- interop suite: the Linux kernel NVMe/TCP initiator (Debian's
+# kernel, nvme-cli 2.x, fio) in a QEMU guest against `flashpool serve` on the host's
+# loopback. The guest reaches host 127.0.0.1 as 10.0.2.2 (slirp).
+#
+#   tests/interop/run.sh setup              apt packages + Debian kernel (dpkg -x), cached
+#   tests/interop/run.sh build              initramfs (busybox, modules, nvme-cli, fio, /init)
+#   tests/interop/run.sh run                the checks against ${FLASHPOOL_BIN}
+#   tests/interop/run.sh run --self-test    the same guest checks against the guest's own
+#                                           kernel nvmet-tcp (reference; no flashpool needed)
+#   tests/interop/run.sh run --mock-target  harness test of the host-side checks: the
+#                                           target is mock-target.py, a relay to the
+#                                           guest's nvmet that prints flashpool's log lines
+#   tests/interop/run.sh [all] [--self-test]   setup + build + run (default)
+#
+# The caller builds flashpool first (cargo build --release); this script never does.
+# Output ends with "N passed, N failed"; the exit status is 0 only if all passed.
+#
+# Env knobs:
+#   FLASHPOOL_BIN   target binary (default target/release/flashpool, relative to repo root)
+#   FLASHPOOL_CACHE cache dir (default <repo>/.cache/interop); logs of the last run in $CACHE/run
+#   SELFTEST=1      same as --self-test
+#   IO_PORT=14420 DISC_PORT=18009 CTL_PORT=15555   host 127.0.0.1 ports (a busy default is
+#                   replaced by the next free one)
+#   ACCEL=auto|tcg|kvm  GUEST_MEM=1024 GUEST_CPUS=2 RUN_TIMEOUT=600  REACTORS=2
+#   KATO=5 (seconds, the poweroff-without-disconnect check)  KATO_MARGIN=10
+#   FORCE=1         setup: re-download and re-extract the kernel
+#   VERBOSE=1       print the whole guest serial log even when all passed
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}
+BIN=${FLASHPOOL_BIN:-target/release/flashpool}
+case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
+ACCEL=${ACCEL:-auto}
+GUEST_MEM=${GUEST_MEM:-1024}
+GUEST_CPUS=${GUEST_CPUS:-2}
+RUN_TIMEOUT=${RUN_TIMEOUT:-600}
+REACTORS=${REACTORS:-2}
+KATO=${KATO:-5}
+KATO_MARGIN=${KATO_MARGIN:-10}
+SELFTEST=${SELFTEST:-0}
+MOCK=${MOCK:-0}
+VERBOSE=${VERBOSE:-0}
+FORCE=${FORCE:-0}
+
+KROOT=$CACHE/kroot          # dpkg -x of linux-image-*.deb
+IRD=$CACHE/initramfs        # staging tree
+INITRD=$CACHE/initrd.img
+RUN=$CACHE/run              # logs of the last run
+
+# What the target is configured with (and what the guest checks).
+NQN_MEM=nqn.2026-01.io.flashpool:interop-mem
+NQN_FILE=nqn.2026-01.io.flashpool:interop-file
+NQN_DENIED=nqn.2026-01.io.flashpool:interop-denied
+OTHER_HOST=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555
+SERIAL=FPIOP-7731-QEMU
+MODEL=flashpool-interop-model-x7
+MEM_SIZE=$((256 << 20))
+FILE_SIZE=$((128 << 20))
+DENIED_SIZE=$((16 << 20))
+FILE_IMG=$CACHE/interop-file.img
+
+# Every check, in order; a check with no RESULT line counts as failed.
+GUEST_CHECKS="discover discover-hides-denied connect-plain identify-list identify-ctrl identify-ns
+  dd-sha256 fio-randwrite-verify fio-seq128k-verify connect-digest reconnect-persist digest-io
+  connect-ioq2 ioq2-io file-write restart-persist denied-host kato-connect"
+HOST_CHECKS="target-restart denied-host-log kato-timeout target-alive-after-run target-clean-stop"
+
+ts() { date +%s.%N; }
+el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
+say() { echo "[host $(date +%T)] $*"; }
+kver() { ls "$KROOT/lib/modules" 2>/dev/null | head -n1; }
+
+# ---------------------------------------------------------------- setup
+PKGS="qemu-system-x86 nvme-cli fio busybox-static cpio kmod"
+do_setup() {
+  local t0 t kpkg deb missing=""; t0=$(ts)
+  mkdir -p "$CACHE/dl"
+  export DEBIAN_FRONTEND=noninteractive
+  for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"
+  done
+  local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo -E"
+  if [ -n "$missing" ]; then
+    t=$(ts); $sudo apt-get update -qq; say "apt-get update: $(el "$t") s"
+    t=$(ts); $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    say "apt-get install$missing: $(el "$t") s"
+  else
+    say "packages present: $PKGS"
+  fi
+  if [ "$FORCE" != 1 ] && [ -f "$KROOT/.extracted" ] && [ -n "$(kver)" ] \
+     && [ -f "$KROOT/boot/vmlinuz-$(kver)" ]; then
+    say "kernel cached: $(cat "$KROOT/.extracted")"
+  else
+    kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    if [ -z "$kpkg" ]; then
+      $sudo apt-get update -qq
+      kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    fi
+    [ -n "$kpkg" ] || { echo "cannot resolve linux-image-amd64 to a kernel package"; exit 1; }
+    deb=$(ls "$CACHE"/dl/"$kpkg"_*.deb 2>/dev/null | head -n1 || true)
+    if [ "$FORCE" = 1 ] || [ -z "$deb" ]; then
+      t=$(ts)
+      (cd "$CACHE/dl" && rm -f linux-image-*.deb && apt-get download -qq "$kpkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+      deb=$(ls "$CACHE"/dl/"$kpkg"_*.deb 2>/dev/null | head -n1 || true)
+      [ -n "$deb" ] || { echo "apt-get download $kpkg failed"; exit 1; }
+      say "apt-get download $kpkg: $(el "$t") s"
+    fi
+    t=$(ts); rm -rf "$KROOT"; dpkg -x "$deb" "$KROOT"; say "dpkg -x: $(el "$t") s"
+    depmod -b "$KROOT" "$(kver)"            # the .deb ships no modules.dep
+    echo "$kpkg $(dpkg-deb -f "$deb" Version)" > "$KROOT/.extracted"
+  fi
+  {
+    echo "kernel package: $(cat "$KROOT/.extracted")"
+    dpkg-query -W -f='${Package} ${Version}\n' qemu-system-x86 nvme-cli libnvme1 busybox-static fio
+  } > "$CACHE/versions.txt"
+  sed 's/^/  /' "$CACHE/versions.txt"
+  say "setup done in $(el "$t0") s"
+}
+
+# ---------------------------------------------------------------- build
+copy_bin_with_libs() {            # $1 = absolute path of an ELF binary on the host
+  local b=$1 lib
+  install -D -m 0755 "$b" "$IRD$b"
+  ldd "$b" | awk '/=> \//{print $3} /^\t\/lib/{print $1}' | while read -r lib; do
+    [ -e "$IRD$lib" ] || install -D -m 0755 "$(readlink -f "$lib")" "$IRD$lib"
+  done
+}
+
+do_build() {
+  local t0 K m p rel; t0=$(ts); K=$(kver)
+  [ -n "$K" ] || { echo "no kernel under $KROOT: run '$0 setup' first"; exit 1; }
+  rm -rf "$IRD"; mkdir -p "$IRD"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,run,etc/nvme,lib64}
+  install -m 0755 "$(readlink -f "$(command -v busybox)")" "$IRD/bin/busybox"
+  copy_bin_with_libs "$(command -v nvme)"
+  copy_bin_with_libs "$(command -v fio)"
+  # modules: dependency order resolved on the host by kmod, loaded by busybox insmod
+  local mods="configfs crc32c_generic crc32c-intel libcrc32c nvme-core nvme-fabrics nvme-tcp
+              nvmet nvmet-tcp brd virtio_pci virtio_net"
+  : > "$IRD/etc/modules.list"
+  for m in $mods; do
+    modprobe -d "$KROOT" -S "$K" --show-depends "$m" 2>/dev/null | awk '$1=="insmod"{print $2}'
+  done | awk '!seen[$0]++' | while read -r p; do
+    rel=${p#"$KROOT/lib/modules/$K/"}
+    install -D -m 0644 "$p" "$IRD/lib/modules/$K/$rel"
+    echo "$rel" >> "$IRD/etc/modules.list"
+  done
+  echo "$K" > "$IRD/etc/kver"
+  write_guest_init > "$IRD/init"; chmod 0755 "$IRD/init"
+  (cd "$IRD" && find . -print0 | cpio --null -o -H newc --quiet) > "$INITRD.tmp"
+  mv "$INITRD.tmp" "$INITRD"
+  cp "$0" "$CACHE/.built-from"           # run rebuilds when this script changed
+  say "modules: $(tr '\n' ' ' < "$IRD/etc/modules.list" | sed 's#[^ ]*/##g')"
+  say "initramfs $(du -h "$INITRD" | cut -f1) built in $(el "$t0") s"
+}
+
+# ---------------------------------------------------------------- guest /init
+write_guest_init() {
+cat <<'GUEST_INIT'
+#!/bin/busybox sh
+# PID 1 of the interop guest (generated by tests/interop/run.sh). Runs the checks,
+# prints "RESULT <name> PASS|FAIL" lines and markers "@@HOST <action>" for the host
+# orchestration on ttyS0, then powers off (without disconnecting the last controller).
+/bin/busybox --install -s
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc; mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev; mount -t tmpfs tmpfs /tmp
+up() { cut -d' ' -f1 /proc/uptime; }
+log() { echo "@@ [$(up)] $*"; }
+finish() { log "guest done"; echo "@@HOST guest-done"; sync; poweroff -f; }
+trap finish EXIT
+K=$(cat /etc/kver)
+
+MODE=flashpool; HOSTIP=10.0.2.2; IO=14420; DISC=18009; IOTMO=15; NVMET=0
+for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
+  fp_mode=*) MODE=$v;; fp_nvmet=*) NVMET=$v;; fp_io=*) IO=$v;; fp_disc=*) DISC=$v;;
+  fp_nqn_mem=*) NQN_MEM=$v;; fp_nqn_file=*) NQN_FILE=$v;; fp_nqn_denied=*) NQN_DENIED=$v;;
+  fp_other_host=*) OTHER_HOST=$v;; fp_hostnqn=*) HOSTNQN=$v;; fp_hostid=*) HOSTID=$v;;
+  fp_sn=*) SN=$v;; fp_mn=*) MN=$v;; fp_mem_size=*) MEM_SIZE=$v;; fp_file_size=*) FILE_SIZE=$v;;
+  fp_denied_size=*) DENIED_SIZE=$v;; fp_kato=*) KATO=$v;; fp_iotmo=*) IOTMO=$v;;
+esac; done
+log "init start, kernel $(uname -r), cpus $(nproc), mode $MODE, target $HOSTIP io:$IO discovery:$DISC"
+
+# ---- modules (order precomputed on the host by modprobe --show-depends)
+while read -r m; do
+  args=""
+  case $m in
+    */brd.ko) args="rd_nr=1 rd_size=$((MEM_SIZE/1024))";;
+    */nvme-core.ko) args="io_timeout=$IOTMO admin_timeout=$IOTMO";;
+  esac
+  out=$(insmod /lib/modules/$K/$m $args 2>&1) || log "insmod failed: $m: $out"
+done < /etc/modules.list
+mount -t configfs none /sys/kernel/config
+ip link set lo up
+i=0; while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+ip addr add 10.0.2.15/24 dev eth0; ip link set eth0 up
+echo "$HOSTNQN" > /etc/nvme/hostnqn; echo "$HOSTID" > /etc/nvme/hostid
+log "modules loaded, eth0 up, hostnqn $HOSTNQN"
+
+NPASS=0; NFAIL=0
+# res NAME PASS|FAIL [detail]; on FAIL also the kernel log since the step began
+res() {
+  if [ "$2" = PASS ]; then NPASS=$((NPASS+1)); else
+    NFAIL=$((NFAIL+1))
+    echo "---- $1 failed; kernel log since step '$STEP':"; dmesg | tail -n 30 | sed 's/^/  dmesg: /'
+  fi
+  echo "RESULT $1 $2${3:+ ($3)}"
+}
+step() { STEP=$1; dmesg -c >> /tmp/dmesg.all 2>/dev/null; shift; log "STEP $STEP: $*"; }
+# run a command under a timeout, its output indented; returns its status
+t() { local s=$1 rc; shift; timeout "$s" "$@" > /tmp/t.out 2>&1; rc=$?; sed 's/^/  | /' /tmp/t.out; return $rc; }
+
+# ---- self-test: the guest's own kernel nvmet-tcp is the target, reached through host
+# 127.0.0.1 (QEMU hostfwd 127.0.0.1:IO -> guest:4420, :DISC -> guest:8009), so the guest
+# runs exactly the same commands against the same addresses as against flashpool.
+CFS=/sys/kernel/config/nvmet
+nvmet_subsys() {  # nqn backing-path buffered(0|1)
+  S=$CFS/subsystems/$1
+  mkdir $S
+  echo -n "$SN" > $S/attr_serial; echo -n "$MN" > $S/attr_model
+  mkdir $S/namespaces/1
+  echo -n "$2" > $S/namespaces/1/device_path
+  [ "$3" = 1 ] && echo 1 > $S/namespaces/1/buffered_io
+  echo 1 > $S/namespaces/1/enable
+}
+nvmet_link() { for p in 1 2; do ln -s $CFS/subsystems/$1 $CFS/ports/$p/subsystems/$1; done; }
+nvmet_unlink() { for p in 1 2; do rm $CFS/ports/$p/subsystems/$1; done; }
+[ "$MODE" = selftest ] && NVMET=1
+if [ "$NVMET" = 1 ]; then
+  # with nvmet file/bdev backends over tmpfs/brd: buffered I/O on the tmpfs files
+  dd if=/dev/zero of=/tmp/file.img bs=1M count=0 seek=$((FILE_SIZE>>20)) 2>/dev/null
+  dd if=/dev/zero of=/tmp/denied.img bs=1M count=0 seek=$((DENIED_SIZE>>20)) 2>/dev/null
+  nvmet_subsys $NQN_MEM /dev/ram0 0
+  echo 1 > $CFS/subsystems/$NQN_MEM/attr_allow_any_host
+  nvmet_subsys $NQN_FILE /tmp/file.img 1
+  echo 1 > $CFS/subsystems/$NQN_FILE/attr_allow_any_host
+  nvmet_subsys $NQN_DENIED /tmp/denied.img 1
+  echo 0 > $CFS/subsystems/$NQN_DENIED/attr_allow_any_host
+  mkdir $CFS/hosts/$OTHER_HOST
+  ln -s $CFS/hosts/$OTHER_HOST $CFS/subsystems/$NQN_DENIED/allowed_hosts/$OTHER_HOST
+  for p in 1:4420 2:8009; do
+    P=$CFS/ports/${p%:*}; mkdir $P
+    echo tcp > $P/addr_trtype; echo ipv4 > $P/addr_adrfam
+    echo 0.0.0.0 > $P/addr_traddr; echo ${p#*:} > $P/addr_trsvcid
+  done
+  for s in $NQN_MEM $NQN_FILE $NQN_DENIED; do nvmet_link $s; done
+  log "kernel nvmet-tcp on guest :4420 and :8009, $(ls $CFS/subsystems | wc -l) subsystems"
+fi
+
+# ---- helpers
+CONN_OPTS="--ctrl-loss-tmo=10 --reconnect-delay=2"
+# nvconnect NQN [nvme-connect args]: sets CTRL (nvmeX) and DEV (block device of nsid 1)
+nvconnect() {
+  local nqn=$1 before rc c n i p d; shift
+  CTRL=""; DEV=""
+  before=" $(ls /sys/class/nvme 2>/dev/null | tr '\n' ' ') "
+  log "nvme connect -t tcp -a $HOSTIP -s $IO -n $nqn $CONN_OPTS $*"
+  t 60 nvme connect -t tcp -a $HOSTIP -s $IO -n $nqn $CONN_OPTS "$@"; rc=$?
+  log "nvme connect rc=$rc"
+  [ $rc -eq 0 ] || return 1
+  for c in /sys/class/nvme/nvme*; do
+    n=${c##*/}
+    case "$before" in *" $n "*) continue;; esac
+    [ "$(cat $c/subsysnqn 2>/dev/null)" = "$nqn" ] && CTRL=$n
+  done
+  [ -n "$CTRL" ] || { log "no new controller for $nqn in /sys/class/nvme"; return 1; }
+  i=0
+  while [ $i -lt 75 ]; do     # namespace scan is asynchronous
+    # multipath: nvme<subsys>c<ctrl>n<ns> is the path, nvme<subsys>n<ns> the block device
+    p=$(ls /sys/class/nvme/$CTRL 2>/dev/null | grep -E '^nvme[0-9]+(c[0-9]+)?n1$' | head -n1)
+    if [ -n "$p" ]; then
+      d=$(echo $p | sed 's/c[0-9]*n/n/')
+      [ -b /dev/$d ] && { DEV=$d; break; }
+    fi
+    sleep 0.2; i=$((i+1))
+  done
+  log "controller $CTRL state=$(cat /sys/class/nvme/$CTRL/state) cntlid=$(cat /sys/class/nvme/$CTRL/cntlid 2>/dev/null) block=${DEV:-none}"
+  [ -n "$DEV" ]
+}
+nvdisconnect() {
+  local i
+  t 30 nvme disconnect -n $1
+  i=0; while ls /sys/class/nvme 2>/dev/null | grep -q . && [ $i -lt 50 ]; do
+    grep -qx "$1" /sys/class/nvme/*/subsysnqn 2>/dev/null || break; sleep 0.2; i=$((i+1)); done
+}
+# io-queue count of a controller: sysfs queue_count (admin + I/O) if present, else dmesg
+ioqueues() {
+  if [ -r /sys/class/nvme/$1/queue_count ]; then echo $(( $(cat /sys/class/nvme/$1/queue_count) - 1 ))
+  else dmesg | grep "$1: creating" | tail -n1 | sed -n 's/.*creating \([0-9]*\) I\/O queues.*/\1/p'; fi
+}
+sha_dev() {  # dev offset_MiB count_MiB
+  timeout 120 dd if=/dev/$1 bs=1M skip=$2 count=$3 iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1
+}
+# write_check dev offset_MiB count_MiB -> sets H (sha256 of what was written); 0 if read-back equal
+write_check() {
+  local t0 h
+  dd if=/dev/urandom of=/tmp/pat bs=1M count=$3 2>/dev/null
+  H=$(sha256sum < /tmp/pat | cut -d' ' -f1)
+  t0=$(up)
+  t 120 dd if=/tmp/pat of=/dev/$1 bs=1M seek=$2 oflag=direct conv=fsync,notrunc
+  h=$(sha_dev $1 $2 $3)
+  log "dd $3 MiB at ${2} MiB write+read on /dev/$1: $(awk -v a=$t0 -v b=$(up) 'BEGIN{print b-a}') s"
+  echo "  sha256 written $H"; echo "  sha256 read    $h"
+  [ "$H" = "$h" ]
+}
+fio_run() {  # name timeout args...
+  local n=$1 s=$2 t0 frc; shift 2
+  t0=$(up)
+  timeout $s fio --name=$n --direct=1 --ioengine=libaio --group_reporting --verify_fatal=1 "$@" > /tmp/fio-$n.txt 2>&1; frc=$?
+  grep -E 'err=|write:|read:|verify|bad|fail' /tmp/fio-$n.txt | head -n 8 | sed 's/^/  | /'
+  log "fio $n rc=$frc in $(awk -v a=$t0 -v b=$(up) 'BEGIN{print b-a}') s"
+  [ $frc -eq 0 ] || tail -n 15 /tmp/fio-$n.txt | sed 's/^/  fio: /'
+  return $frc
+}
+trim() { sed -e 's/^[^:]*: *//' -e 's/ *$//'; }
+# wait_host ACTION SECONDS: print the marker, wait for "DONE ACTION ok" from the host
+# (host -> 127.0.0.1:CTL_PORT -> QEMU hostfwd -> guest:5555, busybox nc -l)
+wait_host() {
+  local ncpid i
+  rm -f /tmp/ctl; : > /tmp/ctl
+  nc -l -p 5555 > /tmp/ctl 2>/dev/null & ncpid=$!
+  sleep 0.3
+  echo "@@HOST $1"
+  i=0; HOSTSAYS=""
+  while [ $i -lt $(($2*2)) ]; do
+    if grep -q "^DONE $1" /tmp/ctl; then HOSTSAYS=$(grep "^DONE $1" /tmp/ctl | head -n1); break; fi
+    if ! kill -0 $ncpid 2>/dev/null; then nc -l -p 5555 > /tmp/ctl 2>/dev/null & ncpid=$!; fi
+    sleep 0.5; i=$((i+1))
+  done
+  kill $ncpid 2>/dev/null
+  log "host says: ${HOSTSAYS:-nothing (timeout ${2}s)}"
+  echo "@@HOST-ACK $1"
+  case "$HOSTSAYS" in "DONE $1 ok"*) return 0;; esac; return 1
+}
+
+# ================================================================ checks
+# 1. discovery
+step discover "nvme discover -t tcp -a $HOSTIP -s $DISC"
+timeout 60 nvme discover -t tcp -a $HOSTIP -s $DISC > /tmp/disc.txt 2>&1; rc=$?
+sed 's/^/  | /' /tmp/disc.txt
+nq=$(grep -E '^subnqn:' /tmp/disc.txt | awk '{print $2}' | tr '\n' ' ')
+log "discover rc=$rc, subnqns: $nq"
+ok=FAIL; case " $nq " in *" $NQN_MEM "*) case " $nq " in *" $NQN_FILE "*) ok=PASS;; esac;; esac
+[ $rc -eq 0 ] || ok=FAIL
+res discover $ok "rc=$rc"
+ok=PASS; case " $nq " in *" $NQN_DENIED "*) ok=FAIL;; esac
+[ $rc -eq 0 ] && [ -n "$nq" ] || ok=FAIL
+res discover-hides-denied $ok
+
+# 2-6. mem subsystem: plain connect, identify, dd, fio
+step connect-plain "connect without digests to $NQN_MEM"
+H_MEM=""
+if nvconnect $NQN_MEM; then
+  res connect-plain PASS "$CTRL $DEV, $(ioqueues $CTRL) I/O queues"
+
+  step identify "nvme list / id-ctrl / id-ns on $CTRL $DEV"
+  timeout 30 nvme list > /tmp/list.txt 2>&1; sed 's/^/  | /' /tmp/list.txt
+  ok=FAIL; line=$(grep "/dev/$DEV " /tmp/list.txt)
+  case "$line" in *"$SN"*"$MN"*) ok=PASS;; esac
+  res identify-list $ok "expect sn=$SN mn=$MN on /dev/$DEV"
+
+  timeout 30 nvme id-ctrl /dev/$CTRL > /tmp/idc.txt 2>&1
+  grep -E '^(vid|sn|mn|fr|mdts|cntlid|ver|kas|sgls|ioccsz|iorcsz|maxcmd|nn|subnqn|cmic|ctratt) ' /tmp/idc.txt | sed 's/^/  /'
+  sn=$(grep -E '^sn ' /tmp/idc.txt | trim); mn=$(grep -E '^mn ' /tmp/idc.txt | trim)
+  sq=$(grep -E '^subnqn ' /tmp/idc.txt | trim)
+  ok=PASS
+  [ "$sn" = "$SN" ] || { ok=FAIL; echo "  sn '$sn' != '$SN'"; }
+  [ "$mn" = "$MN" ] || { ok=FAIL; echo "  mn '$mn' != '$MN'"; }
+  [ "$sq" = "$NQN_MEM" ] || { ok=FAIL; echo "  subnqn '$sq' != '$NQN_MEM'"; }
+  res identify-ctrl $ok "sn='$sn' mn='$mn' subnqn='$sq'"
+
+  timeout 30 nvme id-ns /dev/$DEV > /tmp/idn.txt 2>&1
+  grep -E '^(nsze|ncap|nuse|nlbaf|flbas|nmic|nguid|eui64)|in use' /tmp/idn.txt | sed 's/^/  /'
+  nsze=$(grep -E '^nsze ' /tmp/idn.txt | trim)
+  lbads=$(grep 'in use' /tmp/idn.txt | sed -n 's/.*lbads:\([0-9]*\).*/\1/p' | head -n1)
+  bytes=0; [ -n "$nsze" ] && [ -n "$lbads" ] && bytes=$(( nsze * (1 << lbads) ))
+  sys=$(( $(cat /sys/block/$DEV/size) * 512 ))
+  ok=FAIL; [ "$bytes" = "$MEM_SIZE" ] && [ "$sys" = "$MEM_SIZE" ] && ok=PASS
+  res identify-ns $ok "nsze=$nsze lbads=$lbads -> $bytes bytes, sysfs $sys, expect $MEM_SIZE"
+
+  step dd-sha256 "4 MiB random, O_DIRECT, at 0 on /dev/$DEV"
+  ok=FAIL; write_check $DEV 0 4 && ok=PASS; H_MEM=$H
+  res dd-sha256 $ok
+
+  step fio-randwrite-verify "fio randwrite 4k qd32 16MiB crc32c verify"
+  ok=FAIL
+  fio_run randwrite 240 --filename=/dev/$DEV --iodepth=32 --rw=randwrite --bs=4k \
+      --offset=8M --size=16M --verify=crc32c --do_verify=1 && ok=PASS
+  res fio-randwrite-verify $ok
+
+  step fio-seq128k-verify "fio write 128k qd8 32MiB then verify-read"
+  ok=FAIL
+  fio_run seq128k 240 --filename=/dev/$DEV --iodepth=8 --rw=write --bs=128k \
+      --offset=32M --size=32M --verify=crc32c --do_verify=1 && ok=PASS
+  res fio-seq128k-verify $ok
+  step disconnect "nvme disconnect -n $NQN_MEM"
+  nvdisconnect $NQN_MEM
+else
+  res connect-plain FAIL
+  for c in identify-list identify-ctrl identify-ns dd-sha256 fio-randwrite-verify fio-seq128k-verify; do
+    res $c FAIL "no connection"; done
+fi
+
+# 2+7. reconnect with header+data digests (one I/O queue): data still there, digest I/O
+step connect-digest "connect --hdr-digest --data-digest --nr-io-queues 1 to $NQN_MEM"
+if nvconnect $NQN_MEM --hdr-digest --data-digest --nr-io-queues 1; then
+  q=$(ioqueues $CTRL)
+  ok=PASS; [ "$q" = 1 ] || ok=FAIL
+  res connect-digest $ok "$CTRL, $q I/O queue(s), expect 1"
+  step reconnect-persist "sha256 of the first 4 MiB after disconnect+reconnect"
+  h=$(sha_dev $DEV 0 4); echo "  sha256 before $H_MEM"; echo "  sha256 now    $h"
+  ok=FAIL; [ -n "$H_MEM" ] && [ "$h" = "$H_MEM" ] && ok=PASS
+  res reconnect-persist $ok
+  step digest-io "dd + fio verify with CRC32C header and data digests"
+  ok=FAIL
+  if write_check $DEV 128 4; then
+    fio_run digest 180 --filename=/dev/$DEV --iodepth=16 --rw=randwrite --bs=4k \
+        --offset=136M --size=8M --verify=crc32c --do_verify=1 && ok=PASS
+  fi
+  dmesg | grep -i digest | head -n 5
+  dmesg | grep -qi 'digest error' && ok=FAIL
+  res digest-io $ok
+  step disconnect "nvme disconnect -n $NQN_MEM"
+  nvdisconnect $NQN_MEM
+else
+  res connect-digest FAIL; res reconnect-persist FAIL "no connection"; res digest-io FAIL "no connection"
+fi
+
+# 2. two I/O queues, used by two fio jobs on two CPUs
+step connect-ioq2 "connect --nr-io-queues 2 to $NQN_MEM"
+if nvconnect $NQN_MEM --nr-io-queues 2; then
+  q=$(ioqueues $CTRL)
+  dmesg | grep -E "$CTRL: (creating|mapped)" | sed 's/^/  /'
+  ok=PASS; [ "$q" = 2 ] || ok=FAIL
+  res connect-ioq2 $ok "$CTRL, $q I/O queues, expect 2"
+  step ioq2-io "fio 2 jobs (one per CPU) randwrite 4k verify"
+  ok=FAIL
+  fio_run ioq2 180 --filename=/dev/$DEV --iodepth=16 --rw=randwrite --bs=4k --numjobs=2 \
+      --cpus_allowed=0-$(( $(nproc) - 1 )) --cpus_allowed_policy=split \
+      --offset=160M --size=4M --offset_increment=8M --verify=crc32c --do_verify=1 && ok=PASS
+  res ioq2-io $ok
+  step disconnect "nvme disconnect -n $NQN_MEM"
+  nvdisconnect $NQN_MEM
+else
+  res connect-ioq2 FAIL; res ioq2-io FAIL "no connection"
+fi
+
+# 7. file namespace survives a target restart
+step file-write "connect $NQN_FILE, write 4 MiB, disconnect"
+H_FILE=""
+ok=FAIL
+if nvconnect $NQN_FILE; then
+  sys=$(( $(cat /sys/block/$DEV/size) * 512 ))
+  echo "  size $sys bytes (expect $FILE_SIZE)"
+  write_check $DEV 4 4 && [ "$sys" = "$FILE_SIZE" ] && ok=PASS && H_FILE=$H
+  nvdisconnect $NQN_FILE
+fi
+res file-write $ok
+step restart-persist "target restart (host: SIGTERM + start), reconnect, sha256"
+if [ "$MODE" = selftest ]; then   # the kernel target's equivalent of a restart
+  nvmet_unlink $NQN_FILE; echo 0 > $CFS/subsystems/$NQN_FILE/namespaces/1/enable
+  echo 1 > $CFS/subsystems/$NQN_FILE/namespaces/1/enable; nvmet_link $NQN_FILE
+  log "self-test: $NQN_FILE unlinked, namespace disabled+enabled, relinked"
+fi
+ok=FAIL; detail=""
+if wait_host restart-target 120; then
+  end=$(( $(cut -d. -f1 /proc/uptime) + 25 ))
+  while :; do   # the target may need a moment: retry connect for up to 25 s
+    nvconnect $NQN_FILE && break
+    [ "$(cut -d. -f1 /proc/uptime)" -lt $end ] || break
+    sleep 2
+  done
+  if [ -n "$DEV" ]; then
+    h=$(sha_dev $DEV 4 4); echo "  sha256 before restart $H_FILE"; echo "  sha256 after restart  $h"
+    [ -n "$H_FILE" ] && [ "$h" = "$H_FILE" ] && ok=PASS
+    nvdisconnect $NQN_FILE
+  else detail="reconnect failed"; fi
+else detail="host did not restart the target: $HOSTSAYS"; fi
+res restart-persist $ok "$detail"
+
+# 8. a host not in hosts= is refused
+step denied-host "connect to $NQN_DENIED (allowed: only $OTHER_HOST)"
+timeout 60 nvme connect -t tcp -a $HOSTIP -s $IO -n $NQN_DENIED $CONN_OPTS > /tmp/deny.txt 2>&1; rc=$?
+sed 's/^/  | /' /tmp/deny.txt
+dmesg | grep -iE 'nvme|not allowed' | tail -n 5 | sed 's/^/  dmesg: /'
+ok=FAIL
+[ $rc -ne 0 ] && dmesg | grep -qiE 'not allowed|invalid host' && ok=PASS
+grep -qx "$NQN_DENIED" /sys/class/nvme/*/subsysnqn 2>/dev/null && { ok=FAIL; nvdisconnect $NQN_DENIED; }
+res denied-host $ok "nvme connect rc=$rc"
+
+# 9. last: connect with a short KATO and power off without disconnecting
+step kato "connect --keep-alive-tmo=$KATO to $NQN_MEM, then poweroff -f while connected"
+if nvconnect $NQN_MEM --keep-alive-tmo=$KATO; then
+  cid=$(cat /sys/class/nvme/$CTRL/cntlid)
+  k=$(cat /sys/class/nvme/$CTRL/kato 2>/dev/null || echo "?")
+  sha_dev $DEV 0 1 > /dev/null
+  res kato-connect PASS "$CTRL cntlid=$cid kato=$k"
+  echo "@@HOST kato-armed cntlid=$cid kato=$KATO"
+else
+  res kato-connect FAIL
+fi
+log "guest checks: $NPASS passed, $NFAIL failed"
+# EXIT trap: guest-done marker + poweroff -f (QEMU runs with -no-shutdown: the guest's
+# sockets stay open and silent on the host, as for a host that lost power)
+GUEST_INIT
+}
+
+# ---------------------------------------------------------------- run
+pick_accel() {
+  if [ "$ACCEL" != auto ]; then echo "$ACCEL"; return; fi
+  # /dev/kvm may be "kvm_pvm" (nested PVM): only PVM guest kernels run there, a stock
+  # Debian kernel hangs after "Probing EDD"
+  if [ -w /dev/kvm ] && [ ! -d /sys/module/kvm_pvm ] && grep -qE '\b(vmx|svm)\b' /proc/cpuinfo; then
+    echo kvm; else echo tcg; fi
+}
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+free_port() { local p=$1; while port_busy "$p"; do p=$((p+1)); done; echo "$p"; }
+
+HR=$CACHE/run/host-results.txt
+hres() { echo "RESULT $1 $2${3:+ ($3)}" | tee -a "$HR"; }
+serial() { tr -d '\r' < "$RUN/guest-serial.log" 2>/dev/null || true; }
+# (no 'grep -q' after a pipe: with pipefail an early exit of grep fails the pipe)
+has_marker() { serial | grep -a "^$1" > /dev/null; }
+
+TPID=""; QPID=""; TSTART_LINE=0
+tlog_since() { tail -n +"$((TSTART_LINE+1))" "$RUN/target.log" 2>/dev/null || true; }
+write_config() {
+  cat > "$RUN/target.toml" <<EOF
+# generated by tests/interop/run.sh
+[node]
+reactors = $REACTORS
+log = "${TARGET_LOG_LEVEL:-info}"
+
+[transport]
+max_io_queues = 8
+
+[[listener]]
+address = "127.0.0.1"
+port = $IO_PORT
+kind = "io"
+
+[[listener]]
+address = "127.0.0.1"
+port = $DISC_PORT
+kind = "discovery"
+
+[[subsystem]]
+nqn = "$NQN_MEM"
+serial = "$SERIAL"
+model = "$MODEL"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "mem"
+size = "$((MEM_SIZE >> 20))MiB"
+block_size = 512
+
+[[subsystem]]
+nqn = "$NQN_FILE"
+serial = "$SERIAL"
+model = "$MODEL"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "file"
+path = "$FILE_IMG"
+create = true
+size = "$((FILE_SIZE >> 20))MiB"
+block_size = 512
+
+[[subsystem]]
+nqn = "$NQN_DENIED"
+serial = "$SERIAL"
+model = "$MODEL"
+allow_any_host = false
+hosts = ["$OTHER_HOST"]
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "mem"
+size = "$((DENIED_SIZE >> 20))MiB"
+EOF
+}
+start_target() {   # returns 0 once both listeners are up
+  TSTART_LINE=$(wc -l < "$RUN/target.log" 2>/dev/null || echo 0)
+  echo "=== start $(date +%T.%N) ===" >> "$RUN/target.log"
+  TSTART_LINE=$((TSTART_LINE+1))
+  "$BIN" serve -c "$RUN/target.toml" >> "$RUN/target.log" 2>&1 &
+  TPID=$!
+  local i=0
+  while [ $i -lt 100 ]; do
+    if ! kill -0 "$TPID" 2>/dev/null; then say "flashpool exited during start-up"; return 1; fi
+    if tlog_since | grep "listening on 127.0.0.1:$IO_PORT" > /dev/null \
+       && tlog_since | grep "listening on 127.0.0.1:$DISC_PORT" > /dev/null; then
+      say "flashpool pid $TPID listening on :$IO_PORT (io) and :$DISC_PORT (discovery)"; return 0; fi
+    sleep 0.1; i=$((i+1))
+  done
+  say "flashpool did not log 'listening on' for both ports within 10 s"; return 1
+}
+stop_target() {    # SIGTERM, wait up to 15 s; 0 if it exited 0 and logged "stopped cleanly"
+  local i=0 rc=0
+  [ -n "$TPID" ] || return 1
+  kill -TERM "$TPID" 2>/dev/null || true
+  while kill -0 "$TPID" 2>/dev/null && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done
+  if kill -0 "$TPID" 2>/dev/null; then
+    say "flashpool still running 15 s after SIGTERM: SIGKILL"; kill -KILL "$TPID" 2>/dev/null || true
+    wait "$TPID" 2>/dev/null || true; TPID=""; STOP_DETAIL="hung after SIGTERM"; return 1
+  fi
+  wait "$TPID" || rc=$?
+  TPID=""
+  STOP_DETAIL="exit status $rc after $(awk -v i=$i 'BEGIN{print i/10}') s"
+  if ! tlog_since | grep 'stopped cleanly' > /dev/null; then STOP_DETAIL="$STOP_DETAIL, no 'stopped cleanly' in log"; return 1; fi
+  [ "$rc" -eq 0 ]
+}
+send_ctl() {  # message to the guest through hostfwd 127.0.0.1:CTL_PORT -> guest:5555
+  (exec 3<>"/dev/tcp/127.0.0.1/$CTL_PORT" && printf '%s\n' "$1" >&3 && sleep 0.5) 2>/dev/null || true
+}
+answer_guest() {  # ACTION STATUS: repeat until the guest acknowledges (or 20 s)
+  local i=0
+  while [ $i -lt 10 ]; do
+    send_ctl "DONE $1 $2"
+    sleep 1.5
+    has_marker "@@HOST-ACK $1" && return 0
+    i=$((i+1))
+  done
+  say "guest did not acknowledge '$1'"
+}
+
+cleanup() {
+  [ -n "$QPID" ] && { kill "$QPID" 2>/dev/null || true; }
+  [ -n "$TPID" ] && { kill -KILL "$TPID" 2>/dev/null || true; }
+  QPID=""; TPID=""
+}
+
+do_run() {
+  local t0 K accel cpu rc=0 tb="" restart_done=0 kato_cid="" kato_t="" done_t="" st
+  t0=$(ts); K=$(kver)
+  [ -n "$K" ] || { echo "no kernel: run '$0 setup' first"; exit 1; }
+  if [ ! -f "$INITRD" ] || ! cmp -s "$0" "$CACHE/.built-from"; then do_build; fi
+  IO_PORT=$(free_port "${IO_PORT:-14420}")
+  DISC_PORT=$(free_port "${DISC_PORT:-18009}")
+  [ "$DISC_PORT" = "$IO_PORT" ] && DISC_PORT=$(free_port $((IO_PORT+1)))
+  CTL_PORT=$(free_port "${CTL_PORT:-15555}")
+  rm -rf "$RUN"; mkdir -p "$RUN"; : > "$HR"; : > "$RUN/target.log"
+  trap cleanup EXIT
+  local mode=flashpool fwd_io fwd_disc
+  [ "$SELFTEST" = 1 ] && mode=selftest
+  if [ "$MOCK" = 1 ]; then
+    BIN=$HERE/mock-target.py
+    fwd_io=$(free_port $((CTL_PORT+1))); fwd_disc=$(free_port $((fwd_io+1)))
+    export MOCK_UPSTREAM_IO=$fwd_io MOCK_UPSTREAM_DISC=$fwd_disc
+  fi
+  local hostuuid; hostuuid=$(cat /proc/sys/kernel/random/uuid)
+  local HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$hostuuid
+
+  if [ $mode = flashpool ]; then
+    if [ ! -x "$BIN" ]; then
+      echo "flashpool binary not found at $BIN: run 'cargo build --release' first (or set FLASHPOOL_BIN)"
+      echo "0 passed, $(echo $GUEST_CHECKS $HOST_CHECKS | wc -w) failed"; exit 1
+    fi
+    write_config
+    rm -f "$FILE_IMG"
+    if ! start_target; then
+      echo "----- target log -----"; cat "$RUN/target.log"; echo "----- config -----"; cat "$RUN/target.toml"
+      echo "RESULT target-start FAIL (every check fails: no target)"
+      echo "0 passed, $(echo $GUEST_CHECKS $HOST_CHECKS | wc -w) failed"; exit 1
+    fi
+  fi
+
+  accel=$(pick_accel)
+  if [ "$accel" = kvm ]; then cpu="-accel kvm -cpu host"; else cpu="-accel tcg,thread=multi -cpu max"; fi
+  local netdev="user,id=n0,ipv6=off,hostfwd=tcp:127.0.0.1:$CTL_PORT-10.0.2.15:5555"
+  if [ "$MOCK" = 1 ]; then
+    netdev="$netdev,hostfwd=tcp:127.0.0.1:$fwd_io-10.0.2.15:4420,hostfwd=tcp:127.0.0.1:$fwd_disc-10.0.2.15:8009"
+  fi
+  if [ $mode = selftest ]; then
+    netdev="$netdev,hostfwd=tcp:127.0.0.1:$IO_PORT-10.0.2.15:4420,hostfwd=tcp:127.0.0.1:$DISC_PORT-10.0.2.15:8009"
+  fi
+  local append="console=ttyS0 panic=-1 quiet fp_mode=$mode fp_io=$IO_PORT fp_disc=$DISC_PORT"
+  append="$append fp_nqn_mem=$NQN_MEM fp_nqn_file=$NQN_FILE fp_nqn_denied=$NQN_DENIED"
+  append="$append fp_other_host=$OTHER_HOST fp_hostnqn=$HOSTNQN fp_hostid=$hostuuid"
+  append="$append fp_sn=$SERIAL fp_mn=$MODEL fp_mem_size=$MEM_SIZE fp_file_size=$FILE_SIZE"
+  append="$append fp_denied_size=$DENIED_SIZE fp_kato=$KATO fp_nvmet=$MOCK"
+  say "mode=$mode$([ "$MOCK" = 1 ] && echo '(mock target)') accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) ports io=$IO_PORT disc=$DISC_PORT ctl=$CTL_PORT"
+  say "guest hostnqn $HOSTNQN; logs in $RUN"
+  # -no-shutdown: after the guest's poweroff QEMU stays (stopped), so the guest's TCP
+  # connections stay open and silent, like a host that lost power; the host kills QEMU.
+  timeout -s KILL "$RUN_TIMEOUT" qemu-system-x86_64 $cpu -m "$GUEST_MEM" -smp "$GUEST_CPUS" \
+      -nodefaults -display none -no-reboot -no-shutdown -serial "file:$RUN/guest-serial.log" \
+      -kernel "$KROOT/boot/vmlinuz-$K" -initrd "$INITRD" -append "$append" \
+      -netdev "$netdev" -device virtio-net-pci,netdev=n0 > "$RUN/qemu.stderr" 2>&1 &
+  QPID=$!
+
+  local last_progress=0 n died=0
+  while kill -0 "$QPID" 2>/dev/null; do
+    if [ $mode = flashpool ] && [ $died = 0 ] && [ -n "$TPID" ] && ! kill -0 "$TPID" 2>/dev/null; then
+      died=1; say "flashpool pid $TPID is gone! last log lines:"; tail -n 20 "$RUN/target.log" | sed 's/^/    /'
+    fi
+    [ -z "$tb" ] && has_marker '@@ .*init start' && { tb=$(el "$t0"); say "guest /init started after $tb s"; }
+    # progress: echo new step lines
+    n=$(serial | grep -acE '^(@@ .*STEP|RESULT )' || true)
+    if [ "$n" -gt "$last_progress" ]; then
+      serial | grep -aE '^(@@ .*STEP|RESULT )' | tail -n +"$((last_progress+1))" | sed 's/^@@ /[guest] /; s/^RESULT/[guest] RESULT/'
+      last_progress=$n
+    fi
+    if [ $restart_done = 0 ] && has_marker '@@HOST restart-target'; then
+      restart_done=1
+      if [ $mode = flashpool ]; then
+        say "guest asks for a target restart: SIGTERM flashpool pid $TPID"
+        st=ok
+        stop_target || st=fail
+        local sd="$STOP_DETAIL"
+        if ! start_target; then st=fail; sd="$sd; restart failed"; fi
+        if [ $st = ok ]; then hres target-restart PASS "stop: $sd; listening again"
+        else hres target-restart FAIL "stop: $sd"; fi
+        answer_guest restart-target "$([ -n "$TPID" ] && echo ok || echo fail)"
+      else
+        answer_guest restart-target ok
+      fi
+    fi
+    if [ -z "$kato_cid" ] && has_marker '@@HOST kato-armed'; then
+      kato_cid=$(serial | grep -a '^@@HOST kato-armed' | sed -n 's/.*cntlid=\([0-9]*\).*/\1/p' | head -n1)
+      kato_t=$(ts)
+    fi
+    if [ -z "$done_t" ] && has_marker '@@HOST guest-done'; then
+      done_t=$(ts); say "guest powered off after $(el "$t0") s"
+      break
+    fi
+    sleep 0.5
+  done
+
+  serial | grep -aE '^(@@ .*STEP|RESULT )' | tail -n +"$((last_progress+1))" | sed 's/^@@ /[guest] /; s/^RESULT/[guest] RESULT/'
+  # 9. KATO: QEMU is still alive (-no-shutdown), the guest silent; wait for the target
+  if [ $mode = flashpool ]; then
+    if [ -n "$kato_cid" ] && [ -n "$done_t" ]; then
+      local lim=$((KATO + KATO_MARGIN)) found=""
+      say "waiting up to $lim s for 'controller $kato_cid freed: keep-alive timeout'"
+      while [ "$(awk -v a="$done_t" -v b="$(ts)" 'BEGIN{print (b-a < '"$lim"') ? 1 : 0}')" = 1 ]; do
+        # the cntlid may have been used before: only lines after its last 'created'
+        found=$(tlog_since | awk -v c="controller $kato_cid created: subsystem $NQN_MEM, host $HOSTNQN" \
+            -v f="controller $kato_cid freed: " 'index($0, c) {seen=1; next} seen && index($0, f) {print; exit}')
+        [ -n "$found" ] && break
+        if ! kill -0 "$TPID" 2>/dev/null; then break; fi
+        sleep 0.2
+      done
+      local el_k; el_k=$(el "$done_t")
+      if [[ "$found" == *"freed: keep-alive timeout"* ]]; then
+        hres kato-timeout PASS "freed ${el_k} s after poweroff (KATO ${KATO} s): $(echo "$found" | sed 's/.*controller/controller/')"
+      elif [ -n "$found" ]; then
+        hres kato-timeout FAIL "wrong reason after ${el_k} s: $found"
+      else
+        hres kato-timeout FAIL "no 'controller $kato_cid freed' within ${lim} s of poweroff"
+      fi
+    else
+      hres kato-timeout FAIL "guest never armed the KATO check (cntlid=${kato_cid:-none}, done=${done_t:+yes})"
+    fi
+  fi
+  if kill -0 "$QPID" 2>/dev/null; then
+    kill "$QPID" 2>/dev/null || true
+  fi
+  wait "$QPID" 2>/dev/null || rc=$?
+  QPID=""
+  [ -n "$done_t" ] || say "QEMU ended (status $rc) without the guest-done marker: guest crash or RUN_TIMEOUT=$RUN_TIMEOUT"
+
+  if [ $mode = flashpool ]; then
+    # 8b. the target logged the refusal
+    local dl; dl=$(grep -F "host $HOSTNQN not allowed on $NQN_DENIED" "$RUN/target.log" | head -n1 || true)
+    if [ -n "$dl" ]; then hres denied-host-log PASS "$(echo "$dl" | sed 's/.*host nqn/host nqn/')"
+    else hres denied-host-log FAIL "no 'host $HOSTNQN not allowed on $NQN_DENIED' in the target log"; fi
+    # the target survived the run
+    if [ -n "$TPID" ] && kill -0 "$TPID" 2>/dev/null && port_busy "$IO_PORT" && port_busy "$DISC_PORT"; then
+      hres target-alive-after-run PASS "pid $TPID, ports accept"
+      if stop_target; then hres target-clean-stop PASS "$STOP_DETAIL"
+      else hres target-clean-stop FAIL "$STOP_DETAIL"; fi
+    else
+      hres target-alive-after-run FAIL "flashpool is gone$(tail -n 3 "$RUN/target.log" | tr '\n' ' ' | sed 's/^/: /')"
+      hres target-clean-stop FAIL "not running"
+    fi
+  fi
+  trap - EXIT
+
+  # ---- report
+  local all="$GUEST_CHECKS" expect=0 n_pass=0 n_fail=0 c line failed=""
+  [ $mode = flashpool ] && all="$all $HOST_CHECKS"
+  serial | grep -a '^RESULT ' > "$RUN/results.txt" || true
+  cat "$HR" >> "$RUN/results.txt"
+  for c in $all; do
+    line=$(grep -a "^RESULT $c " "$RUN/results.txt" | tail -n1 || true)
+    if [[ "$line" == "RESULT $c PASS"* ]]; then n_pass=$((n_pass+1))
+    else n_fail=$((n_fail+1)); failed="$failed $c"; [ -n "$line" ] || echo "RESULT $c FAIL (no result: not reached)" >> "$RUN/results.txt"; fi
+  done
+  if [ -n "$failed" ] || [ "$VERBOSE" = 1 ]; then
+    echo "----- guest serial log ($RUN/guest-serial.log, ANSI stripped) -----"
+    sed -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\r//g' "$RUN/guest-serial.log" 2>/dev/null || true
+    [ -s "$RUN/qemu.stderr" ] && { echo "----- qemu stderr -----"; cat "$RUN/qemu.stderr"; }
+    if [ $mode = flashpool ]; then
+      echo "----- target log tail ($RUN/target.log) -----"; tail -n 60 "$RUN/target.log"
+    fi
+  fi
+  echo "----- summary ($mode, accel $accel, guest /init at ${tb:-?} s, total $(el "$t0") s) -----"
+  for c in $all; do grep -a "^RESULT $c " "$RUN/results.txt" | tail -n1; done
+  [ $mode = selftest ] && echo "(self-test: host-side checks [$HOST_CHECKS] apply to flashpool only)"
+  [ -n "$failed" ] && echo "failed:$failed"
+  echo "$n_pass passed, $n_fail failed"
+  [ "$n_fail" -eq 0 ]
+}
+
+ACTION=all
+for a in "$@"; do
+  case $a in
+    setup|build|run|all) ACTION=$a;;
+    --self-test|--selftest) SELFTEST=1;;
+    --mock-target) MOCK=1;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0;;
+    *) echo "usage: $0 [setup|build|run|all] [--self-test|--mock-target]"; exit 2;;
+  esac
+done
+case $ACTION in
+  setup) do_setup;;
+  build) do_build;;
+  run) do_run;;
+  all) do_setup; do_build; do_run;;
+esac
