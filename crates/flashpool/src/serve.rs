@@ -37,6 +37,7 @@ fn init_logging(level: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }
@@ -52,13 +53,7 @@ fn print_banner(server: &Server, origin: &str) {
         };
         println!("  subsystem {} (serial {}, {who})", s.nqn, s.serial);
         for ns in s.namespaces.iter() {
-            println!(
-                "    nsid {}: {} ({} blocks of {} bytes)",
-                ns.nsid,
-                ns.dev.describe(),
-                ns.num_blocks,
-                ns.block_size
-            );
+            println!("    nsid {}: {}", ns.nsid, ns.dev.describe());
         }
     }
     let host_addr = |a: std::net::SocketAddr| {
