@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Sets up everything the tests need on a fresh Debian 12 machine (apt packages,
+# the Debian kernel for the QEMU guest, the nightly toolchain and cargo-fuzz)
+# and runs every suite: formatting and lints, unit and fault tests, a fuzz
+# smoke run, and the interop suite against the Linux kernel's NVMe/TCP host.
+# Ends with one line: "N passed, N failed".
+#
+#   scripts/test-all.sh             # everything
+#   SKIP_INTEROP=1 scripts/test-all.sh
+#   FUZZ_SECONDS=20 scripts/test-all.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+LOG=${TEST_LOG_DIR:-$ROOT/target/test-logs}
+mkdir -p "$LOG"
+passed=0
+failed=0
+failures=()
+
+say() { echo "== [$(date +%T)] $*"; }
+pass() { passed=$((passed + ${2:-1})); say "PASS $1"; }
+fail() { failed=$((failed + ${2:-1})); failures+=("$1"); say "FAIL $1"; }
+
+# ---- set-up: toolchains and packages
+export DEBIAN_FRONTEND=noninteractive
+if ! command -v cargo >/dev/null; then
+  echo "cargo not found: install Rust (https://rustup.rs) first"; exit 2
+fi
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  say "apt-get install (test dependencies)"
+  apt-get update -qq >/dev/null 2>&1 || true
+  apt-get install -y -qq --no-install-recommends qemu-system-x86 nvme-cli busybox-static cpio kmod fio \
+    python3 >/dev/null 2>&1 || say "apt-get install failed; continuing with what is installed"
+fi
+
+# ---- 1. formatting and lints
+say "cargo fmt --check"
+if cargo fmt --all -- --check >"$LOG/fmt.txt" 2>&1; then pass "cargo fmt"; else fail "cargo fmt (see $LOG/fmt.txt)"; fi
+say "cargo clippy -D warnings"
+if cargo clippy --workspace --all-targets -- -D warnings >"$LOG/clippy.txt" 2>&1; then
+  pass "cargo clippy"
+else
+  tail -n 30 "$LOG/clippy.txt"; fail "cargo clippy (see $LOG/clippy.txt)"
+fi
+
+# ---- 2. unit, property and raw-TCP fault tests
+say "cargo build --release"
+if ! cargo build --release --workspace >"$LOG/build.txt" 2>&1; then
+  tail -n 30 "$LOG/build.txt"; fail "cargo build --release"
+fi
+say "cargo test (unit + fault tests)"
+cargo test --release --workspace 2>&1 | tee "$LOG/cargo-test.txt" | grep -E '^test result|FAILED|panicked' || true
+t_pass=$(awk '/^test result/ { for (i = 1; i < NF; i++) if ($(i+1) ~ /^passed/) s += $i } END { print s + 0 }' "$LOG/cargo-test.txt")
+t_fail=$(awk '/^test result/ { for (i = 1; i < NF; i++) if ($(i+1) ~ /^failed/) s += $i } END { print s + 0 }' "$LOG/cargo-test.txt")
+if ! grep -q '^test result' "$LOG/cargo-test.txt" || grep -qE '^error(\[|:)' "$LOG/cargo-test.txt"; then
+  fail "cargo test did not run (see $LOG/cargo-test.txt)"
+fi
+passed=$((passed + ${t_pass:-0}))
+if [ "${t_fail:-0}" -gt 0 ]; then fail "cargo test: $t_fail test(s)" "$t_fail"; else say "cargo test: $t_pass passed"; fi
+
+# ---- 3. fuzz smoke run
+if [ -x fuzz/smoke.sh ] && [ "${SKIP_FUZZ:-0}" != 1 ]; then
+  say "fuzz smoke (${FUZZ_SECONDS:-20} s per target)"
+  if FUZZ_SECONDS=${FUZZ_SECONDS:-20} fuzz/smoke.sh 2>&1 | tee "$LOG/fuzz.txt" | grep -vE '^#[0-9]+' | tail -n 20; then
+    pass "fuzz smoke"
+  else
+    fail "fuzz smoke (see $LOG/fuzz.txt)"
+  fi
+fi
+
+# ---- 4. interop: the Linux kernel NVMe/TCP host in a QEMU guest against flashpool serve
+if [ "${SKIP_INTEROP:-0}" != 1 ]; then
+  say "interop suite (QEMU guest, Linux nvme-tcp host)"
+  tests/interop/run.sh all 2>&1 | tee "$LOG/interop.txt" | grep -E 'RESULT|passed, .* failed|harness' || true
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$LOG/interop.txt" | tail -n 1)
+  if [ -n "$line" ]; then
+    ip=${line%% passed*}; if_=$(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')
+    passed=$((passed + ip))
+    if [ "$if_" -gt 0 ]; then fail "interop: $if_ check(s)" "$if_"; fi
+  else
+    fail "interop suite did not complete (see $LOG/interop.txt)"
+  fi
+fi
+
+echo
+if [ ${#failures[@]} -gt 0 ]; then printf 'failed: %s\n' "${failures[@]}"; fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
