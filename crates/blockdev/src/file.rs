@@ -252,6 +252,17 @@ impl FileDevice {
 
         let (file, direct) = open_direct_or_buffered(path, kind, opts.block_size, try_direct)?;
         let fd = file.as_raw_fd();
+        // Two servers writing one backing store would corrupt it: take an
+        // exclusive advisory lock for as long as the device is open.
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(config(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                format!("{shown} is in use by another process (locked); stop it or use another path")
+            } else {
+                format!("{shown}: cannot lock: {e}")
+            }));
+        }
 
         let size = match kind {
             Kind::File => {

@@ -154,6 +154,9 @@ pub(crate) struct Conn {
     out: OutQueue,
     end: Option<End>,
     last_touch: Instant,
+    /// When this queue last received data or completed I/O (adaptive polling).
+    last_busy: Instant,
+    poll: Option<Duration>,
 }
 
 pub(crate) async fn serve(stream: TcpStream, target: Arc<Target>, shutdown: watch::Receiver<bool>) {
@@ -194,6 +197,8 @@ impl Conn {
             out: OutQueue::new(),
             end: None,
             last_touch: Instant::now(),
+            last_busy: Instant::now(),
+            poll: (t.poll_us > 0).then(|| Duration::from_micros(u64::from(t.poll_us))),
             target,
             stream,
             peer,
@@ -219,12 +224,17 @@ impl Conn {
                 Some(q) if q.qid == 0 && !self.aers.is_empty() => Some(q.ctrl.clone()),
                 _ => None,
             };
+            // Adaptive polling: right after activity, keep yielding to the
+            // runtime (which polls the sockets without sleeping) instead of
+            // parking the thread; an idle queue stops spinning after `poll`.
+            let spin = self.poll.is_some_and(|p| self.last_busy.elapsed() < p);
             let kill = self.queue.as_mut().map(|q| &mut q.kill);
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => return End::Shutdown,
                 r = wait_kill(kill) => return End::Killed(r),
                 Some((slot, done)) = self.inflight.next(), if !self.inflight.is_empty() => {
+                    self.last_busy = Instant::now();
                     self.on_io_done(slot, done);
                     // Complete whatever else is ready without another wake-up.
                     while let Some(Some((slot, done))) = futures_util::FutureExt::now_or_never(self.inflight.next()) {
@@ -235,6 +245,9 @@ impl Conn {
                     Ok(0) => return End::Eof,
                     Ok(n) => {
                         self.rx_end += n;
+                        if self.poll.is_some() {
+                            self.last_busy = Instant::now();
+                        }
                         self.process_rx();
                     }
                     Err(_) => return End::IoError,
@@ -248,6 +261,7 @@ impl Conn {
                     }
                 }
                 _ = notified(events.as_deref()) => self.deliver_events(),
+                _ = tokio::task::yield_now(), if spin => {}
             }
         }
     }
