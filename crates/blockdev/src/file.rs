@@ -258,7 +258,9 @@ impl FileDevice {
         if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = io::Error::last_os_error();
             return Err(config(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                format!("{shown} is in use by another process (locked); stop it or use another path")
+                format!(
+                    "{shown} is in use by another process (locked); stop it or use another path"
+                )
             } else {
                 format!("{shown}: cannot lock: {e}")
             }));

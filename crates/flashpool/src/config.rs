@@ -85,18 +85,23 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("size {s:?} is not a number with an optional unit (KiB, MiB, GiB, TiB)"))?;
+    let n: u64 = num.parse().map_err(|_| {
+        format!("size {s:?} is not a number with an optional unit (KiB, MiB, GiB, TiB)")
+    })?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" | "kb" => 1 << 10,
         "m" | "mib" | "mb" => 1 << 20,
         "g" | "gib" | "gb" => 1 << 30,
         "t" | "tib" | "tb" => 1 << 40,
-        u => return Err(format!("size {s:?} has unknown unit {u:?}; use KiB, MiB, GiB or TiB")),
+        u => {
+            return Err(format!(
+                "size {s:?} has unknown unit {u:?}; use KiB, MiB, GiB or TiB"
+            ));
+        }
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 #[derive(Debug, Deserialize)]
@@ -192,13 +197,18 @@ block_size = 512
 pub fn load(path: Option<&Path>) -> Result<(NodeConfig, String)> {
     let (text, origin) = match path {
         Some(p) => (
-            std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read config file {}: check the path given to -c", p.display()))?,
+            std::fs::read_to_string(p).with_context(|| {
+                format!(
+                    "cannot read config file {}: check the path given to -c",
+                    p.display()
+                )
+            })?,
             p.display().to_string(),
         ),
         None => (EMBEDDED_DEFAULT.to_string(), "embedded default".to_string()),
     };
-    let cfg: NodeConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!("config {origin}: {e}"))?;
+    let cfg: NodeConfig =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("config {origin}: {e}"))?;
     Ok((cfg, origin))
 }
 
@@ -213,7 +223,9 @@ pub fn build(cfg: &NodeConfig) -> Result<Built> {
     let transport = transport(cfg)?;
     let listeners = listeners(cfg)?;
     if cfg.subsystem.is_empty() {
-        bail!("config: no [[subsystem]] defined; add one with an nqn and at least one [[subsystem.namespace]]");
+        bail!(
+            "config: no [[subsystem]] defined; add one with an nqn and at least one [[subsystem.namespace]]"
+        );
     }
     let mut seen = HashSet::new();
     let mut subsystems = Vec::new();
@@ -221,7 +233,10 @@ pub fn build(cfg: &NodeConfig) -> Result<Built> {
         let key = format!("subsystem[{i}]");
         check_nqn(&format!("{key}.nqn"), &s.nqn)?;
         if !seen.insert(s.nqn.clone()) {
-            bail!("config: {key}.nqn = {:?} is defined twice; each subsystem needs its own NQN", s.nqn);
+            bail!(
+                "config: {key}.nqn = {:?} is defined twice; each subsystem needs its own NQN",
+                s.nqn
+            );
         }
         subsystems.push(Arc::new(subsystem(&key, s)?));
     }
@@ -246,30 +261,58 @@ fn transport(cfg: &NodeConfig) -> Result<TransportConfig> {
     let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (i, &c) in n.cpus.iter().enumerate() {
         if c >= ncpu {
-            bail!("config: node.cpus[{i}] = {c} does not exist on this machine ({ncpu} CPUs: 0..{})", ncpu - 1);
+            bail!(
+                "config: node.cpus[{i}] = {c} does not exist on this machine ({ncpu} CPUs: 0..{})",
+                ncpu - 1
+            );
         }
     }
-    let max_transfer = t.max_transfer.map_or(u64::from(d.max_transfer), Size::bytes);
+    let max_transfer = t
+        .max_transfer
+        .map_or(u64::from(d.max_transfer), Size::bytes);
     if !max_transfer.is_power_of_two() || !(4096..=8 << 20).contains(&max_transfer) {
-        bail!("config: transport.max_transfer = {max_transfer} must be a power of two from 4KiB to 8MiB");
+        bail!(
+            "config: transport.max_transfer = {max_transfer} must be a power of two from 4KiB to 8MiB"
+        );
     }
-    let icd = t.in_capsule_data.map_or(u64::from(d.in_capsule_data), Size::bytes);
+    let icd = t
+        .in_capsule_data
+        .map_or(u64::from(d.in_capsule_data), Size::bytes);
     if icd > 128 * 1024 || icd % 16 != 0 {
-        bail!("config: transport.in_capsule_data = {icd} must be a multiple of 16 up to 131072 (128KiB)");
+        bail!(
+            "config: transport.in_capsule_data = {icd} must be a multiple of 16 up to 131072 (128KiB)"
+        );
     }
-    let h2c = t.max_h2c_data.map_or(u64::from(d.max_h2c_data), Size::bytes);
+    let h2c = t
+        .max_h2c_data
+        .map_or(u64::from(d.max_h2c_data), Size::bytes);
     if h2c < 4096 || h2c % 4 != 0 || h2c > 16 << 20 {
         bail!("config: transport.max_h2c_data = {h2c} must be a multiple of 4 from 4096 to 16MiB");
     }
     Ok(TransportConfig {
-        max_queue_depth: range("transport.max_queue_depth", t.max_queue_depth.unwrap_or(128), 2, 1024)? as u16,
-        max_io_queues: range("transport.max_io_queues", t.max_io_queues.unwrap_or(8), 1, 64)? as u16,
+        max_queue_depth: range(
+            "transport.max_queue_depth",
+            t.max_queue_depth.unwrap_or(128),
+            2,
+            1024,
+        )? as u16,
+        max_io_queues: range(
+            "transport.max_io_queues",
+            t.max_io_queues.unwrap_or(8),
+            1,
+            64,
+        )? as u16,
         in_capsule_data: icd as u32,
         max_transfer: max_transfer as u32,
         max_h2c_data: h2c as u32,
         header_digest: t.header_digest.unwrap_or(true),
         data_digest: t.data_digest.unwrap_or(true),
-        kato_max_ms: range("transport.kato_max_ms", t.kato_max_ms.unwrap_or(120_000), 1000, 3_600_000)?,
+        kato_max_ms: range(
+            "transport.kato_max_ms",
+            t.kato_max_ms.unwrap_or(120_000),
+            1000,
+            3_600_000,
+        )?,
         reactors: range("node.reactors", n.reactors, 1, 64)?,
         cpus: n.cpus.clone(),
         poll_us: range("node.poll_us", n.poll_us, 0, 10_000)?,
@@ -301,7 +344,9 @@ fn listeners(cfg: &NodeConfig) -> Result<Vec<ListenerConfig>> {
         let kind = match l.kind.as_str() {
             "io" => ListenerKind::Io,
             "discovery" => ListenerKind::Discovery,
-            k => bail!("config: listener[{i}].kind = {k:?} is unknown; use \"io\" or \"discovery\""),
+            k => {
+                bail!("config: listener[{i}].kind = {k:?} is unknown; use \"io\" or \"discovery\"")
+            }
         };
         let addr = SocketAddr::new(ip, l.port);
         if !seen.insert(addr) {
@@ -313,7 +358,11 @@ fn listeners(cfg: &NodeConfig) -> Result<Vec<ListenerConfig>> {
 }
 
 fn check_nqn(key: &str, nqn: &str) -> Result<()> {
-    if !nqn.starts_with("nqn.") || nqn.len() > 223 || !nqn.is_ascii() || nqn.contains(char::is_whitespace) {
+    if !nqn.starts_with("nqn.")
+        || nqn.len() > 223
+        || !nqn.is_ascii()
+        || nqn.contains(char::is_whitespace)
+    {
         bail!(
             "config: {key} = {nqn:?} is not a valid NQN; use \"nqn.YYYY-MM.reverse.domain:name\", ASCII, at most 223 bytes"
         );
@@ -325,8 +374,12 @@ fn check_nqn(key: &str, nqn: &str) -> Result<()> {
 }
 
 fn subsystem(key: &str, s: &SubsystemSection) -> Result<Subsystem> {
-    let serial = s.serial.clone().unwrap_or_else(|| format!("FP{:016X}", fnv(s.nqn.as_bytes(), 1)));
-    if serial.is_empty() || serial.len() > 20 || !serial.bytes().all(|c| (0x20..0x7f).contains(&c)) {
+    let serial = s
+        .serial
+        .clone()
+        .unwrap_or_else(|| format!("FP{:016X}", fnv(s.nqn.as_bytes(), 1)));
+    if serial.is_empty() || serial.len() > 20 || !serial.bytes().all(|c| (0x20..0x7f).contains(&c))
+    {
         bail!("config: {key}.serial = {serial:?} must be 1 to 20 printable ASCII characters");
     }
     let model = s.model.clone().unwrap_or_else(|| "flashpool".into());
@@ -334,23 +387,40 @@ fn subsystem(key: &str, s: &SubsystemSection) -> Result<Subsystem> {
         bail!("config: {key}.model = {model:?} must be 1 to 40 printable ASCII characters");
     }
     if !s.allow_any_host && s.hosts.is_empty() {
-        bail!("config: {key} ({}) allows no host: set allow_any_host = true or list host NQNs in hosts", s.nqn);
+        bail!(
+            "config: {key} ({}) allows no host: set allow_any_host = true or list host NQNs in hosts",
+            s.nqn
+        );
     }
     for (j, h) in s.hosts.iter().enumerate() {
         if !h.starts_with("nqn.") || h.len() > 223 {
-            bail!("config: {key}.hosts[{j}] = {h:?} is not a valid host NQN (nqn...., at most 223 bytes)");
+            bail!(
+                "config: {key}.hosts[{j}] = {h:?} is not a valid host NQN (nqn...., at most 223 bytes)"
+            );
         }
     }
     if s.namespace.is_empty() {
-        bail!("config: {key} ({}) has no [[subsystem.namespace]]; add one", s.nqn);
+        bail!(
+            "config: {key} ({}) has no [[subsystem.namespace]]; add one",
+            s.nqn
+        );
     }
     let mut nsids = HashSet::new();
     let mut namespaces = Vec::new();
     for (j, n) in s.namespace.iter().enumerate() {
         let nkey = format!("{key}.namespace[{j}]");
-        range(&format!("{nkey}.nsid"), n.nsid, 1, nvmf_target::subsystem::MAX_NSID)?;
+        range(
+            &format!("{nkey}.nsid"),
+            n.nsid,
+            1,
+            nvmf_target::subsystem::MAX_NSID,
+        )?;
         if !nsids.insert(n.nsid) {
-            bail!("config: {nkey}.nsid = {} is used twice in {}; give each namespace its own nsid", n.nsid, s.nqn);
+            bail!(
+                "config: {nkey}.nsid = {} is used twice in {}; give each namespace its own nsid",
+                n.nsid,
+                s.nqn
+            );
         }
         let dev = device(&nkey, n)?;
         let uuid = match &n.uuid {
@@ -376,11 +446,19 @@ fn subsystem(key: &str, s: &SubsystemSection) -> Result<Subsystem> {
 
 fn device(key: &str, n: &NamespaceSection) -> Result<Arc<dyn BlockDevice>> {
     if n.block_size != 512 && n.block_size != 4096 {
-        bail!("config: {key}.block_size = {} is not supported; use 512 or 4096", n.block_size);
+        bail!(
+            "config: {key}.block_size = {} is not supported; use 512 or 4096",
+            n.block_size
+        );
     }
     let size = n.size.map(Size::bytes);
     let need_size = || -> Result<u64> {
-        let s = size.ok_or_else(|| anyhow::anyhow!("config: {key}.size is missing; a {} namespace needs a size, e.g. size = \"1GiB\"", n.backend))?;
+        let s = size.ok_or_else(|| {
+            anyhow::anyhow!(
+                "config: {key}.size is missing; a {} namespace needs a size, e.g. size = \"1GiB\"",
+                n.backend
+            )
+        })?;
         if s == 0 || s % u64::from(n.block_size) != 0 {
             bail!(
                 "config: {key}.size = {s} is not a non-zero multiple of block_size {}; use e.g. {}",
@@ -394,8 +472,14 @@ fn device(key: &str, n: &NamespaceSection) -> Result<Arc<dyn BlockDevice>> {
         bail!("config: {key}.path is only for backend = \"file\"; remove it or change the backend");
     }
     let dev: Arc<dyn BlockDevice> = match n.backend.as_str() {
-        "mem" => Arc::new(MemDevice::new(need_size()?, n.block_size).map_err(|e| anyhow::anyhow!("config: {key}: {e}"))?),
-        "null" => Arc::new(NullDevice::new(need_size()?, n.block_size).map_err(|e| anyhow::anyhow!("config: {key}: {e}"))?),
+        "mem" => Arc::new(
+            MemDevice::new(need_size()?, n.block_size)
+                .map_err(|e| anyhow::anyhow!("config: {key}: {e}"))?,
+        ),
+        "null" => Arc::new(
+            NullDevice::new(need_size()?, n.block_size)
+                .map_err(|e| anyhow::anyhow!("config: {key}: {e}"))?,
+        ),
         "file" => {
             let path = n.path.clone().ok_or_else(|| {
                 anyhow::anyhow!("config: {key}.path is missing; a file namespace needs path = \"/path/to/file-or-device\"")
@@ -421,7 +505,9 @@ fn device(key: &str, n: &NamespaceSection) -> Result<Arc<dyn BlockDevice>> {
 fn parse_hex(key: &str, s: &str) -> Result<[u8; 16]> {
     let hex: String = s.chars().filter(|&c| c != '-').collect();
     if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-        bail!("config: {key} = {s:?} must be 32 hex digits (dashes allowed), e.g. \"5f7d6a3c-0000-4000-8000-00000000001\"");
+        bail!(
+            "config: {key} = {s:?} must be 32 hex digits (dashes allowed), e.g. \"5f7d6a3c-0000-4000-8000-00000000001\""
+        );
     }
     let mut out = [0u8; 16];
     for (i, b) in out.iter_mut().enumerate() {
@@ -493,21 +579,49 @@ mod tests {
     fn errors_name_key_value_and_fix() {
         let e = err("[node]\nreactorz = 2\n");
         assert!(e.contains("unknown field") && e.contains("reactorz"), "{e}");
-        let e = err(&format!("[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}"));
-        assert!(e.contains("subsystem[1].nqn") && e.contains("defined twice"), "{e}");
-        let e = err(&format!("[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}{NS}"));
+        let e = err(&format!(
+            "[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}"
+        ));
+        assert!(
+            e.contains("subsystem[1].nqn") && e.contains("defined twice"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}{NS}"
+        ));
         assert!(e.contains("nsid = 1 is used twice"), "{e}");
-        let e = err("[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"mem\"\nsize = 1000\n");
-        assert!(e.contains("size = 1000") && e.contains("multiple of block_size 512") && e.contains("use e.g. 512"), "{e}");
-        let e = err("[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"file\"\npath = \"/nonexistent/x.img\"\n");
-        assert!(e.contains("namespace[0]") && e.contains("/nonexistent/x.img"), "{e}");
+        let e = err(
+            "[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"mem\"\nsize = 1000\n",
+        );
+        assert!(
+            e.contains("size = 1000")
+                && e.contains("multiple of block_size 512")
+                && e.contains("use e.g. 512"),
+            "{e}"
+        );
+        let e = err(
+            "[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"file\"\npath = \"/nonexistent/x.img\"\n",
+        );
+        assert!(
+            e.contains("namespace[0]") && e.contains("/nonexistent/x.img"),
+            "{e}"
+        );
         let e = err(&format!("[[subsystem]]\nnqn = \"nqn.a:x\"\n{NS}"));
         assert!(e.contains("allows no host"), "{e}");
-        let e = err(&format!("[[subsystem]]\nnqn = \"bad\"\nallow_any_host = true\n{NS}"));
+        let e = err(&format!(
+            "[[subsystem]]\nnqn = \"bad\"\nallow_any_host = true\n{NS}"
+        ));
         assert!(e.contains("not a valid NQN"), "{e}");
-        let e = err(&format!("[transport]\nmax_queue_depth = 5000\n[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}"));
-        assert!(e.contains("transport.max_queue_depth = 5000 is out of range"), "{e}");
-        let e = err(&format!("[[listener]]\naddress = \"localhost\"\nport = 1\n[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}"));
+        let e = err(&format!(
+            "[transport]\nmax_queue_depth = 5000\n[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}"
+        ));
+        assert!(
+            e.contains("transport.max_queue_depth = 5000 is out of range"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "[[listener]]\naddress = \"localhost\"\nport = 1\n[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}"
+        ));
         assert!(e.contains("listener[0].address"), "{e}");
     }
 
@@ -515,6 +629,9 @@ mod tests {
     fn derived_ids_are_stable_and_distinct() {
         assert_eq!(derived_id("nqn.a", 1, 11), derived_id("nqn.a", 1, 11));
         assert_ne!(derived_id("nqn.a", 1, 11), derived_id("nqn.a", 2, 11));
-        assert_eq!(parse_hex("k", "00112233-4455-6677-8899-aabbccddeeff").unwrap()[15], 0xff);
+        assert_eq!(
+            parse_hex("k", "00112233-4455-6677-8899-aabbccddeeff").unwrap()[15],
+            0xff
+        );
     }
 }

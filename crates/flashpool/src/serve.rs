@@ -17,7 +17,10 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let built = config::build(&cfg)?;
     if check_only {
-        println!("config {origin}: OK ({} subsystems)", built.subsystems.len());
+        println!(
+            "config {origin}: OK ({} subsystems)",
+            built.subsystems.len()
+        );
         return Ok(());
     }
     let target = Arc::new(Target::new(built.transport, built.subsystems));
@@ -44,7 +47,10 @@ fn init_logging(level: &str) {
 
 fn print_banner(server: &Server, origin: &str) {
     let t = server.target();
-    println!("flashpool {} serving NVMe/TCP ({origin})", env!("CARGO_PKG_VERSION"));
+    println!(
+        "flashpool {} serving NVMe/TCP ({origin})",
+        env!("CARGO_PKG_VERSION")
+    );
     for s in &t.subsystems {
         let who = if s.allow_any_host {
             "any host".to_string()
@@ -67,12 +73,25 @@ fn print_banner(server: &Server, origin: &str) {
     println!("  modprobe nvme-tcp");
     for (a, k) in server.local_addrs() {
         if *k == ListenerKind::Discovery {
-            println!("  nvme discover -t tcp -a {} -s {}", host_addr(*a), a.port());
+            println!(
+                "  nvme discover -t tcp -a {} -s {}",
+                host_addr(*a),
+                a.port()
+            );
         }
     }
-    if let Some((a, _)) = server.local_addrs().iter().find(|(_, k)| *k == ListenerKind::Io) {
+    if let Some((a, _)) = server
+        .local_addrs()
+        .iter()
+        .find(|(_, k)| *k == ListenerKind::Io)
+    {
         for s in &t.subsystems {
-            println!("  nvme connect -t tcp -a {} -s {} -n {}", host_addr(*a), a.port(), s.nqn);
+            println!(
+                "  nvme connect -t tcp -a {} -s {} -n {}",
+                host_addr(*a),
+                a.port(),
+                s.nqn
+            );
         }
     }
     use std::io::Write;

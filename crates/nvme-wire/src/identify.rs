@@ -171,7 +171,11 @@ pub mod nidt {
 pub fn encode_ns_descriptors(nguid: &[u8; 16], uuid: &[u8; 16], b: &mut [u8; IDENTIFY_LEN]) {
     b.fill(0);
     let mut off = 0;
-    for (t, id) in [(nidt::NGUID, &nguid[..]), (nidt::UUID, &uuid[..]), (nidt::CSI, &[0u8][..])] {
+    for (t, id) in [
+        (nidt::NGUID, &nguid[..]),
+        (nidt::UUID, &uuid[..]),
+        (nidt::CSI, &[0u8][..]),
+    ] {
         b[off] = t;
         b[off + 1] = id.len() as u8;
         b[off + 4..off + 4 + id.len()].copy_from_slice(id);
@@ -180,9 +184,17 @@ pub fn encode_ns_descriptors(nguid: &[u8; 16], uuid: &[u8; 16], b: &mut [u8; IDE
 }
 
 /// Writes the active namespace list (CNS 0x02): NSIDs greater than `after`, ascending, up to 1024.
-pub fn encode_active_ns_list(nsids: impl Iterator<Item = u32>, after: u32, b: &mut [u8; IDENTIFY_LEN]) {
+pub fn encode_active_ns_list(
+    nsids: impl Iterator<Item = u32>,
+    after: u32,
+    b: &mut [u8; IDENTIFY_LEN],
+) {
     b.fill(0);
-    for (i, nsid) in nsids.filter(|&n| n > after).take(IDENTIFY_LEN / 4).enumerate() {
+    for (i, nsid) in nsids
+        .filter(|&n| n > after)
+        .take(IDENTIFY_LEN / 4)
+        .enumerate()
+    {
         put32(b, i * 4, nsid);
     }
 }

@@ -60,7 +60,10 @@ pub enum WireError {
 
 pub(crate) fn need(b: &[u8], n: usize) -> Result<(), WireError> {
     if b.len() < n {
-        Err(WireError::Short { have: b.len(), need: n })
+        Err(WireError::Short {
+            have: b.len(),
+            need: n,
+        })
     } else {
         Ok(())
     }

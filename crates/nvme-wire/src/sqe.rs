@@ -110,10 +110,13 @@ impl Sqe {
         b[SQE_OFF_FLAGS] = self.flags;
         put16(&mut b, SQE_OFF_CID, self.cid);
         put32(&mut b, SQE_OFF_NSID, self.nsid);
-        self.sgl.encode(&mut b[SQE_OFF_DPTR..SQE_OFF_DPTR + SGL_DESC_LEN]);
-        for (i, dw) in [self.cdw10, self.cdw11, self.cdw12, self.cdw13, self.cdw14, self.cdw15]
-            .into_iter()
-            .enumerate()
+        self.sgl
+            .encode(&mut b[SQE_OFF_DPTR..SQE_OFF_DPTR + SGL_DESC_LEN]);
+        for (i, dw) in [
+            self.cdw10, self.cdw11, self.cdw12, self.cdw13, self.cdw14, self.cdw15,
+        ]
+        .into_iter()
+        .enumerate()
         {
             put32(&mut b, 40 + 4 * i, dw);
         }

@@ -12,13 +12,25 @@ impl Status {
     pub const SUCCESS: Status = Status::generic(0x00);
 
     pub const fn generic(sc: u8) -> Status {
-        Status { sct: SCT_GENERIC, sc, dnr: sc != 0 }
+        Status {
+            sct: SCT_GENERIC,
+            sc,
+            dnr: sc != 0,
+        }
     }
     pub const fn cmd_specific(sc: u8) -> Status {
-        Status { sct: SCT_CMD_SPECIFIC, sc, dnr: true }
+        Status {
+            sct: SCT_CMD_SPECIFIC,
+            sc,
+            dnr: true,
+        }
     }
     pub const fn media(sc: u8) -> Status {
-        Status { sct: SCT_MEDIA, sc, dnr: false }
+        Status {
+            sct: SCT_MEDIA,
+            sc,
+            dnr: false,
+        }
     }
     pub const fn retryable(mut self) -> Status {
         self.dnr = false;

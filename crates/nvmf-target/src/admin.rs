@@ -21,7 +21,11 @@ pub mod fid {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdminOutcome {
     /// Completed: status, dword 0, and whether `out` holds data for the host.
-    Complete { status: Status, dw0: u32, data: bool },
+    Complete {
+        status: Status,
+        dw0: u32,
+        data: bool,
+    },
     /// An Async Event Request to hold until an event occurs.
     HoldAer,
 }
@@ -64,6 +68,8 @@ pub struct AdminCtx<'a> {
     pub ctrl: &'a Controller,
     /// AERs the admin queue holds now.
     pub outstanding_aers: usize,
+    /// The local address of this connection (for the discovery log).
+    pub local_ip: Option<std::net::IpAddr>,
 }
 
 /// Runs one admin command. `out` is the host's data buffer (its length is the
@@ -195,7 +201,11 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
             if sqe.nsid >= 0xFFFF_FFFE {
                 return done(Status::generic(status::SC_INVALID_NS));
             }
-            identify::encode_active_ns_list(ctrl.namespaces().iter().map(|n| n.nsid), sqe.nsid, &mut b);
+            identify::encode_active_ns_list(
+                ctrl.namespaces().iter().map(|n| n.nsid),
+                sqe.nsid,
+                &mut b,
+            );
         }
         identify::cns::NS_ID_DESCRIPTORS => {
             let Some(ns) = crate::subsystem::find_namespace(ctrl.namespaces(), sqe.nsid) else {
@@ -217,7 +227,9 @@ fn get_log_page(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
     }
     let page: Vec<u8> = if ctrl.is_discovery() {
         match g.lid {
-            lid::DISCOVERY => crate::discovery::discovery_log(cx.target, &ctrl.hostnqn),
+            lid::DISCOVERY => {
+                crate::discovery::discovery_log(cx.target, &ctrl.hostnqn, cx.local_ip)
+            }
             _ => return done(Status::cmd_specific(status::SC_INVALID_LOG_PAGE)),
         }
     } else {

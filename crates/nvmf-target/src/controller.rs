@@ -297,10 +297,12 @@ mod tests {
     fn enable_and_shutdown() {
         let c = ctrl();
         assert!(!c.enabled());
-        c.property_set(prop::CC, false, 1 | (6 << 16) | (4 << 20)).unwrap();
+        c.property_set(prop::CC, false, 1 | (6 << 16) | (4 << 20))
+            .unwrap();
         assert!(c.enabled());
         assert_eq!(c.property_get(prop::CSTS, false, 0).unwrap(), 1);
-        c.property_set(prop::CC, false, 1 | (1 << 14) | (6 << 16) | (4 << 20)).unwrap();
+        c.property_set(prop::CC, false, 1 | (1 << 14) | (6 << 16) | (4 << 20))
+            .unwrap();
         assert_eq!(c.property_get(prop::CSTS, false, 0).unwrap() & 0xC, 0x8);
         c.property_set(prop::CC, false, 0).unwrap();
         assert!(!c.enabled());
@@ -320,7 +322,10 @@ mod tests {
     fn bad_page_size_sets_cfs() {
         let c = ctrl();
         c.property_set(prop::CC, false, 1 | (1 << 7)).unwrap();
-        assert_eq!(c.property_get(prop::CSTS, false, 0).unwrap(), u64::from(prop::CSTS_CFS));
+        assert_eq!(
+            c.property_get(prop::CSTS, false, 0).unwrap(),
+            u64::from(prop::CSTS_CFS)
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The discovery controller's log: every subsystem this host may reach, on
 //! every I/O listener, plus the discovery service itself.
 
+use std::net::IpAddr;
+
 use nvme_wire::fabrics::DISCOVERY_NQN;
 use nvme_wire::fabrics::discovery::{self, Entry};
 
@@ -10,7 +12,9 @@ use crate::config::ListenerKind;
 /// Admin queue size hosts should ask for (ASQSZ).
 pub const ADMIN_SQ_SIZE: u16 = 32;
 
-pub fn discovery_log(target: &Target, hostnqn: &str) -> Vec<u8> {
+/// `local_ip` is the address the host reached us on: a listener bound to a
+/// wildcard address reports it instead, as the host could not connect to 0.0.0.0.
+pub fn discovery_log(target: &Target, hostnqn: &str, local_ip: Option<IpAddr>) -> Vec<u8> {
     let listeners = target.listeners.read();
     let mut entries = Vec::new();
     for (i, l) in listeners.iter().enumerate() {
@@ -28,7 +32,10 @@ pub fn discovery_log(target: &Target, hostnqn: &str) -> Vec<u8> {
             asqsz: ADMIN_SQ_SIZE,
             trsvcid: l.addr.port().to_string(),
             subnqn: subnqn.to_string(),
-            traddr: l.addr.ip().to_string(),
+            traddr: match (l.addr.ip().is_unspecified(), local_ip) {
+                (true, Some(ip)) => ip.to_string(),
+                _ => l.addr.ip().to_string(),
+            },
         };
         match l.kind {
             ListenerKind::Io => {
@@ -44,4 +51,59 @@ pub fn discovery_log(target: &Target, hostnqn: &str) -> Vec<u8> {
     let mut b = vec![0u8; discovery::log_len(entries.len())];
     discovery::encode_log(target.discovery_genctr, &entries, &mut b);
     b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ListenerConfig, TransportConfig};
+    use crate::subsystem::{Namespace, Subsystem};
+    use std::sync::Arc;
+
+    fn subsystem(nqn: &str, hosts: &[&str]) -> Arc<Subsystem> {
+        let dev = Arc::new(blockdev::NullDevice::new(1 << 20, 512).unwrap());
+        Arc::new(Subsystem {
+            nqn: nqn.into(),
+            serial: "S".into(),
+            model: "M".into(),
+            allow_any_host: hosts.is_empty(),
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            namespaces: vec![Namespace::new(1, dev, [0; 16], [0; 16])].into(),
+        })
+    }
+
+    #[test]
+    fn lists_allowed_subsystems_with_the_reached_address() {
+        let t = Target::new(
+            TransportConfig::default(),
+            vec![
+                subsystem("nqn.a:open", &[]),
+                subsystem("nqn.a:closed", &["nqn.h:1"]),
+            ],
+        );
+        *t.listeners.write() = vec![
+            ListenerConfig {
+                addr: "0.0.0.0:4420".parse().unwrap(),
+                kind: ListenerKind::Io,
+            },
+            ListenerConfig {
+                addr: "127.0.0.1:8009".parse().unwrap(),
+                kind: ListenerKind::Discovery,
+            },
+        ];
+        let log = discovery_log(&t, "nqn.h:2", Some("10.1.2.3".parse().unwrap()));
+        assert_eq!(log.len(), discovery::log_len(2));
+        let e0 = Entry::decode(&log[1024..]).unwrap();
+        assert_eq!(
+            (e0.subnqn.as_str(), e0.traddr.as_str(), e0.trsvcid.as_str()),
+            ("nqn.a:open", "10.1.2.3", "4420")
+        );
+        let e1 = Entry::decode(&log[2048..]).unwrap();
+        assert_eq!(
+            (e1.subtype, e1.traddr.as_str()),
+            (discovery::SUBTYPE_CURRENT_DISCOVERY, "127.0.0.1")
+        );
+        let log = discovery_log(&t, "nqn.h:1", None);
+        assert_eq!(log.len(), discovery::log_len(3));
+    }
 }

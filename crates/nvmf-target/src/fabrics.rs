@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use nvme_wire::fabrics::{CNTLID_DYNAMIC, ConnectCmd, ConnectData, ConnectDataError, DISCOVERY_NQN};
+use nvme_wire::fabrics::{
+    CNTLID_DYNAMIC, ConnectCmd, ConnectData, ConnectDataError, DISCOVERY_NQN,
+};
 use nvme_wire::fabrics::{
     CONNECT_DATA_OFF_CNTLID, CONNECT_DATA_OFF_HOSTNQN, CONNECT_DATA_OFF_SUBNQN,
     CONNECT_SQE_OFF_QID, CONNECT_SQE_OFF_SQSIZE,
@@ -64,7 +66,11 @@ pub fn connect_admin(
         CtrlKind::Discovery
     } else {
         let Some(sub) = target.subsystem(&data.subnqn) else {
-            tracing::info!("connect to unknown subsystem {} from {}", data.subnqn, data.hostnqn);
+            tracing::info!(
+                "connect to unknown subsystem {} from {}",
+                data.subnqn,
+                data.hostnqn
+            );
             return Err(invalid_param(true, CONNECT_DATA_OFF_SUBNQN));
         };
         if !sub.host_allowed(&data.hostnqn) {

@@ -10,12 +10,25 @@ use crate::subsystem::Namespace;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoPlan {
-    Read { lba: u64, blocks: u32 },
-    Write { lba: u64, blocks: u32, fua: bool },
+    Read {
+        lba: u64,
+        blocks: u32,
+    },
+    Write {
+        lba: u64,
+        blocks: u32,
+        fua: bool,
+    },
     Flush,
-    WriteZeroes { lba: u64, blocks: u32 },
+    WriteZeroes {
+        lba: u64,
+        blocks: u32,
+    },
     /// `ranges` range descriptors follow as host data.
-    Dsm { ranges: u32, deallocate: bool },
+    Dsm {
+        ranges: u32,
+        deallocate: bool,
+    },
 }
 
 impl IoPlan {
@@ -58,7 +71,11 @@ pub fn plan<'a>(
 ) -> Result<(&'a Namespace, IoPlan), IoReject> {
     let known = matches!(
         sqe.opcode,
-        io_opc::FLUSH | io_opc::WRITE | io_opc::READ | io_opc::WRITE_ZEROES | io_opc::DATASET_MANAGEMENT
+        io_opc::FLUSH
+            | io_opc::WRITE
+            | io_opc::READ
+            | io_opc::WRITE_ZEROES
+            | io_opc::DATASET_MANAGEMENT
     );
     if !known {
         return Err(reject(status::SC_INVALID_OPCODE, 0));
@@ -158,24 +175,52 @@ mod tests {
     fn checks_nsid_range_and_mdts() {
         let n = ns();
         let p = |s: &Sqe| plan(&n, s, 64 * 1024).map(|(_, p)| p);
-        assert_eq!(p(&rw(io_opc::READ, 1, 0, 8)), Ok(IoPlan::Read { lba: 0, blocks: 8 }));
-        assert_eq!(p(&rw(io_opc::READ, 2, 0, 8)).unwrap_err().status.sc, status::SC_INVALID_NS);
-        assert_eq!(p(&rw(io_opc::READ, 1, 2047, 2)).unwrap_err().status.sc, status::SC_LBA_RANGE);
+        assert_eq!(
+            p(&rw(io_opc::READ, 1, 0, 8)),
+            Ok(IoPlan::Read { lba: 0, blocks: 8 })
+        );
+        assert_eq!(
+            p(&rw(io_opc::READ, 2, 0, 8)).unwrap_err().status.sc,
+            status::SC_INVALID_NS
+        );
+        assert_eq!(
+            p(&rw(io_opc::READ, 1, 2047, 2)).unwrap_err().status.sc,
+            status::SC_LBA_RANGE
+        );
         assert_eq!(
             p(&rw(io_opc::WRITE, 1, u64::MAX, 1)).unwrap_err().status.sc,
             status::SC_LBA_RANGE
         );
-        assert_eq!(p(&rw(io_opc::WRITE, 1, 0, 256)).unwrap_err().status.sc, status::SC_INVALID_FIELD);
-        assert_eq!(p(&rw(0x06, 1, 0, 1)).unwrap_err().status.sc, status::SC_INVALID_OPCODE);
+        assert_eq!(
+            p(&rw(io_opc::WRITE, 1, 0, 256)).unwrap_err().status.sc,
+            status::SC_INVALID_FIELD
+        );
+        assert_eq!(
+            p(&rw(0x06, 1, 0, 1)).unwrap_err().status.sc,
+            status::SC_INVALID_OPCODE
+        );
     }
 
     #[test]
     fn dsm_ranges_are_checked() {
         let n = ns();
         let mut data = vec![0u8; 32];
-        DsmRange { attributes: 0, nlb: 8, slba: 0 }.encode(&mut data[..16]);
-        DsmRange { attributes: 0, nlb: 8, slba: 2044 }.encode(&mut data[16..]);
-        assert_eq!(dsm_ranges(&n[0], &data, 2).unwrap_err().status.sc, status::SC_LBA_RANGE);
+        DsmRange {
+            attributes: 0,
+            nlb: 8,
+            slba: 0,
+        }
+        .encode(&mut data[..16]);
+        DsmRange {
+            attributes: 0,
+            nlb: 8,
+            slba: 2044,
+        }
+        .encode(&mut data[16..]);
+        assert_eq!(
+            dsm_ranges(&n[0], &data, 2).unwrap_err().status.sc,
+            status::SC_LBA_RANGE
+        );
         assert_eq!(dsm_ranges(&n[0], &data, 1).unwrap().len(), 1);
     }
 }

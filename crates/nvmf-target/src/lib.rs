@@ -15,8 +15,8 @@ pub mod discovery;
 pub mod fabrics;
 pub mod io;
 pub mod subsystem;
-pub mod tcp;
 mod target;
+pub mod tcp;
 
 pub use config::{ListenerConfig, ListenerKind, TransportConfig};
 pub use controller::{Controller, FreeReason};

@@ -54,7 +54,9 @@ impl Subsystem {
 }
 
 pub fn find_namespace(list: &[Namespace], nsid: u32) -> Option<&Namespace> {
-    list.binary_search_by_key(&nsid, |n| n.nsid).ok().map(|i| &list[i])
+    list.binary_search_by_key(&nsid, |n| n.nsid)
+        .ok()
+        .map(|i| &list[i])
 }
 
 /// Highest NSID a host may address (Identify Controller NN).

@@ -21,9 +21,7 @@ use nvme_wire::pdu::{
     H2C_OFF_CCCID, H2C_OFF_DATAL, H2C_OFF_DATAO, H2C_OFF_TTAG, H2CDataHdr, ICREQ_OFF_HPDA,
     ICREQ_OFF_PFV, ICReq, ICResp, PduType, R2THdr, TERMREQ_HLEN, TERMREQ_MAX_DATA, TermReq,
 };
-use nvme_wire::sqe::{
-    PSDT_MASK, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK, Sqe, io_opc,
-};
+use nvme_wire::sqe::{PSDT_MASK, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK, Sqe, io_opc};
 use nvme_wire::status::{self, Status};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -172,7 +170,10 @@ pub(crate) async fn serve(stream: TcpStream, target: Arc<Target>, shutdown: watc
 impl Conn {
     fn new(stream: TcpStream, target: Arc<Target>, peer: String) -> Self {
         let t = &target.transport;
-        let max_data = t.max_h2c_data.max(t.in_capsule_data).max(ADMIN_IN_CAPSULE_DATA) as usize;
+        let max_data = t
+            .max_h2c_data
+            .max(t.in_capsule_data)
+            .max(ADMIN_IN_CAPSULE_DATA) as usize;
         let rx_len = (2 * (max_data + 512)).max(128 * 1024);
         let nslots = usize::from(t.max_queue_depth) + AER_LIMIT + 1;
         Conn {
@@ -207,7 +208,13 @@ impl Conn {
 
     async fn run(&mut self, mut shutdown: watch::Receiver<bool>) -> End {
         loop {
-            if !self.out.is_empty() && self.out.flush(&mut self.stream, &mut self.pool).await.is_err() {
+            if !self.out.is_empty()
+                && self
+                    .out
+                    .flush(&mut self.stream, &mut self.pool)
+                    .await
+                    .is_err()
+            {
                 return End::IoError;
             }
             if let Some(end) = self.end.take() {
@@ -273,7 +280,9 @@ impl Conn {
         if kato == 0 {
             return None;
         }
-        Some(Duration::from_millis(kato.saturating_sub(q.ctrl.idle_ms()).max(1)))
+        Some(Duration::from_millis(
+            kato.saturating_sub(q.ctrl.idle_ms()).max(1),
+        ))
     }
 
     fn compact_rx(&mut self) {
@@ -295,7 +304,9 @@ impl Conn {
             let layout = match check_header(&ch, &self.neg) {
                 Ok(l) => l,
                 Err(e) => {
-                    let n = avail.min(TERMREQ_MAX_DATA).min(usize::from(ch.hlen).max(CH_LEN));
+                    let n = avail
+                        .min(TERMREQ_MAX_DATA)
+                        .min(usize::from(ch.hlen).max(CH_LEN));
                     let offending = head[..n].to_vec();
                     self.fatal(e, offending);
                     return;
@@ -341,7 +352,10 @@ impl Conn {
             let want = crc32c(&pdu[..l.hlen]);
             let got = u32::from_le_bytes(pdu[l.hlen..l.hlen + 4].try_into().expect("4 bytes"));
             if want != got {
-                self.fatal(TermError::new(Fes::HeaderDigestError, 0), pdu[..l.hlen].to_vec());
+                self.fatal(
+                    TermError::new(Fes::HeaderDigestError, 0),
+                    pdu[..l.hlen].to_vec(),
+                );
                 return;
             }
         }
@@ -354,7 +368,10 @@ impl Conn {
             }
             PduType::CapsuleCmd => self.on_capsule(ch, l, pdu),
             PduType::H2CData => self.on_h2c_data(l, pdu),
-            _ => self.fatal(TermError::new(Fes::InvalidHeaderField, 0), pdu[..CH_LEN].to_vec()),
+            _ => self.fatal(
+                TermError::new(Fes::InvalidHeaderField, 0),
+                pdu[..CH_LEN].to_vec(),
+            ),
         }
     }
 
@@ -364,11 +381,17 @@ impl Conn {
             return;
         };
         if req.pfv != 0 {
-            self.fatal(TermError::new(Fes::InvalidHeaderField, ICREQ_OFF_PFV), pdu.to_vec());
+            self.fatal(
+                TermError::new(Fes::InvalidHeaderField, ICREQ_OFF_PFV),
+                pdu.to_vec(),
+            );
             return;
         }
         if req.hpda > 31 {
-            self.fatal(TermError::new(Fes::InvalidHeaderField, ICREQ_OFF_HPDA), pdu.to_vec());
+            self.fatal(
+                TermError::new(Fes::InvalidHeaderField, ICREQ_OFF_HPDA),
+                pdu.to_vec(),
+            );
             return;
         }
         let t = &self.target.transport;
@@ -395,14 +418,28 @@ impl Conn {
             (self.sqhd + 1) % depth
         };
         if l.dd && !digest_ok(data, &pdu[l.data_off + l.data_len..]) {
-            tracing::warn!("{}: data digest error in command capsule cid {}", self.peer, sqe.cid);
-            self.respond(sqe.cid, Status::generic(SC_TRANSIENT_TRANSPORT).retryable(), 0, 0);
+            tracing::warn!(
+                "{}: data digest error in command capsule cid {}",
+                self.peer,
+                sqe.cid
+            );
+            self.respond(
+                sqe.cid,
+                Status::generic(SC_TRANSIENT_TRANSPORT).retryable(),
+                0,
+                0,
+            );
             return;
         }
         let _ = ch;
         let Some(slot) = self.alloc_slot(sqe) else {
             // More commands than the queue has entries: the host broke SQ flow control.
-            self.respond(sqe.cid, Status::generic(status::SC_INTERNAL).retryable(), 0, 0);
+            self.respond(
+                sqe.cid,
+                Status::generic(status::SC_INTERNAL).retryable(),
+                0,
+                0,
+            );
             return;
         };
         let icd_limit = self.neg.max_capsule_data;
@@ -586,7 +623,11 @@ impl Conn {
         let h = H2CDataHdr::decode(pdu).expect("24-byte header");
         let hdr = pdu[..l.hlen].to_vec();
         let i = h.ttag;
-        let Some(s) = self.slots.get(usize::from(i)).filter(|s| s.state == SlotState::AwaitData) else {
+        let Some(s) = self
+            .slots
+            .get(usize::from(i))
+            .filter(|s| s.state == SlotState::AwaitData)
+        else {
             return self.fatal(TermError::new(Fes::InvalidHeaderField, H2C_OFF_TTAG), hdr);
         };
         if s.sqe.cid != h.cccid {
@@ -596,19 +637,29 @@ impl Conn {
             return self.fatal(TermError::new(Fes::InvalidHeaderField, H2C_OFF_DATAL), hdr);
         }
         if h.datal > self.neg.maxh2cdata {
-            return self.fatal(TermError::new(Fes::DataTransferLimitExceeded, H2C_OFF_DATAL), hdr);
+            return self.fatal(
+                TermError::new(Fes::DataTransferLimitExceeded, H2C_OFF_DATAL),
+                hdr,
+            );
         }
         if h.datao != s.received {
-            return self.fatal(TermError::new(Fes::DataTransferOutOfRange, H2C_OFF_DATAO), hdr);
+            return self.fatal(
+                TermError::new(Fes::DataTransferOutOfRange, H2C_OFF_DATAO),
+                hdr,
+            );
         }
         if u64::from(h.datao) + u64::from(h.datal) > u64::from(s.xfer_len) {
-            return self.fatal(TermError::new(Fes::DataTransferOutOfRange, H2C_OFF_DATAL), hdr);
+            return self.fatal(
+                TermError::new(Fes::DataTransferOutOfRange, H2C_OFF_DATAL),
+                hdr,
+            );
         }
         let data = &pdu[l.data_off..l.data_off + l.data_len];
         let bad_digest = l.dd && !digest_ok(data, &pdu[l.data_off + l.data_len..]);
         let s = &mut self.slots[usize::from(i)];
         let off = h.datao as usize;
-        s.buf.as_mut().expect("buffer while awaiting data")[off..off + data.len()].copy_from_slice(data);
+        s.buf.as_mut().expect("buffer while awaiting data")[off..off + data.len()]
+            .copy_from_slice(data);
         s.received += h.datal;
         s.digest_error |= bad_digest;
         if s.received < s.xfer_len {
@@ -616,7 +667,11 @@ impl Conn {
         }
         s.state = SlotState::Busy;
         if s.digest_error {
-            tracing::warn!("{}: data digest error in H2CData for cid {}", self.peer, h.cccid);
+            tracing::warn!(
+                "{}: data digest error in H2CData for cid {}",
+                self.peer,
+                h.cccid
+            );
             return self.complete(i, Status::generic(SC_TRANSIENT_TRANSPORT).retryable(), 0, 0);
         }
         self.run_after_data(i);
@@ -656,7 +711,8 @@ impl Conn {
                 ctrl.touch();
                 let p = PropertyCmd::from_sqe(&sqe);
                 if sqe.fctype() == fctype::PROPERTY_GET {
-                    let cap = nvme_wire::fabrics::prop::cap(self.target.transport.max_queue_depth, 15);
+                    let cap =
+                        nvme_wire::fabrics::prop::cap(self.target.transport.max_queue_depth, 15);
                     match ctrl.property_get(p.offset, p.size8, cap) {
                         Ok(v) => self.complete(i, Status::SUCCESS, v as u32, (v >> 32) as u32),
                         Err(st) => self.complete(i, st, 0, 0),
@@ -712,7 +768,12 @@ impl Conn {
                     namespaces,
                     ctrl: ctrl.clone(),
                 });
-                tracing::debug!("{}: queue {} of controller {} connected", self.peer, cmd.qid, ctrl.cntlid);
+                tracing::debug!(
+                    "{}: queue {} of controller {} connected",
+                    self.peer,
+                    cmd.qid,
+                    ctrl.cntlid
+                );
                 self.complete(i, Status::SUCCESS, u32::from(ctrl.cntlid), 0);
             }
             Err(e) => self.complete(i, e.status, e.dw0, 0),
@@ -737,6 +798,7 @@ impl Conn {
             target: &self.target,
             ctrl: &ctrl,
             outstanding_aers: self.aers.len(),
+            local_ip: self.stream.local_addr().ok().map(|a| a.ip()),
         };
         let outcome = admin::execute(&cx, &sqe, buf.as_deref_mut().unwrap_or(&mut []));
         match outcome {
@@ -784,7 +846,8 @@ impl Conn {
         let (nsid, bs, plan) = match planned {
             Ok(p) => p,
             Err(rej) => {
-                q.ctrl.record_error(q.qid, sqe.cid, rej.status, sqe.nsid, rej.lba);
+                q.ctrl
+                    .record_error(q.qid, sqe.cid, rej.status, sqe.nsid, rej.lba);
                 self.respond(sqe.cid, rej.status, 0, 0);
                 return self.free_slot(i);
             }
@@ -821,12 +884,21 @@ impl Conn {
             Some(b) => b,
             None => self.pool.get(0),
         };
-        let req = |op, lba, blocks, buf| IoRequest { op, lba, blocks, buf };
+        let req = |op, lba, blocks, buf| IoRequest {
+            op,
+            lba,
+            blocks,
+            buf,
+        };
         let fut = match plan {
             IoPlan::Read { lba, blocks } => dev.submit(req(BlockOp::Read, lba, blocks, buf)),
-            IoPlan::Write { lba, blocks, fua } => dev.submit(req(BlockOp::Write { fua }, lba, blocks, buf)),
+            IoPlan::Write { lba, blocks, fua } => {
+                dev.submit(req(BlockOp::Write { fua }, lba, blocks, buf))
+            }
             IoPlan::Flush => dev.submit(req(BlockOp::Flush, 0, 0, buf)),
-            IoPlan::WriteZeroes { lba, blocks } => dev.submit(req(BlockOp::WriteZeroes, lba, blocks, buf)),
+            IoPlan::WriteZeroes { lba, blocks } => {
+                dev.submit(req(BlockOp::WriteZeroes, lba, blocks, buf))
+            }
             IoPlan::Dsm { ranges, deallocate } => {
                 let checked = io::dsm_ranges(&q.namespaces[ns], &buf, ranges);
                 match checked {
@@ -838,13 +910,21 @@ impl Conn {
                     Ok(list) => IoFuture::Pending(Box::pin(async move {
                         let mut buf = buf;
                         for r in list {
-                            let d = dev.submit(req(BlockOp::Deallocate, r.slba, r.nlb, buf)).await;
+                            let d = dev
+                                .submit(req(BlockOp::Deallocate, r.slba, r.nlb, buf))
+                                .await;
                             buf = d.buf;
                             if d.result.is_err() {
-                                return IoDone { buf, result: d.result };
+                                return IoDone {
+                                    buf,
+                                    result: d.result,
+                                };
                             }
                         }
-                        IoDone { buf, result: Ok(()) }
+                        IoDone {
+                            buf,
+                            result: Ok(()),
+                        }
                     })),
                 }
             }
@@ -868,11 +948,18 @@ impl Conn {
                     BlockOp::Write { fua: false }
                 };
                 let st = io::status_of(&e, op);
-                tracing::warn!("{}: I/O error on nsid {} cid {}: {}", self.peer, sqe.nsid, sqe.cid, e);
+                tracing::warn!(
+                    "{}: I/O error on nsid {} cid {}: {}",
+                    self.peer,
+                    sqe.nsid,
+                    sqe.cid,
+                    e
+                );
                 if st.sct == status::SCT_MEDIA {
                     q.stats.media_errors.fetch_add(1, Relaxed);
                 }
-                q.ctrl.record_error(q.qid, sqe.cid, st, sqe.nsid, sqe.slba());
+                q.ctrl
+                    .record_error(q.qid, sqe.cid, st, sqe.nsid, sqe.slba());
                 self.pool.put(done.buf);
                 self.respond(sqe.cid, st, 0, 0);
             }
@@ -1040,16 +1127,35 @@ mod tests {
 
     #[test]
     fn sgl_rules() {
-        assert!(check_sgl(&sqe_with(SGL_DATA_BLOCK_OFFSET, 0, 512), 512, 8192).unwrap().in_capsule);
+        assert!(
+            check_sgl(&sqe_with(SGL_DATA_BLOCK_OFFSET, 0, 512), 512, 8192)
+                .unwrap()
+                .in_capsule
+        );
         let e = |s: Sqe, n| check_sgl(&s, n, 8192).unwrap_err().sc;
-        assert_eq!(e(sqe_with(SGL_DATA_BLOCK_OFFSET, 4, 512), 512), status::SC_SGL_INVALID_OFFSET);
-        assert_eq!(e(sqe_with(SGL_DATA_BLOCK_OFFSET, 0, 16384), 512), status::SC_SGL_INVALID_OFFSET);
-        assert_eq!(e(sqe_with(SGL_DATA_BLOCK_OFFSET, 0, 1024), 512), status::SC_SGL_INVALID_DATA_LEN);
+        assert_eq!(
+            e(sqe_with(SGL_DATA_BLOCK_OFFSET, 4, 512), 512),
+            status::SC_SGL_INVALID_OFFSET
+        );
+        assert_eq!(
+            e(sqe_with(SGL_DATA_BLOCK_OFFSET, 0, 16384), 512),
+            status::SC_SGL_INVALID_OFFSET
+        );
+        assert_eq!(
+            e(sqe_with(SGL_DATA_BLOCK_OFFSET, 0, 1024), 512),
+            status::SC_SGL_INVALID_DATA_LEN
+        );
         assert_eq!(e(sqe_with(0x20, 0, 4096), 0), status::SC_SGL_INVALID_TYPE);
-        assert_eq!(e(sqe_with(SGL_TRANSPORT_DATA_BLOCK, 0, 4096), 16), status::SC_SGL_INVALID_DATA_LEN);
+        assert_eq!(
+            e(sqe_with(SGL_TRANSPORT_DATA_BLOCK, 0, 4096), 16),
+            status::SC_SGL_INVALID_DATA_LEN
+        );
         let mut prp = sqe_with(SGL_TRANSPORT_DATA_BLOCK, 0, 4096);
         prp.flags = 0;
-        assert_eq!(check_sgl(&prp, 0, 8192).unwrap_err().sc, status::SC_INVALID_FIELD);
+        assert_eq!(
+            check_sgl(&prp, 0, 8192).unwrap_err().sc,
+            status::SC_INVALID_FIELD
+        );
         assert_eq!(check_sgl(&sqe_with(0, 0, 0), 0, 8192).unwrap().len, 0);
     }
 }

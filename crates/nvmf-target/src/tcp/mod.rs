@@ -62,9 +62,14 @@ impl Server {
                     }
                 }
             })?;
-            sock.set_nonblocking(true)
-                .map_err(|e| StartError::Bind { addr: l.addr, source: e })?;
-            let addr = sock.local_addr().map_err(|e| StartError::Bind { addr: l.addr, source: e })?;
+            sock.set_nonblocking(true).map_err(|e| StartError::Bind {
+                addr: l.addr,
+                source: e,
+            })?;
+            let addr = sock.local_addr().map_err(|e| StartError::Bind {
+                addr: l.addr,
+                source: e,
+            })?;
             bound.push((sock, ListenerConfig { addr, kind: l.kind }));
         }
         *target.listeners.write() = bound.iter().map(|(_, l)| l.clone()).collect();
@@ -227,7 +232,10 @@ fn pin_to_cpu(cpu: usize) {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::warn!("cannot pin reactor to CPU {cpu}: {}", std::io::Error::last_os_error());
+            tracing::warn!(
+                "cannot pin reactor to CPU {cpu}: {}",
+                std::io::Error::last_os_error()
+            );
         }
     }
 }

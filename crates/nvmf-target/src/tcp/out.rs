@@ -12,8 +12,15 @@ use tokio::net::TcpStream;
 use super::bufpool::BufPool;
 
 enum Seg {
-    Bytes { start: usize, end: usize },
-    Buf { buf: AlignedBuf, start: usize, end: usize },
+    Bytes {
+        start: usize,
+        end: usize,
+    },
+    Buf {
+        buf: AlignedBuf,
+        start: usize,
+        end: usize,
+    },
 }
 
 pub struct OutQueue {
@@ -50,12 +57,20 @@ impl OutQueue {
 
     /// Queues `buf[..len]`; the buffer goes back to `pool` once sent.
     pub fn push_buf(&mut self, buf: AlignedBuf, len: usize) {
-        self.segs.push_back(Seg::Buf { buf, start: 0, end: len });
+        self.segs.push_back(Seg::Buf {
+            buf,
+            start: 0,
+            end: len,
+        });
     }
 
     /// Sends everything queued. On error the queue is left as is; the
     /// connection is closing anyway.
-    pub async fn flush(&mut self, stream: &mut TcpStream, pool: &mut BufPool) -> std::io::Result<()> {
+    pub async fn flush(
+        &mut self,
+        stream: &mut TcpStream,
+        pool: &mut BufPool,
+    ) -> std::io::Result<()> {
         while !self.segs.is_empty() {
             let n = {
                 let mut iov: [IoSlice<'_>; MAX_IOVECS] = [IoSlice::new(&[]); MAX_IOVECS];

@@ -89,7 +89,9 @@ pub fn check_header(ch: &CommonHeader, neg: &Negotiated) -> Result<PduLayout, Te
     match t {
         PduType::ICReq => return simple(plen as usize == hlen),
         PduType::H2CTermReq => {
-            return simple((TERMREQ_HLEN..=TERMREQ_HLEN + TERMREQ_MAX_DATA).contains(&(plen as usize)));
+            return simple(
+                (TERMREQ_HLEN..=TERMREQ_HLEN + TERMREQ_MAX_DATA).contains(&(plen as usize)),
+            );
         }
         _ => {}
     }
@@ -175,7 +177,10 @@ mod tests {
 
     #[test]
     fn sequence_rules() {
-        let pre = Negotiated { ic_done: false, ..NEG };
+        let pre = Negotiated {
+            ic_done: false,
+            ..NEG
+        };
         assert!(check_header(&ch(0, 0, 128, 0, 128), &pre).is_ok());
         assert_eq!(err(ch(4, 0, 72, 0, 72), &pre), (Fes::PduSequenceError, 0));
         assert_eq!(err(ch(0, 0, 128, 0, 128), &NEG), (Fes::PduSequenceError, 0));
@@ -184,16 +189,37 @@ mod tests {
 
     #[test]
     fn header_field_errors_point_at_the_field() {
-        assert_eq!(err(ch(0x42, 0, 72, 0, 72), &NEG), (Fes::InvalidHeaderField, 0));
+        assert_eq!(
+            err(ch(0x42, 0, 72, 0, 72), &NEG),
+            (Fes::InvalidHeaderField, 0)
+        );
         assert_eq!(err(ch(5, 0, 24, 0, 24), &NEG), (Fes::InvalidHeaderField, 0));
         assert_eq!(err(ch(4, 0, 71, 0, 72), &NEG), (Fes::InvalidHeaderField, 2));
         assert_eq!(err(ch(4, 0, 72, 0, 60), &NEG), (Fes::InvalidHeaderField, 4));
-        assert_eq!(err(ch(4, 0, 72, 72, 72 + 9000), &NEG), (Fes::InvalidHeaderField, 4));
-        assert_eq!(err(ch(4, 0, 72, 10, 80), &NEG), (Fes::InvalidHeaderField, 3));
-        assert_eq!(err(ch(4, FLAG_HDGSTF, 72, 0, 76), &NEG), (Fes::InvalidHeaderField, 1));
-        let pre = Negotiated { ic_done: false, ..NEG };
-        assert_eq!(err(ch(0, 0, 128, 0, 129), &pre), (Fes::InvalidHeaderField, 4));
-        assert_eq!(err(ch(2, 0, 24, 0, 500), &pre), (Fes::InvalidHeaderField, 4));
+        assert_eq!(
+            err(ch(4, 0, 72, 72, 72 + 9000), &NEG),
+            (Fes::InvalidHeaderField, 4)
+        );
+        assert_eq!(
+            err(ch(4, 0, 72, 10, 80), &NEG),
+            (Fes::InvalidHeaderField, 3)
+        );
+        assert_eq!(
+            err(ch(4, FLAG_HDGSTF, 72, 0, 76), &NEG),
+            (Fes::InvalidHeaderField, 1)
+        );
+        let pre = Negotiated {
+            ic_done: false,
+            ..NEG
+        };
+        assert_eq!(
+            err(ch(0, 0, 128, 0, 129), &pre),
+            (Fes::InvalidHeaderField, 4)
+        );
+        assert_eq!(
+            err(ch(2, 0, 24, 0, 500), &pre),
+            (Fes::InvalidHeaderField, 4)
+        );
     }
 
     #[test]
