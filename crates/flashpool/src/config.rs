@@ -30,7 +30,8 @@ pub struct NodeConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeSection {
-    #[serde(default = "one")]
+    /// Reactor threads; 0 (the default) means one per CPU.
+    #[serde(default)]
     pub reactors: usize,
     #[serde(default)]
     pub cpus: Vec<usize>,
@@ -44,7 +45,7 @@ pub struct NodeSection {
 impl Default for NodeSection {
     fn default() -> Self {
         NodeSection {
-            reactors: 1,
+            reactors: 0,
             cpus: Vec::new(),
             log: info(),
             poll_us: 0,
@@ -52,9 +53,6 @@ impl Default for NodeSection {
     }
 }
 
-fn one() -> usize {
-    1
-}
 fn info() -> String {
     "info".into()
 }
@@ -313,7 +311,11 @@ fn transport(cfg: &NodeConfig) -> Result<TransportConfig> {
             1000,
             3_600_000,
         )?,
-        reactors: range("node.reactors", n.reactors, 1, 64)?,
+        reactors: if n.reactors == 0 {
+            ncpu.min(64)
+        } else {
+            range("node.reactors", n.reactors, 1, 64)?
+        },
         cpus: n.cpus.clone(),
         poll_us: range("node.poll_us", n.poll_us, 0, 10_000)?,
     })
