@@ -58,9 +58,14 @@ fn invalid_field() -> AdminOutcome {
     done(Status::generic(status::SC_INVALID_FIELD))
 }
 
-/// Whether this admin opcode moves data controller -> host, and how much at most.
-pub fn is_data_in(opcode: u8) -> bool {
-    matches!(opcode, admin_opc::IDENTIFY | admin_opc::GET_LOG_PAGE)
+/// Bytes this admin command returns to the host (None: no data). The SGL
+/// must describe exactly this many, as for any NVMe command.
+pub fn data_in_len(sqe: &Sqe) -> Option<u64> {
+    match sqe.opcode {
+        admin_opc::IDENTIFY => Some(IDENTIFY_LEN as u64),
+        admin_opc::GET_LOG_PAGE => Some(GetLogPage::from_sqe(sqe).len),
+        _ => None,
+    }
 }
 
 pub struct AdminCtx<'a> {

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use nvme_wire::fabrics::prop;
@@ -98,6 +98,8 @@ pub struct Controller {
     pub stats: Mutex<Vec<Arc<QueueStats>>>,
     /// Set once when the controller is torn down; every queue watches it.
     kill: watch::Sender<Option<FreeReason>>,
+    /// CSTS.RDY, mirrored for the I/O path (one relaxed load per command, no lock).
+    ready: AtomicBool,
     /// Milliseconds since `epoch` of the last command, for traffic-based keep-alive.
     last_activity_ms: AtomicU64,
     epoch: Instant,
@@ -138,6 +140,7 @@ impl Controller {
             }),
             stats: Mutex::new(Vec::new()),
             kill: watch::channel(None).0,
+            ready: AtomicBool::new(false),
             last_activity_ms: AtomicU64::new(0),
             epoch: now,
             event_notify: Notify::new(),
@@ -172,6 +175,11 @@ impl Controller {
 
     pub fn enabled(&self) -> bool {
         self.state.lock().csts & prop::CSTS_RDY != 0
+    }
+
+    /// Whether the controller is enabled and ready (CSTS.RDY), without locking.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
     }
 
     pub fn watch_kill(&self) -> watch::Receiver<Option<FreeReason>> {
@@ -281,6 +289,8 @@ impl Controller {
             s.csts = (s.csts & !(3 << 2)) | prop::CSTS_SHST_COMPLETE;
             s.shutdown_requested = true;
         }
+        self.ready
+            .store(s.csts & prop::CSTS_RDY != 0, Ordering::Relaxed);
         Ok(())
     }
 }

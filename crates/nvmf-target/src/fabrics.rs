@@ -21,11 +21,17 @@ pub struct ConnectError {
     pub dw0: u32,
 }
 
-/// "Connect Invalid Parameters" pointing at a field: in the data (IATTR 1) or the SQE (IATTR 0).
+/// Connect response dword 0 for a bad parameter: IPO (byte offset of the
+/// field) in bits 15:0, IATTR in bits 23:16 (1 = in the Connect data, 0 = in the SQE).
+pub fn ipo_iattr(in_data: bool, ipo: u16) -> u32 {
+    u32::from(ipo) | (u32::from(in_data) << 16)
+}
+
+/// "Connect Invalid Parameters" pointing at a field.
 fn invalid_param(in_data: bool, ipo: u16) -> ConnectError {
     ConnectError {
         status: Status::cmd_specific(status::SC_CONNECT_INVALID_PARAM),
-        dw0: (u32::from(ipo) << 16) | u32::from(in_data),
+        dw0: ipo_iattr(in_data, ipo),
     }
 }
 
@@ -77,7 +83,7 @@ pub fn connect_admin(
             tracing::warn!("host {} not allowed on {}", data.hostnqn, sub.nqn);
             return Err(ConnectError {
                 status: Status::cmd_specific(status::SC_CONNECT_INVALID_HOST),
-                dw0: (u32::from(CONNECT_DATA_OFF_HOSTNQN) << 16) | 1,
+                dw0: ipo_iattr(true, CONNECT_DATA_OFF_HOSTNQN),
             });
         }
         CtrlKind::Io(sub.clone())

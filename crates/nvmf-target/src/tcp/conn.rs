@@ -140,6 +140,8 @@ pub(crate) struct Conn {
     /// Host PDU data alignment in bytes ((HPDA + 1) * 4).
     hpda_align: usize,
     queue: Option<Queue>,
+    /// A Connect is waiting for its data: no second Connect meanwhile.
+    connecting: bool,
     sqhd: u16,
     slots: Vec<Slot>,
     free: Vec<u16>,
@@ -186,6 +188,7 @@ impl Conn {
             },
             hpda_align: 4,
             queue: None,
+            connecting: false,
             sqhd: 0,
             slots: (0..nslots).map(|_| Slot::empty()).collect(),
             free: (0..nslots as u16).rev().collect(),
@@ -209,13 +212,9 @@ impl Conn {
     async fn run(&mut self, mut shutdown: watch::Receiver<bool>) -> End {
         loop {
             if !self.out.is_empty()
-                && self
-                    .out
-                    .flush(&mut self.stream, &mut self.pool)
-                    .await
-                    .is_err()
+                && let Some(end) = self.flush_watching(&mut shutdown).await
             {
-                return End::IoError;
+                return end;
             }
             if let Some(end) = self.end.take() {
                 return end;
@@ -269,6 +268,27 @@ impl Conn {
                 }
                 _ = notified(events.as_deref()) => self.deliver_events(),
                 _ = tokio::task::yield_now(), if spin => {}
+            }
+        }
+    }
+
+    /// Sends queued PDUs. A host that stops reading must not pin the
+    /// connection: shutdown, controller teardown and keep-alive still apply.
+    /// Returns how the connection ends, or None to carry on (the queue may
+    /// still hold bytes if the keep-alive timer woke us first).
+    async fn flush_watching(&mut self, shutdown: &mut watch::Receiver<bool>) -> Option<End> {
+        let ka = self.keep_alive_wait();
+        let ctrl = self.queue.as_ref().map(|q| q.ctrl.clone());
+        let kill = self.queue.as_mut().map(|q| &mut q.kill);
+        tokio::select! {
+            biased;
+            r = self.out.flush(&mut self.stream, &mut self.pool) => r.err().map(|_| End::IoError),
+            _ = shutdown.changed() => Some(End::Shutdown),
+            r = wait_kill(kill) => Some(End::Killed(r)),
+            _ = sleep_opt(ka) => {
+                let c = ctrl.expect("keep-alive only with a controller");
+                let kato = c.kato_ms();
+                (kato > 0 && c.idle_ms() >= u64::from(kato)).then_some(End::KeepAlive(kato))
             }
         }
     }
@@ -473,6 +493,9 @@ impl Conn {
 
     fn free_slot(&mut self, i: u16) {
         let s = &mut self.slots[usize::from(i)];
+        if s.after == AfterData::Connect {
+            self.connecting = false;
+        }
         if let Some(b) = s.buf.take() {
             self.pool.put(b);
         }
@@ -692,10 +715,11 @@ impl Conn {
         let is_admin = self.queue.as_ref().map(|q| q.qid == 0);
         match sqe.fctype() {
             fctype::CONNECT => {
-                if self.queue.is_some() {
+                if self.queue.is_some() || self.connecting {
                     return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0);
                 }
                 self.slots[usize::from(i)].after = AfterData::Connect;
+                self.connecting = true;
                 if self.fetch_host_data(i, sgl, nvme_wire::fabrics::CONNECT_DATA_LEN as u32, data) {
                     self.do_connect(i);
                 }
@@ -788,8 +812,14 @@ impl Conn {
         ctrl.touch();
         let sqe = self.slots[usize::from(i)].sqe;
         let mut buf = None;
-        if admin::is_data_in(sqe.opcode) {
-            if sgl.in_capsule || sgl.len == 0 || sgl.len > self.target.transport.max_transfer {
+        if let Some(want) = admin::data_in_len(&sqe) {
+            if sgl.in_capsule {
+                return self.complete(i, Status::generic(status::SC_INVALID_FIELD), 0, 0);
+            }
+            if u64::from(sgl.len) != want {
+                return self.complete(i, Status::generic(status::SC_SGL_INVALID_DATA_LEN), 0, 0);
+            }
+            if sgl.len > self.target.transport.max_transfer {
                 return self.complete(i, Status::generic(status::SC_INVALID_FIELD), 0, 0);
             }
             buf = Some(self.pool.get(sgl.len as usize));
@@ -840,6 +870,10 @@ impl Conn {
 
     fn io(&mut self, i: u16, sgl: Sgl, data: &[u8]) {
         let q = self.queue.as_ref().expect("I/O queue");
+        if !q.ctrl.is_ready() {
+            // The host reset the controller (CC.EN 1 -> 0): its I/O queues are gone.
+            return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0);
+        }
         let sqe = self.slots[usize::from(i)].sqe;
         let planned = io::plan(&q.namespaces, &sqe, self.target.transport.max_transfer)
             .map(|(ns, plan)| (ns.nsid, ns.block_size, plan));

@@ -5,7 +5,7 @@
 use nvme_wire::digest::DIGEST_LEN;
 use nvme_wire::pdu::{
     CH_OFF_FLAGS, CH_OFF_HLEN, CH_OFF_PDO, CH_OFF_PLEN, CH_OFF_TYPE, CommonHeader, FLAG_DDGSTF,
-    FLAG_HDGSTF, Fes, PduType, TERMREQ_HLEN, TERMREQ_MAX_DATA,
+    FLAG_HDGSTF, Fes, H2C_OFF_DATAL, PduType, TERMREQ_HLEN, TERMREQ_MAX_DATA,
 };
 
 /// A fatal transport error: the TermReq we send before closing.
@@ -105,9 +105,19 @@ pub fn check_header(ch: &CommonHeader, neg: &Negotiated) -> Result<PduLayout, Te
     } else {
         neg.maxh2cdata
     };
+    // An H2CData PDU carrying more than MAXH2CDATA is the host breaking the
+    // limit we gave it in ICResp: "Data Transfer Limit Exceeded", pointing at DATAL.
+    let too_much = if t == PduType::H2CData {
+        TermError::new(Fes::DataTransferLimitExceeded, H2C_OFF_DATAL)
+    } else {
+        TermError::header(CH_OFF_PLEN)
+    };
     let max_plen = (hlen + hd) as u64 + u64::from(MAX_PAD) + u64::from(limit) + DIGEST_LEN as u64;
-    if (plen as usize) < hlen + hd || u64::from(plen) > max_plen {
+    if (plen as usize) < hlen + hd {
         return Err(TermError::header(CH_OFF_PLEN));
+    }
+    if u64::from(plen) > max_plen {
+        return Err(too_much);
     }
     let plen = plen as usize;
     if plen == hlen + hd {
@@ -135,7 +145,7 @@ pub fn check_header(ch: &CommonHeader, neg: &Negotiated) -> Result<PduLayout, Te
     }
     let data_len = plen - pdo - tail;
     if data_len > limit as usize {
-        return Err(TermError::header(CH_OFF_PLEN));
+        return Err(too_much);
     }
     Ok(PduLayout {
         pdu_type: t,
@@ -236,6 +246,14 @@ mod tests {
         assert_eq!(
             err(ch(6, FLAG_HDGSTF, 24, 28, 28 + 512), &n),
             (Fes::InvalidHeaderField, 1)
+        );
+        assert_eq!(
+            err(ch(6, FLAG_HDGSTF | FLAG_DDGSTF, 24, 28, 28 + 65536 + 8), &n),
+            (Fes::DataTransferLimitExceeded, 16)
+        );
+        assert_eq!(
+            err(ch(6, FLAG_HDGSTF, 24, 28, 0x7fff_ffff), &n),
+            (Fes::DataTransferLimitExceeded, 16)
         );
     }
 }
