@@ -227,7 +227,7 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
 fn get_log_page(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
     let g = GetLogPage::from_sqe(sqe);
     let ctrl = cx.ctrl;
-    if g.offset % 4 != 0 {
+    if !g.offset.is_multiple_of(4) {
         return invalid_field();
     }
     let page: Vec<u8> = if ctrl.is_discovery() {

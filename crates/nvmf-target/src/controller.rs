@@ -64,7 +64,7 @@ pub struct AsyncEvent(pub u32);
 
 impl AsyncEvent {
     /// Notice: namespace attribute changed (log page 0x04).
-    pub const NS_CHANGED: AsyncEvent = AsyncEvent(0x02 | (0x00 << 8) | (0x04 << 16));
+    pub const NS_CHANGED: AsyncEvent = AsyncEvent(0x02 | (0x04 << 16));
     /// Notice: ANA change (log page 0x0C).
     pub const ANA_CHANGE: AsyncEvent = AsyncEvent(0x02 | (0x03 << 8) | (0x0C << 16));
     /// Notice: discovery log changed (log page 0x70).
