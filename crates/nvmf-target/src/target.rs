@@ -47,9 +47,9 @@ impl Target {
         for _ in 0..MAX_CNTLID {
             let id = *next;
             *next = if id >= MAX_CNTLID { 1 } else { id + 1 };
-            if !map.contains_key(&id) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = map.entry(id) {
                 let c = Arc::new(make(id));
-                map.insert(id, c.clone());
+                slot.insert(c.clone());
                 return Some(c);
             }
         }
