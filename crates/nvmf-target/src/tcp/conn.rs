@@ -21,7 +21,9 @@ use nvme_wire::pdu::{
     H2C_OFF_CCCID, H2C_OFF_DATAL, H2C_OFF_DATAO, H2C_OFF_TTAG, H2CDataHdr, ICREQ_OFF_HPDA,
     ICREQ_OFF_PFV, ICReq, ICResp, PduType, R2THdr, TERMREQ_HLEN, TERMREQ_MAX_DATA, TermReq,
 };
-use nvme_wire::sqe::{PSDT_MASK, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK, Sqe, io_opc};
+use nvme_wire::sqe::{
+    FUSE_MASK, PSDT_MASK, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK, Sqe, io_opc,
+};
 use nvme_wire::status::{self, Status};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -462,6 +464,11 @@ impl Conn {
             );
             return;
         };
+        if sqe.flags & FUSE_MASK != 0 {
+            // Fused operations (Compare and Write) are not supported: running
+            // the halves as plain commands would break their atomicity.
+            return self.complete(slot, Status::generic(status::SC_INVALID_FIELD), 0, 0);
+        }
         let icd_limit = self.neg.max_capsule_data;
         let sgl = match check_sgl(&sqe, data.len(), icd_limit) {
             Ok(s) => s,
