@@ -2050,3 +2050,45 @@ fn admin_sgl_length_must_match_transfer() {
     );
     t.shutdown();
 }
+
+// ---------------------------------------------------------------- direct receive of large H2CData
+
+/// A large H2CData whose payload trickles in after its header is read
+/// straight into the command's buffer (tcp/conn.rs start_direct_rx). Data
+/// must land intact at the right offsets whatever the split, and the next
+/// PDUs on the same connection must parse normally afterwards.
+#[test]
+fn h2c_payload_arriving_in_pieces_lands_intact() {
+    let t = TestTarget::start();
+    let (_admin, mut io) = t.admin_and_io(false);
+    let len = 64 * 1024u32;
+    let data = pattern(77, len as usize);
+    let (sqe, r) = write_awaiting_r2t(&mut io, 64, len);
+    let mut off = 0u32;
+    // Two H2CData PDUs of MAX_H2C each would not cover 64 KiB with MAX_H2C = 16 KiB:
+    // send MAX_H2C-sized PDUs, each header alone first, then its payload in uneven pieces.
+    while off < len {
+        let n = MAX_H2C.min(len - off);
+        let pdu = io.h2c_pdu(
+            sqe.cid,
+            r.ttag,
+            off,
+            &data[off as usize..(off + n) as usize],
+            off + n == len,
+        );
+        io.send(&pdu[..24]);
+        std::thread::sleep(Duration::from_millis(5));
+        let body = &pdu[24..];
+        for chunk in body.chunks(5000) {
+            io.send(chunk);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        off += n;
+    }
+    let c = io.expect_resp();
+    assert!(c.status.is_success(), "write status {:?}", c.status);
+    let (st, got) = io.read(1, 64, len / BLOCK);
+    assert!(st.status.is_success(), "read status {:?}", st.status);
+    assert!(got == data, "data written in pieces reads back different");
+    t.shutdown();
+}

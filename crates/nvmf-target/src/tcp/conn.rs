@@ -89,6 +89,18 @@ impl Slot {
     }
 }
 
+/// H2CData payloads at least this large skip the receive buffer.
+const DIRECT_RX_MIN: usize = 16 * 1024;
+
+/// Where the rest of an H2CData payload goes: slot `slot`'s buffer at `off`.
+#[derive(Debug, Clone, Copy)]
+struct DirectRx {
+    slot: u16,
+    off: usize,
+    remaining: usize,
+    datal: u32,
+}
+
 /// What the SGL says about the command's data.
 #[derive(Debug, Clone, Copy)]
 struct Sgl {
@@ -144,6 +156,8 @@ pub(crate) struct Conn {
     queue: Option<Queue>,
     /// A Connect is waiting for its data: no second Connect meanwhile.
     connecting: bool,
+    /// A large H2CData payload being read straight into its command's buffer.
+    direct: Option<DirectRx>,
     sqhd: u16,
     slots: Vec<Slot>,
     free: Vec<u16>,
@@ -191,6 +205,7 @@ impl Conn {
             hpda_align: 4,
             queue: None,
             connecting: false,
+            direct: None,
             sqhd: 0,
             slots: (0..nslots).map(|_| Slot::empty()).collect(),
             free: (0..nslots as u16).rev().collect(),
@@ -237,6 +252,16 @@ impl Conn {
             // parking the thread; an idle queue stops spinning after `poll`.
             let spin = self.poll.is_some_and(|p| self.last_busy.elapsed() < p);
             let kill = self.queue.as_mut().map(|q| &mut q.kill);
+            let dst: &mut [u8] = match self.direct {
+                Some(d) => {
+                    let buf = self.slots[usize::from(d.slot)]
+                        .buf
+                        .as_mut()
+                        .expect("direct buffer");
+                    &mut buf[d.off..d.off + d.remaining]
+                }
+                None => &mut self.rx[self.rx_end..],
+            };
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => return End::Shutdown,
@@ -249,14 +274,26 @@ impl Conn {
                         self.on_io_done(slot, done);
                     }
                 }
-                r = self.stream.read(&mut self.rx[self.rx_end..]) => match r {
+                r = self.stream.read(dst) => match r {
                     Ok(0) => return End::Eof,
                     Ok(n) => {
-                        self.rx_end += n;
                         if self.poll.is_some() {
                             self.last_busy = Instant::now();
                         }
-                        self.process_rx();
+                        match self.direct.as_mut() {
+                            Some(d) => {
+                                d.off += n;
+                                d.remaining -= n;
+                                if d.remaining == 0 {
+                                    let d = self.direct.take().expect("direct receive");
+                                    self.h2c_received(d.slot, d.datal, false);
+                                }
+                            }
+                            None => {
+                                self.rx_end += n;
+                                self.process_rx();
+                            }
+                        }
                     }
                     Err(_) => return End::IoError,
                 },
@@ -334,6 +371,15 @@ impl Conn {
                     return;
                 }
             };
+            if avail < layout.plen
+                && layout.pdu_type == PduType::H2CData
+                && !layout.dd
+                && layout.data_len >= DIRECT_RX_MIN
+                && avail >= layout.data_off
+            {
+                self.start_direct_rx(&layout);
+                break;
+            }
             if avail < layout.plen {
                 if self.rx.len() - self.rx_start < layout.plen {
                     self.compact_rx();
@@ -359,6 +405,36 @@ impl Conn {
         }
     }
 
+    /// The header of a large H2CData PDU is here but not all its data: move
+    /// what arrived into the command's buffer and read the rest straight
+    /// there, so write data is copied once (socket -> aligned buffer).
+    fn start_direct_rx(&mut self, l: &PduLayout) {
+        let start = self.rx_start;
+        let avail = self.rx_end - start;
+        let rx = std::mem::take(&mut self.rx);
+        let pdu = &rx[start..self.rx_end];
+        if self.header_digest_ok(l, pdu)
+            && let Some((i, h)) = self.h2c_check(l, &pdu[..l.hlen])
+        {
+            let have = avail - l.data_off;
+            let off = h.datao as usize;
+            self.slots[usize::from(i)]
+                .buf
+                .as_mut()
+                .expect("buffer while awaiting data")[off..off + have]
+                .copy_from_slice(&pdu[l.data_off..]);
+            self.direct = Some(DirectRx {
+                slot: i,
+                off: off + have,
+                remaining: l.data_len - have,
+                datal: h.datal,
+            });
+        }
+        self.rx = rx;
+        self.rx_start = 0;
+        self.rx_end = 0;
+    }
+
     fn fatal(&mut self, e: TermError, offending: Vec<u8>) {
         tracing::warn!(
             "{}: fatal transport error {:?} at header byte {}: sending C2HTermReq",
@@ -369,17 +445,25 @@ impl Conn {
         self.end = Some(End::Fatal(e, offending));
     }
 
+    /// Checks the header digest (when on); a mismatch is fatal.
+    fn header_digest_ok(&mut self, l: &PduLayout, pdu: &[u8]) -> bool {
+        if l.hd == 0 {
+            return true;
+        }
+        let want = crc32c(&pdu[..l.hlen]);
+        let got = u32::from_le_bytes(pdu[l.hlen..l.hlen + 4].try_into().expect("4 bytes"));
+        if want != got {
+            self.fatal(
+                TermError::new(Fes::HeaderDigestError, 0),
+                pdu[..l.hlen].to_vec(),
+            );
+        }
+        want == got
+    }
+
     fn on_pdu(&mut self, ch: &CommonHeader, l: &PduLayout, pdu: &[u8]) {
-        if l.hd > 0 {
-            let want = crc32c(&pdu[..l.hlen]);
-            let got = u32::from_le_bytes(pdu[l.hlen..l.hlen + 4].try_into().expect("4 bytes"));
-            if want != got {
-                self.fatal(
-                    TermError::new(Fes::HeaderDigestError, 0),
-                    pdu[..l.hlen].to_vec(),
-                );
-                return;
-            }
+        if !self.header_digest_ok(l, pdu) {
+            return;
         }
         match l.pdu_type {
             PduType::ICReq => self.on_icreq(pdu),
@@ -649,48 +733,58 @@ impl Conn {
         false
     }
 
-    fn on_h2c_data(&mut self, l: &PduLayout, pdu: &[u8]) {
-        let h = H2CDataHdr::decode(pdu).expect("24-byte header");
-        let hdr = pdu[..l.hlen].to_vec();
+    /// Checks an H2CData header against the R2T it answers. Returns the
+    /// slot and the header, or None after queuing a fatal error.
+    fn h2c_check(&mut self, l: &PduLayout, hdr: &[u8]) -> Option<(u16, H2CDataHdr)> {
+        let h = H2CDataHdr::decode(hdr).expect("24-byte header");
         let i = h.ttag;
-        let Some(s) = self
+        let err = match self
             .slots
             .get(usize::from(i))
             .filter(|s| s.state == SlotState::AwaitData)
-        else {
-            return self.fatal(TermError::new(Fes::InvalidHeaderField, H2C_OFF_TTAG), hdr);
+        {
+            None => Some((Fes::InvalidHeaderField, H2C_OFF_TTAG)),
+            Some(s) if s.sqe.cid != h.cccid => Some((Fes::InvalidHeaderField, H2C_OFF_CCCID)),
+            Some(_) if h.datal as usize != l.data_len || h.datal == 0 => {
+                Some((Fes::InvalidHeaderField, H2C_OFF_DATAL))
+            }
+            Some(_) if h.datal > self.neg.maxh2cdata => {
+                Some((Fes::DataTransferLimitExceeded, H2C_OFF_DATAL))
+            }
+            Some(s) if h.datao != s.received => Some((Fes::DataTransferOutOfRange, H2C_OFF_DATAO)),
+            Some(s) if u64::from(h.datao) + u64::from(h.datal) > u64::from(s.xfer_len) => {
+                Some((Fes::DataTransferOutOfRange, H2C_OFF_DATAL))
+            }
+            Some(_) => None,
         };
-        if s.sqe.cid != h.cccid {
-            return self.fatal(TermError::new(Fes::InvalidHeaderField, H2C_OFF_CCCID), hdr);
+        match err {
+            Some((fes, fei)) => {
+                self.fatal(TermError::new(fes, fei), hdr[..l.hlen].to_vec());
+                None
+            }
+            None => Some((i, h)),
         }
-        if h.datal as usize != l.data_len || h.datal == 0 {
-            return self.fatal(TermError::new(Fes::InvalidHeaderField, H2C_OFF_DATAL), hdr);
-        }
-        if h.datal > self.neg.maxh2cdata {
-            return self.fatal(
-                TermError::new(Fes::DataTransferLimitExceeded, H2C_OFF_DATAL),
-                hdr,
-            );
-        }
-        if h.datao != s.received {
-            return self.fatal(
-                TermError::new(Fes::DataTransferOutOfRange, H2C_OFF_DATAO),
-                hdr,
-            );
-        }
-        if u64::from(h.datao) + u64::from(h.datal) > u64::from(s.xfer_len) {
-            return self.fatal(
-                TermError::new(Fes::DataTransferOutOfRange, H2C_OFF_DATAL),
-                hdr,
-            );
-        }
+    }
+
+    fn on_h2c_data(&mut self, l: &PduLayout, pdu: &[u8]) {
+        let Some((i, h)) = self.h2c_check(l, &pdu[..l.hlen]) else {
+            return;
+        };
         let data = &pdu[l.data_off..l.data_off + l.data_len];
         let bad_digest = l.dd && !digest_ok(data, &pdu[l.data_off + l.data_len..]);
-        let s = &mut self.slots[usize::from(i)];
         let off = h.datao as usize;
-        s.buf.as_mut().expect("buffer while awaiting data")[off..off + data.len()]
+        self.slots[usize::from(i)]
+            .buf
+            .as_mut()
+            .expect("buffer while awaiting data")[off..off + data.len()]
             .copy_from_slice(data);
-        s.received += h.datal;
+        self.h2c_received(i, h.datal, bad_digest);
+    }
+
+    /// `datal` more bytes of slot `i`'s data are in its buffer.
+    fn h2c_received(&mut self, i: u16, datal: u32, bad_digest: bool) {
+        let s = &mut self.slots[usize::from(i)];
+        s.received += datal;
         s.digest_error |= bad_digest;
         if s.received < s.xfer_len {
             return;
@@ -700,7 +794,7 @@ impl Conn {
             tracing::warn!(
                 "{}: data digest error in H2CData for cid {}",
                 self.peer,
-                h.cccid
+                s.sqe.cid
             );
             return self.complete(i, Status::generic(SC_TRANSIENT_TRANSPORT).retryable(), 0, 0);
         }
