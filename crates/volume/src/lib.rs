@@ -1,0 +1,33 @@
+//! Protected volumes over [`blockdev::BlockDevice`] members: concat, raid0,
+//! raid1 (n-way), raid5, raid6 and k+m Reed-Solomon, with a write-intent
+//! bitmap against the write hole, degraded I/O, and throttled, resumable
+//! rebuild. A [`Volume`] is itself a `BlockDevice`, so the target serves it
+//! like any other namespace.
+//!
+//! On-member format: the first `meta_bytes` of every member hold the
+//! [`superblock`] (4 KiB) and then the [`intent`] bitmap; data starts after.
+
+pub mod fault;
+pub mod intent;
+pub mod layout;
+pub mod parity;
+pub mod rebuild;
+pub mod superblock;
+mod volume;
+
+#[cfg(test)]
+mod isal_oracle;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+pub use fault::{CrashSwitch, FaultDevice, FaultStats};
+pub use layout::{Layout, LayoutError, LayoutKind};
+pub use parity::{Code, Parity, ParityError};
+pub use rebuild::{RebuildOptions, RebuildProgress};
+pub use superblock::MemberState;
+pub use volume::{
+    DEFAULT_META_BYTES, DEFAULT_REGION_BYTES, DEFAULT_STRIP_BYTES, ScrubReport, Volume,
+    VolumeConfig, VolumeError, VolumeStats,
+};

@@ -1,0 +1,303 @@
+//! The superblock each member carries in its first 4 KiB, so a node can
+//! reassemble a volume from its members alone.
+//!
+//! Layout (little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic `FLPLVOL1` |
+//! | 8 | 4 | format version (1) |
+//! | 16 | 16 | volume uuid |
+//! | 32 | 8 | generation (bumped on every superblock update) |
+//! | 40 | 2 | this member's position |
+//! | 42 | 2 | member count n |
+//! | 44 | 1 | layout kind, 45: clean (1) / dirty (0), 46: k, 47: m |
+//! | 48 | 4 | volume block size |
+//! | 52 | 4 | strip bytes |
+//! | 56 | 8 | metadata bytes at the start of each member (data starts after) |
+//! | 64 | 8 | stripes per intent-bitmap bit |
+//! | 80 | 24 * n | member table: state (0 active, 1 failed, 2 rebuilding), pad, rebuild checkpoint (stripe), data-area blocks |
+//! | 4092 | 4 | CRC32C of bytes 0..4092 |
+
+use crate::layout::{LayoutKind, MAX_MEMBERS};
+
+pub const SB_BYTES: usize = 4096;
+pub const MAGIC: [u8; 8] = *b"FLPLVOL1";
+const VERSION: u32 = 1;
+const TABLE_AT: usize = 80;
+const ENTRY: usize = 24;
+const CRC_AT: usize = SB_BYTES - 4;
+
+/// A member's state as the volume sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    Active,
+    Failed,
+    /// Being rebuilt: stripes below `checkpoint` hold good data.
+    Rebuilding {
+        checkpoint: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberEntry {
+    pub state: MemberState,
+    /// Data-area size in volume blocks (concat members differ).
+    pub data_blocks: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub uuid: [u8; 16],
+    pub generation: u64,
+    pub position: u16,
+    pub kind: LayoutKind,
+    pub clean: bool,
+    pub block_size: u32,
+    pub strip_bytes: u32,
+    pub meta_bytes: u64,
+    pub region_stripes: u64,
+    pub members: Vec<MemberEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SuperblockError {
+    #[error("no flashpool volume superblock (magic is {0:02x?})")]
+    NoMagic([u8; 8]),
+    #[error("superblock checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("superblock format version {0} is not supported (this build reads 1)")]
+    Version(u32),
+    #[error("superblock is inconsistent: {0}")]
+    Bad(String),
+}
+
+impl Superblock {
+    pub fn encode(&self) -> [u8; SB_BYTES] {
+        let mut b = [0u8; SB_BYTES];
+        b[0..8].copy_from_slice(&MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[16..32].copy_from_slice(&self.uuid);
+        b[32..40].copy_from_slice(&self.generation.to_le_bytes());
+        b[40..42].copy_from_slice(&self.position.to_le_bytes());
+        b[42..44].copy_from_slice(&(self.members.len() as u16).to_le_bytes());
+        b[44] = self.kind.code();
+        b[45] = u8::from(self.clean);
+        if let LayoutKind::Erasure { k, m } = self.kind {
+            b[46] = k as u8;
+            b[47] = m as u8;
+        }
+        b[48..52].copy_from_slice(&self.block_size.to_le_bytes());
+        b[52..56].copy_from_slice(&self.strip_bytes.to_le_bytes());
+        b[56..64].copy_from_slice(&self.meta_bytes.to_le_bytes());
+        b[64..72].copy_from_slice(&self.region_stripes.to_le_bytes());
+        for (i, e) in self.members.iter().enumerate() {
+            let at = TABLE_AT + i * ENTRY;
+            let (state, cp) = match e.state {
+                MemberState::Active => (0u8, 0u64),
+                MemberState::Failed => (1, 0),
+                MemberState::Rebuilding { checkpoint } => (2, checkpoint),
+            };
+            b[at] = state;
+            b[at + 8..at + 16].copy_from_slice(&cp.to_le_bytes());
+            b[at + 16..at + 24].copy_from_slice(&e.data_blocks.to_le_bytes());
+        }
+        let crc = crc32c(&b[..CRC_AT]);
+        b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Superblock, SuperblockError> {
+        if b.len() < SB_BYTES {
+            return Err(SuperblockError::Bad(format!(
+                "{} bytes, need {SB_BYTES}",
+                b.len()
+            )));
+        }
+        let magic: [u8; 8] = b[0..8].try_into().expect("8 bytes");
+        if magic != MAGIC {
+            return Err(SuperblockError::NoMagic(magic));
+        }
+        let u16_at = |at: usize| u16::from_le_bytes(b[at..at + 2].try_into().expect("2"));
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4"));
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+        let stored = u32_at(CRC_AT);
+        let computed = crc32c(&b[..CRC_AT]);
+        if stored != computed {
+            return Err(SuperblockError::Checksum { stored, computed });
+        }
+        let version = u32_at(8);
+        if version != VERSION {
+            return Err(SuperblockError::Version(version));
+        }
+        let n = u16_at(42) as usize;
+        if n == 0 || n > MAX_MEMBERS {
+            return Err(SuperblockError::Bad(format!("member count {n}")));
+        }
+        let position = u16_at(40);
+        if usize::from(position) >= n {
+            return Err(SuperblockError::Bad(format!(
+                "position {position} of {n} members"
+            )));
+        }
+        let kind = LayoutKind::from_code(b[44], b[46].into(), b[47].into())
+            .ok_or_else(|| SuperblockError::Bad(format!("layout code {}", b[44])))?;
+        let mut members = Vec::with_capacity(n);
+        for i in 0..n {
+            let at = TABLE_AT + i * ENTRY;
+            let state = match b[at] {
+                0 => MemberState::Active,
+                1 => MemberState::Failed,
+                2 => MemberState::Rebuilding {
+                    checkpoint: u64_at(at + 8),
+                },
+                s => return Err(SuperblockError::Bad(format!("member {i} state {s}"))),
+            };
+            members.push(MemberEntry {
+                state,
+                data_blocks: u64_at(at + 16),
+            });
+        }
+        Ok(Superblock {
+            uuid: b[16..32].try_into().expect("16 bytes"),
+            generation: u64_at(32),
+            position,
+            kind,
+            clean: b[45] == 1,
+            block_size: u32_at(48),
+            strip_bytes: u32_at(52),
+            meta_bytes: u64_at(56),
+            region_stripes: u64_at(64),
+            members,
+        })
+    }
+
+    /// Whether two superblocks describe the same volume shape (all but
+    /// generation, position, clean flag and member states).
+    pub fn same_shape(&self, o: &Superblock) -> bool {
+        self.uuid == o.uuid
+            && self.kind == o.kind
+            && self.block_size == o.block_size
+            && self.strip_bytes == o.strip_bytes
+            && self.meta_bytes == o.meta_bytes
+            && self.region_stripes == o.region_stripes
+            && self.members.len() == o.members.len()
+            && self
+                .members
+                .iter()
+                .zip(&o.members)
+                .all(|(a, b)| a.data_blocks == b.data_blocks)
+    }
+}
+
+/// Formats a uuid as 8-4-4-4-12 hex.
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// A random (v4-style) uuid from the OS-seeded std hasher and the clock.
+pub fn new_uuid() -> [u8; 16] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = [0u8; 16];
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    for (i, half) in out.chunks_mut(8).enumerate() {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(now);
+        h.write_usize(i);
+        half.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    out[6] = (out[6] & 0x0f) | 0x40;
+    out[8] = (out[8] & 0x3f) | 0x80;
+    out
+}
+
+/// CRC32C (Castagnoli), bitwise table. Metadata only; never on the data path.
+pub fn crc32c(data: &[u8]) -> u32 {
+    const TABLE: [u32; 256] = {
+        let mut t = [0u32; 256];
+        let mut i = 0;
+        while i < 256 {
+            let mut c = i as u32;
+            let mut j = 0;
+            while j < 8 {
+                c = if c & 1 != 0 {
+                    (c >> 1) ^ 0x82F6_3B78
+                } else {
+                    c >> 1
+                };
+                j += 1;
+            }
+            t[i] = c;
+            i += 1;
+        }
+        t
+    };
+    let mut crc = !0u32;
+    for &b in data {
+        crc = TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
+    }
+    !crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Superblock {
+        Superblock {
+            uuid: new_uuid(),
+            generation: 42,
+            position: 2,
+            kind: LayoutKind::Erasure { k: 8, m: 2 },
+            clean: true,
+            block_size: 4096,
+            strip_bytes: 65536,
+            meta_bytes: 1 << 20,
+            region_stripes: 4,
+            members: (0..10)
+                .map(|i| MemberEntry {
+                    state: match i {
+                        3 => MemberState::Failed,
+                        4 => MemberState::Rebuilding { checkpoint: 77 },
+                        _ => MemberState::Active,
+                    },
+                    data_blocks: 1000 + i,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn roundtrip() {
+        let sb = sample();
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+    }
+
+    #[test]
+    fn crc32c_known_value() {
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+    }
+
+    #[test]
+    fn corruption_is_caught() {
+        let mut b = sample().encode();
+        b[100] ^= 1;
+        assert!(matches!(
+            Superblock::decode(&b),
+            Err(SuperblockError::Checksum { .. })
+        ));
+        let e = Superblock::decode(&[0u8; SB_BYTES]).unwrap_err();
+        assert!(matches!(e, SuperblockError::NoMagic(_)), "{e}");
+    }
+}

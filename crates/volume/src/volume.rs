@@ -1,0 +1,1790 @@
+//! The stripe engine: a [`Volume`] is a [`BlockDevice`] over member devices.
+//!
+//! A request splits into per-stripe pieces that run concurrently. A write to
+//! a redundant layout marks its region in the write-intent bitmap, takes the
+//! stripe's lock (a sharded table of async mutexes), and then either
+//! reconstruct-writes (reads the data it does not overwrite) or
+//! read-modify-writes (reads old data and old parity), whichever reads fewer
+//! blocks; a full-stripe write reads nothing. Parity is computed over just the
+//! rows the write touches. Members that error are marked failed and the
+//! stripe is retried degraded; the failure reaches the superblocks before the
+//! write is acknowledged, so a restart never trusts a member that missed it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use blockdev::{
+    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
+    check_request,
+};
+use futures_util::future::join_all;
+use parking_lot::RwLock;
+
+use crate::intent::{BITMAP_BLOCK, IntentLog};
+use crate::layout::{Extent, Layout, LayoutError, LayoutKind};
+use crate::parity::{Code, Parity, ParityError};
+use crate::rebuild::RebuildState;
+use crate::superblock::{
+    MemberEntry, MemberState, SB_BYTES, Superblock, SuperblockError, new_uuid, uuid_string,
+};
+
+/// Default strip: 64 KiB per member per stripe.
+pub const DEFAULT_STRIP_BYTES: u32 = 64 << 10;
+/// Default metadata region at the start of each member (superblock + bitmap).
+pub const DEFAULT_META_BYTES: u64 = 1 << 20;
+const LOCK_SHARDS: usize = 1024;
+/// Default member bytes covered by one intent-bitmap bit (as md's 64 MiB chunk).
+pub const DEFAULT_REGION_BYTES: u64 = 64 << 20;
+/// How long a region must be idle before a flush clears its bit.
+const INTENT_CLEAR_AGE: Duration = Duration::from_secs(2);
+/// Largest piece a WriteZeroes/Deallocate is cut into on redundant layouts.
+const ZERO_PIECE_BYTES: u64 = 1 << 20;
+
+/// How to build a new volume.
+#[derive(Debug, Clone)]
+pub struct VolumeConfig {
+    pub layout: LayoutKind,
+    /// Bytes per strip: a power of two and a multiple of `block_size`.
+    pub strip_bytes: u32,
+    /// Volume block size, 4096 or 512.
+    pub block_size: u32,
+    /// Bytes reserved at the start of each member for the superblock and the
+    /// write-intent bitmap; data starts after it. Multiple of 4 KiB, >= 8 KiB.
+    pub meta_bytes: u64,
+    /// Member bytes per write-intent bit (rounded to a power-of-two number of
+    /// stripes; grown if the bitmap would not fit in `meta_bytes`). Larger:
+    /// fewer bitmap writes; smaller: shorter resync after a crash.
+    pub region_bytes: u64,
+    /// Skip the initial parity sync because the members are known to read as
+    /// zeroes (fresh RAM or freshly deallocated drives).
+    pub assume_clean: bool,
+    /// Keep the write-intent bitmap (default). Off only to show, in tests,
+    /// what it protects against.
+    #[doc(hidden)]
+    pub intent_log: bool,
+}
+
+impl VolumeConfig {
+    pub fn new(layout: LayoutKind) -> VolumeConfig {
+        VolumeConfig {
+            layout,
+            strip_bytes: DEFAULT_STRIP_BYTES,
+            block_size: 4096,
+            meta_bytes: DEFAULT_META_BYTES,
+            region_bytes: DEFAULT_REGION_BYTES,
+            assume_clean: false,
+            intent_log: true,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("volume config: {0}")]
+    Config(String),
+    #[error("volume layout: {0}")]
+    Layout(#[from] LayoutError),
+    #[error("parity: {0}")]
+    Parity(#[from] ParityError),
+    #[error("member {index}: I/O error: {source}")]
+    MemberIo { index: usize, source: BlockError },
+    #[error("member {index}: {source}; is it a member of this volume?")]
+    NoSuperblock {
+        index: usize,
+        source: SuperblockError,
+    },
+    #[error("member {index} does not belong with the others: {detail}")]
+    Mismatch { index: usize, detail: String },
+    #[error(
+        "member {index} (position {position}) is stale: its generation is {member_generation} \
+         but the volume is at generation {volume_generation}; it missed updates, so replace it \
+         (replace_member) instead of assembling with it"
+    )]
+    Stale {
+        index: usize,
+        position: usize,
+        member_generation: u64,
+        volume_generation: u64,
+    },
+    #[error(
+        "{failed} members are failed or missing ({which:?}) but {layout} survives only {tolerated}"
+    )]
+    TooManyFailed {
+        failed: usize,
+        which: Vec<usize>,
+        layout: LayoutKind,
+        tolerated: usize,
+    },
+    #[error("rebuild: {0}")]
+    Rebuild(String),
+}
+
+/// Counters of what the stripe engine did, for tests and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub full_stripe_writes: u64,
+    pub rcw_writes: u64,
+    pub rmw_writes: u64,
+    pub degraded_writes: u64,
+    pub degraded_reads: u64,
+    pub intent_writes: u64,
+    pub resynced_stripes: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Stats {
+    full: AtomicU64,
+    rcw: AtomicU64,
+    rmw: AtomicU64,
+    degraded_writes: AtomicU64,
+    degraded_reads: AtomicU64,
+    intent_writes: AtomicU64,
+    resynced: AtomicU64,
+}
+
+/// What a scrub found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScrubReport {
+    pub stripes_checked: u64,
+    /// Stripes whose parity disagreed with their data (first 1000).
+    pub inconsistent: Vec<u64>,
+    pub inconsistent_count: u64,
+    pub repaired: u64,
+    /// Stripes that could not be checked because a data member is missing.
+    pub skipped: u64,
+}
+
+/// A protected (or striped, or concatenated) volume over member devices.
+#[derive(Clone)]
+pub struct Volume {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Members {
+    pub devs: Vec<Arc<dyn BlockDevice>>,
+    pub states: Vec<MemberState>,
+    pub generation: u64,
+    /// Bumped on every change the superblocks must record.
+    pub version: u64,
+    /// The `version` the superblocks on disk record.
+    pub persisted_version: u64,
+    pub clean: bool,
+}
+
+pub(crate) struct Inner {
+    pub layout: Layout,
+    pub parity: Parity,
+    pub uuid: [u8; 16],
+    pub bs: u64,
+    pub strip_bytes: u32,
+    pub meta_bytes: u64,
+    data_blocks: Vec<u64>,
+    pub members: RwLock<Members>,
+    sb_lock: tokio::sync::Mutex<()>,
+    locks: Box<[tokio::sync::Mutex<()>]>,
+    pub intent: IntentLog,
+    use_intent: bool,
+    /// Milliseconds a region must be idle before a flush clears its bit.
+    intent_clear_ms: AtomicU64,
+    pub stats: Stats,
+    pub rebuild: RebuildState,
+}
+
+/// Member devices and states as one request saw them.
+pub(crate) struct View {
+    pub devs: Vec<Arc<dyn BlockDevice>>,
+    pub states: Vec<MemberState>,
+}
+
+impl View {
+    /// Whether `member` holds good data for `stripe`.
+    pub fn avail(&self, member: usize, stripe: u64) -> bool {
+        match self.states[member] {
+            MemberState::Active => true,
+            MemberState::Failed => false,
+            MemberState::Rebuilding { checkpoint } => stripe < checkpoint,
+        }
+    }
+    /// Whether `member` should get metadata (superblock, bitmap) writes.
+    pub fn present(&self, member: usize) -> bool {
+        self.states[member] != MemberState::Failed
+    }
+}
+
+pub(crate) enum OpError {
+    /// These members failed; mark them and retry.
+    Members(Vec<usize>),
+    Fatal(BlockError),
+}
+
+impl From<ParityError> for OpError {
+    fn from(e: ParityError) -> Self {
+        OpError::Fatal(BlockError::Io(std::io::Error::other(e.to_string())))
+    }
+}
+
+thread_local! {
+    /// Member I/O buffers for reuse, by power-of-two capacity class.
+    static POOL: std::cell::RefCell<Vec<Vec<AlignedBuf>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+const POOL_MAX_CLASS: usize = 1 << 20;
+/// Bytes each size class may keep per thread (at least 4 buffers).
+const POOL_CLASS_BYTES: usize = 4 << 20;
+
+/// A buffer of `len` bytes from this thread's pool. Its contents are
+/// arbitrary: callers fill all `len` bytes (use [`zbuf`] for zeroes).
+pub(crate) fn abuf(len: usize) -> AlignedBuf {
+    let cap = len.max(4096).next_power_of_two();
+    let mut b = if cap <= POOL_MAX_CLASS {
+        POOL.with(|p| {
+            p.borrow_mut()
+                .get_mut(cap.trailing_zeros() as usize)
+                .and_then(|v| v.pop())
+        })
+        .unwrap_or_else(|| AlignedBuf::new(cap))
+    } else {
+        AlignedBuf::new(len)
+    };
+    b.set_len(len);
+    b
+}
+
+/// Returns a buffer to this thread's pool.
+pub(crate) fn recycle(buf: AlignedBuf) {
+    let cap = buf.capacity();
+    if !cap.is_power_of_two() || cap > POOL_MAX_CLASS {
+        return;
+    }
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        let class = cap.trailing_zeros() as usize;
+        if p.len() <= class {
+            p.resize_with(class + 1, Vec::new);
+        }
+        if p[class].len() < (POOL_CLASS_BYTES / cap).max(4) {
+            p[class].push(buf);
+        }
+    });
+}
+
+/// A zeroed buffer of `len` bytes.
+pub(crate) fn zbuf(len: usize) -> AlignedBuf {
+    let mut b = AlignedBuf::new(len);
+    b.set_len(len);
+    b
+}
+
+fn abuf_from(src: &[u8]) -> AlignedBuf {
+    let mut b = abuf(src.len());
+    b.copy_from_slice(src);
+    b
+}
+
+fn io_err(msg: String) -> BlockError {
+    BlockError::Io(std::io::Error::other(msg))
+}
+
+/// One I/O to a member at a byte offset.
+pub(crate) async fn dev_io(
+    dev: &Arc<dyn BlockDevice>,
+    op: BlockOp,
+    byte_off: u64,
+    bytes: usize,
+    buf: AlignedBuf,
+) -> (AlignedBuf, Result<(), BlockError>) {
+    let mbs = u64::from(dev.geometry().block_size);
+    let req = IoRequest {
+        op,
+        lba: byte_off / mbs,
+        blocks: (bytes as u64 / mbs) as u32,
+        buf,
+    };
+    let IoDone { buf, result } = dev.submit(req).await;
+    (buf, result)
+}
+
+pub(crate) fn collect_failed<T>(results: Vec<Result<T, usize>>) -> Result<Vec<T>, OpError> {
+    let mut failed = Vec::new();
+    let mut ok = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Ok(v) => ok.push(v),
+            Err(i) => failed.push(i),
+        }
+    }
+    if failed.is_empty() {
+        Ok(ok)
+    } else {
+        failed.sort_unstable();
+        failed.dedup();
+        Err(OpError::Members(failed))
+    }
+}
+
+/// Per data column: touched rows and where the new data starts in the source.
+#[derive(Clone, Copy)]
+struct Touch {
+    lo: u64,
+    hi: u64,
+    src: usize,
+}
+
+impl Volume {
+    /// Builds a new volume on `members`, writing fresh superblocks and an empty
+    /// intent bitmap. Unless `assume_clean`, parity is computed for every stripe.
+    pub async fn create(
+        members: Vec<Arc<dyn BlockDevice>>,
+        cfg: VolumeConfig,
+    ) -> Result<Volume, VolumeError> {
+        let bs = cfg.block_size;
+        if bs != 512 && bs != 4096 {
+            return Err(VolumeError::Config(format!(
+                "block_size = {bs} is not supported; use 4096 or 512"
+            )));
+        }
+        if cfg.strip_bytes == 0
+            || !cfg.strip_bytes.is_power_of_two()
+            || !cfg.strip_bytes.is_multiple_of(bs)
+        {
+            return Err(VolumeError::Config(format!(
+                "strip_bytes = {} is not a power of two multiple of the {bs} B block; use e.g. 65536",
+                cfg.strip_bytes
+            )));
+        }
+        if cfg.meta_bytes < 2 * SB_BYTES as u64 || !cfg.meta_bytes.is_multiple_of(SB_BYTES as u64) {
+            return Err(VolumeError::Config(format!(
+                "meta_bytes = {} must be a multiple of 4096 and at least 8192; use 1048576",
+                cfg.meta_bytes
+            )));
+        }
+        let mut data_blocks = Vec::with_capacity(members.len());
+        for (i, d) in members.iter().enumerate() {
+            if let Some(j) = members[..i].iter().position(|o| Arc::ptr_eq(o, d)) {
+                return Err(VolumeError::Config(format!(
+                    "member {i} is the same device as member {j}; give each position its own device"
+                )));
+            }
+            let g = d.geometry();
+            if !bs.is_multiple_of(g.block_size) {
+                return Err(VolumeError::Config(format!(
+                    "member {i} has {} B blocks, which do not divide the volume's {bs} B blocks; \
+                     use block_size = {}",
+                    g.block_size, g.block_size
+                )));
+            }
+            if g.size_bytes() <= cfg.meta_bytes {
+                return Err(VolumeError::Config(format!(
+                    "member {i} holds {} bytes, no more than the {} bytes of metadata; use a larger member",
+                    g.size_bytes(),
+                    cfg.meta_bytes
+                )));
+            }
+            data_blocks.push((g.size_bytes() - cfg.meta_bytes) / u64::from(bs));
+        }
+        let layout = Layout::new(cfg.layout, u64::from(cfg.strip_bytes / bs), &data_blocks)?;
+        let bitmap_bytes = cfg.meta_bytes - SB_BYTES as u64;
+        let wanted = (cfg.region_bytes / u64::from(cfg.strip_bytes))
+            .max(1)
+            .next_power_of_two();
+        let region_stripes =
+            IntentLog::region_stripes_for(layout.stripes().max(1), bitmap_bytes).max(wanted);
+        let states = vec![MemberState::Active; members.len()];
+        let inner = Inner::new(
+            layout,
+            new_uuid(),
+            cfg.block_size,
+            cfg.strip_bytes,
+            cfg.meta_bytes,
+            region_stripes,
+            data_blocks,
+            members,
+            states,
+            0,
+            cfg.intent_log,
+        )?;
+        let vol = Volume {
+            inner: Arc::new(inner),
+        };
+        // Empty bitmaps first, so a crash before the superblock lands leaves no
+        // half-made volume that assembles.
+        vol.inner.write_bitmap_all_zero().await?;
+        vol.inner.persist_superblock(true).await;
+        if !cfg.assume_clean && vol.inner.parity.code != Code::None {
+            for s in 0..vol.inner.layout.stripes() {
+                vol.inner
+                    .sync_stripe(s, true)
+                    .await
+                    .map_err(|e| VolumeError::Rebuild(format!("initial sync: {e}")))?;
+            }
+        }
+        tracing::info!("created {}", vol.describe());
+        Ok(vol)
+    }
+
+    /// Reassembles a volume from its members alone (in any order), resyncs
+    /// every region the intent bitmaps mark dirty, and marks the volume open.
+    /// Members that cannot be read count as failed; members of another
+    /// volume, or stale ones, are refused with an error naming them.
+    pub async fn assemble(members: Vec<Arc<dyn BlockDevice>>) -> Result<Volume, VolumeError> {
+        Self::assemble_with(members, true).await
+    }
+
+    /// `intent_log: false` is the tests' negative control: no bitmap, no resync.
+    pub(crate) async fn assemble_with(
+        members: Vec<Arc<dyn BlockDevice>>,
+        intent_log: bool,
+    ) -> Result<Volume, VolumeError> {
+        let reads = join_all(members.iter().map(|d| async move {
+            let (buf, r) = dev_io(d, BlockOp::Read, 0, SB_BYTES, abuf(SB_BYTES)).await;
+            r.map(|_| buf)
+        }))
+        .await;
+        let mut sbs: Vec<Option<Superblock>> = Vec::with_capacity(members.len());
+        for (i, r) in reads.into_iter().enumerate() {
+            match r {
+                Ok(buf) => match Superblock::decode(&buf) {
+                    Ok(sb) => sbs.push(Some(sb)),
+                    Err(source) => return Err(VolumeError::NoSuperblock { index: i, source }),
+                },
+                Err(e) => {
+                    tracing::warn!(
+                        "member {i}: superblock unreadable ({e}); treating it as failed"
+                    );
+                    sbs.push(None);
+                }
+            }
+        }
+        let newest = sbs
+            .iter()
+            .flatten()
+            .max_by_key(|sb| sb.generation)
+            .cloned()
+            .ok_or_else(|| VolumeError::Config("no member has a readable superblock".into()))?;
+        let n = newest.members.len();
+        let mut slot: Vec<Option<usize>> = vec![None; n];
+        for (i, sb) in sbs.iter().enumerate() {
+            let Some(sb) = sb else { continue };
+            if sb.uuid != newest.uuid {
+                return Err(VolumeError::Mismatch {
+                    index: i,
+                    detail: format!(
+                        "it belongs to volume {}, the others to {}",
+                        uuid_string(&sb.uuid),
+                        uuid_string(&newest.uuid)
+                    ),
+                });
+            }
+            if !sb.same_shape(&newest) {
+                return Err(VolumeError::Mismatch {
+                    index: i,
+                    detail: format!(
+                        "its layout ({} of {} members, {} B strips) differs from the volume's ({} of {}, {} B)",
+                        sb.kind,
+                        sb.members.len(),
+                        sb.strip_bytes,
+                        newest.kind,
+                        n,
+                        newest.strip_bytes
+                    ),
+                });
+            }
+            let p = usize::from(sb.position);
+            if let Some(other) = slot[p] {
+                return Err(VolumeError::Mismatch {
+                    index: i,
+                    detail: format!("it claims position {p}, as member {other} does"),
+                });
+            }
+            slot[p] = Some(i);
+        }
+        let mut devs: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(n);
+        let mut states = Vec::with_capacity(n);
+        let template = members[slot
+            .iter()
+            .flatten()
+            .copied()
+            .next()
+            .expect("newest exists")]
+        .geometry();
+        for (p, entry) in newest.members.iter().enumerate() {
+            match slot[p] {
+                Some(i) => {
+                    let sb = sbs[i].as_ref().expect("slotted members have superblocks");
+                    let state = entry.state;
+                    if state != MemberState::Failed && sb.generation + 1 < newest.generation {
+                        return Err(VolumeError::Stale {
+                            index: i,
+                            position: p,
+                            member_generation: sb.generation,
+                            volume_generation: newest.generation,
+                        });
+                    }
+                    if state == MemberState::Failed {
+                        tracing::warn!("member {i} (position {p}) is marked failed; not using it");
+                    } else if sb.generation < newest.generation {
+                        // One behind: the last superblock update was cut short.
+                        tracing::info!(
+                            "member {i} (position {p}) is at generation {} of {}; taking the newer superblock",
+                            sb.generation,
+                            newest.generation
+                        );
+                    }
+                    devs.push(members[i].clone());
+                    states.push(state);
+                }
+                None => {
+                    if entry.state != MemberState::Failed {
+                        tracing::warn!("member at position {p} is missing; running degraded");
+                    }
+                    devs.push(Arc::new(MissingDevice(template)) as Arc<dyn BlockDevice>);
+                    states.push(MemberState::Failed);
+                }
+            }
+        }
+        let failed: Vec<usize> = (0..n)
+            .filter(|&p| states[p] == MemberState::Failed)
+            .collect();
+        let data_blocks: Vec<u64> = newest.members.iter().map(|e| e.data_blocks).collect();
+        let layout = Layout::new(
+            newest.kind,
+            u64::from(newest.strip_bytes / newest.block_size),
+            &data_blocks,
+        )?;
+        if failed.len() > layout.parity_columns() {
+            return Err(VolumeError::TooManyFailed {
+                failed: failed.len(),
+                which: failed,
+                layout: newest.kind,
+                tolerated: layout.parity_columns(),
+            });
+        }
+        let inner = Inner::new(
+            layout,
+            newest.uuid,
+            newest.block_size,
+            newest.strip_bytes,
+            newest.meta_bytes,
+            newest.region_stripes,
+            data_blocks,
+            devs,
+            states,
+            newest.generation,
+            intent_log,
+        )?;
+        let vol = Volume {
+            inner: Arc::new(inner),
+        };
+        vol.inner.members.write().version += 1;
+        if intent_log {
+            vol.inner.resync_dirty_regions().await?;
+        }
+        vol.inner.persist_superblock(true).await;
+        tracing::info!("assembled {}", vol.describe());
+        Ok(vol)
+    }
+
+    /// Makes everything durable and marks the superblocks clean. Call before
+    /// dropping the volume at shutdown; I/O after it marks the volume dirty again.
+    pub async fn close(&self) -> Result<(), BlockError> {
+        self.inner.flush_clearing(Duration::ZERO).await?;
+        self.inner.members.write().clean = true;
+        self.inner.persist_superblock(true).await;
+        self.inner.members.write().clean = false;
+        Ok(())
+    }
+
+    /// Tests: make flushes clear intent bits of regions idle for `age`.
+    #[cfg(test)]
+    pub(crate) fn set_intent_clear_age(&self, age: Duration) {
+        self.inner
+            .intent_clear_ms
+            .store(age.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.inner.layout
+    }
+
+    pub fn uuid(&self) -> String {
+        uuid_string(&self.inner.uuid)
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.inner.members.read().generation
+    }
+
+    pub fn member_states(&self) -> Vec<MemberState> {
+        self.inner.members.read().states.clone()
+    }
+
+    pub fn stats(&self) -> VolumeStats {
+        let s = &self.inner.stats;
+        VolumeStats {
+            full_stripe_writes: s.full.load(Ordering::Relaxed),
+            rcw_writes: s.rcw.load(Ordering::Relaxed),
+            rmw_writes: s.rmw.load(Ordering::Relaxed),
+            degraded_writes: s.degraded_writes.load(Ordering::Relaxed),
+            degraded_reads: s.degraded_reads.load(Ordering::Relaxed),
+            intent_writes: s.intent_writes.load(Ordering::Relaxed),
+            resynced_stripes: s.resynced.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Marks a member failed (as `flashpool drive fail` does) and records it
+    /// in the other members' superblocks.
+    pub async fn fail_member(&self, index: usize) -> Result<(), VolumeError> {
+        if index >= self.inner.layout.members() {
+            return Err(VolumeError::Config(format!(
+                "member {index} does not exist; the volume has {}",
+                self.inner.layout.members()
+            )));
+        }
+        self.inner.mark_failed(index);
+        self.inner.persist_superblock(false).await;
+        Ok(())
+    }
+
+    /// Checks every stripe's parity against its data; with `repair`, rewrites
+    /// parity that disagrees.
+    pub async fn scrub(&self, repair: bool) -> ScrubReport {
+        let mut rep = ScrubReport::default();
+        if self.inner.parity.code == Code::None {
+            return rep;
+        }
+        for s in 0..self.inner.layout.stripes() {
+            match self.inner.sync_stripe(s, repair).await {
+                Ok(Some(true)) => rep.stripes_checked += 1,
+                Ok(Some(false)) => {
+                    rep.stripes_checked += 1;
+                    rep.inconsistent_count += 1;
+                    if rep.inconsistent.len() < 1000 {
+                        rep.inconsistent.push(s);
+                    }
+                    if repair {
+                        rep.repaired += 1;
+                    }
+                }
+                Ok(None) | Err(_) => rep.skipped += 1,
+            }
+        }
+        rep
+    }
+}
+
+impl Inner {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        layout: Layout,
+        uuid: [u8; 16],
+        block_size: u32,
+        strip_bytes: u32,
+        meta_bytes: u64,
+        region_stripes: u64,
+        data_blocks: Vec<u64>,
+        devs: Vec<Arc<dyn BlockDevice>>,
+        states: Vec<MemberState>,
+        generation: u64,
+        use_intent: bool,
+    ) -> Result<Inner, VolumeError> {
+        let parity = Parity::new(layout.data_columns(), layout.parity_columns())?;
+        let intent = IntentLog::new(layout.stripes().max(1), region_stripes.max(1));
+        if (SB_BYTES + intent.bytes()) as u64 > meta_bytes {
+            return Err(VolumeError::Config(format!(
+                "the intent bitmap needs {} bytes but meta_bytes = {meta_bytes}",
+                intent.bytes() + SB_BYTES
+            )));
+        }
+        Ok(Inner {
+            parity,
+            uuid,
+            bs: u64::from(block_size),
+            strip_bytes,
+            meta_bytes,
+            data_blocks,
+            members: RwLock::new(Members {
+                devs,
+                states,
+                generation,
+                version: 0,
+                persisted_version: 0,
+                clean: false,
+            }),
+            sb_lock: tokio::sync::Mutex::new(()),
+            locks: (0..LOCK_SHARDS)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+            intent,
+            use_intent: use_intent && layout.parity_columns() > 0,
+            intent_clear_ms: AtomicU64::new(INTENT_CLEAR_AGE.as_millis() as u64),
+            stats: Stats::default(),
+            rebuild: RebuildState::default(),
+            layout,
+        })
+    }
+
+    pub fn view(&self) -> View {
+        let m = self.members.read();
+        View {
+            devs: m.devs.clone(),
+            states: m.states.clone(),
+        }
+    }
+
+    pub fn stripe_lock(&self, stripe: u64) -> &tokio::sync::Mutex<()> {
+        &self.locks[(stripe % LOCK_SHARDS as u64) as usize]
+    }
+
+    fn redundant(&self) -> bool {
+        self.parity.code != Code::None
+    }
+
+    pub fn mark_failed(&self, member: usize) {
+        let mut m = self.members.write();
+        if m.states[member] != MemberState::Failed {
+            tracing::warn!("member {member} failed ({})", m.devs[member].describe());
+            m.states[member] = MemberState::Failed;
+            m.version += 1;
+        }
+    }
+
+    fn data_byte(&self, member_lba: u64) -> u64 {
+        self.meta_bytes + member_lba * self.bs
+    }
+
+    /// Reads `blocks` volume blocks at `member_lba` of a member's data area.
+    pub(crate) async fn col_read(
+        &self,
+        view: &View,
+        member: usize,
+        member_lba: u64,
+        blocks: u64,
+    ) -> Result<AlignedBuf, usize> {
+        let len = (blocks * self.bs) as usize;
+        let (buf, r) = dev_io(
+            &view.devs[member],
+            BlockOp::Read,
+            self.data_byte(member_lba),
+            len,
+            abuf(len),
+        )
+        .await;
+        r.map(|_| buf).map_err(|e| {
+            tracing::debug!("member {member} read error: {e}");
+            member
+        })
+    }
+
+    pub(crate) async fn col_write(
+        &self,
+        view: &View,
+        member: usize,
+        member_lba: u64,
+        buf: AlignedBuf,
+        fua: bool,
+    ) -> Result<(), usize> {
+        let len = buf.len();
+        let (buf, r) = dev_io(
+            &view.devs[member],
+            BlockOp::Write { fua },
+            self.data_byte(member_lba),
+            len,
+            buf,
+        )
+        .await;
+        recycle(buf);
+        r.map_err(|e| {
+            tracing::debug!("member {member} write error: {e}");
+            member
+        })
+    }
+
+    fn too_many_failed(&self, view: &View) -> BlockError {
+        let failed: Vec<usize> = (0..view.states.len())
+            .filter(|&i| view.states[i] == MemberState::Failed)
+            .collect();
+        io_err(format!(
+            "volume has {} failed members ({failed:?}); {} tolerates {}",
+            failed.len(),
+            self.layout.kind(),
+            self.layout.parity_columns()
+        ))
+    }
+
+    // ---- requests ----
+
+    pub async fn handle(self: Arc<Self>, req: IoRequest) -> IoDone {
+        let IoRequest {
+            op,
+            lba,
+            blocks,
+            buf,
+        } = req;
+        match op {
+            BlockOp::Read => self.read(lba, u64::from(blocks), buf).await,
+            BlockOp::Write { fua } => {
+                let r = self.write(lba, u64::from(blocks), &buf, fua).await;
+                IoDone { buf, result: r }
+            }
+            BlockOp::Flush => IoDone {
+                buf,
+                result: self.flush().await,
+            },
+            BlockOp::WriteZeroes | BlockOp::Deallocate => IoDone {
+                buf,
+                result: self.zero(op, lba, u64::from(blocks)).await,
+            },
+        }
+    }
+
+    async fn read(&self, lba: u64, blocks: u64, mut buf: AlignedBuf) -> IoDone {
+        let exts = self.layout.extents(lba, blocks);
+        // One strip, healthy: the member reads straight into the caller's buffer.
+        if exts.len() == 1 {
+            let e = exts[0];
+            let view = self.view();
+            if let Some(member) = self.read_member(&view, &e) {
+                let len = (e.blocks * self.bs) as usize;
+                let (b, r) = dev_io(
+                    &view.devs[member],
+                    BlockOp::Read,
+                    self.data_byte(e.member_lba),
+                    len,
+                    buf,
+                )
+                .await;
+                buf = b;
+                match r {
+                    Ok(()) => {
+                        return IoDone {
+                            buf,
+                            result: Ok(()),
+                        };
+                    }
+                    Err(e) if !self.redundant() => {
+                        return IoDone {
+                            buf,
+                            result: Err(e),
+                        };
+                    }
+                    Err(_) => self.mark_failed(member),
+                }
+            }
+        }
+        let total = (blocks * self.bs) as usize;
+        let mut rest: &mut [u8] = &mut buf[..total];
+        let mut futs = Vec::new();
+        for group in exts.chunk_by(|a, b| a.stripe == b.stripe) {
+            let bytes = (group.iter().map(|e| e.blocks).sum::<u64>() * self.bs) as usize;
+            let (head, tail) = rest.split_at_mut(bytes);
+            rest = tail;
+            futs.push(self.read_stripe(group, head));
+        }
+        let result = join_all(futs).await.into_iter().collect::<Result<(), _>>();
+        IoDone { buf, result }
+    }
+
+    /// The member to read an extent from when it can be read directly.
+    fn read_member(&self, view: &View, e: &Extent) -> Option<usize> {
+        if self.parity.code == Code::Mirror {
+            // Spread reads of a mirror over its copies.
+            let n = self.layout.members();
+            return (0..n)
+                .map(|i| (e.stripe as usize + i) % n)
+                .find(|&mbr| view.avail(mbr, e.stripe));
+        }
+        if !self.redundant() || view.avail(e.member, e.stripe) {
+            Some(e.member)
+        } else {
+            None
+        }
+    }
+
+    async fn read_stripe(&self, exts: &[Extent], out: &mut [u8]) -> Result<(), BlockError> {
+        let stripe = exts[0].stripe;
+        let base = exts[0].offset;
+        for _attempt in 0..=self.layout.members() {
+            let view = self.view();
+            let direct: Option<Vec<usize>> =
+                exts.iter().map(|e| self.read_member(&view, e)).collect();
+            if let Some(members) = direct {
+                let res = join_all(
+                    exts.iter()
+                        .zip(&members)
+                        .map(|(e, &mbr)| self.col_read(&view, mbr, e.member_lba, e.blocks)),
+                )
+                .await;
+                match collect_failed(res) {
+                    Ok(bufs) => {
+                        for (e, b) in exts.iter().zip(bufs) {
+                            let at = ((e.offset - base) * self.bs) as usize;
+                            out[at..at + b.len()].copy_from_slice(&b);
+                            recycle(b);
+                        }
+                        return Ok(());
+                    }
+                    Err(OpError::Members(failed)) if self.redundant() => {
+                        failed.iter().for_each(|&f| self.mark_failed(f));
+                        continue;
+                    }
+                    Err(_) => {
+                        return Err(io_err(format!(
+                            "read of stripe {stripe} failed on a member and {} has no redundancy",
+                            self.layout.kind()
+                        )));
+                    }
+                }
+            }
+            // Degraded: rebuild the missing columns from the others, under the
+            // stripe lock so a concurrent write cannot mix old and new.
+            let _g = self.stripe_lock(stripe).lock().await;
+            let view = self.view();
+            self.stats.degraded_reads.fetch_add(1, Ordering::Relaxed);
+            let lo = exts.iter().map(|e| e.row).min().expect("non-empty");
+            let hi = exts
+                .iter()
+                .map(|e| e.row + e.blocks)
+                .max()
+                .expect("non-empty");
+            match self.read_reconstructed(&view, stripe, lo, hi).await {
+                Ok(cols) => {
+                    for e in exts {
+                        let at = ((e.offset - base) * self.bs) as usize;
+                        let len = (e.blocks * self.bs) as usize;
+                        let from = ((e.row - lo) * self.bs) as usize;
+                        out[at..at + len].copy_from_slice(&cols[e.col][from..from + len]);
+                    }
+                    cols.into_iter().for_each(recycle);
+                    return Ok(());
+                }
+                Err(OpError::Members(failed)) => {
+                    failed.iter().for_each(|&f| self.mark_failed(f));
+                }
+                Err(OpError::Fatal(e)) => return Err(e),
+            }
+        }
+        Err(self.too_many_failed(&self.view()))
+    }
+
+    /// All k+m columns of rows `lo..hi` of `stripe`: read what is available,
+    /// reconstruct the rest. The caller holds the stripe lock.
+    async fn read_reconstructed(
+        &self,
+        view: &View,
+        stripe: u64,
+        lo: u64,
+        hi: u64,
+    ) -> Result<Vec<AlignedBuf>, OpError> {
+        let n = self.layout.members();
+        let len = ((hi - lo) * self.bs) as usize;
+        let present: Vec<bool> = (0..n)
+            .map(|c| view.avail(self.layout.column_member(stripe, c), stripe))
+            .collect();
+        if present.iter().filter(|&&p| !p).count() > self.parity.m {
+            return Err(OpError::Fatal(self.too_many_failed(view)));
+        }
+        let lba = self.layout.strip_lba(stripe, lo);
+        let res = join_all((0..n).map(|c| {
+            let mbr = self.layout.column_member(stripe, c);
+            let want = present[c];
+            async move {
+                if want {
+                    self.col_read(view, mbr, lba, hi - lo).await
+                } else {
+                    Ok(abuf(len))
+                }
+            }
+        }))
+        .await;
+        let mut cols = collect_failed(res)?;
+        let mut refs: Vec<&mut [u8]> = cols.iter_mut().map(|b| &mut b[..]).collect();
+        self.parity.reconstruct(&mut refs, &present)?;
+        Ok(cols)
+    }
+
+    async fn write(
+        &self,
+        lba: u64,
+        blocks: u64,
+        src: &AlignedBuf,
+        fua: bool,
+    ) -> Result<(), BlockError> {
+        let exts = self.layout.extents(lba, blocks);
+        if !self.redundant() {
+            let view = self.view();
+            let res = join_all(exts.iter().map(|e| {
+                let at = (e.offset * self.bs) as usize;
+                let b = abuf_from(&src[at..at + (e.blocks * self.bs) as usize]);
+                self.col_write(&view, e.member, e.member_lba, b, fua)
+            }))
+            .await;
+            return match collect_failed(res) {
+                Ok(_) => Ok(()),
+                Err(_) => Err(io_err(format!(
+                    "write failed on a member and {} has no redundancy",
+                    self.layout.kind()
+                ))),
+            };
+        }
+        let futs = exts
+            .chunk_by(|a, b| a.stripe == b.stripe)
+            .map(|group| {
+                let at = (group[0].offset * self.bs) as usize;
+                let len = (group.iter().map(|e| e.blocks).sum::<u64>() * self.bs) as usize;
+                self.write_stripe(group, &src[at..at + len], fua)
+            })
+            .collect::<Vec<_>>();
+        let r: Result<(), BlockError> = join_all(futs).await.into_iter().collect();
+        r?;
+        // A member skipped because it failed must be recorded as failed before
+        // the write is acknowledged.
+        self.persist_superblock(false).await;
+        Ok(())
+    }
+
+    /// Marks the stripe's region in the intent bitmap (on disk before return).
+    async fn intent_begin(&self, stripe: u64) {
+        if !self.use_intent {
+            return;
+        }
+        let region = self.intent.region_of(stripe);
+        if !self.intent.begin(region) {
+            return;
+        }
+        let _io = self.intent.io.lock().await;
+        let Some((block, snap)) = self.intent.snapshot_for(region) else {
+            return;
+        };
+        self.stats.intent_writes.fetch_add(1, Ordering::Relaxed);
+        self.write_bitmap_block(block, &snap).await;
+        self.intent.written(block, &snap);
+    }
+
+    fn intent_end(&self, stripe: u64) {
+        if self.use_intent {
+            self.intent.end(self.intent.region_of(stripe));
+        }
+    }
+
+    /// Writes one bitmap block to every present member with FUA.
+    async fn write_bitmap_block(&self, block: usize, snap: &[u8]) {
+        let view = self.view();
+        let off = (SB_BYTES + block * BITMAP_BLOCK) as u64;
+        let res = join_all((0..view.devs.len()).filter(|&i| view.present(i)).map(|i| {
+            let b = abuf_from(snap);
+            let dev = &view.devs[i];
+            async move {
+                let (_, r) = dev_io(dev, BlockOp::Write { fua: true }, off, BITMAP_BLOCK, b).await;
+                r.map_err(|_| i)
+            }
+        }))
+        .await;
+        for r in res {
+            if let Err(i) = r {
+                self.mark_failed(i);
+            }
+        }
+    }
+
+    /// Clears on disk the bits of regions idle for at least `age`.
+    async fn intent_clear_idle(&self, age: Duration) {
+        if !self.use_intent {
+            return;
+        }
+        for block in self.intent.clear_idle(age) {
+            let _io = self.intent.io.lock().await;
+            let snap = self.intent.snapshot_block(block);
+            self.write_bitmap_block(block, &snap).await;
+            self.intent.written(block, &snap);
+        }
+    }
+
+    async fn write_bitmap_all_zero(&self) -> Result<(), VolumeError> {
+        let view = self.view();
+        let bytes = self.intent.bytes();
+        let res = join_all((0..view.devs.len()).filter(|&i| view.present(i)).map(|i| {
+            let dev = &view.devs[i];
+            async move {
+                let (_, r) = dev_io(
+                    dev,
+                    BlockOp::Write { fua: true },
+                    SB_BYTES as u64,
+                    bytes,
+                    zbuf(bytes),
+                )
+                .await;
+                r.map_err(|source| VolumeError::MemberIo { index: i, source })
+            }
+        }))
+        .await;
+        res.into_iter().collect()
+    }
+
+    async fn write_stripe(&self, exts: &[Extent], src: &[u8], fua: bool) -> Result<(), BlockError> {
+        let stripe = exts[0].stripe;
+        self.intent_begin(stripe).await;
+        let guard = self.stripe_lock(stripe).lock().await;
+        let mut result = Err(io_err("no attempt".into()));
+        for _attempt in 0..=self.layout.members() {
+            let view = self.view();
+            match self.write_stripe_once(&view, exts, src, fua).await {
+                Ok(()) => {
+                    result = Ok(());
+                    break;
+                }
+                Err(OpError::Members(failed)) => {
+                    failed.iter().for_each(|&f| self.mark_failed(f));
+                    result = Err(self.too_many_failed(&self.view()));
+                }
+                Err(OpError::Fatal(e)) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        drop(guard);
+        self.intent_end(stripe);
+        result
+    }
+
+    async fn write_stripe_once(
+        &self,
+        view: &View,
+        exts: &[Extent],
+        src: &[u8],
+        fua: bool,
+    ) -> Result<(), OpError> {
+        let stripe = exts[0].stripe;
+        let (k, m) = (self.parity.k, self.parity.m);
+        let n = k + m;
+        let bs = self.bs;
+        let base = exts[0].offset;
+        let lo = exts.iter().map(|e| e.row).min().expect("non-empty");
+        let hi = exts
+            .iter()
+            .map(|e| e.row + e.blocks)
+            .max()
+            .expect("non-empty");
+        let rows = hi - lo;
+        let len = (rows * bs) as usize;
+        let lba = self.layout.strip_lba(stripe, lo);
+        let member = |c: usize| self.layout.column_member(stripe, c);
+        let avail: Vec<bool> = (0..n).map(|c| view.avail(member(c), stripe)).collect();
+        let missing = avail.iter().filter(|&&a| !a).count();
+        if missing > m {
+            return Err(OpError::Fatal(self.too_many_failed(view)));
+        }
+        let mut touch: Vec<Option<Touch>> = vec![None; k];
+        for e in exts {
+            touch[e.col] = Some(Touch {
+                lo: e.row,
+                hi: e.row + e.blocks,
+                src: ((e.offset - base) * bs) as usize,
+            });
+        }
+        let new_data = |t: &Touch| &src[t.src..t.src + ((t.hi - t.lo) * bs) as usize];
+
+        if self.parity.code == Code::Mirror {
+            let t = touch[0].expect("a mirror write touches column 0");
+            let res = join_all(
+                (0..n)
+                    .filter(|&c| avail[c])
+                    .map(|c| self.col_write(view, member(c), lba, abuf_from(new_data(&t)), fua)),
+            )
+            .await;
+            collect_failed(res)?;
+            if missing > 0 {
+                self.stats.degraded_writes.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(());
+        }
+
+        let touched_rows = |d: usize| touch[d].map_or(0, |t| t.hi - t.lo);
+        let covered = |d: usize| touched_rows(d) == rows;
+        // A missing data column whose old contents we need forces reconstruction.
+        let need_reconstruct = (0..k).any(|d| !avail[d] && !covered(d));
+
+        if need_reconstruct {
+            self.stats.degraded_writes.fetch_add(1, Ordering::Relaxed);
+            let mut cols = self.read_reconstructed(view, stripe, lo, hi).await?;
+            for d in 0..k {
+                if let Some(t) = touch[d] {
+                    let at = ((t.lo - lo) * bs) as usize;
+                    let nd = new_data(&t);
+                    cols[d][at..at + nd.len()].copy_from_slice(nd);
+                }
+            }
+            let (data, par) = cols.split_at_mut(k);
+            let drefs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+            let mut prefs: Vec<&mut [u8]> = par.iter_mut().map(|b| &mut b[..]).collect();
+            self.parity.encode(&drefs, &mut prefs)?;
+            let mut writes = Vec::new();
+            for (c, col) in cols.into_iter().enumerate() {
+                if !avail[c] {
+                    continue;
+                }
+                if c < k {
+                    let Some(t) = touch[c] else { continue };
+                    let at = ((t.lo - lo) * bs) as usize;
+                    let b = abuf_from(&col[at..at + ((t.hi - t.lo) * bs) as usize]);
+                    writes.push(self.col_write(
+                        view,
+                        member(c),
+                        self.layout.strip_lba(stripe, t.lo),
+                        b,
+                        fua,
+                    ));
+                } else {
+                    writes.push(self.col_write(view, member(c), lba, col, fua));
+                }
+            }
+            collect_failed(join_all(writes).await)?;
+            return Ok(());
+        }
+
+        let rcw_reads: u64 = (0..k)
+            .filter(|&d| avail[d])
+            .map(|d| rows - touched_rows(d))
+            .sum();
+        let rmw_reads: u64 = (0..k).map(touched_rows).sum::<u64>() + m as u64 * rows;
+        if missing == 0 && rmw_reads < rcw_reads {
+            self.stats.rmw.fetch_add(1, Ordering::Relaxed);
+            return self.rmw(view, stripe, lo, hi, &touch, src, fua).await;
+        }
+        if missing > 0 {
+            self.stats.degraded_writes.fetch_add(1, Ordering::Relaxed);
+        } else if rcw_reads == 0 {
+            self.stats.full.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.stats.rcw.fetch_add(1, Ordering::Relaxed);
+        }
+
+        // Reconstruct-write: read what this write leaves alone, encode, write.
+        let mut reads = Vec::new();
+        for d in (0..k).filter(|&d| avail[d]) {
+            let (tlo, thi) = touch[d].map_or((hi, hi), |t| (t.lo, t.hi));
+            if tlo > lo {
+                reads.push((d, lo, tlo));
+            }
+            if thi < hi {
+                reads.push((d, thi.max(lo), hi));
+            }
+        }
+        let got = collect_failed(
+            join_all(reads.iter().map(|&(d, a, b)| {
+                self.col_read(view, member(d), self.layout.strip_lba(stripe, a), b - a)
+            }))
+            .await,
+        )?;
+        let mut data: Vec<AlignedBuf> = (0..k).map(|_| abuf(len)).collect();
+        for (&(d, a, _), b) in reads.iter().zip(got) {
+            let at = ((a - lo) * bs) as usize;
+            data[d][at..at + b.len()].copy_from_slice(&b);
+            recycle(b);
+        }
+        for d in 0..k {
+            if let Some(t) = touch[d] {
+                let at = ((t.lo - lo) * bs) as usize;
+                let nd = new_data(&t);
+                data[d][at..at + nd.len()].copy_from_slice(nd);
+            }
+        }
+        let mut par: Vec<AlignedBuf> = (0..m).map(|_| abuf(len)).collect();
+        {
+            let drefs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+            let mut prefs: Vec<&mut [u8]> = par.iter_mut().map(|b| &mut b[..]).collect();
+            self.parity.encode(&drefs, &mut prefs)?;
+        }
+        let mut writes = Vec::new();
+        for (d, col) in data.into_iter().enumerate() {
+            let Some(t) = touch[d] else { continue };
+            if !avail[d] {
+                continue;
+            }
+            let b = if covered(d) {
+                col
+            } else {
+                let at = ((t.lo - lo) * bs) as usize;
+                abuf_from(&col[at..at + ((t.hi - t.lo) * bs) as usize])
+            };
+            writes.push(self.col_write(
+                view,
+                member(d),
+                self.layout.strip_lba(stripe, t.lo),
+                b,
+                fua,
+            ));
+        }
+        for (j, p) in par.into_iter().enumerate() {
+            if avail[k + j] {
+                writes.push(self.col_write(view, member(k + j), lba, p, fua));
+            }
+        }
+        collect_failed(join_all(writes).await)?;
+        Ok(())
+    }
+
+    /// Read-modify-write: old data of the touched rows and old parity in,
+    /// parity of the data delta XORed into the parity, new data and parity out.
+    #[allow(clippy::too_many_arguments)]
+    async fn rmw(
+        &self,
+        view: &View,
+        stripe: u64,
+        lo: u64,
+        hi: u64,
+        touch: &[Option<Touch>],
+        src: &[u8],
+        fua: bool,
+    ) -> Result<(), OpError> {
+        let (k, m) = (self.parity.k, self.parity.m);
+        let bs = self.bs;
+        let len = ((hi - lo) * bs) as usize;
+        let member = |c: usize| self.layout.column_member(stripe, c);
+        let lba = self.layout.strip_lba(stripe, lo);
+        let touched: Vec<(usize, Touch)> = touch
+            .iter()
+            .enumerate()
+            .filter_map(|(d, t)| t.map(|t| (d, t)))
+            .collect();
+        let old_data = join_all(touched.iter().map(|&(d, t)| {
+            self.col_read(
+                view,
+                member(d),
+                self.layout.strip_lba(stripe, t.lo),
+                t.hi - t.lo,
+            )
+        }));
+        let old_par = join_all((0..m).map(|j| self.col_read(view, member(k + j), lba, hi - lo)));
+        let (old_data, old_par) = futures_util::future::join(old_data, old_par).await;
+        let mut old_data = collect_failed(old_data)?;
+        let mut par = collect_failed(old_par)?;
+        let mut new_bufs = Vec::with_capacity(touched.len());
+        for ((_, t), old) in touched.iter().zip(old_data.iter_mut()) {
+            let nd = &src[t.src..t.src + ((t.hi - t.lo) * bs) as usize];
+            crate::parity::xor_into(old, nd);
+            new_bufs.push(abuf_from(nd));
+        }
+        if self.parity.code == Code::Xor {
+            // XOR parity is position-wise: fold each delta in at its rows.
+            for ((_, t), delta) in touched.iter().zip(&old_data) {
+                let at = ((t.lo - lo) * bs) as usize;
+                crate::parity::xor_into(&mut par[0][at..at + delta.len()], delta);
+            }
+        } else {
+            // Reed-Solomon wants whole columns: pad deltas that cover part of the rows.
+            let mut padded: Vec<Option<Vec<u8>>> = vec![None; k];
+            for ((d, t), delta) in touched.iter().zip(&old_data) {
+                if delta.len() != len {
+                    let mut full = vec![0u8; len];
+                    let at = ((t.lo - lo) * bs) as usize;
+                    full[at..at + delta.len()].copy_from_slice(delta);
+                    padded[*d] = Some(full);
+                }
+            }
+            let mut drefs: Vec<Option<&[u8]>> = vec![None; k];
+            for ((d, _), delta) in touched.iter().zip(&old_data) {
+                drefs[*d] = Some(padded[*d].as_deref().unwrap_or(&delta[..]));
+            }
+            let mut prefs: Vec<&mut [u8]> = par.iter_mut().map(|b| &mut b[..]).collect();
+            self.parity.apply_delta(&drefs, &mut prefs)?;
+        }
+        old_data.into_iter().for_each(recycle);
+        let mut writes = Vec::new();
+        for ((d, t), b) in touched.iter().zip(new_bufs) {
+            writes.push(self.col_write(
+                view,
+                member(*d),
+                self.layout.strip_lba(stripe, t.lo),
+                b,
+                fua,
+            ));
+        }
+        for (j, p) in par.into_iter().enumerate() {
+            writes.push(self.col_write(view, member(k + j), lba, p, fua));
+        }
+        collect_failed(join_all(writes).await)?;
+        Ok(())
+    }
+
+    pub async fn flush(&self) -> Result<(), BlockError> {
+        let age = Duration::from_millis(self.intent_clear_ms.load(Ordering::Relaxed));
+        self.flush_clearing(age).await
+    }
+
+    async fn flush_clearing(&self, age: Duration) -> Result<(), BlockError> {
+        self.intent_clear_idle(age).await;
+        let view = self.view();
+        let res = join_all((0..view.devs.len()).filter(|&i| view.present(i)).map(|i| {
+            let dev = &view.devs[i];
+            async move {
+                let (_, r) = dev_io(dev, BlockOp::Flush, 0, 0, AlignedBuf::new(0)).await;
+                r.map_err(|_| i)
+            }
+        }))
+        .await;
+        if let Err(OpError::Members(failed)) = collect_failed(res) {
+            if !self.redundant() {
+                return Err(io_err(format!("flush failed on members {failed:?}")));
+            }
+            failed.iter().for_each(|&f| self.mark_failed(f));
+            let view = self.view();
+            let n_failed = view
+                .states
+                .iter()
+                .filter(|s| **s == MemberState::Failed)
+                .count();
+            if n_failed > self.parity.m {
+                return Err(self.too_many_failed(&view));
+            }
+        }
+        self.persist_superblock(false).await;
+        Ok(())
+    }
+
+    async fn zero(&self, op: BlockOp, lba: u64, blocks: u64) -> Result<(), BlockError> {
+        if !self.redundant() {
+            let view = self.view();
+            let exts = self.layout.extents(lba, blocks);
+            let res = join_all(exts.iter().map(|e| {
+                let dev = &view.devs[e.member];
+                let off = self.data_byte(e.member_lba);
+                let len = (e.blocks * self.bs) as usize;
+                async move { dev_io(dev, op, off, len, AlignedBuf::new(0)).await.1 }
+            }))
+            .await;
+            return res.into_iter().collect();
+        }
+        // Parity must cover the zeroes too: write them through the stripe engine.
+        let piece = (ZERO_PIECE_BYTES / self.bs).max(1);
+        let zeroes = zbuf((piece.min(blocks) * self.bs) as usize);
+        let mut at = lba;
+        while at < lba + blocks {
+            let n = piece.min(lba + blocks - at);
+            self.write(at, n, &zeroes, false).await?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    // ---- superblocks, resync ----
+
+    /// Writes the superblocks (a new generation) to every present member when
+    /// member states changed, or always with `force`.
+    pub async fn persist_superblock(&self, force: bool) {
+        // Lock-free when nothing changed: the common case on the write path.
+        // While another task's persist is in flight, persisted_version still
+        // lags, so this waits for it below.
+        if !force && {
+            let st = self.members.read();
+            st.version == st.persisted_version
+        } {
+            return;
+        }
+        let _g = self.sb_lock.lock().await;
+        let mut force = force;
+        loop {
+            let (view, sbs, version) = {
+                let mut st = self.members.write();
+                if !force && st.version == st.persisted_version {
+                    return;
+                }
+                force = false;
+                st.generation += 1;
+                let version = st.version;
+                let entries: Vec<MemberEntry> = st
+                    .states
+                    .iter()
+                    .zip(&self.data_blocks)
+                    .map(|(&state, &data_blocks)| MemberEntry { state, data_blocks })
+                    .collect();
+                let sbs: Vec<Option<[u8; SB_BYTES]>> = (0..st.devs.len())
+                    .map(|p| {
+                        (st.states[p] != MemberState::Failed).then(|| {
+                            Superblock {
+                                uuid: self.uuid,
+                                generation: st.generation,
+                                position: p as u16,
+                                kind: self.layout.kind(),
+                                clean: st.clean,
+                                block_size: self.bs as u32,
+                                strip_bytes: self.strip_bytes,
+                                meta_bytes: self.meta_bytes,
+                                region_stripes: self.intent.region_stripes,
+                                members: entries.clone(),
+                            }
+                            .encode()
+                        })
+                    })
+                    .collect();
+                (
+                    View {
+                        devs: st.devs.clone(),
+                        states: st.states.clone(),
+                    },
+                    sbs,
+                    version,
+                )
+            };
+            let res = join_all(sbs.iter().enumerate().filter_map(|(p, sb)| {
+                let sb = sb.as_ref()?;
+                let dev = &view.devs[p];
+                Some(async move {
+                    let (_, r) = dev_io(
+                        dev,
+                        BlockOp::Write { fua: true },
+                        0,
+                        SB_BYTES,
+                        abuf_from(sb),
+                    )
+                    .await;
+                    r.map_err(|_| p)
+                })
+            }))
+            .await;
+            for r in res {
+                if let Err(p) = r {
+                    self.mark_failed(p);
+                }
+            }
+            let mut st = self.members.write();
+            st.persisted_version = st.persisted_version.max(version);
+            if st.version == st.persisted_version {
+                return;
+            }
+        }
+    }
+
+    /// Recomputes parity of every stripe in a region marked dirty on any member.
+    async fn resync_dirty_regions(&self) -> Result<(), VolumeError> {
+        if !self.redundant() {
+            return Ok(());
+        }
+        let view = self.view();
+        let bytes = self.intent.bytes();
+        let mut merged = vec![0u8; bytes];
+        for i in (0..view.devs.len()).filter(|&i| view.present(i)) {
+            let (buf, r) = dev_io(
+                &view.devs[i],
+                BlockOp::Read,
+                SB_BYTES as u64,
+                bytes,
+                abuf(bytes),
+            )
+            .await;
+            match r {
+                Ok(()) => {
+                    for (a, b) in merged.iter_mut().zip(buf.iter()) {
+                        *a |= *b;
+                    }
+                }
+                Err(_) => self.mark_failed(i),
+            }
+        }
+        let regions = self.intent.dirty_regions(&merged);
+        if !regions.is_empty() {
+            tracing::info!("resyncing {} dirty regions", regions.len());
+        }
+        let mut unsynced = 0u64;
+        for r in &regions {
+            let first = r * self.intent.region_stripes;
+            let last = (first + self.intent.region_stripes).min(self.layout.stripes());
+            for s in first..last {
+                match self.sync_stripe(s, true).await {
+                    Ok(Some(_)) => {
+                        self.stats.resynced.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(None) => unsynced += 1,
+                    Err(e) => {
+                        return Err(VolumeError::Rebuild(format!("resync of stripe {s}: {e}")));
+                    }
+                }
+            }
+        }
+        if unsynced > 0 {
+            tracing::warn!(
+                "{unsynced} dirty stripes could not be resynced because a data member is missing; \
+                 their parity may disagree with data written before the crash"
+            );
+        }
+        if !regions.is_empty() {
+            self.write_bitmap_all_zero().await?;
+        }
+        Ok(())
+    }
+
+    /// Checks one stripe's parity; with `repair` rewrites it when it differs.
+    /// Ok(None) when a data column is unavailable, Ok(Some(consistent)) otherwise.
+    pub async fn sync_stripe(&self, stripe: u64, repair: bool) -> Result<Option<bool>, BlockError> {
+        let _g = self.stripe_lock(stripe).lock().await;
+        let (k, m) = (self.parity.k, self.parity.m);
+        let rows = self.layout.strip_blocks();
+        for _attempt in 0..=self.layout.members() {
+            let view = self.view();
+            // A mirror checks its copies against the first readable one.
+            let order: Vec<usize> = if self.parity.code == Code::Mirror {
+                let Some(first) =
+                    (0..k + m).find(|&c| view.avail(self.layout.column_member(stripe, c), stripe))
+                else {
+                    return Ok(None);
+                };
+                std::iter::once(first)
+                    .chain((0..k + m).filter(|&c| c != first))
+                    .collect()
+            } else {
+                (0..k + m).collect()
+            };
+            let member = |c: usize| self.layout.column_member(stripe, order[c]);
+            if (0..k).any(|d| !view.avail(member(d), stripe)) {
+                return Ok(None);
+            }
+            let lba = self.layout.strip_lba(stripe, 0);
+            let res = join_all((0..k + m).map(|c| {
+                let want = view.avail(member(c), stripe);
+                let view = &view;
+                async move {
+                    if want {
+                        self.col_read(view, member(c), lba, rows).await.map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                }
+            }))
+            .await;
+            let cols = match collect_failed(res) {
+                Ok(c) => c,
+                Err(OpError::Members(f)) => {
+                    f.iter().for_each(|&i| self.mark_failed(i));
+                    continue;
+                }
+                Err(OpError::Fatal(e)) => return Err(e),
+            };
+            let len = (rows * self.bs) as usize;
+            let mut fresh: Vec<AlignedBuf> = (0..m).map(|_| abuf(len)).collect();
+            {
+                let drefs: Vec<&[u8]> = cols[..k]
+                    .iter()
+                    .map(|c| &c.as_ref().expect("data present")[..])
+                    .collect();
+                let mut prefs: Vec<&mut [u8]> = fresh.iter_mut().map(|b| &mut b[..]).collect();
+                self.parity
+                    .encode(&drefs, &mut prefs)
+                    .map_err(|e| io_err(e.to_string()))?;
+            }
+            let bad: Vec<usize> = (0..m)
+                .filter(|&j| {
+                    cols[k + j]
+                        .as_ref()
+                        .is_some_and(|old| old[..] != fresh[j][..])
+                })
+                .collect();
+            if bad.is_empty() || !repair {
+                return Ok(Some(bad.is_empty()));
+            }
+            let res = join_all(
+                fresh
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(j, _)| bad.contains(j))
+                    .map(|(j, p)| self.col_write(&view, member(k + j), lba, p, true)),
+            )
+            .await;
+            match collect_failed(res) {
+                Ok(_) => return Ok(Some(false)),
+                Err(OpError::Members(f)) => f.iter().for_each(|&i| self.mark_failed(i)),
+                Err(OpError::Fatal(e)) => return Err(e),
+            }
+        }
+        Err(self.too_many_failed(&self.view()))
+    }
+}
+
+impl BlockDevice for Volume {
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            block_size: self.inner.bs as u32,
+            num_blocks: self.inner.layout.volume_blocks(),
+        }
+    }
+
+    fn submit(&self, req: IoRequest) -> IoFuture {
+        if let Err(e) = check_request(self.geometry(), &req) {
+            return IoFuture::ready(req.buf, Err(e));
+        }
+        if req.blocks == 0 && matches!(req.op, BlockOp::Read | BlockOp::Write { .. }) {
+            return IoFuture::ready(req.buf, Ok(()));
+        }
+        let inner = self.inner.clone();
+        IoFuture::Pending(Box::pin(inner.handle(req)))
+    }
+
+    fn deallocate_reads_zeroes(&self) -> bool {
+        if self.inner.redundant() {
+            true
+        } else {
+            self.inner
+                .members
+                .read()
+                .devs
+                .iter()
+                .all(|d| d.deallocate_reads_zeroes())
+        }
+    }
+
+    /// Shuts the members down. Call [`Volume::close`] first to leave the
+    /// superblocks clean and the intent bitmaps empty.
+    fn shutdown(&self) -> Result<(), BlockError> {
+        let devs = self.inner.members.read().devs.clone();
+        let mut first_err = None;
+        for d in devs {
+            if let Err(e) = d.shutdown() {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn describe(&self) -> String {
+        let l = &self.inner.layout;
+        let states = self.member_states();
+        let failed = states.iter().filter(|s| **s == MemberState::Failed).count();
+        let rebuilding = states
+            .iter()
+            .filter(|s| matches!(s, MemberState::Rebuilding { .. }))
+            .count();
+        let health = match (failed, rebuilding) {
+            (0, 0) => "healthy".to_string(),
+            (f, 0) => format!("degraded, {f} failed"),
+            (f, r) => format!("degraded, {f} failed, {r} rebuilding"),
+        };
+        format!(
+            "volume {} {} ({}+{} of {} members, {} KiB strips, {} MiB, {health})",
+            uuid_string(&self.inner.uuid),
+            l.kind(),
+            l.data_columns(),
+            l.parity_columns(),
+            l.members(),
+            self.inner.strip_bytes / 1024,
+            (l.volume_blocks() * self.inner.bs) >> 20
+        )
+    }
+}
+
+/// Stands in for a member that was not given at assembly: every I/O fails.
+struct MissingDevice(Geometry);
+
+impl BlockDevice for MissingDevice {
+    fn geometry(&self) -> Geometry {
+        self.0
+    }
+    fn submit(&self, req: IoRequest) -> IoFuture {
+        IoFuture::ready(req.buf, Err(io_err("member missing".into())))
+    }
+    fn deallocate_reads_zeroes(&self) -> bool {
+        false
+    }
+    fn describe(&self) -> String {
+        "missing member".into()
+    }
+}
