@@ -193,5 +193,6 @@ pub fn check_request(geo: Geometry, req: &IoRequest) -> Result<(), BlockError> {
     Ok(())
 }
 
-#[cfg(test)]
-pub(crate) mod testutil;
+/// Test helpers (executor, RNG, backend checks), also for crates built on blockdev.
+#[cfg(any(test, feature = "testutil"))]
+pub mod testutil;
