@@ -276,7 +276,7 @@ fn transport(cfg: &NodeConfig) -> Result<TransportConfig> {
     let icd = t
         .in_capsule_data
         .map_or(u64::from(d.in_capsule_data), Size::bytes);
-    if icd > 128 * 1024 || icd % 16 != 0 {
+    if icd > 128 * 1024 || !icd.is_multiple_of(16) {
         bail!(
             "config: transport.in_capsule_data = {icd} must be a multiple of 16 up to 131072 (128KiB)"
         );
@@ -284,7 +284,7 @@ fn transport(cfg: &NodeConfig) -> Result<TransportConfig> {
     let h2c = t
         .max_h2c_data
         .map_or(u64::from(d.max_h2c_data), Size::bytes);
-    if h2c < 4096 || h2c % 4 != 0 || h2c > 16 << 20 {
+    if h2c < 4096 || !h2c.is_multiple_of(4) || h2c > 16 << 20 {
         bail!("config: transport.max_h2c_data = {h2c} must be a multiple of 4 from 4096 to 16MiB");
     }
     Ok(TransportConfig {
