@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/interop/run.sh -- interop suite: the Linux kernel NVMe/TCP initiator (Debian's
 # kernel, nvme-cli 2.x, fio) in a QEMU guest against `flashpool serve` on the host's
-# loopback. The guest reaches host 127.0.0.1 as 10.0.2.2 (slirp).
+# loopback. The guest reaches host 127.0.0.1 as 10.0.2.2 (slirp). In the same boot, the
+# reverse direction: our user-space host (`flashpool bench`) against the guest kernel's
+# nvmet-tcp target (brd /dev/ram0), through QEMU hostfwd 127.0.0.1:REV_PORT -> guest:4420.
 #
 #   tests/interop/run.sh setup              apt packages + Debian kernel (dpkg -x), cached
 #   tests/interop/run.sh build              initramfs (busybox, modules, nvme-cli, fio, /init)
@@ -20,8 +22,14 @@
 #   FLASHPOOL_BIN   target binary (default target/release/flashpool, relative to repo root)
 #   FLASHPOOL_CACHE cache dir (default <repo>/.cache/interop); logs of the last run in $CACHE/run
 #   SELFTEST=1      same as --self-test
-#   IO_PORT=14420 DISC_PORT=18009 CTL_PORT=15555   host 127.0.0.1 ports (a busy default is
-#                   replaced by the next free one)
+#   IO_PORT=14420 DISC_PORT=18009 CTL_PORT=15555 REV_PORT=14430   host 127.0.0.1 ports (a
+#                   busy default is replaced by the next free one)
+#   REV=1           the reverse-direction checks (host-*: flashpool bench -> guest nvmet-tcp);
+#                   REV=0 skips them (not counted). In flashpool mode they always count; in
+#                   self-test and mock modes they run when BENCH_BIN is executable, else they
+#                   are skipped (not counted) with a note in the summary.
+#   BENCH_BIN       the initiator binary (default: FLASHPOOL_BIN; `BENCH_BIN bench ...`)
+#   REV_BUDGET=240  seconds for all the host-* bench runs together (each also has a timeout)
 #   ACCEL=auto|tcg|kvm  GUEST_MEM=1024 GUEST_CPUS=2 RUN_TIMEOUT=600  REACTORS=2
 #   KATO=5 (seconds, the poweroff-without-disconnect check)  KATO_MARGIN=10
 #   FORCE=1         setup: re-download and re-extract the kernel
@@ -45,6 +53,10 @@ SELFTEST=${SELFTEST:-0}
 MOCK=${MOCK:-0}
 VERBOSE=${VERBOSE:-0}
 FORCE=${FORCE:-0}
+REV=${REV:-1}
+REV_BUDGET=${REV_BUDGET:-240}
+BENCH_BIN=${BENCH_BIN:-$BIN}
+case $BENCH_BIN in /*) ;; *) BENCH_BIN=$ROOT/$BENCH_BIN;; esac
 
 KROOT=$CACHE/kroot          # dpkg -x of linux-image-*.deb
 IRD=$CACHE/initramfs        # staging tree
@@ -55,6 +67,7 @@ RUN=$CACHE/run              # logs of the last run
 NQN_MEM=nqn.2026-01.io.flashpool:interop-mem
 NQN_FILE=nqn.2026-01.io.flashpool:interop-file
 NQN_DENIED=nqn.2026-01.io.flashpool:interop-denied
+NQN_REV=nqn.2026-01.io.flashpool:interop-guest-nvmet   # the guest kernel's target (reverse)
 OTHER_HOST=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555
 SERIAL=FPIOP-7731-QEMU
 MODEL=flashpool-interop-model-x7
@@ -68,6 +81,8 @@ GUEST_CHECKS="discover discover-hides-denied connect-plain identify-list identif
   dd-sha256 fio-randwrite-verify fio-seq128k-verify connect-digest reconnect-persist digest-io
   connect-ioq2 ioq2-io file-write restart-persist denied-host kato-connect"
 HOST_CHECKS="target-restart denied-host-log kato-timeout target-alive-after-run target-clean-stop"
+# reverse direction: flashpool bench (host) -> guest kernel nvmet-tcp; results printed by the host
+REV_CHECKS="host-connect-identify host-verify-nodigest host-verify-digest host-r2t-large host-data-on-ramdisk"
 
 ts() { date +%s.%N; }
 el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
@@ -75,7 +90,7 @@ say() { echo "[host $(date +%T)] $*"; }
 kver() { ls "$KROOT/lib/modules" 2>/dev/null | head -n1; }
 
 # ---------------------------------------------------------------- setup
-PKGS="qemu-system-x86 nvme-cli fio busybox-static cpio kmod"
+PKGS="qemu-system-x86 nvme-cli fio busybox-static cpio kmod python3"
 do_setup() {
   local t0 t kpkg deb missing=""; t0=$(ts)
   mkdir -p "$CACHE/dl"
@@ -174,13 +189,14 @@ finish() { log "guest done"; echo "@@HOST guest-done"; sync; poweroff -f; }
 trap finish EXIT
 K=$(cat /etc/kver)
 
-MODE=flashpool; HOSTIP=10.0.2.2; IO=14420; DISC=18009; IOTMO=15; NVMET=0
+MODE=flashpool; HOSTIP=10.0.2.2; IO=14420; DISC=18009; IOTMO=15; NVMET=0; REV=0; REV_WAIT=300
 for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_mode=*) MODE=$v;; fp_nvmet=*) NVMET=$v;; fp_io=*) IO=$v;; fp_disc=*) DISC=$v;;
   fp_nqn_mem=*) NQN_MEM=$v;; fp_nqn_file=*) NQN_FILE=$v;; fp_nqn_denied=*) NQN_DENIED=$v;;
   fp_other_host=*) OTHER_HOST=$v;; fp_hostnqn=*) HOSTNQN=$v;; fp_hostid=*) HOSTID=$v;;
   fp_sn=*) SN=$v;; fp_mn=*) MN=$v;; fp_mem_size=*) MEM_SIZE=$v;; fp_file_size=*) FILE_SIZE=$v;;
   fp_denied_size=*) DENIED_SIZE=$v;; fp_kato=*) KATO=$v;; fp_iotmo=*) IOTMO=$v;;
+  fp_rev=*) REV=$v;; fp_nqn_rev=*) NQN_REV=$v;; fp_rev_wait=*) REV_WAIT=$v;;
 esac; done
 log "init start, kernel $(uname -r), cpus $(nproc), mode $MODE, target $HOSTIP io:$IO discovery:$DISC"
 
@@ -215,6 +231,7 @@ kernel_notes() {
   { cat /tmp/dmesg.all; echo "== step $STEP"; dmesg; } | awk '/^== step /{s=$3; next} s!="denied-host"' \
     | grep -iE 'nvme|nvmet' \
     | grep -iE 'err|fail|invalid|timeout|timed out|ignor|warn|reset|reconnect|unsupported|not supported|mismatch|digest|term|abort|refus' \
+    | { if [ -n "$KN_EXPECTED" ]; then grep -vE "$KN_EXPECTED"; else cat; fi; } \
     | sed 's/^/KERNEL-NOTE /'
 }
 # run a command under a timeout, its output indented; returns its status
@@ -498,6 +515,45 @@ ok=FAIL
 grep -qx "$NQN_DENIED" /sys/class/nvme/*/subsysnqn 2>/dev/null && { ok=FAIL; nvdisconnect $NQN_DENIED; }
 res denied-host $ok "nvme connect rc=$rc"
 
+# 10. reverse direction: this guest's kernel nvmet-tcp is the TARGET and the host's
+# `flashpool bench` (our user-space initiator) connects to it through QEMU hostfwd
+# 127.0.0.1:REV_PORT -> guest:4420. The host runs the host-* checks and prints their
+# RESULT lines; the guest only serves, then hashes the region the host names in its
+# "DONE rev-target-ready ok OFFSET LENGTH mapfail=N" answer (host-data-on-ramdisk compares).
+if [ "$REV" = 1 ]; then
+  step rev-target "kernel nvmet-tcp target $NQN_REV (ns 1 = /dev/ram0, any host) on :4420 for the host's flashpool bench"
+  S=$CFS/subsystems/$NQN_REV; P=$CFS/ports/1
+  mkdir $S && echo 1 > $S/attr_allow_any_host && mkdir $S/namespaces/1 \
+    && echo -n /dev/ram0 > $S/namespaces/1/device_path && echo 1 > $S/namespaces/1/enable \
+    || log "configfs: setting up $NQN_REV failed"
+  if [ ! -d $P ]; then   # flashpool mode: no nvmet port yet (self-test/mock: port 1 is :4420)
+    mkdir $P; echo tcp > $P/addr_trtype; echo ipv4 > $P/addr_adrfam
+    echo 0.0.0.0 > $P/addr_traddr; echo 4420 > $P/addr_trsvcid
+  fi
+  ln -s $S $P/subsystems/$NQN_REV || log "configfs: linking $NQN_REV to port 1 failed"
+  log "nvmet: port 1 $(cat $P/addr_trtype) $(cat $P/addr_traddr):$(cat $P/addr_trsvcid), $NQN_REV ns 1 $(cat $S/namespaces/1/device_path) enable=$(cat $S/namespaces/1/enable), /dev/ram0 $(( $(cat /sys/block/ram0/size) / 2048 )) MiB"
+  dmesg | grep -E 'nvmet' | tail -n 3 | sed 's/^/  dmesg: /'
+  wait_host rev-target-ready $REV_WAIT
+  set -- $HOSTSAYS; off=${4:-0}; len=${5:-0}; mapfail=${6#mapfail=}
+  # commands the host sent over the target's transfer limit on purpose (host-r2t-large probe)
+  c=$(dmesg | grep -cE 'nvmet_tcp: queue [0-9]+: failed to map data')
+  if [ "${mapfail:-0}" -gt 0 ] 2>/dev/null && [ "$c" -le "$mapfail" ]; then
+    KN_EXPECTED='nvmet_tcp: queue [0-9]+: failed to map data'
+    log "nvmet_tcp 'failed to map data' x$c: expected (the host announced $mapfail command(s) over the target's transfer limit)"
+  fi
+  echo "  kernel log while the host's flashpool bench used the target (nvme/nvmet lines):"
+  dmesg | grep -E 'nvme|nvmet' | tail -n 40 | sed 's/^/  dmesg: /'
+  g=none; z=none; m=none
+  if [ "$len" -gt 0 ] 2>/dev/null; then
+    g=$(timeout 60 dd if=/dev/ram0 bs=4096 skip=$((off/4096)) count=$((len/4096)) iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1)
+    z=$(dd if=/dev/zero bs=4096 count=$((len/4096)) 2>/dev/null | sha256sum | cut -d' ' -f1)
+    m=$(dd if=/dev/ram0 bs=512 skip=$((off/512)) count=1 iflag=direct 2>/dev/null | head -c 4 | od -An -tx1 | tr -d ' \n')
+  fi
+  log "sha256 of /dev/ram0 bytes $off..+$len: $g (all-zero: $z); first block starts with $m"
+  echo "@@HOST rev-sha256 off=$off len=$len sha=$g zero=$z magic=${m:-none}"
+  rm $P/subsystems/$NQN_REV 2>/dev/null; echo 0 > $S/namespaces/1/enable
+fi
+
 step kernel-notes "kernel messages about nvme that no check expected"
 kernel_notes | head -n 40
 
@@ -641,6 +697,187 @@ answer_guest() {  # ACTION STATUS: repeat until the guest acknowledges (or 20 s)
   say "guest did not acknowledge '$1'"
 }
 
+# ---------------------------------------------------------------- reverse direction
+# flashpool bench (our user-space NVMe/TCP host) -> the guest kernel's nvmet-tcp target,
+# through QEMU hostfwd 127.0.0.1:REV_PORT -> guest:4420. Run when the guest prints
+# "@@HOST rev-target-ready"; the guest waits (REV_BUDGET + 90 s) for "DONE rev-target-ready
+# ok OFFSET LENGTH mapfail=N" (N: commands the host sent over the target's transfer limit
+# on purpose, whose nvmet_tcp "failed to map data" lines are then no KERNEL-NOTE), then
+# prints "@@HOST rev-sha256 off= len= sha= zero= magic=".
+REV_T0=""
+# rev_bench NAME TIMEOUT ARGS...: one bench run, output in $RUN/rev-NAME.{txt,json}; its status
+rev_bench() {
+  local n=$1 s=$2 rc=0 t; shift 2
+  local left; left=$(awk -v a="$REV_T0" -v b="$(ts)" -v B="$REV_BUDGET" 'BEGIN{printf "%d", B-(b-a)}')
+  if [ "$left" -le 0 ]; then
+    echo "not run: the reverse-direction budget (REV_BUDGET=$REV_BUDGET s) is spent" > "$RUN/rev-$n.txt"
+    say "bench $n: not run (REV_BUDGET spent)"; return 124
+  fi
+  [ "$s" -gt "$left" ] && s=$left
+  rm -f "$RUN/rev-$n.json"
+  t=$(ts)
+  echo "\$ $BENCH_BIN bench --target $REV_TGT --hostnqn $REV_HOSTNQN -q --json $RUN/rev-$n.json $*" > "$RUN/rev-$n.txt"
+  timeout -k 5 "$s" "$BENCH_BIN" bench --target "$REV_TGT" --hostnqn "$REV_HOSTNQN" -q \
+      --json "$RUN/rev-$n.json" "$@" >> "$RUN/rev-$n.txt" 2>&1 || rc=$?
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "(killed by timeout after $s s)" >> "$RUN/rev-$n.txt"
+  say "bench $n: exit $rc in $(el "$t") s: $*"
+  sed '1d; s/^/    | /' "$RUN/rev-$n.txt"
+  return $rc
+}
+# jget FILE EXPR: a field of a bench --json summary (python expression on d), "" if none
+PY3=""   # set by run_reverse: the interpreter itself, not a version-manager shim (~0.3 s a call)
+jget() {
+  "${PY3:-python3}" - "$1" "$2" <<'PY' 2>/dev/null || true
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    v = eval(sys.argv[2], {"d": d})
+    print("" if v is None else v)
+except Exception:
+    pass
+PY
+}
+# verify_counts NAME: "checked=C readback=R mismatches=M" from rev-NAME.json
+verify_counts() {
+  local v; v=$(jget "$RUN/rev-$1.json" '"checked=%d readback=%d mismatches=%d" % tuple(d["verify"][k] for k in ("checked_blocks", "readback_blocks", "mismatches"))')
+  echo "${v:-no verify summary in rev-$1.json}"
+}
+# rev_pair NAME SEED BYTES TIMEOUT WRITE_RW ARGS...: a verified WRITE_RW pass over the first
+# BYTES, then a verified sequential read pass with the same seed; 0 if both exit 0, the
+# write pass read back every block and the read pass checked every block again, without
+# mismatches. Sets PAIR_DETAIL.
+rev_pair() {
+  local n=$1 seed=$2 size=$3 s=$4 wrw=$5 wrc=0 rrc=0 wv rv blocks; shift 5
+  rev_bench "$n-write" "$s" --rw "$wrw" "$@" --verify --size "$size" --seed "$seed" || wrc=$?
+  rev_bench "$n-read" "$s" --rw read "$@" --verify --size "$size" --seed "$seed" || rrc=$?
+  wv=$(verify_counts "$n-write"); rv=$(verify_counts "$n-read")
+  blocks=$(( size / ${REV_LBA:-512} ))
+  PAIR_DETAIL="write exit $wrc ($wv), read exit $rrc ($rv), $blocks blocks"
+  [ $wrc -eq 0 ] && [ $rrc -eq 0 ] || return 1
+  [[ "$wv" == "checked="*" readback=$blocks mismatches=0" ]] || { PAIR_DETAIL="$PAIR_DETAIL: the write pass did not read back every block"; return 1; }
+  [[ "$rv" == "checked=$blocks readback="*" mismatches=0" ]] || { PAIR_DETAIL="$PAIR_DETAIL: the read pass did not check every block"; return 1; }
+}
+bench_detail() { jget "$RUN/rev-$1.json" 'd["target_detail"]'; }
+
+run_reverse() {
+  local rc det ok maxh2c icd note
+  REV_T0=$(ts)
+  PY3=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null || echo python3)
+  REV_TGT="tcp://127.0.0.1:$REV_PORT/$NQN_REV"
+  say "guest kernel nvmet-tcp target ready: $BENCH_BIN bench -> $REV_TGT (hostnqn $REV_HOSTNQN)"
+
+  # 1. connect + identify
+  rc=0; rev_bench identify 30 --rw randread --bs 4k --qd 1 --runtime 1s || rc=$?
+  det=$(bench_detail identify)
+  [ -n "$det" ] || det=$(sed -n 's/^ *target *//p' "$RUN/rev-identify.txt" | head -n1)
+  REV_LBA=$(echo "$det" | sed -n 's/.* \([0-9][0-9]*\) B LBAs.*/\1/p')
+  maxh2c=$(echo "$det" | sed -n 's/.*MAXH2CDATA \([0-9][0-9]*\) B.*/\1/p')
+  icd=$(echo "$det" | sed -n 's/.*in-capsule \([0-9][0-9]*\) B.*/\1/p')
+  ok=FAIL
+  [ $rc -eq 0 ] && [[ "$det" == *'"Linux"'* ]] && [[ "$det" == *"$NQN_REV"* ]] && [ -n "$REV_LBA" ] && ok=PASS
+  hres host-connect-identify $ok "exit $rc; ${det:-no target detail: $(grep -v '^\$' "$RUN/rev-identify.txt" | tail -n 2 | tr '\n' ' ')}"
+  REV_LBA=${REV_LBA:-512}
+  # in the background: fpv1_stamp.py checked against the bench on a local file (4 KiB
+  # blocks), and its prediction for the target's LBA size (for host-data-on-ramdisk)
+  local stamp_pid
+  (
+    truncate -s $((4 << 20)) "$RUN/stamp-check.img"
+    rc=0; timeout 30 "$BENCH_BIN" bench --target "file:$RUN/stamp-check.img" --rw write --bs 128k --qd 4 \
+        --verify --size $((2 << 20)) --seed 0x0da7a5 -q > "$RUN/stamp-check.txt" 2>&1 || rc=$?
+    echo $rc > "$RUN/stamp-check.rc"
+    head -c $((2 << 20)) "$RUN/stamp-check.img" | sha256sum | cut -d' ' -f1 > "$RUN/stamp-check.sha"
+    rm -f "$RUN/stamp-check.img"
+    for l in $(printf "4096\n%s\n" "$REV_LBA" | sort -u); do
+      timeout 60 "${PY3:-python3}" "$HERE/fpv1_stamp.py" --lba-size $l --bs 131072 --size $((2 << 20)) --seed 0x0da7a5 \
+          > "$RUN/stamp-mirror-$l.txt" 2>&1 &
+    done
+    wait
+  ) > /dev/null 2>&1 &
+  stamp_pid=$!
+
+  # 2. 4 KiB random writes at QD16 with --verify, then a verified read pass (same seed)
+  ok=FAIL; rev_pair nodigest 0x51a7e0 $((8 << 20)) 60 randwrite --bs 4k --qd 16 && ok=PASS
+  hres host-verify-nodigest $ok "randwrite+read 4k qd16 8 MiB: $PAIR_DETAIL"
+
+  # 3. the same with CRC32C header and data digests
+  ok=FAIL; rev_pair digest 0xd16e57 $((8 << 20)) 60 randwrite --bs 4k --qd 16 --hdr-digest --data-digest && ok=PASS
+  det=$(bench_detail digest-write)
+  [[ "$det" == *"digests header on data on"* ]] || { ok=FAIL; PAIR_DETAIL="$PAIR_DETAIL; digests not on: $det"; }
+  hres host-verify-digest $ok "randwrite+read 4k qd16 8 MiB, hdr+data digest: $PAIR_DETAIL"
+
+  # 4. large writes: beyond the in-capsule size (R2T + H2CData). The kernel target's R2T
+  # asks for the whole command; a host must split it into H2CData PDUs of at most
+  # MAXH2CDATA, which needs a command larger than MAXH2CDATA: probe 8 MiB (one write, QD1).
+  local mapfail=0 big=$((8 << 20)) err
+  ok=FAIL; rev_pair r2t1m 0x7a27e1 $((16 << 20)) 90 write --bs 1M --qd 4 && ok=PASS
+  note="1 MiB (R2T, in-capsule limit ${icd:-?} B): $PAIR_DETAIL; target MAXH2CDATA ${maxh2c:-?} B"
+  if [ -z "$maxh2c" ]; then
+    ok=FAIL; note="$note: MAXH2CDATA unknown (no target detail), 8 MiB probe not run"
+  elif [ "$maxh2c" -ge $big ]; then
+    note="$note >= 8 MiB: H2CData splitting not exercised"
+  else
+    rc=0; rev_bench r2t8m 90 --rw write --bs 8M --qd 1 --verify --size 8M --seed 0x7a27e8 || rc=$?
+    err=$(grep -a 'error' "$RUN/rev-r2t8m.txt" | head -n1 | sed 's/^flashpool: //')
+    if [ $rc -eq 0 ]; then
+      note="$note; 8 MiB write: $(verify_counts r2t8m), each write split into $(( (big + maxh2c - 1) / maxh2c )) H2CData PDUs"
+      [[ "$(verify_counts r2t8m)" == *"readback=$(( big / REV_LBA )) mismatches=0" ]] || { ok=FAIL; note="$note: not every block read back"; }
+    elif [[ "$err" == *"largest transfer"* ]]; then
+      note="$note; 8 MiB is over the target's MDTS ($err): H2CData splitting not exercised"
+    elif [[ "$err" == *"SC 0x0f"* ]]; then
+      # Linux nvmet-tcp (nvmet_tcp_map_data) refuses any command whose SGL length exceeds
+      # its MAXH2CDATA with Data SGL Length Invalid, although Identify says MDTS 0 (no limit)
+      mapfail=1
+      note="$note; 8 MiB probe refused by the target ($err) although its MDTS is 0 (no limit): Linux nvmet-tcp rejects commands over its MAXH2CDATA, so H2CData splitting cannot be exercised against it"
+      if [ "$maxh2c" -gt $((1 << 20)) ] && [ $(( maxh2c % REV_LBA )) -eq 0 ]; then
+        rc=0; rev_pair r2tmax 0x7a27e4 $(( 4 * maxh2c )) 90 write --bs "$maxh2c" --qd 2 || rc=$?
+        [ $rc -eq 0 ] || ok=FAIL
+        note="$note; $maxh2c B (= MAXH2CDATA, the largest it takes): $PAIR_DETAIL"
+      fi
+    else
+      ok=FAIL; note="$note; 8 MiB write (H2CData split in $(( (big + maxh2c - 1) / maxh2c )) PDUs) FAILED: exit $rc: ${err:-$(tail -n 2 "$RUN/rev-r2t8m.txt" | tr '\n' ' ')}"
+    fi
+  fi
+  hres host-r2t-large $ok "$note"
+
+  # 5. a sequential verified write whose bytes are predictable (tests/interop/fpv1_stamp.py,
+  # checked against the bench itself on a local file first); the guest hashes /dev/ram0
+  local dsize=$((2 << 20)) dseed=0x0da7a5 wrc=0 lrc=0 exp="" mirror=no lsha msha g
+  rev_bench ramdisk-write 60 --rw write --bs 128k --qd 4 --verify --size $dsize --seed $dseed || wrc=$?
+  wait "$stamp_pid" 2>/dev/null || true
+  lrc=$(cat "$RUN/stamp-check.rc" 2>/dev/null || echo 1)
+  lsha=$(cat "$RUN/stamp-check.sha" 2>/dev/null || true)
+  msha=$(head -n1 "$RUN/stamp-mirror-4096.txt" 2>/dev/null || true)
+  exp=$(head -n1 "$RUN/stamp-mirror-$REV_LBA.txt" 2>/dev/null || true)
+  if [ "$lrc" = 0 ] && [ -n "$lsha" ] && [ "$lsha" = "$msha" ] && [ ${#exp} = 64 ]; then
+    mirror=yes
+  else
+    exp=""
+    say "fpv1_stamp.py does not reproduce the bench's --verify bytes (local file: exit $lrc, sha256 ${lsha:-none}; mirror ${msha:-none}): verify.rs changed? host-data-on-ramdisk falls back to a non-zero check"
+  fi
+  say "host-data-on-ramdisk: expected sha256 of bytes 0..+$dsize on the guest's /dev/ram0: ${exp:-unknown}"
+  answer_guest rev-target-ready "ok 0 $dsize mapfail=$mapfail"
+  local i=0 line=""
+  while [ $i -lt 240 ] && kill -0 "$QPID" 2>/dev/null; do
+    line=$(serial | grep -a '^@@HOST rev-sha256' | head -n1 || true)
+    [ -n "$line" ] && break
+    sleep 0.25; i=$((i+1))
+  done
+  g=$(echo "$line" | sed -n 's/.* sha=\([^ ]*\).*/\1/p')
+  local z m; z=$(echo "$line" | sed -n 's/.* zero=\([^ ]*\).*/\1/p'); m=$(echo "$line" | sed -n 's/.* magic=\([^ ]*\).*/\1/p')
+  ok=FAIL
+  if [ -z "$line" ]; then note="the guest printed no rev-sha256 line"
+  elif [ $wrc -ne 0 ]; then note="bench write exit $wrc ($(verify_counts ramdisk-write)); guest sha256 $g"
+  elif [ $mirror = yes ]; then
+    [ "$g" = "$exp" ] && ok=PASS
+    note="2 MiB seq write 128k: guest sha256 $g, expected $exp (fpv1_stamp.py for $REV_LBA B LBAs; it matched the bench on a local file)"
+  else
+    [ "$g" != "$z" ] && [ "$m" = 46505631 ] && ok=PASS
+    note="weaker check (fpv1_stamp.py no longer matches the bench): bench read-back $(verify_counts ramdisk-write); guest sha256 $g vs all-zero $z, first bytes $m (FPV1 = 46505631)"
+  fi
+  hres host-data-on-ramdisk $ok "$note"
+  say "reverse direction done in $(el "$REV_T0") s"
+}
+
 cleanup() {
   [ -n "$QPID" ] && { kill "$QPID" 2>/dev/null || true; }
   [ -n "$TPID" ] && { kill -KILL "$TPID" 2>/dev/null || true; }
@@ -649,6 +886,7 @@ cleanup() {
 
 do_run() {
   local t0 K accel cpu rc=0 tb="" restart_done=0 kato_cid="" kato_t="" done_t="" st
+  local rev=0 rev_done=0 rev_note=""
   t0=$(ts); K=$(kver)
   [ -n "$K" ] || { echo "no kernel: run '$0 setup' first"; exit 1; }
   if [ ! -f "$INITRD" ] || ! cmp -s "$0" "$CACHE/.built-from"; then do_build; fi
@@ -656,6 +894,9 @@ do_run() {
   DISC_PORT=$(free_port "${DISC_PORT:-18009}")
   [ "$DISC_PORT" = "$IO_PORT" ] && DISC_PORT=$(free_port $((IO_PORT+1)))
   CTL_PORT=$(free_port "${CTL_PORT:-15555}")
+  REV_PORT=$(free_port "${REV_PORT:-14430}")
+  while case " $IO_PORT $DISC_PORT $CTL_PORT " in *" $REV_PORT "*) true;; *) false;; esac; do
+    REV_PORT=$(free_port $((REV_PORT+1))); done
   rm -rf "$RUN"; mkdir -p "$RUN"; : > "$HR"; : > "$RUN/target.log"
   trap cleanup EXIT
   local mode=flashpool fwd_io fwd_disc
@@ -663,22 +904,31 @@ do_run() {
   if [ "$MOCK" = 1 ]; then
     BIN=$HERE/mock-target.py
     fwd_io=$(free_port $((CTL_PORT+1))); fwd_disc=$(free_port $((fwd_io+1)))
+    [ "$REV_PORT" = "$fwd_io" ] || [ "$REV_PORT" = "$fwd_disc" ] && REV_PORT=$(free_port $((fwd_disc+1)))
     export MOCK_UPSTREAM_IO=$fwd_io MOCK_UPSTREAM_DISC=$fwd_disc
   fi
   local hostuuid; hostuuid=$(cat /proc/sys/kernel/random/uuid)
+  REV_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$(cat /proc/sys/kernel/random/uuid)
+  if [ "$REV" != 1 ]; then rev_note="REV=$REV"
+  elif [ "$mode" != flashpool ] || [ "$MOCK" = 1 ]; then   # self-test, mock: only if possible
+    if [ ! -x "$BENCH_BIN" ]; then rev_note="no initiator binary at $BENCH_BIN (cargo build --release, or set BENCH_BIN)"
+    elif ! command -v python3 > /dev/null; then rev_note="python3 missing (needed for the JSON summaries)"
+    else rev=1; fi
+  else rev=1; fi     # flashpool mode: they count (and fail if BENCH_BIN cannot run)
+  local expect_all; expect_all=$(echo $GUEST_CHECKS $HOST_CHECKS $([ $rev = 1 ] && echo $REV_CHECKS) | wc -w)
   local HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$hostuuid
 
   if [ $mode = flashpool ]; then
     if [ ! -x "$BIN" ]; then
       echo "flashpool binary not found at $BIN: run 'cargo build --release' first (or set FLASHPOOL_BIN)"
-      echo "0 passed, $(echo $GUEST_CHECKS $HOST_CHECKS | wc -w) failed"; exit 1
+      echo "0 passed, $expect_all failed"; exit 1
     fi
     write_config
     rm -f "$FILE_IMG"
     if ! start_target; then
       echo "----- target log -----"; cat "$RUN/target.log"; echo "----- config -----"; cat "$RUN/target.toml"
       echo "RESULT target-start FAIL (every check fails: no target)"
-      echo "0 passed, $(echo $GUEST_CHECKS $HOST_CHECKS | wc -w) failed"; exit 1
+      echo "0 passed, $expect_all failed"; exit 1
     fi
   fi
 
@@ -691,12 +941,16 @@ do_run() {
   if [ $mode = selftest ]; then
     netdev="$netdev,hostfwd=tcp:127.0.0.1:$IO_PORT-10.0.2.15:4420,hostfwd=tcp:127.0.0.1:$DISC_PORT-10.0.2.15:8009"
   fi
+  # reverse direction: flashpool bench on the host -> the guest kernel's nvmet-tcp
+  [ $rev = 1 ] && netdev="$netdev,hostfwd=tcp:127.0.0.1:$REV_PORT-10.0.2.15:4420"
   local append="console=ttyS0 panic=-1 quiet fp_mode=$mode fp_io=$IO_PORT fp_disc=$DISC_PORT"
   append="$append fp_nqn_mem=$NQN_MEM fp_nqn_file=$NQN_FILE fp_nqn_denied=$NQN_DENIED"
   append="$append fp_other_host=$OTHER_HOST fp_hostnqn=$HOSTNQN fp_hostid=$hostuuid"
   append="$append fp_sn=$SERIAL fp_mn=$MODEL fp_mem_size=$MEM_SIZE fp_file_size=$FILE_SIZE"
   append="$append fp_denied_size=$DENIED_SIZE fp_kato=$KATO fp_nvmet=$MOCK"
-  say "mode=$mode$([ "$MOCK" = 1 ] && echo '(mock target)') accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) ports io=$IO_PORT disc=$DISC_PORT ctl=$CTL_PORT"
+  append="$append fp_rev=$rev fp_nqn_rev=$NQN_REV fp_rev_wait=$((REV_BUDGET + 90))"
+  say "mode=$mode$([ "$MOCK" = 1 ] && echo '(mock target)') accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) ports io=$IO_PORT disc=$DISC_PORT ctl=$CTL_PORT$([ $rev = 1 ] && echo " rev=$REV_PORT")"
+  [ $rev = 1 ] || say "reverse-direction checks skipped: $rev_note"
   say "guest hostnqn $HOSTNQN; logs in $RUN"
   # -no-shutdown: after the guest's poweroff QEMU stays (stopped), so the guest's TCP
   # connections stay open and silent, like a host that lost power; the host kills QEMU.
@@ -733,6 +987,10 @@ do_run() {
       else
         answer_guest restart-target ok
       fi
+    fi
+    if [ $rev = 1 ] && [ $rev_done = 0 ] && has_marker '@@HOST rev-target-ready'; then
+      rev_done=1
+      run_reverse
     fi
     if [ -z "$kato_cid" ] && has_marker '@@HOST kato-armed'; then
       kato_cid=$(serial | grep -a '^@@HOST kato-armed' | sed -n 's/.*cntlid=\([0-9]*\).*/\1/p' | head -n1)
@@ -798,6 +1056,7 @@ do_run() {
   # ---- report
   local all="$GUEST_CHECKS" expect=0 n_pass=0 n_fail=0 c line failed=""
   [ $mode = flashpool ] && all="$all $HOST_CHECKS"
+  [ $rev = 1 ] && all="$all $REV_CHECKS"
   serial | grep -a '^RESULT ' > "$RUN/results.txt" || true
   cat "$HR" >> "$RUN/results.txt"
   for c in $all; do
@@ -820,6 +1079,7 @@ do_run() {
     serial | grep -a '^KERNEL-NOTE' | sed 's/^KERNEL-NOTE /  /'
   fi
   [ $mode = selftest ] && echo "(self-test: host-side checks [$HOST_CHECKS] apply to flashpool only)"
+  [ $rev = 1 ] || echo "(reverse-direction checks [$REV_CHECKS] skipped, not counted: $rev_note)"
   [ -n "$failed" ] && echo "failed:$failed"
   echo "$n_pass passed, $n_fail failed"
   [ "$n_fail" -eq 0 ]

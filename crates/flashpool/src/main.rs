@@ -1,5 +1,6 @@
 //! flashpool: disaggregated flash over NVMe/TCP.
 
+mod bench;
 mod config;
 mod serve;
 
@@ -9,7 +10,11 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "flashpool", version, about = "Software-defined flash storage over NVMe/TCP")]
+#[command(
+    name = "flashpool",
+    version,
+    about = "Software-defined flash storage over NVMe/TCP"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -26,12 +31,15 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Load a target and measure it: tcp://ADDR:PORT/NQN, file:PATH (io_uring, O_DIRECT) or mem:SIZE.
+    Bench(Box<bench::BenchArgs>),
 }
 
 fn main() {
     let cli = Cli::parse();
     let r: Result<()> = match cli.cmd {
         Cmd::Serve { config, check } => serve::run(config.as_deref(), check),
+        Cmd::Bench(args) => bench::run(*args),
     };
     if let Err(e) = r {
         eprintln!("flashpool: error: {e:#}");

@@ -1,0 +1,874 @@
+//! `flashpool bench`: a load generator in the spirit of fio, against an
+//! NVMe/TCP namespace (`tcp://`), a local file or block device through
+//! io_uring with O_DIRECT (`file:`), or RAM in this process (`mem:`).
+//!
+//! [`run_workload`] is the whole measurement of one target; the CLI is a thin
+//! layer over it, so a comparison across targets can call it in a loop.
+
+mod backend;
+mod engine;
+mod spec;
+mod stats;
+mod verify;
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice};
+use nvmf_host::{Controller, HostOptions};
+use tokio::sync::{mpsc, watch};
+
+use backend::{DevIo, JobIo, TcpIo};
+use engine::{JobPlan, JobResult, Live, Shared, VerifyCounts};
+pub use spec::{Rw, Target, Workload};
+pub use stats::Summary;
+use stats::{Cpu, Rates, VerifySummary};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// What to load: tcp://ADDR:PORT/NQN[?nsid=N], file:PATH (io_uring, O_DIRECT) or mem:SIZE (in process).
+    #[arg(long)]
+    target: String,
+    /// I/O pattern.
+    #[arg(long, value_enum, default_value = "randread")]
+    rw: Rw,
+    /// Percentage of reads for --rw randrw.
+    #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u8).range(0..=100))]
+    mix: u8,
+    /// Bytes per I/O (4k, 128k, ...): a multiple of the target's LBA size.
+    #[arg(long, default_value = "4k")]
+    bs: String,
+    /// I/Os in flight per job.
+    #[arg(long, default_value_t = 32)]
+    qd: u32,
+    /// Jobs: one I/O queue (TCP connection) each for tcp://, one task each for file: and mem:.
+    #[arg(long, default_value_t = 1)]
+    jobs: u32,
+    /// Measured run time (10s, 500ms, 2m). Default 10s, or one pass over --size when that is given.
+    #[arg(long)]
+    runtime: Option<String>,
+    /// Use the first SIZE bytes of the target (split among the jobs); without --runtime, one pass over them.
+    #[arg(long)]
+    size: Option<String>,
+    /// Run this long before measuring.
+    #[arg(long, default_value = "0s")]
+    ramp: String,
+    /// Offered load in I/Os per second for all jobs together (open loop).
+    #[arg(long)]
+    rate_iops: Option<u64>,
+    /// Stamp written blocks (LBA, seed, CRC32C) and check every read; a mismatch fails the run.
+    #[arg(long)]
+    verify: bool,
+    /// Seed for --verify; give the seed of the run that wrote the blocks to check them in a later run.
+    #[arg(long)]
+    seed: Option<String>,
+    /// CPUs for the jobs, e.g. 1 or 2-3 (job i on the i-th listed CPU, round robin).
+    #[arg(long)]
+    cpus: Option<String>,
+    /// Also write the summary, histograms included, as JSON to FILE.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also report the CPU time of this process (the target's), from /proc/PID/stat.
+    #[arg(long)]
+    target_pid: Option<u32>,
+    /// tcp: ask for header digests.
+    #[arg(long)]
+    hdr_digest: bool,
+    /// tcp: ask for data digests.
+    #[arg(long)]
+    data_digest: bool,
+    /// tcp: keep polling the socket for this many microseconds after activity instead of
+    /// sleeping (saves the wake-up of an idle CPU; burns the bench CPU while it polls).
+    #[arg(long, default_value_t = 0)]
+    poll_us: u32,
+    /// tcp: host NQN to connect as (default: /etc/nvme/hostnqn or one derived from the machine id).
+    #[arg(long)]
+    hostnqn: Option<String>,
+    /// file:/mem: write the region once before the run, so that reads return stored data.
+    #[arg(long)]
+    prefill: bool,
+    /// No progress line.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+impl BenchArgs {
+    fn workload(&self) -> Result<Workload> {
+        let bs = spec::parse_size(&self.bs).context("--bs")?;
+        if bs == 0 || !bs.is_multiple_of(512) || bs > 16 << 20 {
+            bail!("--bs {} must be a multiple of 512 bytes up to 16M", self.bs);
+        }
+        if !(1..=1024).contains(&self.qd) {
+            bail!("--qd {} is out of range; use 1 to 1024", self.qd);
+        }
+        if !(1..=256).contains(&self.jobs) {
+            bail!("--jobs {} is out of range; use 1 to 256", self.jobs);
+        }
+        let size = self
+            .size
+            .as_deref()
+            .map(spec::parse_size)
+            .transpose()
+            .context("--size")?;
+        let runtime = match (&self.runtime, size) {
+            (Some(r), _) => Some(spec::parse_duration(r).context("--runtime")?),
+            (None, Some(_)) => None,
+            (None, None) => Some(Duration::from_secs(10)),
+        };
+        if runtime.is_some_and(|r| r.is_zero()) {
+            bail!("--runtime must be above zero");
+        }
+        if self.rate_iops == Some(0) {
+            bail!("--rate-iops must be above zero (leave it out for no limit)");
+        }
+        let seed = match &self.seed {
+            Some(s) => {
+                let t = s.trim();
+                let v = match t.strip_prefix("0x") {
+                    Some(h) => u64::from_str_radix(h, 16),
+                    None => t.parse(),
+                };
+                v.ok()
+                    .with_context(|| format!("--seed {s:?} is not a number (decimal or 0x hex)"))?
+            }
+            None => {
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64);
+                t ^ (u64::from(std::process::id()) << 32)
+            }
+        };
+        Ok(Workload {
+            rw: self.rw,
+            mix: self.mix,
+            bs: bs as u32,
+            qd: self.qd,
+            jobs: self.jobs,
+            runtime,
+            size,
+            ramp: spec::parse_duration(&self.ramp).context("--ramp")?,
+            rate_iops: self.rate_iops,
+            verify: self.verify,
+            seed,
+            seed_given: self.seed.is_some(),
+            cpus: self
+                .cpus
+                .as_deref()
+                .map(spec::parse_cpus)
+                .transpose()?
+                .unwrap_or_default(),
+            target_pid: self.target_pid,
+            hdr_digest: self.hdr_digest,
+            data_digest: self.data_digest,
+            hostnqn: self.hostnqn.clone(),
+            poll_us: self.poll_us,
+            prefill: self.prefill,
+            progress: !self.quiet,
+        })
+    }
+}
+
+/// `flashpool bench ...`
+pub fn run(args: BenchArgs) -> Result<()> {
+    let target = Target::parse(&args.target)?;
+    let w = args.workload()?;
+    let summary = run_workload(&target, &w)?;
+    print!("{}", summary.render());
+    let _ = std::io::stdout().flush();
+    if let Some(p) = &args.json {
+        summary.write_json(p)?;
+    }
+    if summary.verify_failed()
+        && let Some(v) = &summary.verify
+    {
+        let first = v.first.first().map_or(String::new(), |m| {
+            format!(", first at LBA {}: {}", m.lba, m.message)
+        });
+        bail!(
+            "verify failed: {} mismatching block{}{first}",
+            v.mismatches,
+            if v.mismatches == 1 { "" } else { "s" }
+        );
+    }
+    Ok(())
+}
+
+/// The target, opened.
+enum Opened {
+    Tcp { ctrl: Arc<Controller>, nsid: u32 },
+    Dev(Arc<dyn BlockDevice>),
+}
+
+struct Device {
+    opened: Opened,
+    lba_size: u32,
+    num_blocks: u64,
+    detail: String,
+}
+
+/// Runs `w` against `target` and measures it. Blocks the calling thread;
+/// the jobs run on threads of their own.
+pub fn run_workload(target: &Target, w: &Workload) -> Result<Summary> {
+    // The main thread (progress, admin queue, keep-alive) and the helper
+    // threads it starts stay on the bench CPUs, away from a pinned target.
+    engine::pin_to(&w.cpus)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the bench runtime")?;
+    let prefill = prefill_workload(target, w)?;
+    let dev = rt.block_on(open(target, w))?;
+    let r = match prefill {
+        None => rt.block_on(drive(&dev, target, w)),
+        Some(p) => rt
+            .block_on(drive(&dev, target, &p))
+            .context("--prefill")
+            .and_then(|_| rt.block_on(drive(&dev, target, w))),
+    };
+    match dev.opened {
+        Opened::Tcp { ctrl, .. } => {
+            if let Some(c) = Arc::into_inner(ctrl)
+                && let Err(e) = rt.block_on(c.disconnect())
+            {
+                tracing::warn!("disconnect from {target}: {e}");
+            }
+        }
+        Opened::Dev(d) => {
+            if let Err(e) = d.shutdown() {
+                tracing::warn!("closing {target}: {e}");
+            }
+        }
+    }
+    r
+}
+
+/// `--prefill`: one sequential pass of large writes over the region first, so
+/// that reads return stored data (a fresh `mem:` device reads as zeroes without
+/// touching memory, which would flatter the in-process numbers).
+fn prefill_workload(target: &Target, w: &Workload) -> Result<Option<Workload>> {
+    if !w.prefill {
+        return Ok(None);
+    }
+    if matches!(target, Target::Tcp { .. }) {
+        bail!(
+            "--prefill is for file: and mem: targets; fill a tcp:// namespace with a write run first \
+             (e.g. --rw write --bs 128k --size ...)"
+        );
+    }
+    let bs = if w.bs.is_multiple_of(128 << 10) {
+        w.bs
+    } else if (128 << 10) % w.bs == 0 {
+        128 << 10
+    } else {
+        w.bs
+    };
+    Ok(Some(Workload {
+        rw: Rw::Write,
+        bs,
+        qd: w.qd.min(16),
+        runtime: None,
+        ramp: Duration::ZERO,
+        rate_iops: None,
+        verify: false,
+        prefill: false,
+        progress: false,
+        ..w.clone()
+    }))
+}
+
+async fn open(target: &Target, w: &Workload) -> Result<Device> {
+    // Local devices: 4 KiB blocks when the I/O size allows (O_DIRECT on 4Kn drives), else 512.
+    let local_bs = if w.bs.is_multiple_of(4096) { 4096 } else { 512 };
+    match target {
+        Target::Tcp { addr, nqn, nsid } => {
+            let mut o = HostOptions {
+                hdr_digest: w.hdr_digest,
+                data_digest: w.data_digest,
+                nr_io_queues: w.jobs.min(u32::from(u16::MAX)) as u16,
+                queue_depth: w.qd.clamp(2, u32::from(u16::MAX)) as u16,
+                lazy_io_queues: true,
+                poll_us: w.poll_us,
+                ..HostOptions::default()
+            };
+            if let Some(h) = &w.hostnqn {
+                o.hostnqn = h.clone();
+            }
+            let ctrl = Controller::connect(*addr, nqn, o).await?;
+            if u32::from(ctrl.granted_io_queues()) < w.jobs {
+                bail!(
+                    "{target}: the target grants {} I/O queues, --jobs {} needs one each; lower --jobs \
+                     (or raise the target's transport.max_io_queues)",
+                    ctrl.granted_io_queues(),
+                    w.jobs
+                );
+            }
+            if u32::from(ctrl.io_queue_depth()) < w.qd {
+                bail!(
+                    "{target}: the target takes at most {} commands per queue, --qd {} is more; lower --qd \
+                     (or raise the target's transport.max_queue_depth)",
+                    ctrl.io_queue_depth(),
+                    w.qd
+                );
+            }
+            let nsid =
+                match nsid {
+                    Some(n) => *n,
+                    None => *ctrl.active_namespaces().await?.first().with_context(|| {
+                        format!("{target}: the subsystem has no active namespace")
+                    })?,
+                };
+            let ns = ctrl.identify_namespace(nsid).await?;
+            let info = ctrl.info();
+            let (hd, dd) = ctrl.digests();
+            let onoff = |b: bool| if b { "on" } else { "off" };
+            let detail = format!(
+                "NVMe/TCP {addr} {nqn} nsid {nsid}: {}, {} B LBAs; controller {} \"{}\" serial {}; \
+                 digests header {} data {}; in-capsule {} B, MAXH2CDATA {} B",
+                spec::human_bytes(ns.size_bytes()),
+                ns.lba_size,
+                ctrl.cntlid(),
+                info.model,
+                info.serial,
+                onoff(hd),
+                onoff(dd),
+                info.in_capsule_data(),
+                ctrl.max_h2c_data()
+            );
+            if let Some(mt) = info.max_transfer()
+                && u64::from(w.bs) > mt
+            {
+                bail!(
+                    "{target}: --bs {} is over the controller's largest transfer ({mt} bytes, MDTS)",
+                    w.bs
+                );
+            }
+            Ok(Device {
+                opened: Opened::Tcp {
+                    ctrl: Arc::new(ctrl),
+                    nsid,
+                },
+                lba_size: ns.lba_size,
+                num_blocks: ns.nsze,
+                detail,
+            })
+        }
+        Target::File(path) => {
+            let dev = FileDevice::open(FileOptions {
+                path: path.clone(),
+                size: None,
+                block_size: local_bs,
+                create: false,
+            })
+            .with_context(|| format!("{target}"))?;
+            Ok(local(Arc::new(dev)))
+        }
+        Target::Mem(size) => {
+            let size = size - size % u64::from(local_bs);
+            let dev = MemDevice::new(size, local_bs).with_context(|| format!("{target}"))?;
+            Ok(local(Arc::new(dev)))
+        }
+    }
+}
+
+fn local(dev: Arc<dyn BlockDevice>) -> Device {
+    let g = dev.geometry();
+    Device {
+        detail: dev.describe(),
+        lba_size: g.block_size,
+        num_blocks: g.num_blocks,
+        opened: Opened::Dev(dev),
+    }
+}
+
+enum Msg {
+    Ready(usize, Result<()>),
+    MainDone,
+    Finished(usize, Box<Result<JobResult>>),
+}
+
+enum Source {
+    Tcp {
+        ctrl: Arc<Controller>,
+        nsid: u32,
+        qid: u16,
+    },
+    Dev(Arc<dyn BlockDevice>),
+}
+
+async fn drive(d: &Device, target: &Target, w: &Workload) -> Result<Summary> {
+    if !w.bs.is_multiple_of(d.lba_size) {
+        bail!(
+            "--bs {} is not a multiple of the target's {}-byte LBAs",
+            w.bs,
+            d.lba_size
+        );
+    }
+    let per_io = u64::from(w.bs / d.lba_size);
+    let capacity = d.num_blocks * u64::from(d.lba_size);
+    let region_lbas = match w.size {
+        Some(sz) if sz > capacity => bail!(
+            "--size {} is larger than the target ({} bytes)",
+            spec::human_bytes(sz),
+            capacity
+        ),
+        Some(sz) => sz / u64::from(d.lba_size),
+        None => d.num_blocks,
+    };
+    let jobs = w.jobs as usize;
+    let units = region_lbas / jobs as u64 / per_io;
+    if units == 0 {
+        bail!(
+            "the region ({} bytes) split over {} jobs leaves less than one {}-byte I/O per job",
+            region_lbas * u64::from(d.lba_size),
+            jobs,
+            w.bs
+        );
+    }
+    let shared = Arc::new(Shared {
+        stop: AtomicBool::new(false),
+        live: (0..jobs).map(|_| Live::default()).collect(),
+    });
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (start_tx, start_rx) = watch::channel::<Option<Instant>>(None);
+    let wa = Arc::new(w.clone());
+    let mut threads = Vec::with_capacity(jobs);
+    for j in 0..jobs {
+        let now = Instant::now();
+        let plan = JobPlan {
+            index: j,
+            w: wa.clone(),
+            cpu: (!w.cpus.is_empty()).then(|| w.cpus[j % w.cpus.len()]),
+            region_lba: j as u64 * units * per_io,
+            region_units: units,
+            lba_size: d.lba_size,
+            start: now,
+            measure_from: now,
+            rate_interval: w
+                .rate_iops
+                .map(|r| Duration::from_secs_f64(jobs as f64 / r as f64)),
+        };
+        let src = match &d.opened {
+            Opened::Tcp { ctrl, nsid } => Source::Tcp {
+                ctrl: ctrl.clone(),
+                nsid: *nsid,
+                qid: (j + 1) as u16,
+            },
+            Opened::Dev(dev) => Source::Dev(dev.clone()),
+        };
+        let (shared, start_rx, tx) = (shared.clone(), start_rx.clone(), tx.clone());
+        let h = std::thread::Builder::new()
+            .name(format!("fp-bench-{j}"))
+            .spawn(move || job_thread(src, plan, shared, start_rx, tx))
+            .context("cannot start a bench thread")?;
+        threads.push(h);
+    }
+    drop(tx);
+    let abort = |shared: &Shared, start_tx: &watch::Sender<Option<Instant>>| {
+        shared.stop.store(true, Relaxed);
+        let _ = start_tx.send(Some(Instant::now()));
+    };
+
+    let mut ready = 0;
+    while ready < jobs {
+        match rx.recv().await {
+            Some(Msg::Ready(_, Ok(()))) => ready += 1,
+            Some(Msg::Ready(j, Err(e))) => {
+                abort(&shared, &start_tx);
+                join(threads);
+                return Err(e.context(format!("job {j} could not start")));
+            }
+            Some(_) => {}
+            None => {
+                join(threads);
+                bail!("bench jobs ended before starting");
+            }
+        }
+    }
+
+    let start = Instant::now();
+    let _ = start_tx.send(Some(start));
+    let measure_from = start + w.ramp;
+    let stop_at = w.runtime.map(|r| measure_from + r);
+    let total = stop_at.map(|s| s.duration_since(start));
+    let cpu_sample = || -> Result<(f64, Option<f64>)> {
+        let t = w.target_pid.map(stats::process_cpu_seconds).transpose()?;
+        Ok((stats::self_cpu_seconds(), t))
+    };
+    let mut cpu0 = None;
+    let mut cpu1 = None;
+    let mut progress = Progress::new(w, &shared, start);
+    let mut next_tick = start + Duration::from_secs(1);
+    let mut stopped = false;
+    let mut main_done = 0;
+    let mut results: Vec<Option<Result<JobResult>>> = (0..jobs).map(|_| None).collect();
+    let mut finished = 0;
+    while finished < jobs {
+        let mut deadline = next_tick;
+        if cpu0.is_none() {
+            deadline = deadline.min(measure_from);
+        }
+        if let (Some(s), false) = (stop_at, stopped) {
+            deadline = deadline.min(s);
+        }
+        tokio::select! {
+            m = rx.recv() => match m {
+                Some(Msg::MainDone) => {
+                    main_done += 1;
+                    if main_done == jobs {
+                        if cpu0.is_none() {
+                            cpu0 = Some(cpu_sample()?);
+                        }
+                        cpu1 = Some(cpu_sample()?);
+                    }
+                }
+                Some(Msg::Finished(j, r)) => {
+                    if r.is_err() {
+                        shared.stop.store(true, Relaxed);
+                    }
+                    results[j] = Some(*r);
+                    finished += 1;
+                }
+                Some(Msg::Ready(..)) => {}
+                None => break,
+            },
+            _ = tokio::time::sleep_until(deadline.into()) => {
+                let now = Instant::now();
+                if cpu0.is_none() && now >= measure_from {
+                    cpu0 = Some(cpu_sample()?);
+                }
+                if let Some(s) = stop_at && !stopped && now >= s {
+                    stopped = true;
+                    shared.stop.store(true, Relaxed);
+                }
+                if now >= next_tick {
+                    progress.tick(now, measure_from, total);
+                    next_tick += Duration::from_secs(1);
+                }
+            }
+        }
+    }
+    progress.finish();
+    join(threads);
+
+    let mut read = engine::new_histogram();
+    let mut write = engine::new_histogram();
+    let (mut read_bytes, mut write_bytes) = (0, 0);
+    let mut last_done = measure_from;
+    let mut vc = VerifyCounts::default();
+    for (j, r) in results.into_iter().enumerate() {
+        let r = r.with_context(|| format!("job {j} sent no result"))?;
+        let r = r?;
+        read.add(&r.read).context("merging histograms")?;
+        write.add(&r.write).context("merging histograms")?;
+        read_bytes += r.read_bytes;
+        write_bytes += r.write_bytes;
+        if let Some(t) = r.last_done {
+            last_done = last_done.max(t);
+        }
+        vc.checked_blocks += r.verify.checked_blocks;
+        vc.skipped_blocks += r.verify.skipped_blocks;
+        vc.readback_blocks += r.verify.readback_blocks;
+        vc.mismatches += r.verify.mismatches;
+        vc.first.extend(r.verify.first);
+    }
+    vc.first.sort_by_key(|(lba, _)| *lba);
+    vc.first.truncate(10);
+    let elapsed = last_done
+        .saturating_duration_since(measure_from)
+        .as_secs_f64();
+    if read.is_empty() && write.is_empty() {
+        bail!("no I/O completed after the ramp; lengthen --runtime or shorten --ramp");
+    }
+    let mut all = read.clone();
+    all.add(&write).context("merging histograms")?;
+    let ios = all.len();
+    let (c0, c1) = (cpu0.unwrap_or((0.0, None)), cpu1.unwrap_or((0.0, None)));
+    let per_mio = |s: f64| s / (ios as f64 / 1e6);
+    let bench_s = c1.0 - c0.0;
+    let target_s = match (c0.1, c1.1) {
+        (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
+    let mixed = !read.is_empty() && !write.is_empty();
+    Ok(Summary {
+        target: target.to_string(),
+        target_detail: match &d.opened {
+            // Described now: a RAM device tells how much it holds after the run.
+            Opened::Dev(dev) => dev.describe(),
+            Opened::Tcp { .. } => d.detail.clone(),
+        },
+        workload: w.clone(),
+        elapsed_s: elapsed,
+        all: Rates::of(&all, read_bytes + write_bytes, elapsed),
+        read: mixed.then(|| Rates::of(&read, read_bytes, elapsed)),
+        write: mixed.then(|| Rates::of(&write, write_bytes, elapsed)),
+        offered_iops: w.rate_iops,
+        cpu: Cpu {
+            bench_s,
+            bench_s_per_million_ios: per_mio(bench_s),
+            target_s,
+            target_s_per_million_ios: target_s.map(per_mio),
+        },
+        verify: w.verify.then(|| VerifySummary::of(w.seed, &vc)),
+    })
+}
+
+fn join(threads: Vec<std::thread::JoinHandle<()>>) {
+    for t in threads {
+        let _ = t.join();
+    }
+}
+
+fn job_thread(
+    src: Source,
+    plan: JobPlan,
+    shared: Arc<Shared>,
+    start_rx: watch::Receiver<Option<Instant>>,
+    tx: mpsc::UnboundedSender<Msg>,
+) {
+    let idx = plan.index;
+    let setup = || -> Result<(tokio::runtime::Runtime, tokio::task::LocalSet)> {
+        if let Some(c) = plan.cpu {
+            engine::pin_to(&[c])?;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start a job runtime")?;
+        Ok((rt, tokio::task::LocalSet::new()))
+    };
+    let (rt, local) = match setup() {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = tx.send(Msg::Ready(idx, Err(e)));
+            return;
+        }
+    };
+    local.block_on(&rt, async move {
+        match src {
+            Source::Tcp { ctrl, nsid, qid } => {
+                let q = match ctrl.add_io_queue(qid).await {
+                    Ok(q) => q,
+                    Err(e) => {
+                        let _ = tx.send(Msg::Ready(idx, Err(e.into())));
+                        return;
+                    }
+                };
+                drop(ctrl);
+                job(Rc::new(TcpIo { q, nsid }), plan, shared, start_rx, tx).await;
+            }
+            Source::Dev(dev) => job(Rc::new(DevIo { dev }), plan, shared, start_rx, tx).await,
+        }
+    });
+}
+
+async fn job<I: JobIo + 'static>(
+    io: Rc<I>,
+    mut plan: JobPlan,
+    shared: Arc<Shared>,
+    mut start_rx: watch::Receiver<Option<Instant>>,
+    tx: mpsc::UnboundedSender<Msg>,
+) {
+    let idx = plan.index;
+    let _ = tx.send(Msg::Ready(idx, Ok(())));
+    let start = match start_rx.wait_for(Option::is_some).await {
+        Ok(s) => s.expect("waited for Some"),
+        Err(_) => return,
+    };
+    plan.start = start;
+    plan.measure_from = start + plan.w.ramp;
+    let done_tx = tx.clone();
+    let r = engine::run_job(io, Rc::new(plan), shared, move || {
+        let _ = done_tx.send(Msg::MainDone);
+    })
+    .await;
+    let _ = tx.send(Msg::Finished(idx, Box::new(r)));
+}
+
+/// The line on stderr, once a second.
+struct Progress<'a> {
+    on: bool,
+    tty: bool,
+    shared: &'a Shared,
+    start: Instant,
+    last: (Instant, u64, u64, u64),
+    rw: &'static str,
+    printed: bool,
+}
+
+impl<'a> Progress<'a> {
+    fn new(w: &Workload, shared: &'a Shared, start: Instant) -> Self {
+        Progress {
+            on: w.progress,
+            tty: std::io::stderr().is_terminal(),
+            shared,
+            start,
+            last: (start, 0, 0, 0),
+            rw: w.rw.name(),
+            printed: false,
+        }
+    }
+
+    fn totals(&self) -> (u64, u64, u64) {
+        self.shared.live.iter().fold((0, 0, 0), |(a, b, c), l| {
+            (
+                a + l.ios.load(Relaxed),
+                b + l.bytes.load(Relaxed),
+                c + l.lat_ns.load(Relaxed),
+            )
+        })
+    }
+
+    fn tick(&mut self, now: Instant, measure_from: Instant, total: Option<Duration>) {
+        if !self.on {
+            return;
+        }
+        let (ios, bytes, lat) = self.totals();
+        let (t0, ios0, bytes0, lat0) = self.last;
+        let dt = now.duration_since(t0).as_secs_f64().max(1e-9);
+        let dios = ios - ios0;
+        let mean_us = if dios > 0 {
+            (lat - lat0) as f64 / dios as f64 / 1000.0
+        } else {
+            0.0
+        };
+        let elapsed = now.duration_since(self.start).as_secs_f64();
+        let of = total.map_or(String::new(), |t| format!("/{:.0}", t.as_secs_f64()));
+        let line = format!(
+            "[{elapsed:>4.0}{of} s] {} {:>10} IOPS {:>9.1} MB/s  mean {:>8.1} us{}",
+            self.rw,
+            stats::fmt_thousands(dios as f64 / dt),
+            (bytes - bytes0) as f64 / dt / 1e6,
+            mean_us,
+            if now < measure_from { "  (ramp)" } else { "" }
+        );
+        let mut e = std::io::stderr().lock();
+        let _ = if self.tty {
+            write!(e, "\r\x1b[K{line}")
+        } else {
+            writeln!(e, "{line}")
+        };
+        let _ = e.flush();
+        self.printed = true;
+        self.last = (now, ios, bytes, lat);
+    }
+
+    fn finish(&self) {
+        if self.on && self.tty && self.printed {
+            eprintln!();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvmf_target::{
+        ListenerConfig, ListenerKind, Namespace, Server, Subsystem, TransportConfig,
+    };
+
+    fn quick(rw: Rw) -> Workload {
+        Workload {
+            rw,
+            qd: 8,
+            runtime: Some(Duration::from_millis(300)),
+            verify: true,
+            seed: 0xfeed,
+            ..Workload::default()
+        }
+    }
+
+    #[test]
+    fn mem_randrw_verifies_and_reads_back() {
+        let s = run_workload(&Target::Mem(8 << 20), &quick(Rw::Randrw)).unwrap();
+        let v = s.verify.as_ref().unwrap();
+        assert_eq!(v.mismatches, 0, "{}", s.render());
+        assert!(
+            v.checked_blocks > 0 && v.readback_blocks > 0,
+            "{}",
+            s.render()
+        );
+        assert!(s.read.is_some() && s.write.is_some());
+        assert!(s.all.ios > 0 && s.all.lat.p50_us > 0.0);
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["workload"]["rw"], "randrw");
+        assert!(
+            json["all"]["histogram"]["buckets"]
+                .as_array()
+                .unwrap()
+                .len()
+                > 1
+        );
+    }
+
+    fn server() -> (Server, Target) {
+        let dev = Arc::new(MemDevice::new(16 << 20, 512).unwrap());
+        let sub = Subsystem {
+            nqn: "nqn.2026-01.io.flashpool:benchtest".into(),
+            serial: "BT1".into(),
+            model: "bench test".into(),
+            allow_any_host: true,
+            hosts: Vec::new(),
+            namespaces: vec![Namespace::new(1, dev, [1; 16], [2; 16])].into(),
+        };
+        let t = Arc::new(nvmf_target::Target::new(
+            TransportConfig::default(),
+            vec![Arc::new(sub)],
+        ));
+        let s = Server::start(
+            t,
+            &[ListenerConfig {
+                addr: "127.0.0.1:0".parse().unwrap(),
+                kind: ListenerKind::Io,
+            }],
+        )
+        .unwrap();
+        let addr = s.local_addrs()[0].0;
+        let target =
+            Target::parse(&format!("tcp://{addr}/nqn.2026-01.io.flashpool:benchtest")).unwrap();
+        (s, target)
+    }
+
+    #[test]
+    fn tcp_write_then_verified_read_and_a_seed_mismatch_fails() {
+        let (srv, target) = server();
+        // One sequential verified pass over 1 MiB with two jobs (two I/O queues), 8 KiB I/Os (R2T path).
+        let write = Workload {
+            rw: Rw::Write,
+            bs: 8192,
+            jobs: 2,
+            runtime: None,
+            size: Some(1 << 20),
+            ..quick(Rw::Write)
+        };
+        let s = run_workload(&target, &write).unwrap();
+        let v = s.verify.as_ref().unwrap();
+        assert_eq!(s.all.ios, 128, "{}", s.render());
+        assert_eq!(
+            (v.readback_blocks, v.mismatches),
+            (2048, 0),
+            "{}",
+            s.render()
+        );
+        // A later run with the same seed checks every block it reads.
+        let read = Workload {
+            rw: Rw::Randread,
+            seed_given: true,
+            size: Some(1 << 20),
+            ..quick(Rw::Randread)
+        };
+        let s = run_workload(&target, &read).unwrap();
+        let v = s.verify.as_ref().unwrap();
+        assert!(v.checked_blocks > 0 && v.mismatches == 0, "{}", s.render());
+        // Another seed: every block is stale, and the run fails.
+        let s = run_workload(&target, &Workload { seed: 7, ..read }).unwrap();
+        assert!(s.verify_failed(), "{}", s.render());
+        assert!(s.render().contains("expected 0x7"), "{}", s.render());
+        srv.shutdown();
+    }
+}

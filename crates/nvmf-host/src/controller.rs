@@ -1,0 +1,846 @@
+//! A controller association: the admin queue, its bring-up (Connect,
+//! Property Get/Set, Identify, Set Features), keep-alive, the I/O queues,
+//! and a clean shutdown.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use nvme_wire::fabrics::{
+    CATTR_DISABLE_SQFLOW, CNTLID_DYNAMIC, ConnectCmd, ConnectData, NQN_MAX_LEN, PropertyCmd,
+    discovery, fctype, prop,
+};
+use nvme_wire::identify::{IDENTIFY_LEN, cns};
+use nvme_wire::log_page::{GetLogPage, lid};
+use nvme_wire::sqe::{Sqe, admin_opc};
+use nvme_wire::status;
+use parking_lot::{Mutex, RwLock};
+use tokio::task::JoinHandle;
+
+use crate::error::{CmdStatus, HostError, Result};
+use crate::identify::{ControllerInfo, NamespaceInfo, parse_ns_list};
+use crate::io::IoQueue;
+use crate::queue::{DataDir, Queue, QueueParams, Response};
+
+/// Admin queue depth we ask for (the Linux host's too).
+pub const ADMIN_QUEUE_DEPTH: u16 = 32;
+/// In-capsule data every NVMe/TCP controller takes on the admin queue.
+const ADMIN_IN_CAPSULE: u32 = 8192;
+/// Set Features feature id: Number of Queues.
+const FID_NUM_QUEUES: u32 = 0x07;
+const CC_SHN_NORMAL: u32 = 1 << prop::CC_SHN_SHIFT;
+const CSTS_SHST_MASK: u32 = 3 << 2;
+/// Largest Get Log Page transfer we ask for at once.
+const LOG_CHUNK: u64 = 256 * 1024;
+
+/// How to reach a subsystem and how the queues should be set up.
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub hdr_digest: bool,
+    pub data_digest: bool,
+    /// Keep-alive timeout asked for in the admin Connect; 0 = none. Keep Alive goes out every KATO/2.
+    pub kato_ms: u32,
+    /// I/O queues to ask for (Set Features Number of Queues) and, unless `lazy_io_queues`, to connect.
+    pub nr_io_queues: u16,
+    /// Commands in flight per I/O queue (capped by the controller's CAP.MQES and MAXCMD).
+    pub queue_depth: u16,
+    /// Limit for connecting and for every command.
+    pub timeout: Duration,
+    /// Disable SQ flow control in the I/O Connects (the target may then answer reads with
+    /// a C2HData carrying SUCCESS instead of a C2HData plus a CapsuleResp).
+    pub disable_sqflow: bool,
+    /// While commands are in flight, keep polling an I/O queue's socket for
+    /// this many microseconds after its last activity instead of sleeping:
+    /// waking a sleeping thread costs tens to hundreds of microseconds on
+    /// small VMs. Burns CPU while it polls; 0 (the default) never polls.
+    pub poll_us: u32,
+    /// Connect no I/O queue in `connect`; the caller adds each with
+    /// [`Controller::add_io_queue`] on the runtime (thread) that will use it.
+    pub lazy_io_queues: bool,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        let (hostnqn, hostid) = default_host_identity();
+        HostOptions {
+            hostnqn,
+            hostid,
+            hdr_digest: false,
+            data_digest: false,
+            kato_ms: 5000,
+            nr_io_queues: 1,
+            queue_depth: 128,
+            timeout: Duration::from_secs(10),
+            disable_sqflow: true,
+            poll_us: 0,
+            lazy_io_queues: false,
+        }
+    }
+}
+
+/// The host identity nvme-cli would use (/etc/nvme/hostnqn, /etc/nvme/hostid),
+/// else one derived from /etc/machine-id, so that a host keeps its NQN across runs.
+pub fn default_host_identity() -> (String, [u8; 16]) {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let uuid_bytes = |s: &str| -> Option<[u8; 16]> {
+        let hex: String = s.chars().filter(|c| *c != '-').collect();
+        if hex.len() != 32 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(out)
+    };
+    let seed = read("/etc/machine-id")
+        .or_else(|| read("/proc/sys/kernel/hostname"))
+        .unwrap_or_else(|| "flashpool".into());
+    let mut id = [0u8; 16];
+    let a = fnv(seed.as_bytes(), 1).to_be_bytes();
+    let b = fnv(seed.as_bytes(), 2).to_be_bytes();
+    id[..8].copy_from_slice(&a);
+    id[8..].copy_from_slice(&b);
+    id[6] = (id[6] & 0x0F) | 0x80;
+    id[8] = (id[8] & 0x3F) | 0x80;
+    if let Some(h) = read("/etc/nvme/hostid").as_deref().and_then(uuid_bytes) {
+        id = h;
+    }
+    let nqn = read("/etc/nvme/hostnqn")
+        .filter(|n| n.starts_with("nqn.") && n.len() <= NQN_MAX_LEN)
+        .unwrap_or_else(|| format!("nqn.2014-08.org.nvmexpress:uuid:{}", uuid_string(&id)));
+    (nqn, id)
+}
+
+fn fnv(bytes: &[u8], seed: u64) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed.wrapping_mul(0x100_0000_01b3);
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+fn uuid_string(id: &[u8; 16]) -> String {
+    let h: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// A connected controller.
+pub struct Controller {
+    addr: SocketAddr,
+    subnqn: String,
+    opts: HostOptions,
+    admin: Arc<Queue>,
+    cntlid: u16,
+    cap: u64,
+    vs: u32,
+    cc: u32,
+    info: ControllerInfo,
+    granted_io_queues: u16,
+    io_depth: u16,
+    io_queues: RwLock<Vec<Option<Arc<IoQueue>>>>,
+    keep_alive: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Controller {
+    /// Connects the admin queue, enables the controller, identifies it, asks
+    /// for the I/O queues and (unless `lazy_io_queues`) connects them. Call
+    /// inside a tokio runtime with I/O and time enabled; the connection and
+    /// keep-alive tasks run on it.
+    pub async fn connect(addr: SocketAddr, subnqn: &str, opts: HostOptions) -> Result<Controller> {
+        check_options(subnqn, &opts)?;
+        let admin = Arc::new(
+            Queue::connect(QueueParams {
+                addr,
+                qid: 0,
+                depth: ADMIN_QUEUE_DEPTH,
+                hdr_digest: opts.hdr_digest,
+                data_digest: opts.data_digest,
+                timeout: opts.timeout,
+                icd_limit: ADMIN_IN_CAPSULE,
+                poll: Duration::ZERO,
+            })
+            .await?,
+        );
+        let cntlid =
+            fabrics_connect(&admin, 0, CNTLID_DYNAMIC, subnqn, &opts, opts.kato_ms, 0).await?;
+        let cap = property_get(&admin, prop::CAP, true).await?;
+        let vs = property_get(&admin, prop::VS, false).await? as u32;
+        let cc = prop::CC_EN | (6 << prop::CC_IOSQES_SHIFT) | (4 << prop::CC_IOCQES_SHIFT);
+        property_set(&admin, prop::CC, cc).await?;
+        // CAP.TO: worst-case time to become ready, 500 ms units.
+        let ready_within = Duration::from_millis(((cap >> 24) & 0xFF).max(1) * 500);
+        wait_csts(&admin, "enable (CC.EN = 1)", ready_within, |csts| {
+            csts & prop::CSTS_RDY != 0
+        })
+        .await?;
+        let (buf, _) = admin_cmd(
+            &admin,
+            identify_sqe(cns::CONTROLLER, 0),
+            DataDir::ToHost,
+            vec![0; IDENTIFY_LEN],
+            || "Identify Controller".into(),
+        )
+        .await?;
+        let info = ControllerInfo::parse(&buf).ok_or_else(|| HostError::Protocol {
+            addr,
+            msg: "Identify Controller returned a short structure".into(),
+        })?;
+        let mqes = (cap & 0xFFFF) as u32 + 1;
+        let mut io_depth = u32::from(opts.queue_depth).min(mqes);
+        if info.maxcmd > 0 {
+            io_depth = io_depth.min(u32::from(info.maxcmd));
+        }
+        let io_depth = io_depth.max(2) as u16;
+        let granted = if opts.nr_io_queues > 0
+            && info.cntrltype != nvme_wire::identify::CNTRLTYPE_DISCOVERY
+        {
+            set_num_queues(&admin, opts.nr_io_queues).await?
+        } else {
+            0
+        };
+        if granted < opts.nr_io_queues {
+            tracing::warn!(
+                "{addr}: asked for {} I/O queues, the controller grants {granted}",
+                opts.nr_io_queues
+            );
+        }
+        let ctrl = Controller {
+            addr,
+            subnqn: subnqn.to_string(),
+            keep_alive: Mutex::new(None),
+            io_queues: RwLock::new((0..granted).map(|_| None).collect()),
+            granted_io_queues: granted,
+            io_depth,
+            info,
+            cntlid,
+            cap,
+            vs,
+            cc,
+            admin,
+            opts,
+        };
+        if ctrl.opts.kato_ms > 0 {
+            *ctrl.keep_alive.lock() = Some(spawn_keep_alive(
+                Arc::downgrade(&ctrl.admin),
+                ctrl.opts.kato_ms,
+            ));
+        }
+        if !ctrl.opts.lazy_io_queues {
+            for qid in 1..=granted.min(ctrl.opts.nr_io_queues) {
+                ctrl.add_io_queue(qid).await?;
+            }
+        }
+        Ok(ctrl)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    pub fn subnqn(&self) -> &str {
+        &self.subnqn
+    }
+    pub fn options(&self) -> &HostOptions {
+        &self.opts
+    }
+    pub fn cntlid(&self) -> u16 {
+        self.cntlid
+    }
+    /// Controller Capabilities (CAP).
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+    /// Version (VS), e.g. 0x00010300 for 1.3.
+    pub fn version(&self) -> u32 {
+        self.vs
+    }
+    pub fn info(&self) -> &ControllerInfo {
+        &self.info
+    }
+    /// I/O queues the controller granted.
+    pub fn granted_io_queues(&self) -> u16 {
+        self.granted_io_queues
+    }
+    /// Commands in flight per I/O queue.
+    pub fn io_queue_depth(&self) -> u16 {
+        self.io_depth
+    }
+    /// MAXH2CDATA and digests of the admin connection (I/O connections negotiate the same).
+    pub fn max_h2c_data(&self) -> u32 {
+        self.admin.negotiated().maxh2cdata
+    }
+    pub fn digests(&self) -> (bool, bool) {
+        let n = self.admin.negotiated();
+        (n.hdgst, n.ddgst)
+    }
+
+    /// Connects I/O queue `qid` (1..=granted) on the calling runtime: its
+    /// connection task runs there, so a thread-per-core caller keeps each
+    /// queue on its own thread.
+    pub async fn add_io_queue(&self, qid: u16) -> Result<Arc<IoQueue>> {
+        if qid == 0 || qid > self.granted_io_queues {
+            return Err(HostError::Invalid(format!(
+                "I/O queue id {qid} is out of range; the controller granted queues 1..={}",
+                self.granted_io_queues
+            )));
+        }
+        if self.io_queues.read()[usize::from(qid - 1)].is_some() {
+            return Err(HostError::Invalid(format!(
+                "I/O queue {qid} is already connected"
+            )));
+        }
+        let q = Queue::connect(QueueParams {
+            addr: self.addr,
+            qid,
+            depth: self.io_depth,
+            hdr_digest: self.opts.hdr_digest,
+            data_digest: self.opts.data_digest,
+            timeout: self.opts.timeout,
+            icd_limit: self.info.in_capsule_data(),
+            poll: Duration::from_micros(u64::from(self.opts.poll_us)),
+        })
+        .await?;
+        let cattr = if self.opts.disable_sqflow {
+            CATTR_DISABLE_SQFLOW
+        } else {
+            0
+        };
+        fabrics_connect(&q, qid, self.cntlid, &self.subnqn, &self.opts, 0, cattr).await?;
+        let q = Arc::new(IoQueue::new(q, qid));
+        let mut list = self.io_queues.write();
+        if list[usize::from(qid - 1)].is_some() {
+            return Err(HostError::Invalid(format!(
+                "I/O queue {qid} is already connected"
+            )));
+        }
+        list[usize::from(qid - 1)] = Some(q.clone());
+        Ok(q)
+    }
+
+    /// A connected I/O queue.
+    pub fn io_queue(&self, qid: u16) -> Result<Arc<IoQueue>> {
+        let list = self.io_queues.read();
+        qid.checked_sub(1)
+            .and_then(|i| list.get(usize::from(i)))
+            .and_then(Clone::clone)
+            .ok_or_else(|| {
+                HostError::Invalid(format!(
+                    "I/O queue {qid} is not connected (connected: {:?})",
+                    list.iter()
+                        .enumerate()
+                        .filter(|(_, q)| q.is_some())
+                        .map(|(i, _)| i + 1)
+                        .collect::<Vec<_>>()
+                ))
+            })
+    }
+
+    /// Reads `nlb` blocks from `slba` into `buf` (its length: `nlb` times the LBA size).
+    pub async fn read(
+        &self,
+        qid: u16,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        self.io_queue(qid)?.read(nsid, slba, nlb, buf).await
+    }
+
+    /// Writes `buf` (`nlb` times the LBA size) at `slba`.
+    pub async fn write(&self, qid: u16, nsid: u32, slba: u64, nlb: u32, buf: &[u8]) -> Result<()> {
+        self.io_queue(qid)?.write(nsid, slba, nlb, buf).await
+    }
+
+    pub async fn flush(&self, qid: u16, nsid: u32) -> Result<()> {
+        self.io_queue(qid)?.flush(nsid).await
+    }
+
+    pub async fn write_zeroes(&self, qid: u16, nsid: u32, slba: u64, nlb: u32) -> Result<()> {
+        self.io_queue(qid)?.write_zeroes(nsid, slba, nlb).await
+    }
+
+    /// Dataset Management with Deallocate over `(slba, nlb)` ranges.
+    pub async fn deallocate(&self, qid: u16, nsid: u32, ranges: &[(u64, u32)]) -> Result<()> {
+        self.io_queue(qid)?.deallocate(nsid, ranges).await
+    }
+
+    /// Identify Namespace: size and LBA format of an active namespace.
+    pub async fn identify_namespace(&self, nsid: u32) -> Result<NamespaceInfo> {
+        let (buf, _) = admin_cmd(
+            &self.admin,
+            identify_sqe(cns::NAMESPACE, nsid),
+            DataDir::ToHost,
+            vec![0; IDENTIFY_LEN],
+            || format!("Identify Namespace {nsid}"),
+        )
+        .await?;
+        NamespaceInfo::parse(nsid, &buf).ok_or_else(|| {
+            HostError::Invalid(format!(
+                "namespace {nsid} is not active on {} (Identify Namespace returned no size or LBA format)",
+                self.subnqn
+            ))
+        })
+    }
+
+    /// Active namespace IDs (Identify CNS 0x02), ascending.
+    pub async fn active_namespaces(&self) -> Result<Vec<u32>> {
+        let (buf, _) = admin_cmd(
+            &self.admin,
+            identify_sqe(cns::ACTIVE_NS_LIST, 0),
+            DataDir::ToHost,
+            vec![0; IDENTIFY_LEN],
+            || "Identify Active Namespace List".into(),
+        )
+        .await?;
+        Ok(parse_ns_list(&buf))
+    }
+
+    /// Get Log Page: `len` bytes of log `lid` from byte `offset`, in pieces the controller takes.
+    pub async fn get_log_page(&self, log: u8, len: u64, offset: u64) -> Result<Vec<u8>> {
+        let chunk = self.info.max_transfer().unwrap_or(LOG_CHUNK).min(LOG_CHUNK);
+        let mut out = Vec::with_capacity(len as usize);
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(chunk);
+            let g = GetLogPage {
+                lid: log,
+                lsp: 0,
+                rae: false,
+                len: n,
+                offset: offset + at,
+            };
+            let (buf, _) = admin_cmd(
+                &self.admin,
+                g.to_sqe(0),
+                DataDir::ToHost,
+                vec![0; n as usize],
+                || {
+                    format!(
+                        "Get Log Page {log:#04x} bytes {}..{}",
+                        offset + at,
+                        offset + at + n
+                    )
+                },
+            )
+            .await?;
+            out.extend_from_slice(&buf);
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// The discovery log: the header first, then all records; again if it changed meanwhile.
+    pub async fn discovery_log(&self) -> Result<Vec<discovery::Entry>> {
+        let le64 =
+            |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        for _ in 0..3 {
+            let hdr = self
+                .get_log_page(lid::DISCOVERY, discovery::HEADER_LEN as u64, 0)
+                .await?;
+            let (genctr, numrec) = (le64(&hdr, 0), le64(&hdr, 8));
+            if numrec > 4096 {
+                return Err(HostError::Protocol {
+                    addr: self.addr,
+                    msg: format!("the discovery log claims {numrec} records"),
+                });
+            }
+            let len = numrec * discovery::ENTRY_LEN as u64;
+            let body = self
+                .get_log_page(lid::DISCOVERY, len, discovery::HEADER_LEN as u64)
+                .await?;
+            let again = self
+                .get_log_page(lid::DISCOVERY, discovery::HEADER_LEN as u64, 0)
+                .await?;
+            if le64(&again, 0) != genctr {
+                continue;
+            }
+            return body
+                .chunks_exact(discovery::ENTRY_LEN)
+                .map(|e| {
+                    discovery::Entry::decode(e).map_err(|e| HostError::Protocol {
+                        addr: self.addr,
+                        msg: format!("bad discovery log entry: {e}"),
+                    })
+                })
+                .collect();
+        }
+        Err(HostError::Protocol {
+            addr: self.addr,
+            msg: "the discovery log kept changing while it was read (GENCTR)".into(),
+        })
+    }
+
+    /// Sends one Keep Alive now.
+    pub async fn keep_alive(&self) -> Result<()> {
+        admin_cmd(
+            &self.admin,
+            Sqe::new(admin_opc::KEEP_ALIVE, 0),
+            DataDir::None,
+            Vec::new(),
+            || "Keep Alive".into(),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Clean disconnect: closes the I/O queues, shuts the controller down
+    /// (CC.SHN = normal, then CSTS.SHST = complete), closes the admin queue.
+    pub async fn disconnect(self) -> Result<()> {
+        if let Some(k) = self.keep_alive.lock().take() {
+            k.abort();
+        }
+        let queues: Vec<_> = self
+            .io_queues
+            .write()
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        for q in &queues {
+            q.close_and_wait().await;
+        }
+        let r = async {
+            property_set(&self.admin, prop::CC, self.cc | CC_SHN_NORMAL).await?;
+            wait_csts(
+                &self.admin,
+                "shutdown (CC.SHN = normal)",
+                self.opts.timeout,
+                |csts| csts & CSTS_SHST_MASK == prop::CSTS_SHST_COMPLETE,
+            )
+            .await
+        }
+        .await;
+        self.admin.close_and_wait().await;
+        r
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if let Some(k) = self.keep_alive.lock().take() {
+            k.abort();
+        }
+        // The queues close when their last handle goes.
+    }
+}
+
+fn check_options(subnqn: &str, o: &HostOptions) -> Result<()> {
+    for (what, nqn) in [("subsystem NQN", subnqn), ("host NQN", o.hostnqn.as_str())] {
+        if nqn.is_empty() || nqn.len() > NQN_MAX_LEN {
+            return Err(HostError::Invalid(format!(
+                "{what} {nqn:?} must be 1 to {NQN_MAX_LEN} bytes"
+            )));
+        }
+    }
+    if o.queue_depth < 2 {
+        return Err(HostError::Invalid(format!(
+            "queue depth {} is too small; a queue needs at least 2 entries",
+            o.queue_depth
+        )));
+    }
+    if o.timeout.is_zero() {
+        return Err(HostError::Invalid("timeout must be above zero".into()));
+    }
+    Ok(())
+}
+
+fn identify_sqe(cns: u8, nsid: u32) -> Sqe {
+    let mut s = Sqe::new(admin_opc::IDENTIFY, 0);
+    s.nsid = nsid;
+    s.cdw10 = u32::from(cns);
+    s
+}
+
+/// Runs an admin command; a failed status becomes an error naming `what`.
+async fn admin_cmd(
+    q: &Queue,
+    sqe: Sqe,
+    dir: DataDir,
+    buf: Vec<u8>,
+    what: impl FnOnce() -> String,
+) -> Result<(Vec<u8>, Response)> {
+    let fabrics = sqe.is_fabrics();
+    let (buf, r) = q.execute(sqe, dir, buf).await;
+    let r = r?;
+    if !r.status.is_success() {
+        return Err(HostError::Status {
+            addr: q.params().addr,
+            what: what(),
+            status: CmdStatus {
+                status: r.status,
+                fabrics,
+            },
+        });
+    }
+    Ok((buf, r))
+}
+
+/// Fabrics Connect on queue `qid`; returns the controller id.
+async fn fabrics_connect(
+    q: &Queue,
+    qid: u16,
+    cntlid: u16,
+    subnqn: &str,
+    o: &HostOptions,
+    kato_ms: u32,
+    cattr: u8,
+) -> Result<u16> {
+    let cmd = ConnectCmd {
+        recfmt: 0,
+        qid,
+        sqsize: q.params().depth - 1,
+        cattr,
+        kato_ms,
+    };
+    let data = ConnectData {
+        hostid: o.hostid,
+        cntlid,
+        subnqn: subnqn.to_string(),
+        hostnqn: o.hostnqn.clone(),
+    }
+    .encode();
+    let (_, r) = q
+        .execute(cmd.to_sqe(0), DataDir::InCapsule, data.to_vec())
+        .await;
+    let r = r?;
+    if r.status.is_success() {
+        return Ok(r.dw0 as u16);
+    }
+    Err(connect_error(q.params().addr, qid, r, subnqn, &o.hostnqn))
+}
+
+/// Turns a refused Connect into the error that says why.
+pub(crate) fn connect_error(
+    addr: SocketAddr,
+    qid: u16,
+    r: Response,
+    subnqn: &str,
+    hostnqn: &str,
+) -> HostError {
+    use nvme_wire::fabrics::{
+        CONNECT_DATA_OFF_CNTLID, CONNECT_DATA_OFF_HOSTNQN, CONNECT_DATA_OFF_SUBNQN,
+        CONNECT_SQE_OFF_QID, CONNECT_SQE_OFF_SQSIZE,
+    };
+    let st = r.status;
+    match (st.sct, st.sc) {
+        (status::SCT_CMD_SPECIFIC, status::SC_CONNECT_INVALID_PARAM) => {
+            // Dword 0: IPO (byte offset of the field) in bits 15:0, IATTR in bits 23:16
+            // (bit 16 set: the offset is in the Connect data, else in the SQE).
+            let ipo = r.dw0 as u16;
+            let in_data = (r.dw0 >> 16) & 1 != 0;
+            if in_data && ipo == CONNECT_DATA_OFF_SUBNQN {
+                return HostError::UnknownSubsystem {
+                    addr,
+                    subnqn: subnqn.to_string(),
+                };
+            }
+            let field = match (in_data, ipo) {
+                (true, 0) => "HOSTID",
+                (true, CONNECT_DATA_OFF_CNTLID) => "CNTLID (the controller may be gone)",
+                (true, CONNECT_DATA_OFF_HOSTNQN) => "HOSTNQN",
+                (false, CONNECT_SQE_OFF_QID) => "QID",
+                (false, CONNECT_SQE_OFF_SQSIZE) => {
+                    "SQSIZE (queue depth over the controller's limit?)"
+                }
+                _ => "an unnamed field",
+            };
+            HostError::ConnectInvalidParameter {
+                addr,
+                place: format!(
+                    "{} offset {ipo}: {field} (queue {qid})",
+                    if in_data {
+                        "Connect data"
+                    } else {
+                        "the Connect command"
+                    }
+                ),
+            }
+        }
+        (status::SCT_CMD_SPECIFIC, status::SC_CONNECT_INVALID_HOST) => HostError::HostNotAllowed {
+            addr,
+            hostnqn: hostnqn.to_string(),
+            subnqn: subnqn.to_string(),
+        },
+        _ => HostError::Status {
+            addr,
+            what: format!("Connect (queue {qid}, subsystem {subnqn})"),
+            status: CmdStatus {
+                status: st,
+                fabrics: true,
+            },
+        },
+    }
+}
+
+async fn property_get(q: &Queue, offset: u32, size8: bool) -> Result<u64> {
+    let sqe = PropertyCmd {
+        size8,
+        offset,
+        value: 0,
+    }
+    .to_sqe(fctype::PROPERTY_GET, 0);
+    let (_, r) = admin_cmd(q, sqe, DataDir::None, Vec::new(), || {
+        format!("Property Get {offset:#x}")
+    })
+    .await?;
+    Ok(u64::from(r.dw0) | (u64::from(r.dw1) << 32))
+}
+
+async fn property_set(q: &Queue, offset: u32, value: u32) -> Result<()> {
+    let sqe = PropertyCmd {
+        size8: false,
+        offset,
+        value: u64::from(value),
+    }
+    .to_sqe(fctype::PROPERTY_SET, 0);
+    admin_cmd(q, sqe, DataDir::None, Vec::new(), || {
+        format!("Property Set {offset:#x} = {value:#x}")
+    })
+    .await
+    .map(|_| ())
+}
+
+/// Polls CSTS until `done` holds; CSTS.CFS ends the wait with an error.
+async fn wait_csts(
+    q: &Queue,
+    when: &'static str,
+    within: Duration,
+    done: impl Fn(u32) -> bool,
+) -> Result<()> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(100);
+    loop {
+        let csts = property_get(q, prop::CSTS, false).await? as u32;
+        if done(csts) {
+            return Ok(());
+        }
+        if csts & prop::CSTS_CFS != 0 {
+            return Err(HostError::ControllerFatal {
+                addr: q.params().addr,
+                when,
+            });
+        }
+        if start.elapsed() > within {
+            return Err(HostError::Timeout {
+                addr: q.params().addr,
+                what: format!("controller {when}: CSTS stayed {csts:#x}"),
+                after: within,
+            });
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Set Features Number of Queues; returns how many I/O queues were granted.
+async fn set_num_queues(q: &Queue, n: u16) -> Result<u16> {
+    let mut sqe = Sqe::new(admin_opc::SET_FEATURES, 0);
+    sqe.cdw10 = FID_NUM_QUEUES;
+    let v = u32::from(n - 1);
+    sqe.cdw11 = v | (v << 16);
+    let (_, r) = admin_cmd(q, sqe, DataDir::None, Vec::new(), || {
+        format!("Set Features Number of Queues ({n})")
+    })
+    .await?;
+    let nsqa = (r.dw0 & 0xFFFF) + 1;
+    let ncqa = (r.dw0 >> 16) + 1;
+    Ok(nsqa.min(ncqa).min(u32::from(n)) as u16)
+}
+
+fn spawn_keep_alive(admin: Weak<Queue>, kato_ms: u32) -> JoinHandle<()> {
+    let every = Duration::from_millis(u64::from(kato_ms / 2)).max(Duration::from_millis(100));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let Some(q) = admin.upgrade() else { return };
+            let r = admin_cmd(
+                &q,
+                Sqe::new(admin_opc::KEEP_ALIVE, 0),
+                DataDir::None,
+                Vec::new(),
+                || "Keep Alive".into(),
+            )
+            .await;
+            if let Err(e) = r {
+                if q.dead().is_none() {
+                    tracing::warn!("keep-alive failed: {e}");
+                }
+                return;
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvme_wire::status::Status;
+
+    fn resp(status: Status, dw0: u32) -> Response {
+        Response {
+            status,
+            dw0,
+            dw1: 0,
+        }
+    }
+
+    #[test]
+    fn connect_errors_name_the_cause() {
+        let a: SocketAddr = "127.0.0.1:4420".parse().unwrap();
+        let e = connect_error(
+            a,
+            0,
+            resp(Status::cmd_specific(0x82), (1 << 16) | 256),
+            "nqn.x",
+            "nqn.h",
+        );
+        assert!(matches!(e, HostError::UnknownSubsystem { .. }), "{e}");
+        let e = connect_error(
+            a,
+            0,
+            resp(Status::cmd_specific(0x84), (1 << 16) | 512),
+            "nqn.x",
+            "nqn.h",
+        );
+        assert!(matches!(e, HostError::HostNotAllowed { .. }));
+        assert!(
+            e.to_string().contains("nqn.h is not allowed on nqn.x"),
+            "{e}"
+        );
+        let e = connect_error(
+            a,
+            3,
+            resp(Status::cmd_specific(0x82), 44),
+            "nqn.x",
+            "nqn.h",
+        );
+        assert!(e.to_string().contains("SQSIZE"), "{e}");
+        let e = connect_error(a, 0, resp(Status::cmd_specific(0x81), 0), "nqn.x", "nqn.h");
+        assert!(e.to_string().contains("Connect Controller Busy"), "{e}");
+    }
+
+    #[test]
+    fn host_identity_is_stable_and_valid() {
+        let (n1, id1) = default_host_identity();
+        let (n2, id2) = default_host_identity();
+        assert_eq!((n1.clone(), id1), (n2, id2));
+        assert!(n1.starts_with("nqn.") && n1.len() <= NQN_MAX_LEN, "{n1}");
+    }
+}
