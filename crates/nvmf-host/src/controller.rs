@@ -824,13 +824,7 @@ mod tests {
             e.to_string().contains("nqn.h is not allowed on nqn.x"),
             "{e}"
         );
-        let e = connect_error(
-            a,
-            3,
-            resp(Status::cmd_specific(0x82), 44),
-            "nqn.x",
-            "nqn.h",
-        );
+        let e = connect_error(a, 3, resp(Status::cmd_specific(0x82), 44), "nqn.x", "nqn.h");
         assert!(e.to_string().contains("SQSIZE"), "{e}");
         let e = connect_error(a, 0, resp(Status::cmd_specific(0x81), 0), "nqn.x", "nqn.h");
         assert!(e.to_string().contains("Connect Controller Busy"), "{e}");
