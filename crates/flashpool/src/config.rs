@@ -78,28 +78,9 @@ fn parse_size_de<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error
     parse_size(&s).map_err(serde::de::Error::custom)
 }
 
-/// Parses "1GiB", "128KiB", "4096", "2 MiB", "1G" (binary units).
+/// Parses "1GiB", "128KiB", "4096", "1G" (binary units).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| {
-        format!("size {s:?} is not a number with an optional unit (KiB, MiB, GiB, TiB)")
-    })?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" | "kb" => 1 << 10,
-        "m" | "mib" | "mb" => 1 << 20,
-        "g" | "gib" | "gb" => 1 << 30,
-        "t" | "tib" | "tb" => 1 << 40,
-        u => {
-            return Err(format!(
-                "size {s:?} has unknown unit {u:?}; use KiB, MiB, GiB or TiB"
-            ));
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} is too large"))
+    crate::units::parse_size(s).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Deserialize)]

@@ -3,6 +3,7 @@
 mod bench;
 mod config;
 mod serve;
+mod units;
 
 use std::path::PathBuf;
 

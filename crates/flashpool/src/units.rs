@@ -1,0 +1,32 @@
+//! Byte sizes as operators write them, shared by the config file and the bench.
+
+use anyhow::{Context, Result, bail};
+
+/// "4k", "128KiB", "1G", "4096", "1.5M" (binary units).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite() && *n >= 0.0)
+        .with_context(|| {
+            format!("size {s:?} is not a number with an optional unit (k, M, G, T)")
+        })?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "kb" => 1 << 10,
+        "m" | "mib" | "mb" => 1 << 20,
+        "g" | "gib" | "gb" => 1 << 30,
+        "t" | "tib" | "tb" => 1 << 40,
+        u => bail!("size {s:?} has an unknown unit {u:?}; use k, M, G or T (binary)"),
+    };
+    let v = n * mult as f64;
+    if v.fract() != 0.0 || v > u64::MAX as f64 {
+        bail!("size {s:?} is not a whole number of bytes");
+    }
+    Ok(v as u64)
+}
