@@ -237,7 +237,13 @@ fn transport(cfg: &NodeConfig) -> Result<TransportConfig> {
     let t = &cfg.transport;
     let d = TransportConfig::default();
     let n = &cfg.node;
-    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // All configured CPUs, not just those in this process's affinity mask
+    // (`taskset -c 0 flashpool serve` may still pin reactors elsewhere).
+    // SAFETY: sysconf has no memory effects.
+    let ncpu = match unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) } {
+        n if n > 0 => n as usize,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
     for (i, &c) in n.cpus.iter().enumerate() {
         if c >= ncpu {
             bail!(
