@@ -37,8 +37,9 @@ pub struct NodeSection {
     pub cpus: Vec<usize>,
     #[serde(default = "info")]
     pub log: String,
-    /// Microseconds a reactor spins on an idle connection before sleeping.
-    #[serde(default)]
+    /// Microseconds a connection keeps polling after activity before it
+    /// sleeps (adaptive polling): an idle target still costs no CPU.
+    #[serde(default = "default_poll_us")]
     pub poll_us: u32,
 }
 
@@ -48,11 +49,14 @@ impl Default for NodeSection {
             reactors: 0,
             cpus: Vec::new(),
             log: info(),
-            poll_us: 0,
+            poll_us: default_poll_us(),
         }
     }
 }
 
+fn default_poll_us() -> u32 {
+    50
+}
 fn info() -> String {
     "info".into()
 }
