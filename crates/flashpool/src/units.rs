@@ -1,22 +1,16 @@
-//! Byte sizes as operators write them, shared by the config file and the bench.
+//! Sizes and durations as operators write them ("128KiB", "1.5s"),
+//! shared by the config file and the bench.
+
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
 /// "4k", "128KiB", "1G", "4096", "1.5M" (binary units).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .ok()
-        .filter(|n: &f64| n.is_finite() && *n >= 0.0)
-        .with_context(|| {
-            format!("size {s:?} is not a number with an optional unit (k, M, G, T)")
-        })?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+    let (n, unit) = split_number(s).with_context(|| {
+        format!("size {s:?} is not a number with an optional unit (k, M, G, T)")
+    })?;
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" | "kb" => 1 << 10,
         "m" | "mib" | "mb" => 1 << 20,
@@ -29,4 +23,33 @@ pub fn parse_size(s: &str) -> Result<u64> {
         bail!("size {s:?} is not a whole number of bytes");
     }
     Ok(v as u64)
+}
+
+/// "10s", "500ms", "2m", "1.5s", "30" (seconds).
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let (n, unit) = split_number(s)
+        .with_context(|| format!("duration {s:?} is not a number with a unit (ms, s, m, h)"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "us" => n / 1e6,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        u => bail!("duration {s:?} has an unknown unit {u:?}; use ms, s, m or h"),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Splits "1.5 MiB" into a non-negative finite number and its unit ("MiB").
+fn split_number(s: &str) -> Option<(f64, &str)> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite() && *n >= 0.0)?;
+    Some((n, unit.trim()))
 }

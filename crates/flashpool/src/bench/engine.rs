@@ -77,6 +77,19 @@ pub(crate) struct JobResult {
     pub verify: VerifyCounts,
 }
 
+impl JobResult {
+    fn new() -> Self {
+        JobResult {
+            read: new_histogram(),
+            write: new_histogram(),
+            read_bytes: 0,
+            write_bytes: 0,
+            last_done: None,
+            verify: VerifyCounts::default(),
+        }
+    }
+}
+
 const KEEP_MISMATCHES: usize = 10;
 
 /// One I/O that came back.
@@ -280,14 +293,7 @@ pub(crate) async fn run_job<I: JobIo + 'static>(
         inflight: Vec::with_capacity(w.qd as usize),
         generation: 1,
         error: None,
-        res: JobResult {
-            read: new_histogram(),
-            write: new_histogram(),
-            read_bytes: 0,
-            write_bytes: 0,
-            last_done: None,
-            verify: VerifyCounts::default(),
-        },
+        res: JobResult::new(),
     }));
     if w.runtime.is_none() && w.rw.random() {
         let mut s = st.borrow_mut();
@@ -494,14 +500,7 @@ mod tests {
             inflight: Vec::new(),
             generation: 1,
             error: None,
-            res: JobResult {
-                read: new_histogram(),
-                write: new_histogram(),
-                read_bytes: 0,
-                write_bytes: 0,
-                last_done: None,
-                verify: VerifyCounts::default(),
-            },
+            res: JobResult::new(),
         }
     }
 

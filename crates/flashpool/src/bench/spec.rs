@@ -207,30 +207,7 @@ fn ser_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::O
     }
 }
 
-pub use crate::units::parse_size;
-
-/// "10s", "500ms", "2m", "1.5s", "30" (seconds).
-pub fn parse_duration(s: &str) -> Result<Duration> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .ok()
-        .filter(|n: &f64| n.is_finite() && *n >= 0.0)
-        .with_context(|| format!("duration {s:?} is not a number with a unit (ms, s, m, h)"))?;
-    let secs = match unit.trim() {
-        "" | "s" => n,
-        "ms" => n / 1000.0,
-        "us" => n / 1e6,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        u => bail!("duration {s:?} has an unknown unit {u:?}; use ms, s, m or h"),
-    };
-    Ok(Duration::from_secs_f64(secs))
-}
+pub use crate::units::{parse_duration, parse_size};
 
 /// "1", "0,2", "0-3", "0-1,4".
 pub fn parse_cpus(s: &str) -> Result<Vec<usize>> {
