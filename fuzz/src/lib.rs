@@ -41,14 +41,14 @@ pub fn transport(reactors: usize) -> TransportConfig {
 
 fn subsystem(nqn: &str, allow_any_host: bool, hosts: Vec<String>) -> Arc<Subsystem> {
     let dev = Arc::new(MemDevice::new(NS_BYTES, BLOCK).expect("mem device"));
-    Arc::new(Subsystem {
-        nqn: nqn.into(),
-        serial: "FUZZ0001".into(),
-        model: "flashpool fuzz".into(),
+    Arc::new(Subsystem::new(
+        nqn.into(),
+        "FUZZ0001".into(),
+        "flashpool fuzz".into(),
         allow_any_host,
         hosts,
-        namespaces: vec![Namespace::new(1, dev, [1; 16], [2; 16])].into(),
-    })
+        vec![Namespace::new(1, dev, [1; 16], [2; 16])],
+    ))
 }
 
 /// A target with an open subsystem (nsid 1) and one that admits only `HOST_ALLOWED`.

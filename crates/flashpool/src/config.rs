@@ -427,14 +427,14 @@ fn subsystem(key: &str, s: &SubsystemSection) -> Result<Subsystem> {
         namespaces.push(Namespace::new(n.nsid, dev, uuid, nguid));
     }
     namespaces.sort_by_key(|n| n.nsid);
-    Ok(Subsystem {
-        nqn: s.nqn.clone(),
+    Ok(Subsystem::new(
+        s.nqn.clone(),
         serial,
         model,
-        allow_any_host: s.allow_any_host,
-        hosts: s.hosts.clone(),
-        namespaces: namespaces.into(),
-    })
+        s.allow_any_host,
+        s.hosts.clone(),
+        namespaces,
+    ))
 }
 
 fn device(key: &str, n: &NamespaceSection) -> Result<Arc<dyn BlockDevice>> {
@@ -555,7 +555,7 @@ mod tests {
         let (cfg, _) = load(None).unwrap();
         let b = build(&cfg).unwrap();
         assert_eq!(b.subsystems[0].nqn, DEFAULT_NQN);
-        assert_eq!(b.subsystems[0].namespaces[0].num_blocks, (1 << 30) / 512);
+        assert_eq!(b.subsystems[0].namespaces()[0].num_blocks, (1 << 30) / 512);
         assert_eq!(b.listeners.len(), 2);
     }
 

@@ -58,7 +58,7 @@ fn print_banner(server: &Server, origin: &str) {
             format!("hosts {}", s.hosts.join(", "))
         };
         println!("  subsystem {} (serial {}, {who})", s.nqn, s.serial);
-        for ns in s.namespaces.iter() {
+        for ns in s.namespaces().iter() {
             println!("    nsid {}: {}", ns.nsid, ns.dev.describe());
         }
     }

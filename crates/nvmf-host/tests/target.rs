@@ -42,22 +42,22 @@ impl Fixture {
             let dev = Arc::new(MemDevice::new(bytes, bs).unwrap());
             Namespace::new(nsid, dev, [nsid as u8; 16], [nsid as u8 + 0x10; 16])
         };
-        let open = Subsystem {
-            nqn: OPEN.into(),
-            serial: "SN-OPEN".into(),
-            model: "flashpool test".into(),
-            allow_any_host: true,
-            hosts: Vec::new(),
-            namespaces: vec![ns(1, NS1_BYTES, 512), ns(2, NS2_BYTES, 4096)].into(),
-        };
-        let closed = Subsystem {
-            nqn: CLOSED.into(),
-            serial: "SN-CLOSED".into(),
-            model: "flashpool test".into(),
-            allow_any_host: false,
-            hosts: vec![ALLOWED_HOST.into()],
-            namespaces: vec![ns(1, 1 << 20, 512)].into(),
-        };
+        let open = Subsystem::new(
+            OPEN.into(),
+            "SN-OPEN".into(),
+            "flashpool test".into(),
+            true,
+            Vec::new(),
+            vec![ns(1, NS1_BYTES, 512), ns(2, NS2_BYTES, 4096)],
+        );
+        let closed = Subsystem::new(
+            CLOSED.into(),
+            "SN-CLOSED".into(),
+            "flashpool test".into(),
+            false,
+            vec![ALLOWED_HOST.into()],
+            vec![ns(1, 1 << 20, 512)],
+        );
         let target = Arc::new(Target::new(
             transport(),
             vec![Arc::new(open), Arc::new(closed)],

@@ -187,7 +187,7 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                 return done(Status::generic(status::SC_INVALID_NS));
             }
             // An inactive NSID in range gets a zeroed structure.
-            if let Some(ns) = crate::subsystem::find_namespace(ctrl.namespaces(), sqe.nsid) {
+            if let Some(ns) = crate::subsystem::find_namespace(&ctrl.namespaces(), sqe.nsid) {
                 let opt_blocks = (4096 / ns.block_size).max(1) as u16;
                 NamespaceInfo {
                     nsze: ns.num_blocks,
@@ -213,7 +213,8 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
             );
         }
         identify::cns::NS_ID_DESCRIPTORS => {
-            let Some(ns) = crate::subsystem::find_namespace(ctrl.namespaces(), sqe.nsid) else {
+            let namespaces = ctrl.namespaces();
+            let Some(ns) = crate::subsystem::find_namespace(&namespaces, sqe.nsid) else {
                 return done(Status::generic(status::SC_INVALID_NS));
             };
             identify::encode_ns_descriptors(&ns.nguid, &ns.uuid, &mut b);
@@ -320,7 +321,7 @@ fn get_log_page(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                 );
                 b
             }
-            lid::ANA => crate::ana::ana_log(ctrl.namespaces(), g.lsp & log_page::ana::LSP_RGO != 0),
+            lid::ANA => crate::ana::ana_log(&ctrl.namespaces(), g.lsp & log_page::ana::LSP_RGO != 0),
             _ => return done(Status::cmd_specific(status::SC_INVALID_LOG_PAGE)),
         }
     };

@@ -155,10 +155,11 @@ impl Controller {
         }
     }
 
-    pub fn namespaces(&self) -> &[Namespace] {
+    /// The subsystem's namespaces now (empty for discovery).
+    pub fn namespaces(&self) -> Arc<[Namespace]> {
         match &self.kind {
-            CtrlKind::Io(s) => &s.namespaces,
-            CtrlKind::Discovery => &[],
+            CtrlKind::Io(s) => s.namespaces(),
+            CtrlKind::Discovery => Arc::new([]),
         }
     }
 
@@ -244,6 +245,28 @@ impl Controller {
     pub fn queue_event(&self, ev: AsyncEvent) {
         self.state.lock().pending_events.push_back(ev);
         self.event_notify.notify_one();
+    }
+
+    /// Records a namespace added or removed at run time in the Changed
+    /// Namespace List log and, when the host enabled Namespace Attribute
+    /// Notices (Set Features Async Event Configuration bit 8), queues the
+    /// AEN that makes it rescan. More than 1024 changes collapse into the
+    /// log's overflow entry FFFFFFFFh.
+    pub fn note_namespace_changed(&self, nsid: u32) {
+        let mut s = self.state.lock();
+        if s.changed_ns.first() != Some(&u32::MAX) && !s.changed_ns.contains(&nsid) {
+            if s.changed_ns.len() >= 1024 {
+                s.changed_ns = vec![u32::MAX];
+            } else {
+                s.changed_ns.push(nsid);
+            }
+        }
+        let enabled = s.async_event_config & nvme_wire::identify::OAES_NS_ATTR != 0;
+        if enabled && !s.pending_events.contains(&AsyncEvent::NS_CHANGED) {
+            s.pending_events.push_back(AsyncEvent::NS_CHANGED);
+            drop(s);
+            self.event_notify.notify_one();
+        }
     }
 
     /// Property Get: CAP (8 bytes), VS, CC, CSTS (4 bytes).

@@ -62,14 +62,14 @@ mod tests {
 
     fn subsystem(nqn: &str, hosts: &[&str]) -> Arc<Subsystem> {
         let dev = Arc::new(blockdev::NullDevice::new(1 << 20, 512).unwrap());
-        Arc::new(Subsystem {
-            nqn: nqn.into(),
-            serial: "S".into(),
-            model: "M".into(),
-            allow_any_host: hosts.is_empty(),
-            hosts: hosts.iter().map(|h| h.to_string()).collect(),
-            namespaces: vec![Namespace::new(1, dev, [0; 16], [0; 16])].into(),
-        })
+        Arc::new(Subsystem::new(
+            nqn.into(),
+            "S".into(),
+            "M".into(),
+            hosts.is_empty(),
+            hosts.iter().map(|h| h.to_string()).collect(),
+            vec![Namespace::new(1, dev, [0; 16], [0; 16])],
+        ))
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub mod tcp;
 
 pub use config::{ListenerConfig, ListenerKind, TransportConfig};
 pub use controller::{Controller, FreeReason};
-pub use subsystem::{Namespace, Subsystem};
+pub use subsystem::{Namespace, NamespaceError, Subsystem};
 pub use target::Target;
 pub use tcp::{Server, StartError};
 

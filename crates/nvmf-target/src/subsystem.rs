@@ -1,11 +1,19 @@
 //! NVM subsystems and their namespaces.
+//!
+//! The namespace list is a snapshot (`Arc<[Namespace]>`) swapped whole when
+//! a namespace is added or removed at run time; I/O queues keep their
+//! snapshot and reload it only when `ns_version` moves (one relaxed load per
+//! command), so the I/O path takes no lock.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use blockdev::BlockDevice;
+use parking_lot::RwLock;
 
 /// One namespace: a block device with its identifiers. Immutable once built,
 /// so I/O queues read it without locks.
+#[derive(Clone)]
 pub struct Namespace {
     pub nsid: u32,
     pub dev: Arc<dyn BlockDevice>,
@@ -40,16 +48,100 @@ pub struct Subsystem {
     pub allow_any_host: bool,
     pub hosts: Vec<String>,
     /// Sorted by NSID.
-    pub namespaces: Arc<[Namespace]>,
+    namespaces: RwLock<Arc<[Namespace]>>,
+    ns_version: AtomicU64,
+}
+
+/// Why a namespace could not be added or removed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NamespaceError {
+    #[error("subsystem {nqn} already has namespace {nsid}; pick another nsid")]
+    NsidInUse { nqn: String, nsid: u32 },
+    #[error("nsid {nsid} is out of range; use 1 to {max}")]
+    NsidOutOfRange { nsid: u32, max: u32 },
+    #[error("subsystem {nqn} has no namespace {nsid}")]
+    NoSuchNamespace { nqn: String, nsid: u32 },
+    #[error("no subsystem {0}; declare it in the node's TOML ([[subsystem]])")]
+    NoSuchSubsystem(String),
 }
 
 impl Subsystem {
+    /// `namespaces` in any order; NSIDs must be distinct.
+    pub fn new(
+        nqn: String,
+        serial: String,
+        model: String,
+        allow_any_host: bool,
+        hosts: Vec<String>,
+        mut namespaces: Vec<Namespace>,
+    ) -> Subsystem {
+        namespaces.sort_by_key(|n| n.nsid);
+        Subsystem {
+            nqn,
+            serial,
+            model,
+            allow_any_host,
+            hosts,
+            namespaces: RwLock::new(namespaces.into()),
+            ns_version: AtomicU64::new(0),
+        }
+    }
+
+    /// The current namespaces, sorted by NSID.
+    pub fn namespaces(&self) -> Arc<[Namespace]> {
+        self.namespaces.read().clone()
+    }
+
+    /// Bumped on every namespace change; queues compare it to reload.
+    pub fn ns_version(&self) -> u64 {
+        self.ns_version.load(Ordering::Acquire)
+    }
+
+    /// Adds a namespace. The caller tells live controllers (Target does).
+    pub(crate) fn insert_namespace(&self, ns: Namespace) -> Result<(), NamespaceError> {
+        if ns.nsid == 0 || ns.nsid > MAX_NSID {
+            return Err(NamespaceError::NsidOutOfRange {
+                nsid: ns.nsid,
+                max: MAX_NSID,
+            });
+        }
+        let mut cur = self.namespaces.write();
+        if find_namespace(&cur, ns.nsid).is_some() {
+            return Err(NamespaceError::NsidInUse {
+                nqn: self.nqn.clone(),
+                nsid: ns.nsid,
+            });
+        }
+        let mut list: Vec<Namespace> = cur.iter().cloned().collect();
+        list.push(ns);
+        list.sort_by_key(|n| n.nsid);
+        *cur = list.into();
+        self.ns_version.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Removes a namespace; queues still holding the old snapshot finish
+    /// their commands on it, new commands see it gone.
+    pub(crate) fn take_namespace(&self, nsid: u32) -> Result<Namespace, NamespaceError> {
+        let mut cur = self.namespaces.write();
+        let Some(old) = find_namespace(&cur, nsid).cloned() else {
+            return Err(NamespaceError::NoSuchNamespace {
+                nqn: self.nqn.clone(),
+                nsid,
+            });
+        };
+        let list: Vec<Namespace> = cur.iter().filter(|n| n.nsid != nsid).cloned().collect();
+        *cur = list.into();
+        self.ns_version.fetch_add(1, Ordering::AcqRel);
+        Ok(old)
+    }
+
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
     }
 
-    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
-        find_namespace(&self.namespaces, nsid)
+    pub fn namespace(&self, nsid: u32) -> Option<Namespace> {
+        find_namespace(&self.namespaces.read(), nsid).cloned()
     }
 }
 

@@ -7,7 +7,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::{ListenerConfig, TransportConfig};
 use crate::controller::{Controller, FreeReason};
-use crate::subsystem::Subsystem;
+use crate::subsystem::{Namespace, NamespaceError, Subsystem};
 
 pub struct Target {
     pub transport: TransportConfig,
@@ -37,6 +37,36 @@ impl Target {
 
     pub fn subsystem(&self, nqn: &str) -> Option<&Arc<Subsystem>> {
         self.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+
+    /// Adds a namespace to a subsystem while hosts are connected; their
+    /// controllers get the Namespace Attribute Changed event.
+    pub fn add_namespace(&self, nqn: &str, ns: Namespace) -> Result<(), NamespaceError> {
+        let sub = self
+            .subsystem(nqn)
+            .ok_or_else(|| NamespaceError::NoSuchSubsystem(nqn.to_string()))?;
+        let nsid = ns.nsid;
+        sub.insert_namespace(ns)?;
+        self.notify_namespace_changed(nqn, nsid);
+        Ok(())
+    }
+
+    /// Removes a namespace from a subsystem; returns it so the caller can
+    /// close its device once in-flight commands are done with it.
+    pub fn remove_namespace(&self, nqn: &str, nsid: u32) -> Result<Namespace, NamespaceError> {
+        let sub = self
+            .subsystem(nqn)
+            .ok_or_else(|| NamespaceError::NoSuchSubsystem(nqn.to_string()))?;
+        let ns = sub.take_namespace(nsid)?;
+        self.notify_namespace_changed(nqn, nsid);
+        Ok(ns)
+    }
+
+    fn notify_namespace_changed(&self, nqn: &str, nsid: u32) {
+        let ctrls: Vec<_> = self.controllers.lock().values().cloned().collect();
+        for c in ctrls.iter().filter(|c| c.subnqn() == nqn) {
+            c.note_namespace_changed(nsid);
+        }
     }
 
     /// Allocates a controller ID and registers the controller built with it.
@@ -80,5 +110,79 @@ impl Target {
         for c in all {
             c.kill(reason);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::{AsyncEvent, CtrlKind};
+
+    fn ns(nsid: u32) -> Namespace {
+        let dev = Arc::new(blockdev::NullDevice::new(1 << 20, 512).unwrap());
+        Namespace::new(nsid, dev, [nsid as u8; 16], [nsid as u8; 16])
+    }
+
+    #[test]
+    fn runtime_namespaces_reach_controllers_as_events() {
+        let sub = Arc::new(Subsystem::new(
+            "nqn.a:s".into(),
+            "S".into(),
+            "M".into(),
+            true,
+            Vec::new(),
+            vec![ns(1)],
+        ));
+        let t = Target::new(TransportConfig::default(), vec![sub.clone()]);
+        let mk = |enable: bool| {
+            let c = t
+                .add_controller(|id| {
+                    Controller::new(id, CtrlKind::Io(sub.clone()), "h".into(), [0; 16], 0, 32, 4)
+                })
+                .unwrap();
+            if enable {
+                c.state.lock().async_event_config = nvme_wire::identify::OAES_NS_ATTR;
+            }
+            c
+        };
+        let on = mk(true);
+        let off = mk(false);
+        let v0 = sub.ns_version();
+        t.add_namespace("nqn.a:s", ns(7)).unwrap();
+        assert!(sub.ns_version() > v0);
+        assert_eq!(
+            sub.namespaces().iter().map(|n| n.nsid).collect::<Vec<_>>(),
+            [1, 7]
+        );
+        assert_eq!(
+            on.state.lock().pending_events.iter().copied().collect::<Vec<_>>(),
+            [AsyncEvent::NS_CHANGED]
+        );
+        assert_eq!(on.state.lock().changed_ns, [7]);
+        // Not enabled: logged, but no event.
+        assert!(off.state.lock().pending_events.is_empty());
+        assert_eq!(off.state.lock().changed_ns, [7]);
+
+        assert!(matches!(
+            t.add_namespace("nqn.a:s", ns(7)),
+            Err(NamespaceError::NsidInUse { nsid: 7, .. })
+        ));
+        assert!(matches!(
+            t.add_namespace("nqn.a:none", ns(2)),
+            Err(NamespaceError::NoSuchSubsystem(_))
+        ));
+        assert!(matches!(
+            t.add_namespace("nqn.a:s", ns(0)),
+            Err(NamespaceError::NsidOutOfRange { .. })
+        ));
+        let gone = t.remove_namespace("nqn.a:s", 1).unwrap();
+        assert_eq!(gone.nsid, 1);
+        assert_eq!(on.state.lock().changed_ns, [7, 1]);
+        // One pending event covers both changes until the host reads it.
+        assert_eq!(on.state.lock().pending_events.len(), 1);
+        assert!(matches!(
+            t.remove_namespace("nqn.a:s", 1),
+            Err(NamespaceError::NoSuchNamespace { nsid: 1, .. })
+        ));
     }
 }

@@ -72,14 +72,14 @@ pub fn test_transport() -> TransportConfig {
 fn subsystem(nqn: &str, allow_any_host: bool, hosts: Vec<String>) -> Arc<Subsystem> {
     let dev = Arc::new(MemDevice::new(NS_BYTES, BLOCK).expect("mem device"));
     let ns = Namespace::new(1, dev, [0x11; 16], [0x22; 16]);
-    Arc::new(Subsystem {
-        nqn: nqn.into(),
-        serial: "FAULT0001".into(),
-        model: "flashpool fault".into(),
+    Arc::new(Subsystem::new(
+        nqn.into(),
+        "FAULT0001".into(),
+        "flashpool fault".into(),
         allow_any_host,
         hosts,
-        namespaces: vec![ns].into(),
-    })
+        vec![ns],
+    ))
 }
 
 /// An in-process target on 127.0.0.1 with an ephemeral port.

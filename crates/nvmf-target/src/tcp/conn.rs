@@ -116,7 +116,10 @@ struct Queue {
     sqflow_off: bool,
     kill: watch::Receiver<Option<FreeReason>>,
     stats: Arc<QueueStats>,
+    /// Snapshot of the subsystem's namespaces, reloaded when `ns_version`
+    /// falls behind the subsystem's (a namespace added or removed).
     namespaces: Arc<[Namespace]>,
+    ns_version: u64,
 }
 
 #[derive(Debug)]
@@ -874,9 +877,9 @@ impl Conn {
         self.pool.put(buf);
         match res {
             Ok(ctrl) => {
-                let namespaces = match ctrl.subsystem() {
-                    Some(s) => s.namespaces.clone(),
-                    None => Arc::from(Vec::new()),
+                let (namespaces, ns_version) = match ctrl.subsystem() {
+                    Some(s) => (s.namespaces(), s.ns_version()),
+                    None => (Arc::from(Vec::new()), 0),
                 };
                 self.neg.max_capsule_data = if cmd.qid == 0 {
                     ADMIN_IN_CAPSULE_DATA
@@ -891,6 +894,7 @@ impl Conn {
                     sqflow_off: cmd.cattr & CATTR_DISABLE_SQFLOW != 0,
                     qid: cmd.qid,
                     namespaces,
+                    ns_version,
                     ctrl: ctrl.clone(),
                 });
                 tracing::debug!(
@@ -970,6 +974,14 @@ impl Conn {
     // ---- I/O
 
     fn io(&mut self, i: u16, sgl: Sgl, data: &[u8]) {
+        let q = self.queue.as_mut().expect("I/O queue");
+        if let Some(sub) = q.ctrl.subsystem() {
+            let v = sub.ns_version();
+            if v != q.ns_version {
+                q.namespaces = sub.namespaces();
+                q.ns_version = v;
+            }
+        }
         let q = self.queue.as_ref().expect("I/O queue");
         if !q.ctrl.is_ready() {
             // The host reset the controller (CC.EN 1 -> 0): its I/O queues are gone.
