@@ -321,7 +321,9 @@ fn get_log_page(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                 );
                 b
             }
-            lid::ANA => crate::ana::ana_log(&ctrl.namespaces(), g.lsp & log_page::ana::LSP_RGO != 0),
+            lid::ANA => {
+                crate::ana::ana_log(&ctrl.namespaces(), g.lsp & log_page::ana::LSP_RGO != 0)
+            }
             _ => return done(Status::cmd_specific(status::SC_INVALID_LOG_PAGE)),
         }
     };
