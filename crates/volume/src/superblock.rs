@@ -17,6 +17,7 @@
 //! | 56 | 8 | metadata bytes at the start of each member (data starts after) |
 //! | 64 | 8 | stripes per intent-bitmap bit |
 //! | 80 | 24 * n | member table: state (0 active, 1 failed, 2 rebuilding), pad, rebuild checkpoint (stripe), data-area blocks |
+//! | 3072 | 64 | name: length byte, then up to 63 bytes of UTF-8 (zero when unnamed) |
 //! | 4092 | 4 | CRC32C of bytes 0..4092 |
 
 use crate::layout::{LayoutKind, MAX_MEMBERS};
@@ -27,6 +28,9 @@ const VERSION: u32 = 1;
 const TABLE_AT: usize = 80;
 const ENTRY: usize = 24;
 const CRC_AT: usize = SB_BYTES - 4;
+const NAME_AT: usize = 3072;
+/// Longest volume name the superblock holds, in bytes.
+pub const MAX_NAME_BYTES: usize = 63;
 
 /// A member's state as the volume sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +62,9 @@ pub struct Superblock {
     pub meta_bytes: u64,
     pub region_stripes: u64,
     pub members: Vec<MemberEntry>,
+    /// The operator's name for the volume; names longer than
+    /// [`MAX_NAME_BYTES`] are cut at a character boundary.
+    pub name: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,6 +109,12 @@ impl Superblock {
             b[at + 8..at + 16].copy_from_slice(&cp.to_le_bytes());
             b[at + 16..at + 24].copy_from_slice(&e.data_blocks.to_le_bytes());
         }
+        let mut len = self.name.len().min(MAX_NAME_BYTES);
+        while !self.name.is_char_boundary(len) {
+            len -= 1;
+        }
+        b[NAME_AT] = len as u8;
+        b[NAME_AT + 1..NAME_AT + 1 + len].copy_from_slice(&self.name.as_bytes()[..len]);
         let crc = crc32c(&b[..CRC_AT]);
         b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -169,6 +182,14 @@ impl Superblock {
             meta_bytes: u64_at(56),
             region_stripes: u64_at(64),
             members,
+            name: {
+                let len = usize::from(b[NAME_AT]);
+                if len > MAX_NAME_BYTES {
+                    return Err(SuperblockError::Bad(format!("name length {len}")));
+                }
+                String::from_utf8(b[NAME_AT + 1..NAME_AT + 1 + len].to_vec())
+                    .map_err(|_| SuperblockError::Bad("name is not UTF-8".into()))?
+            },
         })
     }
 
@@ -275,7 +296,16 @@ mod tests {
                     data_blocks: 1000 + i,
                 })
                 .collect(),
+            name: "vol-ü".into(),
         }
+    }
+
+    #[test]
+    fn long_names_are_cut_at_a_character_boundary() {
+        let mut sb = sample();
+        sb.name = format!("{}é", "a".repeat(62));
+        let back = Superblock::decode(&sb.encode()).unwrap();
+        assert_eq!(back.name, "a".repeat(62));
     }
 
     #[test]

@@ -63,6 +63,8 @@ pub struct VolumeConfig {
     /// what it protects against.
     #[doc(hidden)]
     pub intent_log: bool,
+    /// The operator's name, stored in the superblocks (at most 63 bytes).
+    pub name: String,
 }
 
 impl VolumeConfig {
@@ -75,6 +77,7 @@ impl VolumeConfig {
             region_bytes: DEFAULT_REGION_BYTES,
             assume_clean: false,
             intent_log: true,
+            name: String::new(),
         }
     }
 }
@@ -170,6 +173,8 @@ pub(crate) struct Members {
     /// The `version` the superblocks on disk record.
     pub persisted_version: u64,
     pub clean: bool,
+    /// The operator's name for the volume, kept in the superblocks.
+    pub name: String,
 }
 
 pub(crate) struct Inner {
@@ -409,6 +414,7 @@ impl Volume {
         };
         // Empty bitmaps first, so a crash before the superblock lands leaves no
         // half-made volume that assembles.
+        vol.inner.members.write().name = cfg.name.clone();
         vol.inner.write_bitmap_all_zero().await?;
         vol.inner.persist_superblock(true).await;
         if !cfg.assume_clean && vol.inner.parity.code != Code::None {
@@ -576,7 +582,11 @@ impl Volume {
         let vol = Volume {
             inner: Arc::new(inner),
         };
-        vol.inner.members.write().version += 1;
+        {
+            let mut m = vol.inner.members.write();
+            m.version += 1;
+            m.name = newest.name.clone();
+        }
         if intent_log {
             vol.inner.resync_dirty_regions().await?;
         }
@@ -605,6 +615,11 @@ impl Volume {
 
     pub fn layout(&self) -> &Layout {
         &self.inner.layout
+    }
+
+    /// The name stored in the superblocks (empty if none was given).
+    pub fn name(&self) -> String {
+        self.inner.members.read().name.clone()
     }
 
     pub fn uuid(&self) -> String {
@@ -710,6 +725,7 @@ impl Inner {
                 version: 0,
                 persisted_version: 0,
                 clean: false,
+                name: String::new(),
             }),
             sb_lock: tokio::sync::Mutex::new(()),
             locks: (0..LOCK_SHARDS)
@@ -1513,6 +1529,7 @@ impl Inner {
                                 meta_bytes: self.meta_bytes,
                                 region_stripes: self.intent.region_stripes,
                                 members: entries.clone(),
+                                name: st.name.clone(),
                             }
                             .encode()
                         })
