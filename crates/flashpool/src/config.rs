@@ -25,6 +25,72 @@ pub struct NodeConfig {
     pub listener: Vec<ListenerSection>,
     #[serde(default)]
     pub subsystem: Vec<SubsystemSection>,
+    #[serde(default)]
+    pub api: ApiSection,
+    #[serde(default)]
+    pub drive: Vec<DriveSection>,
+    #[serde(default)]
+    pub volume: Vec<VolumeSection>,
+}
+
+/// The management API (HTTP + JSON). Local only by default.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSection {
+    #[serde(default = "default_api_address")]
+    pub address: String,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+impl Default for ApiSection {
+    fn default() -> Self {
+        ApiSection {
+            address: default_api_address(),
+            enabled: true,
+        }
+    }
+}
+
+/// Where `flashpool serve` answers the management API and the CLI looks for it.
+pub const DEFAULT_API_ADDRESS: &str = "127.0.0.1:9410";
+
+fn default_api_address() -> String {
+    DEFAULT_API_ADDRESS.into()
+}
+fn yes() -> bool {
+    true
+}
+
+/// A raw device volumes are built from.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriveSection {
+    pub name: String,
+    pub backend: String,
+    pub size: Option<Size>,
+    pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub create: bool,
+    #[serde(default = "bs4096")]
+    pub block_size: u32,
+}
+
+fn bs4096() -> u32 {
+    4096
+}
+
+/// A volume over drives: found on them at start, or made if they are blank.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeSection {
+    pub name: String,
+    pub layout: String,
+    pub drives: Vec<String>,
+    pub strip: Option<Size>,
+    pub block_size: Option<u32>,
+    /// Rebuild speed limit in bytes per second, e.g. "200MiB".
+    pub rebuild_rate: Option<Size>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -146,6 +212,8 @@ pub struct NamespaceSection {
     pub create: bool,
     pub uuid: Option<String>,
     pub nguid: Option<String>,
+    /// For backend = "volume": the volume's name.
+    pub volume: Option<String>,
 }
 
 fn bs512() -> u32 {
@@ -202,7 +270,112 @@ pub struct Built {
     pub subsystems: Vec<Arc<Subsystem>>,
 }
 
-pub fn build(cfg: &NodeConfig) -> Result<Built> {
+/// Finds the device of a `backend = "volume"` namespace: (volume, nqn, nsid).
+pub type VolumeResolver<'a> = &'a dyn Fn(&str, &str, u32) -> Option<Arc<dyn BlockDevice>>;
+
+/// The drives and volumes of the file, checked for what can be checked
+/// without touching the drives.
+pub fn node_specs(
+    cfg: &NodeConfig,
+) -> Result<(Vec<crate::node::DriveSpec>, Vec<crate::node::CreateVolume>)> {
+    let mut drives = Vec::new();
+    let mut names = HashSet::new();
+    for (i, d) in cfg.drive.iter().enumerate() {
+        let key = format!("drive[{i}]");
+        crate::node::check_name(&format!("config: {key}.name:"), &d.name)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if !names.insert(d.name.clone()) {
+            bail!(
+                "config: {key}.name = {:?} is used twice; give each drive its own name",
+                d.name
+            );
+        }
+        if d.block_size != 512 && d.block_size != 4096 {
+            bail!(
+                "config: {key}.block_size = {} is not supported; use 512 or 4096",
+                d.block_size
+            );
+        }
+        match d.backend.as_str() {
+            "mem" if d.size.is_none() => {
+                bail!(
+                    "config: {key}.size is missing; a mem drive needs a size, e.g. size = \"1GiB\""
+                )
+            }
+            "file" if d.path.is_none() => {
+                bail!(
+                    "config: {key}.path is missing; a file drive needs path = \"/dev/sdX\" or a file"
+                )
+            }
+            "mem" | "file" => {}
+            b => bail!("config: {key}.backend = {b:?} is unknown; use \"mem\" or \"file\""),
+        }
+        if d.path.is_some() && d.backend != "file" {
+            bail!(
+                "config: {key}.path is only for backend = \"file\"; remove it or change the backend"
+            );
+        }
+        if let Some(sz) = d.size
+            && (sz.bytes() == 0 || !sz.bytes().is_multiple_of(u64::from(d.block_size)))
+        {
+            bail!(
+                "config: {key}.size = {} is not a non-zero multiple of block_size {}",
+                sz.bytes(),
+                d.block_size
+            );
+        }
+        drives.push(crate::node::DriveSpec {
+            name: d.name.clone(),
+            backend: d.backend.clone(),
+            size: d.size.map(Size::bytes),
+            path: d.path.clone(),
+            create: d.create,
+            block_size: d.block_size,
+        });
+    }
+    let mut volumes = Vec::new();
+    let mut vnames = HashSet::new();
+    let mut claimed: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    for (i, v) in cfg.volume.iter().enumerate() {
+        let key = format!("volume[{i}]");
+        crate::node::check_name(&format!("config: {key}.name:"), &v.name)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if !vnames.insert(v.name.clone()) {
+            bail!(
+                "config: {key}.name = {:?} is used twice; give each volume its own name",
+                v.name
+            );
+        }
+        let kind = crate::node::parse_layout(&v.layout)
+            .map_err(|e| anyhow::anyhow!("config: {key}.layout: {e}"))?;
+        kind.shape(v.drives.len())
+            .map_err(|e| anyhow::anyhow!("config: {key}.drives: {e}"))?;
+        for d in &v.drives {
+            if !names.contains(d) {
+                bail!(
+                    "config: {key}.drives names {d:?}, which no [[drive]] declares; add it or fix the name"
+                );
+            }
+            if let Some(other) = claimed.insert(d, &v.name) {
+                bail!(
+                    "config: {key}.drives: drive {d:?} is already used by volume {other:?}; a drive serves one volume"
+                );
+            }
+        }
+        volumes.push(crate::node::CreateVolume {
+            name: v.name.clone(),
+            layout: v.layout.clone(),
+            drives: v.drives.clone(),
+            strip: v.strip.map(|s| s.bytes().to_string()),
+            block_size: v.block_size,
+            rebuild_rate: v.rebuild_rate.map(|s| s.bytes().to_string()),
+            export: None,
+        });
+    }
+    Ok((drives, volumes))
+}
+
+pub fn build(cfg: &NodeConfig, volumes: VolumeResolver<'_>) -> Result<Built> {
     let transport = transport(cfg)?;
     let listeners = listeners(cfg)?;
     if cfg.subsystem.is_empty() {
@@ -221,7 +394,7 @@ pub fn build(cfg: &NodeConfig) -> Result<Built> {
                 s.nqn
             );
         }
-        subsystems.push(Arc::new(subsystem(&key, s)?));
+        subsystems.push(Arc::new(subsystem(&key, s, volumes)?));
     }
     Ok(Built {
         transport,
@@ -366,7 +539,7 @@ fn check_nqn(key: &str, nqn: &str) -> Result<()> {
     Ok(())
 }
 
-fn subsystem(key: &str, s: &SubsystemSection) -> Result<Subsystem> {
+fn subsystem(key: &str, s: &SubsystemSection, volumes: VolumeResolver<'_>) -> Result<Subsystem> {
     let serial = s
         .serial
         .clone()
@@ -392,12 +565,6 @@ fn subsystem(key: &str, s: &SubsystemSection) -> Result<Subsystem> {
             );
         }
     }
-    if s.namespace.is_empty() {
-        bail!(
-            "config: {key} ({}) has no [[subsystem.namespace]]; add one",
-            s.nqn
-        );
-    }
     let mut nsids = HashSet::new();
     let mut namespaces = Vec::new();
     for (j, n) in s.namespace.iter().enumerate() {
@@ -415,7 +582,30 @@ fn subsystem(key: &str, s: &SubsystemSection) -> Result<Subsystem> {
                 s.nqn
             );
         }
-        let dev = device(&nkey, n)?;
+        let dev = if n.backend == "volume" {
+            let name = n.volume.as_deref().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "config: {nkey}.volume is missing; backend = \"volume\" needs volume = \"NAME\""
+                )
+            })?;
+            if n.size.is_some() || n.path.is_some() {
+                bail!(
+                    "config: {nkey}: a volume namespace takes its size from the volume; remove size and path"
+                );
+            }
+            volumes(name, &s.nqn, n.nsid).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "config: {nkey}.volume = {name:?}: no such volume; declare it in [[volume]] (or create it with `flashpool volume create`)"
+                )
+            })?
+        } else {
+            if n.volume.is_some() {
+                bail!(
+                    "config: {nkey}.volume is only for backend = \"volume\"; remove it or change the backend"
+                );
+            }
+            device(&nkey, n)?
+        };
         let uuid = match &n.uuid {
             Some(u) => parse_hex(&format!("{nkey}.uuid"), u)?,
             None => derived_id(&s.nqn, n.nsid, 11),
@@ -490,7 +680,9 @@ fn device(key: &str, n: &NamespaceSection) -> Result<Arc<dyn BlockDevice>> {
                 .map_err(|e| anyhow::anyhow!("config: {key}: {e}"))?,
             )
         }
-        b => bail!("config: {key}.backend = {b:?} is unknown; use \"mem\", \"null\" or \"file\""),
+        b => bail!(
+            "config: {key}.backend = {b:?} is unknown; use \"mem\", \"null\", \"file\" or \"volume\""
+        ),
     };
     Ok(dev)
 }
@@ -541,7 +733,7 @@ mod tests {
         let cfg: Result<NodeConfig, _> = toml::from_str(text);
         match cfg {
             Err(e) => e.to_string(),
-            Ok(c) => match build(&c) {
+            Ok(c) => match build(&c, &|_, _, _| None) {
                 Err(e) => e.to_string(),
                 Ok(_) => "ok".into(),
             },
@@ -553,7 +745,7 @@ mod tests {
     #[test]
     fn embedded_default_builds() {
         let (cfg, _) = load(None).unwrap();
-        let b = build(&cfg).unwrap();
+        let b = build(&cfg, &|_, _, _| None).unwrap();
         assert_eq!(b.subsystems[0].nqn, DEFAULT_NQN);
         assert_eq!(b.subsystems[0].namespaces()[0].num_blocks, (1 << 30) / 512);
         assert_eq!(b.listeners.len(), 2);

@@ -1,7 +1,10 @@
 //! flashpool: disaggregated flash over NVMe/TCP.
 
+mod api;
 mod bench;
+mod cli;
 mod config;
+mod node;
 mod serve;
 mod units;
 
@@ -32,6 +35,20 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Volumes of a running node (through its management API).
+    Volume {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(subcommand)]
+        cmd: cli::VolumeCmd,
+    },
+    /// Drives of a running node (through its management API).
+    Drive {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(subcommand)]
+        cmd: cli::DriveCmd,
+    },
     /// Load a target and measure it: tcp://ADDR:PORT/NQN, file:PATH (io_uring, O_DIRECT) or mem:SIZE.
     Bench(Box<bench::BenchArgs>),
 }
@@ -41,6 +58,8 @@ fn main() {
     let r: Result<()> = match cli.cmd {
         Cmd::Serve { config, check } => serve::run(config.as_deref(), check),
         Cmd::Bench(args) => bench::run(*args),
+        Cmd::Volume { api, cmd } => cli::volume(api, cmd),
+        Cmd::Drive { api, cmd } => cli::drive(api, cmd),
     };
     if let Err(e) = r {
         eprintln!("flashpool: error: {e:#}");

@@ -1,35 +1,83 @@
 //! `flashpool serve`: start the target, print how to attach, stop cleanly on SIGINT/SIGTERM.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use blockdev::{BlockDevice, NullDevice};
 use nvmf_target::{ListenerKind, Server, Target};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use crate::config;
+use crate::node::{Node, NodeState};
 
 pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     let (cfg, origin) = config::load(path)?;
     init_logging(&cfg.node.log);
     // Signals are blocked from here on, so a SIGTERM during start-up is not lost.
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
-    let built = config::build(&cfg)?;
+    let (drive_specs, volume_specs) = config::node_specs(&cfg)?;
     if check_only {
+        // Volumes are not assembled here (that writes superblocks): a
+        // declared volume stands in as a placeholder.
+        let declared: HashSet<&str> = volume_specs.iter().map(|v| v.name.as_str()).collect();
+        let built = config::build(&cfg, &|v, _, _| {
+            declared.contains(v).then(|| {
+                Arc::new(NullDevice::new(1 << 20, 4096).expect("placeholder"))
+                    as Arc<dyn BlockDevice>
+            })
+        })?;
         println!(
-            "config {origin}: OK ({} subsystems)",
-            built.subsystems.len()
+            "config {origin}: OK ({} subsystems, {} drives, {} volumes)",
+            built.subsystems.len(),
+            drive_specs.len(),
+            volume_specs.len()
         );
         return Ok(());
     }
+    // The management runtime: the API, volume assembly, rebuilds. The I/O
+    // path stays on the reactors.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("flashpool-mgmt")
+        .enable_all()
+        .build()
+        .context("cannot start the management runtime")?;
+    let mut state = NodeState::default();
+    for d in &drive_specs {
+        let drive = d.open().map_err(|e| anyhow::anyhow!("config: {e}"))?;
+        state.drives.insert(d.name.clone(), drive);
+    }
+    let node = Node::new(state);
+    rt.block_on(async {
+        node.assemble_found().await?;
+        for v in volume_specs {
+            let name = v.name.clone();
+            node.ensure_volume(v)
+                .await
+                .with_context(|| format!("config: volume {name}"))?;
+        }
+        anyhow::Ok(())
+    })?;
+    let built = config::build(&cfg, &|v, nqn, nsid| {
+        rt.block_on(node.config_namespace(v, nqn, nsid))
+    })?;
     let target = Arc::new(Target::new(built.transport, built.subsystems));
+    node.attach_target(target.clone());
     let server = Server::start(target.clone(), &built.listeners)?;
-    print_banner(&server, &origin);
+    let api = if cfg.api.enabled {
+        Some(crate::api::start(&rt, node.clone(), &cfg.api.address)?)
+    } else {
+        None
+    };
+    print_banner(&server, &origin, api, &rt, &node);
     if let Some(sig) = signals.forever().next() {
         tracing::info!("signal {sig}: stopping (in-flight I/O completes, files are flushed)");
     }
     server.shutdown();
+    rt.block_on(node.shutdown());
     tracing::info!("stopped cleanly");
     Ok(())
 }
@@ -45,7 +93,13 @@ fn init_logging(level: &str) {
         .try_init();
 }
 
-fn print_banner(server: &Server, origin: &str) {
+fn print_banner(
+    server: &Server,
+    origin: &str,
+    api: Option<std::net::SocketAddr>,
+    rt: &tokio::runtime::Runtime,
+    node: &Arc<Node>,
+) {
     let t = server.target();
     println!(
         "flashpool {} serving NVMe/TCP ({origin})",
@@ -61,6 +115,23 @@ fn print_banner(server: &Server, origin: &str) {
         for ns in s.namespaces().iter() {
             println!("    nsid {}: {}", ns.nsid, ns.dev.describe());
         }
+    }
+    for v in rt.block_on(node.volumes()) {
+        println!(
+            "  volume {}: {} {}, {} on drives {}",
+            v.name,
+            v.layout,
+            crate::units::human_bytes(v.size_bytes),
+            v.state,
+            v.members
+                .iter()
+                .map(|m| m.drive.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+    }
+    if let Some(a) = api {
+        println!("  management API: http://{a}/v1/ (flashpool volume list --api {a})");
     }
     let host_addr = |a: std::net::SocketAddr| {
         if a.ip().is_unspecified() {

@@ -40,6 +40,15 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// Bytes for people: "1.0 GiB", "512.0 MiB", "4.0 KiB", "100 B".
+pub fn human_bytes(bytes: u64) -> String {
+    let units = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
+    match units.iter().find(|(shift, _)| bytes >= 1u64 << shift) {
+        Some((shift, name)) => format!("{:.1} {name}", bytes as f64 / (1u64 << shift) as f64),
+        None => format!("{bytes} B"),
+    }
+}
+
 /// Splits "1.5 MiB" into a non-negative finite number and its unit ("MiB").
 fn split_number(s: &str) -> Option<(f64, &str)> {
     let t = s.trim();

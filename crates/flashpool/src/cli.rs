@@ -1,0 +1,353 @@
+//! `flashpool volume ...` and `flashpool drive ...`: a thin client of the
+//! management API of a running `flashpool serve`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::config::DEFAULT_API_ADDRESS;
+use crate::units::human_bytes;
+
+#[derive(clap::Args, Debug)]
+pub struct ApiArgs {
+    /// Management API of the node (ADDR:PORT).
+    #[arg(long, global = true, env = "FLASHPOOL_API", default_value = DEFAULT_API_ADDRESS)]
+    api: String,
+    /// Print the API's JSON answer instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum VolumeCmd {
+    /// Make a volume on free drives.
+    Create {
+        name: String,
+        /// concat, raid0, raid1, raid5, raid6 or ecK+M (e.g. ec8+2).
+        #[arg(long)]
+        layout: String,
+        /// Drives by member position, comma separated (d0,d1,d2).
+        #[arg(long, value_delimiter = ',', required = true)]
+        drives: Vec<String>,
+        /// Strip size per member (default 64KiB).
+        #[arg(long)]
+        strip: Option<String>,
+        /// Volume block size: 4096 (default) or 512.
+        #[arg(long)]
+        block_size: Option<u32>,
+        /// Rebuild speed limit per second, e.g. 200MiB.
+        #[arg(long)]
+        rebuild_rate: Option<String>,
+        /// Serve it at once in this subsystem...
+        #[arg(long, requires = "nsid")]
+        export: Option<String>,
+        /// ...as this namespace ID.
+        #[arg(long, requires = "export")]
+        nsid: Option<u32>,
+    },
+    /// All volumes.
+    List,
+    /// One volume in detail.
+    Show { name: String },
+    /// Delete a volume that is not exported; its drives become free.
+    Delete { name: String },
+    /// Serve a volume as namespace NSID of subsystem NQN.
+    Export {
+        name: String,
+        #[arg(long)]
+        nqn: String,
+        #[arg(long)]
+        nsid: u32,
+    },
+    /// Stop serving a volume.
+    Unexport { name: String },
+    /// Rebuild progress and ETA.
+    RebuildStatus {
+        name: String,
+        /// Wait until the rebuild is over, printing progress.
+        #[arg(long)]
+        wait: bool,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum DriveCmd {
+    /// All drives and what uses them.
+    List,
+    /// Mark a drive failed; its volume runs degraded.
+    Fail { name: String },
+    /// Put drive WITH in the place of NAME in its volume and rebuild onto it.
+    Replace {
+        name: String,
+        #[arg(long)]
+        with: String,
+    },
+}
+
+struct Client {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    fn new(api: &str) -> Client {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(3600)))
+            .build()
+            .into();
+        Client {
+            base: format!("http://{api}/v1"),
+            agent,
+        }
+    }
+
+    /// One call; an error answer becomes an error carrying the API's message.
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+        let url = format!("{}{path}", self.base);
+        let sent = match (method, body) {
+            ("GET", _) => self.agent.get(&url).call(),
+            ("DELETE", _) => self.agent.delete(&url).call(),
+            (_, Some(b)) => self
+                .agent
+                .post(&url)
+                .header("Content-Type", "application/json")
+                .send(b.to_string()),
+            (_, None) => self.agent.post(&url).send_empty(),
+        };
+        let mut resp = sent.with_context(|| {
+            format!(
+                "cannot reach the management API at {}: is `flashpool serve` running? (set --api or FLASHPOOL_API)",
+                self.base
+            )
+        })?;
+        let status = resp.status();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .context("reading the API's answer")?;
+        let v: Value = serde_json::from_str(&text).with_context(|| {
+            format!("the API answered {status} with something that is not JSON: {text}")
+        })?;
+        if !status.is_success() {
+            let msg = v["error"].as_str().unwrap_or(&text);
+            bail!("{msg}");
+        }
+        Ok(v)
+    }
+}
+
+pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
+    let c = Client::new(&api.api);
+    let v = match cmd {
+        VolumeCmd::Create {
+            name,
+            layout,
+            drives,
+            strip,
+            block_size,
+            rebuild_rate,
+            export,
+            nsid,
+        } => {
+            let mut b = json!({ "name": name, "layout": layout, "drives": drives });
+            if let Some(s) = strip {
+                b["strip"] = json!(s);
+            }
+            if let Some(s) = block_size {
+                b["block_size"] = json!(s);
+            }
+            if let Some(s) = rebuild_rate {
+                b["rebuild_rate"] = json!(s);
+            }
+            if let (Some(nqn), Some(nsid)) = (export, nsid) {
+                b["export"] = json!({ "nqn": nqn, "nsid": nsid });
+            }
+            c.call("POST", "/volumes", Some(b))?
+        }
+        VolumeCmd::List => {
+            let v = c.call("GET", "/volumes", None)?;
+            if api.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print_volume_table(&v);
+            }
+            return Ok(());
+        }
+        VolumeCmd::Show { name } => c.call("GET", &format!("/volumes/{name}"), None)?,
+        VolumeCmd::Delete { name } => c.call("DELETE", &format!("/volumes/{name}"), None)?,
+        VolumeCmd::Export { name, nqn, nsid } => c.call(
+            "POST",
+            &format!("/volumes/{name}/export"),
+            Some(json!({ "nqn": nqn, "nsid": nsid })),
+        )?,
+        VolumeCmd::Unexport { name } => {
+            c.call("POST", &format!("/volumes/{name}/unexport"), None)?
+        }
+        VolumeCmd::RebuildStatus { name, wait } => {
+            return rebuild_status(&c, &name, wait, api.json);
+        }
+    };
+    if api.json || v.get("deleted").is_some() {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_volume(&v);
+    }
+    Ok(())
+}
+
+pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
+    let c = Client::new(&api.api);
+    let v = match cmd {
+        DriveCmd::List => c.call("GET", "/drives", None)?,
+        DriveCmd::Fail { name } => c.call("POST", &format!("/drives/{name}/fail"), None)?,
+        DriveCmd::Replace { name, with } => {
+            let v = c.call(
+                "POST",
+                &format!("/drives/{name}/replace"),
+                Some(json!({ "with": with })),
+            )?;
+            if api.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print_volume(&v);
+            }
+            return Ok(());
+        }
+    };
+    if api.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let rows = match &v {
+        Value::Array(a) => a.clone(),
+        one => vec![one.clone()],
+    };
+    println!(
+        "{:<12} {:<7} {:>10} {:<8} {:<12} device",
+        "DRIVE", "BACKEND", "SIZE", "STATE", "VOLUME"
+    );
+    for d in rows {
+        let user = match (d["volume"].as_str(), d["position"].as_u64()) {
+            (Some(v), Some(p)) => format!("{v}[{p}]"),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<12} {:<7} {:>10} {:<8} {:<12} {}",
+            d["name"].as_str().unwrap_or("?"),
+            d["backend"].as_str().unwrap_or("?"),
+            human_bytes(d["size_bytes"].as_u64().unwrap_or(0)),
+            d["state"].as_str().unwrap_or("?"),
+            user,
+            d["device"].as_str().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+fn export_text(v: &Value) -> String {
+    match v["export"].as_object() {
+        Some(x) => format!(
+            "nsid {} of {}",
+            x["nsid"].as_u64().unwrap_or(0),
+            x["nqn"].as_str().unwrap_or("?")
+        ),
+        None => "-".into(),
+    }
+}
+
+fn print_volume_table(v: &Value) {
+    println!(
+        "{:<14} {:<8} {:>10} {:<10} {:<24} exported as",
+        "VOLUME", "LAYOUT", "SIZE", "STATE", "DRIVES"
+    );
+    for x in v.as_array().into_iter().flatten() {
+        let drives: Vec<&str> = x["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| m["drive"].as_str().unwrap_or("?"))
+            .collect();
+        println!(
+            "{:<14} {:<8} {:>10} {:<10} {:<24} {}",
+            x["name"].as_str().unwrap_or("?"),
+            x["layout"].as_str().unwrap_or("?"),
+            human_bytes(x["size_bytes"].as_u64().unwrap_or(0)),
+            x["state"].as_str().unwrap_or("?"),
+            drives.join(","),
+            export_text(x)
+        );
+    }
+}
+
+fn print_volume(v: &Value) {
+    println!(
+        "volume {} ({})",
+        v["name"].as_str().unwrap_or("?"),
+        v["uuid"].as_str().unwrap_or("?")
+    );
+    println!(
+        "  {} {}, {} B blocks, {} strips, {}, generation {}",
+        v["layout"].as_str().unwrap_or("?"),
+        human_bytes(v["size_bytes"].as_u64().unwrap_or(0)),
+        v["block_size"].as_u64().unwrap_or(0),
+        human_bytes(v["strip_bytes"].as_u64().unwrap_or(0)),
+        v["state"].as_str().unwrap_or("?"),
+        v["generation"].as_u64().unwrap_or(0)
+    );
+    println!("  exported as: {}", export_text(v));
+    for m in v["members"].as_array().into_iter().flatten() {
+        println!(
+            "  member {:>2}: {:<12} {}",
+            m["position"].as_u64().unwrap_or(0),
+            m["drive"].as_str().unwrap_or("?"),
+            m["state"].as_str().unwrap_or("?")
+        );
+    }
+    print_rebuild(&v["rebuild"]);
+}
+
+fn print_rebuild(r: &Value) {
+    if r["running"].as_bool() == Some(true) {
+        let eta = r["eta_secs"]
+            .as_f64()
+            .map_or("?".to_string(), |s| format!("{s:.0}s"));
+        println!(
+            "  rebuild: {:.1}% ({} of {} stripes), {:.1} MB/s, ETA {eta}",
+            r["percent"].as_f64().unwrap_or(0.0),
+            r["done_stripes"].as_u64().unwrap_or(0),
+            r["total_stripes"].as_u64().unwrap_or(0),
+            r["mb_per_sec"].as_f64().unwrap_or(0.0)
+        );
+    } else if let Some(e) = r["last_error"].as_str() {
+        println!("  rebuild: failed: {e}");
+    } else {
+        println!("  rebuild: not running");
+    }
+}
+
+fn rebuild_status(c: &Client, name: &str, wait: bool, as_json: bool) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let v = c.call("GET", &format!("/volumes/{name}/rebuild"), None)?;
+        let running = v["rebuild"]["running"].as_bool() == Some(true)
+            || v["state"].as_str() == Some("rebuilding");
+        if as_json {
+            println!("{}", serde_json::to_string(&v)?);
+        } else {
+            println!("volume {name}: {}", v["state"].as_str().unwrap_or("?"));
+            print_rebuild(&v["rebuild"]);
+        }
+        if !wait || !running {
+            if let Some(e) = v["rebuild"]["last_error"].as_str() {
+                bail!("volume {name}: the last rebuild failed: {e}");
+            }
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(24 * 3600) {
+            bail!("volume {name}: still rebuilding after a day; giving up waiting");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,188 @@
+//! The node: its drives, the volumes built on them, and what it exports.
+//!
+//! Drives come from the TOML file. Volumes are found on the drives at start
+//! (their superblocks say which volume and position each drive holds), made
+//! from `[[volume]]` sections, or created through the management API. Every
+//! change goes through [`Node`], one operation at a time, so two requests can
+//! never claim the same drive.
+
+mod drive;
+mod ops;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use blockdev::{BlockDevice, BlockError, BlockOp, Geometry, IoFuture, IoRequest};
+use nvmf_target::Target;
+use serde::Serialize;
+use volume::Volume;
+
+pub use drive::{Drive, DriveSpec};
+pub use ops::{CreateVolume, ExportRequest, check_name, parse_layout};
+
+/// An operation's failure, with the HTTP status the API answers with.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The request itself is wrong: fix it and retry.
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// The request conflicts with the node's state (in use, exported, ...).
+    #[error("{0}")]
+    Conflict(String),
+    /// The node failed to do something it should have been able to do.
+    #[error("{0}")]
+    Internal(String),
+}
+
+pub type NodeResult<T> = Result<T, NodeError>;
+
+/// Where a volume is served.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Export {
+    pub nqn: String,
+    pub nsid: u32,
+}
+
+/// A volume the node runs.
+pub struct VolumeEntry {
+    pub name: String,
+    pub vol: Volume,
+    /// Drive names by member position.
+    pub drives: Vec<String>,
+    pub export: Option<Export>,
+    /// Declared in the TOML file (deleting it there is the way to remove it).
+    pub from_config: bool,
+    /// Rebuild speed limit in bytes per second (None: as fast as possible).
+    pub rebuild_rate: Option<u64>,
+    pub last_rebuild_error: Option<String>,
+}
+
+#[derive(Default)]
+pub struct NodeState {
+    pub drives: BTreeMap<String, Drive>,
+    pub volumes: BTreeMap<String, VolumeEntry>,
+}
+
+impl NodeState {
+    /// The volume and position that hold `drive`, if any.
+    pub fn user_of(&self, drive: &str) -> Option<(&str, usize)> {
+        self.volumes.values().find_map(|v| {
+            v.drives
+                .iter()
+                .position(|d| d == drive)
+                .map(|p| (v.name.as_str(), p))
+        })
+    }
+}
+
+/// The node's management core, shared by `serve` and the API.
+pub struct Node {
+    pub state: tokio::sync::Mutex<NodeState>,
+    target: std::sync::OnceLock<Arc<Target>>,
+}
+
+impl Node {
+    pub fn new(state: NodeState) -> Arc<Node> {
+        Arc::new(Node {
+            state: tokio::sync::Mutex::new(state),
+            target: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Connects the node to the running target (exports need it).
+    pub fn attach_target(&self, target: Arc<Target>) {
+        let _ = self.target.set(target);
+    }
+
+    fn target(&self) -> NodeResult<&Arc<Target>> {
+        self.target
+            .get()
+            .ok_or_else(|| NodeError::Internal("the target is not running yet".into()))
+    }
+
+    /// Leaves every volume clean (superblocks marked clean, bitmaps empty)
+    /// and releases the drives. Call after the target stopped serving.
+    pub async fn shutdown(&self) {
+        let st = self.state.lock().await;
+        for v in st.volumes.values() {
+            if let Err(e) = v.vol.close().await {
+                tracing::error!("volume {}: close: {e}", v.name);
+            }
+        }
+        for d in st.drives.values() {
+            if let Err(e) = d.dev.shutdown() {
+                tracing::error!("drive {}: {e}", d.name);
+            }
+        }
+    }
+}
+
+/// A volume as the target sees it: every call goes to the volume, but
+/// shutting the namespace down leaves the members to the node, which closes
+/// the volume cleanly first.
+pub struct ServedVolume(pub Volume, pub String);
+
+impl BlockDevice for ServedVolume {
+    fn geometry(&self) -> Geometry {
+        self.0.geometry()
+    }
+    fn submit(&self, req: IoRequest) -> IoFuture {
+        self.0.submit(req)
+    }
+    fn deallocate_reads_zeroes(&self) -> bool {
+        self.0.deallocate_reads_zeroes()
+    }
+    fn describe(&self) -> String {
+        format!("volume {}: {}", self.1, self.0.describe())
+    }
+}
+
+/// Reads the first 4 KiB of a device.
+pub(crate) async fn read_head(dev: &Arc<dyn BlockDevice>) -> Result<Vec<u8>, BlockError> {
+    let bs = dev.geometry().block_size;
+    let blocks = (4096 / bs).max(1);
+    let mut buf = blockdev::AlignedBuf::new(4096);
+    buf.set_len(4096);
+    let done = dev
+        .submit(IoRequest {
+            op: BlockOp::Read,
+            lba: 0,
+            blocks,
+            buf,
+        })
+        .await;
+    done.result?;
+    Ok(done.buf[..4096].to_vec())
+}
+
+/// Makes every completed write to `dev` durable.
+pub(crate) async fn flush(dev: &dyn BlockDevice) -> Result<(), BlockError> {
+    dev.submit(IoRequest {
+        op: BlockOp::Flush,
+        lba: 0,
+        blocks: 0,
+        buf: blockdev::AlignedBuf::new(0),
+    })
+    .await
+    .result
+}
+
+/// Overwrites the first 4 KiB with zeroes, so the device no longer
+/// assembles into the volume it held.
+pub(crate) async fn wipe_head(dev: &Arc<dyn BlockDevice>) -> Result<(), BlockError> {
+    let bs = dev.geometry().block_size;
+    let blocks = (4096 / bs).max(1);
+    let mut buf = blockdev::AlignedBuf::new(4096);
+    buf.set_len(4096);
+    let done = dev
+        .submit(IoRequest {
+            op: BlockOp::Write { fua: true },
+            lba: 0,
+            blocks,
+            buf,
+        })
+        .await;
+    done.result
+}

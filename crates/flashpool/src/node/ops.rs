@@ -1,0 +1,764 @@
+//! What an operator can do to a node: make, find, export and delete volumes,
+//! fail and replace drives, follow rebuilds. The API and `serve` call these;
+//! each takes the node's state lock for its whole run.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use blockdev::BlockDevice;
+use nvmf_target::{Namespace, NamespaceError};
+use serde::{Deserialize, Serialize};
+use volume::superblock::{MAX_NAME_BYTES, Superblock};
+use volume::{LayoutKind, MemberState, RebuildOptions, Volume, VolumeConfig};
+
+use super::{
+    Export, Node, NodeError, NodeResult, NodeState, ServedVolume, VolumeEntry, read_head, wipe_head,
+};
+
+/// `POST /v1/volumes`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVolume {
+    pub name: String,
+    /// concat, raid0, raid1, raid5, raid6 or ecK+M (e.g. ec8+2).
+    pub layout: String,
+    pub drives: Vec<String>,
+    /// Strip size per member, e.g. "64KiB" (default).
+    #[serde(default)]
+    pub strip: Option<String>,
+    /// 4096 (default) or 512.
+    #[serde(default)]
+    pub block_size: Option<u32>,
+    /// Rebuild speed limit, e.g. "200MiB" (per second); default unlimited.
+    #[serde(default)]
+    pub rebuild_rate: Option<String>,
+    /// Serve it at once as this namespace.
+    #[serde(default)]
+    pub export: Option<ExportRequest>,
+}
+
+/// `POST /v1/volumes/{name}/export`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportRequest {
+    pub nqn: String,
+    pub nsid: u32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemberInfo {
+    pub position: usize,
+    pub drive: String,
+    /// active, failed, or rebuilding.
+    pub state: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RebuildInfo {
+    pub running: bool,
+    pub members: Vec<usize>,
+    pub done_stripes: u64,
+    pub total_stripes: u64,
+    pub percent: f64,
+    pub bytes: u64,
+    pub mb_per_sec: f64,
+    pub eta_secs: Option<f64>,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub uuid: String,
+    pub layout: String,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub strip_bytes: u64,
+    /// optimal, degraded, or rebuilding.
+    pub state: String,
+    pub generation: u64,
+    pub members: Vec<MemberInfo>,
+    pub export: Option<Export>,
+    pub from_config: bool,
+    pub rebuild: RebuildInfo,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DriveInfo {
+    pub name: String,
+    pub backend: String,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub device: String,
+    /// free, member, or failed.
+    pub state: String,
+    pub volume: Option<String>,
+    pub position: Option<usize>,
+}
+
+/// Parses `concat`, `raid0`, `raid1`, `raid5`, `raid6`, `ecK+M`.
+pub fn parse_layout(s: &str) -> NodeResult<LayoutKind> {
+    let bad = || {
+        NodeError::BadRequest(format!(
+            "layout {s:?} is unknown; use concat, raid0, raid1, raid5, raid6 or ecK+M (e.g. ec8+2)"
+        ))
+    };
+    Ok(match s {
+        "concat" => LayoutKind::Concat,
+        "raid0" => LayoutKind::Raid0,
+        "raid1" => LayoutKind::Raid1,
+        "raid5" => LayoutKind::Raid5,
+        "raid6" => LayoutKind::Raid6,
+        _ => {
+            let (k, m) = s
+                .strip_prefix("ec")
+                .and_then(|r| r.split_once('+'))
+                .ok_or_else(bad)?;
+            let k: usize = k.parse().map_err(|_| bad())?;
+            let m: usize = m.parse().map_err(|_| bad())?;
+            LayoutKind::Erasure { k, m }
+        }
+    })
+}
+
+/// Volume and drive names: 1 to 63 of `A-Z a-z 0-9 . _ -`, starting with a
+/// letter or digit (they appear in URLs, logs and superblocks).
+pub fn check_name(what: &str, name: &str) -> NodeResult<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_BYTES
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(NodeError::BadRequest(format!(
+            "{what} name {name:?} is not valid: use 1 to {MAX_NAME_BYTES} letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )))
+    }
+}
+
+fn size_arg(what: &str, s: &str) -> NodeResult<u64> {
+    crate::units::parse_size(s).map_err(|e| NodeError::BadRequest(format!("{what} {s:?}: {e}")))
+}
+
+fn uuid_bytes(uuid: &str) -> [u8; 16] {
+    let hex: Vec<u8> = uuid.bytes().filter(|c| c.is_ascii_hexdigit()).collect();
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks(2).take(16).enumerate() {
+        let s = std::str::from_utf8(pair).unwrap_or("0");
+        out[i] = u8::from_str_radix(s, 16).unwrap_or(0);
+    }
+    out
+}
+
+fn member_state_name(s: MemberState) -> &'static str {
+    match s {
+        MemberState::Active => "active",
+        MemberState::Failed => "failed",
+        MemberState::Rebuilding { .. } => "rebuilding",
+    }
+}
+
+impl VolumeEntry {
+    pub fn info(&self) -> VolumeInfo {
+        let v = &self.vol;
+        let states = v.member_states();
+        let state = if states.iter().any(|s| matches!(s, MemberState::Failed)) {
+            "degraded"
+        } else if states
+            .iter()
+            .any(|s| matches!(s, MemberState::Rebuilding { .. }))
+        {
+            "rebuilding"
+        } else {
+            "optimal"
+        };
+        let p = v.rebuild_progress();
+        let geo = v.geometry();
+        VolumeInfo {
+            name: self.name.clone(),
+            uuid: v.uuid(),
+            layout: v.layout().kind().to_string(),
+            size_bytes: geo.size_bytes(),
+            block_size: geo.block_size,
+            strip_bytes: v.layout().strip_blocks() * u64::from(geo.block_size),
+            state: state.into(),
+            generation: v.generation(),
+            members: states
+                .iter()
+                .enumerate()
+                .map(|(i, s)| MemberInfo {
+                    position: i,
+                    drive: self.drives.get(i).cloned().unwrap_or_else(|| "-".into()),
+                    state: member_state_name(*s).into(),
+                })
+                .collect(),
+            export: self.export.clone(),
+            from_config: self.from_config,
+            rebuild: RebuildInfo {
+                running: p.running,
+                members: p.members.clone(),
+                done_stripes: p.done_stripes,
+                total_stripes: p.total_stripes,
+                percent: if p.total_stripes == 0 {
+                    0.0
+                } else {
+                    100.0 * p.done_stripes as f64 / p.total_stripes as f64
+                },
+                bytes: p.bytes,
+                mb_per_sec: p.bytes_per_sec / 1e6,
+                eta_secs: p.eta.map(|d| d.as_secs_f64()),
+                last_error: self.last_rebuild_error.clone(),
+            },
+        }
+    }
+
+    fn namespace(&self, nsid: u32) -> Namespace {
+        let id = uuid_bytes(&self.vol.uuid());
+        let mut nguid = id;
+        nguid[0] ^= 0x5A;
+        Namespace::new(
+            nsid,
+            Arc::new(ServedVolume(self.vol.clone(), self.name.clone())),
+            id,
+            nguid,
+        )
+    }
+}
+
+impl NodeState {
+    fn drive_info(&self, name: &str) -> Option<DriveInfo> {
+        let d = self.drives.get(name)?;
+        let geo = d.dev.geometry();
+        let user = self.user_of(name);
+        let state = match (user, d.failed) {
+            (Some((v, p)), _) => {
+                let failed = self
+                    .volumes
+                    .get(v)
+                    .is_some_and(|e| e.vol.member_states()[p] == MemberState::Failed);
+                if failed { "failed" } else { "member" }
+            }
+            (None, true) => "failed",
+            (None, false) => "free",
+        };
+        Some(DriveInfo {
+            name: d.name.clone(),
+            backend: d.backend.clone(),
+            size_bytes: geo.size_bytes(),
+            block_size: geo.block_size,
+            device: d.dev.describe(),
+            state: state.into(),
+            volume: user.map(|(v, _)| v.to_string()),
+            position: user.map(|(_, p)| p),
+        })
+    }
+
+    /// Checks that `names` are existing, distinct, healthy drives no volume uses.
+    fn claimable(&self, names: &[String]) -> NodeResult<Vec<Arc<dyn BlockDevice>>> {
+        let mut devs = Vec::with_capacity(names.len());
+        for (i, n) in names.iter().enumerate() {
+            if names[..i].contains(n) {
+                return Err(NodeError::BadRequest(format!(
+                    "drive {n} is listed twice; give each position its own drive"
+                )));
+            }
+            let d = self.drives.get(n).ok_or_else(|| {
+                NodeError::BadRequest(format!(
+                    "drive {n} does not exist; list the drives with `flashpool drive list`"
+                ))
+            })?;
+            if let Some((v, p)) = self.user_of(n) {
+                return Err(NodeError::Conflict(format!(
+                    "drive {n} is already in use by volume {v} (position {p}); pick a free drive"
+                )));
+            }
+            if d.failed {
+                return Err(NodeError::Conflict(format!(
+                    "drive {n} has failed; pick a healthy drive"
+                )));
+            }
+            devs.push(d.dev.clone());
+        }
+        Ok(devs)
+    }
+}
+
+impl Node {
+    /// At start: reads every drive's superblock, groups drives by volume,
+    /// and assembles each volume. A drive that lost its position to a newer
+    /// one (it was replaced) is left alone, and wiped, with a warning.
+    pub async fn assemble_found(self: &Arc<Self>) -> anyhow::Result<()> {
+        let mut st = self.state.lock().await;
+        let mut groups: BTreeMap<[u8; 16], Vec<(String, Superblock)>> = BTreeMap::new();
+        for (name, d) in &st.drives {
+            let head = match read_head(&d.dev).await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!("drive {name}: cannot read its superblock: {e}");
+                    continue;
+                }
+            };
+            if let Ok(sb) = Superblock::decode(&head) {
+                groups.entry(sb.uuid).or_default().push((name.clone(), sb));
+            }
+        }
+        for (_, mut found) in groups {
+            found.sort_by_key(|(_, sb)| std::cmp::Reverse(sb.generation));
+            let newest = found[0].1.clone();
+            // One drive per position: the newest claim wins.
+            let mut chosen: BTreeMap<u16, String> = BTreeMap::new();
+            for (drive, sb) in &found {
+                if chosen.contains_key(&sb.position) {
+                    tracing::warn!(
+                        "drive {drive} claims position {} of volume {:?} at generation {}, \
+                         but a newer member holds it; leaving {drive} out and wiping it",
+                        sb.position,
+                        newest.name,
+                        sb.generation
+                    );
+                    if let Some(d) = st.drives.get(drive) {
+                        let _ = wipe_head(&d.dev).await;
+                    }
+                    continue;
+                }
+                chosen.insert(sb.position, drive.clone());
+            }
+            let n = newest.members.len();
+            let members: Vec<Arc<dyn BlockDevice>> =
+                chosen.values().map(|d| st.drives[d].dev.clone()).collect();
+            let vol = Volume::assemble(members).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "volume {:?} on drives {:?}: {e}",
+                    newest.name,
+                    chosen.values().collect::<Vec<_>>()
+                )
+            })?;
+            let mut name = vol.name();
+            if name.is_empty() || st.volumes.contains_key(&name) {
+                name = format!("vol-{}", &vol.uuid()[..8]);
+            }
+            let drives = (0..n)
+                .map(|p| {
+                    chosen
+                        .get(&(p as u16))
+                        .cloned()
+                        .unwrap_or_else(|| "-".into())
+                })
+                .collect();
+            for d in chosen.values() {
+                if let Some(dr) = st.drives.get_mut(d) {
+                    dr.fresh = false;
+                }
+            }
+            tracing::info!(
+                "volume {name}: assembled on {:?}",
+                chosen.values().collect::<Vec<_>>()
+            );
+            let resume = vol
+                .member_states()
+                .iter()
+                .any(|s| matches!(s, MemberState::Rebuilding { .. }));
+            st.volumes.insert(
+                name.clone(),
+                VolumeEntry {
+                    name: name.clone(),
+                    vol,
+                    drives,
+                    export: None,
+                    from_config: false,
+                    rebuild_rate: None,
+                    last_rebuild_error: None,
+                },
+            );
+            if resume {
+                tracing::info!("volume {name}: resuming the rebuild that was interrupted");
+                self.spawn_rebuild(&st, &name);
+            }
+        }
+        Ok(())
+    }
+
+    /// A `[[volume]]` of the TOML file: found on its drives, or made on them.
+    pub async fn ensure_volume(self: &Arc<Self>, req: CreateVolume) -> anyhow::Result<()> {
+        let existing = {
+            let mut st = self.state.lock().await;
+            match st.volumes.get_mut(&req.name) {
+                Some(e) => {
+                    let want = parse_layout(&req.layout)?;
+                    let have = e.vol.layout().kind();
+                    if want != have {
+                        anyhow::bail!(
+                            "volume {}: the TOML says layout {want} but its drives hold a {have} volume; \
+                             fix the TOML or delete the volume",
+                            req.name
+                        );
+                    }
+                    if e.drives != req.drives {
+                        tracing::warn!(
+                            "volume {}: runs on drives {:?} but the TOML lists {:?} (a drive was replaced); update the TOML",
+                            req.name,
+                            e.drives,
+                            req.drives
+                        );
+                    }
+                    e.from_config = true;
+                    if let Some(r) = &req.rebuild_rate {
+                        e.rebuild_rate = Some(size_arg("rebuild_rate", r)?);
+                    }
+                    true
+                }
+                None => false,
+            }
+        };
+        if !existing {
+            self.create_volume(req.clone()).await?;
+            let mut st = self.state.lock().await;
+            if let Some(e) = st.volumes.get_mut(&req.name) {
+                e.from_config = true;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn create_volume(self: &Arc<Self>, req: CreateVolume) -> NodeResult<VolumeInfo> {
+        check_name("volume", &req.name)?;
+        let kind = parse_layout(&req.layout)?;
+        kind.shape(req.drives.len())
+            .map_err(|e| NodeError::BadRequest(format!("volume {}: {e}", req.name)))?;
+        let mut cfg = VolumeConfig::new(kind);
+        if let Some(s) = &req.strip {
+            let b = size_arg("strip", s)?;
+            cfg.strip_bytes = u32::try_from(b).map_err(|_| {
+                NodeError::BadRequest(format!("strip {s:?} is too large; use e.g. 64KiB"))
+            })?;
+        }
+        if let Some(bs) = req.block_size {
+            cfg.block_size = bs;
+        }
+        let rebuild_rate = req
+            .rebuild_rate
+            .as_deref()
+            .map(|r| size_arg("rebuild_rate", r))
+            .transpose()?;
+        cfg.name = req.name.clone();
+        let mut st = self.state.lock().await;
+        if st.volumes.contains_key(&req.name) {
+            return Err(NodeError::Conflict(format!(
+                "volume {} already exists; pick another name",
+                req.name
+            )));
+        }
+        let devs = st.claimable(&req.drives)?;
+        if let Some(x) = &req.export {
+            self.check_export_free(x)?;
+        }
+        cfg.assume_clean = req.drives.iter().all(|d| st.drives[d].fresh);
+        let vol = Volume::create(devs, cfg)
+            .await
+            .map_err(|e| NodeError::BadRequest(format!("volume {}: {e}", req.name)))?;
+        for d in &req.drives {
+            if let Some(dr) = st.drives.get_mut(d) {
+                dr.fresh = false;
+            }
+        }
+        let mut entry = VolumeEntry {
+            name: req.name.clone(),
+            vol,
+            drives: req.drives.clone(),
+            export: None,
+            from_config: false,
+            rebuild_rate,
+            last_rebuild_error: None,
+        };
+        if let Some(x) = req.export {
+            self.export_entry(&mut entry, x)?;
+        }
+        let info = entry.info();
+        st.volumes.insert(req.name.clone(), entry);
+        tracing::info!(
+            "volume {}: created ({} on {:?})",
+            req.name,
+            kind,
+            req.drives
+        );
+        Ok(info)
+    }
+
+    fn check_export_free(&self, x: &ExportRequest) -> NodeResult<()> {
+        let t = self.target()?;
+        let sub = t.subsystem(&x.nqn).ok_or_else(|| {
+            NodeError::BadRequest(format!(
+                "no subsystem {}; declare it in the node's TOML ([[subsystem]])",
+                x.nqn
+            ))
+        })?;
+        if sub.namespace(x.nsid).is_some() {
+            return Err(NodeError::Conflict(format!(
+                "subsystem {} already has namespace {}; pick another nsid",
+                x.nqn, x.nsid
+            )));
+        }
+        Ok(())
+    }
+
+    fn export_entry(&self, e: &mut VolumeEntry, x: ExportRequest) -> NodeResult<()> {
+        if let Some(cur) = &e.export {
+            return Err(NodeError::Conflict(format!(
+                "volume {} is already exported as nsid {} of {}; unexport it first",
+                e.name, cur.nsid, cur.nqn
+            )));
+        }
+        self.target()?
+            .add_namespace(&x.nqn, e.namespace(x.nsid))
+            .map_err(|err| match err {
+                NamespaceError::NsidInUse { .. } => NodeError::Conflict(err.to_string()),
+                _ => NodeError::BadRequest(err.to_string()),
+            })?;
+        tracing::info!(
+            "volume {}: exported as nsid {} of {}",
+            e.name,
+            x.nsid,
+            x.nqn
+        );
+        e.export = Some(Export {
+            nqn: x.nqn,
+            nsid: x.nsid,
+        });
+        Ok(())
+    }
+
+    /// The device for a TOML `backend = "volume"` namespace; records the export.
+    pub async fn config_namespace(
+        &self,
+        volume: &str,
+        nqn: &str,
+        nsid: u32,
+    ) -> Option<Arc<dyn BlockDevice>> {
+        let mut st = self.state.lock().await;
+        let e = st.volumes.get_mut(volume)?;
+        e.export = Some(Export {
+            nqn: nqn.into(),
+            nsid,
+        });
+        Some(Arc::new(ServedVolume(e.vol.clone(), e.name.clone())))
+    }
+
+    pub async fn export(&self, name: &str, x: ExportRequest) -> NodeResult<VolumeInfo> {
+        let mut st = self.state.lock().await;
+        let e = find_volume(&mut st, name)?;
+        self.export_entry(e, x)?;
+        Ok(e.info())
+    }
+
+    pub async fn unexport(&self, name: &str) -> NodeResult<VolumeInfo> {
+        let mut st = self.state.lock().await;
+        let e = find_volume(&mut st, name)?;
+        let Some(x) = e.export.clone() else {
+            return Err(NodeError::Conflict(format!(
+                "volume {name} is not exported"
+            )));
+        };
+        self.target()?
+            .remove_namespace(&x.nqn, x.nsid)
+            .map_err(|err| NodeError::Internal(err.to_string()))?;
+        e.export = None;
+        // Commands that were in flight on the old snapshot finish before the
+        // volume is used again for anything but I/O; a flush makes them durable.
+        super::flush(&e.vol)
+            .await
+            .map_err(|err| NodeError::Internal(format!("volume {name}: flush: {err}")))?;
+        tracing::info!(
+            "volume {name}: no longer exported (was nsid {} of {})",
+            x.nsid,
+            x.nqn
+        );
+        Ok(e.info())
+    }
+
+    pub async fn delete_volume(&self, name: &str) -> NodeResult<()> {
+        let mut st = self.state.lock().await;
+        let e = find_volume(&mut st, name)?;
+        if let Some(x) = &e.export {
+            return Err(NodeError::Conflict(format!(
+                "volume {name} is exported as nsid {} of {}; unexport it first \
+                 (flashpool volume unexport {name}), after the hosts let go of it",
+                x.nsid, x.nqn
+            )));
+        }
+        if e.from_config {
+            return Err(NodeError::Conflict(format!(
+                "volume {name} is declared in the node's TOML; remove it there and restart, \
+                 or it would be made again"
+            )));
+        }
+        if e.vol.rebuild_progress().running {
+            return Err(NodeError::Conflict(format!(
+                "volume {name} is rebuilding; wait for the rebuild to finish"
+            )));
+        }
+        let e = st.volumes.remove(name).expect("found above");
+        if let Err(err) = e.vol.close().await {
+            tracing::warn!("volume {name}: close before delete: {err}");
+        }
+        for d in &e.drives {
+            if let Some(dr) = st.drives.get(d) {
+                if let Err(err) = wipe_head(&dr.dev).await {
+                    tracing::warn!(
+                        "drive {d}: wiping the superblock of deleted volume {name}: {err}"
+                    );
+                }
+            }
+        }
+        tracing::info!("volume {name}: deleted; drives {:?} are free", e.drives);
+        Ok(())
+    }
+
+    pub async fn volumes(&self) -> Vec<VolumeInfo> {
+        let st = self.state.lock().await;
+        st.volumes.values().map(VolumeEntry::info).collect()
+    }
+
+    pub async fn volume(&self, name: &str) -> NodeResult<VolumeInfo> {
+        let mut st = self.state.lock().await;
+        Ok(find_volume(&mut st, name)?.info())
+    }
+
+    pub async fn drives(&self) -> Vec<DriveInfo> {
+        let st = self.state.lock().await;
+        st.drives.keys().filter_map(|n| st.drive_info(n)).collect()
+    }
+
+    pub async fn drive(&self, name: &str) -> NodeResult<DriveInfo> {
+        let st = self.state.lock().await;
+        st.drive_info(name).ok_or_else(|| no_drive(name))
+    }
+
+    /// Marks a drive failed: its volume goes on degraded and the drive is
+    /// not used again until the node restarts.
+    pub async fn fail_drive(&self, name: &str) -> NodeResult<DriveInfo> {
+        let mut st = self.state.lock().await;
+        if !st.drives.contains_key(name) {
+            return Err(no_drive(name));
+        }
+        if let Some((v, p)) = st.user_of(name) {
+            let v = v.to_string();
+            let e = &st.volumes[&v];
+            if e.vol.member_states()[p] != MemberState::Failed {
+                e.vol
+                    .fail_member(p)
+                    .await
+                    .map_err(|err| NodeError::Internal(format!("volume {v}: {err}")))?;
+                tracing::warn!("drive {name}: failed by the operator; volume {v} runs degraded");
+            }
+        }
+        if let Some(d) = st.drives.get_mut(name) {
+            d.failed = true;
+        }
+        Ok(st.drive_info(name).expect("exists"))
+    }
+
+    /// Puts drive `with` in the place of `name` in its volume and starts the
+    /// rebuild. A drive that has not failed yet is failed first.
+    pub async fn replace_drive(self: &Arc<Self>, name: &str, with: &str) -> NodeResult<VolumeInfo> {
+        let mut st = self.state.lock().await;
+        if !st.drives.contains_key(name) {
+            return Err(no_drive(name));
+        }
+        let Some((v, p)) = st.user_of(name).map(|(v, p)| (v.to_string(), p)) else {
+            return Err(NodeError::Conflict(format!(
+                "drive {name} is not in any volume; nothing to replace"
+            )));
+        };
+        let dev = st.claimable(std::slice::from_ref(&with.to_string()))?[0].clone();
+        let e = st.volumes.get(&v).expect("user exists");
+        if e.vol.rebuild_progress().running {
+            return Err(NodeError::Conflict(format!(
+                "volume {v} is rebuilding; replace {name} when the rebuild finishes"
+            )));
+        }
+        if e.vol.member_states()[p] != MemberState::Failed {
+            e.vol
+                .fail_member(p)
+                .await
+                .map_err(|err| NodeError::Internal(format!("volume {v}: {err}")))?;
+        }
+        e.vol
+            .replace_member(p, dev)
+            .await
+            .map_err(|err| NodeError::BadRequest(format!("volume {v}: {err}")))?;
+        let e = st.volumes.get_mut(&v).expect("user exists");
+        e.drives[p] = with.to_string();
+        if let Some(d) = st.drives.get_mut(with) {
+            d.fresh = false;
+        }
+        if let Some(d) = st.drives.get_mut(name) {
+            d.failed = true;
+            // Best effort: the old drive may be dead. Wiped, it cannot claim
+            // its old position at the next start.
+            let _ = wipe_head(&d.dev).await;
+        }
+        tracing::info!("volume {v}: drive {with} replaces {name} at position {p}; rebuilding");
+        self.spawn_rebuild(&st, &v);
+        Ok(st.volumes[&v].info())
+    }
+
+    /// Starts a volume's rebuild in the background; its outcome is kept for
+    /// `rebuild-status`.
+    fn spawn_rebuild(self: &Arc<Self>, st: &NodeState, name: &str) {
+        let e = &st.volumes[name];
+        let opts = RebuildOptions {
+            rate_bytes_per_sec: e.rebuild_rate,
+            ..RebuildOptions::default()
+        };
+        let handle = e.vol.start_rebuild(opts);
+        let node = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            let outcome = match handle.await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(format!("rebuild task: {e}")),
+            };
+            match &outcome {
+                None => tracing::info!("volume {name}: rebuild finished"),
+                Some(e) => tracing::error!("volume {name}: rebuild failed: {e}"),
+            }
+            if let Some(v) = node.state.lock().await.volumes.get_mut(&name) {
+                v.last_rebuild_error = outcome;
+            }
+        });
+    }
+
+    /// Waits until no rebuild of `name` runs (tests and the CLI's --wait).
+    pub async fn wait_rebuild(&self, name: &str, timeout: Duration) -> NodeResult<VolumeInfo> {
+        let until = std::time::Instant::now() + timeout;
+        loop {
+            let info = self.volume(name).await?;
+            if !info.rebuild.running && info.state != "rebuilding" {
+                return Ok(info);
+            }
+            if std::time::Instant::now() > until {
+                return Ok(info);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn find_volume<'a>(st: &'a mut NodeState, name: &str) -> NodeResult<&'a mut VolumeEntry> {
+    st.volumes.get_mut(name).ok_or_else(|| {
+        NodeError::NotFound(format!(
+            "no volume {name}; list them with `flashpool volume list`"
+        ))
+    })
+}
+
+fn no_drive(name: &str) -> NodeError {
+    NodeError::NotFound(format!(
+        "no drive {name}; list them with `flashpool drive list`"
+    ))
+}
