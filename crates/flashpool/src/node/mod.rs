@@ -8,6 +8,8 @@
 
 mod drive;
 mod ops;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

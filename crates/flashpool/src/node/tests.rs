@@ -1,0 +1,414 @@
+//! The node's operations end to end: mem and file drives, a real target for
+//! exports, data written through the served namespace and read back after
+//! failures, replacements, rebuilds and restarts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
+use nvmf_target::{Subsystem, Target, TransportConfig};
+
+use super::*;
+
+const NQN: &str = "nqn.2026-01.io.flashpool:test";
+const MIB: u64 = 1 << 20;
+
+fn mem_drive(name: &str, size: u64) -> DriveSpec {
+    DriveSpec {
+        name: name.into(),
+        backend: "mem".into(),
+        size: Some(size),
+        path: None,
+        create: false,
+        block_size: 4096,
+    }
+}
+
+fn node_of(specs: &[DriveSpec]) -> Arc<Node> {
+    let mut st = NodeState::default();
+    for s in specs {
+        st.drives.insert(s.name.clone(), s.open().unwrap());
+    }
+    let node = Node::new(st);
+    let sub = Subsystem::new(
+        NQN.into(),
+        "T".into(),
+        "T".into(),
+        true,
+        Vec::new(),
+        Vec::new(),
+    );
+    node.attach_target(Arc::new(Target::new(
+        TransportConfig::default(),
+        vec![Arc::new(sub)],
+    )));
+    node
+}
+
+fn mem_node(n: usize, size: u64) -> Arc<Node> {
+    let specs: Vec<_> = (0..n).map(|i| mem_drive(&format!("d{i}"), size)).collect();
+    node_of(&specs)
+}
+
+fn req(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
+    CreateVolume {
+        name: name.into(),
+        layout: layout.into(),
+        drives: drives.iter().map(|d| d.to_string()).collect(),
+        strip: None,
+        block_size: None,
+        rebuild_rate: None,
+        export: None,
+    }
+}
+
+fn stamp(lba: u64, seed: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    for (i, w) in b.chunks_exact_mut(8).enumerate() {
+        w.copy_from_slice(&(lba ^ seed.rotate_left(7) ^ (i as u64 * 0x9E37)).to_le_bytes());
+    }
+    b
+}
+
+async fn io(dev: &dyn BlockDevice, op: BlockOp, lba: u64, data: Option<&[u8]>) -> Vec<u8> {
+    let mut buf = AlignedBuf::new(4096);
+    buf.set_len(4096);
+    if let Some(d) = data {
+        buf.copy_from_slice(d);
+    }
+    let done = dev
+        .submit(IoRequest {
+            op,
+            lba,
+            blocks: 1,
+            buf,
+        })
+        .await;
+    done.result.unwrap();
+    done.buf[..4096].to_vec()
+}
+
+async fn write_all(dev: &dyn BlockDevice, lbas: &[u64], seed: u64) {
+    for &l in lbas {
+        io(dev, BlockOp::Write { fua: false }, l, Some(&stamp(l, seed))).await;
+    }
+}
+
+async fn check_all(dev: &dyn BlockDevice, lbas: &[u64], seed: u64) {
+    for &l in lbas {
+        let got = io(dev, BlockOp::Read, l, None).await;
+        assert!(
+            got == stamp(l, seed),
+            "LBA {l} does not read back what was written"
+        );
+    }
+}
+
+fn served(node: &Node) -> Arc<dyn BlockDevice> {
+    node.target()
+        .unwrap()
+        .subsystem(NQN)
+        .unwrap()
+        .namespace(1)
+        .expect("exported")
+        .dev
+}
+
+fn lbas(dev: &dyn BlockDevice) -> Vec<u64> {
+    let n = dev.geometry().num_blocks;
+    (0..200).map(|i| (i * 7919) % n).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_errors_and_change_nothing() {
+    let node = mem_node(6, 16 * MIB);
+    let err = |r: NodeResult<VolumeInfoAlias>| r.err().expect("must fail").to_string();
+    type VolumeInfoAlias = ops::VolumeInfo;
+
+    let e = err(node.create_volume(req("v", "raid5", &["d0", "d1"])).await);
+    assert!(e.contains("raid5 needs at least 3 members"), "{e}");
+    let e = err(node
+        .create_volume(req("v", "raid7", &["d0", "d1", "d2"]))
+        .await);
+    assert!(e.contains("layout \"raid7\" is unknown"), "{e}");
+    let e = err(node.create_volume(req("v", "raid1", &["d0", "d9"])).await);
+    assert!(e.contains("drive d9 does not exist"), "{e}");
+    let e = err(node.create_volume(req("v", "raid1", &["d0", "d0"])).await);
+    assert!(e.contains("listed twice"), "{e}");
+    let e = err(node
+        .create_volume(req("bad/name", "raid1", &["d0", "d1"]))
+        .await);
+    assert!(e.contains("not valid"), "{e}");
+    let mut small = req("v", "raid1", &["d0", "d1"]);
+    small.strip = Some("3KiB".into());
+    let e = err(node.create_volume(small).await);
+    assert!(e.contains("strip"), "{e}");
+    assert!(
+        node.volumes().await.is_empty(),
+        "failed creates leave nothing behind"
+    );
+
+    node.create_volume(req("a", "raid5", &["d0", "d1", "d2"]))
+        .await
+        .unwrap();
+    let e = err(node.create_volume(req("b", "raid1", &["d2", "d3"])).await);
+    assert!(e.contains("drive d2 is already in use by volume a"), "{e}");
+    let e = err(node.create_volume(req("a", "raid1", &["d3", "d4"])).await);
+    assert!(e.contains("already exists"), "{e}");
+
+    node.export(
+        "a",
+        ExportRequest {
+            nqn: NQN.into(),
+            nsid: 1,
+        },
+    )
+    .await
+    .unwrap();
+    let e = node.delete_volume("a").await.unwrap_err().to_string();
+    assert!(
+        e.contains("is exported as nsid 1") && e.contains("unexport"),
+        "{e}"
+    );
+    let e = node
+        .export(
+            "a",
+            ExportRequest {
+                nqn: "nqn.2026-01.io.flashpool:none".into(),
+                nsid: 2,
+            },
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("already exported"), "{e}");
+    node.create_volume(req("b", "raid1", &["d3", "d4"]))
+        .await
+        .unwrap();
+    let e = node
+        .export(
+            "b",
+            ExportRequest {
+                nqn: NQN.into(),
+                nsid: 1,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, NodeError::Conflict(_)), "{e}");
+    assert!(matches!(
+        node.delete_volume("nope").await,
+        Err(NodeError::NotFound(_))
+    ));
+    assert!(matches!(
+        node.replace_drive("d5", "d3").await,
+        Err(NodeError::Conflict(_))
+    ));
+
+    // Nothing was lost by the refusals: the exported volume still serves data.
+    let dev = served(&node);
+    let l = lbas(&*dev);
+    write_all(&*dev, &l, 1).await;
+    node.unexport("a").await.unwrap();
+    node.delete_volume("a").await.unwrap();
+    let names: Vec<String> = node.volumes().await.into_iter().map(|v| v.name).collect();
+    assert_eq!(names, ["b"]);
+    let d0 = node.drive("d0").await.unwrap();
+    assert_eq!(d0.state, "free");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raid6_survives_two_failed_drives_and_rebuilds_onto_spares() {
+    let node = mem_node(8, 16 * MIB);
+    let mut r = req("r6", "raid6", &["d0", "d1", "d2", "d3", "d4", "d5"]);
+    r.export = Some(ExportRequest {
+        nqn: NQN.into(),
+        nsid: 1,
+    });
+    node.create_volume(r).await.unwrap();
+    let dev = served(&node);
+    let l = lbas(&*dev);
+    write_all(&*dev, &l, 11).await;
+
+    node.fail_drive("d1").await.unwrap();
+    assert_eq!(node.volume("r6").await.unwrap().state, "degraded");
+    check_all(&*dev, &l, 11).await;
+    write_all(&*dev, &l[..100], 12).await;
+    node.fail_drive("d4").await.unwrap();
+    check_all(&*dev, &l[..100], 12).await;
+    check_all(&*dev, &l[100..], 11).await;
+    assert_eq!(node.drive("d4").await.unwrap().state, "failed");
+
+    node.replace_drive("d1", "d6").await.unwrap();
+    let v = node
+        .wait_rebuild("r6", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(v.rebuild.last_error.is_none(), "{:?}", v.rebuild.last_error);
+    node.replace_drive("d4", "d7").await.unwrap();
+    let v = node
+        .wait_rebuild("r6", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(v.state, "optimal", "{v:?}");
+    let drives: Vec<String> = v.members.iter().map(|m| m.drive.clone()).collect();
+    assert_eq!(drives, ["d0", "d6", "d2", "d3", "d7", "d5"]);
+    check_all(&*dev, &l[..100], 12).await;
+    check_all(&*dev, &l[100..], 11).await;
+
+    // The rebuilt drives hold the data: fail two of the originals, read again.
+    node.fail_drive("d0").await.unwrap();
+    node.fail_drive("d2").await.unwrap();
+    check_all(&*dev, &l[..100], 12).await;
+    check_all(&*dev, &l[100..], 11).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_come_back_from_their_drives_after_a_restart() {
+    let dir = tempdir();
+    let specs: Vec<DriveSpec> = (0..5)
+        .map(|i| DriveSpec {
+            name: format!("f{i}"),
+            backend: "file".into(),
+            size: Some(8 * MIB),
+            path: Some(dir.join(format!("f{i}.img"))),
+            create: true,
+            block_size: 4096,
+        })
+        .collect();
+    let l;
+    {
+        let node = node_of(&specs);
+        let mut r = req("keep", "raid5", &["f0", "f1", "f2"]);
+        r.export = Some(ExportRequest {
+            nqn: NQN.into(),
+            nsid: 1,
+        });
+        node.create_volume(r).await.unwrap();
+        let dev = served(&node);
+        l = lbas(&*dev);
+        write_all(&*dev, &l, 21).await;
+        node.replace_drive("f1", "f3").await.unwrap();
+        node.wait_rebuild("keep", Duration::from_secs(60))
+            .await
+            .unwrap();
+        node.shutdown().await;
+    }
+    let node = node_of(&specs);
+    node.assemble_found().await.unwrap();
+    let v = node
+        .volume("keep")
+        .await
+        .expect("found by name on its drives");
+    let drives: Vec<String> = v.members.iter().map(|m| m.drive.clone()).collect();
+    assert_eq!(drives, ["f0", "f3", "f2"], "the replaced drive stays out");
+    assert_eq!(v.state, "optimal");
+    assert_eq!(node.drive("f1").await.unwrap().state, "free");
+    node.export(
+        "keep",
+        ExportRequest {
+            nqn: NQN.into(),
+            nsid: 1,
+        },
+    )
+    .await
+    .unwrap();
+    check_all(&*served(&node), &l, 21).await;
+    node.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_answers_json_with_status_codes() {
+    let node = mem_node(3, 16 * MIB);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, crate::api::router(node))
+            .await
+            .unwrap()
+    });
+    let call = move |method: &'static str, path: &'static str, body: Option<&'static str>| {
+        tokio::task::spawn_blocking(move || {
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .build()
+                .into();
+            let url = format!("http://{addr}/v1{path}");
+            let mut r = match (method, body) {
+                ("GET", _) => agent.get(&url).call(),
+                ("DELETE", _) => agent.delete(&url).call(),
+                (_, Some(b)) => agent.post(&url).send(b),
+                (_, None) => agent.post(&url).send_empty(),
+            }
+            .unwrap();
+            let status = r.status().as_u16();
+            let v: serde_json::Value =
+                serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+            (status, v)
+        })
+    };
+    let (s, v) = call(
+        "POST",
+        "/volumes",
+        Some(r#"{"name":"m","layout":"raid1","drives":["d0","d1"]}"#),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["layout"], "raid1");
+    let (s, v) = call("POST", "/volumes", Some(r#"{"name":"x","layout":"raid1"}"#))
+        .await
+        .unwrap();
+    assert_eq!(s, 400);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("missing field `drives`"),
+        "{v}"
+    );
+    let (s, v) = call("POST", "/volumes", Some("not json")).await.unwrap();
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = call(
+        "POST",
+        "/volumes",
+        Some(r#"{"name":"y","layout":"raid1","drives":["d1","d2"]}"#),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 409);
+    assert!(
+        v["error"].as_str().unwrap().contains("already in use"),
+        "{v}"
+    );
+    let (s, _) = call("GET", "/volumes/none", None).await.unwrap();
+    assert_eq!(s, 404);
+    let (s, v) = call("GET", "/drives", None).await.unwrap();
+    assert_eq!(s, 200);
+    assert_eq!(v.as_array().unwrap().len(), 3);
+    let (s, v) = call("POST", "/drives/d0/fail", None).await.unwrap();
+    assert_eq!((s, v["state"].as_str()), (200, Some("failed")));
+    let (s, v) = call("POST", "/drives/d0/replace", Some(r#"{"with":"d2"}"#))
+        .await
+        .unwrap();
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = call("GET", "/volumes/m/rebuild", None).await.unwrap();
+    assert_eq!(s, 200);
+    assert!(v["rebuild"]["total_stripes"].is_u64(), "{v}");
+    let (s, _) = call("GET", "/nothing/here", None).await.unwrap();
+    assert_eq!(s, 404);
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "flashpool-node-test-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
