@@ -68,6 +68,7 @@ NQN_MEM=nqn.2026-01.io.flashpool:interop-mem
 NQN_FILE=nqn.2026-01.io.flashpool:interop-file
 NQN_DENIED=nqn.2026-01.io.flashpool:interop-denied
 NQN_REV=nqn.2026-01.io.flashpool:interop-guest-nvmet   # the guest kernel's target (reverse)
+NQN_R6=nqn.2026-01.io.flashpool:interop-raid6          # a raid6 volume on 6 mem drives
 OTHER_HOST=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555
 SERIAL=FPIOP-7731-QEMU
 MODEL=flashpool-interop-model-x7
@@ -81,6 +82,9 @@ GUEST_CHECKS="discover discover-hides-denied connect-plain identify-list identif
   dd-sha256 fio-randwrite-verify fio-seq128k-verify connect-digest reconnect-persist digest-io
   connect-ioq2 ioq2-io file-write restart-persist denied-host kato-connect"
 HOST_CHECKS="target-restart denied-host-log kato-timeout target-alive-after-run target-clean-stop"
+# volumes (flashpool only): the guest runs fio on a raid6 volume while it asks the host to
+# fail, replace and rebuild drives with the `flashpool` CLI ("@@HOST cli:NAME ARGS")
+VOL_CHECKS="raid6-fio-degraded raid6-fio-rebuild raid6-verify-rebuilt ns-add-aen ns-remove-aen"
 # reverse direction: flashpool bench (host) -> guest kernel nvmet-tcp; results printed by the host
 REV_CHECKS="host-connect-identify host-verify-nodigest host-verify-digest host-r2t-large host-data-on-ramdisk"
 
@@ -197,6 +201,7 @@ for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_sn=*) SN=$v;; fp_mn=*) MN=$v;; fp_mem_size=*) MEM_SIZE=$v;; fp_file_size=*) FILE_SIZE=$v;;
   fp_denied_size=*) DENIED_SIZE=$v;; fp_kato=*) KATO=$v;; fp_iotmo=*) IOTMO=$v;;
   fp_rev=*) REV=$v;; fp_nqn_rev=*) NQN_REV=$v;; fp_rev_wait=*) REV_WAIT=$v;;
+  fp_vol=*) VOL=$v;; fp_nqn_r6=*) NQN_R6=$v;;
 esac; done
 log "init start, kernel $(uname -r), cpus $(nproc), mode $MODE, target $HOSTIP io:$IO discovery:$DISC"
 
@@ -340,6 +345,8 @@ fio_run() {  # name timeout args...
   return $frc
 }
 trim() { sed -e 's/^[^:]*: *//' -e 's/ *$//'; }
+# ask_cli NAME ARGS: the host runs `flashpool ARGS --api ...` and answers ok/fail
+ask_cli() { local n=$1; shift; wait_host "cli:$n" 180 "$*"; }
 # wait_host ACTION SECONDS: print the marker, wait for "DONE ACTION ok" from the host
 # (host -> 127.0.0.1:CTL_PORT -> QEMU hostfwd -> guest:5555, busybox nc -l)
 wait_host() {
@@ -347,7 +354,7 @@ wait_host() {
   rm -f /tmp/ctl; : > /tmp/ctl
   nc -l -p 5555 > /tmp/ctl 2>/dev/null & ncpid=$!
   sleep 0.3
-  echo "@@HOST $1"
+  echo "@@HOST $1${3:+ $3}"
   i=0; HOSTSAYS=""
   while [ $i -lt $(($2*2)) ]; do
     if grep -q "^DONE $1" /tmp/ctl; then HOSTSAYS=$(grep "^DONE $1" /tmp/ctl | head -n1); break; fi
@@ -515,6 +522,66 @@ ok=FAIL
 grep -qx "$NQN_DENIED" /sys/class/nvme/*/subsysnqn 2>/dev/null && { ok=FAIL; nvdisconnect $NQN_DENIED; }
 res denied-host $ok "nvme connect rc=$rc"
 
+# 11. volumes (flashpool only): a raid6 volume on 6 mem drives keeps every fio verify
+# while the host fails two drives, replaces both (rebuild throttled so it overlaps I/O),
+# and still reads back after two of the original drives fail in turn. Then a volume
+# created through the API appears as nsid 2 (Namespace Attribute Changed AEN) and goes.
+if [ "${VOL:-0}" = 1 ]; then
+  R6A="--iodepth=16 --rw=randwrite --bs=4k --offset=0 --size=12M --verify=crc32c"
+  R6B="--iodepth=16 --rw=randwrite --bs=4k --offset=40M --size=12M --verify=crc32c"
+  step raid6-fio-degraded "connect $NQN_R6; fio randwrite 4k crc32c verify while drives d1, then d4 fail"
+  if nvconnect $NQN_R6; then
+    R6=$DEV; R6C=$CTRL
+    ok=PASS
+    fio_run r6a 300 --filename=/dev/$R6 $R6A --do_verify=1 > /tmp/r6a.out 2>&1 & fpid=$!
+    sleep 1
+    ask_cli r6-fail-d1 "drive fail d1" || ok=FAIL
+    sleep 1
+    ask_cli r6-fail-d4 "drive fail d4" || ok=FAIL
+    wait $fpid || ok=FAIL
+    cat /tmp/r6a.out
+    res raid6-fio-degraded $ok
+    step raid6-fio-rebuild "fio randwrite verify while d1 -> s0, then d4 -> s1 are replaced and rebuilt"
+    ok=PASS
+    fio_run r6b 300 --filename=/dev/$R6 $R6B --do_verify=1 > /tmp/r6b.out 2>&1 & fpid=$!
+    ask_cli r6-replace-d1 "drive replace d1 --with s0" || ok=FAIL
+    ask_cli r6-rebuilt-1 "volume rebuild-status r6 --wait" || ok=FAIL
+    ask_cli r6-replace-d4 "drive replace d4 --with s1" || ok=FAIL
+    ask_cli r6-rebuilt-2 "volume rebuild-status r6 --wait" || ok=FAIL
+    wait $fpid || ok=FAIL
+    cat /tmp/r6b.out
+    res raid6-fio-rebuild $ok
+    step raid6-verify-rebuilt "fail original drives d0 and d2: both regions verify from the rebuilt s0 and s1"
+    ok=PASS
+    ask_cli r6-fail-d0 "drive fail d0" || ok=FAIL
+    ask_cli r6-fail-d2 "drive fail d2" || ok=FAIL
+    fio_run r6a 120 --filename=/dev/$R6 $R6A --verify_only=1 || ok=FAIL
+    fio_run r6b 120 --filename=/dev/$R6 $R6B --verify_only=1 || ok=FAIL
+    res raid6-verify-rebuilt $ok
+    step ns-add-aen "host: volume create extra --export $NQN_R6 --nsid 2; the kernel finds nsid 2"
+    ok=FAIL
+    if ask_cli r6-ns-add "volume create extra --layout raid1 --drives e0,e1 --export $NQN_R6 --nsid 2"; then
+      i=0; while [ $i -lt 50 ]; do
+        ls /sys/class/nvme/$R6C | grep -qE '^nvme[0-9]+(c[0-9]+)?n2$' && { ok=PASS; break; }
+        sleep 0.2; i=$((i+1)); done
+    fi
+    log "namespaces of $R6C: $(ls /sys/class/nvme/$R6C | grep -E 'n[0-9]+$' | tr '\n' ' ')"
+    res ns-add-aen $ok
+    step ns-remove-aen "host: volume unexport extra; nsid 2 goes away"
+    ok=FAIL
+    if ask_cli r6-ns-remove "volume unexport extra"; then
+      i=0; while [ $i -lt 50 ]; do
+        ls /sys/class/nvme/$R6C | grep -qE '^nvme[0-9]+(c[0-9]+)?n2$' || { ok=PASS; break; }
+        sleep 0.2; i=$((i+1)); done
+    fi
+    res ns-remove-aen $ok
+    nvdisconnect $NQN_R6
+  else
+    for c in raid6-fio-degraded raid6-fio-rebuild raid6-verify-rebuilt ns-add-aen ns-remove-aen; do
+      res $c FAIL "no connection to $NQN_R6"; done
+  fi
+fi
+
 # 10. reverse direction: this guest's kernel nvmet-tcp is the TARGET and the host's
 # `flashpool bench` (our user-space initiator) connects to it through QEMU hostfwd
 # 127.0.0.1:REV_PORT -> guest:4420. The host runs the host-* checks and prints their
@@ -650,7 +717,32 @@ hosts = ["$OTHER_HOST"]
 nsid = 1
 backend = "mem"
 size = "$((DENIED_SIZE >> 20))MiB"
+
+[api]
+address = "127.0.0.1:$API_PORT"
+
+[[volume]]
+name = "r6"
+layout = "raid6"
+drives = ["d0", "d1", "d2", "d3", "d4", "d5"]
+rebuild_rate = "8MiB"
+
+[[subsystem]]
+nqn = "$NQN_R6"
+serial = "$SERIAL"
+model = "$MODEL"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "volume"
+volume = "r6"
 EOF
+  local d
+  for d in d0 d1 d2 d3 d4 d5 s0 s1 e0 e1; do
+    printf '\n[[drive]]\nname = "%s"\nbackend = "mem"\nsize = "%s"\n' "$d" \
+      "$(case $d in e*) echo 16MiB;; *) echo 32MiB;; esac)" >> "$RUN/target.toml"
+  done
 }
 start_target() {   # returns 0 once both listeners are up
   TSTART_LINE=$(wc -l < "$RUN/target.log" 2>/dev/null || echo 0)
@@ -886,7 +978,7 @@ cleanup() {
 
 do_run() {
   local t0 K accel cpu rc=0 tb="" restart_done=0 kato_cid="" kato_t="" done_t="" st
-  local rev=0 rev_done=0 rev_note=""
+  local rev=0 rev_done=0 rev_note="" vol=0 cli_done="" cline cname cargs crc
   t0=$(ts); K=$(kver)
   [ -n "$K" ] || { echo "no kernel: run '$0 setup' first"; exit 1; }
   if [ ! -f "$INITRD" ] || ! cmp -s "$0" "$CACHE/.built-from"; then do_build; fi
@@ -894,6 +986,7 @@ do_run() {
   DISC_PORT=$(free_port "${DISC_PORT:-18009}")
   [ "$DISC_PORT" = "$IO_PORT" ] && DISC_PORT=$(free_port $((IO_PORT+1)))
   CTL_PORT=$(free_port "${CTL_PORT:-15555}")
+  API_PORT=$(free_port "${API_PORT:-19410}")
   REV_PORT=$(free_port "${REV_PORT:-14430}")
   while case " $IO_PORT $DISC_PORT $CTL_PORT " in *" $REV_PORT "*) true;; *) false;; esac; do
     REV_PORT=$(free_port $((REV_PORT+1))); done
@@ -915,7 +1008,7 @@ do_run() {
     elif ! command -v python3 > /dev/null; then rev_note="python3 missing (needed for the JSON summaries)"
     else rev=1; fi
   else rev=1; fi     # flashpool mode: they count (and fail if BENCH_BIN cannot run)
-  local expect_all; expect_all=$(echo $GUEST_CHECKS $HOST_CHECKS $([ $rev = 1 ] && echo $REV_CHECKS) | wc -w)
+  local expect_all; expect_all=$(echo $GUEST_CHECKS $HOST_CHECKS $VOL_CHECKS $([ $rev = 1 ] && echo $REV_CHECKS) | wc -w)
   local HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$hostuuid
 
   if [ $mode = flashpool ]; then
@@ -949,6 +1042,8 @@ do_run() {
   append="$append fp_sn=$SERIAL fp_mn=$MODEL fp_mem_size=$MEM_SIZE fp_file_size=$FILE_SIZE"
   append="$append fp_denied_size=$DENIED_SIZE fp_kato=$KATO fp_nvmet=$MOCK"
   append="$append fp_rev=$rev fp_nqn_rev=$NQN_REV fp_rev_wait=$((REV_BUDGET + 90))"
+  [ $mode = flashpool ] && [ "$MOCK" != 1 ] && vol=1
+  append="$append fp_vol=$vol fp_nqn_r6=$NQN_R6"
   say "mode=$mode$([ "$MOCK" = 1 ] && echo '(mock target)') accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) ports io=$IO_PORT disc=$DISC_PORT ctl=$CTL_PORT$([ $rev = 1 ] && echo " rev=$REV_PORT")"
   [ $rev = 1 ] || say "reverse-direction checks skipped: $rev_note"
   say "guest hostnqn $HOSTNQN; logs in $RUN"
@@ -987,6 +1082,17 @@ do_run() {
       else
         answer_guest restart-target ok
       fi
+    fi
+    # the guest asks for a flashpool CLI call: "@@HOST cli:NAME ARGS..."
+    if [ $vol = 1 ] && has_marker '@@HOST cli:'; then
+      while IFS= read -r cline; do
+        cname=${cline#@@HOST cli:}; cname=${cname%% *}; cargs=${cline#@@HOST cli:$cname}
+        case " $cli_done " in *" $cname "*) continue;; esac
+        cli_done="$cli_done $cname"; crc=0
+        timeout 170 "$BIN" $cargs --api "127.0.0.1:$API_PORT" > "$RUN/cli-$cname.txt" 2>&1 || crc=$?
+        say "flashpool$cargs: exit $crc; $(tail -n 3 "$RUN/cli-$cname.txt" | tr '\n' ' ')"
+        answer_guest "cli:$cname" "$([ $crc = 0 ] && echo ok || echo fail)"
+      done < <(serial | grep -a '^@@HOST cli:' || true)
     fi
     if [ $rev = 1 ] && [ $rev_done = 0 ] && has_marker '@@HOST rev-target-ready'; then
       rev_done=1
@@ -1056,6 +1162,7 @@ do_run() {
   # ---- report
   local all="$GUEST_CHECKS" expect=0 n_pass=0 n_fail=0 c line failed=""
   [ $mode = flashpool ] && all="$all $HOST_CHECKS"
+  [ $vol = 1 ] && all="$all $VOL_CHECKS"
   [ $rev = 1 ] && all="$all $REV_CHECKS"
   serial | grep -a '^RESULT ' > "$RUN/results.txt" || true
   cat "$HR" >> "$RUN/results.txt"
