@@ -820,3 +820,77 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod node_tests {
+    use super::*;
+
+    fn specs_err(text: &str) -> String {
+        let cfg: NodeConfig = toml::from_str(text).unwrap();
+        node_specs(&cfg).err().expect("must be refused").to_string()
+    }
+
+    const DRIVES: &str = "[[drive]]\nname = \"a\"\nbackend = \"mem\"\nsize = \"8MiB\"\n\
+        [[drive]]\nname = \"b\"\nbackend = \"mem\"\nsize = \"8MiB\"\n\
+        [[drive]]\nname = \"c\"\nbackend = \"mem\"\nsize = \"8MiB\"\n";
+
+    #[test]
+    fn drives_and_volumes_are_checked_before_any_drive_is_touched() {
+        let ok: NodeConfig = toml::from_str(&format!(
+            "{DRIVES}[[volume]]\nname = \"v\"\nlayout = \"raid5\"\ndrives = [\"a\", \"b\", \"c\"]\nstrip = \"128KiB\"\n"
+        ))
+        .unwrap();
+        let (d, v) = node_specs(&ok).unwrap();
+        assert_eq!(d.len(), 3);
+        assert_eq!(v[0].strip.as_deref(), Some("131072"));
+
+        let e = specs_err(&format!(
+            "{DRIVES}[[volume]]\nname = \"v\"\nlayout = \"raid5\"\ndrives = [\"a\", \"b\"]\n"
+        ));
+        assert!(
+            e.contains("volume[0].drives") && e.contains("at least 3"),
+            "{e}"
+        );
+        let e = specs_err(&format!(
+            "{DRIVES}[[volume]]\nname = \"v\"\nlayout = \"raid1\"\ndrives = [\"a\", \"z\"]\n"
+        ));
+        assert!(e.contains("\"z\", which no [[drive]] declares"), "{e}");
+        let e = specs_err(&format!(
+            "{DRIVES}[[volume]]\nname = \"v\"\nlayout = \"raid1\"\ndrives = [\"a\", \"b\"]\n\
+             [[volume]]\nname = \"w\"\nlayout = \"raid0\"\ndrives = [\"b\"]\n"
+        ));
+        assert!(
+            e.contains("drive \"b\" is already used by volume \"v\""),
+            "{e}"
+        );
+        let e = specs_err(&format!(
+            "{DRIVES}[[volume]]\nname = \"v\"\nlayout = \"raid9\"\ndrives = [\"a\"]\n"
+        ));
+        assert!(
+            e.contains("volume[0].layout") && e.contains("unknown"),
+            "{e}"
+        );
+        let e = specs_err("[[drive]]\nname = \"a\"\nbackend = \"mem\"\n");
+        assert!(e.contains("drive[0].size is missing"), "{e}");
+        let e = specs_err(&format!(
+            "{DRIVES}[[drive]]\nname = \"a\"\nbackend = \"mem\"\nsize = 4096\n"
+        ));
+        assert!(e.contains("used twice"), "{e}");
+    }
+
+    #[test]
+    fn a_volume_namespace_must_name_a_volume() {
+        let text = "[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n\
+                    [[subsystem.namespace]]\nnsid = 1\nbackend = \"volume\"\nvolume = \"nope\"\n";
+        let cfg: NodeConfig = toml::from_str(text).unwrap();
+        let e = build(&cfg, &|_, _, _| None).err().unwrap().to_string();
+        assert!(e.contains("volume = \"nope\": no such volume"), "{e}");
+        let empty: NodeConfig =
+            toml::from_str("[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n").unwrap();
+        let b = build(&empty, &|_, _, _| None).unwrap();
+        assert!(
+            b.subsystems[0].namespaces().is_empty(),
+            "a subsystem may start empty"
+        );
+    }
+}
