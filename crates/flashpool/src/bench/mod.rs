@@ -7,6 +7,7 @@
 
 mod backend;
 mod engine;
+mod report;
 mod spec;
 mod stats;
 mod verify;
@@ -25,6 +26,7 @@ use tokio::sync::{mpsc, watch};
 
 use backend::{DevIo, JobIo, TcpIo};
 use engine::{JobPlan, JobResult, Live, Shared, VerifyCounts};
+pub use report::Matrix;
 pub use spec::{Rw, Target, Workload};
 pub use stats::Summary;
 use stats::{Cpu, Rates, VerifySummary};
@@ -32,34 +34,57 @@ use stats::{Cpu, Rates, VerifySummary};
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// What to load: tcp://ADDR:PORT/NQN[?nsid=N], file:PATH (io_uring, O_DIRECT) or mem:SIZE (in process).
-    #[arg(long)]
-    target: String,
-    /// I/O pattern.
-    #[arg(long, value_enum, default_value = "randread")]
+    #[arg(long, required_unless_present = "compare", conflicts_with = "compare")]
+    target: Option<String>,
+    /// Run --matrix on each of these targets (2 or more, same forms as --target) and write a
+    /// report to --report; the first target is the baseline of the ratios.
+    #[arg(long, num_args = 2.., value_name = "TARGET", requires = "matrix")]
+    compare: Vec<String>,
+    /// With --compare: the workloads to run on each target (docs/bench.md).
+    #[arg(long, value_enum, requires = "compare")]
+    matrix: Option<Matrix>,
+    /// With --compare: directory for report.md, report.html, results.json and charts/ [default: bench-report].
+    #[arg(long, value_name = "DIR", requires = "compare")]
+    report: Option<PathBuf>,
+    /// With --compare: offered loads in the latency sweep, rising geometrically from 10% to 120%
+    /// of the IOPS the target reached in the matrix's 4 KiB random read cell.
+    #[arg(long, value_name = "N", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(2..=32), requires = "compare")]
+    sweep_steps: u32,
+    /// I/O pattern (fixed by --matrix).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "randread",
+        conflicts_with = "matrix"
+    )]
     rw: Rw,
     /// Percentage of reads for --rw randrw.
-    #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u8).range(0..=100))]
+    #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u8).range(0..=100),
+          conflicts_with = "matrix")]
     mix: u8,
-    /// Bytes per I/O (4k, 128k, ...): a multiple of the target's LBA size.
-    #[arg(long, default_value = "4k")]
+    /// Bytes per I/O (4k, 128k, ...): a multiple of the target's LBA size (fixed by --matrix).
+    #[arg(long, default_value = "4k", conflicts_with = "matrix")]
     bs: String,
-    /// I/Os in flight per job.
-    #[arg(long, default_value_t = 32)]
+    /// I/Os in flight per job (fixed by --matrix).
+    #[arg(long, default_value_t = 32, conflicts_with = "matrix")]
     qd: u32,
-    /// Jobs: one I/O queue (TCP connection) each for tcp://, one task each for file: and mem:.
-    #[arg(long, default_value_t = 1)]
+    /// Jobs: one I/O queue (TCP connection) each for tcp://, one task each for file: and mem:
+    /// (fixed by --matrix).
+    #[arg(long, default_value_t = 1, conflicts_with = "matrix")]
     jobs: u32,
-    /// Measured run time (10s, 500ms, 2m). Default 10s, or one pass over --size when that is given.
+    /// Measured run time (10s, 500ms, 2m). Default 10s, or one pass over --size when that is given;
+    /// with --compare, per cell, default 5s.
     #[arg(long)]
     runtime: Option<String>,
     /// Use the first SIZE bytes of the target (split among the jobs); without --runtime, one pass over them.
     #[arg(long)]
     size: Option<String>,
-    /// Run this long before measuring.
-    #[arg(long, default_value = "0s")]
-    ramp: String,
-    /// Offered load in I/Os per second for all jobs together (open loop).
+    /// Run this long before measuring [default: 0s; 1s per cell with --compare].
     #[arg(long)]
+    ramp: Option<String>,
+    /// Offered load in I/Os per second for all jobs together (open loop; --matrix sets its own).
+    #[arg(long, conflicts_with = "matrix")]
     rate_iops: Option<u64>,
     /// Stamp written blocks (LBA, seed, CRC32C) and check every read; a mismatch fails the run.
     #[arg(long)]
@@ -70,10 +95,11 @@ pub struct BenchArgs {
     /// CPUs for the jobs, e.g. 1 or 2-3 (job i on the i-th listed CPU, round robin).
     #[arg(long)]
     cpus: Option<String>,
-    /// Also write the summary, histograms included, as JSON to FILE.
-    #[arg(long)]
+    /// Also write the summary, histograms included, as JSON to FILE (--compare writes results.json).
+    #[arg(long, conflicts_with = "compare")]
     json: Option<PathBuf>,
-    /// Also report the CPU time of this process (the target's), from /proc/PID/stat.
+    /// Also report the CPU time of this process (the target's), from /proc/PID/stat
+    /// (with --compare: for the tcp:// targets).
     #[arg(long)]
     target_pid: Option<u32>,
     /// tcp: ask for header digests.
@@ -90,6 +116,7 @@ pub struct BenchArgs {
     #[arg(long)]
     hostnqn: Option<String>,
     /// file:/mem: write the region once before the run, so that reads return stored data.
+    /// With --compare: every target, tcp:// included, is written once before it is read.
     #[arg(long)]
     prefill: bool,
     /// No progress line.
@@ -98,7 +125,8 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    fn workload(&self) -> Result<Workload> {
+    /// The workload of a single run, or (`compare`) the base each matrix cell overrides.
+    fn workload_for(&self, compare: bool) -> Result<Workload> {
         let bs = spec::parse_size(&self.bs).context("--bs")?;
         if bs == 0 || !bs.is_multiple_of(512) || bs > 16 << 20 {
             bail!("--bs {} must be a multiple of 512 bytes up to 16M", self.bs);
@@ -117,6 +145,7 @@ impl BenchArgs {
             .context("--size")?;
         let runtime = match (&self.runtime, size) {
             (Some(r), _) => Some(spec::parse_duration(r).context("--runtime")?),
+            (None, _) if compare => Some(Duration::from_secs(5)),
             (None, Some(_)) => None,
             (None, None) => Some(Duration::from_secs(10)),
         };
@@ -151,7 +180,11 @@ impl BenchArgs {
             jobs: self.jobs,
             runtime,
             size,
-            ramp: spec::parse_duration(&self.ramp).context("--ramp")?,
+            ramp: match &self.ramp {
+                Some(r) => spec::parse_duration(r).context("--ramp")?,
+                None if compare => Duration::from_secs(1),
+                None => Duration::ZERO,
+            },
             rate_iops: self.rate_iops,
             verify: self.verify,
             seed,
@@ -175,8 +208,24 @@ impl BenchArgs {
 
 /// `flashpool bench ...`
 pub fn run(args: BenchArgs) -> Result<()> {
-    let target = Target::parse(&args.target)?;
-    let w = args.workload()?;
+    if !args.compare.is_empty() {
+        let matrix = args
+            .matrix
+            .context("--compare needs --matrix (the only one: seeds)")?;
+        return report::run(&args, matrix);
+    }
+    if args.matrix.is_some() {
+        // clap lets this through: --compare, which --matrix requires, conflicts with --target.
+        bail!(
+            "--matrix is for --compare A B ...; for one --target give --rw, --bs, --qd and --jobs"
+        );
+    }
+    let target = Target::parse(
+        args.target
+            .as_deref()
+            .context("give --target, or --compare A B ... --matrix seeds")?,
+    )?;
+    let w = args.workload_for(false)?;
     let summary = run_workload(&target, &w)?;
     print!("{}", summary.render());
     let _ = std::io::stdout().flush();
@@ -808,14 +857,14 @@ mod tests {
 
     fn server() -> (Server, Target) {
         let dev = Arc::new(MemDevice::new(16 << 20, 512).unwrap());
-        let sub = Subsystem {
-            nqn: "nqn.2026-01.io.flashpool:benchtest".into(),
-            serial: "BT1".into(),
-            model: "bench test".into(),
-            allow_any_host: true,
-            hosts: Vec::new(),
-            namespaces: vec![Namespace::new(1, dev, [1; 16], [2; 16])].into(),
-        };
+        let sub = Subsystem::new(
+            "nqn.2026-01.io.flashpool:benchtest".into(),
+            "BT1".into(),
+            "bench test".into(),
+            true,
+            Vec::new(),
+            vec![Namespace::new(1, dev, [1; 16], [2; 16])],
+        );
         let t = Arc::new(nvmf_target::Target::new(
             TransportConfig::default(),
             vec![Arc::new(sub)],
