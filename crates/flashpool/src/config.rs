@@ -107,6 +107,9 @@ pub struct NodeSection {
     /// sleeps (adaptive polling): an idle target still costs no CPU.
     #[serde(default = "default_poll_us")]
     pub poll_us: u32,
+    /// Where the node keeps what the API changed (exports.json). Without
+    /// it, exports made through the API last until the node stops.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for NodeSection {
@@ -116,6 +119,7 @@ impl Default for NodeSection {
             cpus: Vec::new(),
             log: info(),
             poll_us: default_poll_us(),
+            state_dir: None,
         }
     }
 }
@@ -827,7 +831,7 @@ mod node_tests {
 
     fn specs_err(text: &str) -> String {
         let cfg: NodeConfig = toml::from_str(text).unwrap();
-        node_specs(&cfg).err().expect("must be refused").to_string()
+        node_specs(&cfg).expect_err("must be refused").to_string()
     }
 
     const DRIVES: &str = "[[drive]]\nname = \"a\"\nbackend = \"mem\"\nsize = \"8MiB\"\n\
@@ -883,7 +887,10 @@ mod node_tests {
         let text = "[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n\
                     [[subsystem.namespace]]\nnsid = 1\nbackend = \"volume\"\nvolume = \"nope\"\n";
         let cfg: NodeConfig = toml::from_str(text).unwrap();
-        let e = build(&cfg, &|_, _, _| None).err().unwrap().to_string();
+        let e = build(&cfg, &|_, _, _| None)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("volume = \"nope\": no such volume"), "{e}");
         let empty: NodeConfig =
             toml::from_str("[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n").unwrap();

@@ -50,7 +50,12 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         let drive = d.open().map_err(|e| anyhow::anyhow!("config: {e}"))?;
         state.drives.insert(d.name.clone(), drive);
     }
-    let node = Node::new(state);
+    if let Some(d) = &cfg.node.state_dir {
+        std::fs::create_dir_all(d).with_context(|| {
+            format!("config: node.state_dir = {}: cannot create it", d.display())
+        })?;
+    }
+    let node = Node::with_state_dir(state, cfg.node.state_dir.as_deref());
     rt.block_on(async {
         node.assemble_found().await?;
         for v in volume_specs {
@@ -66,6 +71,7 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     })?;
     let target = Arc::new(Target::new(built.transport, built.subsystems));
     node.attach_target(target.clone());
+    rt.block_on(node.restore_exports())?;
     let server = Server::start(target.clone(), &built.listeners)?;
     let api = if cfg.api.enabled {
         Some(crate::api::start(&rt, node.clone(), &cfg.api.address)?)

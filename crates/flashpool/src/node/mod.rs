@@ -41,10 +41,14 @@ pub enum NodeError {
 pub type NodeResult<T> = Result<T, NodeError>;
 
 /// Where a volume is served.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Export {
     pub nqn: String,
     pub nsid: u32,
+    /// Declared in the TOML (else made through the API, and kept in the
+    /// node's state file when it has one).
+    #[serde(default)]
+    pub from_config: bool,
 }
 
 /// A volume the node runs.
@@ -83,13 +87,17 @@ impl NodeState {
 pub struct Node {
     pub state: tokio::sync::Mutex<NodeState>,
     target: std::sync::OnceLock<Arc<Target>>,
+    /// `state_dir/exports.json`: the exports made through the API, so that
+    /// they survive a restart as the TOML's do.
+    exports_file: Option<std::path::PathBuf>,
 }
 
 impl Node {
-    pub fn new(state: NodeState) -> Arc<Node> {
+    pub fn with_state_dir(state: NodeState, dir: Option<&std::path::Path>) -> Arc<Node> {
         Arc::new(Node {
             state: tokio::sync::Mutex::new(state),
             target: std::sync::OnceLock::new(),
+            exports_file: dir.map(|d| d.join("exports.json")),
         })
     }
 

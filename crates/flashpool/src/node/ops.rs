@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use blockdev::BlockDevice;
 use nvmf_target::{Namespace, NamespaceError};
@@ -479,6 +478,7 @@ impl Node {
         }
         let info = entry.info();
         st.volumes.insert(req.name.clone(), entry);
+        self.save_exports(&st)?;
         tracing::info!(
             "volume {}: created ({} on {:?})",
             req.name,
@@ -527,6 +527,7 @@ impl Node {
         e.export = Some(Export {
             nqn: x.nqn,
             nsid: x.nsid,
+            from_config: false,
         });
         Ok(())
     }
@@ -543,6 +544,7 @@ impl Node {
         e.export = Some(Export {
             nqn: nqn.into(),
             nsid,
+            from_config: true,
         });
         Some(Arc::new(ServedVolume(e.vol.clone(), e.name.clone())))
     }
@@ -551,7 +553,83 @@ impl Node {
         let mut st = self.state.lock().await;
         let e = find_volume(&mut st, name)?;
         self.export_entry(e, x)?;
-        Ok(e.info())
+        let info = e.info();
+        self.save_exports(&st)?;
+        Ok(info)
+    }
+
+    /// Writes the API-made exports to the state file (atomically: a crash
+    /// leaves the old file or the new one, never half of one).
+    fn save_exports(&self, st: &NodeState) -> NodeResult<()> {
+        let Some(path) = &self.exports_file else {
+            return Ok(());
+        };
+        let list: BTreeMap<&str, &Export> = st
+            .volumes
+            .values()
+            .filter_map(|v| {
+                v.export
+                    .as_ref()
+                    .filter(|x| !x.from_config)
+                    .map(|x| (v.name.as_str(), x))
+            })
+            .collect();
+        let text = serde_json::to_string_pretty(&list).expect("exports serialize");
+        let tmp = path.with_extension("json.tmp");
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)?;
+            if let Some(dir) = path.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        };
+        write().map_err(|e| {
+            NodeError::Internal(format!(
+                "the export is made, but saving {} failed: {e}; it will not survive a restart",
+                path.display()
+            ))
+        })
+    }
+
+    /// At start, after the TOML's exports: the API-made exports of the last run.
+    pub async fn restore_exports(&self) -> anyhow::Result<()> {
+        let Some(path) = &self.exports_file else {
+            return Ok(());
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+        };
+        let list: BTreeMap<String, Export> = serde_json::from_str(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "{} is not an exports file ({e}); fix or remove it",
+                path.display()
+            )
+        })?;
+        let mut st = self.state.lock().await;
+        for (name, x) in list {
+            let Some(e) = st.volumes.get_mut(&name) else {
+                tracing::warn!(
+                    "{}: volume {name} is gone; not exporting it",
+                    path.display()
+                );
+                continue;
+            };
+            let req = ExportRequest {
+                nqn: x.nqn.clone(),
+                nsid: x.nsid,
+            };
+            match self.export_entry(e, req) {
+                Ok(()) => {}
+                Err(err) => tracing::warn!("volume {name}: not exported again: {err}"),
+            }
+        }
+        Ok(())
     }
 
     pub async fn unexport(&self, name: &str) -> NodeResult<VolumeInfo> {
@@ -566,6 +644,8 @@ impl Node {
             .remove_namespace(&x.nqn, x.nsid)
             .map_err(|err| NodeError::Internal(err.to_string()))?;
         e.export = None;
+        self.save_exports(&st)?;
+        let e = find_volume(&mut st, name)?;
         // Commands that were in flight on the old snapshot finish before the
         // volume is used again for anything but I/O; a flush makes them durable.
         super::flush(&e.vol)
@@ -605,12 +685,10 @@ impl Node {
             tracing::warn!("volume {name}: close before delete: {err}");
         }
         for d in &e.drives {
-            if let Some(dr) = st.drives.get(d) {
-                if let Err(err) = wipe_head(&dr.dev).await {
-                    tracing::warn!(
-                        "drive {d}: wiping the superblock of deleted volume {name}: {err}"
-                    );
-                }
+            if let Some(dr) = st.drives.get(d)
+                && let Err(err) = wipe_head(&dr.dev).await
+            {
+                tracing::warn!("drive {d}: wiping the superblock of deleted volume {name}: {err}");
             }
         }
         tracing::info!("volume {name}: deleted; drives {:?} are free", e.drives);
@@ -733,8 +811,13 @@ impl Node {
         });
     }
 
-    /// Waits until no rebuild of `name` runs (tests and the CLI's --wait).
-    pub async fn wait_rebuild(&self, name: &str, timeout: Duration) -> NodeResult<VolumeInfo> {
+    /// Waits until no rebuild of `name` runs.
+    #[cfg(test)]
+    pub async fn wait_rebuild(
+        &self,
+        name: &str,
+        timeout: std::time::Duration,
+    ) -> NodeResult<VolumeInfo> {
         let until = std::time::Instant::now() + timeout;
         loop {
             let info = self.volume(name).await?;
@@ -744,7 +827,7 @@ impl Node {
             if std::time::Instant::now() > until {
                 return Ok(info);
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
 }

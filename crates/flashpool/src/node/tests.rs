@@ -25,11 +25,15 @@ fn mem_drive(name: &str, size: u64) -> DriveSpec {
 }
 
 fn node_of(specs: &[DriveSpec]) -> Arc<Node> {
+    node_in(specs, None)
+}
+
+fn node_in(specs: &[DriveSpec], state_dir: Option<&std::path::Path>) -> Arc<Node> {
     let mut st = NodeState::default();
     for s in specs {
         st.drives.insert(s.name.clone(), s.open().unwrap());
     }
-    let node = Node::new(st);
+    let node = Node::with_state_dir(st, state_dir);
     let sub = Subsystem::new(
         NQN.into(),
         "T".into(),
@@ -122,7 +126,7 @@ fn lbas(dev: &dyn BlockDevice) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_errors_and_change_nothing() {
     let node = mem_node(6, 16 * MIB);
-    let err = |r: NodeResult<VolumeInfoAlias>| r.err().expect("must fail").to_string();
+    let err = |r: NodeResult<VolumeInfoAlias>| r.expect_err("must fail").to_string();
     type VolumeInfoAlias = ops::VolumeInfo;
 
     let e = err(node.create_volume(req("v", "raid5", &["d0", "d1"])).await);
@@ -278,7 +282,7 @@ async fn volumes_come_back_from_their_drives_after_a_restart() {
         .collect();
     let l;
     {
-        let node = node_of(&specs);
+        let node = node_in(&specs, Some(&dir));
         let mut r = req("keep", "raid5", &["f0", "f1", "f2"]);
         r.export = Some(ExportRequest {
             nqn: NQN.into(),
