@@ -70,7 +70,8 @@ fn poll_ready<F: std::future::Future + Unpin>(mut fut: F) -> F::Output {
 fn io_path(f: &Fixture, sqe: &Sqe, data: &[u8]) {
     let sub = f.target.subsystem(NQN_OPEN).unwrap();
     let max = f.target.transport.max_transfer;
-    let Ok((ns, plan)) = io::plan(&sub.namespaces(), sqe, max) else {
+    let namespaces = sub.namespaces();
+    let Ok((ns, plan)) = io::plan(&namespaces, sqe, max) else {
         return;
     };
     let bs = ns.block_size;
