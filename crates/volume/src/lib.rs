@@ -13,6 +13,7 @@ pub mod layout;
 pub mod parity;
 pub mod rebuild;
 pub mod superblock;
+pub mod thin;
 mod volume;
 
 #[cfg(test)]
@@ -21,12 +22,17 @@ mod isal_oracle;
 mod tests;
 #[cfg(test)]
 pub(crate) mod testutil;
+#[cfg(test)]
+mod thin_tests;
 
 pub use fault::{CrashSwitch, FaultDevice, FaultStats};
 pub use layout::{Layout, LayoutError, LayoutKind};
 pub use parity::{Code, Parity, ParityError};
 pub use rebuild::{RebuildOptions, RebuildProgress};
 pub use superblock::MemberState;
+pub use thin::{
+    DEFAULT_CLUSTER_BYTES, PoolStats, PoolUsage, ThinError, ThinInfo, ThinPool, ThinVolume,
+};
 pub use volume::{
     DEFAULT_META_BYTES, DEFAULT_REGION_BYTES, DEFAULT_STRIP_BYTES, ScrubReport, Volume,
     VolumeConfig, VolumeError, VolumeStats,

@@ -1,0 +1,136 @@
+//! Thin provisioning cost, in process on RAM: 4 KiB random writes at QD 32
+//! on the pool device directly, on a fresh thin volume (most writes allocate
+//! a cluster: zero-fill plus a group-committed map record), and on the same
+//! volume once allocated (lock and map lookup only); then 4 KiB random reads.
+//!
+//! `cargo bench -p volume --bench thin`. `THIN_BENCH_MIB` sets the range
+//! written (default 512 MiB), `THIN_BENCH_OPS` the I/Os per measurement
+//! (default 100000). One thread drives everything, so the numbers are CPU
+//! cost per I/O, not device speed. Every device completes its I/O after 0 to
+//! 2 executor yields (as a drive completes later than it is submitted), so
+//! concurrent allocations can share a commit.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::Instant;
+
+use blockdev::testutil::{Rng, block_on};
+use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest, MemDevice};
+use futures_util::future::join_all;
+use volume::{FaultDevice, ThinPool};
+
+const QD: usize = 32;
+const BS: u64 = 4096;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `ops` random 4 KiB I/Os over the first `blocks` blocks, `QD` at a time;
+/// returns I/Os per second.
+async fn run(dev: &dyn BlockDevice, op: BlockOp, blocks: u64, ops: u64, seed: u64) -> f64 {
+    let issued = Cell::new(0u64);
+    let start = Instant::now();
+    join_all((0..QD).map(|q| {
+        let issued = &issued;
+        async move {
+            let mut rng = Rng::new(seed * 1000 + q as u64);
+            let mut buf = AlignedBuf::new(BS as usize);
+            buf.set_len(BS as usize);
+            rng.fill(&mut buf);
+            while issued.get() < ops {
+                issued.set(issued.get() + 1);
+                let done = dev
+                    .submit(IoRequest {
+                        op,
+                        lba: rng.below(blocks),
+                        blocks: 1,
+                        buf,
+                    })
+                    .await;
+                done.result.expect("bench I/O");
+                buf = done.buf;
+            }
+        }
+    }))
+    .await;
+    ops as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Writes every block of the range once, 1 MiB at a time.
+async fn fill(dev: &dyn BlockDevice, blocks: u64) {
+    let per = (1 << 20) / BS;
+    let mut lba = 0;
+    while lba < blocks {
+        let n = per.min(blocks - lba);
+        let mut buf = AlignedBuf::new((n * BS) as usize);
+        buf.set_len((n * BS) as usize);
+        buf.fill(0x5A);
+        let done = dev
+            .submit(IoRequest {
+                op: BlockOp::Write { fua: false },
+                lba,
+                blocks: n as u32,
+                buf,
+            })
+            .await;
+        done.result.expect("fill");
+        lba += n;
+    }
+}
+
+/// A RAM device whose completions come 0 to 2 executor yields later.
+fn async_mem(bytes: u64) -> Arc<dyn BlockDevice> {
+    let f = FaultDevice::new(Arc::new(MemDevice::new(bytes, 4096).unwrap()));
+    f.set_yields(2, 7);
+    f
+}
+
+fn main() {
+    let range = env("THIN_BENCH_MIB", 512) << 20;
+    let ops = env("THIN_BENCH_OPS", 100_000);
+    let blocks = range / BS;
+    block_on(async {
+        let direct = async_mem(range);
+        let w = BlockOp::Write { fua: false };
+        fill(&*direct, blocks).await;
+        let raw_w = run(&*direct, w, blocks, ops, 1).await;
+        let raw_r = run(&*direct, BlockOp::Read, blocks, ops, 2).await;
+        drop(direct);
+        println!(
+            "4 KiB random, QD {QD}, {} MiB range, {ops} I/Os, one thread",
+            range >> 20
+        );
+        println!("pool device (mem), written before: write {raw_w:>9.0}/s  read {raw_r:>9.0}/s");
+        for cluster in [1u64 << 20, 64 << 10] {
+            // Room for the metadata beside the range.
+            let dev = async_mem(range + (64 << 20));
+            let pool = ThinPool::format(dev, cluster).await.unwrap();
+            let vol = pool.create_volume("bench", range, 4096).await.unwrap();
+            let clusters = range / cluster;
+            // Fresh: as many writes as there are clusters, so most allocate.
+            let fresh_ops = clusters.min(ops);
+            let before = pool.stats();
+            let fresh = run(&vol, w, blocks, fresh_ops, 3).await;
+            let after = pool.stats();
+            let allocated = pool.usage().allocated_clusters;
+            let commits = after.commits - before.commits;
+            let records = after.records - before.records;
+            fill(&vol, blocks).await;
+            let over = run(&vol, w, blocks, ops, 4).await;
+            let read = run(&vol, BlockOp::Read, blocks, ops, 5).await;
+            println!(
+                "thin, {:>4} KiB clusters: fresh write {fresh:>9.0}/s ({fresh_ops} writes, \
+                 {allocated} allocations, {records} records in {commits} commits, {:.1}/commit) \
+                 | allocated: write {over:>9.0}/s ({:.2}x direct)  read {read:>9.0}/s ({:.2}x direct)",
+                cluster >> 10,
+                records as f64 / commits.max(1) as f64,
+                over / raw_w,
+                read / raw_r,
+            );
+        }
+    });
+}
