@@ -518,3 +518,38 @@ async fn join_all<F: std::future::Future<Output = ()>>(futs: impl IntoIterator<I
     })
     .await
 }
+
+/// A namespace added while the host is connected is usable on the queues
+/// that were already open; one removed answers Invalid Namespace, and the
+/// queue goes on serving the others.
+#[tokio::test]
+async fn namespaces_added_and_removed_while_connected() {
+    let f = Fixture::start();
+    let ctrl = Controller::connect(f.io(), OPEN, opts()).await.unwrap();
+    let mut buf = vec![0u8; 8 * 512];
+    let e = ctrl.write(1, 5, 0, 8, &buf).await.unwrap_err();
+    assert_eq!(e.status().map(|s| s.sc), Some(0x0B), "{e}");
+    let dev = Arc::new(MemDevice::new(4 << 20, 512).unwrap());
+    let target = f.server().target();
+    target
+        .add_namespace(OPEN, Namespace::new(5, dev, [5; 16], [6; 16]))
+        .unwrap();
+    assert_eq!(ctrl.active_namespaces().await.unwrap(), vec![1, 2, 5]);
+    let data = pattern(8 * 512, 55);
+    for q in 1..=2 {
+        ctrl.write(q, 5, 8 * u64::from(q), 8, &data).await.unwrap();
+        ctrl.read(q, 5, 8 * u64::from(q), 8, &mut buf)
+            .await
+            .unwrap();
+        assert!(buf == data, "queue {q}: nsid 5 reads back what was written");
+    }
+    let gone = target.remove_namespace(OPEN, 5).unwrap();
+    assert_eq!(gone.nsid, 5);
+    for q in 1..=2 {
+        let e = ctrl.read(q, 5, 0, 8, &mut buf).await.unwrap_err();
+        assert_eq!(e.status().map(|s| s.sc), Some(0x0B), "queue {q}: {e}");
+        ctrl.read(q, 1, 0, 8, &mut buf).await.unwrap();
+    }
+    assert_eq!(ctrl.active_namespaces().await.unwrap(), vec![1, 2]);
+    ctrl.disconnect().await.unwrap();
+}
