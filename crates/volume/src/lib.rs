@@ -9,6 +9,7 @@
 
 pub mod fault;
 pub mod intent;
+mod journal;
 pub mod layout;
 pub mod parity;
 pub mod rebuild;

@@ -114,6 +114,19 @@ impl Volume {
         )
         .await;
         r.map_err(|source| VolumeError::MemberIo { index, source })?;
+        // And whatever journal it carried, for the same reason.
+        if let Some(j) = &inner.journal {
+            let bytes = j.bytes() as usize;
+            let (_, r) = dev_io(
+                &dev,
+                BlockOp::Write { fua: true },
+                j.start,
+                bytes,
+                zbuf(bytes),
+            )
+            .await;
+            r.map_err(|source| VolumeError::MemberIo { index, source })?;
+        }
         {
             let mut m = inner.members.write();
             m.devs[index] = dev;
@@ -248,6 +261,9 @@ impl Volume {
             if targets.is_empty() {
                 return Ok(0);
             }
+            // Once rebuilt, the stripe takes writes without journal records,
+            // so none of its old records may be replayed after a crash.
+            inner.retire_journal(s, None).await;
             // Any k good columns determine the stripe.
             let sources: Vec<usize> = (0..k + m)
                 .filter(|&c| view.avail(l.column_member(s, c), s))

@@ -9,6 +9,9 @@
 //! rows the write touches. Members that error are marked failed and the
 //! stripe is retried degraded; the failure reaches the superblocks before the
 //! write is acknowledged, so a restart never trusts a member that missed it.
+//! An update of a stripe with a data column missing first writes a record to
+//! the write journal (`journal.rs`), so a crash in its middle cannot corrupt the
+//! missing column (the write hole the bitmap alone cannot close).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +25,7 @@ use futures_util::future::join_all;
 use parking_lot::RwLock;
 
 use crate::intent::{BITMAP_BLOCK, IntentLog};
+use crate::journal::{HEADER_BYTES, Journal, Record, RecordKind};
 use crate::layout::{Extent, Layout, LayoutError, LayoutKind};
 use crate::parity::{Code, Parity, ParityError};
 use crate::rebuild::RebuildState;
@@ -31,7 +35,8 @@ use crate::superblock::{
 
 /// Default strip: 64 KiB per member per stripe.
 pub const DEFAULT_STRIP_BYTES: u32 = 64 << 10;
-/// Default metadata region at the start of each member (superblock + bitmap).
+/// Default metadata region at the start of each member (superblock, bitmap,
+/// write journal).
 pub const DEFAULT_META_BYTES: u64 = 1 << 20;
 const LOCK_SHARDS: usize = 1024;
 /// Default member bytes covered by one intent-bitmap bit (as md's 64 MiB chunk).
@@ -49,8 +54,11 @@ pub struct VolumeConfig {
     pub strip_bytes: u32,
     /// Volume block size, 4096 or 512.
     pub block_size: u32,
-    /// Bytes reserved at the start of each member for the superblock and the
-    /// write-intent bitmap; data starts after it. Multiple of 4 KiB, >= 8 KiB.
+    /// Bytes reserved at the start of each member for the superblock, the
+    /// write-intent bitmap and the write journal; data starts after it.
+    /// Multiple of 4 KiB, >= 8 KiB. Parity layouts need room for one journal
+    /// slot of 4 KiB + m strips after a bitmap block (1 MiB holds 3 to 14
+    /// slots of 64 KiB strips); with less, degraded writes have no journal.
     pub meta_bytes: u64,
     /// Member bytes per write-intent bit (rounded to a power-of-two number of
     /// stripes; grown if the bitmap would not fit in `meta_bytes`). Larger:
@@ -63,6 +71,10 @@ pub struct VolumeConfig {
     /// what it protects against.
     #[doc(hidden)]
     pub intent_log: bool,
+    /// Keep the write journal for degraded updates (default). Off only to
+    /// show, in tests and benchmarks, what it protects against and costs.
+    #[doc(hidden)]
+    pub write_journal: bool,
     /// The operator's name, stored in the superblocks (at most 63 bytes).
     pub name: String,
 }
@@ -77,6 +89,7 @@ impl VolumeConfig {
             region_bytes: DEFAULT_REGION_BYTES,
             assume_clean: false,
             intent_log: true,
+            write_journal: true,
             name: String::new(),
         }
     }
@@ -133,6 +146,12 @@ pub struct VolumeStats {
     pub degraded_reads: u64,
     pub intent_writes: u64,
     pub resynced_stripes: u64,
+    /// Journal records written (degraded updates).
+    pub journal_writes: u64,
+    /// Bytes of those records, headers included.
+    pub journal_bytes: u64,
+    /// Stripes whose journal record was replayed at assembly.
+    pub journal_replayed: u64,
 }
 
 #[derive(Default)]
@@ -144,6 +163,9 @@ pub(crate) struct Stats {
     degraded_reads: AtomicU64,
     intent_writes: AtomicU64,
     resynced: AtomicU64,
+    pub(crate) journal_writes: AtomicU64,
+    pub(crate) journal_bytes: AtomicU64,
+    pub(crate) journal_replayed: AtomicU64,
 }
 
 /// What a scrub found.
@@ -194,6 +216,9 @@ pub(crate) struct Inner {
     intent_clear_ms: AtomicU64,
     pub stats: Stats,
     pub rebuild: RebuildState,
+    /// The write journal of degraded updates; None for layouts without a
+    /// write hole (no parity, mirrors) or when turned off.
+    pub journal: Option<Journal>,
 }
 
 /// Member devices and states as one request saw them.
@@ -274,6 +299,12 @@ pub(crate) fn recycle(buf: AlignedBuf) {
     });
 }
 
+/// Whether updates of `layout` can leave a write hole the journal must close:
+/// parity computed over two or more data columns.
+fn journal_wanted(layout: &Layout) -> bool {
+    layout.data_columns() >= 2 && layout.parity_columns() >= 1
+}
+
 /// A zeroed buffer of `len` bytes.
 pub(crate) fn zbuf(len: usize) -> AlignedBuf {
     let mut b = AlignedBuf::new(len);
@@ -326,6 +357,19 @@ pub(crate) fn collect_failed<T>(results: Vec<Result<T, usize>>) -> Result<Vec<T>
         failed.dedup();
         Err(OpError::Members(failed))
     }
+}
+
+/// Puts each touched column's buffer at its first row, for [`Inner::fold_parity`].
+fn place<'a>(
+    k: usize,
+    touched: &[(usize, Touch)],
+    bufs: &'a [AlignedBuf],
+) -> Vec<Option<(u64, &'a [u8])>> {
+    let mut cols = vec![None; k];
+    for ((d, t), b) in touched.iter().zip(bufs) {
+        cols[*d] = Some((t.lo, &b[..]));
+    }
+    cols
 }
 
 /// Per data column: touched rows and where the new data starts in the source.
@@ -389,7 +433,15 @@ impl Volume {
             data_blocks.push((g.size_bytes() - cfg.meta_bytes) / u64::from(bs));
         }
         let layout = Layout::new(cfg.layout, u64::from(cfg.strip_bytes / bs), &data_blocks)?;
-        let bitmap_bytes = cfg.meta_bytes - SB_BYTES as u64;
+        let mut bitmap_bytes = cfg.meta_bytes - SB_BYTES as u64;
+        if cfg.write_journal && journal_wanted(&layout) {
+            // The bitmap (at least one block) leaves room for a journal slot;
+            // without one, Inner::new warns that degraded writes have a hole.
+            let slot = Journal::slot_bytes(layout.parity_columns(), u64::from(cfg.strip_bytes));
+            if cfg.meta_bytes >= (SB_BYTES + BITMAP_BLOCK) as u64 + slot {
+                bitmap_bytes -= slot;
+            }
+        }
         let wanted = (cfg.region_bytes / u64::from(cfg.strip_bytes))
             .max(1)
             .next_power_of_two();
@@ -408,6 +460,7 @@ impl Volume {
             states,
             0,
             cfg.intent_log,
+            cfg.write_journal,
         )?;
         let vol = Volume {
             inner: Arc::new(inner),
@@ -416,6 +469,7 @@ impl Volume {
         // half-made volume that assembles.
         vol.inner.members.write().name = cfg.name.clone();
         vol.inner.write_bitmap_all_zero().await?;
+        vol.inner.wipe_journal().await;
         vol.inner.persist_superblock(true).await;
         if !cfg.assume_clean && vol.inner.parity.code != Code::None {
             for s in 0..vol.inner.layout.stripes() {
@@ -434,13 +488,15 @@ impl Volume {
     /// Members that cannot be read count as failed; members of another
     /// volume, or stale ones, are refused with an error naming them.
     pub async fn assemble(members: Vec<Arc<dyn BlockDevice>>) -> Result<Volume, VolumeError> {
-        Self::assemble_with(members, true).await
+        Self::assemble_with(members, true, true).await
     }
 
-    /// `intent_log: false` is the tests' negative control: no bitmap, no resync.
+    /// The tests' negative controls: `intent_log: false` keeps no bitmap and
+    /// resyncs nothing; `write_journal: false` journals and replays nothing.
     pub(crate) async fn assemble_with(
         members: Vec<Arc<dyn BlockDevice>>,
         intent_log: bool,
+        write_journal: bool,
     ) -> Result<Volume, VolumeError> {
         let reads = join_all(members.iter().map(|d| async move {
             let (buf, r) = dev_io(d, BlockOp::Read, 0, SB_BYTES, abuf(SB_BYTES)).await;
@@ -578,6 +634,7 @@ impl Volume {
             states,
             newest.generation,
             intent_log,
+            write_journal,
         )?;
         let vol = Volume {
             inner: Arc::new(inner),
@@ -587,6 +644,8 @@ impl Volume {
             m.version += 1;
             m.name = newest.name.clone();
         }
+        // Journal first: the bitmap resync cannot fix stripes missing data.
+        vol.inner.replay_journal().await?;
         if intent_log {
             vol.inner.resync_dirty_regions().await?;
         }
@@ -644,6 +703,9 @@ impl Volume {
             degraded_reads: s.degraded_reads.load(Ordering::Relaxed),
             intent_writes: s.intent_writes.load(Ordering::Relaxed),
             resynced_stripes: s.resynced.load(Ordering::Relaxed),
+            journal_writes: s.journal_writes.load(Ordering::Relaxed),
+            journal_bytes: s.journal_bytes.load(Ordering::Relaxed),
+            journal_replayed: s.journal_replayed.load(Ordering::Relaxed),
         }
     }
 
@@ -702,6 +764,7 @@ impl Inner {
         states: Vec<MemberState>,
         generation: u64,
         use_intent: bool,
+        use_journal: bool,
     ) -> Result<Inner, VolumeError> {
         let parity = Parity::new(layout.data_columns(), layout.parity_columns())?;
         let intent = IntentLog::new(layout.stripes().max(1), region_stripes.max(1));
@@ -711,6 +774,27 @@ impl Inner {
                 intent.bytes() + SB_BYTES
             )));
         }
+        let journal = if use_journal && journal_wanted(&layout) {
+            // The journal takes what the superblock and bitmap leave of the
+            // metadata area, so its place follows from the superblock alone.
+            let start = (SB_BYTES + intent.bytes()) as u64;
+            let slot = Journal::slot_bytes(layout.parity_columns(), u64::from(strip_bytes));
+            let slots = ((meta_bytes - start) / slot) as usize;
+            if slots == 0 {
+                tracing::warn!(
+                    "meta_bytes = {meta_bytes} leaves no room for a write-journal slot of {slot} \
+                     bytes (4 KiB + {} strips); a crash during a degraded partial-stripe write can \
+                     corrupt the missing member's data; use meta_bytes >= {} for new volumes",
+                    layout.parity_columns(),
+                    (SB_BYTES + BITMAP_BLOCK) as u64 + slot
+                );
+                None
+            } else {
+                Some(Journal::new(start, slot, slots, layout.members()))
+            }
+        } else {
+            None
+        };
         Ok(Inner {
             parity,
             uuid,
@@ -736,6 +820,7 @@ impl Inner {
             intent_clear_ms: AtomicU64::new(INTENT_CLEAR_AGE.as_millis() as u64),
             stats: Stats::default(),
             rebuild: RebuildState::default(),
+            journal,
             layout,
         })
     }
@@ -1200,6 +1285,9 @@ impl Inner {
             });
         }
         let new_data = |t: &Touch| &src[t.src..t.src + ((t.hi - t.lo) * bs) as usize];
+        if missing > 0 {
+            self.stats.degraded_writes.fetch_add(1, Ordering::Relaxed);
+        }
 
         if self.parity.code == Code::Mirror {
             let t = touch[0].expect("a mirror write touches column 0");
@@ -1210,139 +1298,192 @@ impl Inner {
             )
             .await;
             collect_failed(res)?;
-            if missing > 0 {
-                self.stats.degraded_writes.fetch_add(1, Ordering::Relaxed);
-            }
             return Ok(());
         }
 
         let touched_rows = |d: usize| touch[d].map_or(0, |t| t.hi - t.lo);
         let covered = |d: usize| touched_rows(d) == rows;
-        // A missing data column whose old contents we need forces reconstruction.
-        let need_reconstruct = (0..k).any(|d| !avail[d] && !covered(d));
-
-        if need_reconstruct {
-            self.stats.degraded_writes.fetch_add(1, Ordering::Relaxed);
-            let mut cols = self.read_reconstructed(view, stripe, lo, hi).await?;
-            for d in 0..k {
-                if let Some(t) = touch[d] {
-                    let at = ((t.lo - lo) * bs) as usize;
-                    let nd = new_data(&t);
-                    cols[d][at..at + nd.len()].copy_from_slice(nd);
-                }
-            }
-            let (data, par) = cols.split_at_mut(k);
-            let drefs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
-            let mut prefs: Vec<&mut [u8]> = par.iter_mut().map(|b| &mut b[..]).collect();
-            self.parity.encode(&drefs, &mut prefs)?;
-            let mut writes = Vec::new();
-            for (c, col) in cols.into_iter().enumerate() {
-                if !avail[c] {
-                    continue;
-                }
-                if c < k {
-                    let Some(t) = touch[c] else { continue };
-                    let at = ((t.lo - lo) * bs) as usize;
-                    let b = abuf_from(&col[at..at + ((t.hi - t.lo) * bs) as usize]);
-                    writes.push(self.col_write(
-                        view,
-                        member(c),
-                        self.layout.strip_lba(stripe, t.lo),
-                        b,
-                        fua,
-                    ));
-                } else {
-                    writes.push(self.col_write(view, member(c), lba, col, fua));
-                }
-            }
-            collect_failed(join_all(writes).await)?;
+        let par_avail = (k..n).filter(|&c| avail[c]).count();
+        if par_avail == 0 {
+            // No parity left to keep up (so no data column is missing either).
+            let res = join_all((0..k).filter_map(|d| {
+                let t = touch[d]?;
+                let b = abuf_from(new_data(&t));
+                Some(self.col_write(view, member(d), self.layout.strip_lba(stripe, t.lo), b, fua))
+            }))
+            .await;
+            collect_failed(res)?;
             return Ok(());
         }
-
+        // Read-modify-write needs the old contents of every column it
+        // writes; reconstruct-write those of every column it does not cover.
+        let rmw_ok = (0..k).all(|d| touch[d].is_none() || avail[d]);
+        let rcw_ok = (0..k).all(|d| avail[d] || covered(d));
         let rcw_reads: u64 = (0..k)
             .filter(|&d| avail[d])
             .map(|d| rows - touched_rows(d))
             .sum();
-        let rmw_reads: u64 = (0..k).map(touched_rows).sum::<u64>() + m as u64 * rows;
-        if missing == 0 && rmw_reads < rcw_reads {
-            self.stats.rmw.fetch_add(1, Ordering::Relaxed);
-            return self.rmw(view, stripe, lo, hi, &touch, src, fua).await;
+        let rmw_reads: u64 = (0..k).map(touched_rows).sum::<u64>() + par_avail as u64 * rows;
+        if rmw_ok && (!rcw_ok || rmw_reads < rcw_reads) {
+            if missing == 0 {
+                self.stats.rmw.fetch_add(1, Ordering::Relaxed);
+            }
+            return self
+                .rmw(view, stripe, lo, hi, &touch, &avail, src, fua)
+                .await;
         }
-        if missing > 0 {
-            self.stats.degraded_writes.fetch_add(1, Ordering::Relaxed);
-        } else if rcw_reads == 0 {
-            self.stats.full.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.stats.rcw.fetch_add(1, Ordering::Relaxed);
+        if missing == 0 {
+            if rcw_reads == 0 {
+                self.stats.full.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.stats.rcw.fetch_add(1, Ordering::Relaxed);
+            }
         }
 
-        // Reconstruct-write: read what this write leaves alone, encode, write.
-        let mut reads = Vec::new();
-        for d in (0..k).filter(|&d| avail[d]) {
-            let (tlo, thi) = touch[d].map_or((hi, hi), |t| (t.lo, t.hi));
-            if tlo > lo {
-                reads.push((d, lo, tlo));
+        // Both ways below end with all k data columns of rows lo..hi in hand.
+        let mut cols: Vec<AlignedBuf> = if rcw_ok {
+            // Reconstruct-write: read what this write leaves alone.
+            let mut reads = Vec::new();
+            for d in (0..k).filter(|&d| avail[d]) {
+                let (tlo, thi) = touch[d].map_or((hi, hi), |t| (t.lo, t.hi));
+                if tlo > lo {
+                    reads.push((d, lo, tlo));
+                }
+                if thi < hi {
+                    reads.push((d, thi.max(lo), hi));
+                }
             }
-            if thi < hi {
-                reads.push((d, thi.max(lo), hi));
+            let got = collect_failed(
+                join_all(reads.iter().map(|&(d, a, b)| {
+                    self.col_read(view, member(d), self.layout.strip_lba(stripe, a), b - a)
+                }))
+                .await,
+            )?;
+            let mut cols: Vec<AlignedBuf> = (0..n).map(|_| abuf(len)).collect();
+            for (&(d, a, _), b) in reads.iter().zip(got) {
+                let at = ((a - lo) * bs) as usize;
+                cols[d][at..at + b.len()].copy_from_slice(&b);
+                recycle(b);
             }
-        }
-        let got = collect_failed(
-            join_all(reads.iter().map(|&(d, a, b)| {
-                self.col_read(view, member(d), self.layout.strip_lba(stripe, a), b - a)
-            }))
-            .await,
-        )?;
-        let mut data: Vec<AlignedBuf> = (0..k).map(|_| abuf(len)).collect();
-        for (&(d, a, _), b) in reads.iter().zip(got) {
-            let at = ((a - lo) * bs) as usize;
-            data[d][at..at + b.len()].copy_from_slice(&b);
-            recycle(b);
-        }
+            cols
+        } else {
+            // A missing column keeps rows this write does not cover: rebuild it.
+            self.read_reconstructed(view, stripe, lo, hi).await?
+        };
         for d in 0..k {
             if let Some(t) = touch[d] {
                 let at = ((t.lo - lo) * bs) as usize;
                 let nd = new_data(&t);
-                data[d][at..at + nd.len()].copy_from_slice(nd);
+                cols[d][at..at + nd.len()].copy_from_slice(nd);
             }
         }
-        let mut par: Vec<AlignedBuf> = (0..m).map(|_| abuf(len)).collect();
         {
+            let (data, par) = cols.split_at_mut(k);
             let drefs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
             let mut prefs: Vec<&mut [u8]> = par.iter_mut().map(|b| &mut b[..]).collect();
             self.parity.encode(&drefs, &mut prefs)?;
         }
+        let _record = if (0..k).any(|d| !avail[d]) {
+            // Recovery recomputes parity from the present data as it lands and
+            // the missing columns' new contents.
+            let ranges = (0..k).filter(|&d| avail[d]).map(|d| (d, lo, hi)).collect();
+            let payload: Vec<(usize, &[u8])> = (0..k)
+                .filter(|&d| !avail[d])
+                .map(|d| (d, &cols[d][..]))
+                .collect();
+            self.journal_record(
+                view,
+                stripe,
+                &avail,
+                lo,
+                rows,
+                RecordKind::Data,
+                ranges,
+                &payload,
+            )
+            .await?
+        } else {
+            None
+        };
         let mut writes = Vec::new();
-        for (d, col) in data.into_iter().enumerate() {
-            let Some(t) = touch[d] else { continue };
-            if !avail[d] {
+        for (c, col) in cols.into_iter().enumerate() {
+            if !avail[c] {
+                recycle(col);
                 continue;
             }
-            let b = if covered(d) {
+            if c >= k {
+                writes.push(self.col_write(view, member(c), lba, col, fua));
+                continue;
+            }
+            let Some(t) = touch[c] else {
+                recycle(col);
+                continue;
+            };
+            let b = if covered(c) {
                 col
             } else {
                 let at = ((t.lo - lo) * bs) as usize;
-                abuf_from(&col[at..at + ((t.hi - t.lo) * bs) as usize])
+                let b = abuf_from(&col[at..at + ((t.hi - t.lo) * bs) as usize]);
+                recycle(col);
+                b
             };
             writes.push(self.col_write(
                 view,
-                member(d),
+                member(c),
                 self.layout.strip_lba(stripe, t.lo),
                 b,
                 fua,
             ));
         }
-        for (j, p) in par.into_iter().enumerate() {
-            if avail[k + j] {
-                writes.push(self.col_write(view, member(k + j), lba, p, fua));
-            }
-        }
         collect_failed(join_all(writes).await)?;
         Ok(())
     }
 
+    /// `par[j] ^= parity_j(cols)`, where `cols[d] = Some((row, bytes))` puts
+    /// data column `d`'s bytes at `row` of rows `lo..` (`len` bytes in all)
+    /// and zeroes elsewhere.
+    fn fold_parity(
+        &self,
+        lo: u64,
+        len: usize,
+        cols: &[Option<(u64, &[u8])>],
+        par: &mut [AlignedBuf],
+    ) -> Result<(), ParityError> {
+        let bs = self.bs;
+        if self.parity.code == Code::Xor {
+            // XOR parity is position-wise: fold each column in at its rows.
+            for (row, b) in cols.iter().flatten() {
+                let at = ((row - lo) * bs) as usize;
+                crate::parity::xor_into(&mut par[0][at..at + b.len()], b);
+            }
+            return Ok(());
+        }
+        // Reed-Solomon wants whole columns: pad those that cover part of the rows.
+        let padded: Vec<Option<AlignedBuf>> = cols
+            .iter()
+            .map(|c| {
+                let (row, b) = (*c)?;
+                (b.len() != len).then(|| {
+                    let mut full = zbuf(len);
+                    let at = ((row - lo) * bs) as usize;
+                    full[at..at + b.len()].copy_from_slice(b);
+                    full
+                })
+            })
+            .collect();
+        let drefs: Vec<Option<&[u8]>> = cols
+            .iter()
+            .zip(&padded)
+            .map(|(c, p)| p.as_deref().or(c.map(|(_, b)| b)))
+            .collect();
+        let mut prefs: Vec<&mut [u8]> = par.iter_mut().map(|b| &mut b[..]).collect();
+        self.parity.apply_delta(&drefs, &mut prefs)
+    }
+
     /// Read-modify-write: old data of the touched rows and old parity in,
-    /// parity of the data delta XORed into the parity, new data and parity out.
+    /// parity of the data delta XORed into the parity, new data and parity
+    /// out. With a data column missing (not one this write touches), a
+    /// partial-parity record goes to the journal first.
     #[allow(clippy::too_many_arguments)]
     async fn rmw(
         &self,
@@ -1351,6 +1492,7 @@ impl Inner {
         lo: u64,
         hi: u64,
         touch: &[Option<Touch>],
+        avail: &[bool],
         src: &[u8],
         fua: bool,
     ) -> Result<(), OpError> {
@@ -1372,7 +1514,14 @@ impl Inner {
                 t.hi - t.lo,
             )
         }));
-        let old_par = join_all((0..m).map(|j| self.col_read(view, member(k + j), lba, hi - lo)));
+        let old_par = join_all((0..m).map(|j| async move {
+            if avail[k + j] {
+                self.col_read(view, member(k + j), lba, hi - lo).await
+            } else {
+                // Computed along, never written.
+                Ok(abuf(len))
+            }
+        }));
         let (old_data, old_par) = futures_util::future::join(old_data, old_par).await;
         let mut old_data = collect_failed(old_data)?;
         let mut par = collect_failed(old_par)?;
@@ -1382,31 +1531,34 @@ impl Inner {
             crate::parity::xor_into(old, nd);
             new_bufs.push(abuf_from(nd));
         }
-        if self.parity.code == Code::Xor {
-            // XOR parity is position-wise: fold each delta in at its rows.
-            for ((_, t), delta) in touched.iter().zip(&old_data) {
-                let at = ((t.lo - lo) * bs) as usize;
-                crate::parity::xor_into(&mut par[0][at..at + delta.len()], delta);
-            }
-        } else {
-            // Reed-Solomon wants whole columns: pad deltas that cover part of the rows.
-            let mut padded: Vec<Option<Vec<u8>>> = vec![None; k];
-            for ((d, t), delta) in touched.iter().zip(&old_data) {
-                if delta.len() != len {
-                    let mut full = vec![0u8; len];
-                    let at = ((t.lo - lo) * bs) as usize;
-                    full[at..at + delta.len()].copy_from_slice(delta);
-                    padded[*d] = Some(full);
-                }
-            }
-            let mut drefs: Vec<Option<&[u8]>> = vec![None; k];
-            for ((d, _), delta) in touched.iter().zip(&old_data) {
-                drefs[*d] = Some(padded[*d].as_deref().unwrap_or(&delta[..]));
-            }
-            let mut prefs: Vec<&mut [u8]> = par.iter_mut().map(|b| &mut b[..]).collect();
-            self.parity.apply_delta(&drefs, &mut prefs)?;
-        }
+        self.fold_parity(lo, len, &place(k, &touched, &old_data), &mut par)?;
         old_data.into_iter().for_each(recycle);
+        let _record = if (0..k).any(|d| !avail[d]) {
+            // pp = parity of what this write leaves in place = P_new ^ parity(new).
+            let mut pp: Vec<AlignedBuf> = par.iter().map(|p| abuf_from(p)).collect();
+            self.fold_parity(lo, len, &place(k, &touched, &new_bufs), &mut pp)?;
+            let ranges = touched.iter().map(|(d, t)| (*d, t.lo, t.hi)).collect();
+            let payload: Vec<(usize, &[u8])> = (0..m)
+                .filter(|&j| avail[k + j])
+                .map(|j| (j, &pp[j][..]))
+                .collect();
+            let hold = self
+                .journal_record(
+                    view,
+                    stripe,
+                    avail,
+                    lo,
+                    hi - lo,
+                    RecordKind::PartialParity,
+                    ranges,
+                    &payload,
+                )
+                .await;
+            pp.into_iter().for_each(recycle);
+            hold?
+        } else {
+            None
+        };
         let mut writes = Vec::new();
         for ((d, t), b) in touched.iter().zip(new_bufs) {
             writes.push(self.col_write(
@@ -1418,10 +1570,89 @@ impl Inner {
             ));
         }
         for (j, p) in par.into_iter().enumerate() {
-            writes.push(self.col_write(view, member(k + j), lba, p, fua));
+            if avail[k + j] {
+                writes.push(self.col_write(view, member(k + j), lba, p, fua));
+            } else {
+                recycle(p);
+            }
         }
         collect_failed(join_all(writes).await)?;
         Ok(())
+    }
+
+    /// Writes the journal record of a degraded update of `stripe` and waits
+    /// for it to be durable. The slot stays held (and the record needed)
+    /// until the returned hold is dropped, after the in-place writes.
+    #[allow(clippy::too_many_arguments)]
+    async fn journal_record(
+        &self,
+        view: &View,
+        stripe: u64,
+        avail: &[bool],
+        lo: u64,
+        rows: u64,
+        kind: RecordKind,
+        ranges: Vec<(usize, u64, u64)>,
+        payload: &[(usize, &[u8])],
+    ) -> Result<Option<crate::journal::SlotHold<'_>>, OpError> {
+        let Some(j) = &self.journal else {
+            return Ok(None);
+        };
+        let k = self.parity.k;
+        let member = |c: usize| self.layout.column_member(stripe, c);
+        // On the first present parity member: this update writes it anyway.
+        let Some(jc) = (k..avail.len()).find(|&c| avail[c]) else {
+            return Ok(None);
+        };
+        let mbr = member(jc);
+        let missing = (0..avail.len())
+            .filter(|&c| !avail[c])
+            .fold(0u64, |acc, c| acc | 1u64 << member(c));
+        let total = HEADER_BYTES + payload.iter().map(|p| p.1.len()).sum::<usize>();
+        let mut buf = abuf(total);
+        let mut at = HEADER_BYTES;
+        for (_, p) in payload {
+            buf[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        // A stripe's records stay on one member while its members do; should
+        // one be left elsewhere, it goes first, so it cannot outlive this one.
+        self.retire_journal(stripe, Some(mbr)).await;
+        let mut hold = j.acquire(mbr, stripe).await;
+        let rec = Record {
+            seq: j.next_seq(),
+            stripe,
+            lo,
+            rows,
+            kind,
+            missing,
+            ranges,
+            cols: payload.iter().map(|p| p.0).collect(),
+        };
+        rec.encode(&self.journal_shape(), &mut buf);
+        self.stats.journal_writes.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .journal_bytes
+            .fetch_add(total as u64, Ordering::Relaxed);
+        let (buf, r) = dev_io(
+            &view.devs[mbr],
+            BlockOp::Write { fua: true },
+            j.slot_offset(hold.slot),
+            total,
+            buf,
+        )
+        .await;
+        recycle(buf);
+        match r {
+            Ok(()) => {
+                hold.written(stripe);
+                Ok(Some(hold))
+            }
+            Err(e) => {
+                tracing::debug!("member {mbr} journal write error: {e}");
+                Err(OpError::Members(vec![mbr]))
+            }
+        }
     }
 
     pub async fn flush(&self) -> Result<(), BlockError> {
