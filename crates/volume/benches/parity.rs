@@ -1,9 +1,22 @@
 //! Parity kernels and the stripe engine, per core.
 //!
-//! `cargo bench -p volume` prints encode and decode GB/s (of data, i.e. k
-//! strips per stripe) for the shapes the issue names, then sequential and
-//! random write throughput of volumes on RAM members relative to raid0.
-//! `BENCH_SECS` sets the time per measurement (default 1).
+//! `cargo bench -p volume --bench parity [group]` prints, for the groups
+//! whose name contains `group` (all by default):
+//!
+//! - `parity`: encode and decode GB/s (of data, i.e. k strips per stripe);
+//! - `volume`: full-stripe sequential and 4 KiB random write throughput of
+//!   raid5 7+1 and raid6 6+2 on 8 RAM members, relative to raid0 on the same
+//!   members;
+//! - `journal`: the same writes on degraded volumes (one member failed),
+//!   with the write journal on and off: what the write-hole protection costs;
+//! - `degraded`: sequential reads healthy and degraded, and rebuild speed.
+//!
+//! Shapes are measured in interleaved rounds (`BENCH_ROUNDS`, default 5, of
+//! `BENCH_SECS` per measurement, default 0.5) and reported as medians, ratios
+//! taken within a round, so a machine that drifts affects both sides alike.
+//! `BENCH_ONLY=raid5` restricts the volume groups to shapes whose name
+//! contains it, `BENCH_PATTERN=seq` or `rand` to one access pattern (for
+//! profiling); `BENCH_NO_INTENT=1` turns the intent bitmap off.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -16,7 +29,7 @@ fn secs() -> Duration {
     let s: f64 = std::env::var("BENCH_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1.0);
+        .unwrap_or(0.5);
     Duration::from_secs_f64(s)
 }
 
@@ -70,12 +83,14 @@ fn bench_code(k: usize, m: usize, strip: usize) {
     assert_eq!(cols[0], data[0], "decode restores the data");
     let bytes = (k * strip) as f64;
     println!(
-        "parity {:>5} {:?} strip {:>3} KiB: encode {:6.2} GB/s, decode ({lost} lost) {:6.2} GB/s",
+        "parity {:>5} {:?} strip {:>3} KiB: encode {:6.2} GB/s, decode ({lost} lost) {:6.2} GB/s \
+         ({:6.1} us per stripe)",
         format!("{k}+{m}"),
         p.code,
         strip >> 10,
         enc * bytes / 1e9,
-        dec * bytes / 1e9
+        dec * bytes / 1e9,
+        1e6 / dec
     );
 }
 
@@ -93,15 +108,46 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
     }
 }
 
-fn volume_on_mem(kind: LayoutKind, n: usize, member_bytes: u64) -> Volume {
+fn rounds() -> usize {
+    std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn selected(name: &str) -> bool {
+    std::env::var("BENCH_ONLY").map_or(true, |f| name.contains(&f))
+}
+
+const MEMBER_BYTES: u64 = 128 << 20;
+
+fn volume_on_mem(kind: LayoutKind, n: usize, journal: bool) -> Volume {
     let members: Vec<Arc<dyn BlockDevice>> = (0..n)
-        .map(|_| Arc::new(MemDevice::new(member_bytes, 4096).unwrap()) as Arc<dyn BlockDevice>)
+        .map(|_| Arc::new(MemDevice::new(MEMBER_BYTES, 4096).unwrap()) as Arc<dyn BlockDevice>)
         .collect();
     let cfg = VolumeConfig {
         assume_clean: true,
+        write_journal: journal,
+        intent_log: std::env::var("BENCH_NO_INTENT").is_err(),
         ..VolumeConfig::new(kind)
     };
-    block_on(Volume::create(members, cfg)).unwrap()
+    let vol = block_on(Volume::create(members, cfg)).unwrap();
+    // Write everything once so RAM allocation (page faults) is not measured.
+    prefill(&vol, (vol.layout().stripe_data_blocks() * 4096) as usize);
+    vol
 }
 
 /// Bytes/s of `bs`-byte writes, sequential or at pseudo-random aligned offsets.
@@ -148,37 +194,113 @@ fn prefill(vol: &Volume, bs: usize) {
     }
 }
 
+/// Full-stripe sequential write (bytes/s) and 4 KiB random write (IOPS).
+/// `BENCH_PATTERN=seq` or `rand` measures only that one (for profiling).
+fn seq_and_random(vol: &Volume) -> (f64, f64) {
+    let stripe = (vol.layout().stripe_data_blocks() * 4096) as usize;
+    let pattern = std::env::var("BENCH_PATTERN").unwrap_or_default();
+    (
+        if pattern != "rand" {
+            write_rate(vol, stripe, false)
+        } else {
+            f64::NAN
+        },
+        if pattern != "seq" {
+            write_rate(vol, 4096, true) / 4096.0
+        } else {
+            f64::NAN
+        },
+    )
+}
+
+/// Measures `shapes` in interleaved rounds; returns per shape the (seq,
+/// random) results of every round.
+fn interleaved(shapes: &[(String, Volume)]) -> Vec<Vec<(f64, f64)>> {
+    let mut out = vec![Vec::new(); shapes.len()];
+    for _ in 0..rounds() {
+        for (i, (_, vol)) in shapes.iter().enumerate() {
+            out[i].push(seq_and_random(vol));
+        }
+    }
+    out
+}
+
 fn bench_volumes() {
-    let member = 128u64 << 20;
-    let shapes = [
-        ("raid0 8", LayoutKind::Raid0, 8usize),
-        ("raid5 7+1", LayoutKind::Raid5, 8),
-        ("raid6 6+2", LayoutKind::Raid6, 8),
-        // Again, to show how much the machine drifted during the run.
-        ("raid0 8", LayoutKind::Raid0, 8),
-    ];
-    let mut base = (0.0, 0.0);
-    for (name, kind, n) in shapes {
-        let vol = volume_on_mem(kind, n, member);
-        // A full stripe per write where the layout has one (raid0: 8 strips).
-        let stripe = (vol.layout().stripe_data_blocks() * 4096) as usize;
-        // Write everything once so RAM allocation (page faults) is not measured.
-        prefill(&vol, stripe);
-        // Best of three: shared build machines are noisy.
-        let best = |f: &dyn Fn() -> f64| (0..3).map(|_| f()).fold(0.0, f64::max);
-        let seq = best(&|| write_rate(&vol, stripe, false));
-        let rnd = best(&|| write_rate(&vol, 4096, true)) / 4096.0;
-        if kind == LayoutKind::Raid0 && base.0 == 0.0 {
-            base = (seq, rnd);
+    let mut shapes: Vec<(String, Volume)> = Vec::new();
+    for (name, kind) in [
+        ("raid0 8", LayoutKind::Raid0),
+        ("raid5 7+1", LayoutKind::Raid5),
+        ("raid6 6+2", LayoutKind::Raid6),
+    ] {
+        if name.starts_with("raid0") || selected(name) {
+            shapes.push((name.to_string(), volume_on_mem(kind, 8, true)));
+        }
+    }
+    let res = interleaved(&shapes);
+    for (i, (name, vol)) in shapes.iter().enumerate() {
+        let stripe = vol.layout().stripe_data_blocks() * 4;
+        // Ratios within each round, against that round's raid0.
+        let seq_ratio = median(res[i].iter().zip(&res[0]).map(|(a, b)| a.0 / b.0).collect());
+        let rnd_ratio = median(res[i].iter().zip(&res[0]).map(|(a, b)| a.1 / b.1).collect());
+        println!(
+            "volume {name:>9} on mem, 1 core: seq write ({stripe:>4} KiB) {:6.2} GB/s \
+             ({:5.1}% of raid0), 4 KiB random write {:8.0} IOPS ({:5.1}% of raid0) \
+             [medians of {}]",
+            median(res[i].iter().map(|r| r.0).collect()) / 1e9,
+            100.0 * seq_ratio,
+            median(res[i].iter().map(|r| r.1).collect()),
+            100.0 * rnd_ratio,
+            res[i].len()
+        );
+    }
+}
+
+/// Degraded writes with the journal on and off, interleaved.
+fn bench_journal() {
+    for (name, kind, fail) in [
+        ("raid5 7+1", LayoutKind::Raid5, 1usize),
+        ("raid6 6+2", LayoutKind::Raid6, 1),
+        ("raid6 6+2", LayoutKind::Raid6, 2),
+    ] {
+        if !selected(name) {
+            continue;
+        }
+        let shapes: Vec<(String, Volume)> = [true, false]
+            .into_iter()
+            .map(|journal| {
+                let vol = volume_on_mem(kind, 8, journal);
+                for i in 0..fail {
+                    block_on(vol.fail_member(i)).unwrap();
+                }
+                (
+                    format!("journal {}", if journal { "on" } else { "off" }),
+                    vol,
+                )
+            })
+            .collect();
+        let before: Vec<_> = shapes.iter().map(|(_, v)| v.stats()).collect();
+        let res = interleaved(&shapes);
+        let seq_ratio = median(res[0].iter().zip(&res[1]).map(|(a, b)| a.0 / b.0).collect());
+        let rnd_ratio = median(res[0].iter().zip(&res[1]).map(|(a, b)| a.1 / b.1).collect());
+        for (i, (what, vol)) in shapes.iter().enumerate() {
+            let st = vol.stats();
+            let writes = st.degraded_writes - before[i].degraded_writes;
+            let recs = st.journal_writes - before[i].journal_writes;
+            println!(
+                "volume {name:>9} {fail} failed, {what:>11}: seq write {:6.2} GB/s, 4 KiB random \
+                 write {:8.0} IOPS; {:.0}% of degraded stripe writes journaled, {:.1} KiB each",
+                median(res[i].iter().map(|r| r.0).collect()) / 1e9,
+                median(res[i].iter().map(|r| r.1).collect()),
+                100.0 * recs as f64 / writes.max(1) as f64,
+                (st.journal_bytes - before[i].journal_bytes) as f64 / recs.max(1) as f64 / 1024.0
+            );
         }
         println!(
-            "volume {name:>9} on mem, 1 core: seq write ({:>4} KiB) {:6.2} GB/s ({:5.1}% of raid0), \
-             4 KiB random write {:8.0} IOPS ({:5.1}% of raid0)",
-            stripe >> 10,
-            seq / 1e9,
-            100.0 * seq / base.0,
-            rnd,
-            100.0 * rnd / base.1
+            "volume {name:>9} {fail} failed: journal on / off = seq {:5.1}%, random {:5.1}% \
+             [medians of {} rounds]",
+            100.0 * seq_ratio,
+            100.0 * rnd_ratio,
+            res[0].len()
         );
     }
 }
@@ -207,22 +329,23 @@ fn read_rate(vol: &Volume, bs: usize) -> f64 {
 }
 
 fn bench_degraded_and_rebuild() {
-    let member = 128u64 << 20;
     for (name, kind, fail) in [
         ("raid5 7+1", LayoutKind::Raid5, 1usize),
         ("raid6 6+2", LayoutKind::Raid6, 1),
         ("raid6 6+2", LayoutKind::Raid6, 2),
     ] {
-        let vol = volume_on_mem(kind, 8, member);
+        if !selected(name) {
+            continue;
+        }
+        let vol = volume_on_mem(kind, 8, true);
         let stripe = (vol.layout().stripe_data_blocks() * 4096) as usize;
-        prefill(&vol, stripe);
-        let healthy = read_rate(&vol, stripe);
+        let healthy = median((0..rounds()).map(|_| read_rate(&vol, stripe)).collect());
         for i in 0..fail {
             block_on(vol.fail_member(i)).unwrap();
         }
-        let degraded = read_rate(&vol, stripe);
+        let degraded = median((0..rounds()).map(|_| read_rate(&vol, stripe)).collect());
         for i in 0..fail {
-            let spare = Arc::new(MemDevice::new(member, 4096).unwrap());
+            let spare = Arc::new(MemDevice::new(MEMBER_BYTES, 4096).unwrap());
             block_on(vol.replace_member(i, spare)).unwrap();
         }
         let start = Instant::now();
@@ -254,6 +377,9 @@ fn main() {
     }
     if want("volume") {
         bench_volumes();
+    }
+    if want("journal") {
+        bench_journal();
     }
     if want("degraded") || want("rebuild") {
         bench_degraded_and_rebuild();

@@ -11,10 +11,23 @@
 //! `reed-solomon-simd` implements the Leopard (FFT over GF(2^16)) code, so its
 //! parity bytes differ from ISA-L's Vandermonde/Cauchy parity; recovery is
 //! equivalent (MDS: any k of k+m columns restore the rest).
+//!
+//! Encoding uses the crate's FFT encoder. Decoding does not use its decoder,
+//! whose erasure-locator step costs ~200 us per call whatever the size (two
+//! Walsh transforms over all 2^16 field elements): the code is linear, with
+//! `parity_j = sum_d c[j][d] * data_d` element by element, so the generator
+//! coefficients are read once per shape from the encoder (encoding unit
+//! vectors), and each erasure pattern gets its decode coefficients solved once
+//! and cached; a decode is then a few SIMD multiply-and-XOR passes (the
+//! crate's engine multiplies), in cache-sized pieces. Read-modify-write with
+//! a delta in few columns uses the same coefficients instead of a full encode.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
 
-use reed_solomon_simd::{ReedSolomonDecoder, ReedSolomonEncoder};
+use reed_solomon_simd::ReedSolomonEncoder;
+use reed_solomon_simd::engine::{DefaultEngine, Engine, GF_MODULUS, tables};
 
 /// Which kernel a layout uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,8 +60,234 @@ pub struct Parity {
 
 thread_local! {
     static ENCODER: RefCell<Option<ReedSolomonEncoder>> = const { RefCell::new(None) };
-    static DECODER: RefCell<Option<ReedSolomonDecoder>> = const { RefCell::new(None) };
     static ZEROES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static ENGINE: DefaultEngine = DefaultEngine::new();
+    /// Generator coefficients `c[j * k + d]` by (k, m).
+    static GENERATORS: RefCell<HashMap<(usize, usize), Generator>> = RefCell::new(HashMap::new());
+    /// Decode plans by (k, m, bitmask of present columns).
+    static PLANS: RefCell<HashMap<(usize, usize, u64), Rc<Plan>>> = RefCell::new(HashMap::new());
+    static SCRATCH: RefCell<Vec<[u8; 64]>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `c[j * k + d]`: parity j's coefficient of data column d.
+type Generator = Rc<Vec<u16>>;
+
+/// Bytes processed per pass of a multiply-and-XOR combination, so the
+/// accumulator stays in L1 while the sources stream through.
+const PIECE: usize = 4096;
+
+/// How to compute one column as a GF(2^16) combination of others.
+#[derive(Debug, Clone, Default)]
+struct Combination {
+    /// Horner form of `sum_i a_i * src_i`: `t = src_last; t = t * r + src; ...;
+    /// out = t * first`. Each entry is (source column, log of the factor that
+    /// multiplies the running sum before this source is added), first entry's
+    /// factor unused; `scale` is the log of the final factor (None for 1).
+    steps: Vec<(usize, u16)>,
+    scale: Option<u16>,
+}
+
+/// A cached decode: the present columns it reads and how each missing data
+/// column follows from them.
+#[derive(Debug)]
+struct Plan {
+    missing: Vec<(usize, Combination)>,
+}
+
+fn gf_log(x: u16) -> u16 {
+    tables::get_exp_log().log[usize::from(x)]
+}
+
+fn gf_mul(a: u16, b: u16) -> u16 {
+    if a == 0 || b == 0 {
+        return 0;
+    }
+    let el = tables::get_exp_log();
+    let sum = (u32::from(el.log[usize::from(a)]) + u32::from(el.log[usize::from(b)]))
+        % u32::from(GF_MODULUS);
+    el.exp[sum as usize]
+}
+
+fn gf_inv(a: u16) -> u16 {
+    debug_assert_ne!(a, 0);
+    let el = tables::get_exp_log();
+    let l = u32::from(el.log[usize::from(a)]);
+    el.exp[((u32::from(GF_MODULUS) - l) % u32::from(GF_MODULUS)) as usize]
+}
+
+/// The multiplicative identity in the crate's (Cantor basis) representation.
+fn gf_one() -> u16 {
+    tables::get_exp_log().exp[0]
+}
+
+/// Log of `a / b` (both non-zero), as a factor for the engine's multiply.
+fn log_ratio(a: u16, b: u16) -> u16 {
+    let m = u32::from(GF_MODULUS);
+    ((u32::from(gf_log(a)) + m - u32::from(gf_log(b))) % m) as u16
+}
+
+impl Combination {
+    /// `sum_i coef_i * col_i` over the non-zero terms.
+    fn new(terms: &[(usize, u16)]) -> Combination {
+        let terms: Vec<(usize, u16)> = terms.iter().copied().filter(|t| t.1 != 0).collect();
+        let Some(&(_, first)) = terms.first() else {
+            return Combination::default();
+        };
+        // Horner from the last term: t = s_n; t = t * (a_{i+1} / a_i) + s_i.
+        let mut steps = Vec::with_capacity(terms.len());
+        for i in (0..terms.len()).rev() {
+            let factor = if i + 1 < terms.len() {
+                log_ratio(terms[i + 1].1, terms[i].1)
+            } else {
+                0
+            };
+            steps.push((terms[i].0, factor));
+        }
+        let scale = (first != gf_one()).then(|| gf_log(first));
+        Combination { steps, scale }
+    }
+
+    /// `out = combination of cols` (`out` is not one of them).
+    fn apply(&self, eng: &DefaultEngine, cols: &[&[u8]], out: &mut [u8]) {
+        let len = out.len();
+        if self.steps.is_empty() {
+            out.fill(0);
+            return;
+        }
+        let mut at = 0;
+        while at < len {
+            let end = (at + PIECE).min(len);
+            let piece = &mut out[at..end];
+            let (chunks, rest) = piece.as_chunks_mut::<64>();
+            debug_assert!(rest.is_empty(), "columns are multiples of 64 bytes");
+            for (i, &(src, factor)) in self.steps.iter().enumerate() {
+                let s = &cols[src][at..end];
+                if i == 0 {
+                    chunks.as_flattened_mut().copy_from_slice(s);
+                } else {
+                    if factor != 0 {
+                        eng.mul(chunks, factor);
+                    }
+                    xor_into(chunks.as_flattened_mut(), s);
+                }
+            }
+            if let Some(scale) = self.scale {
+                eng.mul(chunks, scale);
+            }
+            at = end;
+        }
+    }
+}
+
+/// The generator coefficients of a k+m code, read off the encoder once.
+fn generator(k: usize, m: usize) -> Result<Generator, ParityError> {
+    if let Some(g) = GENERATORS.with(|g| g.borrow().get(&(k, m)).cloned()) {
+        return Ok(g);
+    }
+    // Column d carries the identity at element d and zeroes elsewhere, so
+    // element d of parity j is c[j][d]. Elements sit 32 to a 64-byte chunk:
+    // low bytes first, then high bytes.
+    let bytes = k.div_ceil(32) * 64;
+    let one = gf_one();
+    let data: Vec<Vec<u8>> = (0..k)
+        .map(|d| {
+            let mut v = vec![0u8; bytes];
+            let (chunk, e) = (d / 32, d % 32);
+            v[chunk * 64 + e] = one as u8;
+            v[chunk * 64 + 32 + e] = (one >> 8) as u8;
+            v
+        })
+        .collect();
+    let mut par = vec![vec![0u8; bytes]; m];
+    let drefs: Vec<&[u8]> = data.iter().map(|v| &v[..]).collect();
+    let mut prefs: Vec<&mut [u8]> = par.iter_mut().map(|v| &mut v[..]).collect();
+    rs_encode(k, m, &drefs, &mut prefs)?;
+    let mut c = vec![0u16; k * m];
+    for j in 0..m {
+        for d in 0..k {
+            let (chunk, e) = (d / 32, d % 32);
+            c[j * k + d] =
+                u16::from(par[j][chunk * 64 + e]) | u16::from(par[j][chunk * 64 + 32 + e]) << 8;
+        }
+    }
+    let c = Rc::new(c);
+    GENERATORS.with(|g| g.borrow_mut().insert((k, m), c.clone()));
+    Ok(c)
+}
+
+/// Inverts a square matrix over GF(2^16) (Gauss-Jordan); None if singular.
+fn invert(mut a: Vec<Vec<u16>>) -> Option<Vec<Vec<u16>>> {
+    let n = a.len();
+    let one = gf_one();
+    let mut inv: Vec<Vec<u16>> = (0..n)
+        .map(|i| (0..n).map(|j| if i == j { one } else { 0 }).collect())
+        .collect();
+    for col in 0..n {
+        let pivot = (col..n).find(|&r| a[r][col] != 0)?;
+        a.swap(col, pivot);
+        inv.swap(col, pivot);
+        let f = gf_inv(a[col][col]);
+        for j in 0..n {
+            a[col][j] = gf_mul(a[col][j], f);
+            inv[col][j] = gf_mul(inv[col][j], f);
+        }
+        for r in 0..n {
+            if r != col && a[r][col] != 0 {
+                let f = a[r][col];
+                for j in 0..n {
+                    a[r][j] ^= gf_mul(f, a[col][j]);
+                    inv[r][j] ^= gf_mul(f, inv[col][j]);
+                }
+            }
+        }
+    }
+    Some(inv)
+}
+
+/// The decode plan for the columns `present` marks (bit c: column c).
+fn plan(k: usize, m: usize, present: u64) -> Result<Rc<Plan>, ParityError> {
+    if let Some(p) = PLANS.with(|p| p.borrow().get(&(k, m, present)).cloned()) {
+        return Ok(p);
+    }
+    let c = generator(k, m)?;
+    let has = |col: usize| present & (1u64 << col) != 0;
+    let lost: Vec<usize> = (0..k).filter(|&d| !has(d)).collect();
+    // As many present parity columns as data columns are lost.
+    let rows: Vec<usize> = (0..m).filter(|&j| has(k + j)).take(lost.len()).collect();
+    if rows.len() < lost.len() {
+        return Err(ParityError::TooManyMissing {
+            missing: (0..k + m).filter(|&x| !has(x)).count(),
+            m,
+        });
+    }
+    // sum_{x lost} c[j][x] D_x = P_j + sum_{d kept} c[j][d] D_d, for j in rows.
+    let sys: Vec<Vec<u16>> = rows
+        .iter()
+        .map(|&j| lost.iter().map(|&x| c[j * k + x]).collect())
+        .collect();
+    let b = invert(sys).ok_or_else(|| ParityError::Rs(format!("singular {k}+{m} decode")))?;
+    let missing = lost
+        .iter()
+        .enumerate()
+        .map(|(l, &x)| {
+            let mut terms: Vec<(usize, u16)> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, &j)| (k + j, b[l][i]))
+                .collect();
+            for d in (0..k).filter(|&d| has(d)) {
+                let coef = rows
+                    .iter()
+                    .enumerate()
+                    .fold(0u16, |acc, (i, &j)| acc ^ gf_mul(b[l][i], c[j * k + d]));
+                terms.push((d, coef));
+            }
+            (x, Combination::new(&terms))
+        })
+        .collect();
+    let p = Rc::new(Plan { missing });
+    PLANS.with(|p2| p2.borrow_mut().insert((k, m, present), p.clone()));
+    Ok(p)
 }
 
 impl Parity {
@@ -106,6 +345,44 @@ impl Parity {
             }
             Code::ReedSolomon => {
                 let len = parity[0].len();
+                let changed: Vec<(usize, &[u8])> = delta
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(d, x)| x.map(|x| (d, x)))
+                    .collect();
+                // Multiply-and-XOR costs about twice an encode pass per
+                // column and parity, the FFT encoder one pass per data column.
+                if 2 * changed.len() * self.m <= self.k + self.m {
+                    let c = generator(self.k, self.m)?;
+                    return ENGINE.with(|eng| {
+                        SCRATCH.with(|sc| {
+                            let mut sc = sc.borrow_mut();
+                            if sc.len() < PIECE / 64 {
+                                sc.resize(PIECE / 64, [0u8; 64]);
+                            }
+                            for (j, p) in parity.iter_mut().enumerate() {
+                                let terms: Vec<(usize, u16)> = changed
+                                    .iter()
+                                    .enumerate()
+                                    .map(|(i, &(d, _))| (i, c[j * self.k + d]))
+                                    .collect();
+                                let comb = Combination::new(&terms);
+                                let srcs: Vec<&[u8]> = changed.iter().map(|x| x.1).collect();
+                                let mut at = 0;
+                                while at < len {
+                                    let end = (at + PIECE).min(len);
+                                    let t = sc[..(end - at) / 64].as_flattened_mut();
+                                    let piece: Vec<&[u8]> =
+                                        srcs.iter().map(|s| &s[at..end]).collect();
+                                    comb.apply(eng, &piece, t);
+                                    xor_into(&mut p[at..end], t);
+                                    at = end;
+                                }
+                            }
+                            Ok(())
+                        })
+                    });
+                }
                 ZEROES.with(|z| {
                     let mut z = z.borrow_mut();
                     if z.len() < len {
@@ -166,39 +443,7 @@ impl Parity {
             }
             Code::ReedSolomon => {
                 let k = self.k;
-                let data_missing: Vec<usize> = missing.iter().copied().filter(|&c| c < k).collect();
-                if !data_missing.is_empty() {
-                    let len = cols[0].len();
-                    DECODER.with(|cell| {
-                        let mut cell = cell.borrow_mut();
-                        let dec = match cell.as_mut() {
-                            Some(d) => {
-                                d.reset(k, self.m, len).map_err(rs_err)?;
-                                d
-                            }
-                            None => cell
-                                .insert(ReedSolomonDecoder::new(k, self.m, len).map_err(rs_err)?),
-                        };
-                        for (c, col) in cols.iter().enumerate() {
-                            if !present[c] {
-                                continue;
-                            }
-                            if c < k {
-                                dec.add_original_shard(c, &**col).map_err(rs_err)?;
-                            } else {
-                                dec.add_recovery_shard(c - k, &**col).map_err(rs_err)?;
-                            }
-                        }
-                        let res = dec.decode().map_err(rs_err)?;
-                        for &c in &data_missing {
-                            let got = res.restored_original(c).ok_or_else(|| {
-                                ParityError::Rs(format!("decoder did not restore column {c}"))
-                            })?;
-                            cols[c].copy_from_slice(got);
-                        }
-                        Ok::<(), ParityError>(())
-                    })?;
-                }
+                self.decode_data(cols, present)?;
                 if missing.iter().any(|&c| c >= k) {
                     let (data, parity) = cols.split_at_mut(k);
                     let data: Vec<&[u8]> = data.iter().map(|c| &**c).collect();
@@ -212,6 +457,74 @@ impl Parity {
                 Ok(())
             }
         }
+    }
+
+    /// Which present columns [`Parity::reconstruct_data`] reads: for
+    /// Reed-Solomon the present data and one present parity column per
+    /// missing data column; for the others, every present column.
+    pub fn sources(&self, present: &[bool]) -> Vec<bool> {
+        let k = self.k;
+        if self.code != Code::ReedSolomon {
+            return present.to_vec();
+        }
+        let lost = (0..k).filter(|&d| !present[d]).count();
+        let mut want: Vec<bool> = present[..k].to_vec();
+        let mut more = lost;
+        for &p in &present[k..] {
+            want.push(p && more > 0);
+            if p && more > 0 {
+                more -= 1;
+            }
+        }
+        want
+    }
+
+    /// Fills the missing data columns (`present[d] == false`, `d < k`) from
+    /// the columns [`Parity::sources`] names; parity columns are left as
+    /// they are, present or not.
+    pub fn reconstruct_data(
+        &self,
+        cols: &mut [&mut [u8]],
+        present: &[bool],
+    ) -> Result<(), ParityError> {
+        let k = self.k;
+        if (0..k).all(|d| present[d]) {
+            return Ok(());
+        }
+        match self.code {
+            Code::ReedSolomon => self.decode_data(cols, present),
+            _ => {
+                // Parity columns that are missing need not be computed, but
+                // XOR and mirror recovery cost the same either way.
+                self.reconstruct(cols, present)
+            }
+        }
+    }
+
+    /// Reed-Solomon: fills missing data columns through a cached plan.
+    fn decode_data(&self, cols: &mut [&mut [u8]], present: &[bool]) -> Result<(), ParityError> {
+        let (k, m) = (self.k, self.m);
+        if (0..k).all(|d| present[d]) {
+            return Ok(());
+        }
+        let mask = present
+            .iter()
+            .enumerate()
+            .fold(0u64, |acc, (c, &p)| if p { acc | 1u64 << c } else { acc });
+        let plan = plan(k, m, mask)?;
+        ENGINE.with(|eng| {
+            for (x, comb) in &plan.missing {
+                // Sources are never missing columns, so the output can be
+                // lent out while the others are read.
+                let out = std::mem::take(&mut cols[*x]);
+                {
+                    let srcs: Vec<&[u8]> = cols.iter().map(|c| &**c).collect();
+                    comb.apply(eng, &srcs, out);
+                }
+                cols[*x] = out;
+            }
+        });
+        Ok(())
     }
 }
 
@@ -368,6 +681,63 @@ mod tests {
             let mut refs: Vec<&mut [u8]> = upd.iter_mut().map(|v| &mut v[..]).collect();
             p.apply_delta(&deltas, &mut refs).unwrap();
             prop_assert_eq!(upd, encode(&p, &new));
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Data comes back from just the columns `sources` names (the others
+        /// hold garbage), and deltas in several columns agree with encoding.
+        #[test]
+        fn data_decodes_from_its_sources_alone((k, m) in shapes(), seed in any::<u64>(), lost_seed in any::<u64>()) {
+            let p = Parity::new(k, m).unwrap();
+            let len = 2 * 4096;
+            let data = random_cols(seed, k, len);
+            let par = encode(&p, &data);
+            let n = k + m;
+            let mut rng = crate::testutil::Rng::new(lost_seed);
+            let mut present = vec![true; n];
+            for _ in 0..m {
+                present[rng.below(n as u64) as usize] = false;
+            }
+            let read = p.sources(&present);
+            prop_assert!((0..n).all(|c| !read[c] || present[c]));
+            let mut all: Vec<Vec<u8>> = data.iter().chain(par.iter()).cloned().collect();
+            for c in 0..n {
+                if !read[c] {
+                    all[c].fill(0x5A);
+                }
+            }
+            let mut refs: Vec<&mut [u8]> = all.iter_mut().map(|v| &mut v[..]).collect();
+            p.reconstruct_data(&mut refs, &read).unwrap();
+            for d in 0..k { prop_assert_eq!(&all[d], &data[d]); }
+
+            // Every column changed: the delta path with many columns.
+            let new = random_cols(seed ^ 7, k, len);
+            let deltas: Vec<Vec<u8>> = (0..k)
+                .map(|d| data[d].iter().zip(&new[d]).map(|(a, b)| a ^ b).collect())
+                .collect();
+            let drefs: Vec<Option<&[u8]>> = deltas.iter().map(|v| Some(&v[..])).collect();
+            let mut upd = par.clone();
+            let mut urefs: Vec<&mut [u8]> = upd.iter_mut().map(|v| &mut v[..]).collect();
+            p.apply_delta(&drefs, &mut urefs).unwrap();
+            prop_assert_eq!(upd, encode(&p, &new));
+        }
+    }
+
+    #[test]
+    fn gf_tables_agree_with_the_engine() {
+        let one = gf_one();
+        assert_eq!(gf_mul(one, 0x1234), 0x1234);
+        for a in [1u16, 2, 0x1234, 0xBEEF, 0xFFFF] {
+            assert_eq!(gf_mul(a, gf_inv(a)), one, "{a:#x}");
+            let mut x = [[0u8; 64]; 1];
+            x[0][5] = 0x34;
+            x[0][37] = 0x12;
+            ENGINE.with(|e| e.mul(&mut x, gf_log(a)));
+            let got = u16::from(x[0][5]) | u16::from(x[0][37]) << 8;
+            assert_eq!(got, gf_mul(0x1234, a), "{a:#x}");
         }
     }
 

@@ -1068,8 +1068,9 @@ impl Inner {
         Err(self.too_many_failed(&self.view()))
     }
 
-    /// All k+m columns of rows `lo..hi` of `stripe`: read what is available,
-    /// reconstruct the rest. The caller holds the stripe lock.
+    /// The k data columns of rows `lo..hi` of `stripe`, read or reconstructed
+    /// from just the columns needed, followed by m buffers of the parity's
+    /// size whose contents are unspecified. The caller holds the stripe lock.
     async fn read_reconstructed(
         &self,
         view: &View,
@@ -1085,10 +1086,11 @@ impl Inner {
         if present.iter().filter(|&&p| !p).count() > self.parity.m {
             return Err(OpError::Fatal(self.too_many_failed(view)));
         }
+        let read = self.parity.sources(&present);
         let lba = self.layout.strip_lba(stripe, lo);
         let res = join_all((0..n).map(|c| {
             let mbr = self.layout.column_member(stripe, c);
-            let want = present[c];
+            let want = read[c];
             async move {
                 if want {
                     self.col_read(view, mbr, lba, hi - lo).await
@@ -1100,7 +1102,7 @@ impl Inner {
         .await;
         let mut cols = collect_failed(res)?;
         let mut refs: Vec<&mut [u8]> = cols.iter_mut().map(|b| &mut b[..]).collect();
-        self.parity.reconstruct(&mut refs, &present)?;
+        self.parity.reconstruct_data(&mut refs, &read)?;
         Ok(cols)
     }
 
