@@ -194,7 +194,8 @@ impl Volume {
         {
             let mut m = inner.members.write();
             for (i, _) in &targets {
-                if matches!(m.states[*i], MemberState::Rebuilding { .. }) {
+                if matches!(m.states[*i], MemberState::Rebuilding { checkpoint } if checkpoint >= stripes)
+                {
                     m.states[*i] = MemberState::Active;
                     m.version += 1;
                 }
@@ -241,8 +242,8 @@ impl Volume {
         }
     }
 
-    /// Reconstructs stripe `s` onto every member whose checkpoint is at or
-    /// below it, then moves their checkpoints past it. Returns strips written.
+    /// Reconstructs stripe `s` onto every member whose checkpoint is at it,
+    /// then moves their checkpoints past it. Returns strips written.
     async fn rebuild_stripe(&self, s: u64) -> Result<u64, VolumeError> {
         let inner = &self.inner;
         let l = &inner.layout;
@@ -254,8 +255,11 @@ impl Volume {
             let view = inner.view();
             let targets: Vec<usize> = (0..k + m)
                 .filter(|&c| {
+                    // Exactly at its checkpoint: a member replaced while this
+                    // pass runs (checkpoint 0) must not skip the stripes the
+                    // pass already went by; the next pass starts from it.
                     matches!(view.states[l.column_member(s, c)],
-                        MemberState::Rebuilding { checkpoint } if checkpoint <= s)
+                        MemberState::Rebuilding { checkpoint } if checkpoint == s)
                 })
                 .collect();
             if targets.is_empty() {
