@@ -21,15 +21,27 @@ pub struct ApiArgs {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum VolumeCmd {
-    /// Make a volume on free drives.
+    /// Make a volume on free drives (--layout, --drives), or a thin volume in a pool (--pool, --size).
     Create {
         name: String,
         /// concat, raid0, raid1, raid5, raid6 or ecK+M (e.g. ec8+2).
-        #[arg(long)]
-        layout: String,
+        #[arg(long, requires = "drives", conflicts_with = "pool")]
+        layout: Option<String>,
         /// Drives by member position, comma separated (d0,d1,d2).
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(long, value_delimiter = ',', requires = "layout")]
         drives: Vec<String>,
+        /// Format the new volume as a thin pool.
+        #[arg(long, requires = "layout")]
+        thin_pool: bool,
+        /// Thin pool allocation unit (default 1MiB).
+        #[arg(long, requires = "thin_pool")]
+        cluster: Option<String>,
+        /// A thin volume in the pool on this volume...
+        #[arg(long, requires = "size")]
+        pool: Option<String>,
+        /// ...of this size (e.g. 100GiB; may exceed the pool).
+        #[arg(long, requires = "pool")]
+        size: Option<String>,
         /// Strip size per member (default 64KiB).
         #[arg(long)]
         strip: Option<String>,
@@ -145,13 +157,31 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             name,
             layout,
             drives,
+            thin_pool,
+            cluster,
+            pool,
+            size,
             strip,
             block_size,
             rebuild_rate,
             export,
             nsid,
         } => {
-            let mut b = json!({ "name": name, "layout": layout, "drives": drives });
+            let mut b = json!({ "name": name });
+            if let Some(l) = layout {
+                b["layout"] = json!(l);
+                b["drives"] = json!(drives);
+            }
+            if thin_pool {
+                b["thin_pool"] = json!(true);
+            }
+            if let Some(c) = cluster {
+                b["cluster"] = json!(c);
+            }
+            if let (Some(p), Some(sz)) = (pool, size) {
+                b["pool"] = json!(p);
+                b["size"] = json!(sz);
+            }
             if let Some(s) = strip {
                 b["strip"] = json!(s);
             }
@@ -297,6 +327,25 @@ fn print_volume(v: &Value) {
         v["generation"].as_u64().unwrap_or(0)
     );
     println!("  exported as: {}", export_text(v));
+    if let Some(p) = v["pool"].as_str() {
+        println!(
+            "  thin, in pool {p}: {} of {} allocated",
+            human_bytes(v["allocated_bytes"].as_u64().unwrap_or(0)),
+            human_bytes(v["size_bytes"].as_u64().unwrap_or(0))
+        );
+    }
+    if let Some(p) = v["thin_pool"].as_object() {
+        let g = |k: &str| human_bytes(p[k].as_u64().unwrap_or(0));
+        println!(
+            "  thin pool: {} allocated, {} free of {}, {} provisioned to {} thin volume(s), {} clusters",
+            g("allocated_bytes"),
+            g("free_bytes"),
+            g("capacity_bytes"),
+            g("provisioned_bytes"),
+            p["volumes"].as_array().map_or(0, |a| a.len()),
+            g("cluster_bytes")
+        );
+    }
     for m in v["members"].as_array().into_iter().flatten() {
         println!(
             "  member {:>2}: {:<12} {}",

@@ -85,12 +85,21 @@ fn bs4096() -> u32 {
 #[serde(deny_unknown_fields)]
 pub struct VolumeSection {
     pub name: String,
-    pub layout: String,
+    /// With `drives`: a volume on drives.
+    pub layout: Option<String>,
+    #[serde(default)]
     pub drives: Vec<String>,
     pub strip: Option<Size>,
     pub block_size: Option<u32>,
     /// Rebuild speed limit in bytes per second, e.g. "200MiB".
     pub rebuild_rate: Option<Size>,
+    /// Format the volume as a thin pool when it is made.
+    #[serde(default)]
+    pub thin_pool: bool,
+    pub cluster: Option<Size>,
+    /// A thin volume in the pool on this volume, of `size` bytes.
+    pub pool: Option<String>,
+    pub size: Option<Size>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -350,10 +359,33 @@ pub fn node_specs(
                 v.name
             );
         }
-        let kind = crate::node::parse_layout(&v.layout)
-            .map_err(|e| anyhow::anyhow!("config: {key}.layout: {e}"))?;
-        kind.shape(v.drives.len())
-            .map_err(|e| anyhow::anyhow!("config: {key}.drives: {e}"))?;
+        if v.pool.is_some() {
+            if v.layout.is_some() || !v.drives.is_empty() || v.thin_pool {
+                bail!(
+                    "config: {key}: a thin volume (pool = ...) takes only a size; remove layout, drives and thin_pool"
+                );
+            }
+            if v.size.is_none() {
+                bail!(
+                    "config: {key}.size is missing; a thin volume needs one, e.g. size = \"100GiB\""
+                );
+            }
+        } else {
+            let layout = v.layout.as_deref().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "config: {key}.layout is missing; give layout and drives (or pool and size for a thin volume)"
+                )
+            })?;
+            let kind = crate::node::parse_layout(layout)
+                .map_err(|e| anyhow::anyhow!("config: {key}.layout: {e}"))?;
+            kind.shape(v.drives.len())
+                .map_err(|e| anyhow::anyhow!("config: {key}.drives: {e}"))?;
+            if v.size.is_some() {
+                bail!(
+                    "config: {key}.size: a volume on drives takes all of them; size is for thin volumes"
+                );
+            }
+        }
         for d in &v.drives {
             if !names.contains(d) {
                 bail!(
@@ -373,9 +405,15 @@ pub fn node_specs(
             strip: v.strip.map(|s| s.bytes().to_string()),
             block_size: v.block_size,
             rebuild_rate: v.rebuild_rate.map(|s| s.bytes().to_string()),
+            thin_pool: v.thin_pool,
+            cluster: v.cluster.map(|s| s.bytes().to_string()),
+            pool: v.pool.clone(),
+            size: v.size.map(|s| s.bytes().to_string()),
             export: None,
         });
     }
+    // Pools before the thin volumes they hold.
+    volumes.sort_by_key(|v| v.pool.is_some());
     Ok((drives, volumes))
 }
 

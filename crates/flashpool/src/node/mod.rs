@@ -18,6 +18,7 @@ use blockdev::{BlockDevice, BlockError, BlockOp, Geometry, IoFuture, IoRequest};
 use nvmf_target::Target;
 use serde::Serialize;
 use volume::Volume;
+use volume::thin::{ThinPool, ThinVolume};
 
 pub use drive::{Drive, DriveSpec};
 pub use ops::{CreateVolume, ExportRequest, check_name, parse_layout};
@@ -51,11 +52,20 @@ pub struct Export {
     pub from_config: bool,
 }
 
+/// What a volume is made of.
+pub enum Backing {
+    /// A protected (or striped) volume on drives; `pool` when it is
+    /// formatted as a thin pool, whose thin volumes are entries of their own.
+    Drives { vol: Volume, pool: Option<ThinPool> },
+    /// A thin volume in the pool on volume `pool`.
+    Thin { pool: String, tv: ThinVolume },
+}
+
 /// A volume the node runs.
 pub struct VolumeEntry {
     pub name: String,
-    pub vol: Volume,
-    /// Drive names by member position.
+    pub backing: Backing,
+    /// Drive names by member position (none for a thin volume).
     pub drives: Vec<String>,
     pub export: Option<Export>,
     /// Declared in the TOML file (deleting it there is the way to remove it).
@@ -63,6 +73,40 @@ pub struct VolumeEntry {
     /// Rebuild speed limit in bytes per second (None: as fast as possible).
     pub rebuild_rate: Option<u64>,
     pub last_rebuild_error: Option<String>,
+    /// A rebuild task runs (or is about to) for this volume.
+    pub rebuild_task: bool,
+}
+
+impl VolumeEntry {
+    /// The volume on drives, unless this is a thin volume.
+    pub fn on_drives(&self) -> Option<&Volume> {
+        match &self.backing {
+            Backing::Drives { vol, .. } => Some(vol),
+            Backing::Thin { .. } => None,
+        }
+    }
+
+    pub fn thin_pool(&self) -> Option<&ThinPool> {
+        match &self.backing {
+            Backing::Drives { pool, .. } => pool.as_ref(),
+            Backing::Thin { .. } => None,
+        }
+    }
+
+    /// The device a namespace of this volume serves.
+    pub fn device(&self) -> Arc<dyn BlockDevice> {
+        match &self.backing {
+            Backing::Drives { vol, .. } => Arc::new(ServedVolume(vol.clone(), self.name.clone())),
+            Backing::Thin { tv, .. } => Arc::new(tv.clone()),
+        }
+    }
+
+    pub fn uuid(&self) -> String {
+        match &self.backing {
+            Backing::Drives { vol, .. } => vol.uuid(),
+            Backing::Thin { tv, .. } => tv.uuid(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -116,8 +160,18 @@ impl Node {
     /// and releases the drives. Call after the target stopped serving.
     pub async fn shutdown(&self) {
         let st = self.state.lock().await;
+        // Pools first: their metadata lands on the volumes below them.
         for v in st.volumes.values() {
-            if let Err(e) = v.vol.close().await {
+            if let Some(p) = v.thin_pool()
+                && let Err(e) = p.close().await
+            {
+                tracing::error!("thin pool on volume {}: close: {e}", v.name);
+            }
+        }
+        for v in st.volumes.values() {
+            if let Some(vol) = v.on_drives()
+                && let Err(e) = vol.close().await
+            {
                 tracing::error!("volume {}: close: {e}", v.name);
             }
         }

@@ -9,10 +9,11 @@ use blockdev::BlockDevice;
 use nvmf_target::{Namespace, NamespaceError};
 use serde::{Deserialize, Serialize};
 use volume::superblock::{MAX_NAME_BYTES, Superblock};
+use volume::thin::{DEFAULT_CLUSTER_BYTES, ThinError, ThinPool};
 use volume::{LayoutKind, MemberState, RebuildOptions, Volume, VolumeConfig};
 
 use super::{
-    Export, Node, NodeError, NodeResult, NodeState, ServedVolume, VolumeEntry, read_head, wipe_head,
+    Backing, Export, Node, NodeError, NodeResult, NodeState, VolumeEntry, read_head, wipe_head,
 };
 
 /// `POST /v1/volumes`.
@@ -20,9 +21,23 @@ use super::{
 #[serde(deny_unknown_fields)]
 pub struct CreateVolume {
     pub name: String,
-    /// concat, raid0, raid1, raid5, raid6 or ecK+M (e.g. ec8+2).
-    pub layout: String,
+    /// concat, raid0, raid1, raid5, raid6 or ecK+M (e.g. ec8+2); with `drives`.
+    #[serde(default)]
+    pub layout: Option<String>,
+    #[serde(default)]
     pub drives: Vec<String>,
+    /// Format the new volume as a thin pool, to hold thin volumes.
+    #[serde(default)]
+    pub thin_pool: bool,
+    /// Thin pool allocation unit, e.g. "1MiB" (default).
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// A thin volume in the pool on this volume (instead of layout + drives)...
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// ...of this virtual size, e.g. "100GiB" (may exceed the pool).
+    #[serde(default)]
+    pub size: Option<String>,
     /// Strip size per member, e.g. "64KiB" (default).
     #[serde(default)]
     pub strip: Option<String>,
@@ -81,6 +96,25 @@ pub struct VolumeInfo {
     pub export: Option<Export>,
     pub from_config: bool,
     pub rebuild: RebuildInfo,
+    /// Thin volumes: the volume whose pool holds it, and its allocated bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<u64>,
+    /// Pool volumes: the pool's space.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thin_pool: Option<PoolInfo>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PoolInfo {
+    pub cluster_bytes: u64,
+    pub capacity_bytes: u64,
+    pub allocated_bytes: u64,
+    pub free_bytes: u64,
+    /// Sum of the thin volumes' sizes (may exceed the capacity).
+    pub provisioned_bytes: u64,
+    pub volumes: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -161,70 +195,130 @@ fn member_state_name(s: MemberState) -> &'static str {
     }
 }
 
-impl VolumeEntry {
-    pub fn info(&self) -> VolumeInfo {
-        let v = &self.vol;
-        let states = v.member_states();
-        let state = if states.iter().any(|s| matches!(s, MemberState::Failed)) {
-            "degraded"
-        } else if states
-            .iter()
-            .any(|s| matches!(s, MemberState::Rebuilding { .. }))
-        {
-            "rebuilding"
+fn rebuild_info(vol: &Volume, last_error: Option<String>) -> RebuildInfo {
+    let p = vol.rebuild_progress();
+    RebuildInfo {
+        running: p.running,
+        members: p.members.clone(),
+        done_stripes: p.done_stripes,
+        total_stripes: p.total_stripes,
+        percent: if p.total_stripes == 0 {
+            0.0
         } else {
-            "optimal"
-        };
-        let p = v.rebuild_progress();
-        let geo = v.geometry();
-        VolumeInfo {
-            name: self.name.clone(),
-            uuid: v.uuid(),
-            layout: v.layout().kind().to_string(),
+            100.0 * p.done_stripes as f64 / p.total_stripes as f64
+        },
+        bytes: p.bytes,
+        mb_per_sec: p.bytes_per_sec / 1e6,
+        eta_secs: p.eta.map(|d| d.as_secs_f64()),
+        last_error,
+    }
+}
+
+fn volume_state(vol: &Volume) -> &'static str {
+    let states = vol.member_states();
+    if states.iter().any(|s| matches!(s, MemberState::Failed)) {
+        "degraded"
+    } else if states
+        .iter()
+        .any(|s| matches!(s, MemberState::Rebuilding { .. }))
+    {
+        "rebuilding"
+    } else {
+        "optimal"
+    }
+}
+
+fn thin_err(e: ThinError) -> NodeError {
+    match e {
+        ThinError::NameTaken(_) => NodeError::Conflict(e.to_string()),
+        ThinError::NoSuchVolume(_) => NodeError::NotFound(e.to_string()),
+        ThinError::Config(_) | ThinError::TooManyVolumes(_) => NodeError::BadRequest(e.to_string()),
+        _ => NodeError::Internal(e.to_string()),
+    }
+}
+
+impl NodeState {
+    /// A volume as the API shows it. A thin volume's state is its pool
+    /// volume's: it is degraded when the drives under it are.
+    pub fn volume_info(&self, name: &str) -> Option<VolumeInfo> {
+        let e = self.volumes.get(name)?;
+        let geo = e.device().geometry();
+        let mut info = VolumeInfo {
+            name: e.name.clone(),
+            uuid: e.uuid(),
+            layout: "thin".into(),
             size_bytes: geo.size_bytes(),
             block_size: geo.block_size,
-            strip_bytes: v.layout().strip_blocks() * u64::from(geo.block_size),
-            state: state.into(),
-            generation: v.generation(),
-            members: states
-                .iter()
-                .enumerate()
-                .map(|(i, s)| MemberInfo {
-                    position: i,
-                    drive: self.drives.get(i).cloned().unwrap_or_else(|| "-".into()),
-                    state: member_state_name(*s).into(),
-                })
-                .collect(),
-            export: self.export.clone(),
-            from_config: self.from_config,
+            strip_bytes: 0,
+            state: "optimal".into(),
+            generation: 0,
+            members: Vec::new(),
+            export: e.export.clone(),
+            from_config: e.from_config,
             rebuild: RebuildInfo {
-                running: p.running,
-                members: p.members.clone(),
-                done_stripes: p.done_stripes,
-                total_stripes: p.total_stripes,
-                percent: if p.total_stripes == 0 {
-                    0.0
-                } else {
-                    100.0 * p.done_stripes as f64 / p.total_stripes as f64
-                },
-                bytes: p.bytes,
-                mb_per_sec: p.bytes_per_sec / 1e6,
-                eta_secs: p.eta.map(|d| d.as_secs_f64()),
-                last_error: self.last_rebuild_error.clone(),
+                running: false,
+                members: Vec::new(),
+                done_stripes: 0,
+                total_stripes: 0,
+                percent: 0.0,
+                bytes: 0,
+                mb_per_sec: 0.0,
+                eta_secs: None,
+                last_error: None,
             },
+            pool: None,
+            allocated_bytes: None,
+            thin_pool: None,
+        };
+        match &e.backing {
+            Backing::Drives { vol, pool } => {
+                let states = vol.member_states();
+                info.layout = vol.layout().kind().to_string();
+                info.strip_bytes = vol.layout().strip_blocks() * u64::from(geo.block_size);
+                info.state = volume_state(vol).into();
+                info.generation = vol.generation();
+                info.members = states
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| MemberInfo {
+                        position: i,
+                        drive: e.drives.get(i).cloned().unwrap_or_else(|| "-".into()),
+                        state: member_state_name(*s).into(),
+                    })
+                    .collect();
+                info.rebuild = rebuild_info(vol, e.last_rebuild_error.clone());
+                // A rebuild is on its way from the moment a drive is replaced.
+                info.rebuild.running |= e.rebuild_task;
+                if let Some(p) = pool {
+                    let u = p.usage();
+                    info.thin_pool = Some(PoolInfo {
+                        cluster_bytes: u.cluster_bytes,
+                        capacity_bytes: u.capacity_bytes,
+                        allocated_bytes: u.allocated_bytes,
+                        free_bytes: u.free_bytes,
+                        provisioned_bytes: u.provisioned_bytes,
+                        volumes: p.volumes().into_iter().map(|t| t.name).collect(),
+                    });
+                }
+            }
+            Backing::Thin { pool, tv } => {
+                info.pool = Some(pool.clone());
+                info.allocated_bytes = Some(tv.allocated_bytes());
+                if let Some(vol) = self.volumes.get(pool).and_then(|p| p.on_drives()) {
+                    info.state = volume_state(vol).into();
+                }
+            }
         }
+        Some(info)
     }
+}
 
+impl VolumeEntry {
     fn namespace(&self, nsid: u32) -> Namespace {
-        let id = uuid_bytes(&self.vol.uuid());
+        let id = uuid_bytes(&self.uuid());
         let mut nguid = id;
         nguid[0] ^= 0x5A;
-        Namespace::new(
-            nsid,
-            Arc::new(ServedVolume(self.vol.clone(), self.name.clone())),
-            id,
-            nguid,
-        )
+        Namespace::new(nsid, self.device(), id, nguid)
     }
 }
 
@@ -238,7 +332,8 @@ impl NodeState {
                 let failed = self
                     .volumes
                     .get(v)
-                    .is_some_and(|e| e.vol.member_states()[p] == MemberState::Failed);
+                    .and_then(|e| e.on_drives())
+                    .is_some_and(|v| v.member_states()[p] == MemberState::Failed);
                 if failed { "failed" } else { "member" }
             }
             (None, true) => "failed",
@@ -361,21 +456,60 @@ impl Node {
                 .member_states()
                 .iter()
                 .any(|s| matches!(s, MemberState::Rebuilding { .. }));
+            let as_dev: Arc<dyn BlockDevice> = Arc::new(vol.clone());
+            let pool = if ThinPool::is_pool(&as_dev).await {
+                let p = ThinPool::open(as_dev)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("volume {name}: its thin pool: {e}"))?;
+                for t in p.volumes() {
+                    let Some(tv) = p.volume(&t.name) else {
+                        continue;
+                    };
+                    if st.volumes.contains_key(&t.name) {
+                        tracing::warn!(
+                            "thin volume {} in pool {name}: another volume has that name; not served",
+                            t.name
+                        );
+                        continue;
+                    }
+                    tracing::info!("thin volume {} found in pool {name}", t.name);
+                    st.volumes.insert(
+                        t.name.clone(),
+                        VolumeEntry {
+                            name: t.name.clone(),
+                            backing: Backing::Thin {
+                                pool: name.clone(),
+                                tv,
+                            },
+                            drives: Vec::new(),
+                            export: None,
+                            from_config: false,
+                            rebuild_rate: None,
+                            last_rebuild_error: None,
+                            rebuild_task: false,
+                        },
+                    );
+                }
+                Some(p)
+            } else {
+                None
+            };
             st.volumes.insert(
                 name.clone(),
                 VolumeEntry {
                     name: name.clone(),
-                    vol,
+                    backing: Backing::Drives { vol, pool },
                     drives,
                     export: None,
                     from_config: false,
                     rebuild_rate: None,
                     last_rebuild_error: None,
+                    rebuild_task: false,
                 },
             );
             if resume {
                 tracing::info!("volume {name}: resuming the rebuild that was interrupted");
-                self.spawn_rebuild(&st, &name);
+                self.spawn_rebuild(&mut st, &name);
             }
         }
         Ok(())
@@ -386,9 +520,37 @@ impl Node {
         let existing = {
             let mut st = self.state.lock().await;
             match st.volumes.get_mut(&req.name) {
+                Some(e) if req.pool.is_some() => {
+                    let want = req.pool.as_deref().unwrap_or_default();
+                    match &e.backing {
+                        Backing::Thin { pool, .. } if pool == want => {}
+                        _ => anyhow::bail!(
+                            "volume {}: the TOML says it is a thin volume in pool {want}, but a \
+                             volume of that name exists elsewhere; fix the TOML",
+                            req.name
+                        ),
+                    }
+                    e.from_config = true;
+                    true
+                }
                 Some(e) => {
-                    let want = parse_layout(&req.layout)?;
-                    let have = e.vol.layout().kind();
+                    let Some(vol) = e.on_drives() else {
+                        anyhow::bail!(
+                            "volume {}: the TOML says layout {:?} but it is a thin volume; fix the TOML",
+                            req.name,
+                            req.layout
+                        );
+                    };
+                    let want = parse_layout(req.layout.as_deref().unwrap_or_default())?;
+                    let have = vol.layout().kind();
+                    if req.thin_pool && e.thin_pool().is_none() {
+                        anyhow::bail!(
+                            "volume {}: the TOML says thin_pool = true but the volume on its drives \
+                             is not a pool; formatting it would destroy its data, so remove \
+                             thin_pool or delete the volume",
+                            req.name
+                        );
+                    }
                     if want != have {
                         anyhow::bail!(
                             "volume {}: the TOML says layout {want} but its drives hold a {have} volume; \
@@ -425,7 +587,39 @@ impl Node {
 
     pub async fn create_volume(self: &Arc<Self>, req: CreateVolume) -> NodeResult<VolumeInfo> {
         check_name("volume", &req.name)?;
-        let kind = parse_layout(&req.layout)?;
+        if req.pool.is_some() {
+            return self.create_thin(req).await;
+        }
+        let (Some(layout), false) = (req.layout.as_deref(), req.drives.is_empty()) else {
+            return Err(NodeError::BadRequest(format!(
+                "volume {}: give a layout and drives (a volume on drives), or a pool and a size \
+                 (a thin volume)",
+                req.name
+            )));
+        };
+        if req.size.is_some() {
+            return Err(NodeError::BadRequest(format!(
+                "volume {}: a volume on drives takes all of them; size is for thin volumes (with pool)",
+                req.name
+            )));
+        }
+        let cluster = match &req.cluster {
+            Some(c) if !req.thin_pool => {
+                return Err(NodeError::BadRequest(format!(
+                    "volume {}: cluster {c:?} is for thin pools; add thin_pool or remove cluster",
+                    req.name
+                )));
+            }
+            Some(c) => size_arg("cluster", c)?,
+            None => DEFAULT_CLUSTER_BYTES,
+        };
+        if req.thin_pool && req.export.is_some() {
+            return Err(NodeError::BadRequest(format!(
+                "volume {}: a thin pool is not served itself; export its thin volumes",
+                req.name
+            )));
+        }
+        let kind = parse_layout(layout)?;
         kind.shape(req.drives.len())
             .map_err(|e| NodeError::BadRequest(format!("volume {}: {e}", req.name)))?;
         let mut cfg = VolumeConfig::new(kind);
@@ -464,26 +658,120 @@ impl Node {
                 dr.fresh = false;
             }
         }
+        let pool = if req.thin_pool {
+            let pool = ThinPool::format(Arc::new(vol.clone()), cluster)
+                .await
+                .map_err(|e| {
+                    NodeError::BadRequest(format!("volume {}: thin pool: {e}", req.name))
+                })?;
+            Some(pool)
+        } else {
+            None
+        };
         let mut entry = VolumeEntry {
             name: req.name.clone(),
-            vol,
+            backing: Backing::Drives { vol, pool },
             drives: req.drives.clone(),
             export: None,
             from_config: false,
             rebuild_rate,
             last_rebuild_error: None,
+            rebuild_task: false,
         };
         if let Some(x) = req.export {
             self.export_entry(&mut entry, x)?;
         }
-        let info = entry.info();
         st.volumes.insert(req.name.clone(), entry);
+        let info = st.volume_info(&req.name).expect("just inserted");
         self.save_exports(&st)?;
         tracing::info!(
             "volume {}: created ({} on {:?})",
             req.name,
             kind,
             req.drives
+        );
+        Ok(info)
+    }
+
+    /// A thin volume in the pool on volume `req.pool`.
+    async fn create_thin(&self, req: CreateVolume) -> NodeResult<VolumeInfo> {
+        let pool_name = req.pool.clone().unwrap_or_default();
+        if req.layout.is_some() || !req.drives.is_empty() || req.thin_pool || req.strip.is_some() {
+            return Err(NodeError::BadRequest(format!(
+                "volume {}: a thin volume takes a pool and a size; layout, drives, strip and \
+                 thin_pool are for volumes on drives",
+                req.name
+            )));
+        }
+        let size = req.size.as_deref().ok_or_else(|| {
+            NodeError::BadRequest(format!(
+                "volume {}: a thin volume needs a size, e.g. \"100GiB\"",
+                req.name
+            ))
+        })?;
+        let size = size_arg("size", size)?;
+        let bs = req.block_size.unwrap_or(4096);
+        if bs != 512 && bs != 4096 {
+            return Err(NodeError::BadRequest(format!(
+                "volume {}: block_size {bs} is not supported; use 4096 or 512",
+                req.name
+            )));
+        }
+        if size < u64::from(bs) || !size.is_multiple_of(u64::from(bs)) {
+            return Err(NodeError::BadRequest(format!(
+                "volume {}: size {size} is too small or not a multiple of the {bs} B block; use e.g. 1GiB",
+                req.name
+            )));
+        }
+        let mut st = self.state.lock().await;
+        if st.volumes.contains_key(&req.name) {
+            return Err(NodeError::Conflict(format!(
+                "volume {} already exists; pick another name",
+                req.name
+            )));
+        }
+        let pool = match st.volumes.get(&pool_name) {
+            None => {
+                return Err(NodeError::BadRequest(format!(
+                    "pool {pool_name} does not exist; create a volume with thin_pool (--thin-pool) first"
+                )));
+            }
+            Some(e) => e.thin_pool().cloned().ok_or_else(|| {
+                NodeError::BadRequest(format!(
+                    "volume {pool_name} is not a thin pool; create one with thin_pool (--thin-pool)"
+                ))
+            })?,
+        };
+        if let Some(x) = &req.export {
+            self.check_export_free(x)?;
+        }
+        let tv = pool
+            .create_volume(&req.name, size, bs)
+            .await
+            .map_err(thin_err)?;
+        let mut entry = VolumeEntry {
+            name: req.name.clone(),
+            backing: Backing::Thin {
+                pool: pool_name.clone(),
+                tv,
+            },
+            drives: Vec::new(),
+            export: None,
+            from_config: false,
+            rebuild_rate: None,
+            last_rebuild_error: None,
+            rebuild_task: false,
+        };
+        if let Some(x) = req.export {
+            self.export_entry(&mut entry, x)?;
+        }
+        st.volumes.insert(req.name.clone(), entry);
+        let info = st.volume_info(&req.name).expect("just inserted");
+        self.save_exports(&st)?;
+        tracing::info!(
+            "volume {}: thin, {} in pool {pool_name}",
+            req.name,
+            crate::units::human_bytes(size)
         );
         Ok(info)
     }
@@ -506,6 +794,12 @@ impl Node {
     }
 
     fn export_entry(&self, e: &mut VolumeEntry, x: ExportRequest) -> NodeResult<()> {
+        if e.thin_pool().is_some() {
+            return Err(NodeError::Conflict(format!(
+                "volume {} is a thin pool; export its thin volumes instead",
+                e.name
+            )));
+        }
         if let Some(cur) = &e.export {
             return Err(NodeError::Conflict(format!(
                 "volume {} is already exported as nsid {} of {}; unexport it first",
@@ -541,21 +835,24 @@ impl Node {
     ) -> Option<Arc<dyn BlockDevice>> {
         let mut st = self.state.lock().await;
         let e = st.volumes.get_mut(volume)?;
+        if e.thin_pool().is_some() {
+            tracing::error!("volume {volume} is a thin pool; export its thin volumes instead");
+            return None;
+        }
         e.export = Some(Export {
             nqn: nqn.into(),
             nsid,
             from_config: true,
         });
-        Some(Arc::new(ServedVolume(e.vol.clone(), e.name.clone())))
+        Some(e.device())
     }
 
     pub async fn export(&self, name: &str, x: ExportRequest) -> NodeResult<VolumeInfo> {
         let mut st = self.state.lock().await;
         let e = find_volume(&mut st, name)?;
         self.export_entry(e, x)?;
-        let info = e.info();
         self.save_exports(&st)?;
-        Ok(info)
+        Ok(st.volume_info(name).expect("exists"))
     }
 
     /// Writes the API-made exports to the state file (atomically: a crash
@@ -645,10 +942,10 @@ impl Node {
             .map_err(|err| NodeError::Internal(err.to_string()))?;
         e.export = None;
         self.save_exports(&st)?;
-        let e = find_volume(&mut st, name)?;
+        let dev = find_volume(&mut st, name)?.device();
         // Commands that were in flight on the old snapshot finish before the
         // volume is used again for anything but I/O; a flush makes them durable.
-        super::flush(&e.vol)
+        super::flush(&*dev)
             .await
             .map_err(|err| NodeError::Internal(format!("volume {name}: flush: {err}")))?;
         tracing::info!(
@@ -656,7 +953,7 @@ impl Node {
             x.nsid,
             x.nqn
         );
-        Ok(e.info())
+        Ok(st.volume_info(name).expect("exists"))
     }
 
     pub async fn delete_volume(&self, name: &str) -> NodeResult<()> {
@@ -675,13 +972,42 @@ impl Node {
                  or it would be made again"
             )));
         }
-        if e.vol.rebuild_progress().running {
+        if e.on_drives().is_some_and(|v| v.rebuild_progress().running) {
             return Err(NodeError::Conflict(format!(
                 "volume {name} is rebuilding; wait for the rebuild to finish"
             )));
         }
+        if let Some(p) = e.thin_pool() {
+            let thins: Vec<String> = p.volumes().into_iter().map(|t| t.name).collect();
+            if !thins.is_empty() {
+                return Err(NodeError::Conflict(format!(
+                    "volume {name} is the thin pool of {}; delete them first",
+                    thins.join(", ")
+                )));
+            }
+        }
+        if let Backing::Thin { pool, .. } = &e.backing {
+            let pool = pool.clone();
+            let p = st
+                .volumes
+                .get(&pool)
+                .and_then(|pe| pe.thin_pool())
+                .cloned()
+                .ok_or_else(|| NodeError::Internal(format!("the pool of {name} is gone")))?;
+            p.delete_volume(name).await.map_err(thin_err)?;
+            st.volumes.remove(name);
+            tracing::info!("volume {name}: deleted from pool {pool}; its clusters are free");
+            return Ok(());
+        }
         let e = st.volumes.remove(name).expect("found above");
-        if let Err(err) = e.vol.close().await {
+        if let Some(p) = e.thin_pool()
+            && let Err(err) = p.close().await
+        {
+            tracing::warn!("volume {name}: closing its thin pool before delete: {err}");
+        }
+        if let Some(vol) = e.on_drives()
+            && let Err(err) = vol.close().await
+        {
             tracing::warn!("volume {name}: close before delete: {err}");
         }
         for d in &e.drives {
@@ -697,12 +1023,16 @@ impl Node {
 
     pub async fn volumes(&self) -> Vec<VolumeInfo> {
         let st = self.state.lock().await;
-        st.volumes.values().map(VolumeEntry::info).collect()
+        st.volumes
+            .keys()
+            .filter_map(|n| st.volume_info(n))
+            .collect()
     }
 
     pub async fn volume(&self, name: &str) -> NodeResult<VolumeInfo> {
         let mut st = self.state.lock().await;
-        Ok(find_volume(&mut st, name)?.info())
+        find_volume(&mut st, name)?;
+        Ok(st.volume_info(name).expect("exists"))
     }
 
     pub async fn drives(&self) -> Vec<DriveInfo> {
@@ -724,10 +1054,11 @@ impl Node {
         }
         if let Some((v, p)) = st.user_of(name) {
             let v = v.to_string();
-            let e = &st.volumes[&v];
-            if e.vol.member_states()[p] != MemberState::Failed {
-                e.vol
-                    .fail_member(p)
+            let vol = st.volumes[&v]
+                .on_drives()
+                .expect("drive users are on drives");
+            if vol.member_states()[p] != MemberState::Failed {
+                vol.fail_member(p)
                     .await
                     .map_err(|err| NodeError::Internal(format!("volume {v}: {err}")))?;
                 tracing::warn!("drive {name}: failed by the operator; volume {v} runs degraded");
@@ -752,20 +1083,15 @@ impl Node {
             )));
         };
         let dev = st.claimable(std::slice::from_ref(&with.to_string()))?[0].clone();
-        let e = st.volumes.get(&v).expect("user exists");
-        if e.vol.rebuild_progress().running {
-            return Err(NodeError::Conflict(format!(
-                "volume {v} is rebuilding; replace {name} when the rebuild finishes"
-            )));
-        }
-        if e.vol.member_states()[p] != MemberState::Failed {
-            e.vol
-                .fail_member(p)
+        let vol = st.volumes[&v]
+            .on_drives()
+            .expect("drive users are on drives");
+        if vol.member_states()[p] != MemberState::Failed {
+            vol.fail_member(p)
                 .await
                 .map_err(|err| NodeError::Internal(format!("volume {v}: {err}")))?;
         }
-        e.vol
-            .replace_member(p, dev)
+        vol.replace_member(p, dev)
             .await
             .map_err(|err| NodeError::BadRequest(format!("volume {v}: {err}")))?;
         let e = st.volumes.get_mut(&v).expect("user exists");
@@ -780,33 +1106,54 @@ impl Node {
             let _ = wipe_head(&d.dev).await;
         }
         tracing::info!("volume {v}: drive {with} replaces {name} at position {p}; rebuilding");
-        self.spawn_rebuild(&st, &v);
-        Ok(st.volumes[&v].info())
+        self.spawn_rebuild(&mut st, &v);
+        Ok(st.volume_info(&v).expect("exists"))
     }
 
-    /// Starts a volume's rebuild in the background; its outcome is kept for
-    /// `rebuild-status`.
-    fn spawn_rebuild(self: &Arc<Self>, st: &NodeState, name: &str) {
-        let e = &st.volumes[name];
+    /// Starts a volume's rebuild in the background unless one is already
+    /// on its way. The task rebuilds every member in the Rebuilding state and
+    /// looks again when done, under the state lock that `replace_drive` holds,
+    /// so a drive replaced while a rebuild runs is never left behind. Its
+    /// outcome is kept for `rebuild-status`.
+    fn spawn_rebuild(self: &Arc<Self>, st: &mut NodeState, name: &str) {
+        let Some(e) = st.volumes.get_mut(name) else {
+            return;
+        };
+        let Some(vol) = e.on_drives().cloned() else {
+            return;
+        };
+        if e.rebuild_task {
+            return;
+        }
+        e.rebuild_task = true;
         let opts = RebuildOptions {
             rate_bytes_per_sec: e.rebuild_rate,
             ..RebuildOptions::default()
         };
-        let handle = e.vol.start_rebuild(opts);
         let node = self.clone();
         let name = name.to_string();
         tokio::spawn(async move {
-            let outcome = match handle.await {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(e) => Some(format!("rebuild task: {e}")),
-            };
-            match &outcome {
-                None => tracing::info!("volume {name}: rebuild finished"),
-                Some(e) => tracing::error!("volume {name}: rebuild failed: {e}"),
-            }
-            if let Some(v) = node.state.lock().await.volumes.get_mut(&name) {
-                v.last_rebuild_error = outcome;
+            loop {
+                let outcome = vol.rebuild(opts.clone()).await.err().map(|e| e.to_string());
+                match &outcome {
+                    None => tracing::info!("volume {name}: rebuild finished"),
+                    Some(e) => tracing::error!("volume {name}: rebuild failed: {e}"),
+                }
+                let mut st = node.state.lock().await;
+                let Some(e) = st.volumes.get_mut(&name) else {
+                    return;
+                };
+                e.last_rebuild_error = outcome.clone();
+                let more = outcome.is_none()
+                    && vol
+                        .member_states()
+                        .iter()
+                        .any(|s| matches!(s, MemberState::Rebuilding { .. }));
+                if !more {
+                    e.rebuild_task = false;
+                    return;
+                }
+                tracing::info!("volume {name}: a member was replaced meanwhile; rebuilding it");
             }
         });
     }
@@ -821,7 +1168,7 @@ impl Node {
         let until = std::time::Instant::now() + timeout;
         loop {
             let info = self.volume(name).await?;
-            if !info.rebuild.running && info.state != "rebuilding" {
+            if !info.rebuild.running {
                 return Ok(info);
             }
             if std::time::Instant::now() > until {

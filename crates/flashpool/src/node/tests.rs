@@ -57,8 +57,12 @@ fn mem_node(n: usize, size: u64) -> Arc<Node> {
 fn req(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
     CreateVolume {
         name: name.into(),
-        layout: layout.into(),
+        layout: Some(layout.into()),
         drives: drives.iter().map(|d| d.to_string()).collect(),
+        thin_pool: false,
+        cluster: None,
+        pool: None,
+        size: None,
         strip: None,
         block_size: None,
         rebuild_rate: None,
@@ -365,13 +369,24 @@ async fn the_api_answers_json_with_status_codes() {
         .await
         .unwrap();
     assert_eq!(s, 400);
-    assert!(
-        v["error"]
-            .as_str()
-            .unwrap()
-            .contains("missing field `drives`"),
-        "{v}"
-    );
+    let msg = v["error"].as_str().unwrap();
+    assert!(msg.contains("give a layout and drives"), "{v}");
+    let (s, v) = call(
+        "POST",
+        "/volumes",
+        Some(r#"{"layout":"raid1","drives":["d0"]}"#),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 400);
+    let msg = v["error"].as_str().unwrap();
+    assert!(msg.contains("missing field `name`"), "{v}");
+    let (s, v) = call("POST", "/volumes", Some(r#"{"name":"x","layuot":"raid1"}"#))
+        .await
+        .unwrap();
+    assert_eq!(s, 400);
+    let msg = v["error"].as_str().unwrap();
+    assert!(msg.contains("unknown field `layuot`"), "{v}");
     let (s, v) = call("POST", "/volumes", Some("not json")).await.unwrap();
     assert_eq!(s, 400, "{v}");
     let (s, v) = call(
@@ -415,4 +430,204 @@ fn tempdir() -> std::path::PathBuf {
     ));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+fn thin_req(name: &str, pool: &str, size: &str) -> CreateVolume {
+    CreateVolume {
+        name: name.into(),
+        layout: None,
+        drives: Vec::new(),
+        thin_pool: false,
+        cluster: None,
+        pool: Some(pool.into()),
+        size: Some(size.into()),
+        strip: None,
+        block_size: None,
+        rebuild_rate: None,
+        export: None,
+    }
+}
+
+async fn try_write(dev: &dyn BlockDevice, lba: u64, seed: u64) -> Result<(), blockdev::BlockError> {
+    let mut buf = AlignedBuf::new(4096);
+    buf.set_len(4096);
+    buf.copy_from_slice(&stamp(lba, seed));
+    dev.submit(IoRequest {
+        op: BlockOp::Write { fua: false },
+        lba,
+        blocks: 1,
+        buf,
+    })
+    .await
+    .result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thin_volumes_in_a_raid5_pool_run_out_of_space_cleanly() {
+    let node = mem_node(4, 16 * MIB);
+    let mut p = req("p", "raid5", &["d0", "d1", "d2"]);
+    p.thin_pool = true;
+    p.cluster = Some("1MiB".into());
+    let info = node.create_volume(p).await.unwrap();
+    let cap = info.thin_pool.as_ref().unwrap().capacity_bytes;
+    assert!(cap > 16 * MIB && cap < 32 * MIB, "{info:?}");
+
+    let e = node
+        .create_volume(thin_req("t", "d3", "1GiB"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("pool d3 does not exist"), "{e}");
+    node.create_volume(req("plain", "raid0", &["d3"]))
+        .await
+        .unwrap();
+    let e = node
+        .create_volume(thin_req("t", "plain", "1GiB"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("not a thin pool"), "{e}");
+    let e = node
+        .create_volume(thin_req("t", "p", "0"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, NodeError::BadRequest(_)), "{e}");
+    let e = node
+        .export(
+            "p",
+            ExportRequest {
+                nqn: NQN.into(),
+                nsid: 1,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("is a thin pool"), "{e}");
+
+    // Over-provisioned: 64 MiB of thin volume on a ~30 MiB pool.
+    let mut t = thin_req("t", "p", "64MiB");
+    t.export = Some(ExportRequest {
+        nqn: NQN.into(),
+        nsid: 1,
+    });
+    let v = node.create_volume(t).await.unwrap();
+    assert_eq!((v.layout.as_str(), v.size_bytes), ("thin", 64 * MIB));
+    assert_eq!(v.allocated_bytes, Some(0));
+    let dev = served(&node);
+    assert!(
+        io(&*dev, BlockOp::Read, 100, None)
+            .await
+            .iter()
+            .all(|&b| b == 0)
+    );
+
+    // One block per 1 MiB cluster until the pool is full.
+    let mut written = Vec::new();
+    let mut full_at = None;
+    for c in 0..64u64 {
+        let lba = c * 256 + 3;
+        match try_write(&*dev, lba, 31).await {
+            Ok(()) => written.push(lba),
+            Err(blockdev::BlockError::NoSpace) => {
+                full_at = Some(c);
+                break;
+            }
+            Err(e) => panic!("cluster {c}: {e}"),
+        }
+    }
+    let full_at = full_at.expect("the pool fills before 64 clusters");
+    assert_eq!(written.len() as u64, full_at);
+    check_all(&*dev, &written, 31).await;
+    let v = node.volume("t").await.unwrap();
+    assert_eq!(v.allocated_bytes, Some(full_at * MIB));
+    let pool = node.volume("p").await.unwrap().thin_pool.unwrap();
+    assert_eq!(pool.allocated_bytes, full_at * MIB);
+    assert_eq!(pool.provisioned_bytes, 64 * MIB);
+    assert_eq!(pool.volumes, ["t"]);
+
+    let e = node.delete_volume("p").await.unwrap_err();
+    assert!(e.to_string().contains("thin pool of t"), "{e}");
+    // A degraded pool volume shows in its thin volumes' state; data stays.
+    node.fail_drive("d1").await.unwrap();
+    assert_eq!(node.volume("t").await.unwrap().state, "degraded");
+    check_all(&*dev, &written, 31).await;
+
+    node.unexport("t").await.unwrap();
+    node.delete_volume("t").await.unwrap();
+    let pool = node.volume("p").await.unwrap().thin_pool.unwrap();
+    assert_eq!((pool.allocated_bytes, pool.volumes.len()), (0, 0));
+    node.delete_volume("p").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thin_volumes_come_back_with_their_pool() {
+    let dir = tempdir();
+    let specs: Vec<DriveSpec> = (0..3)
+        .map(|i| DriveSpec {
+            name: format!("f{i}"),
+            backend: "file".into(),
+            size: Some(8 * MIB),
+            path: Some(dir.join(format!("f{i}.img"))),
+            create: true,
+            block_size: 4096,
+        })
+        .collect();
+    let l: Vec<u64> = (0..50).map(|i| i * 331).collect();
+    {
+        let node = node_of(&specs);
+        let mut p = req("pool", "raid5", &["f0", "f1", "f2"]);
+        p.thin_pool = true;
+        p.cluster = Some("256KiB".into());
+        node.create_volume(p).await.unwrap();
+        let mut t = thin_req("thin1", "pool", "1GiB");
+        t.export = Some(ExportRequest {
+            nqn: NQN.into(),
+            nsid: 1,
+        });
+        node.create_volume(t).await.unwrap();
+        write_all(&*served(&node), &l, 41).await;
+        node.shutdown().await;
+    }
+    let node = node_of(&specs);
+    node.assemble_found().await.unwrap();
+    let v = node.volume("thin1").await.expect("found in its pool");
+    assert_eq!((v.pool.as_deref(), v.size_bytes), (Some("pool"), 1 << 30));
+    node.export(
+        "thin1",
+        ExportRequest {
+            nqn: NQN.into(),
+            nsid: 1,
+        },
+    )
+    .await
+    .unwrap();
+    check_all(&*served(&node), &l, 41).await;
+    node.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The second replacement lands while the first rebuild is starting or
+/// running: the rebuild task picks it up when its pass ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replacements_in_a_row_are_both_rebuilt() {
+    let node = mem_node(8, 16 * MIB);
+    let mut r = req("r6", "raid6", &["d0", "d1", "d2", "d3", "d4", "d5"]);
+    r.export = Some(ExportRequest {
+        nqn: NQN.into(),
+        nsid: 1,
+    });
+    r.rebuild_rate = Some("64MiB".into());
+    node.create_volume(r).await.unwrap();
+    let dev = served(&node);
+    let l = lbas(&*dev);
+    write_all(&*dev, &l, 51).await;
+    node.replace_drive("d1", "d6").await.unwrap();
+    assert!(node.volume("r6").await.unwrap().rebuild.running);
+    node.replace_drive("d4", "d7").await.unwrap();
+    let v = node
+        .wait_rebuild("r6", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(v.state, "optimal", "{v:?}");
+    node.fail_drive("d0").await.unwrap();
+    node.fail_drive("d2").await.unwrap();
+    check_all(&*dev, &l, 51).await;
 }
