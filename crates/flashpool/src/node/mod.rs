@@ -78,6 +78,24 @@ pub struct VolumeEntry {
 }
 
 impl VolumeEntry {
+    pub fn new(
+        name: &str,
+        backing: Backing,
+        drives: Vec<String>,
+        rebuild_rate: Option<u64>,
+    ) -> Self {
+        VolumeEntry {
+            name: name.to_string(),
+            backing,
+            drives,
+            export: None,
+            from_config: false,
+            rebuild_rate,
+            last_rebuild_error: None,
+            rebuild_task: false,
+        }
+    }
+
     /// The volume on drives, unless this is a thin volume.
     pub fn on_drives(&self) -> Option<&Volume> {
         match &self.backing {

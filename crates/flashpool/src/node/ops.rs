@@ -475,19 +475,15 @@ impl Node {
                     tracing::info!("thin volume {} found in pool {name}", t.name);
                     st.volumes.insert(
                         t.name.clone(),
-                        VolumeEntry {
-                            name: t.name.clone(),
-                            backing: Backing::Thin {
+                        VolumeEntry::new(
+                            &t.name,
+                            Backing::Thin {
                                 pool: name.clone(),
                                 tv,
                             },
-                            drives: Vec::new(),
-                            export: None,
-                            from_config: false,
-                            rebuild_rate: None,
-                            last_rebuild_error: None,
-                            rebuild_task: false,
-                        },
+                            Vec::new(),
+                            None,
+                        ),
                     );
                 }
                 Some(p)
@@ -496,16 +492,7 @@ impl Node {
             };
             st.volumes.insert(
                 name.clone(),
-                VolumeEntry {
-                    name: name.clone(),
-                    backing: Backing::Drives { vol, pool },
-                    drives,
-                    export: None,
-                    from_config: false,
-                    rebuild_rate: None,
-                    last_rebuild_error: None,
-                    rebuild_task: false,
-                },
+                VolumeEntry::new(&name, Backing::Drives { vol, pool }, drives, None),
             );
             if resume {
                 tracing::info!("volume {name}: resuming the rebuild that was interrupted");
@@ -668,22 +655,13 @@ impl Node {
         } else {
             None
         };
-        let mut entry = VolumeEntry {
-            name: req.name.clone(),
-            backing: Backing::Drives { vol, pool },
-            drives: req.drives.clone(),
-            export: None,
-            from_config: false,
+        let entry = VolumeEntry::new(
+            &req.name,
+            Backing::Drives { vol, pool },
+            req.drives.clone(),
             rebuild_rate,
-            last_rebuild_error: None,
-            rebuild_task: false,
-        };
-        if let Some(x) = req.export {
-            self.export_entry(&mut entry, x)?;
-        }
-        st.volumes.insert(req.name.clone(), entry);
-        let info = st.volume_info(&req.name).expect("just inserted");
-        self.save_exports(&st)?;
+        );
+        let info = self.register(&mut st, entry, req.export)?;
         tracing::info!(
             "volume {}: created ({} on {:?})",
             req.name,
@@ -749,31 +727,38 @@ impl Node {
             .create_volume(&req.name, size, bs)
             .await
             .map_err(thin_err)?;
-        let mut entry = VolumeEntry {
-            name: req.name.clone(),
-            backing: Backing::Thin {
+        let entry = VolumeEntry::new(
+            &req.name,
+            Backing::Thin {
                 pool: pool_name.clone(),
                 tv,
             },
-            drives: Vec::new(),
-            export: None,
-            from_config: false,
-            rebuild_rate: None,
-            last_rebuild_error: None,
-            rebuild_task: false,
-        };
-        if let Some(x) = req.export {
-            self.export_entry(&mut entry, x)?;
-        }
-        st.volumes.insert(req.name.clone(), entry);
-        let info = st.volume_info(&req.name).expect("just inserted");
-        self.save_exports(&st)?;
+            Vec::new(),
+            None,
+        );
+        let info = self.register(&mut st, entry, req.export)?;
         tracing::info!(
             "volume {}: thin, {} in pool {pool_name}",
             req.name,
             crate::units::human_bytes(size)
         );
         Ok(info)
+    }
+
+    /// Adds a new volume to the node, exported if asked.
+    fn register(
+        &self,
+        st: &mut NodeState,
+        mut entry: VolumeEntry,
+        export: Option<ExportRequest>,
+    ) -> NodeResult<VolumeInfo> {
+        if let Some(x) = export {
+            self.export_entry(&mut entry, x)?;
+        }
+        let name = entry.name.clone();
+        st.volumes.insert(name.clone(), entry);
+        self.save_exports(st)?;
+        Ok(st.volume_info(&name).expect("just inserted"))
     }
 
     fn check_export_free(&self, x: &ExportRequest) -> NodeResult<()> {
