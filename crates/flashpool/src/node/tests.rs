@@ -13,6 +13,14 @@ use super::*;
 const NQN: &str = "nqn.2026-01.io.flashpool:test";
 const MIB: u64 = 1 << 20;
 
+/// Namespace 1 of the test subsystem.
+fn ns1() -> ExportRequest {
+    ExportRequest {
+        nqn: NQN.into(),
+        nsid: 1,
+    }
+}
+
 fn mem_drive(name: &str, size: u64) -> DriveSpec {
     DriveSpec {
         name: name.into(),
@@ -164,15 +172,7 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     let e = err(node.create_volume(req("a", "raid1", &["d3", "d4"])).await);
     assert!(e.contains("already exists"), "{e}");
 
-    node.export(
-        "a",
-        ExportRequest {
-            nqn: NQN.into(),
-            nsid: 1,
-        },
-    )
-    .await
-    .unwrap();
+    node.export("a", ns1()).await.unwrap();
     let e = node.delete_volume("a").await.unwrap_err().to_string();
     assert!(
         e.contains("is exported as nsid 1") && e.contains("unexport"),
@@ -193,16 +193,7 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     node.create_volume(req("b", "raid1", &["d3", "d4"]))
         .await
         .unwrap();
-    let e = node
-        .export(
-            "b",
-            ExportRequest {
-                nqn: NQN.into(),
-                nsid: 1,
-            },
-        )
-        .await
-        .unwrap_err();
+    let e = node.export("b", ns1()).await.unwrap_err();
     assert!(matches!(e, NodeError::Conflict(_)), "{e}");
     assert!(matches!(
         node.delete_volume("nope").await,
@@ -229,10 +220,7 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
 async fn raid6_survives_two_failed_drives_and_rebuilds_onto_spares() {
     let node = mem_node(8, 16 * MIB);
     let mut r = req("r6", "raid6", &["d0", "d1", "d2", "d3", "d4", "d5"]);
-    r.export = Some(ExportRequest {
-        nqn: NQN.into(),
-        nsid: 1,
-    });
+    r.export = Some(ns1());
     node.create_volume(r).await.unwrap();
     let dev = served(&node);
     let l = lbas(&*dev);
@@ -288,10 +276,7 @@ async fn volumes_come_back_from_their_drives_after_a_restart() {
     {
         let node = node_in(&specs, Some(&dir));
         let mut r = req("keep", "raid5", &["f0", "f1", "f2"]);
-        r.export = Some(ExportRequest {
-            nqn: NQN.into(),
-            nsid: 1,
-        });
+        r.export = Some(ns1());
         node.create_volume(r).await.unwrap();
         let dev = served(&node);
         l = lbas(&*dev);
@@ -312,15 +297,7 @@ async fn volumes_come_back_from_their_drives_after_a_restart() {
     assert_eq!(drives, ["f0", "f3", "f2"], "the replaced drive stays out");
     assert_eq!(v.state, "optimal");
     assert_eq!(node.drive("f1").await.unwrap().state, "free");
-    node.export(
-        "keep",
-        ExportRequest {
-            nqn: NQN.into(),
-            nsid: 1,
-        },
-    )
-    .await
-    .unwrap();
+    node.export("keep", ns1()).await.unwrap();
     check_all(&*served(&node), &l, 21).await;
     node.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -490,24 +467,12 @@ async fn thin_volumes_in_a_raid5_pool_run_out_of_space_cleanly() {
         .await
         .unwrap_err();
     assert!(matches!(e, NodeError::BadRequest(_)), "{e}");
-    let e = node
-        .export(
-            "p",
-            ExportRequest {
-                nqn: NQN.into(),
-                nsid: 1,
-            },
-        )
-        .await
-        .unwrap_err();
+    let e = node.export("p", ns1()).await.unwrap_err();
     assert!(e.to_string().contains("is a thin pool"), "{e}");
 
     // Over-provisioned: 64 MiB of thin volume on a ~30 MiB pool.
     let mut t = thin_req("t", "p", "64MiB");
-    t.export = Some(ExportRequest {
-        nqn: NQN.into(),
-        nsid: 1,
-    });
+    t.export = Some(ns1());
     let v = node.create_volume(t).await.unwrap();
     assert_eq!((v.layout.as_str(), v.size_bytes), ("thin", 64 * MIB));
     assert_eq!(v.allocated_bytes, Some(0));
@@ -578,10 +543,7 @@ async fn thin_volumes_come_back_with_their_pool() {
         p.cluster = Some("256KiB".into());
         node.create_volume(p).await.unwrap();
         let mut t = thin_req("thin1", "pool", "1GiB");
-        t.export = Some(ExportRequest {
-            nqn: NQN.into(),
-            nsid: 1,
-        });
+        t.export = Some(ns1());
         node.create_volume(t).await.unwrap();
         write_all(&*served(&node), &l, 41).await;
         node.shutdown().await;
@@ -590,15 +552,7 @@ async fn thin_volumes_come_back_with_their_pool() {
     node.assemble_found().await.unwrap();
     let v = node.volume("thin1").await.expect("found in its pool");
     assert_eq!((v.pool.as_deref(), v.size_bytes), (Some("pool"), 1 << 30));
-    node.export(
-        "thin1",
-        ExportRequest {
-            nqn: NQN.into(),
-            nsid: 1,
-        },
-    )
-    .await
-    .unwrap();
+    node.export("thin1", ns1()).await.unwrap();
     check_all(&*served(&node), &l, 41).await;
     node.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -610,10 +564,7 @@ async fn thin_volumes_come_back_with_their_pool() {
 async fn two_replacements_in_a_row_are_both_rebuilt() {
     let node = mem_node(8, 16 * MIB);
     let mut r = req("r6", "raid6", &["d0", "d1", "d2", "d3", "d4", "d5"]);
-    r.export = Some(ExportRequest {
-        nqn: NQN.into(),
-        nsid: 1,
-    });
+    r.export = Some(ns1());
     r.rebuild_rate = Some("64MiB".into());
     node.create_volume(r).await.unwrap();
     let dev = served(&node);
