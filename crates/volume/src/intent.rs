@@ -16,6 +16,7 @@
 //! clear, so a writer can skip the FUA write when its bit is already there.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -33,12 +34,34 @@ pub(crate) struct IntentLog {
     pub io: tokio::sync::Mutex<()>,
 }
 
+/// Region numbers hash by one multiply: these maps are on every write's path.
+#[derive(Default)]
+struct RegionHasher(u64);
+
+impl Hasher for RegionHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0 ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type RegionMap<V> = HashMap<u64, V, BuildHasherDefault<RegionHasher>>;
+
 struct IntentState {
     mem: Vec<u64>,
     persisted: Vec<u64>,
-    inflight: HashMap<u64, u32>,
-    /// Regions with their bit set and no write in flight, and since when.
-    idle: HashMap<u64, Instant>,
+    inflight: RegionMap<u32>,
+    /// Regions with their bit set and no write in flight, and since when they
+    /// are known to be (the first clear pass that saw them idle), so the hot
+    /// path never reads the clock.
+    idle: RegionMap<Option<Instant>>,
 }
 
 impl IntentLog {
@@ -51,8 +74,8 @@ impl IntentLog {
             state: Mutex::new(IntentState {
                 mem: vec![0; words],
                 persisted: vec![0; words],
-                inflight: HashMap::new(),
-                idle: HashMap::new(),
+                inflight: RegionMap::default(),
+                idle: RegionMap::default(),
             }),
             io: tokio::sync::Mutex::new(()),
         }
@@ -144,21 +167,22 @@ impl IntentLog {
         *n -= 1;
         if *n == 0 {
             st.inflight.remove(&region);
-            st.idle.insert(region, Instant::now());
+            st.idle.insert(region, None);
         }
     }
 
-    /// Clears in memory the bits of regions idle for at least `age`; returns
-    /// the bitmap blocks to write.
+    /// Clears in memory the bits of regions idle for at least `age` (counted
+    /// from the first call that found them idle); returns the bitmap blocks
+    /// to write.
     pub fn clear_idle(&self, age: Duration) -> Vec<usize> {
         let mut st = self.state.lock();
         let now = Instant::now();
-        let old: Vec<u64> = st
-            .idle
-            .iter()
-            .filter(|(_, t)| now.duration_since(**t) >= age)
-            .map(|(r, _)| *r)
-            .collect();
+        let mut old: Vec<u64> = Vec::new();
+        for (r, t) in st.idle.iter_mut() {
+            if now.duration_since(*t.get_or_insert(now)) >= age {
+                old.push(*r);
+            }
+        }
         let mut blocks: Vec<usize> = Vec::new();
         for r in old {
             st.idle.remove(&r);

@@ -576,6 +576,28 @@ pub fn xor_into(dst: &mut [u8], src: &[u8]) {
     }
 }
 
+/// `dsts[i] = srcs[i]` and `parity = srcs[0] ^ srcs[1] ^ ...` in one pass over
+/// the sources, a cache-sized piece at a time (a full-stripe XOR write).
+pub fn copy_xor(dsts: &mut [&mut [u8]], srcs: &[&[u8]], parity: &mut [u8]) {
+    const PIECE: usize = 4096;
+    let len = parity.len();
+    let mut at = 0;
+    while at < len {
+        let end = (at + PIECE).min(len);
+        let p = &mut parity[at..end];
+        for (i, (d, s)) in dsts.iter_mut().zip(srcs).enumerate() {
+            let s = &s[at..end];
+            d[at..end].copy_from_slice(s);
+            if i == 0 {
+                p.copy_from_slice(s);
+            } else {
+                xor_into(p, s);
+            }
+        }
+        at = end;
+    }
+}
+
 /// `dst = srcs[0] ^ srcs[1] ^ ...`, a cache-sized piece at a time so `dst`
 /// stays in L1 while every source streams through once.
 pub fn xor_many(dst: &mut [u8], srcs: &[&[u8]]) {
@@ -739,6 +761,20 @@ mod tests {
             let got = u16::from(x[0][5]) | u16::from(x[0][37]) << 8;
             assert_eq!(got, gf_mul(0x1234, a), "{a:#x}");
         }
+    }
+
+    #[test]
+    fn copy_xor_copies_and_folds() {
+        let a = random_cols(2, 3, 3 * 4096 + 512);
+        let srcs: Vec<&[u8]> = a.iter().map(|v| &v[..]).collect();
+        let mut out = vec![vec![0u8; a[0].len()]; 3];
+        let mut p = vec![0u8; a[0].len()];
+        let mut drefs: Vec<&mut [u8]> = out.iter_mut().map(|v| &mut v[..]).collect();
+        copy_xor(&mut drefs, &srcs, &mut p);
+        assert_eq!(out, a);
+        let mut want = vec![0u8; a[0].len()];
+        xor_many(&mut want, &srcs);
+        assert_eq!(p, want);
     }
 
     #[test]

@@ -131,6 +131,7 @@ impl Volume {
             let mut m = inner.members.write();
             m.devs[index] = dev;
             m.states[index] = MemberState::Rebuilding { checkpoint: 0 };
+            m.changed();
             m.version += 1;
         }
         inner.persist_superblock(true).await;
@@ -197,6 +198,7 @@ impl Volume {
                 if matches!(m.states[*i], MemberState::Rebuilding { checkpoint } if checkpoint >= stripes)
                 {
                     m.states[*i] = MemberState::Active;
+                    m.changed();
                     m.version += 1;
                 }
             }
@@ -326,6 +328,7 @@ impl Volume {
                 let mbr = l.column_member(s, c);
                 if let MemberState::Rebuilding { checkpoint } = &mut mm.states[mbr] {
                     *checkpoint = s + 1;
+                    mm.changed();
                     wrote += 1;
                 }
             }

@@ -26,7 +26,7 @@ use parking_lot::RwLock;
 
 use crate::intent::{BITMAP_BLOCK, IntentLog};
 use crate::journal::{HEADER_BYTES, Journal, Record, RecordKind};
-use crate::layout::{Extent, Layout, LayoutError, LayoutKind};
+use crate::layout::{Extent, Layout, LayoutError, LayoutKind, MAX_MEMBERS};
 use crate::parity::{Code, Parity, ParityError};
 use crate::rebuild::RebuildState;
 use crate::superblock::{
@@ -197,6 +197,16 @@ pub(crate) struct Members {
     pub clean: bool,
     /// The operator's name for the volume, kept in the superblocks.
     pub name: String,
+    /// `devs` and `states` as requests see them, shared until they change
+    /// (whoever changes them calls [`Members::changed`]).
+    snapshot: Option<Arc<View>>,
+}
+
+impl Members {
+    /// `devs` or `states` changed: the next request takes a new snapshot.
+    pub fn changed(&mut self) {
+        self.snapshot = None;
+    }
 }
 
 pub(crate) struct Inner {
@@ -330,15 +340,114 @@ pub(crate) async fn dev_io(
     bytes: usize,
     buf: AlignedBuf,
 ) -> (AlignedBuf, Result<(), BlockError>) {
-    let mbs = u64::from(dev.geometry().block_size);
+    // Block sizes are powers of two: shift, do not divide.
+    let mbs = dev.geometry().block_size;
+    debug_assert!(mbs.is_power_of_two());
+    let shift = mbs.trailing_zeros();
     let req = IoRequest {
         op,
-        lba: byte_off / mbs,
-        blocks: (bytes as u64 / mbs) as u32,
+        lba: byte_off >> shift,
+        blocks: (bytes as u64 >> shift) as u32,
         buf,
     };
     let IoDone { buf, result } = dev.submit(req).await;
     (buf, result)
+}
+
+/// Member I/Os of one step of a stripe operation, started together and
+/// awaited together. A device starts an I/O when it is submitted (the
+/// `BlockDevice` contract: drives queue it, RAM copies at once), so
+/// submitting them all before awaiting any keeps them concurrent; only
+/// futures still pending are joined, and ones that finished at submit (RAM
+/// members) never touch a join or the heap beyond this batch's two vectors.
+pub(crate) struct Batch {
+    ios: Vec<(usize, IoFuture)>,
+}
+
+impl Batch {
+    pub fn with_capacity(n: usize) -> Batch {
+        Batch {
+            ios: Vec::with_capacity(n),
+        }
+    }
+
+    /// Starts an I/O of `bytes` at byte `off` of member `member`.
+    pub fn submit(
+        &mut self,
+        view: &View,
+        member: usize,
+        op: BlockOp,
+        off: u64,
+        bytes: usize,
+        buf: AlignedBuf,
+    ) {
+        let dev = &view.devs[member];
+        let mbs = dev.geometry().block_size;
+        debug_assert!(mbs.is_power_of_two());
+        let shift = mbs.trailing_zeros();
+        let io = dev.submit(IoRequest {
+            op,
+            lba: off >> shift,
+            blocks: (bytes as u64 >> shift) as u32,
+            buf,
+        });
+        self.ios.push((member, io));
+    }
+
+    /// A buffer that comes back in its place in the results, with no I/O.
+    pub fn hold(&mut self, buf: AlignedBuf) {
+        self.ios.push((usize::MAX, IoFuture::ready(buf, Ok(()))));
+    }
+
+    /// The buffers in submission order, or the members that failed.
+    pub async fn finish(self) -> Result<Vec<AlignedBuf>, OpError> {
+        let mut done: Vec<(usize, IoDone)> = Vec::with_capacity(self.ios.len());
+        let mut pending = Vec::new();
+        for (i, (member, io)) in self.ios.into_iter().enumerate() {
+            match io {
+                IoFuture::Ready(Some(d)) => done.push((member, d)),
+                io => {
+                    pending.push((i, io));
+                    done.push((
+                        member,
+                        IoDone {
+                            buf: AlignedBuf::new(0),
+                            result: Ok(()),
+                        },
+                    ));
+                }
+            }
+        }
+        if !pending.is_empty() {
+            let (at, ios): (Vec<usize>, Vec<IoFuture>) = pending.into_iter().unzip();
+            for (i, d) in at.into_iter().zip(join_all(ios).await) {
+                done[i].1 = d;
+            }
+        }
+        let mut failed = Vec::new();
+        let mut bufs = Vec::with_capacity(done.len());
+        for (member, d) in done {
+            if let Err(e) = d.result {
+                tracing::debug!("member {member} I/O error: {e}");
+                failed.push(member);
+            }
+            bufs.push(d.buf);
+        }
+        if failed.is_empty() {
+            Ok(bufs)
+        } else {
+            bufs.into_iter().for_each(recycle);
+            failed.sort_unstable();
+            failed.dedup();
+            Err(OpError::Members(failed))
+        }
+    }
+
+    /// For writes: waits, recycles the buffers.
+    pub async fn finish_writes(self) -> Result<(), OpError> {
+        self.finish().await?.into_iter().for_each(recycle);
+        Ok(())
+    }
 }
 
 pub(crate) fn collect_failed<T>(results: Vec<Result<T, usize>>) -> Result<Vec<T>, OpError> {
@@ -357,19 +466,6 @@ pub(crate) fn collect_failed<T>(results: Vec<Result<T, usize>>) -> Result<Vec<T>
         failed.dedup();
         Err(OpError::Members(failed))
     }
-}
-
-/// Puts each touched column's buffer at its first row, for [`Inner::fold_parity`].
-fn place<'a>(
-    k: usize,
-    touched: &[(usize, Touch)],
-    bufs: &'a [AlignedBuf],
-) -> Vec<Option<(u64, &'a [u8])>> {
-    let mut cols = vec![None; k];
-    for ((d, t), b) in touched.iter().zip(bufs) {
-        cols[*d] = Some((t.lo, &b[..]));
-    }
-    cols
 }
 
 /// Per data column: touched rows and where the new data starts in the source.
@@ -810,6 +906,7 @@ impl Inner {
                 persisted_version: 0,
                 clean: false,
                 name: String::new(),
+                snapshot: None,
             }),
             sb_lock: tokio::sync::Mutex::new(()),
             locks: (0..LOCK_SHARDS)
@@ -825,12 +922,18 @@ impl Inner {
         })
     }
 
-    pub fn view(&self) -> View {
-        let m = self.members.read();
-        View {
+    /// The members as this request sees them (one reference count, no copy).
+    pub fn view(&self) -> Arc<View> {
+        if let Some(v) = &self.members.read().snapshot {
+            return v.clone();
+        }
+        let mut m = self.members.write();
+        let v = Arc::new(View {
             devs: m.devs.clone(),
             states: m.states.clone(),
-        }
+        });
+        m.snapshot = Some(v.clone());
+        v
     }
 
     pub fn stripe_lock(&self, stripe: u64) -> &tokio::sync::Mutex<()> {
@@ -847,11 +950,46 @@ impl Inner {
             tracing::warn!("member {member} failed ({})", m.devs[member].describe());
             m.states[member] = MemberState::Failed;
             m.version += 1;
+            m.changed();
         }
     }
 
     fn data_byte(&self, member_lba: u64) -> u64 {
         self.meta_bytes + member_lba * self.bs
+    }
+
+    /// Starts a read of `blocks` volume blocks at `member_lba` of a member's data area.
+    fn submit_read(&self, b: &mut Batch, view: &View, member: usize, member_lba: u64, blocks: u64) {
+        let len = (blocks * self.bs) as usize;
+        b.submit(
+            view,
+            member,
+            BlockOp::Read,
+            self.data_byte(member_lba),
+            len,
+            abuf(len),
+        );
+    }
+
+    /// Starts a write of `buf` at `member_lba` of a member's data area.
+    fn submit_write(
+        &self,
+        b: &mut Batch,
+        view: &View,
+        member: usize,
+        member_lba: u64,
+        buf: AlignedBuf,
+        fua: bool,
+    ) {
+        let len = buf.len();
+        b.submit(
+            view,
+            member,
+            BlockOp::Write { fua },
+            self.data_byte(member_lba),
+            len,
+            buf,
+        );
     }
 
     /// Reads `blocks` volume blocks at `member_lba` of a member's data area.
@@ -1010,13 +1148,11 @@ impl Inner {
             let direct: Option<Vec<usize>> =
                 exts.iter().map(|e| self.read_member(&view, e)).collect();
             if let Some(members) = direct {
-                let res = join_all(
-                    exts.iter()
-                        .zip(&members)
-                        .map(|(e, &mbr)| self.col_read(&view, mbr, e.member_lba, e.blocks)),
-                )
-                .await;
-                match collect_failed(res) {
+                let mut reads = Batch::with_capacity(exts.len());
+                for (e, &mbr) in exts.iter().zip(&members) {
+                    self.submit_read(&mut reads, &view, mbr, e.member_lba, e.blocks);
+                }
+                match reads.finish().await {
                     Ok(bufs) => {
                         for (e, b) in exts.iter().zip(bufs) {
                             let at = ((e.offset - base) * self.bs) as usize;
@@ -1130,16 +1266,22 @@ impl Inner {
                 ))),
             };
         }
-        let futs = exts
-            .chunk_by(|a, b| a.stripe == b.stripe)
-            .map(|group| {
-                let at = (group[0].offset * self.bs) as usize;
-                let len = (group.iter().map(|e| e.blocks).sum::<u64>() * self.bs) as usize;
-                self.write_stripe(group, &src[at..at + len], fua)
-            })
-            .collect::<Vec<_>>();
-        let r: Result<(), BlockError> = join_all(futs).await.into_iter().collect();
-        r?;
+        if exts[0].stripe == exts[exts.len() - 1].stripe {
+            // One stripe (most requests): no join.
+            let len = (blocks * self.bs) as usize;
+            self.write_stripe(&exts, &src[..len], fua).await?;
+        } else {
+            let futs = exts
+                .chunk_by(|a, b| a.stripe == b.stripe)
+                .map(|group| {
+                    let at = (group[0].offset * self.bs) as usize;
+                    let len = (group.iter().map(|e| e.blocks).sum::<u64>() * self.bs) as usize;
+                    self.write_stripe(group, &src[at..at + len], fua)
+                })
+                .collect::<Vec<_>>();
+            let r: Result<(), BlockError> = join_all(futs).await.into_iter().collect();
+            r?;
+        }
         // A member skipped because it failed must be recorded as failed before
         // the write is acknowledged.
         self.persist_superblock(false).await;
@@ -1273,12 +1415,18 @@ impl Inner {
         let len = (rows * bs) as usize;
         let lba = self.layout.strip_lba(stripe, lo);
         let member = |c: usize| self.layout.column_member(stripe, c);
-        let avail: Vec<bool> = (0..n).map(|c| view.avail(member(c), stripe)).collect();
+        // On the stack: this runs for every write.
+        let mut avail = [false; MAX_MEMBERS];
+        for (c, a) in avail[..n].iter_mut().enumerate() {
+            *a = view.avail(member(c), stripe);
+        }
+        let avail = &avail[..n];
         let missing = avail.iter().filter(|&&a| !a).count();
         if missing > m {
             return Err(OpError::Fatal(self.too_many_failed(view)));
         }
-        let mut touch: Vec<Option<Touch>> = vec![None; k];
+        let mut touch = [None::<Touch>; MAX_MEMBERS];
+        let touch = &mut touch[..k];
         for e in exts {
             touch[e.col] = Some(Touch {
                 lo: e.row,
@@ -1293,14 +1441,12 @@ impl Inner {
 
         if self.parity.code == Code::Mirror {
             let t = touch[0].expect("a mirror write touches column 0");
-            let res = join_all(
-                (0..n)
-                    .filter(|&c| avail[c])
-                    .map(|c| self.col_write(view, member(c), lba, abuf_from(new_data(&t)), fua)),
-            )
-            .await;
-            collect_failed(res)?;
-            return Ok(());
+            let mut writes = Batch::with_capacity(n);
+            for c in (0..n).filter(|&c| avail[c]) {
+                let b = abuf_from(new_data(&t));
+                self.submit_write(&mut writes, view, member(c), lba, b, fua);
+            }
+            return writes.finish_writes().await;
         }
 
         let touched_rows = |d: usize| touch[d].map_or(0, |t| t.hi - t.lo);
@@ -1308,14 +1454,15 @@ impl Inner {
         let par_avail = (k..n).filter(|&c| avail[c]).count();
         if par_avail == 0 {
             // No parity left to keep up (so no data column is missing either).
-            let res = join_all((0..k).filter_map(|d| {
-                let t = touch[d]?;
-                let b = abuf_from(new_data(&t));
-                Some(self.col_write(view, member(d), self.layout.strip_lba(stripe, t.lo), b, fua))
-            }))
-            .await;
-            collect_failed(res)?;
-            return Ok(());
+            let mut writes = Batch::with_capacity(k);
+            for (d, t) in touch.iter().enumerate() {
+                if let Some(t) = t {
+                    let at = self.layout.strip_lba(stripe, t.lo);
+                    let b = abuf_from(new_data(t));
+                    self.submit_write(&mut writes, view, member(d), at, b, fua);
+                }
+            }
+            return writes.finish_writes().await;
         }
         // Read-modify-write needs the old contents of every column it
         // writes; reconstruct-write those of every column it does not cover.
@@ -1330,9 +1477,7 @@ impl Inner {
             if missing == 0 {
                 self.stats.rmw.fetch_add(1, Ordering::Relaxed);
             }
-            return self
-                .rmw(view, stripe, lo, hi, &touch, &avail, src, fua)
-                .await;
+            return self.rmw(view, stripe, lo, hi, touch, avail, src, fua).await;
         }
         if missing == 0 {
             if rcw_reads == 0 {
@@ -1345,24 +1490,25 @@ impl Inner {
         // Both ways below end with all k data columns of rows lo..hi in hand.
         let mut cols: Vec<AlignedBuf> = if rcw_ok {
             // Reconstruct-write: read what this write leaves alone.
-            let mut reads = Vec::new();
+            let mut spans = Vec::new();
+            let mut reads = Batch::with_capacity(2 * k);
             for d in (0..k).filter(|&d| avail[d]) {
                 let (tlo, thi) = touch[d].map_or((hi, hi), |t| (t.lo, t.hi));
-                if tlo > lo {
-                    reads.push((d, lo, tlo));
-                }
-                if thi < hi {
-                    reads.push((d, thi.max(lo), hi));
+                for (a, b) in [(lo, tlo), (thi.max(lo), hi)] {
+                    if a < b {
+                        spans.push((d, a));
+                        let at = self.layout.strip_lba(stripe, a);
+                        self.submit_read(&mut reads, view, member(d), at, b - a);
+                    }
                 }
             }
-            let got = collect_failed(
-                join_all(reads.iter().map(|&(d, a, b)| {
-                    self.col_read(view, member(d), self.layout.strip_lba(stripe, a), b - a)
-                }))
-                .await,
-            )?;
+            let got = if spans.is_empty() {
+                Vec::new()
+            } else {
+                reads.finish().await?
+            };
             let mut cols: Vec<AlignedBuf> = (0..n).map(|_| abuf(len)).collect();
-            for (&(d, a, _), b) in reads.iter().zip(got) {
+            for (&(d, a), b) in spans.iter().zip(got) {
                 let at = ((a - lo) * bs) as usize;
                 cols[d][at..at + b.len()].copy_from_slice(&b);
                 recycle(b);
@@ -1372,14 +1518,24 @@ impl Inner {
             // A missing column keeps rows this write does not cover: rebuild it.
             self.read_reconstructed(view, stripe, lo, hi).await?
         };
-        for d in 0..k {
-            if let Some(t) = touch[d] {
-                let at = ((t.lo - lo) * bs) as usize;
-                let nd = new_data(&t);
-                cols[d][at..at + nd.len()].copy_from_slice(nd);
+        if self.parity.code == Code::Xor && (0..k).all(covered) {
+            // Full stripe: copy each column's new data in and fold it into
+            // the parity in one pass over the source.
+            let (data, par) = cols.split_at_mut(k);
+            let mut drefs: Vec<&mut [u8]> = data.iter_mut().map(|b| &mut b[..]).collect();
+            let srcs: Vec<&[u8]> = touch
+                .iter()
+                .map(|t| new_data(t.as_ref().expect("covered")))
+                .collect();
+            crate::parity::copy_xor(&mut drefs, &srcs, &mut par[0]);
+        } else {
+            for d in 0..k {
+                if let Some(t) = touch[d] {
+                    let at = ((t.lo - lo) * bs) as usize;
+                    let nd = new_data(&t);
+                    cols[d][at..at + nd.len()].copy_from_slice(nd);
+                }
             }
-        }
-        {
             let (data, par) = cols.split_at_mut(k);
             let drefs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
             let mut prefs: Vec<&mut [u8]> = par.iter_mut().map(|b| &mut b[..]).collect();
@@ -1396,7 +1552,7 @@ impl Inner {
             self.journal_record(
                 view,
                 stripe,
-                &avail,
+                avail,
                 lo,
                 rows,
                 RecordKind::Data,
@@ -1407,14 +1563,14 @@ impl Inner {
         } else {
             None
         };
-        let mut writes = Vec::new();
+        let mut writes = Batch::with_capacity(n);
         for (c, col) in cols.into_iter().enumerate() {
             if !avail[c] {
                 recycle(col);
                 continue;
             }
             if c >= k {
-                writes.push(self.col_write(view, member(c), lba, col, fua));
+                self.submit_write(&mut writes, view, member(c), lba, col, fua);
                 continue;
             }
             let Some(t) = touch[c] else {
@@ -1429,54 +1585,48 @@ impl Inner {
                 recycle(col);
                 b
             };
-            writes.push(self.col_write(
-                view,
-                member(c),
-                self.layout.strip_lba(stripe, t.lo),
-                b,
-                fua,
-            ));
+            let at = self.layout.strip_lba(stripe, t.lo);
+            self.submit_write(&mut writes, view, member(c), at, b, fua);
         }
-        collect_failed(join_all(writes).await)?;
-        Ok(())
+        writes.finish_writes().await
     }
 
-    /// `par[j] ^= parity_j(cols)`, where `cols[d] = Some((row, bytes))` puts
-    /// data column `d`'s bytes at `row` of rows `lo..` (`len` bytes in all)
-    /// and zeroes elsewhere.
-    fn fold_parity(
+    /// `par[j] ^= parity_j(cols)`, where each `(d, row, bytes)` puts data
+    /// column `d`'s bytes at `row` of rows `lo..` (`len` bytes in all) and
+    /// every other column is zero.
+    fn fold_parity<'a>(
         &self,
         lo: u64,
         len: usize,
-        cols: &[Option<(u64, &[u8])>],
+        cols: impl Iterator<Item = (usize, u64, &'a [u8])>,
         par: &mut [AlignedBuf],
     ) -> Result<(), ParityError> {
         let bs = self.bs;
         if self.parity.code == Code::Xor {
             // XOR parity is position-wise: fold each column in at its rows.
-            for (row, b) in cols.iter().flatten() {
+            for (_, row, b) in cols {
                 let at = ((row - lo) * bs) as usize;
                 crate::parity::xor_into(&mut par[0][at..at + b.len()], b);
             }
             return Ok(());
         }
         // Reed-Solomon wants whole columns: pad those that cover part of the rows.
-        let padded: Vec<Option<AlignedBuf>> = cols
-            .iter()
-            .map(|c| {
-                let (row, b) = (*c)?;
-                (b.len() != len).then(|| {
-                    let mut full = zbuf(len);
-                    let at = ((row - lo) * bs) as usize;
-                    full[at..at + b.len()].copy_from_slice(b);
-                    full
-                })
-            })
-            .collect();
-        let drefs: Vec<Option<&[u8]>> = cols
+        let mut padded: Vec<Option<AlignedBuf>> = (0..self.parity.k).map(|_| None).collect();
+        let mut whole: Vec<Option<&[u8]>> = vec![None; self.parity.k];
+        for (d, row, b) in cols {
+            if b.len() == len {
+                whole[d] = Some(b);
+            } else {
+                let mut full = zbuf(len);
+                let at = ((row - lo) * bs) as usize;
+                full[at..at + b.len()].copy_from_slice(b);
+                padded[d] = Some(full);
+            }
+        }
+        let drefs: Vec<Option<&[u8]>> = whole
             .iter()
             .zip(&padded)
-            .map(|(c, p)| p.as_deref().or(c.map(|(_, b)| b)))
+            .map(|(w, p)| p.as_deref().or(*w))
             .collect();
         let mut prefs: Vec<&mut [u8]> = par.iter_mut().map(|b| &mut b[..]).collect();
         self.parity.apply_delta(&drefs, &mut prefs)
@@ -1503,43 +1653,52 @@ impl Inner {
         let len = ((hi - lo) * bs) as usize;
         let member = |c: usize| self.layout.column_member(stripe, c);
         let lba = self.layout.strip_lba(stripe, lo);
-        let touched: Vec<(usize, Touch)> = touch
-            .iter()
-            .enumerate()
-            .filter_map(|(d, t)| t.map(|t| (d, t)))
-            .collect();
-        let old_data = join_all(touched.iter().map(|&(d, t)| {
-            self.col_read(
-                view,
-                member(d),
-                self.layout.strip_lba(stripe, t.lo),
-                t.hi - t.lo,
-            )
-        }));
-        let old_par = join_all((0..m).map(|j| async move {
-            if avail[k + j] {
-                self.col_read(view, member(k + j), lba, hi - lo).await
-            } else {
-                // Computed along, never written.
-                Ok(abuf(len))
-            }
-        }));
-        let (old_data, old_par) = futures_util::future::join(old_data, old_par).await;
-        let mut old_data = collect_failed(old_data)?;
-        let mut par = collect_failed(old_par)?;
-        let mut new_bufs = Vec::with_capacity(touched.len());
-        for ((_, t), old) in touched.iter().zip(old_data.iter_mut()) {
-            let nd = &src[t.src..t.src + ((t.hi - t.lo) * bs) as usize];
-            crate::parity::xor_into(old, nd);
-            new_bufs.push(abuf_from(nd));
+        let touched = || {
+            touch
+                .iter()
+                .enumerate()
+                .filter_map(|(d, t)| t.map(|t| (d, t)))
+        };
+        let new_data = |t: &Touch| &src[t.src..t.src + ((t.hi - t.lo) * bs) as usize];
+        // Old data of the touched rows, then old parity.
+        let nt = touched().count();
+        let mut reads = Batch::with_capacity(nt + m);
+        for (d, t) in touched() {
+            let at = self.layout.strip_lba(stripe, t.lo);
+            self.submit_read(&mut reads, view, member(d), at, t.hi - t.lo);
         }
-        self.fold_parity(lo, len, &place(k, &touched, &old_data), &mut par)?;
-        old_data.into_iter().for_each(recycle);
+        for j in 0..m {
+            if avail[k + j] {
+                self.submit_read(&mut reads, view, member(k + j), lba, hi - lo);
+            } else {
+                // A missing parity column: computed along, never written.
+                reads.hold(abuf(len));
+            }
+        }
+        let mut bufs = reads.finish().await?;
+        let (old, par) = bufs.split_at_mut(nt);
+        // old ^= new: the deltas.
+        for ((_, t), o) in touched().zip(old.iter_mut()) {
+            crate::parity::xor_into(o, new_data(&t));
+        }
+        self.fold_parity(
+            lo,
+            len,
+            touched()
+                .zip(old.iter())
+                .map(|((d, t), b)| (d, t.lo, &b[..])),
+            par,
+        )?;
         let _record = if (0..k).any(|d| !avail[d]) {
             // pp = parity of what this write leaves in place = P_new ^ parity(new).
             let mut pp: Vec<AlignedBuf> = par.iter().map(|p| abuf_from(p)).collect();
-            self.fold_parity(lo, len, &place(k, &touched, &new_bufs), &mut pp)?;
-            let ranges = touched.iter().map(|(d, t)| (*d, t.lo, t.hi)).collect();
+            self.fold_parity(
+                lo,
+                len,
+                touched().map(|(d, t)| (d, t.lo, new_data(&t))),
+                &mut pp,
+            )?;
+            let ranges = touched().map(|(d, t)| (d, t.lo, t.hi)).collect();
             let payload: Vec<(usize, &[u8])> = (0..m)
                 .filter(|&j| avail[k + j])
                 .map(|j| (j, &pp[j][..]))
@@ -1561,25 +1720,22 @@ impl Inner {
         } else {
             None
         };
-        let mut writes = Vec::new();
-        for ((d, t), b) in touched.iter().zip(new_bufs) {
-            writes.push(self.col_write(
-                view,
-                member(*d),
-                self.layout.strip_lba(stripe, t.lo),
-                b,
-                fua,
-            ));
+        let mut writes = Batch::with_capacity(nt + m);
+        for (d, t) in touched() {
+            let at = self.layout.strip_lba(stripe, t.lo);
+            let b = abuf_from(new_data(&t));
+            self.submit_write(&mut writes, view, member(d), at, b, fua);
         }
-        for (j, p) in par.into_iter().enumerate() {
-            if avail[k + j] {
-                writes.push(self.col_write(view, member(k + j), lba, p, fua));
-            } else {
-                recycle(p);
+        for (i, p) in bufs.into_iter().enumerate() {
+            // The first nt are the deltas.
+            match i.checked_sub(nt) {
+                Some(j) if avail[k + j] => {
+                    self.submit_write(&mut writes, view, member(k + j), lba, p, fua);
+                }
+                _ => recycle(p),
             }
         }
-        collect_failed(join_all(writes).await)?;
-        Ok(())
+        writes.finish_writes().await
     }
 
     /// Writes the journal record of a degraded update of `stripe` and waits
