@@ -401,32 +401,27 @@ impl Batch {
 
     /// The buffers in submission order, or the members that failed.
     pub async fn finish(self) -> Result<Vec<AlignedBuf>, OpError> {
-        let mut done: Vec<(usize, IoDone)> = Vec::with_capacity(self.ios.len());
+        let mut done: Vec<(usize, Option<IoDone>)> = Vec::with_capacity(self.ios.len());
         let mut pending = Vec::new();
         for (i, (member, io)) in self.ios.into_iter().enumerate() {
             match io {
-                IoFuture::Ready(Some(d)) => done.push((member, d)),
+                IoFuture::Ready(Some(d)) => done.push((member, Some(d))),
                 io => {
                     pending.push((i, io));
-                    done.push((
-                        member,
-                        IoDone {
-                            buf: AlignedBuf::new(0),
-                            result: Ok(()),
-                        },
-                    ));
+                    done.push((member, None));
                 }
             }
         }
         if !pending.is_empty() {
             let (at, ios): (Vec<usize>, Vec<IoFuture>) = pending.into_iter().unzip();
             for (i, d) in at.into_iter().zip(join_all(ios).await) {
-                done[i].1 = d;
+                done[i].1 = Some(d);
             }
         }
         let mut failed = Vec::new();
         let mut bufs = Vec::with_capacity(done.len());
         for (member, d) in done {
+            let d = d.expect("every I/O completed");
             if let Err(e) = d.result {
                 tracing::debug!("member {member} I/O error: {e}");
                 failed.push(member);
