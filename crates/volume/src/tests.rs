@@ -803,6 +803,7 @@ fn degraded_crash_loop(
 #[test]
 fn degraded_crash_loop_raid5() {
     let (corrupt, replayed) = degraded_crash_loop(LayoutKind::Raid5, 4, 1, 1000, 11, true);
+    eprintln!("raid5, one missing: {replayed} journal records replayed");
     assert_eq!(corrupt, 0);
     assert!(
         replayed > 20,
@@ -813,6 +814,7 @@ fn degraded_crash_loop_raid5() {
 #[test]
 fn degraded_crash_loop_raid6_one_missing() {
     let (corrupt, replayed) = degraded_crash_loop(LayoutKind::Raid6, 6, 1, 500, 12, true);
+    eprintln!("raid6, one missing: {replayed} journal records replayed");
     assert_eq!(corrupt, 0);
     assert!(replayed > 20, "{replayed}");
 }
@@ -820,6 +822,7 @@ fn degraded_crash_loop_raid6_one_missing() {
 #[test]
 fn degraded_crash_loop_raid6_two_missing() {
     let (corrupt, replayed) = degraded_crash_loop(LayoutKind::Raid6, 6, 2, 400, 13, true);
+    eprintln!("raid6, two missing: {replayed} journal records replayed");
     assert_eq!(corrupt, 0);
     assert!(replayed > 20, "{replayed}");
     let (corrupt, _) = degraded_crash_loop(LayoutKind::Erasure { k: 3, m: 3 }, 6, 2, 200, 14, true);
@@ -833,6 +836,7 @@ fn degraded_crash_loop_raid6_two_missing() {
 fn degraded_crash_without_journal_corrupts() {
     let (raid5, _) = degraded_crash_loop(LayoutKind::Raid5, 4, 1, 100, 11, false);
     let (raid6, _) = degraded_crash_loop(LayoutKind::Raid6, 6, 2, 100, 13, false);
+    eprintln!("without the journal: raid5 {raid5}, raid6 {raid6} corrupted blocks and stripes");
     assert!(raid5 > 0 && raid6 > 0, "raid5 {raid5}, raid6 {raid6}");
 }
 
