@@ -11,7 +11,15 @@
 //! write is acknowledged, so a restart never trusts a member that missed it.
 //! An update of a stripe with a data column missing first writes a record to
 //! the write journal (`journal.rs`), so a crash in its middle cannot corrupt the
-//! missing column (the write hole the bitmap alone cannot close).
+//! missing column (the write hole the bitmap alone cannot close). Degraded
+//! updates read-modify-write too when the columns they write are present, so
+//! only writes into a missing column need a Reed-Solomon decode.
+//!
+//! Member I/O goes out in batches (`Batch`): every I/O of a step is
+//! submitted before any is awaited (a device starts an I/O at submit), so a
+//! step needs no join unless a device is still busy; requests see the
+//! members through one shared snapshot (`View`), replaced when a member's
+//! state changes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
