@@ -170,6 +170,8 @@ pub(crate) struct Conn {
     rx: Vec<u8>,
     rx_start: usize,
     rx_end: usize,
+    /// Whole PDUs in `rx` before this offset went through `hint_reads`.
+    rx_hinted: usize,
     out: OutQueue,
     end: Option<End>,
     last_touch: Instant,
@@ -218,6 +220,7 @@ impl Conn {
             rx: vec![0; rx_len],
             rx_start: 0,
             rx_end: 0,
+            rx_hinted: 0,
             out: OutQueue::new(),
             end: None,
             last_touch: Instant::now(),
@@ -351,11 +354,29 @@ impl Conn {
         if self.rx_start > 0 {
             self.rx.copy_within(self.rx_start..self.rx_end, 0);
             self.rx_end -= self.rx_start;
+            self.rx_hinted = self.rx_hinted.saturating_sub(self.rx_start);
             self.rx_start = 0;
         }
     }
 
+    /// Tells the backends about the reads among the whole commands received
+    /// so far, before any of them runs, so that their memory latencies overlap
+    /// (a RAM namespace prefetches). Only a hint: `process_rx` checks the PDUs.
+    fn hint_reads(&mut self) {
+        let Some(q) = self.queue.as_ref().filter(|q| q.qid != 0) else {
+            return;
+        };
+        let from = self.rx_hinted.max(self.rx_start);
+        let seen = scan_reads(&self.rx[from..self.rx_end], |sqe| {
+            if let Some(ns) = crate::subsystem::find_namespace(&q.namespaces, sqe.nsid) {
+                ns.dev.prefetch_read(sqe.slba(), sqe.nlb());
+            }
+        });
+        self.rx_hinted = from + seen;
+    }
+
     fn process_rx(&mut self) {
+        self.hint_reads();
         while self.end.is_none() {
             let avail = self.rx_end - self.rx_start;
             if avail < CH_LEN {
@@ -398,6 +419,7 @@ impl Conn {
         if self.rx_start == self.rx_end {
             self.rx_start = 0;
             self.rx_end = 0;
+            self.rx_hinted = 0;
         }
         if let Some(q) = &self.queue
             && q.qid != 0
@@ -436,6 +458,7 @@ impl Conn {
         self.rx = rx;
         self.rx_start = 0;
         self.rx_end = 0;
+        self.rx_hinted = 0;
     }
 
     fn fatal(&mut self, e: TermError, offending: Vec<u8>) {
@@ -1187,6 +1210,28 @@ impl Conn {
     }
 }
 
+/// Calls `read` for each Read command among the whole PDUs at the start of
+/// `rx`; returns how many bytes those PDUs take. Stops at the first partial
+/// or implausible header: checking PDUs is `process_rx`'s job, not this one's.
+fn scan_reads(rx: &[u8], mut read: impl FnMut(&Sqe)) -> usize {
+    let mut pos = 0;
+    while let Some(b) = rx.get(pos..pos + CH_LEN + 64) {
+        let plen = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
+        if plen < CH_LEN || plen > rx.len() - pos {
+            break;
+        }
+        if b[0] == PduType::CapsuleCmd as u8
+            && plen >= CH_LEN + 64
+            && let Ok(sqe) = Sqe::decode(&b[CH_LEN..])
+            && sqe.opcode == io_opc::READ
+        {
+            read(&sqe);
+        }
+        pos += plen;
+    }
+    pos
+}
+
 fn digest_ok(data: &[u8], digest: &[u8]) -> bool {
     digest.len() >= DIGEST_LEN
         && data_digest(data) == u32::from_le_bytes(digest[..4].try_into().expect("4 bytes"))
@@ -1304,5 +1349,51 @@ mod tests {
             status::SC_INVALID_FIELD
         );
         assert_eq!(check_sgl(&sqe_with(0, 0, 0), 0, 8192).unwrap().len, 0);
+    }
+
+    /// A command capsule with `data` bytes of in-capsule data.
+    fn capsule(opc: u8, slba: u64, data: usize) -> Vec<u8> {
+        let mut s = Sqe::new(opc, 7);
+        s.nsid = 1;
+        s.cdw10 = slba as u32;
+        s.cdw11 = (slba >> 32) as u32;
+        s.cdw12 = 7;
+        let mut b = vec![0u8; CH_LEN + 64 + data];
+        CommonHeader {
+            pdu_type: PduType::CapsuleCmd as u8,
+            flags: 0,
+            hlen: 72,
+            pdo: if data > 0 { 72 } else { 0 },
+            plen: b.len() as u32,
+        }
+        .encode(&mut b);
+        b[CH_LEN..CH_LEN + 64].copy_from_slice(&s.encode());
+        b
+    }
+
+    #[test]
+    fn scan_reads_sees_whole_read_capsules_only() {
+        let scan = |rx: &[u8]| {
+            let mut lbas = Vec::new();
+            let n = scan_reads(rx, |sqe| lbas.push((sqe.slba(), sqe.nlb())));
+            (n, lbas)
+        };
+        let mut rx = capsule(io_opc::READ, 8, 0);
+        rx.extend(capsule(io_opc::WRITE, 16, 4096));
+        rx.extend(capsule(io_opc::READ, 1 << 40, 0));
+        let whole = rx.len();
+        assert_eq!(scan(&rx), (whole, vec![(8, 8), (1 << 40, 8)]));
+        // A partial PDU at the end stops the scan before it.
+        rx.extend(&capsule(io_opc::READ, 24, 0)[..50]);
+        assert_eq!(scan(&rx).0, whole);
+        assert_eq!(scan(&rx[..whole - 1]).0, 72 + 72 + 4096);
+        // Implausible lengths stop it too, without panicking.
+        for plen in [0u32, 7, u32::MAX] {
+            let mut bad = capsule(io_opc::READ, 8, 0);
+            bad[4..8].copy_from_slice(&plen.to_le_bytes());
+            assert_eq!(scan(&bad), (0, vec![]), "plen {plen}");
+        }
+        assert_eq!(scan(&[]).0, 0);
+        assert_eq!(scan(&[0xFF; 71]).0, 0);
     }
 }
