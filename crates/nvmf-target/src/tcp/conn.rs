@@ -175,7 +175,8 @@ pub(crate) struct Conn {
     out: OutQueue,
     end: Option<End>,
     last_touch: Instant,
-    /// When this queue last received data or completed I/O (adaptive polling).
+    /// When this queue last received data, completed I/O or sent answers
+    /// (adaptive polling).
     last_busy: Instant,
     poll: Option<Duration>,
 }
@@ -234,10 +235,16 @@ impl Conn {
 
     async fn run(&mut self, mut shutdown: watch::Receiver<bool>) -> End {
         loop {
-            if !self.out.is_empty()
-                && let Some(end) = self.flush_watching(&mut shutdown).await
-            {
-                return end;
+            if !self.out.is_empty() {
+                if let Some(end) = self.flush_watching(&mut shutdown).await {
+                    return end;
+                }
+                // The poll window runs from our last answer, not from the data
+                // that started the batch: a batch of 32 reads takes about as long
+                // as the window, and the host's next commands follow our answers.
+                if self.poll.is_some() {
+                    self.last_busy = Instant::now();
+                }
             }
             if let Some(end) = self.end.take() {
                 return end;
