@@ -155,7 +155,12 @@ mod tests {
             [1, 7]
         );
         assert_eq!(
-            on.state.lock().pending_events.iter().copied().collect::<Vec<_>>(),
+            on.state
+                .lock()
+                .pending_events
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
             [AsyncEvent::NS_CHANGED]
         );
         assert_eq!(on.state.lock().changed_ns, [7]);
