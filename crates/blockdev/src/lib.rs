@@ -158,11 +158,12 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// Starts one I/O. Range and buffer checks are the device's job too: a bad
     /// request completes with an error, it never panics.
     fn submit(&self, req: IoRequest) -> IoFuture;
-    /// A hint that a read of `blocks` blocks from `lba` will be submitted soon,
-    /// e.g. for the other commands of a batch just received. A RAM device starts
-    /// loading the first cache lines, so that the misses of several reads overlap.
-    /// Never fails (a bad range is ignored) and does nothing by default.
-    fn prefetch_read(&self, _lba: u64, _blocks: u32) {}
+    /// A hint that a read or write of `blocks` blocks from `lba` will be
+    /// submitted soon, e.g. for the other commands of a batch just received. A
+    /// RAM device starts loading the first cache lines, so that the misses of
+    /// several I/Os overlap. Never fails (a bad range is ignored) and does
+    /// nothing by default.
+    fn prefetch(&self, _lba: u64, _blocks: u32) {}
     /// Whether deallocated blocks read back as zeroes (reported to hosts in DLFEAT).
     fn deallocate_reads_zeroes(&self) -> bool;
     /// One line for logs and the startup banner, e.g. `file /var/lib/x.img (O_DIRECT, io_uring)`.

@@ -21,14 +21,14 @@ use crate::{
 const CHUNK: u64 = 2 << 20;
 /// Largest device we index: 8 Mi chunk slots (~192 MiB of slots) at 2 MiB each.
 const MAX_SIZE: u64 = 16 << 40;
-/// How much of a read `prefetch_read` asks for: the hardware prefetcher
+/// How much of an I/O `prefetch` asks for: the hardware prefetcher
 /// streams the rest once the first lines and the page walk are under way.
 const PREFETCH_BYTES: usize = 16 << 10;
 
 struct Chunk {
     data: RwLock<Option<ChunkMem>>,
     /// Address of `data`'s bytes (0: none), read without the lock by
-    /// `prefetch_read`: a hint only, never dereferenced.
+    /// `prefetch`: a hint only, never dereferenced.
     addr: AtomicUsize,
 }
 
@@ -92,7 +92,7 @@ impl Drop for ChunkMem {
 
 /// Starts moving the cache line at `addr` towards L1. Any address will do.
 #[inline]
-fn prefetch(addr: usize) {
+fn prefetch_line(addr: usize) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch reads nothing architecturally and never faults,
     // whatever the address; SSE is part of the x86-64 baseline.
@@ -252,7 +252,7 @@ impl BlockDevice for MemDevice {
         IoFuture::ready(buf, Ok(()))
     }
 
-    fn prefetch_read(&self, lba: u64, blocks: u32) {
+    fn prefetch(&self, lba: u64, blocks: u32) {
         let bs = self.geo.block_size;
         let end = lba.checked_add(u64::from(blocks));
         if end.is_none_or(|e| e > self.geo.num_blocks) {
@@ -266,7 +266,7 @@ impl BlockDevice for MemDevice {
             }
             // Two lines per 4 KiB page: the page walk, and a head start on each half.
             for off in (0..s.len).step_by(2048) {
-                prefetch(base + s.at + off);
+                prefetch_line(base + s.at + off);
             }
         }
     }
@@ -419,7 +419,7 @@ mod tests {
         let mut reads = 0u32;
         while reads < 20_000 {
             for lba in lbas {
-                dev.prefetch_read(lba, 1);
+                dev.prefetch(lba, 1);
                 let got = read(&*dev, lba, 1);
                 assert!(
                     got.iter().all(|&b| b == got[0]),
@@ -440,11 +440,11 @@ mod tests {
         let dev = MemDevice::new(2 * CHUNK, 512).unwrap();
         let n = dev.geometry().num_blocks;
         for (lba, blocks) in [(n, 1), (n - 1, 2), (u64::MAX, 1), (0, u32::MAX), (0, 0)] {
-            dev.prefetch_read(lba, blocks);
+            dev.prefetch(lba, blocks);
         }
-        dev.prefetch_read(0, 8); // never written
+        dev.prefetch(0, 8); // never written
         write(&dev, 8, &[3u8; 4096]);
-        dev.prefetch_read(0, (n - 1) as u32);
+        dev.prefetch(0, (n - 1) as u32);
         assert_eq!(read(&dev, 8, 8), vec![3u8; 4096]);
     }
 

@@ -170,7 +170,7 @@ pub(crate) struct Conn {
     rx: Vec<u8>,
     rx_start: usize,
     rx_end: usize,
-    /// Whole PDUs in `rx` before this offset went through `hint_reads`.
+    /// Whole PDUs in `rx` before this offset went through `hint_io`.
     rx_hinted: usize,
     out: OutQueue,
     end: Option<End>,
@@ -366,24 +366,25 @@ impl Conn {
         }
     }
 
-    /// Tells the backends about the reads among the whole commands received
-    /// so far, before any of them runs, so that their memory latencies overlap
-    /// (a RAM namespace prefetches). Only a hint: `process_rx` checks the PDUs.
-    fn hint_reads(&mut self) {
+    /// Tells the backends about the reads and writes among the whole commands
+    /// received so far, before any of them runs, so that their memory latencies
+    /// overlap (a RAM namespace prefetches). Only a hint: `process_rx` checks
+    /// the PDUs.
+    fn hint_io(&mut self) {
         let Some(q) = self.queue.as_ref().filter(|q| q.qid != 0) else {
             return;
         };
         let from = self.rx_hinted.max(self.rx_start);
-        let seen = scan_reads(&self.rx[from..self.rx_end], |sqe| {
+        let seen = scan_io(&self.rx[from..self.rx_end], |sqe| {
             if let Some(ns) = crate::subsystem::find_namespace(&q.namespaces, sqe.nsid) {
-                ns.dev.prefetch_read(sqe.slba(), sqe.nlb());
+                ns.dev.prefetch(sqe.slba(), sqe.nlb());
             }
         });
         self.rx_hinted = from + seen;
     }
 
     fn process_rx(&mut self) {
-        self.hint_reads();
+        self.hint_io();
         while self.end.is_none() {
             let avail = self.rx_end - self.rx_start;
             if avail < CH_LEN {
@@ -1217,10 +1218,10 @@ impl Conn {
     }
 }
 
-/// Calls `read` for each Read command among the whole PDUs at the start of
-/// `rx`; returns how many bytes those PDUs take. Stops at the first partial
-/// or implausible header: checking PDUs is `process_rx`'s job, not this one's.
-fn scan_reads(rx: &[u8], mut read: impl FnMut(&Sqe)) -> usize {
+/// Calls `rw` for each Read or Write command among the whole PDUs at the
+/// start of `rx`; returns how many bytes those PDUs take. Stops at the first
+/// partial or implausible header: checking PDUs is `process_rx`'s job.
+fn scan_io(rx: &[u8], mut rw: impl FnMut(&Sqe)) -> usize {
     let mut pos = 0;
     while let Some(b) = rx.get(pos..pos + CH_LEN + 64) {
         let plen = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
@@ -1230,9 +1231,9 @@ fn scan_reads(rx: &[u8], mut read: impl FnMut(&Sqe)) -> usize {
         if b[0] == PduType::CapsuleCmd as u8
             && plen >= CH_LEN + 64
             && let Ok(sqe) = Sqe::decode(&b[CH_LEN..])
-            && sqe.opcode == io_opc::READ
+            && matches!(sqe.opcode, io_opc::READ | io_opc::WRITE)
         {
-            read(&sqe);
+            rw(&sqe);
         }
         pos += plen;
     }
@@ -1379,21 +1380,22 @@ mod tests {
     }
 
     #[test]
-    fn scan_reads_sees_whole_read_capsules_only() {
+    fn scan_io_sees_whole_read_and_write_capsules_only() {
         let scan = |rx: &[u8]| {
             let mut lbas = Vec::new();
-            let n = scan_reads(rx, |sqe| lbas.push((sqe.slba(), sqe.nlb())));
+            let n = scan_io(rx, |sqe| lbas.push((sqe.slba(), sqe.nlb())));
             (n, lbas)
         };
         let mut rx = capsule(io_opc::READ, 8, 0);
         rx.extend(capsule(io_opc::WRITE, 16, 4096));
+        rx.extend(capsule(io_opc::FLUSH, 0, 0));
         rx.extend(capsule(io_opc::READ, 1 << 40, 0));
         let whole = rx.len();
-        assert_eq!(scan(&rx), (whole, vec![(8, 8), (1 << 40, 8)]));
+        assert_eq!(scan(&rx), (whole, vec![(8, 8), (16, 8), (1 << 40, 8)]));
         // A partial PDU at the end stops the scan before it.
         rx.extend(&capsule(io_opc::READ, 24, 0)[..50]);
         assert_eq!(scan(&rx).0, whole);
-        assert_eq!(scan(&rx[..whole - 1]).0, 72 + 72 + 4096);
+        assert_eq!(scan(&rx[..whole - 1]).0, 72 + 72 + 4096 + 72);
         // Implausible lengths stop it too, without panicking.
         for plen in [0u32, 7, u32::MAX] {
             let mut bad = capsule(io_opc::READ, 8, 0);
