@@ -2,7 +2,9 @@
 //! `plan` checks a command completely before any data moves, so a bad LBA or
 //! NSID never costs an R2T round trip.
 
-use blockdev::{BlockError, BlockOp};
+use std::sync::Arc;
+
+use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoDone, IoFuture, IoRequest};
 use nvme_wire::sqe::{DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN, DsmRange, Sqe, io_opc};
 use nvme_wire::status::{self, Status};
 
@@ -137,6 +139,34 @@ pub fn dsm_ranges(ns: &Namespace, data: &[u8], count: u32) -> Result<Vec<DsmRang
     Ok(out)
 }
 
+/// Deallocates `ranges` one after another; the first failure ends it.
+pub fn deallocate_all(dev: Arc<dyn BlockDevice>, ranges: Vec<DsmRange>, buf: AlignedBuf) -> IoFuture {
+    IoFuture::Pending(Box::pin(async move {
+        let mut buf = buf;
+        for r in ranges {
+            let d = dev
+                .submit(IoRequest {
+                    op: BlockOp::Deallocate,
+                    lba: r.slba,
+                    blocks: r.nlb,
+                    buf,
+                })
+                .await;
+            buf = d.buf;
+            if d.result.is_err() {
+                return IoDone {
+                    buf,
+                    result: d.result,
+                };
+            }
+        }
+        IoDone {
+            buf,
+            result: Ok(()),
+        }
+    }))
+}
+
 /// The status a failed backend I/O reports to the host.
 pub fn status_of(err: &BlockError, op: BlockOp) -> Status {
     match err {
@@ -155,7 +185,6 @@ pub fn status_of(err: &BlockError, op: BlockOp) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     fn ns() -> Vec<Namespace> {
         let dev = Arc::new(blockdev::NullDevice::new(1 << 20, 512).unwrap());

@@ -9,11 +9,14 @@
 
 pub mod admin;
 pub mod ana;
+pub mod bufpool;
 pub mod config;
 pub mod controller;
 pub mod discovery;
 pub mod fabrics;
 pub mod io;
+pub mod queue;
+pub mod reservation;
 pub mod subsystem;
 mod target;
 pub mod tcp;

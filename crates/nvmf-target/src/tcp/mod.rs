@@ -5,7 +5,6 @@
 //! queue's I/O path takes no lock and never hops threads. An acceptor thread
 //! hands new connections to reactors round-robin.
 
-mod bufpool;
 mod conn;
 mod out;
 pub mod pdu_check;

@@ -9,7 +9,7 @@ use blockdev::AlignedBuf;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::bufpool::BufPool;
+use crate::bufpool::BufPool;
 
 enum Seg {
     Bytes {

@@ -1,0 +1,714 @@
+//! The transport-free command core: one `QueueCore` per queue pair.
+//!
+//! A transport feeds it decoded events (a command capsule, the host data it
+//! asked for, a finished device I/O) and carries out what the core asks of
+//! it through the [`Transport`] trait: send a completion, send read data,
+//! fetch host data, wait for a device I/O, close. The core owns everything
+//! an NVMe command *means*: the SQ head, command slots (their index is the
+//! transfer tag), Connect sequencing, the CC.EN check, SGL and data length
+//! checks, namespace snapshots, held AERs, statistics, the error log and
+//! every status decision. It does no socket I/O, so unit tests, property
+//! tests and the fuzzer drive it directly (the shape of quinn-proto, and of
+//! nvmet's `nvmet_req_init`/`nvmet_req_execute`).
+
+pub mod sgl;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use blockdev::{AlignedBuf, BlockOp, IoDone, IoFuture, IoRequest};
+use nvme_wire::cqe::Cqe;
+use nvme_wire::fabrics::{CATTR_DISABLE_SQFLOW, ConnectCmd, PropertyCmd, fctype};
+use nvme_wire::sqe::{FUSE_MASK, Sqe, io_opc};
+use nvme_wire::status::{self, Status};
+
+use crate::Target;
+use crate::admin::{self, AdminCtx, AdminOutcome};
+use crate::bufpool::BufPool;
+use crate::config::ADMIN_IN_CAPSULE_DATA;
+use crate::controller::{AER_LIMIT, Controller, FreeReason, QueueStats};
+use crate::fabrics;
+use crate::io::{self, IoPlan};
+use crate::subsystem::{Namespace, find_namespace};
+use sgl::{Sgl, check_sgl};
+
+/// Transient Transport Error (generic status 0x22): host data arrived with a
+/// bad data digest; the host may retry.
+pub const SC_TRANSIENT_TRANSPORT: u8 = 0x22;
+/// How often I/O queues refresh the controller's keep-alive clock.
+const TOUCH_EVERY: Duration = Duration::from_millis(500);
+
+/// What a transport does for the core. Calls come in the order the host
+/// must see their effects (read data before its completion).
+pub trait Transport {
+    /// Send a completion queue entry (NVMe/TCP: CapsuleResp).
+    fn respond(&mut self, cqe: Cqe);
+    /// Send `buf[..len]` as the data of command `cid` (NVMe/TCP: C2HData).
+    /// With `success` the data also completes the command and no `respond`
+    /// follows (only offered when the host disabled SQ flow control).
+    fn send_data(&mut self, cid: u16, buf: AlignedBuf, len: usize, success: bool);
+    /// Fetch `buf.len()` bytes of host data for command `cid` in slot `tag`
+    /// (NVMe/TCP: R2T/H2CData) and hand them back with [`QueueCore::on_data`].
+    fn request_data(&mut self, tag: u16, cid: u16, buf: AlignedBuf);
+    /// A device I/O is in flight: poll `fut`, then call [`QueueCore::on_io_done`].
+    fn wait_io(&mut self, tag: u16, fut: IoFuture);
+    /// The host disconnected this queue (Fabrics Disconnect): send what is
+    /// queued, then close.
+    fn disconnect(&mut self);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    /// Waiting for host data the transport is fetching.
+    AwaitData,
+    Busy,
+    /// A held Async Event Request.
+    Aer,
+}
+
+/// What to run once a command's host data has arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterData {
+    Nothing,
+    Connect,
+    /// By NSID: the namespace snapshot may be reloaded while data is in flight.
+    Io { nsid: u32, plan: IoPlan },
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    state: SlotState,
+    sqe: Sqe,
+    after: AfterData,
+}
+
+/// The queue a connection became by its Connect.
+struct Bound {
+    ctrl: Arc<Controller>,
+    qid: u16,
+    depth: u16,
+    sqflow_off: bool,
+    stats: Arc<QueueStats>,
+    /// Snapshot of the subsystem's namespaces, reloaded when `ns_version`
+    /// falls behind the subsystem's (a namespace added or removed).
+    namespaces: Arc<[Namespace]>,
+    ns_version: u64,
+}
+
+pub struct QueueCore {
+    target: Arc<Target>,
+    /// The host's address, for log lines.
+    peer: String,
+    /// The address the host reached (for the discovery log).
+    local_ip: Option<IpAddr>,
+    bound: Option<Bound>,
+    /// A Connect is waiting for its data: no second Connect meanwhile.
+    connecting: bool,
+    sqhd: u16,
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    aers: VecDeque<u16>,
+    pool: BufPool,
+    last_touch: Instant,
+}
+
+impl QueueCore {
+    pub fn new(target: Arc<Target>, peer: String, local_ip: Option<IpAddr>) -> Self {
+        let t = &target.transport;
+        let nslots = usize::from(t.max_queue_depth) + AER_LIMIT + 1;
+        let empty = Slot {
+            state: SlotState::Free,
+            sqe: Sqe::new(0, 0),
+            after: AfterData::Nothing,
+        };
+        QueueCore {
+            pool: BufPool::new(t.max_transfer),
+            slots: vec![empty; nslots],
+            free: (0..nslots as u16).rev().collect(),
+            aers: VecDeque::new(),
+            bound: None,
+            connecting: false,
+            sqhd: 0,
+            last_touch: Instant::now(),
+            target,
+            peer,
+            local_ip,
+        }
+    }
+
+    // ---- what the transport reads
+
+    /// Command slots: transfer tags are below this.
+    pub fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// In-capsule data bytes a command may carry now (IOCCSZ on I/O queues).
+    pub fn in_capsule_limit(&self) -> u32 {
+        let t = &self.target.transport;
+        match &self.bound {
+            None => t.in_capsule_data.max(ADMIN_IN_CAPSULE_DATA),
+            Some(b) if b.qid == 0 => ADMIN_IN_CAPSULE_DATA,
+            Some(_) => t.in_capsule_data,
+        }
+    }
+
+    /// The controller this queue belongs to, once connected.
+    pub fn controller(&self) -> Option<&Arc<Controller>> {
+        self.bound.as_ref().map(|b| &b.ctrl)
+    }
+
+    pub fn qid(&self) -> Option<u16> {
+        self.bound.as_ref().map(|b| b.qid)
+    }
+
+    /// Whether Async Event Requests are held (the transport then wakes the
+    /// core with `on_events` when the controller queues an event).
+    pub fn holds_aers(&self) -> bool {
+        !self.aers.is_empty()
+    }
+
+    /// Buffers for the transport's own use (sent data goes back here).
+    pub fn pool(&mut self) -> &mut BufPool {
+        &mut self.pool
+    }
+
+    /// On the admin queue: time left before the keep-alive timeout, if set.
+    pub fn keep_alive_wait(&self) -> Option<Duration> {
+        let b = self.bound.as_ref().filter(|b| b.qid == 0)?;
+        let kato = u64::from(b.ctrl.kato_ms());
+        if kato == 0 {
+            return None;
+        }
+        Some(Duration::from_millis(
+            kato.saturating_sub(b.ctrl.idle_ms()).max(1),
+        ))
+    }
+
+    /// The KATO that expired, if the host has been silent past it.
+    pub fn keep_alive_expired(&self) -> Option<u32> {
+        let b = self.bound.as_ref()?;
+        let kato = b.ctrl.kato_ms();
+        (kato > 0 && b.ctrl.idle_ms() >= u64::from(kato)).then_some(kato)
+    }
+
+    /// Traffic on an I/O queue counts as keep-alive (TBKAS); the shared
+    /// clock is written at most every `TOUCH_EVERY`.
+    pub fn note_traffic(&mut self) {
+        if let Some(b) = &self.bound
+            && b.qid != 0
+            && self.last_touch.elapsed() >= TOUCH_EVERY
+        {
+            b.ctrl.touch();
+            self.last_touch = Instant::now();
+        }
+    }
+
+    /// A hint that `sqe` will soon run: lets a RAM namespace prefetch.
+    pub fn prefetch(&self, sqe: &Sqe) {
+        if let Some(b) = self.bound.as_ref().filter(|b| b.qid != 0)
+            && matches!(sqe.opcode, io_opc::READ | io_opc::WRITE)
+            && let Some(ns) = find_namespace(&b.namespaces, sqe.nsid)
+        {
+            ns.dev.prefetch(sqe.slba(), sqe.nlb());
+        }
+    }
+
+    /// Why the controller goes away when the connection simply closed.
+    pub fn eof_reason(&self) -> FreeReason {
+        match &self.bound {
+            Some(b) if b.ctrl.state.lock().shutdown_requested => FreeReason::HostDisconnected,
+            _ => FreeReason::ConnectionClosed,
+        }
+    }
+
+    /// The connection is gone: an admin queue takes its controller with it,
+    /// an I/O queue frees its QID.
+    pub fn close(&mut self, reason: FreeReason) {
+        if let Some(b) = self.bound.take() {
+            if b.qid == 0 {
+                self.target.remove_controller(&b.ctrl, reason);
+            } else {
+                fabrics::release_io_queue(&b.ctrl, b.qid);
+            }
+        }
+    }
+
+    // ---- events in
+
+    /// A command capsule: its SQE, in-capsule data, and whether that data's
+    /// digest (when data digests are on) matched.
+    pub fn on_command<T: Transport>(&mut self, sqe: &Sqe, data: &[u8], digest_ok: bool, t: &mut T) {
+        self.sqhd = match &self.bound {
+            Some(b) => (self.sqhd + 1) % b.depth,
+            None => self.sqhd.wrapping_add(1),
+        };
+        if !digest_ok {
+            tracing::warn!(
+                "{}: data digest error in command capsule cid {}",
+                self.peer,
+                sqe.cid
+            );
+            let st = Status::generic(SC_TRANSIENT_TRANSPORT).retryable();
+            return self.respond(sqe.cid, st, 0, 0, t);
+        }
+        let Some(slot) = self.alloc_slot(*sqe) else {
+            // More commands than the queue has entries: the host broke SQ flow control.
+            let st = Status::generic(status::SC_INTERNAL).retryable();
+            return self.respond(sqe.cid, st, 0, 0, t);
+        };
+        if sqe.flags & FUSE_MASK != 0 {
+            // Fused operations (Compare and Write) are not supported: running
+            // the halves as plain commands would break their atomicity.
+            return self.complete(slot, Status::generic(status::SC_INVALID_FIELD), 0, 0, t);
+        }
+        let sgl = match check_sgl(sqe, data.len(), self.in_capsule_limit()) {
+            Ok(s) => s,
+            Err(st) => return self.complete(slot, st, 0, 0, t),
+        };
+        if sqe.is_fabrics() {
+            return self.fabrics(slot, sgl, data, t);
+        }
+        match &self.bound {
+            None => self.complete(slot, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t),
+            Some(b) if b.qid == 0 => self.admin(slot, sgl, t),
+            Some(_) => self.io(slot, sgl, data, t),
+        }
+    }
+
+    /// The host data asked for with `request_data` for slot `tag`.
+    pub fn on_data<T: Transport>(&mut self, tag: u16, buf: AlignedBuf, digest_ok: bool, t: &mut T) {
+        let Some(s) = self
+            .slots
+            .get_mut(usize::from(tag))
+            .filter(|s| s.state == SlotState::AwaitData)
+        else {
+            // The transport checks tags; nothing waits on this one.
+            debug_assert!(false, "data for slot {tag}, which awaits none");
+            self.pool.put(buf);
+            return;
+        };
+        s.state = SlotState::Busy;
+        if !digest_ok {
+            tracing::warn!(
+                "{}: data digest error in host data for cid {}",
+                self.peer,
+                s.sqe.cid
+            );
+            self.pool.put(buf);
+            let st = Status::generic(SC_TRANSIENT_TRANSPORT).retryable();
+            return self.complete(tag, st, 0, 0, t);
+        }
+        match s.after {
+            AfterData::Connect => self.do_connect(tag, buf, t),
+            AfterData::Io { nsid, plan } => self.execute_io(tag, nsid, plan, buf, t),
+            AfterData::Nothing => {
+                self.pool.put(buf);
+                self.complete(tag, Status::SUCCESS, 0, 0, t)
+            }
+        }
+    }
+
+    /// A device I/O handed out with `wait_io` finished.
+    pub fn on_io_done<T: Transport>(&mut self, tag: u16, done: IoDone, t: &mut T) {
+        let Some(b) = self.bound.as_ref() else {
+            self.pool.put(done.buf);
+            return self.free_slot(tag);
+        };
+        let sqe = self.slots[usize::from(tag)].sqe;
+        let len = done.buf.len();
+        match done.result {
+            Err(e) => {
+                let op = if sqe.opcode == io_opc::READ {
+                    BlockOp::Read
+                } else {
+                    BlockOp::Write { fua: false }
+                };
+                let st = io::status_of(&e, op);
+                tracing::warn!(
+                    "{}: I/O error on nsid {} cid {}: {}",
+                    self.peer,
+                    sqe.nsid,
+                    sqe.cid,
+                    e
+                );
+                if st.sct == status::SCT_MEDIA {
+                    b.stats.media_errors.fetch_add(1, Relaxed);
+                }
+                self.pool.put(done.buf);
+                self.complete_lba(tag, st, sqe.slba(), t);
+            }
+            Ok(()) => match sqe.opcode {
+                io_opc::READ => {
+                    b.stats.read_cmds.fetch_add(1, Relaxed);
+                    b.stats.bytes_read.fetch_add(len as u64, Relaxed);
+                    let success = b.sqflow_off;
+                    t.send_data(sqe.cid, done.buf, len, success);
+                    if success {
+                        self.free_slot(tag);
+                    } else {
+                        self.complete(tag, Status::SUCCESS, 0, 0, t);
+                    }
+                }
+                opc => {
+                    if opc == io_opc::WRITE {
+                        b.stats.write_cmds.fetch_add(1, Relaxed);
+                        b.stats.bytes_written.fetch_add(len as u64, Relaxed);
+                    }
+                    self.pool.put(done.buf);
+                    self.complete(tag, Status::SUCCESS, 0, 0, t);
+                }
+            },
+        }
+    }
+
+    /// A device I/O finished while the connection is being torn down
+    /// without answers: drop its result.
+    pub fn discard_io(&mut self, tag: u16, done: IoDone) {
+        self.pool.put(done.buf);
+        self.free_slot(tag);
+    }
+
+    /// The controller queued an async event: complete held AERs with them.
+    pub fn on_events<T: Transport>(&mut self, t: &mut T) {
+        let Some(b) = &self.bound else { return };
+        let ctrl = b.ctrl.clone();
+        while !self.aers.is_empty() {
+            let Some(ev) = ctrl.state.lock().pending_events.pop_front() else {
+                break;
+            };
+            let i = self.aers.pop_front().expect("non-empty");
+            self.complete(i, Status::SUCCESS, ev.0, 0, t);
+        }
+    }
+
+    // ---- slots and completions
+
+    fn alloc_slot(&mut self, sqe: Sqe) -> Option<u16> {
+        let i = self.free.pop()?;
+        self.slots[usize::from(i)] = Slot {
+            state: SlotState::Busy,
+            sqe,
+            after: AfterData::Nothing,
+        };
+        Some(i)
+    }
+
+    fn free_slot(&mut self, i: u16) {
+        let s = &mut self.slots[usize::from(i)];
+        if s.after == AfterData::Connect {
+            self.connecting = false;
+        }
+        debug_assert!(s.state != SlotState::Free, "slot {i} freed twice");
+        s.state = SlotState::Free;
+        self.free.push(i);
+    }
+
+    fn respond<T: Transport>(&mut self, cid: u16, st: Status, dw0: u32, dw1: u32, t: &mut T) {
+        t.respond(Cqe {
+            dw0,
+            dw1,
+            sqhd: self.sqhd,
+            sqid: self.bound.as_ref().map_or(0, |b| b.qid),
+            cid,
+            status: st,
+        });
+    }
+
+    /// Answers slot `i`, logs a failure in the error log, frees the slot.
+    fn complete<T: Transport>(&mut self, i: u16, st: Status, dw0: u32, dw1: u32, t: &mut T) {
+        self.finish(i, st, dw0, dw1, 0, t);
+    }
+
+    fn complete_lba<T: Transport>(&mut self, i: u16, st: Status, lba: u64, t: &mut T) {
+        self.finish(i, st, 0, 0, lba, t);
+    }
+
+    fn finish<T: Transport>(&mut self, i: u16, st: Status, dw0: u32, dw1: u32, lba: u64, t: &mut T) {
+        let sqe = self.slots[usize::from(i)].sqe;
+        if !st.is_success()
+            && !sqe.is_fabrics()
+            && let Some(b) = &self.bound
+        {
+            b.ctrl.record_error(b.qid, sqe.cid, st, sqe.nsid, lba);
+        }
+        self.respond(sqe.cid, st, dw0, dw1, t);
+        self.free_slot(i);
+    }
+
+    /// Gets `len` bytes of host data for slot `i`: returns them now when
+    /// they came in the capsule, else asks the transport for them (and the
+    /// command goes on in `on_data`).
+    fn fetch_host_data<T: Transport>(
+        &mut self,
+        i: u16,
+        sgl: Sgl,
+        len: u32,
+        in_capsule: &[u8],
+        t: &mut T,
+    ) -> Option<AlignedBuf> {
+        if sgl.len != len {
+            self.complete(i, Status::generic(status::SC_SGL_INVALID_DATA_LEN), 0, 0, t);
+            return None;
+        }
+        let mut buf = self.pool.get(len as usize);
+        if sgl.in_capsule {
+            buf.copy_from_slice(in_capsule);
+            return Some(buf);
+        }
+        let s = &mut self.slots[usize::from(i)];
+        s.state = SlotState::AwaitData;
+        t.request_data(i, s.sqe.cid, buf);
+        None
+    }
+
+    // ---- Fabrics
+
+    fn fabrics<T: Transport>(&mut self, i: u16, sgl: Sgl, data: &[u8], t: &mut T) {
+        let sqe = self.slots[usize::from(i)].sqe;
+        let seq_error = Status::generic(status::SC_CMD_SEQ_ERROR);
+        match sqe.fctype() {
+            fctype::CONNECT => {
+                if self.bound.is_some() || self.connecting {
+                    return self.complete(i, seq_error, 0, 0, t);
+                }
+                self.slots[usize::from(i)].after = AfterData::Connect;
+                self.connecting = true;
+                let len = nvme_wire::fabrics::CONNECT_DATA_LEN as u32;
+                if let Some(buf) = self.fetch_host_data(i, sgl, len, data, t) {
+                    self.do_connect(i, buf, t);
+                }
+            }
+            fctype::PROPERTY_GET | fctype::PROPERTY_SET => {
+                let Some(b) = self.bound.as_ref() else {
+                    return self.complete(i, seq_error, 0, 0, t);
+                };
+                if b.qid != 0 {
+                    let st = Status::generic(status::SC_INVALID_OPCODE);
+                    return self.complete(i, st, 0, 0, t);
+                }
+                let ctrl = b.ctrl.clone();
+                ctrl.touch();
+                let p = PropertyCmd::from_sqe(&sqe);
+                let res = if sqe.fctype() == fctype::PROPERTY_GET {
+                    let cap =
+                        nvme_wire::fabrics::prop::cap(self.target.transport.max_queue_depth, 15);
+                    ctrl.property_get(p.offset, p.size8, cap)
+                } else {
+                    ctrl.property_set(p.offset, p.size8, p.value).map(|()| 0)
+                };
+                match res {
+                    Ok(v) => self.complete(i, Status::SUCCESS, v as u32, (v >> 32) as u32, t),
+                    Err(st) => self.complete(i, st, 0, 0, t),
+                }
+            }
+            fctype::DISCONNECT => {
+                if self.bound.is_none() {
+                    return self.complete(i, seq_error, 0, 0, t);
+                }
+                self.complete(i, Status::SUCCESS, 0, 0, t);
+                t.disconnect();
+            }
+            _ => self.complete(i, Status::generic(status::SC_INVALID_OPCODE), 0, 0, t),
+        }
+    }
+
+    fn do_connect<T: Transport>(&mut self, i: u16, buf: AlignedBuf, t: &mut T) {
+        let sqe = self.slots[usize::from(i)].sqe;
+        let cmd = ConnectCmd::from_sqe(&sqe);
+        let res = fabrics::decode_connect_data(&buf).and_then(|data| {
+            if cmd.qid == 0 {
+                fabrics::connect_admin(&self.target, &cmd, &data)
+            } else {
+                fabrics::connect_io(&self.target, &cmd, &data)
+            }
+        });
+        self.pool.put(buf);
+        match res {
+            Ok(ctrl) => {
+                let (namespaces, ns_version) = match ctrl.subsystem() {
+                    Some(s) => (s.namespaces(), s.ns_version()),
+                    None => (Arc::from(Vec::new()), 0),
+                };
+                self.sqhd = 1 % (cmd.sqsize + 1);
+                self.bound = Some(Bound {
+                    stats: ctrl.register_queue_stats(),
+                    depth: cmd.sqsize + 1,
+                    sqflow_off: cmd.cattr & CATTR_DISABLE_SQFLOW != 0,
+                    qid: cmd.qid,
+                    namespaces,
+                    ns_version,
+                    ctrl: ctrl.clone(),
+                });
+                tracing::debug!(
+                    "{}: queue {} of controller {} connected",
+                    self.peer,
+                    cmd.qid,
+                    ctrl.cntlid
+                );
+                self.complete(i, Status::SUCCESS, u32::from(ctrl.cntlid), 0, t);
+            }
+            Err(e) => {
+                tracing::info!(
+                    "{}: Connect (qid {}) refused with status {:?}",
+                    self.peer,
+                    cmd.qid,
+                    e.status
+                );
+                self.complete(i, e.status, e.dw0, 0, t)
+            }
+        }
+    }
+
+    // ---- Admin
+
+    fn admin<T: Transport>(&mut self, i: u16, sgl: Sgl, t: &mut T) {
+        let ctrl = self.bound.as_ref().expect("admin queue").ctrl.clone();
+        ctrl.touch();
+        let sqe = self.slots[usize::from(i)].sqe;
+        let mut buf = None;
+        if let Some(want) = admin::data_in_len(&sqe) {
+            let st = if sgl.in_capsule {
+                Some(status::SC_INVALID_FIELD)
+            } else if u64::from(sgl.len) != want {
+                Some(status::SC_SGL_INVALID_DATA_LEN)
+            } else if sgl.len > self.target.transport.max_transfer {
+                Some(status::SC_INVALID_FIELD)
+            } else {
+                None
+            };
+            if let Some(sc) = st {
+                return self.complete(i, Status::generic(sc), 0, 0, t);
+            }
+            buf = Some(self.pool.get(sgl.len as usize));
+        }
+        let cx = AdminCtx {
+            target: &self.target,
+            ctrl: &ctrl,
+            outstanding_aers: self.aers.len(),
+            local_ip: self.local_ip,
+        };
+        let outcome = admin::execute(&cx, &sqe, buf.as_deref_mut().unwrap_or(&mut []));
+        match outcome {
+            AdminOutcome::Complete { status, dw0, data } => {
+                match buf {
+                    Some(b) if data && status.is_success() => {
+                        let len = b.len();
+                        t.send_data(sqe.cid, b, len, false);
+                    }
+                    Some(b) => self.pool.put(b),
+                    None => {}
+                }
+                self.complete(i, status, dw0, 0, t);
+            }
+            AdminOutcome::HoldAer => {
+                self.slots[usize::from(i)].state = SlotState::Aer;
+                self.aers.push_back(i);
+                self.on_events(t);
+            }
+        }
+    }
+
+    // ---- I/O
+
+    fn io<T: Transport>(&mut self, i: u16, sgl: Sgl, data: &[u8], t: &mut T) {
+        let b = self.bound.as_mut().expect("I/O queue");
+        if let Some(sub) = b.ctrl.subsystem() {
+            let v = sub.ns_version();
+            if v != b.ns_version {
+                b.namespaces = sub.namespaces();
+                b.ns_version = v;
+            }
+        }
+        if !b.ctrl.is_ready() {
+            // The host reset the controller (CC.EN 1 -> 0): its I/O queues are gone.
+            return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t);
+        }
+        let sqe = self.slots[usize::from(i)].sqe;
+        let planned = io::plan(&b.namespaces, &sqe, self.target.transport.max_transfer)
+            .map(|(ns, plan)| (ns.nsid, ns.block_size, plan));
+        let (nsid, bs, plan) = match planned {
+            Ok(p) => p,
+            Err(rej) => return self.complete_lba(i, rej.status, rej.lba, t),
+        };
+        let c2h = plan.ctrl_to_host_len(bs);
+        let h2c = plan.host_to_ctrl_len(bs);
+        if c2h > 0 {
+            let st = if sgl.in_capsule {
+                Some(status::SC_INVALID_FIELD)
+            } else if sgl.len != c2h {
+                Some(status::SC_SGL_INVALID_DATA_LEN)
+            } else {
+                None
+            };
+            if let Some(sc) = st {
+                return self.complete(i, Status::generic(sc), 0, 0, t);
+            }
+            let buf = self.pool.get(c2h as usize);
+            self.execute_io(i, nsid, plan, buf, t);
+        } else if h2c > 0 {
+            self.slots[usize::from(i)].after = AfterData::Io { nsid, plan };
+            if let Some(buf) = self.fetch_host_data(i, sgl, h2c, data, t) {
+                self.execute_io(i, nsid, plan, buf, t);
+            }
+        } else if sgl.len != 0 {
+            // No data moves for this command, yet the host described some.
+            self.complete(i, Status::generic(status::SC_SGL_INVALID_DATA_LEN), 0, 0, t)
+        } else {
+            let buf = self.pool.get(0);
+            self.execute_io(i, nsid, plan, buf, t);
+        }
+    }
+
+    fn execute_io<T: Transport>(
+        &mut self,
+        i: u16,
+        nsid: u32,
+        plan: IoPlan,
+        buf: AlignedBuf,
+        t: &mut T,
+    ) {
+        let b = self.bound.as_ref().expect("I/O queue");
+        let Some(ns) = find_namespace(&b.namespaces, nsid) else {
+            // Removed while its data was in flight.
+            self.pool.put(buf);
+            return self.complete(i, Status::generic(status::SC_INVALID_NS), 0, 0, t);
+        };
+        let dev = ns.dev.clone();
+        let req = |op, lba, blocks, buf| IoRequest {
+            op,
+            lba,
+            blocks,
+            buf,
+        };
+        let fut = match plan {
+            IoPlan::Read { lba, blocks } => dev.submit(req(BlockOp::Read, lba, blocks, buf)),
+            IoPlan::Write { lba, blocks, fua } => {
+                dev.submit(req(BlockOp::Write { fua }, lba, blocks, buf))
+            }
+            IoPlan::Flush => dev.submit(req(BlockOp::Flush, 0, 0, buf)),
+            IoPlan::WriteZeroes { lba, blocks } => {
+                dev.submit(req(BlockOp::WriteZeroes, lba, blocks, buf))
+            }
+            IoPlan::Dsm { ranges, deallocate } => match io::dsm_ranges(ns, &buf, ranges) {
+                Err(rej) => {
+                    self.pool.put(buf);
+                    return self.complete_lba(i, rej.status, rej.lba, t);
+                }
+                Ok(_) if !deallocate => IoFuture::ready(buf, Ok(())),
+                Ok(list) => io::deallocate_all(dev, list, buf),
+            },
+        };
+        match fut {
+            IoFuture::Ready(Some(done)) => self.on_io_done(i, done, t),
+            fut => t.wait_io(i, fut),
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! NVMe reservations (integrated from the reservations work).
