@@ -7,8 +7,8 @@ use std::time::Duration;
 use nvme_wire::cqe::Cqe;
 use nvme_wire::digest::{crc32c, data_digest};
 use nvme_wire::pdu::{
-    C2HDataHdr, CommonHeader, DigestMode, FLAG_DDGSTF, FLAG_LAST_PDU, H2CDataHdr, ICResp,
-    PDU_HDR_MAX, PduType, R2THdr, TermReq, encode_capsule_resp,
+    C2HDataHdr, CommonHeader, DigestMode, FLAG_DDGSTF, FLAG_HDGSTF, FLAG_LAST_PDU, H2CDataHdr,
+    ICResp, PDU_HDR_MAX, PduType, R2THdr, TermReq, encode_capsule_resp,
 };
 use nvme_wire::sqe::{Sqe, io_opc};
 use nvme_wire::status::Status;
@@ -304,4 +304,57 @@ async fn r2t_offsets_and_lengths_are_honoured() {
             (8192, 3808, true)
         ]
     );
+}
+
+#[tokio::test]
+async fn data_we_send_is_padded_to_cpda() {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    // CPDA 7: data starts on a 32-byte boundary; header digests on.
+    let mut resp = icresp(1, 4096);
+    resp.cpda = 7;
+    let addr = fake(resp, |mut s| async move {
+        let mut got = Vec::new();
+        // In-capsule write: 72 + 4 -> PDO 96.
+        let (h, cmd) = read_pdu(&mut s).await.unwrap();
+        assert_eq!((h.flags, h.pdo, h.plen), (FLAG_HDGSTF, 96, 96 + 1000));
+        assert!(cmd[76..96].iter().all(|&b| b == 0));
+        got.push(cmd[96..].to_vec());
+        let cid = u16::from_le_bytes([cmd[10], cmd[11]]);
+        s.write_all(&capsule_resp(cid, true)).await.unwrap();
+        // R2T write: H2CData 24 + 4 -> PDO 32.
+        let (_, cmd) = read_pdu(&mut s).await.unwrap();
+        let cid = u16::from_le_bytes([cmd[10], cmd[11]]);
+        let mut b = [0u8; PDU_HDR_MAX];
+        let r2t = R2THdr {
+            cccid: cid,
+            ttag: 1,
+            r2to: 0,
+            r2tl: 5000,
+        };
+        let n = r2t.encode_pdu(DigestMode::from_dgst(1), &mut b);
+        s.write_all(&b[..n]).await.unwrap();
+        for want in [4096u32, 904] {
+            let (h, pdu) = read_pdu(&mut s).await.unwrap();
+            assert_eq!(h.pdu_type, PduType::H2CData as u8);
+            assert_eq!((h.pdo, h.plen), (32, 32 + want));
+            assert!(pdu[28..32].iter().all(|&b| b == 0));
+            assert_eq!(H2CDataHdr::decode(&pdu).unwrap().datal, want);
+            got.push(pdu[32..].to_vec());
+        }
+        s.write_all(&capsule_resp(cid, true)).await.unwrap();
+        let _ = tx.send(got.concat());
+        let _ = read_pdu(&mut s).await;
+    })
+    .await;
+    let mut p = params(addr, true, false);
+    p.icd_limit = 1024;
+    let q = Queue::connect(p).await.unwrap();
+    let data: Vec<u8> = (0..6000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let mut w = Sqe::new(io_opc::WRITE, 0);
+    w.nsid = 1;
+    let (_, r) = q.execute(w, DataDir::FromHost, data[..1000].to_vec()).await;
+    r.unwrap();
+    let (_, r) = q.execute(w, DataDir::FromHost, data[1000..].to_vec()).await;
+    r.unwrap();
+    assert!(rx.await.unwrap() == data);
 }
