@@ -42,6 +42,11 @@ pub fn data_digest(data: &[u8]) -> u32 {
     d.finish()
 }
 
+/// The 4 bytes that follow a PDU's data when data digests are on.
+pub fn data_digest_trailer(data: &[u8]) -> [u8; DIGEST_LEN] {
+    data_digest(data).to_le_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +70,6 @@ mod tests {
     #[test]
     fn padding_to_dword() {
         assert_eq!(data_digest(b"abc"), crc32c(b"abc\0"));
+        assert_eq!(data_digest_trailer(b"abc"), crc32c(b"abc\0").to_le_bytes());
     }
 }

@@ -1,6 +1,10 @@
 //! NVMe/TCP PDUs: the common header, each PDU type's fixed header, TermReq FES codes.
+//! Whole digest-aware headers for sending are built in `build` (re-exported here).
 
 use crate::{WireError, le16, le32, need, put16, put32};
+
+mod build;
+pub use build::*;
 
 pub const CH_LEN: usize = 8;
 pub const ICREQ_LEN: usize = 128;
@@ -347,19 +351,6 @@ impl TermReq {
             fei: le32(pdu, 10),
         })
     }
-}
-
-/// Writes a CapsuleResp PDU header (24 bytes) around a 16-byte CQE.
-pub fn encode_capsule_resp(cqe: &[u8; 16], out: &mut [u8]) {
-    CommonHeader {
-        pdu_type: PduType::CapsuleResp as u8,
-        flags: 0,
-        hlen: CAPSULE_RESP_HLEN as u8,
-        pdo: 0,
-        plen: CAPSULE_RESP_HLEN as u32,
-    }
-    .encode(out);
-    out[CH_LEN..CAPSULE_RESP_HLEN].copy_from_slice(cqe);
 }
 
 #[cfg(test)]

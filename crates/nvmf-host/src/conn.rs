@@ -15,11 +15,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use nvme_wire::cqe::Cqe;
-use nvme_wire::digest::{DIGEST_LEN, DataDigest, crc32c, data_digest};
+use nvme_wire::digest::{DIGEST_LEN, DataDigest, crc32c, data_digest_trailer};
 use nvme_wire::pdu::{
     C2HDataHdr, CH_LEN, CH_OFF_HLEN, CH_OFF_PDO, CH_OFF_PLEN, CH_OFF_TYPE, CommonHeader,
-    FLAG_DDGSTF, FLAG_HDGSTF, FLAG_LAST_PDU, FLAG_SUCCESS, Fes, H2CDataHdr, PduType, R2THdr,
-    TERMREQ_HLEN, TERMREQ_MAX_DATA, TermReq,
+    FLAG_DDGSTF, FLAG_HDGSTF, FLAG_LAST_PDU, FLAG_SUCCESS, Fes, H2CDataHdr, PDU_HDR_MAX, PduType,
+    R2THdr, TERMREQ_HLEN, TERMREQ_MAX_DATA, TermReq, encode_capsule_cmd,
 };
 use nvme_wire::sqe::{SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK, SglDesc};
 use nvme_wire::status::Status;
@@ -269,7 +269,7 @@ impl Conn {
 
     fn encode_cmd(&mut self, s: Submission) {
         let neg = self.sh.neg;
-        let hd = if neg.hdgst { DIGEST_LEN } else { 0 };
+        let dm = neg.digests();
         let len = s.buf.len();
         let mut sqe = s.sqe;
         let in_capsule = s.dir == DataDir::InCapsule && len > 0;
@@ -286,37 +286,10 @@ impl Conn {
                 SGL_TRANSPORT_DATA_BLOCK
             },
         };
-        let dd = if in_capsule && neg.ddgst {
-            DIGEST_LEN
-        } else {
-            0
-        };
-        let hlen = PduType::CapsuleCmd.hlen();
-        let pdo = if in_capsule {
-            (hlen + hd).next_multiple_of(neg.cpda_align)
-        } else {
-            0
-        };
-        let plen = if in_capsule {
-            pdo + len + dd
-        } else {
-            hlen + hd
-        };
-        let mut b = [0u8; 80];
-        CommonHeader {
-            pdu_type: PduType::CapsuleCmd as u8,
-            flags: if hd > 0 { FLAG_HDGSTF } else { 0 } | if dd > 0 { FLAG_DDGSTF } else { 0 },
-            hlen: hlen as u8,
-            pdo: pdo as u8,
-            plen: plen as u32,
-        }
-        .encode(&mut b);
-        b[CH_LEN..hlen].copy_from_slice(&sqe.encode());
-        if hd > 0 {
-            let d = crc32c(&b[..hlen]);
-            b[hlen..hlen + 4].copy_from_slice(&d.to_le_bytes());
-        }
-        let digest = (dd > 0).then(|| data_digest(&s.buf));
+        let icd_len = if in_capsule { len as u32 } else { 0 };
+        let mut b = [0u8; PDU_HDR_MAX];
+        let n = encode_capsule_cmd(&sqe.encode(), icd_len, dm, neg.cpda, &mut b);
+        let digest = (in_capsule && dm.data).then(|| data_digest_trailer(&s.buf));
         let fabrics_type = sqe.is_fabrics().then(|| sqe.fctype());
         self.table.cmds[usize::from(s.cid)] = Some(Inflight {
             opcode: sqe.opcode,
@@ -329,12 +302,11 @@ impl Conn {
             data_error: None,
         });
         self.table.count += 1;
-        self.out.push_small(&b[..hlen + hd]);
+        self.out.push_small(&b[..n]);
         if in_capsule {
-            self.out.push_zeros(pdo - hlen - hd);
             self.out.push_data(s.cid, 0, len);
             if let Some(d) = digest {
-                self.out.push_small(&d.to_le_bytes());
+                self.out.push_small(&d);
             }
         }
     }
@@ -393,44 +365,25 @@ impl Conn {
             );
             return Err(self.protocol(msg, Fes::DataTransferOutOfRange, 12, hdr));
         }
-        let hd = if neg.hdgst { DIGEST_LEN } else { 0 };
-        let dd = if neg.ddgst { DIGEST_LEN } else { 0 };
-        let pdo = (PduType::H2CData.hlen() + hd).next_multiple_of(neg.cpda_align);
+        let dm = neg.digests();
         let mut off = r.r2to as usize;
         let end = end as usize;
         while off < end {
             let n = (end - off).min(neg.maxh2cdata as usize);
-            let last = off + n == end;
-            let mut b = [0u8; 28];
-            H2CDataHdr {
+            let mut b = [0u8; PDU_HDR_MAX];
+            let pdo = H2CDataHdr {
                 cccid: r.cccid,
                 ttag: r.ttag,
                 datao: off as u32,
                 datal: n as u32,
             }
-            .encode(
-                &mut b,
-                CommonHeader {
-                    pdu_type: PduType::H2CData as u8,
-                    flags: if last { FLAG_LAST_PDU } else { 0 }
-                        | if hd > 0 { FLAG_HDGSTF } else { 0 }
-                        | if dd > 0 { FLAG_DDGSTF } else { 0 },
-                    hlen: PduType::H2CData.hlen() as u8,
-                    pdo: pdo as u8,
-                    plen: (pdo + n + dd) as u32,
-                },
-            );
-            if hd > 0 {
-                let d = crc32c(&b[..24]);
-                b[24..28].copy_from_slice(&d.to_le_bytes());
-            }
-            self.out.push_small(&b[..24 + hd]);
-            self.out.push_zeros(pdo - 24 - hd);
+            .encode_pdu(off + n == end, dm, neg.cpda, &mut b);
+            self.out.push_small(&b[..pdo]);
             self.out.push_data(r.cccid, off, off + n);
             f.out_refs += 1;
-            if dd > 0 {
+            if dm.data {
                 self.out
-                    .push_small(&data_digest(&f.buf[off..off + n]).to_le_bytes());
+                    .push_small(&data_digest_trailer(&f.buf[off..off + n]));
             }
             off += n;
         }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use nvme_wire::cqe::Cqe;
 use nvme_wire::digest::{crc32c, data_digest};
 use nvme_wire::pdu::{
-    C2HDataHdr, CommonHeader, FLAG_DDGSTF, FLAG_HDGSTF, FLAG_LAST_PDU, H2CDataHdr, ICResp, PduType,
-    R2THdr, TermReq, encode_capsule_resp,
+    C2HDataHdr, CommonHeader, DigestMode, FLAG_DDGSTF, FLAG_HDGSTF, FLAG_LAST_PDU, H2CDataHdr,
+    ICResp, PDU_HDR_MAX, PduType, R2THdr, TermReq, encode_capsule_resp,
 };
 use nvme_wire::sqe::{Sqe, io_opc};
 use nvme_wire::status::Status;
@@ -78,15 +78,13 @@ fn capsule_resp(cid: u16, hd: bool) -> Vec<u8> {
         status: Status::SUCCESS,
     }
     .encode();
-    let mut b = vec![0u8; 24];
-    encode_capsule_resp(&cqe, &mut b);
-    if hd {
-        b[1] |= FLAG_HDGSTF;
-        b[4] = 28;
-        let d = crc32c(&b[..24]);
-        b.extend_from_slice(&d.to_le_bytes());
-    }
-    b
+    let mut b = [0u8; PDU_HDR_MAX];
+    let dm = DigestMode {
+        header: hd,
+        data: false,
+    };
+    let n = encode_capsule_resp(&cqe, dm, &mut b);
+    b[..n].to_vec()
 }
 
 fn read_sqe(nlb_bytes: u32) -> Sqe {
@@ -194,7 +192,8 @@ async fn read_data_in_pieces_with_padding_and_a_bad_data_digest() {
             let (_, cmd) = read_pdu(&mut s).await.unwrap();
             let cid = u16::from_le_bytes([cmd[10], cmd[11]]);
             let data: Vec<u8> = (0..20000u32).map(|i| (i % 251) as u8).collect();
-            // Three C2HData PDUs, PDO 32 (8 bytes of padding), the last with SUCCESS.
+            // Three C2HData PDUs, PDO 32 (8 bytes of padding, more than HPDA 0 asks:
+            // built by hand), the last with SUCCESS.
             for (off, len) in [(0usize, 4096usize), (4096, 15000), (19096, 904)] {
                 let piece = &data[off..off + len];
                 let last = off + len == data.len();
@@ -254,26 +253,15 @@ async fn r2t_offsets_and_lengths_are_honoured() {
         let mut seen = Vec::new();
         // Two R2Ts: bytes 12000..20000 first, then 0..12000.
         for (r2to, r2tl) in [(12000u32, 8000u32), (0, 12000)] {
-            let mut b = [0u8; 28];
-            R2THdr {
+            let mut b = [0u8; PDU_HDR_MAX];
+            let n = R2THdr {
                 cccid: cid,
                 ttag: 7,
                 r2to,
                 r2tl,
             }
-            .encode(
-                &mut b,
-                CommonHeader {
-                    pdu_type: PduType::R2T as u8,
-                    flags: FLAG_HDGSTF,
-                    hlen: 24,
-                    pdo: 0,
-                    plen: 28,
-                },
-            );
-            let d = crc32c(&b[..24]);
-            b[24..].copy_from_slice(&d.to_le_bytes());
-            s.write_all(&b).await.unwrap();
+            .encode_pdu(DigestMode::from_dgst(3), &mut b);
+            s.write_all(&b[..n]).await.unwrap();
             let mut at = r2to;
             while at < r2to + r2tl {
                 let (h, pdu) = read_pdu(&mut s).await.unwrap();
@@ -316,4 +304,57 @@ async fn r2t_offsets_and_lengths_are_honoured() {
             (8192, 3808, true)
         ]
     );
+}
+
+#[tokio::test]
+async fn data_we_send_is_padded_to_cpda() {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    // CPDA 7: data starts on a 32-byte boundary; header digests on.
+    let mut resp = icresp(1, 4096);
+    resp.cpda = 7;
+    let addr = fake(resp, |mut s| async move {
+        let mut got = Vec::new();
+        // In-capsule write: 72 + 4 -> PDO 96.
+        let (h, cmd) = read_pdu(&mut s).await.unwrap();
+        assert_eq!((h.flags, h.pdo, h.plen), (FLAG_HDGSTF, 96, 96 + 1000));
+        assert!(cmd[76..96].iter().all(|&b| b == 0));
+        got.push(cmd[96..].to_vec());
+        let cid = u16::from_le_bytes([cmd[10], cmd[11]]);
+        s.write_all(&capsule_resp(cid, true)).await.unwrap();
+        // R2T write: H2CData 24 + 4 -> PDO 32.
+        let (_, cmd) = read_pdu(&mut s).await.unwrap();
+        let cid = u16::from_le_bytes([cmd[10], cmd[11]]);
+        let mut b = [0u8; PDU_HDR_MAX];
+        let r2t = R2THdr {
+            cccid: cid,
+            ttag: 1,
+            r2to: 0,
+            r2tl: 5000,
+        };
+        let n = r2t.encode_pdu(DigestMode::from_dgst(1), &mut b);
+        s.write_all(&b[..n]).await.unwrap();
+        for want in [4096u32, 904] {
+            let (h, pdu) = read_pdu(&mut s).await.unwrap();
+            assert_eq!(h.pdu_type, PduType::H2CData as u8);
+            assert_eq!((h.pdo, h.plen), (32, 32 + want));
+            assert!(pdu[28..32].iter().all(|&b| b == 0));
+            assert_eq!(H2CDataHdr::decode(&pdu).unwrap().datal, want);
+            got.push(pdu[32..].to_vec());
+        }
+        s.write_all(&capsule_resp(cid, true)).await.unwrap();
+        let _ = tx.send(got.concat());
+        let _ = read_pdu(&mut s).await;
+    })
+    .await;
+    let mut p = params(addr, true, false);
+    p.icd_limit = 1024;
+    let q = Queue::connect(p).await.unwrap();
+    let data: Vec<u8> = (0..6000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let mut w = Sqe::new(io_opc::WRITE, 0);
+    w.nsid = 1;
+    let (_, r) = q.execute(w, DataDir::FromHost, data[..1000].to_vec()).await;
+    r.unwrap();
+    let (_, r) = q.execute(w, DataDir::FromHost, data[1000..].to_vec()).await;
+    r.unwrap();
+    assert!(rx.await.unwrap() == data);
 }

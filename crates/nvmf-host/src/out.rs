@@ -8,11 +8,11 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
-/// Bytes of headers one inline segment holds (a capsule header with digest is 76).
+/// Bytes of headers one inline segment holds (a capsule header with digest
+/// and padding is at most `PDU_HDR_MAX`, 144).
 const SMALL: usize = 240;
 /// Most iovecs handed to one writev.
 pub(crate) const MAX_IOVECS: usize = 64;
-static ZEROS: [u8; 256] = [0; 256];
 
 // Headers live inline in their segment: that is the point, so the size difference is wanted.
 #[allow(clippy::large_enum_variant)]
@@ -21,9 +21,6 @@ enum Seg {
         b: [u8; SMALL],
         start: u16,
         end: u16,
-    },
-    Zeros {
-        left: usize,
     },
     Data {
         cid: u16,
@@ -68,15 +65,6 @@ impl Out {
         });
     }
 
-    pub fn push_zeros(&mut self, mut n: usize) {
-        // One segment never exceeds what one iovec of ZEROS shows.
-        while n > 0 {
-            let k = n.min(ZEROS.len());
-            self.segs.push_back(Seg::Zeros { left: k });
-            n -= k;
-        }
-    }
-
     /// Queues bytes `start..end` of command `cid`'s buffer.
     pub fn push_data(&mut self, cid: u16, start: usize, end: usize) {
         if end > start {
@@ -96,7 +84,6 @@ impl Out {
                 Seg::Small { b, start, end } => {
                     IoSlice::new(&b[usize::from(*start)..usize::from(*end)])
                 }
-                Seg::Zeros { left } => IoSlice::new(&ZEROS[..*left]),
                 Seg::Data { cid, start, end } => {
                     IoSlice::new(src.data(*cid).get(*start..*end).unwrap_or(&[]))
                 }
@@ -120,13 +107,6 @@ impl Out {
                         return;
                     }
                     left
-                }
-                Seg::Zeros { left } => {
-                    if n < *left {
-                        *left -= n;
-                        return;
-                    }
-                    *left
                 }
                 Seg::Data { start, end, .. } => {
                     let left = *end - *start;
@@ -188,18 +168,18 @@ mod tests {
         let mut out = Out::default();
         out.push_small(&[1; 76]);
         out.push_small(&[2; 76]);
-        out.push_zeros(300);
+        out.push_small(&[4; 144]);
         out.push_data(0, 10, 1000);
         out.push_small(&[3; 4]);
         out.push_data(1, 0, 10);
         assert_eq!(
             out.segs.len(),
-            6,
-            "two headers share a segment, 300 zeros take two"
+            5,
+            "two headers share a segment, a third does not fit"
         );
         let mut want = vec![1u8; 76];
         want.extend([2u8; 76]);
-        want.extend([0u8; 300]);
+        want.extend([4u8; 144]);
         want.extend([7u8; 990]);
         want.extend([3u8; 4]);
         want.extend([9u8; 10]);
@@ -207,7 +187,7 @@ mod tests {
             let mut o = Out::default();
             o.push_small(&[1; 76]);
             o.push_small(&[2; 76]);
-            o.push_zeros(300);
+            o.push_small(&[4; 144]);
             o.push_data(0, 10, 1000);
             o.push_small(&[3; 4]);
             o.push_data(1, 0, 10);

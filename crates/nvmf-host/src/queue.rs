@@ -15,8 +15,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use nvme_wire::pdu::{
-    CH_LEN, CommonHeader, ICRESP_LEN, ICReq, ICResp, PduType, TERMREQ_HLEN, TERMREQ_MAX_DATA,
-    TermReq,
+    CH_LEN, CommonHeader, DigestMode, ICRESP_LEN, ICReq, ICResp, PduType, TERMREQ_HLEN,
+    TERMREQ_MAX_DATA, TermReq,
 };
 use nvme_wire::sqe::Sqe;
 use nvme_wire::status::Status;
@@ -73,8 +73,17 @@ pub(crate) struct Negotiated {
     pub hdgst: bool,
     pub ddgst: bool,
     pub maxh2cdata: u32,
-    /// Alignment of data in the PDUs we send, bytes ((CPDA + 1) * 4).
-    pub cpda_align: usize,
+    /// Alignment of data in the PDUs we send: (CPDA + 1) dwords.
+    pub cpda: u8,
+}
+
+impl Negotiated {
+    pub fn digests(&self) -> DigestMode {
+        DigestMode {
+            header: self.hdgst,
+            data: self.ddgst,
+        }
+    }
 }
 
 pub(crate) struct Submission {
@@ -436,13 +445,14 @@ pub(crate) fn check_icresp(r: &ICResp, want_dgst: u8) -> Result<Negotiated, Stri
         hdgst: r.dgst & 1 != 0,
         ddgst: r.dgst & 2 != 0,
         maxh2cdata: r.maxh2cdata,
-        cpda_align: (usize::from(r.cpda) + 1) * 4,
+        cpda: r.cpda,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nvme_wire::pdu::pda_align;
 
     fn resp(maxh2cdata: u32, dgst: u8) -> ICResp {
         ICResp {
@@ -457,7 +467,7 @@ mod tests {
     fn icresp_checks() {
         let n = check_icresp(&resp(131072, 3), 3).unwrap();
         assert!(n.hdgst && n.ddgst);
-        assert_eq!((n.maxh2cdata, n.cpda_align), (131072, 4));
+        assert_eq!((n.maxh2cdata, pda_align(n.cpda)), (131072, 4));
         // The target may decline digests we asked for.
         let n = check_icresp(&resp(8192, 0), 3).unwrap();
         assert!(!n.hdgst && !n.ddgst);
@@ -481,6 +491,6 @@ mod tests {
         assert!(check_icresp(&r, 0).unwrap_err().contains("PFV"));
         r.pfv = 0;
         r.cpda = 3;
-        assert_eq!(check_icresp(&r, 0).unwrap().cpda_align, 16);
+        assert_eq!(pda_align(check_icresp(&r, 0).unwrap().cpda), 16);
     }
 }
