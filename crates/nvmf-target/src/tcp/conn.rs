@@ -18,11 +18,11 @@ use blockdev::{AlignedBuf, IoDone, IoFuture};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use nvme_wire::cqe::Cqe;
-use nvme_wire::digest::{DIGEST_LEN, crc32c, data_digest};
+use nvme_wire::digest::{DIGEST_LEN, crc32c, data_digest, data_digest_trailer};
 use nvme_wire::pdu::{
-    C2HDataHdr, CH_LEN, CommonHeader, FLAG_DDGSTF, FLAG_HDGSTF, FLAG_LAST_PDU, FLAG_SUCCESS, Fes,
-    H2C_OFF_CCCID, H2C_OFF_DATAL, H2C_OFF_DATAO, H2C_OFF_TTAG, H2CDataHdr, ICREQ_OFF_HPDA,
-    ICREQ_OFF_PFV, ICReq, ICResp, PduType, R2THdr, TERMREQ_HLEN, TERMREQ_MAX_DATA, TermReq,
+    C2HDataHdr, CH_LEN, CommonHeader, DigestMode, Fes, H2C_OFF_CCCID, H2C_OFF_DATAL,
+    H2C_OFF_DATAO, H2C_OFF_TTAG, H2CDataHdr, ICREQ_OFF_HPDA, ICREQ_OFF_PFV, ICReq, ICResp,
+    PDU_HDR_MAX, PduType, R2THdr, TERMREQ_HLEN, TERMREQ_MAX_DATA, TermReq, encode_capsule_resp,
 };
 use nvme_wire::sqe::{Sqe, io_opc};
 use tokio::io::AsyncReadExt;
@@ -88,8 +88,8 @@ impl Future for Tagged {
 /// The byte-moving half of a connection: what the core asks for lands here.
 struct TcpIo {
     neg: Negotiated,
-    /// Host PDU data alignment in bytes ((HPDA + 1) * 4).
-    hpda_align: usize,
+    /// Host PDU data alignment (HPDA, 0-based dwords).
+    hpda: u8,
     out: OutQueue,
     r2t: Vec<Option<R2tPending>>,
     inflight: FuturesUnordered<Tagged>,
@@ -97,99 +97,48 @@ struct TcpIo {
 }
 
 impl TcpIo {
-    fn hd(&self) -> usize {
-        if self.neg.hdgst { DIGEST_LEN } else { 0 }
-    }
-
-    /// Appends a header of `hlen` bytes from `b` plus its digest when on.
-    fn push_header(&mut self, b: &mut [u8], hlen: usize) {
-        let hd = self.hd();
-        if hd > 0 {
-            let d = crc32c(&b[..hlen]);
-            b[hlen..hlen + 4].copy_from_slice(&d.to_le_bytes());
+    fn digests(&self) -> DigestMode {
+        DigestMode {
+            header: self.neg.hdgst,
+            data: self.neg.ddgst,
         }
-        self.out.push_bytes(&b[..hlen + hd]);
     }
 }
 
 impl Transport for TcpIo {
     fn respond(&mut self, cqe: Cqe) {
-        let hd = self.hd();
-        let mut b = [0u8; 28];
-        CommonHeader {
-            pdu_type: PduType::CapsuleResp as u8,
-            flags: if hd > 0 { FLAG_HDGSTF } else { 0 },
-            hlen: 24,
-            pdo: 0,
-            plen: (24 + hd) as u32,
-        }
-        .encode(&mut b);
-        b[CH_LEN..24].copy_from_slice(&cqe.encode());
-        self.push_header(&mut b, 24);
+        let mut b = [0u8; PDU_HDR_MAX];
+        let n = encode_capsule_resp(&cqe.encode(), self.digests(), &mut b);
+        self.out.push_bytes(&b[..n]);
     }
 
     fn send_data(&mut self, cid: u16, buf: AlignedBuf, len: usize, success: bool) {
-        let hd = self.hd();
-        let dd = if self.neg.ddgst { DIGEST_LEN } else { 0 };
-        let pdo = (24 + hd).next_multiple_of(self.hpda_align);
-        let mut flags = FLAG_LAST_PDU;
-        if hd > 0 {
-            flags |= FLAG_HDGSTF;
-        }
-        if dd > 0 {
-            flags |= FLAG_DDGSTF;
-        }
-        if success {
-            flags |= FLAG_SUCCESS;
-        }
-        let mut b = [0u8; 128];
-        C2HDataHdr {
+        let dm = self.digests();
+        let mut b = [0u8; PDU_HDR_MAX];
+        let hdr = C2HDataHdr {
             cccid: cid,
             datao: 0,
             datal: len as u32,
-        }
-        .encode(
-            &mut b,
-            CommonHeader {
-                pdu_type: PduType::C2HData as u8,
-                flags,
-                hlen: 24,
-                pdo: pdo as u8,
-                plen: (pdo + len + dd) as u32,
-            },
-        );
-        if hd > 0 {
-            let d = crc32c(&b[..24]);
-            b[24..28].copy_from_slice(&d.to_le_bytes());
-        }
-        self.out.push_bytes(&b[..pdo]);
-        let digest = (dd > 0).then(|| data_digest(&buf[..len]));
+        };
+        let n = hdr.encode_pdu(true, success, dm, self.hpda, &mut b);
+        self.out.push_bytes(&b[..n]);
+        let digest = dm.data.then(|| data_digest_trailer(&buf[..len]));
         self.out.push_buf(buf, len);
         if let Some(d) = digest {
-            self.out.push_bytes(&d.to_le_bytes());
+            self.out.push_bytes(&d);
         }
     }
 
     fn request_data(&mut self, tag: u16, cid: u16, buf: AlignedBuf) {
-        let hd = self.hd();
-        let mut b = [0u8; 28];
-        R2THdr {
+        let mut b = [0u8; PDU_HDR_MAX];
+        let hdr = R2THdr {
             cccid: cid,
             ttag: tag,
             r2to: 0,
             r2tl: buf.len() as u32,
-        }
-        .encode(
-            &mut b,
-            CommonHeader {
-                pdu_type: PduType::R2T as u8,
-                flags: if hd > 0 { FLAG_HDGSTF } else { 0 },
-                hlen: 24,
-                pdo: 0,
-                plen: (24 + hd) as u32,
-            },
-        );
-        self.push_header(&mut b, 24);
+        };
+        let n = hdr.encode_pdu(self.digests(), &mut b);
+        self.out.push_bytes(&b[..n]);
         self.r2t[usize::from(tag)] = Some(R2tPending {
             cid,
             buf,
@@ -256,7 +205,7 @@ impl Conn {
                 max_capsule_data: core.in_capsule_limit(),
                 maxh2cdata: t.max_h2c_data,
             },
-            hpda_align: 4,
+            hpda: 0,
             out: OutQueue::new(),
             r2t: (0..core.slot_count()).map(|_| None).collect(),
             inflight: FuturesUnordered::new(),
@@ -554,7 +503,7 @@ impl Conn {
         neg.hdgst = req.dgst & 1 != 0 && t.header_digest;
         neg.ddgst = req.dgst & 2 != 0 && t.data_digest;
         neg.ic_done = true;
-        self.io.hpda_align = (usize::from(req.hpda) + 1) * 4;
+        self.io.hpda = req.hpda;
         let resp = ICResp {
             pfv: 0,
             cpda: 0,
