@@ -172,7 +172,37 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn shutdown(&self) -> Result<(), BlockError> {
         Ok(())
     }
+    /// Whether this device keeps small records in its own metadata (see
+    /// `load_record`), so that state kept there survives a restart with the data.
+    fn keeps_records(&self) -> bool {
+        false
+    }
+    /// The record of `kind` kept in the device's own metadata, if any. These
+    /// records travel with the data (a file, a volume's members), never in a
+    /// side file that could go stale.
+    fn load_record(&self, _kind: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
+        Ok(None)
+    }
+    /// Replaces the record of `kind` durably and atomically (after a crash
+    /// the old or the new record is found, never a mix), at most
+    /// `RECORD_MAX` bytes. Synchronous: callers are rare control commands.
+    fn store_record(&self, kind: RecordKind, _data: &[u8]) -> Result<(), BlockError> {
+        Err(BlockError::Config(format!(
+            "{} keeps no {kind:?} record",
+            self.describe()
+        )))
+    }
 }
+
+/// What a device-kept record holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    /// NVMe reservations and registrations with Persist Through Power Loss.
+    Reservations,
+}
+
+/// Largest record `store_record` accepts.
+pub const RECORD_MAX: usize = 2048;
 
 /// Checks `lba + blocks` against the geometry and the buffer; every backend calls it first.
 pub fn check_request(geo: Geometry, req: &IoRequest) -> Result<(), BlockError> {
