@@ -14,6 +14,7 @@ pub mod controller;
 pub mod discovery;
 pub mod fabrics;
 pub mod io;
+pub mod reservation;
 pub mod subsystem;
 mod target;
 pub mod tcp;
