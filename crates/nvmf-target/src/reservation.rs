@@ -594,7 +594,7 @@ impl ReservationState {
     /// Reads a record written by [`encode_persistent`](Self::encode_persistent);
     /// anything else is an error, never a panic.
     pub fn decode_persistent(b: &[u8]) -> Result<Self, PersistError> {
-        if b.len() < HEADER + CRC || (b.len() - HEADER - CRC) % ENTRY != 0 {
+        if b.len() < HEADER + CRC || !(b.len() - HEADER - CRC).is_multiple_of(ENTRY) {
             return Err(PersistError::Length(b.len()));
         }
         if b[0..4] != MAGIC {
