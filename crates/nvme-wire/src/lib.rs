@@ -12,6 +12,7 @@ pub mod fabrics;
 pub mod identify;
 pub mod log_page;
 pub mod pdu;
+pub mod reservation;
 pub mod sqe;
 pub mod status;
 

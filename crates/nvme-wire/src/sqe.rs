@@ -39,6 +39,10 @@ pub mod io_opc {
     pub const READ: u8 = 0x02;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DATASET_MANAGEMENT: u8 = 0x09;
+    pub const RESV_REGISTER: u8 = 0x0D;
+    pub const RESV_REPORT: u8 = 0x0E;
+    pub const RESV_ACQUIRE: u8 = 0x11;
+    pub const RESV_RELEASE: u8 = 0x15;
 }
 
 pub const FABRICS_OPCODE: u8 = 0x7F;

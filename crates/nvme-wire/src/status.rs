@@ -70,9 +70,12 @@ pub const SC_CMD_SEQ_ERROR: u8 = 0x0C;
 pub const SC_SGL_INVALID_DATA_LEN: u8 = 0x0F;
 pub const SC_SGL_INVALID_TYPE: u8 = 0x11;
 pub const SC_SGL_INVALID_OFFSET: u8 = 0x16;
+/// The host asked for a format whose Host Identifier width differs from the one it connected with.
+pub const SC_HOST_ID_INCONSISTENT: u8 = 0x18;
 pub const SC_LBA_RANGE: u8 = 0x80;
 pub const SC_CAP_EXCEEDED: u8 = 0x81;
 pub const SC_NS_NOT_READY: u8 = 0x82;
+pub const SC_RESERVATION_CONFLICT: u8 = 0x83;
 
 // Command specific status (SCT 1).
 pub const SC_INVALID_QID: u8 = 0x01;

@@ -15,7 +15,10 @@ pub mod controller;
 pub mod discovery;
 pub mod fabrics;
 pub mod io;
+<<<<<<< HEAD
 pub mod queue;
+=======
+>>>>>>> h-resv
 pub mod reservation;
 pub mod subsystem;
 mod target;
