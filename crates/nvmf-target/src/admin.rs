@@ -1,22 +1,52 @@
 //! Admin commands: Identify, Get Log Page, Set/Get Features, Async Event
 //! Request, Keep Alive, Abort. Discovery controllers accept a subset.
 
-use nvme_wire::identify::{self, ControllerInfo, IDENTIFY_LEN, NamespaceInfo};
+use nvme_wire::identify::{
+    self, ControllerInfo, CsIndepNamespaceInfo, IDENTIFY_LEN, NamespaceInfo, NvmControllerInfo,
+};
 use nvme_wire::log_page::{self, GetLogPage, SmartLog, lid};
 use nvme_wire::sqe::{Sqe, admin_opc, io_opc};
 use nvme_wire::status::{self, Status};
 
 use crate::Target;
-use crate::controller::{AER_LIMIT, Controller, ERROR_LOG_SLOTS};
+use crate::controller::{AER_LIMIT, Controller, DEFAULT_OVER_TEMP_K, ERROR_LOG_SLOTS};
 use crate::subsystem::MAX_NSID;
 
 pub mod fid {
+    pub const ARBITRATION: u8 = 0x01;
+    pub const POWER_MGMT: u8 = 0x02;
     pub const TEMP_THRESHOLD: u8 = 0x04;
+    pub const ERROR_RECOVERY: u8 = 0x05;
     pub const VOLATILE_WC: u8 = 0x06;
     pub const NUM_QUEUES: u8 = 0x07;
+    /// Interrupt Coalescing and Interrupt Vector Configuration: PCIe only;
+    /// NVMe over Fabrics has no interrupts (nvmet refuses them on fabrics too).
+    pub const IRQ_COALESCE: u8 = 0x08;
+    pub const IRQ_CONFIG: u8 = 0x09;
+    pub const WRITE_ATOMICITY: u8 = 0x0A;
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0B;
     pub const KATO: u8 = 0x0F;
+    pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
 }
+
+/// Get Features SEL (CDW10 bits 10:8).
+pub mod sel {
+    pub const CURRENT: u8 = 0b000;
+    pub const DEFAULT: u8 = 0b001;
+    pub const SAVED: u8 = 0b010;
+    pub const SUPPORTED_CAPABILITIES: u8 = 0b011;
+}
+
+/// Supported capabilities (Get Features SEL 011b, dword 0): bit 0
+/// saveable, bit 1 namespace specific, bit 2 changeable.
+const CAP_CHANGEABLE: u32 = 1 << 2;
+
+/// Composite temperature sensor (TMPSEL 0h) and, for Set Features, all
+/// implemented sensors (TMPSEL Fh): we implement only the composite.
+const TMPSEL_COMPOSITE: u32 = 0x0;
+const TMPSEL_ALL: u32 = 0xF;
+const THSEL_OVER: u32 = 0b00;
+const THSEL_UNDER: u32 = 0b01;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdminOutcome {
@@ -129,6 +159,7 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
     if ctrl.is_discovery() && cns != identify::cns::CONTROLLER {
         return invalid_field();
     }
+    let csi = identify::identify_csi(sqe.cdw11);
     match cns {
         identify::cns::CONTROLLER => {
             let (serial, model) = match ctrl.subsystem() {
@@ -142,7 +173,7 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                 model,
                 firmware: crate::FIRMWARE_REV,
                 cntlid: ctrl.cntlid,
-                version: nvme_wire::fabrics::prop::VS_1_3,
+                version: nvme_wire::fabrics::prop::VS_1_4,
                 cntrltype: if io {
                     identify::CNTRLTYPE_IO
                 } else {
@@ -166,11 +197,16 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                 maxcmd: t.max_queue_depth,
                 nn: if io { MAX_NSID } else { 0 },
                 oncs: if io {
-                    identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES
+                    identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES | identify::ONCS_SAVE_SELECT
                 } else {
                     0
                 },
-                vwc: u8::from(io),
+                vwc: if io {
+                    identify::VWC_PRESENT_NO_BROADCAST_FLUSH
+                } else {
+                    0
+                },
+                wctemp: if io { DEFAULT_OVER_TEMP_K } else { 0 },
                 subnqn: ctrl.subnqn(),
                 in_capsule_data: t.in_capsule_data,
                 ana: io.then_some((
@@ -189,8 +225,11 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
             // An inactive NSID in range gets a zeroed structure.
             if let Some(ns) = crate::subsystem::find_namespace(&ctrl.namespaces(), sqe.nsid) {
                 let opt_blocks = (4096 / ns.block_size).max(1) as u16;
+                let allocated = ns.dev.allocated_blocks();
                 NamespaceInfo {
                     nsze: ns.num_blocks,
+                    nuse: allocated.unwrap_or(ns.num_blocks),
+                    thin: allocated.is_some(),
                     lba_shift: ns.lba_shift,
                     dealloc_reads_zeroes: ns.dev.deallocate_reads_zeroes(),
                     shared: true,
@@ -219,6 +258,34 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
             };
             identify::encode_ns_descriptors(&ns.nguid, &ns.uuid, &mut b);
         }
+        // The NVM command set is our only one (CNS 1Ch); another CSI is an invalid field.
+        identify::cns::CS_NAMESPACE | identify::cns::CS_CONTROLLER if csi != identify::csi::NVM => {
+            return invalid_field();
+        }
+        identify::cns::CS_NAMESPACE | identify::cns::CS_INDEP_NAMESPACE => {
+            // As CNS 00h: NSID 0 and FFFFFFFFh (and beyond NN) are invalid;
+            // an inactive NSID in range gets a zeroed structure.
+            if sqe.nsid == 0 || sqe.nsid > MAX_NSID {
+                return done(Status::generic(status::SC_INVALID_NS));
+            }
+            if let Some(ns) = crate::subsystem::find_namespace(&ctrl.namespaces(), sqe.nsid) {
+                if cns == identify::cns::CS_NAMESPACE {
+                    identify::encode_nvm_namespace(&mut b);
+                } else {
+                    CsIndepNamespaceInfo {
+                        thin: ns.dev.allocated_blocks().is_some(),
+                        shared: true,
+                        anagrpid: ns.ana_group,
+                        ready: true,
+                    }
+                    .encode(&mut b);
+                }
+            }
+        }
+        // No Verify, no Write Uncorrectable, and no Write Zeroes or Dataset
+        // Management limits beyond the commands' own: all zero, as nvmet.
+        identify::cns::CS_CONTROLLER => NvmControllerInfo::default().encode(&mut b),
+        identify::cns::IO_COMMAND_SETS => identify::encode_io_command_sets(&mut b),
         _ => return invalid_field(),
     }
     copy_out(&b, 0, out);
@@ -340,12 +407,14 @@ fn set_features(cx: &AdminCtx<'_>, sqe: &Sqe) -> AdminOutcome {
         return done(Status::cmd_specific(status::SC_FEATURE_NOT_SAVEABLE));
     }
     let ctrl = cx.ctrl;
+    let io = !ctrl.is_discovery();
     let t = &cx.target.transport;
+    let v = sqe.cdw11;
     let mut st = ctrl.state.lock();
     match fid {
-        fid::NUM_QUEUES if !ctrl.is_discovery() => {
-            let nsqr = sqe.cdw11 & 0xFFFF;
-            let ncqr = sqe.cdw11 >> 16;
+        fid::NUM_QUEUES if io => {
+            let nsqr = v & 0xFFFF;
+            let ncqr = v >> 16;
             if nsqr == 0xFFFF || ncqr == 0xFFFF {
                 return invalid_field();
             }
@@ -355,39 +424,140 @@ fn set_features(cx: &AdminCtx<'_>, sqe: &Sqe) -> AdminOutcome {
             ok_dw0(v | (v << 16))
         }
         fid::ASYNC_EVENT_CONFIG => {
-            st.async_event_config = sqe.cdw11;
+            if v & !aec_supported(ctrl) != 0 {
+                return invalid_field();
+            }
+            st.async_event_config = v;
             done(Status::SUCCESS)
         }
         fid::KATO => {
-            st.kato_ms = sqe.cdw11.min(t.kato_max_ms);
+            st.kato_ms = v.min(t.kato_max_ms);
             drop(st);
             ctrl.touch();
             done(Status::SUCCESS)
         }
-        // The write cache is always on and thresholds are informational: accept and keep.
-        fid::VOLATILE_WC | fid::TEMP_THRESHOLD if !ctrl.is_discovery() => done(Status::SUCCESS),
+        fid::ARBITRATION if io => {
+            // Round robin only (CAP.AMS 0): the burst is kept, weights are unused.
+            st.features.arbitration = v & !0xF8;
+            done(Status::SUCCESS)
+        }
+        fid::POWER_MGMT if io => {
+            // NPSS is 0: power state 0 is the only one.
+            if v & 0x1F != 0 {
+                return invalid_field();
+            }
+            st.features.power_mgmt = v & 0xFF;
+            done(Status::SUCCESS)
+        }
+        fid::TEMP_THRESHOLD if io => {
+            let tmpth = v as u16;
+            let tmpsel = (v >> 16) & 0xF;
+            let thsel = (v >> 20) & 0x3;
+            if !matches!(tmpsel, TMPSEL_COMPOSITE | TMPSEL_ALL) {
+                return invalid_field();
+            }
+            match thsel {
+                THSEL_OVER => st.features.over_temp_k = tmpth,
+                THSEL_UNDER => st.features.under_temp_k = tmpth,
+                _ => return invalid_field(),
+            }
+            done(Status::SUCCESS)
+        }
+        fid::ERROR_RECOVERY if io => {
+            // DULBE needs deallocated-block errors (NSFEAT bit 2), which we do not have.
+            if v & (1 << 16) != 0 {
+                return invalid_field();
+            }
+            st.features.tler = v as u16;
+            done(Status::SUCCESS)
+        }
+        // The cache cannot be turned off: every backend acknowledges writes
+        // before they are durable, so WCE 0 is refused and WCE 1 is a no-op.
+        fid::VOLATILE_WC if io => {
+            if v & 1 == 0 {
+                return invalid_field();
+            }
+            done(Status::SUCCESS)
+        }
+        fid::WRITE_ATOMICITY if io => {
+            st.features.write_atomicity_dn = v & 1 != 0;
+            done(Status::SUCCESS)
+        }
+        fid::IO_COMMAND_SET_PROFILE if io => {
+            // Index 0 of the CNS 1Ch vector (NVM) is the only combination.
+            if v & 0x1FF != 0 {
+                return done(Status::cmd_specific(status::SC_IOCS_COMBINATION_REJECTED));
+            }
+            done(Status::SUCCESS)
+        }
         _ => invalid_field(),
+    }
+}
+
+/// Async Event Configuration bits the host may set: the SMART / Health
+/// critical warnings (7:0) and the notices OAES advertises.
+fn aec_supported(ctrl: &Controller) -> u32 {
+    if ctrl.is_discovery() {
+        identify::OAES_DISC_LOG_CHANGE
+    } else {
+        0xFF | identify::OAES_NS_ATTR | identify::OAES_ANA_CHANGE
     }
 }
 
 fn get_features(cx: &AdminCtx<'_>, sqe: &Sqe) -> AdminOutcome {
     let fid = sqe.cdw10 as u8;
+    let select = ((sqe.cdw10 >> 8) & 0x7) as u8;
     let ctrl = cx.ctrl;
+    let io = !ctrl.is_discovery();
+    let max_q = cx.target.transport.max_io_queues;
+    let queues = |n: u16| {
+        let v = u32::from(n - 1);
+        v | (v << 16)
+    };
     let st = ctrl.state.lock();
-    match fid {
-        fid::NUM_QUEUES if !ctrl.is_discovery() => {
+    // (current, default, changeable) of each feature we support here.
+    let (current, default, changeable) = match fid {
+        fid::NUM_QUEUES if io => {
             let n = if st.io_queues_granted > 0 {
                 st.io_queues_granted
             } else {
-                cx.target.transport.max_io_queues
+                max_q
             };
-            let v = u32::from(n - 1);
-            ok_dw0(v | (v << 16))
+            (queues(n), queues(max_q), true)
         }
-        fid::ASYNC_EVENT_CONFIG => ok_dw0(st.async_event_config),
-        fid::KATO => ok_dw0(st.kato_ms),
-        fid::VOLATILE_WC if !ctrl.is_discovery() => ok_dw0(1),
-        fid::TEMP_THRESHOLD if !ctrl.is_discovery() => ok_dw0(273 + 70),
+        fid::ASYNC_EVENT_CONFIG => (st.async_event_config, 0, true),
+        fid::KATO => (st.kato_ms, st.connect_kato_ms, true),
+        fid::ARBITRATION if io => (
+            st.features.arbitration,
+            crate::controller::FeatureValues::default().arbitration,
+            true,
+        ),
+        fid::POWER_MGMT if io => (st.features.power_mgmt, 0, true),
+        fid::TEMP_THRESHOLD if io => {
+            let tmpsel = (sqe.cdw11 >> 16) & 0xF;
+            let thsel = (sqe.cdw11 >> 20) & 0x3;
+            if tmpsel != TMPSEL_COMPOSITE {
+                return invalid_field();
+            }
+            let sel_bits = (tmpsel << 16) | (thsel << 20);
+            let (cur, def) = match thsel {
+                THSEL_OVER => (st.features.over_temp_k, DEFAULT_OVER_TEMP_K),
+                THSEL_UNDER => (st.features.under_temp_k, 0),
+                _ => return invalid_field(),
+            };
+            (u32::from(cur) | sel_bits, u32::from(def) | sel_bits, true)
+        }
+        fid::ERROR_RECOVERY if io => (u32::from(st.features.tler), 0, true),
+        fid::VOLATILE_WC if io => (1, 1, false),
+        fid::WRITE_ATOMICITY if io => (u32::from(st.features.write_atomicity_dn), 0, true),
+        fid::IO_COMMAND_SET_PROFILE if io => (0, 0, false),
+        _ => return invalid_field(),
+    };
+    match select {
+        sel::CURRENT => ok_dw0(current),
+        // Nothing is saveable, so "saved" reads the default, as the spec says.
+        sel::DEFAULT | sel::SAVED => ok_dw0(default),
+        sel::SUPPORTED_CAPABILITIES => ok_dw0(if changeable { CAP_CHANGEABLE } else { 0 }),
         _ => invalid_field(),
     }
 }

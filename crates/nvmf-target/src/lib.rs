@@ -24,6 +24,8 @@ pub use subsystem::{Namespace, NamespaceError, Subsystem};
 pub use target::Target;
 pub use tcp::{Server, StartError};
 
-/// Our IEEE vendor id field: 0x1D1D is unassigned in PCI-SIG's list; fabrics hosts ignore it.
-pub const VENDOR_ID: u16 = 0x1d1d;
+/// PCI vendor id (Identify Controller VID and SSVID). We have none assigned by
+/// PCI-SIG, so 0, as Linux nvmet reports by default; 0x1D1D, used before,
+/// belongs to another vendor (CNEX Labs in Linux's pci_ids.h).
+pub const VENDOR_ID: u16 = 0;
 pub const FIRMWARE_REV: &str = env!("CARGO_PKG_VERSION");

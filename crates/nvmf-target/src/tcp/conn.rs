@@ -898,13 +898,7 @@ impl Conn {
         let sqe = self.slots[usize::from(i)].sqe;
         let cmd = ConnectCmd::from_sqe(&sqe);
         let buf = self.slots[usize::from(i)].buf.take().expect("connect data");
-        let res = fabrics::decode_connect_data(&buf).and_then(|data| {
-            if cmd.qid == 0 {
-                fabrics::connect_admin(&self.target, &cmd, &data)
-            } else {
-                fabrics::connect_io(&self.target, &cmd, &data)
-            }
-        });
+        let res = fabrics::connect(&self.target, &cmd, &buf, &self.peer);
         self.pool.put(buf);
         match res {
             Ok(ctrl) => {
