@@ -428,6 +428,100 @@ mod tests {
         );
     }
 
+    fn io_ctrl() -> Controller {
+        let sub = Arc::new(Subsystem::new(
+            "nqn.a:s".into(),
+            "S".into(),
+            "M".into(),
+            true,
+            Vec::new(),
+            Vec::new(),
+        ));
+        Controller::new(1, CtrlKind::Io(sub), "h".into(), [0; 16], 0, 32, 4)
+    }
+
+    /// CC with EN, the NVM queue entry sizes, and `css`.
+    fn cc(css: u32) -> u64 {
+        u64::from(prop::CC_EN | (css << prop::CC_CSS_SHIFT) | (6 << 16) | (4 << 20))
+    }
+
+    #[test]
+    fn css_on_enable_for_io_and_discovery() {
+        for css in 0..8u32 {
+            let c = io_ctrl();
+            c.property_set(prop::CC, false, cc(css)).unwrap();
+            let ok = css == prop::CC_CSS_NVM || css == prop::CC_CSS_ALL_IOCS;
+            let want = if ok { prop::CSTS_RDY } else { prop::CSTS_CFS };
+            assert_eq!(
+                c.property_get(prop::CSTS, false, 0).unwrap(),
+                u64::from(want),
+                "I/O controller, CSS {css:03b}"
+            );
+            assert_eq!(c.is_ready(), ok);
+            // A discovery controller has no I/O command set: any CSS enables it.
+            let d = ctrl();
+            d.property_set(prop::CC, false, cc(css)).unwrap();
+            assert!(d.enabled(), "discovery controller, CSS {css:03b}");
+        }
+    }
+
+    #[test]
+    fn other_cc_fields_on_enable() {
+        let bad = [
+            (1u64 << prop::CC_MPS_SHIFT, "MPS 8 KiB"),
+            (1 << prop::CC_AMS_SHIFT, "AMS weighted round robin"),
+            (7 << prop::CC_AMS_SHIFT, "AMS vendor specific"),
+        ];
+        for (bits, what) in bad {
+            for c in [io_ctrl(), ctrl()] {
+                c.property_set(prop::CC, false, cc(0) | bits).unwrap();
+                assert!(!c.enabled(), "{what}");
+                assert_eq!(
+                    c.property_get(prop::CSTS, false, 0).unwrap(),
+                    u64::from(prop::CSTS_CFS)
+                );
+            }
+        }
+        // Queue entry sizes matter to I/O controllers only.
+        let sizes = u64::from(prop::CC_EN);
+        let c = io_ctrl();
+        c.property_set(prop::CC, false, sizes | (7 << 16) | (4 << 20))
+            .unwrap();
+        assert!(!c.enabled());
+        let c = io_ctrl();
+        c.property_set(prop::CC, false, sizes | (6 << 16) | (5 << 20))
+            .unwrap();
+        assert!(!c.enabled());
+        let d = ctrl();
+        d.property_set(prop::CC, false, sizes).unwrap();
+        assert!(d.enabled());
+        // After CFS a reset (EN 0) and a good CC enable it.
+        let c = io_ctrl();
+        c.property_set(prop::CC, false, cc(7)).unwrap();
+        c.property_set(prop::CC, false, 0).unwrap();
+        assert_eq!(c.property_get(prop::CSTS, false, 0).unwrap(), 0);
+        c.property_set(prop::CC, false, cc(6)).unwrap();
+        assert!(c.enabled());
+    }
+
+    #[test]
+    fn version_and_shutdown_edges() {
+        let c = io_ctrl();
+        assert_eq!(
+            c.property_get(prop::VS, false, 0).unwrap(),
+            u64::from(prop::VS_1_4)
+        );
+        c.property_set(prop::CC, false, cc(0)).unwrap();
+        let shn = u64::from(1u32 << prop::CC_SHN_SHIFT);
+        c.property_set(prop::CC, false, cc(0) | shn).unwrap();
+        let csts = c.property_get(prop::CSTS, false, 0).unwrap() as u32;
+        assert_eq!(csts & prop::CSTS_SHST_MASK, prop::CSTS_SHST_COMPLETE);
+        // SHN back to 0 with EN still 1: no shutdown state any more.
+        c.property_set(prop::CC, false, cc(0)).unwrap();
+        let csts = c.property_get(prop::CSTS, false, 0).unwrap() as u32;
+        assert_eq!(csts, prop::CSTS_RDY);
+    }
+
     #[test]
     fn kill_keeps_first_reason() {
         let c = ctrl();
