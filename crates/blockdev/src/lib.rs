@@ -166,6 +166,11 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn prefetch(&self, _lba: u64, _blocks: u32) {}
     /// Whether deallocated blocks read back as zeroes (reported to hosts in DLFEAT).
     fn deallocate_reads_zeroes(&self) -> bool;
+    /// Blocks that hold storage now, for a thin device (Identify Namespace
+    /// NUSE, with NSFEAT thin provisioning). None: fully provisioned.
+    fn allocated_blocks(&self) -> Option<u64> {
+        None
+    }
     /// One line for logs and the startup banner, e.g. `file /var/lib/x.img (O_DIRECT, io_uring)`.
     fn describe(&self) -> String;
     /// Flush and release at shutdown. Called once; I/O after it is not allowed.

@@ -275,6 +275,10 @@ impl BlockDevice for MemDevice {
         true
     }
 
+    fn allocated_blocks(&self) -> Option<u64> {
+        Some(self.allocated_bytes() / u64::from(self.geo.block_size))
+    }
+
     fn describe(&self) -> String {
         format!(
             "mem ({}, {} B blocks, thin, {} allocated)",
@@ -333,8 +337,10 @@ mod tests {
         assert_eq!(dev.allocated_bytes(), 0);
         assert!(read(&dev, 1000, 4).iter().all(|&b| b == 0));
         assert_eq!(dev.allocated_bytes(), 0, "reads allocate nothing");
+        assert_eq!(dev.allocated_blocks(), Some(0));
         write(&dev, 300, &[7u8; 4096]);
         assert_eq!(dev.allocated_bytes(), CHUNK);
+        assert_eq!(dev.allocated_blocks(), Some(CHUNK / 4096));
         // Zeroing part of the chunk keeps it; zeroing all of it frees it.
         let blocks_per_chunk = (CHUNK / 4096) as u32;
         io(&dev, BlockOp::WriteZeroes, 300, 1, AlignedBuf::new(0))

@@ -33,6 +33,7 @@ pub struct ConnectCmd {
 pub const CONNECT_SQE_OFF_QID: u16 = 42;
 pub const CONNECT_SQE_OFF_SQSIZE: u16 = 44;
 // Offsets inside the Connect data, reported as IPO too.
+pub const CONNECT_DATA_OFF_HOSTID: u16 = 0;
 pub const CONNECT_DATA_OFF_CNTLID: u16 = 16;
 pub const CONNECT_DATA_OFF_SUBNQN: u16 = 256;
 pub const CONNECT_DATA_OFF_HOSTNQN: u16 = 512;
@@ -150,15 +151,41 @@ pub mod prop {
     pub const CC_IOSQES_SHIFT: u32 = 16;
     pub const CC_IOCQES_SHIFT: u32 = 20;
 
+    pub const CC_AMS_SHIFT: u32 = 11;
+    /// CC.CSS values: NVM command set; all I/O command sets that CAP.CSS
+    /// bit 43 announces; admin command set only (needs CAP.CSS bit 44).
+    pub const CC_CSS_NVM: u32 = 0b000;
+    pub const CC_CSS_ALL_IOCS: u32 = 0b110;
+    pub const CC_CSS_ADMIN_ONLY: u32 = 0b111;
+    /// CC.IOSQES / CC.IOCQES the NVM command set needs (64- and 16-byte entries, log2).
+    pub const CC_IOSQES_NVM: u32 = 6;
+    pub const CC_IOCQES_NVM: u32 = 4;
+
     pub const CSTS_RDY: u32 = 1 << 0;
     pub const CSTS_CFS: u32 = 1 << 1;
+    pub const CSTS_SHST_MASK: u32 = 3 << 2;
     pub const CSTS_SHST_COMPLETE: u32 = 2 << 2;
 
-    /// CAP: MQES (0-based), CQR, TO (500 ms units), CSS bit 37 (NVM command set), MPSMIN = MPSMAX = 4 KiB.
+    /// CAP.CSS bit 37: the NVM command set.
+    pub const CAP_CSS_NVM: u64 = 1 << 37;
+    /// CAP.CSS bit 43: one or more I/O command sets, chosen with CC.CSS 110b
+    /// and reported by Identify CNS 1Ch.
+    pub const CAP_CSS_IOCS: u64 = 1 << 43;
+    /// CAP.CSS bit 44: no I/O command set (CC.CSS 111b). Not advertised.
+    pub const CAP_CSS_ADMIN_ONLY: u64 = 1 << 44;
+
+    /// CAP: MQES (0-based), CQR, TO (500 ms units), CSS bits 37 (NVM) and 43
+    /// (I/O command sets), MPSMIN = MPSMAX = 4 KiB.
     pub fn cap(max_queue_depth: u16, timeout_500ms: u8) -> u64 {
-        u64::from(max_queue_depth - 1) | (1 << 16) | (u64::from(timeout_500ms) << 24) | (1 << 37)
+        u64::from(max_queue_depth - 1)
+            | (1 << 16)
+            | (u64::from(timeout_500ms) << 24)
+            | CAP_CSS_NVM
+            | CAP_CSS_IOCS
     }
     pub const VS_1_3: u32 = 0x0001_0300;
+    /// NVMe 1.4: what we implement (ANA and the I/O command set CNS values need it).
+    pub const VS_1_4: u32 = 0x0001_0400;
 }
 
 /// Discovery log page header and entries.

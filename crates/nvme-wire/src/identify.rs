@@ -1,4 +1,4 @@
-//! Identify data structures (CNS 0x00, 0x01, 0x02, 0x03), 4096 bytes each.
+//! Identify data structures (CNS 00h, 01h, 02h, 03h, 05h, 06h, 08h, 1Ch), 4096 bytes each.
 
 use crate::{put_str, put16, put32, put64};
 
@@ -9,6 +9,24 @@ pub mod cns {
     pub const CONTROLLER: u8 = 0x01;
     pub const ACTIVE_NS_LIST: u8 = 0x02;
     pub const NS_ID_DESCRIPTORS: u8 = 0x03;
+    /// I/O command set specific Identify Namespace (CSI in CDW11 bits 31:24).
+    pub const CS_NAMESPACE: u8 = 0x05;
+    /// I/O command set specific Identify Controller.
+    pub const CS_CONTROLLER: u8 = 0x06;
+    /// I/O command set independent Identify Namespace.
+    pub const CS_INDEP_NAMESPACE: u8 = 0x08;
+    /// I/O Command Set data structure: the supported command set combinations.
+    pub const IO_COMMAND_SETS: u8 = 0x1C;
+}
+
+/// Command Set Identifiers (CSI).
+pub mod csi {
+    pub const NVM: u8 = 0x00;
+}
+
+/// The CSI field of an Identify command (CDW11 bits 31:24).
+pub fn identify_csi(cdw11: u32) -> u8 {
+    (cdw11 >> 24) as u8
 }
 
 /// Controller types (CNTRLTYPE).
@@ -28,6 +46,20 @@ pub const CMIC_ANA: u8 = 1 << 3;
 // ONCS bits.
 pub const ONCS_DSM: u16 = 1 << 2;
 pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+/// Save field in Set Features and Select field in Get Features supported.
+pub const ONCS_SAVE_SELECT: u16 = 1 << 4;
+
+/// VWC: a volatile write cache is present (bit 0); bits 2:1 = 10b: Flush
+/// with NSID FFFFFFFFh is not supported.
+pub const VWC_PRESENT_NO_BROADCAST_FLUSH: u8 = 0b101;
+
+/// NSFEAT bits.
+pub const NSFEAT_THIN: u8 = 1 << 0;
+pub const NSFEAT_OPTPERF: u8 = 1 << 4;
+/// NMIC bit 0: the namespace may be attached to several controllers.
+pub const NMIC_SHARED: u8 = 1 << 0;
+/// NSTAT bit 0 (CNS 08h): the namespace is ready.
+pub const NSTAT_READY: u8 = 1 << 0;
 
 /// CTRATT bit 0: 128-bit host identifier; bit 6: traffic-based keep alive.
 pub const CTRATT_HOSTID_128: u32 = 1 << 0;
@@ -62,6 +94,8 @@ pub struct ControllerInfo<'a> {
     pub nn: u32,
     pub oncs: u16,
     pub vwc: u8,
+    /// Warning composite temperature threshold, kelvin (0 = not reported).
+    pub wctemp: u16,
     pub subnqn: &'a str,
     /// In-capsule data bytes the controller accepts on I/O queues.
     pub in_capsule_data: u32,
@@ -85,10 +119,14 @@ impl ControllerInfo<'_> {
         put32(b, 92, self.oaes);
         put32(b, 96, self.ctratt);
         b[111] = self.cntrltype;
+        // OACS 0: no optional admin commands. ACL 3: four Aborts (0-based).
+        b[258] = 3;
         b[259] = self.aerl;
         b[260] = 0x03; // FRMW: slot 1 read-only, one slot
         b[261] = 0x07; // LPA: per-namespace SMART, command effects log, extended data
         b[262] = self.elpe;
+        b[263] = 0; // NPSS: one power state (0-based), described at byte 2048
+        put16(b, 266, self.wctemp);
         put16(b, 320, self.kas);
         if let Some((anatt, anacap, anagrpmax, nanagrpid)) = self.ana {
             b[342] = anatt;
@@ -111,6 +149,9 @@ impl ControllerInfo<'_> {
         put16(b, 1800, 0);
         b[1802] = 0;
         b[1803] = 1;
+        // Power state descriptor 0: nothing to manage over a fabric; MP 0 and
+        // the latencies 0 mean "not reported". Operational state (NOPS clear).
+        b[2048..2080].fill(0);
     }
 }
 
@@ -118,6 +159,10 @@ impl ControllerInfo<'_> {
 #[derive(Debug, Clone, Copy)]
 pub struct NamespaceInfo {
     pub nsze: u64,
+    /// Blocks in use (NUSE); NSZE unless thin.
+    pub nuse: u64,
+    /// Thin provisioned: NUSE says what is allocated (NSFEAT bit 0).
+    pub thin: bool,
     pub lba_shift: u8,
     /// DLFEAT: deallocated blocks read as zeroes, Write Zeroes may deallocate.
     pub dealloc_reads_zeroes: bool,
@@ -133,16 +178,18 @@ impl NamespaceInfo {
     pub fn encode(&self, b: &mut [u8; IDENTIFY_LEN]) {
         b.fill(0);
         put64(b, 0, self.nsze);
-        put64(b, 8, self.nsze); // NCAP
-        put64(b, 16, self.nsze); // NUSE
-        // NSFEAT bit 4: NPWG/NPWA/NPDG/NPDA/NOWS are valid.
-        b[24] = if self.npwg > 0 { 1 << 4 } else { 0 };
+        // NCAP: every block may be allocated, thin or not.
+        put64(b, 8, self.nsze);
+        put64(b, 16, self.nuse.min(self.nsze));
+        // NSFEAT bit 0: thin provisioning; bit 4: NPWG/NPWA/NPDG/NPDA/NOWS are valid.
+        b[24] = if self.npwg > 0 { NSFEAT_OPTPERF } else { 0 }
+            | if self.thin { NSFEAT_THIN } else { 0 };
         b[25] = 0; // NLBAF: one format (0-based)
         b[26] = 0; // FLBAS: format 0, no metadata
         if self.dealloc_reads_zeroes {
             b[33] = 0x01 | (1 << 3);
         }
-        b[30] = u8::from(self.shared); // NMIC
+        b[30] = if self.shared { NMIC_SHARED } else { 0 };
         if self.npwg > 0 {
             let g = self.npwg - 1;
             put16(b, 64, g); // NPWG
@@ -157,6 +204,70 @@ impl NamespaceInfo {
         // LBA format 0: no metadata, LBADS, relative performance "best".
         b[128 + 2] = self.lba_shift;
     }
+}
+
+/// I/O Command Set Independent Identify Namespace (CNS 08h).
+#[derive(Debug, Clone, Copy)]
+pub struct CsIndepNamespaceInfo {
+    pub thin: bool,
+    pub shared: bool,
+    pub anagrpid: u32,
+    pub ready: bool,
+}
+
+impl CsIndepNamespaceInfo {
+    pub fn encode(&self, b: &mut [u8; IDENTIFY_LEN]) {
+        b.fill(0);
+        b[0] = if self.thin { NSFEAT_THIN } else { 0 }; // NSFEAT
+        b[1] = if self.shared { NMIC_SHARED } else { 0 }; // NMIC
+        // RESCAP 0 (no reservations), FPI 0 (no format in progress reported).
+        put32(b, 4, self.anagrpid);
+        // NSATTR 0: not write protected. NVMSETID/ENDGID 0.
+        b[14] = if self.ready { NSTAT_READY } else { 0 }; // NSTAT
+    }
+}
+
+/// NVM command set specific Identify Namespace (CNS 05h, CSI 0): LBSTM, PIC
+/// and the extended LBA formats. We have no protection information and no
+/// storage tags, so all zero is the right answer.
+pub fn encode_nvm_namespace(b: &mut [u8; IDENTIFY_LEN]) {
+    b.fill(0);
+}
+
+/// NVM command set specific Identify Controller (CNS 06h, CSI 0). Sizes are
+/// powers of two in units of CAP.MPSMIN (4 KiB); 0 means no limit (or, for
+/// VSL/WUSL, nothing beyond MDTS: we do not implement Verify or Write
+/// Uncorrectable).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NvmControllerInfo {
+    pub vsl: u8,
+    pub wzsl: u8,
+    pub wusl: u8,
+    /// Dataset Management ranges per command (0 = no limit beyond the command's 256).
+    pub dmrl: u8,
+    /// Blocks per Dataset Management range (0 = no limit).
+    pub dmrsl: u32,
+    /// Blocks per Dataset Management command (0 = no limit).
+    pub dmsl: u64,
+}
+
+impl NvmControllerInfo {
+    pub fn encode(&self, b: &mut [u8; IDENTIFY_LEN]) {
+        b.fill(0);
+        b[0] = self.vsl;
+        b[1] = self.wzsl;
+        b[2] = self.wusl;
+        b[3] = self.dmrl;
+        put32(b, 4, self.dmrsl);
+        put64(b, 8, self.dmsl);
+    }
+}
+
+/// I/O Command Set data structure (CNS 1Ch): 512 command set combination
+/// vectors of 8 bytes. Ours has one, index 0: the NVM command set (bit 0).
+pub fn encode_io_command_sets(b: &mut [u8; IDENTIFY_LEN]) {
+    b.fill(0);
+    put64(b, 0, 1 << csi::NVM);
 }
 
 /// Namespace identification descriptor types.
@@ -226,6 +337,7 @@ mod tests {
             nn: 1024,
             oncs: ONCS_DSM | ONCS_WRITE_ZEROES,
             vwc: 1,
+            wctemp: 343,
             subnqn: "nqn.test",
             in_capsule_data: 8192,
             ana: Some((10, 0x47, 128, 128)),
@@ -240,6 +352,7 @@ mod tests {
         assert_eq!(get_str(&b[768..1024]).unwrap(), "nqn.test");
         assert_eq!(le32(&b, 536), SGLS_TCP);
         assert_eq!(b[343], 0x47);
+        assert_eq!((b[258], b[263], le16(&b, 266)), (3, 0, 343));
     }
 
     #[test]
@@ -247,6 +360,8 @@ mod tests {
         let mut b = [0u8; IDENTIFY_LEN];
         NamespaceInfo {
             nsze: 2048,
+            nuse: 4096,
+            thin: true,
             lba_shift: 9,
             dealloc_reads_zeroes: true,
             shared: true,
@@ -257,6 +372,8 @@ mod tests {
         }
         .encode(&mut b);
         assert_eq!(le64(&b, 0), 2048);
+        assert_eq!(le64(&b, 16), 2048, "NUSE never exceeds NSZE");
+        assert_eq!(b[24], NSFEAT_THIN | NSFEAT_OPTPERF);
         assert_eq!(b[130], 9);
         assert_eq!(le32(&b, 92), 1);
         assert_eq!(b[33], 0x09);
@@ -266,5 +383,32 @@ mod tests {
         assert_eq!((b[0], b[1], b[4]), (nidt::NGUID, 16, 9));
         assert_eq!((b[20], b[21], b[24]), (nidt::UUID, 16, 8));
         assert_eq!((b[40], b[41]), (nidt::CSI, 1));
+    }
+
+    #[test]
+    fn command_set_structures() {
+        let mut b = [0xAAu8; IDENTIFY_LEN];
+        CsIndepNamespaceInfo {
+            thin: true,
+            shared: true,
+            anagrpid: 7,
+            ready: true,
+        }
+        .encode(&mut b);
+        assert_eq!((b[0], b[1], le32(&b, 4), b[14]), (1, 1, 7, 1));
+        assert!(b[15..].iter().all(|&x| x == 0));
+        NvmControllerInfo {
+            dmrsl: 9,
+            dmsl: 10,
+            ..Default::default()
+        }
+        .encode(&mut b);
+        assert_eq!((le32(&b, 4), le64(&b, 8)), (9, 10));
+        encode_io_command_sets(&mut b);
+        assert_eq!(le64(&b, 0), 1);
+        assert!(b[8..].iter().all(|&x| x == 0));
+        encode_nvm_namespace(&mut b);
+        assert!(b.iter().all(|&x| x == 0));
+        assert_eq!(identify_csi(0x0200_0000), 2);
     }
 }

@@ -83,6 +83,7 @@ pub const SC_INVALID_QSIZE: u8 = 0x02;
 pub const SC_ASYNC_LIMIT: u8 = 0x05;
 pub const SC_INVALID_LOG_PAGE: u8 = 0x09;
 pub const SC_FEATURE_NOT_SAVEABLE: u8 = 0x0D;
+pub const SC_IOCS_COMBINATION_REJECTED: u8 = 0x2B;
 pub const SC_CONNECT_FORMAT: u8 = 0x80;
 pub const SC_CONNECT_CTRL_BUSY: u8 = 0x81;
 pub const SC_CONNECT_INVALID_PARAM: u8 = 0x82;

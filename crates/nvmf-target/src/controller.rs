@@ -71,10 +71,47 @@ impl AsyncEvent {
     pub const DISC_CHANGE: AsyncEvent = AsyncEvent(0x02 | (0xF0 << 8) | (0x70 << 16));
 }
 
+/// Feature values a host changes with Set Features (those not kept elsewhere in
+/// `CtrlState`). Nothing is saveable: a new controller starts from `Default`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeatureValues {
+    /// Arbitration (01h): AB, LPW, MPW, HPW as in CDW11 (reserved bits 7:3 clear).
+    pub arbitration: u32,
+    /// Power Management (02h): PS (always 0, NPSS is 0) and WH.
+    pub power_mgmt: u32,
+    /// Temperature Threshold (04h) for the composite temperature, in kelvin.
+    pub over_temp_k: u16,
+    pub under_temp_k: u16,
+    /// Error Recovery (05h): TLER in 100 ms units (DULBE is not supported).
+    pub tler: u16,
+    /// Write Atomicity Normal (0Ah): DN.
+    pub write_atomicity_dn: bool,
+}
+
+/// Default over temperature threshold: the Identify Controller WCTEMP (70 °C).
+pub const DEFAULT_OVER_TEMP_K: u16 = 273 + 70;
+
+impl Default for FeatureValues {
+    fn default() -> Self {
+        FeatureValues {
+            // AB 111b: no arbitration burst limit; weights unused (round robin only).
+            arbitration: 0b111,
+            power_mgmt: 0,
+            over_temp_k: DEFAULT_OVER_TEMP_K,
+            under_temp_k: 0,
+            tler: 0,
+            write_atomicity_dn: false,
+        }
+    }
+}
+
 pub struct CtrlState {
     pub cc: u32,
     pub csts: u32,
     pub kato_ms: u32,
+    /// KATO from the Connect command: Get Features KATO's default value.
+    pub connect_kato_ms: u32,
+    pub features: FeatureValues,
     pub async_event_config: u32,
     /// Granted I/O queues (Set Features Number of Queues), 0 until set.
     pub io_queues_granted: u16,
@@ -129,6 +166,8 @@ impl Controller {
                 cc: 0,
                 csts: 0,
                 kato_ms,
+                connect_kato_ms: kato_ms,
+                features: FeatureValues::default(),
                 async_event_config: 0,
                 io_queues_granted: 0,
                 io_queues: vec![false; usize::from(max_io_queues) + 1],
@@ -274,15 +313,39 @@ impl Controller {
         let s = self.state.lock();
         match (offset, size8) {
             (prop::CAP, true) => Ok(cap),
-            (prop::VS, false) => Ok(u64::from(prop::VS_1_3)),
+            (prop::VS, false) => Ok(u64::from(prop::VS_1_4)),
             (prop::CC, false) => Ok(u64::from(s.cc)),
             (prop::CSTS, false) => Ok(u64::from(s.csts)),
             _ => Err(Status::generic(status::SC_INVALID_FIELD)),
         }
     }
 
-    /// Property Set: only CC is writable. Enabling checks the queue entry sizes
-    /// and page size; a bad value sets CSTS.CFS, as a PCIe controller would.
+    /// Whether CC may enable this controller: the checks Linux nvmet makes on
+    /// CC.EN 0 -> 1. CAP says MPSMIN = MPSMAX = 4 KiB (MPS 0), AMS round robin
+    /// only (CAP.AMS 0), CSS NVM (000b) or all I/O command sets (110b, CAP.CSS
+    /// bit 43); 111b needs CAP.CSS bit 44, which we do not set. I/O controllers
+    /// need 64-byte SQ and 16-byte CQ entries. A discovery controller has no I/O
+    /// queues and no I/O command set, so its IOSQES/IOCQES/CSS are not checked.
+    pub fn cc_valid_for_enable(&self, cc: u32) -> bool {
+        let mps = (cc >> prop::CC_MPS_SHIFT) & 0xF;
+        let ams = (cc >> prop::CC_AMS_SHIFT) & 0x7;
+        if mps != 0 || ams != 0 {
+            return false;
+        }
+        if self.is_discovery() {
+            return true;
+        }
+        let iosqes = (cc >> prop::CC_IOSQES_SHIFT) & 0xF;
+        let iocqes = (cc >> prop::CC_IOCQES_SHIFT) & 0xF;
+        let css = (cc >> prop::CC_CSS_SHIFT) & 0x7;
+        iosqes == prop::CC_IOSQES_NVM
+            && iocqes == prop::CC_IOCQES_NVM
+            && matches!(css, prop::CC_CSS_NVM | prop::CC_CSS_ALL_IOCS)
+    }
+
+    /// Property Set: only CC is writable. Enabling checks CC (see
+    /// `cc_valid_for_enable`); a bad value sets CSTS.CFS, as a PCIe
+    /// controller would.
     pub fn property_set(&self, offset: u32, size8: bool, value: u64) -> Result<(), Status> {
         if offset != prop::CC || size8 {
             return Err(Status::generic(status::SC_INVALID_FIELD));
@@ -294,23 +357,27 @@ impl Controller {
         let en_old = old & prop::CC_EN != 0;
         let en_new = new & prop::CC_EN != 0;
         if en_new && !en_old {
-            let iosqes = (new >> prop::CC_IOSQES_SHIFT) & 0xF;
-            let iocqes = (new >> prop::CC_IOCQES_SHIFT) & 0xF;
-            let mps = (new >> prop::CC_MPS_SHIFT) & 0xF;
-            let css = (new >> prop::CC_CSS_SHIFT) & 0x7;
-            let io_ok = self.is_discovery() || (iosqes == 6 && iocqes == 4);
-            if io_ok && mps == 0 && css == 0 {
-                s.csts = prop::CSTS_RDY;
+            s.csts = if self.cc_valid_for_enable(new) {
+                prop::CSTS_RDY
             } else {
-                s.csts = prop::CSTS_CFS;
-            }
+                tracing::info!(
+                    "controller {}: CC {:#x} not valid, CSTS.CFS set",
+                    self.cntlid,
+                    new
+                );
+                prop::CSTS_CFS
+            };
         } else if !en_new && en_old {
             // Controller reset: not ready, shutdown state cleared.
             s.csts = 0;
         }
-        if (new >> prop::CC_SHN_SHIFT) & 3 != 0 {
-            s.csts = (s.csts & !(3 << 2)) | prop::CSTS_SHST_COMPLETE;
+        let shn_old = (old >> prop::CC_SHN_SHIFT) & 3;
+        let shn_new = (new >> prop::CC_SHN_SHIFT) & 3;
+        if shn_new != 0 && shn_old == 0 {
+            s.csts = (s.csts & !prop::CSTS_SHST_MASK) | prop::CSTS_SHST_COMPLETE;
             s.shutdown_requested = true;
+        } else if shn_new == 0 && shn_old != 0 {
+            s.csts &= !prop::CSTS_SHST_MASK;
         }
         self.ready
             .store(s.csts & prop::CSTS_RDY != 0, Ordering::Relaxed);
@@ -359,6 +426,100 @@ mod tests {
             c.property_get(prop::CSTS, false, 0).unwrap(),
             u64::from(prop::CSTS_CFS)
         );
+    }
+
+    fn io_ctrl() -> Controller {
+        let sub = Arc::new(Subsystem::new(
+            "nqn.a:s".into(),
+            "S".into(),
+            "M".into(),
+            true,
+            Vec::new(),
+            Vec::new(),
+        ));
+        Controller::new(1, CtrlKind::Io(sub), "h".into(), [0; 16], 0, 32, 4)
+    }
+
+    /// CC with EN, the NVM queue entry sizes, and `css`.
+    fn cc(css: u32) -> u64 {
+        u64::from(prop::CC_EN | (css << prop::CC_CSS_SHIFT) | (6 << 16) | (4 << 20))
+    }
+
+    #[test]
+    fn css_on_enable_for_io_and_discovery() {
+        for css in 0..8u32 {
+            let c = io_ctrl();
+            c.property_set(prop::CC, false, cc(css)).unwrap();
+            let ok = css == prop::CC_CSS_NVM || css == prop::CC_CSS_ALL_IOCS;
+            let want = if ok { prop::CSTS_RDY } else { prop::CSTS_CFS };
+            assert_eq!(
+                c.property_get(prop::CSTS, false, 0).unwrap(),
+                u64::from(want),
+                "I/O controller, CSS {css:03b}"
+            );
+            assert_eq!(c.is_ready(), ok);
+            // A discovery controller has no I/O command set: any CSS enables it.
+            let d = ctrl();
+            d.property_set(prop::CC, false, cc(css)).unwrap();
+            assert!(d.enabled(), "discovery controller, CSS {css:03b}");
+        }
+    }
+
+    #[test]
+    fn other_cc_fields_on_enable() {
+        let bad = [
+            (1u64 << prop::CC_MPS_SHIFT, "MPS 8 KiB"),
+            (1 << prop::CC_AMS_SHIFT, "AMS weighted round robin"),
+            (7 << prop::CC_AMS_SHIFT, "AMS vendor specific"),
+        ];
+        for (bits, what) in bad {
+            for c in [io_ctrl(), ctrl()] {
+                c.property_set(prop::CC, false, cc(0) | bits).unwrap();
+                assert!(!c.enabled(), "{what}");
+                assert_eq!(
+                    c.property_get(prop::CSTS, false, 0).unwrap(),
+                    u64::from(prop::CSTS_CFS)
+                );
+            }
+        }
+        // Queue entry sizes matter to I/O controllers only.
+        let sizes = u64::from(prop::CC_EN);
+        let c = io_ctrl();
+        c.property_set(prop::CC, false, sizes | (7 << 16) | (4 << 20))
+            .unwrap();
+        assert!(!c.enabled());
+        let c = io_ctrl();
+        c.property_set(prop::CC, false, sizes | (6 << 16) | (5 << 20))
+            .unwrap();
+        assert!(!c.enabled());
+        let d = ctrl();
+        d.property_set(prop::CC, false, sizes).unwrap();
+        assert!(d.enabled());
+        // After CFS a reset (EN 0) and a good CC enable it.
+        let c = io_ctrl();
+        c.property_set(prop::CC, false, cc(7)).unwrap();
+        c.property_set(prop::CC, false, 0).unwrap();
+        assert_eq!(c.property_get(prop::CSTS, false, 0).unwrap(), 0);
+        c.property_set(prop::CC, false, cc(6)).unwrap();
+        assert!(c.enabled());
+    }
+
+    #[test]
+    fn version_and_shutdown_edges() {
+        let c = io_ctrl();
+        assert_eq!(
+            c.property_get(prop::VS, false, 0).unwrap(),
+            u64::from(prop::VS_1_4)
+        );
+        c.property_set(prop::CC, false, cc(0)).unwrap();
+        let shn = u64::from(1u32 << prop::CC_SHN_SHIFT);
+        c.property_set(prop::CC, false, cc(0) | shn).unwrap();
+        let csts = c.property_get(prop::CSTS, false, 0).unwrap() as u32;
+        assert_eq!(csts & prop::CSTS_SHST_MASK, prop::CSTS_SHST_COMPLETE);
+        // SHN back to 0 with EN still 1: no shutdown state any more.
+        c.property_set(prop::CC, false, cc(0)).unwrap();
+        let csts = c.property_get(prop::CSTS, false, 0).unwrap() as u32;
+        assert_eq!(csts, prop::CSTS_RDY);
     }
 
     #[test]

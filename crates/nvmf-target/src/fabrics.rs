@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use nvme_wire::fabrics::{
-    CNTLID_DYNAMIC, ConnectCmd, ConnectData, ConnectDataError, DISCOVERY_NQN,
+    CNTLID_DYNAMIC, ConnectCmd, ConnectData, ConnectDataError, DISCOVERY_NQN, NQN_FIELD_LEN,
 };
 use nvme_wire::fabrics::{
     CONNECT_DATA_OFF_CNTLID, CONNECT_DATA_OFF_HOSTNQN, CONNECT_DATA_OFF_SUBNQN,
@@ -14,11 +14,13 @@ use nvme_wire::status::{self, Status};
 use crate::Target;
 use crate::controller::{Controller, CtrlKind};
 
-/// A refused Connect: the status and dword 0 (IATTR/IPO for invalid parameters).
+/// A refused Connect: the status, dword 0 (IATTR/IPO for invalid
+/// parameters), and why, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectError {
     pub status: Status,
     pub dw0: u32,
+    pub reason: &'static str,
 }
 
 /// Connect response dword 0 for a bad parameter: IPO (byte offset of the
@@ -28,29 +30,88 @@ pub fn ipo_iattr(in_data: bool, ipo: u16) -> u32 {
 }
 
 /// "Connect Invalid Parameters" pointing at a field.
-fn invalid_param(in_data: bool, ipo: u16) -> ConnectError {
+fn invalid_param(in_data: bool, ipo: u16, reason: &'static str) -> ConnectError {
     ConnectError {
         status: Status::cmd_specific(status::SC_CONNECT_INVALID_PARAM),
         dw0: ipo_iattr(in_data, ipo),
+        reason,
     }
 }
 
-fn plain(status: Status) -> ConnectError {
-    ConnectError { status, dw0: 0 }
+fn plain(status: Status, reason: &'static str) -> ConnectError {
+    ConnectError {
+        status,
+        dw0: 0,
+        reason,
+    }
 }
 
+/// Reads the Connect data. An empty or over-long NQN is refused: the spec
+/// makes SUBNQN and HOSTNQN NVMe Qualified Names, and "" is none.
 pub fn decode_connect_data(b: &[u8]) -> Result<ConnectData, ConnectError> {
     ConnectData::decode(b).map_err(|e| match e {
-        ConnectDataError::Short => plain(Status::generic(status::SC_SGL_INVALID_DATA_LEN)),
-        ConnectDataError::BadSubNqn => invalid_param(true, CONNECT_DATA_OFF_SUBNQN),
-        ConnectDataError::BadHostNqn => invalid_param(true, CONNECT_DATA_OFF_HOSTNQN),
+        ConnectDataError::Short => plain(
+            Status::generic(status::SC_SGL_INVALID_DATA_LEN),
+            "connect data shorter than 1024 bytes",
+        ),
+        ConnectDataError::BadSubNqn => invalid_param(
+            true,
+            CONNECT_DATA_OFF_SUBNQN,
+            "subsystem NQN empty, not UTF-8 or over 223 bytes",
+        ),
+        ConnectDataError::BadHostNqn => invalid_param(
+            true,
+            CONNECT_DATA_OFF_HOSTNQN,
+            "host NQN empty, not UTF-8 or over 223 bytes",
+        ),
     })
+}
+
+/// Decodes the Connect data, connects the admin queue (qid 0) or an I/O
+/// queue, and logs every refusal with the host, the subsystem and the peer.
+/// This is what a transport calls.
+pub fn connect(
+    target: &Target,
+    cmd: &ConnectCmd,
+    data: &[u8],
+    peer: &str,
+) -> Result<Arc<Controller>, ConnectError> {
+    let res = decode_connect_data(data).and_then(|d| {
+        if cmd.qid == 0 {
+            connect_admin(target, cmd, &d)
+        } else {
+            connect_io(target, cmd, &d)
+        }
+    });
+    if let Err(e) = &res {
+        // The NQN fields as sent, even when they did not decode.
+        let field = |off: usize| {
+            let f = data.get(off..off + NQN_FIELD_LEN).unwrap_or(&[]);
+            let end = f.iter().position(|&c| c == 0).unwrap_or(f.len());
+            String::from_utf8_lossy(&f[..end]).into_owned()
+        };
+        tracing::warn!(
+            "{peer}: connect refused (qid {}): {}; host NQN {:?}, subsystem NQN {:?}, status {:#x}/{:#x}, dw0 {:#x}",
+            cmd.qid,
+            e.reason,
+            field(usize::from(CONNECT_DATA_OFF_HOSTNQN)),
+            field(usize::from(CONNECT_DATA_OFF_SUBNQN)),
+            e.status.sct,
+            e.status.sc,
+            e.dw0,
+        );
+    }
+    res
 }
 
 fn check_sqsize(target: &Target, cmd: &ConnectCmd) -> Result<(), ConnectError> {
     // sqsize is 0-based; a queue needs at least two entries.
     if cmd.sqsize == 0 || u32::from(cmd.sqsize) + 1 > u32::from(target.transport.max_queue_depth) {
-        return Err(invalid_param(false, CONNECT_SQE_OFF_SQSIZE));
+        return Err(invalid_param(
+            false,
+            CONNECT_SQE_OFF_SQSIZE,
+            "SQSIZE is 0 or over the queue depth limit",
+        ));
     }
     Ok(())
 }
@@ -62,32 +123,46 @@ pub fn connect_admin(
     data: &ConnectData,
 ) -> Result<Arc<Controller>, ConnectError> {
     if cmd.recfmt != 0 {
-        return Err(plain(Status::cmd_specific(status::SC_CONNECT_FORMAT)));
+        return Err(plain(
+            Status::cmd_specific(status::SC_CONNECT_FORMAT),
+            "unsupported RECFMT",
+        ));
     }
     check_sqsize(target, cmd)?;
     if data.cntlid != CNTLID_DYNAMIC {
-        return Err(invalid_param(true, CONNECT_DATA_OFF_CNTLID));
+        return Err(invalid_param(
+            true,
+            CONNECT_DATA_OFF_CNTLID,
+            "admin queue CNTLID is not FFFFh (dynamic controller model)",
+        ));
     }
     let kind = if data.subnqn == DISCOVERY_NQN {
         CtrlKind::Discovery
     } else {
         let Some(sub) = target.subsystem(&data.subnqn) else {
-            tracing::info!(
-                "connect to unknown subsystem {} from {}",
-                data.subnqn,
-                data.hostnqn
-            );
-            return Err(invalid_param(true, CONNECT_DATA_OFF_SUBNQN));
+            return Err(invalid_param(
+                true,
+                CONNECT_DATA_OFF_SUBNQN,
+                "no such subsystem",
+            ));
         };
         if !sub.host_allowed(&data.hostnqn) {
-            tracing::warn!("host {} not allowed on {}", data.hostnqn, sub.nqn);
             return Err(ConnectError {
                 status: Status::cmd_specific(status::SC_CONNECT_INVALID_HOST),
                 dw0: ipo_iattr(true, CONNECT_DATA_OFF_HOSTNQN),
+                reason: "host not allowed on this subsystem",
             });
         }
         CtrlKind::Io(sub.clone())
     };
+    if data.hostid == [0; 16] {
+        // Accepted as nvmet does; a zero HOSTID cannot tell hosts apart for reservations.
+        tracing::info!(
+            "host {} connects to {} with a zero host identifier",
+            data.hostnqn,
+            data.subnqn
+        );
+    }
     let kato = cmd.kato_ms.min(target.transport.kato_max_ms);
     let ctrl = target
         .add_controller(|id| {
@@ -101,7 +176,10 @@ pub fn connect_admin(
                 target.transport.max_io_queues,
             )
         })
-        .ok_or(plain(Status::cmd_specific(status::SC_CONNECT_CTRL_BUSY)))?;
+        .ok_or(plain(
+            Status::cmd_specific(status::SC_CONNECT_CTRL_BUSY),
+            "no free controller ID",
+        ))?;
     ctrl.touch();
     tracing::info!(
         "controller {} created: subsystem {}, host {}",
@@ -119,24 +197,46 @@ pub fn connect_io(
     data: &ConnectData,
 ) -> Result<Arc<Controller>, ConnectError> {
     if cmd.recfmt != 0 {
-        return Err(plain(Status::cmd_specific(status::SC_CONNECT_FORMAT)));
+        return Err(plain(
+            Status::cmd_specific(status::SC_CONNECT_FORMAT),
+            "unsupported RECFMT",
+        ));
     }
     let Some(ctrl) = target.controller(data.cntlid) else {
-        return Err(invalid_param(true, CONNECT_DATA_OFF_CNTLID));
+        return Err(invalid_param(
+            true,
+            CONNECT_DATA_OFF_CNTLID,
+            "no such controller",
+        ));
     };
     if ctrl.subnqn() != data.subnqn {
-        return Err(invalid_param(true, CONNECT_DATA_OFF_SUBNQN));
+        return Err(invalid_param(
+            true,
+            CONNECT_DATA_OFF_SUBNQN,
+            "subsystem NQN differs from the controller's",
+        ));
     }
     if ctrl.hostnqn != data.hostnqn {
-        return Err(invalid_param(true, CONNECT_DATA_OFF_HOSTNQN));
+        return Err(invalid_param(
+            true,
+            CONNECT_DATA_OFF_HOSTNQN,
+            "host NQN differs from the controller's",
+        ));
     }
     if ctrl.is_discovery() {
-        return Err(invalid_param(false, CONNECT_SQE_OFF_QID));
+        return Err(invalid_param(
+            false,
+            CONNECT_SQE_OFF_QID,
+            "a discovery controller has no I/O queues",
+        ));
     }
     check_sqsize(target, cmd)?;
     let mut st = ctrl.state.lock();
     if st.csts & nvme_wire::fabrics::prop::CSTS_RDY == 0 {
-        return Err(plain(Status::generic(status::SC_CMD_SEQ_ERROR)));
+        return Err(plain(
+            Status::generic(status::SC_CMD_SEQ_ERROR),
+            "controller not enabled (CSTS.RDY clear)",
+        ));
     }
     let limit = if st.io_queues_granted > 0 {
         st.io_queues_granted
@@ -145,7 +245,11 @@ pub fn connect_io(
     };
     let qid = usize::from(cmd.qid);
     if cmd.qid == 0 || cmd.qid > limit || st.io_queues.get(qid).copied().unwrap_or(true) {
-        return Err(invalid_param(false, CONNECT_SQE_OFF_QID));
+        return Err(invalid_param(
+            false,
+            CONNECT_SQE_OFF_QID,
+            "QID out of range or already connected",
+        ));
     }
     st.io_queues[qid] = true;
     drop(st);

@@ -4,8 +4,10 @@
 //! Command families live in their own files, found by their spec names:
 //! `fabrics.rs` (Connect, Property Get/Set), `admin.rs` (Identify, Get Log
 //! Page, features, AER, Keep Alive), `io.rs` (Read, Write, Flush, Write
-//! Zeroes, Dataset Management), `discovery.rs`, `ana.rs`. `tcp/` is only the
-//! transport: PDU framing, R2T tracking, reactors.
+//! Zeroes, Dataset Management, Reservations), `reservation.rs` (the
+//! reservation state machine), `discovery.rs`, `ana.rs`. `queue/` is the
+//! transport-free command core every command goes through; `tcp/` is only
+//! the transport: PDU framing, R2T tracking, reactors.
 
 pub mod admin;
 pub mod ana;
@@ -15,10 +17,7 @@ pub mod controller;
 pub mod discovery;
 pub mod fabrics;
 pub mod io;
-<<<<<<< HEAD
 pub mod queue;
-=======
->>>>>>> h-resv
 pub mod reservation;
 pub mod subsystem;
 mod target;
@@ -30,6 +29,8 @@ pub use subsystem::{Namespace, NamespaceError, Subsystem};
 pub use target::Target;
 pub use tcp::{Server, StartError};
 
-/// Our IEEE vendor id field: 0x1D1D is unassigned in PCI-SIG's list; fabrics hosts ignore it.
-pub const VENDOR_ID: u16 = 0x1d1d;
+/// PCI vendor id (Identify Controller VID and SSVID). We have none assigned by
+/// PCI-SIG, so 0, as Linux nvmet reports by default; 0x1D1D, used before,
+/// belongs to another vendor (CNEX Labs in Linux's pci_ids.h).
+pub const VENDOR_ID: u16 = 0;
 pub const FIRMWARE_REV: &str = env!("CARGO_PKG_VERSION");

@@ -523,13 +523,7 @@ impl QueueCore {
     fn do_connect<T: Transport>(&mut self, i: u16, buf: AlignedBuf, t: &mut T) {
         let sqe = self.slots[usize::from(i)].sqe;
         let cmd = ConnectCmd::from_sqe(&sqe);
-        let res = fabrics::decode_connect_data(&buf).and_then(|data| {
-            if cmd.qid == 0 {
-                fabrics::connect_admin(&self.target, &cmd, &data)
-            } else {
-                fabrics::connect_io(&self.target, &cmd, &data)
-            }
-        });
+        let res = fabrics::connect(&self.target, &cmd, &buf, &self.peer);
         self.pool.put(buf);
         match res {
             Ok(ctrl) => {
@@ -555,13 +549,8 @@ impl QueueCore {
                 );
                 self.complete(i, Status::SUCCESS, u32::from(ctrl.cntlid), 0, t);
             }
+            // fabrics::connect logged why.
             Err(e) => {
-                tracing::info!(
-                    "{}: Connect (qid {}) refused with status {:?}",
-                    self.peer,
-                    cmd.qid,
-                    e.status
-                );
                 self.complete(i, e.status, e.dw0, 0, t)
             }
         }
