@@ -172,6 +172,8 @@ pub struct NamespaceInfo {
     pub eui64: [u8; 8],
     /// Preferred write granularity and alignment, in blocks (0 = not reported).
     pub npwg: u16,
+    /// Reservation Capabilities (RESCAP).
+    pub rescap: u8,
 }
 
 impl NamespaceInfo {
@@ -190,6 +192,7 @@ impl NamespaceInfo {
             b[33] = 0x01 | (1 << 3);
         }
         b[30] = if self.shared { NMIC_SHARED } else { 0 };
+        b[31] = self.rescap;
         if self.npwg > 0 {
             let g = self.npwg - 1;
             put16(b, 64, g); // NPWG
@@ -369,8 +372,10 @@ mod tests {
             nguid: [1; 16],
             eui64: [2; 8],
             npwg: 8,
+            rescap: 0xFE,
         }
         .encode(&mut b);
+        assert_eq!(b[31], 0xFE, "RESCAP");
         assert_eq!(le64(&b, 0), 2048);
         assert_eq!(le64(&b, 16), 2048, "NUSE never exceeds NSZE");
         assert_eq!(b[24], NSFEAT_THIN | NSFEAT_OPTPERF);

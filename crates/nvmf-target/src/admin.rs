@@ -197,7 +197,10 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                 maxcmd: t.max_queue_depth,
                 nn: if io { MAX_NSID } else { 0 },
                 oncs: if io {
-                    identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES | identify::ONCS_SAVE_SELECT
+                    identify::ONCS_DSM
+                        | identify::ONCS_WRITE_ZEROES
+                        | identify::ONCS_SAVE_SELECT
+                        | nvme_wire::reservation::ONCS_RESERVATIONS
                 } else {
                     0
                 },
@@ -237,6 +240,7 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                     nguid: ns.nguid,
                     eui64: [0; 8],
                     npwg: opt_blocks,
+                    rescap: crate::resv_cmd::rescap(ns),
                 }
                 .encode(&mut b);
             }
@@ -318,6 +322,7 @@ fn get_log_page(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                         lid::CHANGED_NS,
                         lid::CMD_EFFECTS,
                         lid::ANA,
+                        nvme_wire::reservation::LID_RESERVATION_NOTIFICATION,
                     ],
                     &mut b,
                 );
@@ -383,10 +388,17 @@ fn get_log_page(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                         (io_opc::READ, false),
                         (io_opc::WRITE_ZEROES, true),
                         (io_opc::DATASET_MANAGEMENT, true),
+                        (io_opc::RESV_REGISTER, false),
+                        (io_opc::RESV_REPORT, false),
+                        (io_opc::RESV_ACQUIRE, false),
+                        (io_opc::RESV_RELEASE, false),
                     ],
                     &mut b,
                 );
                 b
+            }
+            nvme_wire::reservation::LID_RESERVATION_NOTIFICATION => {
+                crate::resv_cmd::notification_log(ctrl)
             }
             lid::ANA => {
                 crate::ana::ana_log(&ctrl.namespaces(), g.lsp & log_page::ana::LSP_RGO != 0)
@@ -410,6 +422,9 @@ fn set_features(cx: &AdminCtx<'_>, sqe: &Sqe) -> AdminOutcome {
     let io = !ctrl.is_discovery();
     let t = &cx.target.transport;
     let v = sqe.cdw11;
+    if io && let Some(r) = crate::resv_cmd::set_feature(ctrl, fid, sqe.nsid, v) {
+        return done(r.err().unwrap_or(Status::SUCCESS));
+    }
     let mut st = ctrl.state.lock();
     match fid {
         fid::NUM_QUEUES if io => {
@@ -514,9 +529,16 @@ fn get_features(cx: &AdminCtx<'_>, sqe: &Sqe) -> AdminOutcome {
         let v = u32::from(n - 1);
         v | (v << 16)
     };
+    let resv = io
+        .then(|| crate::resv_cmd::get_feature(ctrl, fid, sqe.nsid))
+        .flatten();
     let st = ctrl.state.lock();
     // (current, default, changeable) of each feature we support here.
     let (current, default, changeable) = match fid {
+        _ if let Some(r) = resv => match r {
+            Ok((v, changeable)) => (v, 0, changeable),
+            Err(e) => return done(e),
+        },
         fid::NUM_QUEUES if io => {
             let n = if st.io_queues_granted > 0 {
                 st.io_queues_granted
@@ -682,7 +704,7 @@ mod tests {
             oncs & identify::ONCS_SAVE_SELECT,
             identify::ONCS_SAVE_SELECT
         );
-        assert_eq!(oncs & (1 << 5), 0, "no reservations yet");
+        assert_ne!(oncs & (1 << 5), 0, "reservations");
         assert_eq!(le16(&b, 522), 0, "FUSES");
         assert_eq!(b[525], 0b101, "VWC: present, no broadcast flush");
         assert_eq!(b[76] & identify::CMIC_ANA, identify::CMIC_ANA);

@@ -3,13 +3,14 @@
 //! Its queues may run on different reactors; everything here that changes
 //! sits behind one mutex that only admin commands and Connects take.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use nvme_wire::fabrics::prop;
 use nvme_wire::log_page::ErrorEntry;
+use nvme_wire::reservation::ResvLogEntry;
 use nvme_wire::status::{self, Status};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
@@ -52,6 +53,9 @@ pub struct QueueStats {
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
     pub media_errors: AtomicU64,
+    /// Writes submitted to a device and not yet completed (Preempt and
+    /// Abort waits for the preempted hosts' to reach 0).
+    pub writes_in_flight: AtomicU64,
 }
 
 pub const ERROR_LOG_SLOTS: usize = 64;
@@ -67,6 +71,8 @@ impl AsyncEvent {
     pub const NS_CHANGED: AsyncEvent = AsyncEvent(0x02 | (0x04 << 16));
     /// Notice: ANA change (log page 0x0C).
     pub const ANA_CHANGE: AsyncEvent = AsyncEvent(0x02 | (0x03 << 8) | (0x0C << 16));
+    /// I/O command set specific: reservation log page available (log page 0x80).
+    pub const RESV_LOG: AsyncEvent = AsyncEvent(0x06 | (0x80 << 16));
     /// Notice: discovery log changed (log page 0x70).
     pub const DISC_CHANGE: AsyncEvent = AsyncEvent(0x02 | (0xF0 << 8) | (0x70 << 16));
 }
@@ -122,6 +128,12 @@ pub struct CtrlState {
     pub pending_events: VecDeque<AsyncEvent>,
     pub changed_ns: Vec<u32>,
     pub shutdown_requested: bool,
+    /// Reservation Notification log (80h) entries not yet read, oldest first.
+    pub resv_log: VecDeque<ResvLogEntry>,
+    /// Log Page Count of the last entry made.
+    pub resv_log_count: u64,
+    /// Reservation Notification Mask (feature 81h) per NSID.
+    pub resv_masks: HashMap<u32, u32>,
 }
 
 pub struct Controller {
@@ -176,6 +188,9 @@ impl Controller {
                 pending_events: VecDeque::new(),
                 changed_ns: Vec::new(),
                 shutdown_requested: false,
+                resv_log: VecDeque::new(),
+                resv_log_count: 0,
+                resv_masks: HashMap::new(),
             }),
             stats: Mutex::new(Vec::new()),
             kill: watch::channel(None).0,
@@ -284,6 +299,42 @@ impl Controller {
     pub fn queue_event(&self, ev: AsyncEvent) {
         self.state.lock().pending_events.push_back(ev);
         self.event_notify.notify_one();
+    }
+
+    /// Writes of this controller's queues now in flight on devices.
+    pub fn writes_in_flight(&self) -> u64 {
+        self.stats
+            .lock()
+            .iter()
+            .map(|q| q.writes_in_flight.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// A reservation notification for this host on `nsid`: unless masked
+    /// (feature 81h), a log page 80h entry and, when it is the only one
+    /// queued, the AEN that tells the host to read it. At most 255 entries
+    /// wait; beyond that the oldest are dropped (the count shows the gap).
+    pub fn note_reservation(&self, nsid: u32, log_type: u8, mask_bit: u32) {
+        let mut s = self.state.lock();
+        if s.resv_masks.get(&nsid).copied().unwrap_or(0) & mask_bit != 0 {
+            return;
+        }
+        s.resv_log_count = s.resv_log_count.wrapping_add(1).max(1);
+        let count = s.resv_log_count;
+        if s.resv_log.len() == 255 {
+            s.resv_log.pop_front();
+        }
+        s.resv_log.push_back(ResvLogEntry {
+            count,
+            log_type,
+            available: 0,
+            nsid,
+        });
+        if !s.pending_events.contains(&AsyncEvent::RESV_LOG) {
+            s.pending_events.push_back(AsyncEvent::RESV_LOG);
+            drop(s);
+            self.event_notify.notify_one();
+        }
     }
 
     /// Records a namespace added or removed at run time in the Changed

@@ -6,8 +6,8 @@ use nvme_wire::fabrics::{
     CNTLID_DYNAMIC, ConnectCmd, ConnectData, ConnectDataError, DISCOVERY_NQN, NQN_FIELD_LEN,
 };
 use nvme_wire::fabrics::{
-    CONNECT_DATA_OFF_CNTLID, CONNECT_DATA_OFF_HOSTNQN, CONNECT_DATA_OFF_SUBNQN,
-    CONNECT_SQE_OFF_QID, CONNECT_SQE_OFF_SQSIZE,
+    CONNECT_DATA_OFF_CNTLID, CONNECT_DATA_OFF_HOSTID, CONNECT_DATA_OFF_HOSTNQN,
+    CONNECT_DATA_OFF_SUBNQN, CONNECT_SQE_OFF_QID, CONNECT_SQE_OFF_SQSIZE,
 };
 use nvme_wire::status::{self, Status};
 
@@ -221,6 +221,15 @@ pub fn connect_io(
             true,
             CONNECT_DATA_OFF_HOSTNQN,
             "host NQN differs from the controller's",
+        ));
+    }
+    if ctrl.hostid != data.hostid {
+        // Every queue of an association comes from one host (reservations
+        // name registrants by this identifier).
+        return Err(invalid_param(
+            true,
+            CONNECT_DATA_OFF_HOSTID,
+            "host identifier differs from the controller's",
         ));
     }
     if ctrl.is_discovery() {

@@ -8,6 +8,8 @@ use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoDone, IoFuture, I
 use nvme_wire::sqe::{DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN, DsmRange, Sqe, io_opc};
 use nvme_wire::status::{self, Status};
 
+use crate::resv_cmd::ResvCmd;
+
 use crate::subsystem::Namespace;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +33,9 @@ pub enum IoPlan {
         ranges: u32,
         deallocate: bool,
     },
+    /// Reservation Register, Acquire, Release or Report: run by the core,
+    /// not the device.
+    Reservation(ResvCmd),
 }
 
 impl IoPlan {
@@ -39,6 +44,7 @@ impl IoPlan {
         match *self {
             IoPlan::Write { blocks, .. } => blocks * block_size,
             IoPlan::Dsm { ranges, .. } => ranges * DSM_RANGE_LEN as u32,
+            IoPlan::Reservation(c) => c.host_to_ctrl_len(),
             _ => 0,
         }
     }
@@ -46,6 +52,8 @@ impl IoPlan {
     pub fn ctrl_to_host_len(&self, block_size: u32) -> u32 {
         match *self {
             IoPlan::Read { blocks, .. } => blocks * block_size,
+            // Bounded by the transfer limit in `plan`.
+            IoPlan::Reservation(c) => c.ctrl_to_host_len() as u32,
             _ => 0,
         }
     }
@@ -71,6 +79,7 @@ pub fn plan<'a>(
     sqe: &Sqe,
     max_transfer: u32,
 ) -> Result<(&'a Namespace, IoPlan), IoReject> {
+    let resv = ResvCmd::from_sqe(sqe);
     let known = matches!(
         sqe.opcode,
         io_opc::FLUSH
@@ -78,7 +87,7 @@ pub fn plan<'a>(
             | io_opc::READ
             | io_opc::WRITE_ZEROES
             | io_opc::DATASET_MANAGEMENT
-    );
+    ) || resv.is_some();
     if !known {
         return Err(reject(status::SC_INVALID_OPCODE, 0));
     }
@@ -109,6 +118,12 @@ pub fn plan<'a>(
             }
         }
         io_opc::FLUSH => IoPlan::Flush,
+        _ if let Some(cmd) = resv => {
+            if cmd.ctrl_to_host_len() > u64::from(max_transfer) {
+                return Err(reject(status::SC_INVALID_FIELD, 0));
+            }
+            IoPlan::Reservation(cmd)
+        }
         io_opc::WRITE_ZEROES => {
             let (lba, blocks) = (sqe.slba(), sqe.nlb());
             range(lba, blocks)?;
@@ -140,7 +155,11 @@ pub fn dsm_ranges(ns: &Namespace, data: &[u8], count: u32) -> Result<Vec<DsmRang
 }
 
 /// Deallocates `ranges` one after another; the first failure ends it.
-pub fn deallocate_all(dev: Arc<dyn BlockDevice>, ranges: Vec<DsmRange>, buf: AlignedBuf) -> IoFuture {
+pub fn deallocate_all(
+    dev: Arc<dyn BlockDevice>,
+    ranges: Vec<DsmRange>,
+    buf: AlignedBuf,
+) -> IoFuture {
     IoFuture::Pending(Box::pin(async move {
         let mut buf = buf;
         for r in ranges {

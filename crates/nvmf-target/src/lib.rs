@@ -19,6 +19,7 @@ pub mod fabrics;
 pub mod io;
 pub mod queue;
 pub mod reservation;
+pub mod resv_cmd;
 pub mod subsystem;
 mod target;
 pub mod tcp;

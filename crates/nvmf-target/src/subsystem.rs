@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use blockdev::BlockDevice;
 use parking_lot::RwLock;
 
+use crate::resv_cmd::NsReservations;
+
 /// One namespace: a block device with its identifiers. Immutable once built,
 /// so I/O queues read it without locks.
 #[derive(Clone)]
@@ -23,6 +25,8 @@ pub struct Namespace {
     pub uuid: [u8; 16],
     pub nguid: [u8; 16],
     pub ana_group: u32,
+    /// Registrations and the reservation; shared by every snapshot.
+    pub resv: Arc<NsReservations>,
 }
 
 impl Namespace {
@@ -33,10 +37,11 @@ impl Namespace {
             block_size: g.block_size,
             lba_shift: g.block_size.trailing_zeros() as u8,
             num_blocks: g.num_blocks,
-            dev,
             uuid,
             nguid,
             ana_group: crate::ana::DEFAULT_GROUP,
+            resv: Arc::new(NsReservations::load(&*dev)),
+            dev,
         }
     }
 }

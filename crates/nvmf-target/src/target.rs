@@ -100,6 +100,26 @@ impl Target {
         }
     }
 
+    /// The live controllers of host `hostid` on subsystem `nqn`.
+    pub fn controllers_of(&self, hostid: &[u8; 16], nqn: &str) -> Vec<Arc<Controller>> {
+        let map = self.controllers.lock();
+        let mut v: Vec<_> = map
+            .values()
+            .filter(|c| &c.hostid == hostid && c.subnqn() == nqn)
+            .cloned()
+            .collect();
+        v.sort_by_key(|c| c.cntlid);
+        v
+    }
+
+    /// Their controller IDs (Reservation Report).
+    pub fn controller_ids_of(&self, hostid: &[u8; 16], nqn: &str) -> Vec<u16> {
+        self.controllers_of(hostid, nqn)
+            .iter()
+            .map(|c| c.cntlid)
+            .collect()
+    }
+
     pub fn controller_count(&self) -> usize {
         self.controllers.lock().len()
     }

@@ -19,7 +19,7 @@ mod tests;
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::time::{Duration, Instant};
 
 use blockdev::{AlignedBuf, BlockOp, IoDone, IoFuture, IoRequest};
@@ -34,7 +34,9 @@ use crate::bufpool::BufPool;
 use crate::config::ADMIN_IN_CAPSULE_DATA;
 use crate::controller::{AER_LIMIT, Controller, FreeReason, QueueStats};
 use crate::fabrics;
-use crate::io::{self, IoPlan};
+use crate::io::{self, IoPlan, IoReject};
+use crate::reservation::Access;
+use crate::resv_cmd;
 use crate::subsystem::{Namespace, find_namespace};
 use sgl::{Sgl, check_sgl};
 
@@ -79,7 +81,10 @@ enum AfterData {
     Nothing,
     Connect,
     /// By NSID: the namespace snapshot may be reloaded while data is in flight.
-    Io { nsid: u32, plan: IoPlan },
+    Io {
+        nsid: u32,
+        plan: IoPlan,
+    },
 }
 
 #[derive(Clone, Copy)]
@@ -87,6 +92,8 @@ struct Slot {
     state: SlotState,
     sqe: Sqe,
     after: AfterData,
+    /// A write counted in `QueueStats::writes_in_flight` until it completes.
+    counted_write: bool,
 }
 
 /// The queue a connection became by its Connect.
@@ -127,6 +134,7 @@ impl QueueCore {
             state: SlotState::Free,
             sqe: Sqe::new(0, 0),
             after: AfterData::Nothing,
+            counted_write: false,
         };
         QueueCore {
             pool: BufPool::new(t.max_transfer),
@@ -397,12 +405,19 @@ impl QueueCore {
             state: SlotState::Busy,
             sqe,
             after: AfterData::Nothing,
+            counted_write: false,
         };
         Some(i)
     }
 
     fn free_slot(&mut self, i: u16) {
         let s = &mut self.slots[usize::from(i)];
+        if s.counted_write {
+            s.counted_write = false;
+            if let Some(b) = &self.bound {
+                b.stats.writes_in_flight.fetch_sub(1, SeqCst);
+            }
+        }
         if s.after == AfterData::Connect {
             self.connecting = false;
         }
@@ -431,7 +446,15 @@ impl QueueCore {
         self.finish(i, st, 0, 0, lba, t);
     }
 
-    fn finish<T: Transport>(&mut self, i: u16, st: Status, dw0: u32, dw1: u32, lba: u64, t: &mut T) {
+    fn finish<T: Transport>(
+        &mut self,
+        i: u16,
+        st: Status,
+        dw0: u32,
+        dw1: u32,
+        lba: u64,
+        t: &mut T,
+    ) {
         let sqe = self.slots[usize::from(i)].sqe;
         if !st.is_success()
             && !sqe.is_fabrics()
@@ -550,9 +573,7 @@ impl QueueCore {
                 self.complete(i, Status::SUCCESS, u32::from(ctrl.cntlid), 0, t);
             }
             // fabrics::connect logged why.
-            Err(e) => {
-                self.complete(i, e.status, e.dw0, 0, t)
-            }
+            Err(e) => self.complete(i, e.status, e.dw0, 0, t),
         }
     }
 
@@ -621,8 +642,18 @@ impl QueueCore {
             return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t);
         }
         let sqe = self.slots[usize::from(i)].sqe;
-        let planned = io::plan(&b.namespaces, &sqe, self.target.transport.max_transfer)
-            .map(|(ns, plan)| (ns.nsid, ns.block_size, plan));
+        let planned = io::plan(&b.namespaces, &sqe, self.target.transport.max_transfer).and_then(
+            |(ns, plan)| {
+                // Refused before any data moves; writes are checked again
+                // when they reach the device (see `execute_io`).
+                if let Some(access) = Access::of_io_opcode(sqe.opcode) {
+                    ns.resv
+                        .check(&b.ctrl.hostid, access)
+                        .map_err(|status| IoReject { status, lba: 0 })?;
+                }
+                Ok((ns.nsid, ns.block_size, plan))
+            },
+        );
         let (nsid, bs, plan) = match planned {
             Ok(p) => p,
             Err(rej) => return self.complete_lba(i, rej.status, rej.lba, t),
@@ -670,6 +701,19 @@ impl QueueCore {
             self.pool.put(buf);
             return self.complete(i, Status::generic(status::SC_INVALID_NS), 0, 0, t);
         };
+        if let IoPlan::Reservation(cmd) = plan {
+            return self.reservation(i, nsid, cmd, buf, t);
+        }
+        if Access::of_io_opcode(self.slots[usize::from(i)].sqe.opcode) == Some(Access::Write) {
+            // Counted before the check: a Preempt and Abort that changes the
+            // reservation after this check waits for this write.
+            b.stats.writes_in_flight.fetch_add(1, SeqCst);
+            self.slots[usize::from(i)].counted_write = true;
+            if let Err(st) = ns.resv.check(&b.ctrl.hostid, Access::Write) {
+                self.pool.put(buf);
+                return self.complete(i, st, 0, 0, t);
+            }
+        }
         let dev = ns.dev.clone();
         let req = |op, lba, blocks, buf| IoRequest {
             op,
@@ -694,10 +738,60 @@ impl QueueCore {
                 Ok(_) if !deallocate => IoFuture::ready(buf, Ok(())),
                 Ok(list) => io::deallocate_all(dev, list, buf),
             },
+            IoPlan::Reservation(_) => unreachable!("run above"),
         };
         match fut {
             IoFuture::Ready(Some(done)) => self.on_io_done(i, done, t),
             fut => t.wait_io(i, fut),
+        }
+    }
+
+    /// Runs a reservation command; Report returns its data, Preempt and
+    /// Abort completes once the preempted hosts' writes have drained.
+    fn reservation<T: Transport>(
+        &mut self,
+        i: u16,
+        nsid: u32,
+        cmd: resv_cmd::ResvCmd,
+        mut buf: AlignedBuf,
+        t: &mut T,
+    ) {
+        let b = self.bound.as_ref().expect("I/O queue");
+        let ns = find_namespace(&b.namespaces, nsid).expect("checked by the caller");
+        let res = resv_cmd::execute(
+            &self.target,
+            &b.ctrl,
+            nsid,
+            &ns.resv,
+            &*ns.dev,
+            cmd,
+            &mut buf,
+        );
+        let cid = self.slots[usize::from(i)].sqe.cid;
+        match res {
+            Err(st) => {
+                self.pool.put(buf);
+                self.complete(i, st, 0, 0, t)
+            }
+            Ok(_) if matches!(cmd, resv_cmd::ResvCmd::Report(_)) => {
+                let len = buf.len();
+                t.send_data(cid, buf, len, false);
+                self.complete(i, Status::SUCCESS, 0, 0, t)
+            }
+            Ok(resv_cmd::ResvDone { drain: Some(drain) }) if !drain.is_done() => {
+                let fut = async move {
+                    drain.await;
+                    IoDone {
+                        buf,
+                        result: Ok(()),
+                    }
+                };
+                t.wait_io(i, IoFuture::Pending(Box::pin(fut)));
+            }
+            Ok(_) => {
+                self.pool.put(buf);
+                self.complete(i, Status::SUCCESS, 0, 0, t)
+            }
         }
     }
 }

@@ -14,13 +14,14 @@ use nvme_wire::status;
 use proptest::prelude::*;
 
 use super::{QueueCore, Transport};
+use crate::Target;
 use crate::config::TransportConfig;
 use crate::controller::{AsyncEvent, FreeReason};
 use crate::subsystem::{Namespace, Subsystem};
-use crate::Target;
 
 pub(crate) const NQN: &str = "nqn.2026-01.io.flashpool:core";
-pub(crate) const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
+pub(crate) const HOST: &str =
+    "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
 pub(crate) const CC_ENABLE: u64 = 1 | (6 << 16) | (4 << 20);
 const BLOCK: u32 = 512;
 
@@ -162,7 +163,12 @@ pub(crate) fn connect_sqe(cid: u16, qid: u16) -> Sqe {
     in_capsule(s, 1024)
 }
 
-pub(crate) fn connect_data(cntlid: u16, subnqn: &str, hostnqn: &str, hostid: [u8; 16]) -> [u8; 1024] {
+pub(crate) fn connect_data(
+    cntlid: u16,
+    subnqn: &str,
+    hostnqn: &str,
+    hostid: [u8; 16],
+) -> [u8; 1024] {
     ConnectData {
         hostid,
         cntlid,
@@ -241,7 +247,12 @@ fn commands_before_connect_are_sequence_errors() {
     let t = target();
     let mut core = QueueCore::new(t.clone(), "test".into(), None);
     let mut rec = Rec::default();
-    core.on_command(&xfer(Sqe::new(admin_opc::IDENTIFY, 5), 4096), &[], true, &mut rec);
+    core.on_command(
+        &xfer(Sqe::new(admin_opc::IDENTIFY, 5), 4096),
+        &[],
+        true,
+        &mut rec,
+    );
     assert_eq!(sc(&rec.one()), (GENERIC, status::SC_CMD_SEQ_ERROR));
     core.on_command(&prop_get(6, prop::CAP, true), &[], true, &mut rec);
     assert_eq!(sc(&rec.one()), (GENERIC, status::SC_CMD_SEQ_ERROR));
@@ -278,7 +289,12 @@ fn connect_data_by_r2t_arrives_through_on_data() {
         type_byte: nvme_wire::sqe::SGL_TRANSPORT_DATA_BLOCK,
     };
     core.on_command(&s, &[], true, &mut rec);
-    let Some(Ev::NeedData { tag, cid: 3, len: 1024 }) = rec.ev.pop() else {
+    let Some(Ev::NeedData {
+        tag,
+        cid: 3,
+        len: 1024,
+    }) = rec.ev.pop()
+    else {
         panic!("expected a data request: {:?}", rec.ev);
     };
     // A second Connect while the first waits for its data.
@@ -297,7 +313,12 @@ fn connect_data_by_r2t_arrives_through_on_data() {
 fn bad_data_digest_is_a_retryable_transient_error() {
     let t = target();
     let (mut core, mut rec, _) = admin_queue(&t, [1; 16]);
-    core.on_command(&in_capsule(Sqe::new(admin_opc::KEEP_ALIVE, 8), 4), &[0; 4], false, &mut rec);
+    core.on_command(
+        &in_capsule(Sqe::new(admin_opc::KEEP_ALIVE, 8), 4),
+        &[0; 4],
+        false,
+        &mut rec,
+    );
     let c = rec.one();
     assert_eq!(sc(&c), (GENERIC, super::SC_TRANSIENT_TRANSPORT));
     assert!(!c.status.dnr);
@@ -308,7 +329,12 @@ fn cc_enable_reset_and_shutdown_through_the_core() {
     let t = target();
     let mut core = QueueCore::new(t.clone(), "test".into(), None);
     let mut rec = Rec::default();
-    core.on_command(&connect_sqe(1, 0), &connect_data(0xFFFF, NQN, HOST, [1; 16]), true, &mut rec);
+    core.on_command(
+        &connect_sqe(1, 0),
+        &connect_data(0xFFFF, NQN, HOST, [1; 16]),
+        true,
+        &mut rec,
+    );
     rec.one();
     // Admin commands need CC.EN first.
     core.on_command(&Sqe::new(admin_opc::KEEP_ALIVE, 2), &[], true, &mut rec);
@@ -327,7 +353,12 @@ fn cc_enable_reset_and_shutdown_through_the_core() {
     core.on_command(&prop_get(7, prop::CC, true), &[], true, &mut rec);
     assert_eq!(sc(&rec.one()), (GENERIC, status::SC_INVALID_FIELD));
     // Shutdown: CSTS.SHST reports complete; EOF then means the host left.
-    core.on_command(&prop_set(8, prop::CC, CC_ENABLE | (1 << 14)), &[], true, &mut rec);
+    core.on_command(
+        &prop_set(8, prop::CC, CC_ENABLE | (1 << 14)),
+        &[],
+        true,
+        &mut rec,
+    );
     rec.one();
     core.on_command(&prop_get(9, prop::CSTS, false), &[], true, &mut rec);
     assert_eq!(rec.one().dw0 & 0xC, 0x8);
@@ -342,7 +373,12 @@ fn identify_returns_data_then_completion() {
     s.cdw10 = 1;
     core.on_command(&s, &[], true, &mut rec);
     assert_eq!(rec.ev.len(), 2, "{:?}", rec.ev);
-    let Ev::Data { cid: 10, bytes, success: false } = &rec.ev[0] else {
+    let Ev::Data {
+        cid: 10,
+        bytes,
+        success: false,
+    } = &rec.ev[0]
+    else {
         panic!("{:?}", rec.ev[0]);
     };
     assert_eq!(u16::from_le_bytes([bytes[78], bytes[79]]), cntlid);
@@ -373,13 +409,26 @@ fn aers_are_held_until_an_event_and_limited() {
     let t = target();
     let (mut core, mut rec, _) = admin_queue(&t, [1; 16]);
     for cid in 0..crate::controller::AER_LIMIT as u16 {
-        core.on_command(&Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 20 + cid), &[], true, &mut rec);
+        core.on_command(
+            &Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 20 + cid),
+            &[],
+            true,
+            &mut rec,
+        );
     }
     assert!(rec.take_resps().is_empty());
     assert!(core.holds_aers());
-    core.on_command(&Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 30), &[], true, &mut rec);
+    core.on_command(
+        &Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 30),
+        &[],
+        true,
+        &mut rec,
+    );
     let c = rec.one();
-    assert_eq!((c.status.sct, c.status.sc), (status::SCT_CMD_SPECIFIC, status::SC_ASYNC_LIMIT));
+    assert_eq!(
+        (c.status.sct, c.status.sc),
+        (status::SCT_CMD_SPECIFIC, status::SC_ASYNC_LIMIT)
+    );
     let ctrl = core.controller().unwrap().clone();
     ctrl.queue_event(AsyncEvent::NS_CHANGED);
     core.on_events(&mut rec);
@@ -390,8 +439,16 @@ fn aers_are_held_until_an_event_and_limited() {
     ctrl.state.lock().pending_events.clear();
     core.on_events(&mut rec);
     assert!(rec.take_resps().is_empty());
-    ctrl.state.lock().pending_events.push_back(AsyncEvent::ANA_CHANGE);
-    core.on_command(&Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 31), &[], true, &mut rec);
+    ctrl.state
+        .lock()
+        .pending_events
+        .push_back(AsyncEvent::ANA_CHANGE);
+    core.on_command(
+        &Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 31),
+        &[],
+        true,
+        &mut rec,
+    );
     let c = rec.one();
     assert_eq!((c.cid, c.dw0), (31, AsyncEvent::ANA_CHANGE.0));
 }
@@ -401,22 +458,47 @@ fn io_queue_needs_an_enabled_controller() {
     let t = target();
     let mut a = QueueCore::new(t.clone(), "test".into(), None);
     let mut rec = Rec::default();
-    a.on_command(&connect_sqe(1, 0), &connect_data(0xFFFF, NQN, HOST, [1; 16]), true, &mut rec);
+    a.on_command(
+        &connect_sqe(1, 0),
+        &connect_data(0xFFFF, NQN, HOST, [1; 16]),
+        true,
+        &mut rec,
+    );
     let cntlid = rec.one().dw0 as u16;
     let mut q = QueueCore::new(t.clone(), "test".into(), None);
-    q.on_command(&connect_sqe(1, 1), &connect_data(cntlid, NQN, HOST, [1; 16]), true, &mut rec);
+    q.on_command(
+        &connect_sqe(1, 1),
+        &connect_data(cntlid, NQN, HOST, [1; 16]),
+        true,
+        &mut rec,
+    );
     assert_eq!(sc(&rec.one()), (GENERIC, status::SC_CMD_SEQ_ERROR));
     a.on_command(&prop_set(2, prop::CC, CC_ENABLE), &[], true, &mut rec);
     rec.one();
-    q.on_command(&connect_sqe(1, 1), &connect_data(cntlid, NQN, HOST, [1; 16]), true, &mut rec);
+    q.on_command(
+        &connect_sqe(1, 1),
+        &connect_data(cntlid, NQN, HOST, [1; 16]),
+        true,
+        &mut rec,
+    );
     assert!(rec.one().status.is_success());
     // The same QID twice.
     let mut q2 = QueueCore::new(t.clone(), "test".into(), None);
-    q2.on_command(&connect_sqe(1, 1), &connect_data(cntlid, NQN, HOST, [1; 16]), true, &mut rec);
+    q2.on_command(
+        &connect_sqe(1, 1),
+        &connect_data(cntlid, NQN, HOST, [1; 16]),
+        true,
+        &mut rec,
+    );
     assert_eq!(rec.one().status.sct, status::SCT_CMD_SPECIFIC);
     // Closing the I/O queue frees its QID.
     q.close(FreeReason::ConnectionClosed);
-    q2.on_command(&connect_sqe(1, 1), &connect_data(cntlid, NQN, HOST, [1; 16]), true, &mut rec);
+    q2.on_command(
+        &connect_sqe(1, 1),
+        &connect_data(cntlid, NQN, HOST, [1; 16]),
+        true,
+        &mut rec,
+    );
     assert!(rec.one().status.is_success());
 }
 
@@ -426,12 +508,27 @@ fn write_in_capsule_and_by_r2t_then_read_back() {
     let (_a, _, cntlid) = admin_queue(&t, [1; 16]);
     let (mut q, mut rec) = io_queue(&t, cntlid, [1; 16]);
     let data: Vec<u8> = (0..4096).map(|i| (i % 251) as u8).collect();
-    q.on_command(&in_capsule(rw(io_opc::WRITE, 40, 8, 8), 4096), &data, true, &mut rec);
+    q.on_command(
+        &in_capsule(rw(io_opc::WRITE, 40, 8, 8), 4096),
+        &data,
+        true,
+        &mut rec,
+    );
     drain(&mut q, &mut rec);
     assert!(rec.one().status.is_success());
     // 8 KiB by R2T.
-    q.on_command(&xfer(rw(io_opc::WRITE, 41, 16, 16), 8192), &[], true, &mut rec);
-    let Some(Ev::NeedData { tag, cid: 41, len: 8192 }) = rec.ev.pop() else {
+    q.on_command(
+        &xfer(rw(io_opc::WRITE, 41, 16, 16), 8192),
+        &[],
+        true,
+        &mut rec,
+    );
+    let Some(Ev::NeedData {
+        tag,
+        cid: 41,
+        len: 8192,
+    }) = rec.ev.pop()
+    else {
         panic!("{:?}", rec.ev);
     };
     let mut buf = rec.bufs.remove(&tag).unwrap();
@@ -439,9 +536,19 @@ fn write_in_capsule_and_by_r2t_then_read_back() {
     q.on_data(tag, buf, true, &mut rec);
     drain(&mut q, &mut rec);
     assert!(rec.one().status.is_success());
-    q.on_command(&xfer(rw(io_opc::READ, 42, 8, 24), 24 * 512), &[], true, &mut rec);
+    q.on_command(
+        &xfer(rw(io_opc::READ, 42, 8, 24), 24 * 512),
+        &[],
+        true,
+        &mut rec,
+    );
     drain(&mut q, &mut rec);
-    let Ev::Data { cid: 42, bytes, success: false } = &rec.ev[0] else {
+    let Ev::Data {
+        cid: 42,
+        bytes,
+        success: false,
+    } = &rec.ev[0]
+    else {
         panic!("{:?}", rec.ev);
     };
     assert_eq!(&bytes[..4096], &data[..]);
@@ -459,16 +566,41 @@ fn io_checks_before_any_data_moves() {
     let (_a, _, cntlid) = admin_queue(&t, [1; 16]);
     let (mut q, mut rec) = io_queue(&t, cntlid, [1; 16]);
     let cases = [
-        (xfer(rw(io_opc::READ, 1, 2047, 2), 1024), status::SC_LBA_RANGE),
+        (
+            xfer(rw(io_opc::READ, 1, 2047, 2), 1024),
+            status::SC_LBA_RANGE,
+        ),
         (xfer(rw(0x7E, 2, 0, 1), 512), status::SC_INVALID_OPCODE),
-        (xfer(rw(io_opc::READ, 3, 0, 8), 512), status::SC_SGL_INVALID_DATA_LEN),
-        (xfer(rw(io_opc::READ, 4, 0, 256), 256 * 512), status::SC_INVALID_FIELD),
-        (in_capsule(rw(io_opc::READ, 5, 0, 1), 512), status::SC_INVALID_FIELD),
-        (xfer(rw(io_opc::WRITE, 6, 0, 8), 512), status::SC_SGL_INVALID_DATA_LEN),
-        (xfer(rw(io_opc::FLUSH, 7, 0, 1), 512), status::SC_SGL_INVALID_DATA_LEN),
+        (
+            xfer(rw(io_opc::READ, 3, 0, 8), 512),
+            status::SC_SGL_INVALID_DATA_LEN,
+        ),
+        (
+            xfer(rw(io_opc::READ, 4, 0, 256), 256 * 512),
+            status::SC_INVALID_FIELD,
+        ),
+        (
+            in_capsule(rw(io_opc::READ, 5, 0, 1), 512),
+            status::SC_INVALID_FIELD,
+        ),
+        (
+            xfer(rw(io_opc::WRITE, 6, 0, 8), 512),
+            status::SC_SGL_INVALID_DATA_LEN,
+        ),
+        (
+            xfer(rw(io_opc::FLUSH, 7, 0, 1), 512),
+            status::SC_SGL_INVALID_DATA_LEN,
+        ),
     ];
     for (s, want) in cases {
-        let data = vec![0u8; if s.sgl.type_byte == SGL_DATA_BLOCK_OFFSET { s.sgl.length as usize } else { 0 }];
+        let data = vec![
+            0u8;
+            if s.sgl.type_byte == SGL_DATA_BLOCK_OFFSET {
+                s.sgl.length as usize
+            } else {
+                0
+            }
+        ];
         q.on_command(&s, &data, true, &mut rec);
         let c = rec.one();
         assert_eq!((c.cid, c.status.sc), (s.cid, want), "{s:?}");
@@ -484,7 +616,12 @@ fn io_checks_before_any_data_moves() {
     q.on_command(&fused, &[], true, &mut rec);
     assert_eq!(rec.one().status.sc, status::SC_INVALID_FIELD);
     // Admin opcodes on an I/O queue and vice versa.
-    q.on_command(&xfer(Sqe::new(admin_opc::IDENTIFY, 10), 4096), &[], true, &mut rec);
+    q.on_command(
+        &xfer(Sqe::new(admin_opc::IDENTIFY, 10), 4096),
+        &[],
+        true,
+        &mut rec,
+    );
     assert_eq!(rec.one().status.sc, status::SC_INVALID_OPCODE);
     q.on_command(&prop_get(11, prop::CAP, true), &[], true, &mut rec);
     assert_eq!(rec.one().status.sc, status::SC_INVALID_OPCODE);
@@ -509,13 +646,26 @@ fn a_full_queue_answers_without_a_slot() {
     let n = q.slot_count() as u16;
     // Writes by R2T hold their slots until data comes.
     for cid in 0..n {
-        q.on_command(&xfer(rw(io_opc::WRITE, cid, 0, 1), 512), &[], true, &mut rec);
+        q.on_command(
+            &xfer(rw(io_opc::WRITE, cid, 0, 1), 512),
+            &[],
+            true,
+            &mut rec,
+        );
     }
     assert_eq!(rec.bufs.len(), n as usize);
-    q.on_command(&xfer(rw(io_opc::WRITE, 999, 0, 1), 512), &[], true, &mut rec);
+    q.on_command(
+        &xfer(rw(io_opc::WRITE, 999, 0, 1), 512),
+        &[],
+        true,
+        &mut rec,
+    );
     let c = rec.take_resps();
     assert_eq!(c.len(), 1);
-    assert_eq!((c[0].cid, c[0].status.sc, c[0].status.dnr), (999, status::SC_INTERNAL, false));
+    assert_eq!(
+        (c[0].cid, c[0].status.sc, c[0].status.dnr),
+        (999, status::SC_INTERNAL, false)
+    );
 }
 
 #[test]
@@ -524,7 +674,9 @@ fn disconnect_answers_then_closes() {
     let (mut core, mut rec, _) = admin_queue(&t, [1; 16]);
     let s = fabrics_sqe(fctype::DISCONNECT, 12);
     core.on_command(&s, &[], true, &mut rec);
-    assert!(matches!(rec.ev[..], [Ev::Resp(c), Ev::Disconnect] if c.cid == 12 && c.status.is_success()));
+    assert!(
+        matches!(rec.ev[..], [Ev::Resp(c), Ev::Disconnect] if c.cid == 12 && c.status.is_success())
+    );
 }
 
 #[test]
@@ -537,12 +689,27 @@ fn dsm_deallocate_checks_ranges() {
     s.cdw10 = 1; // two ranges
     s.cdw11 = nvme_wire::sqe::DSM_ATTR_DEALLOCATE;
     let mut d = [0u8; 32];
-    nvme_wire::sqe::DsmRange { attributes: 0, nlb: 8, slba: 0 }.encode(&mut d[..16]);
-    nvme_wire::sqe::DsmRange { attributes: 0, nlb: 8, slba: 8 }.encode(&mut d[16..]);
+    nvme_wire::sqe::DsmRange {
+        attributes: 0,
+        nlb: 8,
+        slba: 0,
+    }
+    .encode(&mut d[..16]);
+    nvme_wire::sqe::DsmRange {
+        attributes: 0,
+        nlb: 8,
+        slba: 8,
+    }
+    .encode(&mut d[16..]);
     q.on_command(&in_capsule(s, 32), &d, true, &mut rec);
     drain(&mut q, &mut rec);
     assert!(rec.one().status.is_success());
-    nvme_wire::sqe::DsmRange { attributes: 0, nlb: 8, slba: 2044 }.encode(&mut d[16..]);
+    nvme_wire::sqe::DsmRange {
+        attributes: 0,
+        nlb: 8,
+        slba: 2044,
+    }
+    .encode(&mut d[16..]);
     q.on_command(&in_capsule(s, 32), &d, true, &mut rec);
     drain(&mut q, &mut rec);
     assert_eq!(rec.one().status.sc, status::SC_LBA_RANGE);
@@ -551,7 +718,16 @@ fn dsm_deallocate_checks_ranges() {
 /// A random command for the property test.
 fn arb_cmd() -> impl Strategy<Value = (u8, u8, u32, u32, u32, u8, u32, bool, bool)> {
     (
-        prop_oneof![Just(0u8), Just(1), Just(2), Just(8), Just(9), Just(6), Just(0x7F), any::<u8>()],
+        prop_oneof![
+            Just(0u8),
+            Just(1),
+            Just(2),
+            Just(8),
+            Just(9),
+            Just(6),
+            Just(0x7F),
+            any::<u8>()
+        ],
         prop_oneof![Just(0x40u8), any::<u8>()],
         prop_oneof![Just(1u32), any::<u32>()],
         any::<u32>(),

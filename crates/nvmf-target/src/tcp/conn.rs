@@ -20,9 +20,9 @@ use futures_util::stream::FuturesUnordered;
 use nvme_wire::cqe::Cqe;
 use nvme_wire::digest::{DIGEST_LEN, crc32c, data_digest, data_digest_trailer};
 use nvme_wire::pdu::{
-    C2HDataHdr, CH_LEN, CommonHeader, DigestMode, Fes, H2C_OFF_CCCID, H2C_OFF_DATAL,
-    H2C_OFF_DATAO, H2C_OFF_TTAG, H2CDataHdr, ICREQ_OFF_HPDA, ICREQ_OFF_PFV, ICReq, ICResp,
-    PDU_HDR_MAX, PduType, R2THdr, TERMREQ_HLEN, TERMREQ_MAX_DATA, TermReq, encode_capsule_resp,
+    C2HDataHdr, CH_LEN, CommonHeader, DigestMode, Fes, H2C_OFF_CCCID, H2C_OFF_DATAL, H2C_OFF_DATAO,
+    H2C_OFF_TTAG, H2CDataHdr, ICREQ_OFF_HPDA, ICREQ_OFF_PFV, ICReq, ICResp, PDU_HDR_MAX, PduType,
+    R2THdr, TERMREQ_HLEN, TERMREQ_MAX_DATA, TermReq, encode_capsule_resp,
 };
 use nvme_wire::sqe::{Sqe, io_opc};
 use tokio::io::AsyncReadExt;
@@ -416,9 +416,7 @@ impl Conn {
         {
             let have = avail - l.data_off;
             let off = h.datao as usize;
-            let p = self.io.r2t[usize::from(tag)]
-                .as_mut()
-                .expect("checked R2T");
+            let p = self.io.r2t[usize::from(tag)].as_mut().expect("checked R2T");
             p.buf[off..off + have].copy_from_slice(&pdu[l.data_off..]);
             self.direct = Some(DirectRx {
                 tag,
@@ -532,7 +530,12 @@ impl Conn {
     /// tag and the header, or None after queuing a fatal error.
     fn h2c_check(&mut self, l: &PduLayout, hdr: &[u8]) -> Option<(u16, H2CDataHdr)> {
         let h = H2CDataHdr::decode(hdr).expect("24-byte header");
-        let err = match self.io.r2t.get(usize::from(h.ttag)).and_then(Option::as_ref) {
+        let err = match self
+            .io
+            .r2t
+            .get(usize::from(h.ttag))
+            .and_then(Option::as_ref)
+        {
             None => Some((Fes::InvalidHeaderField, H2C_OFF_TTAG)),
             Some(p) if p.cid != h.cccid => Some((Fes::InvalidHeaderField, H2C_OFF_CCCID)),
             Some(_) if h.datal as usize != l.data_len || h.datal == 0 => {
@@ -563,9 +566,7 @@ impl Conn {
         let data = &pdu[l.data_off..l.data_off + l.data_len];
         let bad_digest = l.dd && !digest_ok(data, &pdu[l.data_off + l.data_len..]);
         let off = h.datao as usize;
-        let p = self.io.r2t[usize::from(tag)]
-            .as_mut()
-            .expect("checked R2T");
+        let p = self.io.r2t[usize::from(tag)].as_mut().expect("checked R2T");
         p.buf[off..off + data.len()].copy_from_slice(data);
         self.h2c_received(tag, h.datal, bad_digest);
     }
@@ -581,8 +582,7 @@ impl Conn {
             return;
         }
         let p = slot.take().expect("pending R2T");
-        self.core
-            .on_data(tag, p.buf, !p.digest_error, &mut self.io);
+        self.core.on_data(tag, p.buf, !p.digest_error, &mut self.io);
     }
 
     // ---- teardown
