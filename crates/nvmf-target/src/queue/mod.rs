@@ -14,6 +14,8 @@
 pub mod sgl;
 
 #[cfg(test)]
+mod resv_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::VecDeque;

@@ -1,0 +1,243 @@
+//! Reservations through the command core: two hosts on one namespace, the
+//! access checks on their I/O, notifications, and Preempt and Abort draining
+//! the preempted host's in-flight writes.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use nvme_wire::reservation::{AcquireData, RegisterData, ReleaseData, log_type};
+use nvme_wire::sqe::{Sqe, admin_opc, io_opc};
+use nvme_wire::status;
+
+use super::QueueCore;
+use super::tests::*;
+use crate::controller::AsyncEvent;
+
+const A: [u8; 16] = [0xA; 16];
+const B: [u8; 16] = [0xB; 16];
+
+/// Host `hostid`'s admin queue (enabled, reservation AENs armed) and I/O queue.
+struct Host {
+    admin: QueueCore,
+    arec: Rec,
+    io: QueueCore,
+    rec: Rec,
+}
+
+fn host(t: &Arc<crate::Target>, hostid: [u8; 16]) -> Host {
+    let (admin, arec, cntlid) = admin_queue(t, hostid);
+    let (io, rec) = io_queue(t, cntlid, hostid);
+    Host {
+        admin,
+        arec,
+        io,
+        rec,
+    }
+}
+
+fn resv(opc: u8, cid: u16, cdw10: u32, data: &[u8]) -> (Sqe, Vec<u8>) {
+    let mut s = Sqe::new(opc, cid);
+    s.nsid = 1;
+    s.cdw10 = cdw10;
+    (in_capsule(s, data.len()), data.to_vec())
+}
+
+impl Host {
+    /// Runs one I/O command; returns its status code (type, code).
+    fn cmd(&mut self, s: &Sqe, data: &[u8]) -> (u8, u8) {
+        self.io.on_command(s, data, true, &mut self.rec);
+        drain(&mut self.io, &mut self.rec);
+        let c = self.rec.one();
+        (c.status.sct, c.status.sc)
+    }
+    fn register(&mut self, rrega: u32, crkey: u64, nrkey: u64) -> (u8, u8) {
+        let (s, d) = resv(
+            io_opc::RESV_REGISTER,
+            1,
+            rrega,
+            &RegisterData { crkey, nrkey }.encode(),
+        );
+        self.cmd(&s, &d)
+    }
+    fn acquire(&mut self, racqa: u32, rtype: u32, crkey: u64, prkey: u64) -> (u8, u8) {
+        let d = AcquireData { crkey, prkey }.encode();
+        let (s, d) = resv(io_opc::RESV_ACQUIRE, 2, racqa | (rtype << 8), &d);
+        self.cmd(&s, &d)
+    }
+    fn release(&mut self, rrela: u32, rtype: u32, crkey: u64) -> (u8, u8) {
+        let (s, d) = resv(
+            io_opc::RESV_RELEASE,
+            3,
+            rrela | (rtype << 8),
+            &ReleaseData { crkey }.encode(),
+        );
+        self.cmd(&s, &d)
+    }
+    fn write(&mut self) -> (u8, u8) {
+        let mut s = Sqe::new(io_opc::WRITE, 4);
+        s.nsid = 1;
+        self.cmd(&in_capsule(s, 512), &[0x5A; 512])
+    }
+    fn read(&mut self) -> (u8, u8) {
+        let mut s = Sqe::new(io_opc::READ, 5);
+        s.nsid = 1;
+        self.io.on_command(&xfer(s, 512), &[], true, &mut self.rec);
+        drain(&mut self.io, &mut self.rec);
+        let c = self.rec.take_resps()[0];
+        (c.status.sct, c.status.sc)
+    }
+    /// Reservation Report (extended): (generation, rtype, registrant count).
+    fn report(&mut self) -> (u32, u8, u16) {
+        let mut s = Sqe::new(io_opc::RESV_REPORT, 6);
+        s.nsid = 1;
+        s.cdw10 = 4096 / 4 - 1;
+        s.cdw11 = 1;
+        self.io.on_command(&xfer(s, 4096), &[], true, &mut self.rec);
+        let Some(Ev::Data { bytes, .. }) = self.rec.ev.first() else {
+            panic!("no report data: {:?}", self.rec.ev);
+        };
+        let r = (
+            u32::from_le_bytes(bytes[0..4].try_into().unwrap()),
+            bytes[4],
+            u16::from_le_bytes([bytes[5], bytes[6]]),
+        );
+        assert!(self.rec.take_resps()[0].status.is_success());
+        r
+    }
+}
+
+const OK: (u8, u8) = (0, 0);
+const CONFLICT: (u8, u8) = (status::SCT_GENERIC, status::SC_RESERVATION_CONFLICT);
+
+#[test]
+fn write_exclusive_then_preempt_and_abort() {
+    let t = target();
+    let mut a = host(&t, A);
+    let mut b = host(&t, B);
+    assert_eq!(a.register(0, 0, 0xA1), OK);
+    assert_eq!(b.register(0, 0, 0xB2), OK);
+    assert_eq!(a.report(), (2, 0, 2));
+    assert_eq!(a.acquire(0, 1, 0xA1, 0), OK);
+    // Write Exclusive: the other host reads but does not write.
+    assert_eq!(b.write(), CONFLICT);
+    assert_eq!(b.read(), OK);
+    assert_eq!(a.write(), OK);
+    // A wrong key is a conflict and changes nothing.
+    assert_eq!(b.acquire(2, 1, 0xBAD, 0xA1), CONFLICT);
+    assert_eq!(a.write(), OK);
+    // Preempt and abort: B holds it now, A is no longer registered.
+    assert_eq!(b.acquire(2, 1, 0xB2, 0xA1), OK);
+    assert_eq!(a.write(), CONFLICT);
+    assert_eq!(b.write(), OK);
+    assert_eq!(b.report(), (3, 1, 1));
+    // A was told: an AEN for log page 80h, whose entry names the preemption.
+    a.admin.on_command(
+        &Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 9),
+        &[],
+        true,
+        &mut a.arec,
+    );
+    let c = a.arec.one();
+    assert_eq!(c.dw0, AsyncEvent::RESV_LOG.0);
+    let mut s = Sqe::new(admin_opc::GET_LOG_PAGE, 10);
+    s.cdw10 = 0x80 | ((64 / 4 - 1) << 16);
+    s.nsid = 0xFFFF_FFFF;
+    a.admin.on_command(&xfer(s, 64), &[], true, &mut a.arec);
+    let Some(Ev::Data { bytes, .. }) = a.arec.ev.first() else {
+        panic!("{:?}", a.arec.ev);
+    };
+    assert_eq!(bytes[8], log_type::REGISTRATION_PREEMPTED);
+    assert_eq!(u32::from_le_bytes(bytes[12..16].try_into().unwrap()), 1);
+    a.arec.take_resps();
+    // Release, then clear.
+    assert_eq!(b.release(0, 1, 0xB2), OK);
+    assert_eq!(a.write(), OK);
+    assert_eq!(b.release(1, 0, 0xB2), OK);
+    assert_eq!(b.report().2, 0);
+}
+
+#[test]
+fn bad_reservation_commands_are_refused() {
+    let t = target();
+    let mut a = host(&t, A);
+    // Unknown acquire action: invalid field; nothing changed.
+    assert_eq!(a.register(0, 0, 1), OK);
+    assert_eq!(
+        a.acquire(5, 1, 1, 0),
+        (status::SCT_GENERIC, status::SC_INVALID_FIELD)
+    );
+    assert_eq!(a.report().1, 0);
+    // Data length other than the command's: an SGL error.
+    let (s, _) = resv(io_opc::RESV_REGISTER, 7, 0, &[0; 8]);
+    assert_eq!(a.cmd(&s, &[0; 8]).1, status::SC_SGL_INVALID_DATA_LEN);
+    // Classic report format with 128-bit host IDs: Host ID Inconsistent Format.
+    let mut s = Sqe::new(io_opc::RESV_REPORT, 8);
+    s.nsid = 1;
+    s.cdw10 = 63;
+    a.io.on_command(&xfer(s, 256), &[], true, &mut a.rec);
+    assert_eq!(a.rec.one().status.sc, status::SC_HOST_ID_INCONSISTENT);
+    // A report over the transfer limit.
+    s.cdw10 = u32::MAX;
+    s.cdw11 = 1;
+    a.io.on_command(&xfer(s, 0), &[], true, &mut a.rec);
+    assert_eq!(a.rec.one().status.sc, status::SC_INVALID_FIELD);
+}
+
+#[test]
+fn a_zero_host_id_cannot_register() {
+    let t = target();
+    let mut z = host(&t, [0; 16]);
+    assert_eq!(z.register(0, 0, 1).1, status::SC_HOST_ID_INCONSISTENT);
+}
+
+#[test]
+fn preempt_and_abort_waits_for_the_preempted_writes() {
+    let t = target();
+    let mut a = host(&t, A);
+    let mut b = host(&t, B);
+    assert_eq!(a.register(0, 0, 0xA1), OK);
+    assert_eq!(b.register(0, 0, 0xB2), OK);
+    assert_eq!(a.acquire(0, 1, 0xA1, 0), OK);
+    // A write of A's that passed its check and is still on the device.
+    let stats = a.io.bound.as_ref().unwrap().stats.clone();
+    stats.writes_in_flight.fetch_add(1, Ordering::SeqCst);
+    let d = AcquireData {
+        crkey: 0xB2,
+        prkey: 0xA1,
+    }
+    .encode();
+    let (s, d) = resv(io_opc::RESV_ACQUIRE, 20, 2 | (1 << 8), &d);
+    b.io.on_command(&s, &d, true, &mut b.rec);
+    assert!(
+        b.rec.take_resps().is_empty(),
+        "completed while A's write was in flight"
+    );
+    assert_eq!(b.rec.waiting.len(), 1);
+    // Still waiting on a poll.
+    let (tag, mut fut) = b.rec.waiting.pop().unwrap();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(std::pin::Pin::new(&mut fut).poll(&mut cx).is_pending());
+    stats.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
+    let std::task::Poll::Ready(done) = std::pin::Pin::new(&mut fut).poll(&mut cx) else {
+        panic!("drain did not finish");
+    };
+    b.io.on_io_done(tag, done, &mut b.rec);
+    assert!(b.rec.one().status.is_success());
+    assert_eq!(a.write(), CONFLICT);
+}
+
+#[test]
+fn writes_count_in_flight_until_they_complete() {
+    let t = target();
+    let mut a = host(&t, A);
+    let stats = a.io.bound.as_ref().unwrap().stats.clone();
+    assert_eq!(a.write(), OK);
+    assert_eq!(stats.writes_in_flight.load(Ordering::SeqCst), 0);
+    // A refused write leaves no count behind.
+    let mut b = host(&t, B);
+    assert_eq!(b.register(0, 0, 2), OK);
+    assert_eq!(b.acquire(0, 2, 2, 0), OK);
+    assert_eq!(a.write(), CONFLICT);
+    assert_eq!(a.read(), CONFLICT, "exclusive access");
+    assert_eq!(stats.writes_in_flight.load(Ordering::SeqCst), 0);
+}
