@@ -193,6 +193,7 @@ mod tests {
             subnqn: "nqn.x:y",
             in_capsule_data: 8192,
             ana: None,
+            wctemp: 343,
         }
         .encode(&mut b);
         let c = ControllerInfo::parse(&b).unwrap();
@@ -209,6 +210,9 @@ mod tests {
         assert_eq!(c.max_transfer(), Some(1 << 20));
         NsEnc {
             nsze: 1000,
+            nuse: 1000,
+            thin: false,
+            rescap: 0,
             lba_shift: 12,
             dealloc_reads_zeroes: true,
             shared: true,
