@@ -331,6 +331,20 @@ mod tests {
     }
 
     #[test]
+    fn record_area_field() {
+        // Volumes made before records have zeroes at 72..80: no record area.
+        let mut sb = sample();
+        sb.records_at = 0;
+        let b = sb.encode();
+        assert_eq!(b[72..80], [0u8; 8]);
+        assert_eq!(Superblock::decode(&b).unwrap().records_at, 0);
+        // An area past the metadata is refused.
+        sb.records_at = sb.meta_bytes - 4096;
+        let e = Superblock::decode(&sb.encode()).unwrap_err();
+        assert!(matches!(e, SuperblockError::Bad(_)), "{e}");
+    }
+
+    #[test]
     fn crc32c_known_value() {
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);
     }
