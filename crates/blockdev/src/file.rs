@@ -13,6 +13,7 @@
 //! future cannot free memory the kernel is still writing.
 
 use std::collections::VecDeque;
+use std::ffi::CStr;
 use std::fs::{File, OpenOptions};
 use std::future::Future;
 use std::io;
@@ -30,7 +31,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::{
     AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
-    check_request, human_size,
+    RECORD_MAX, RecordKind, check_request, human_size,
 };
 
 /// Submission queue depth; more requests than this in flight just means a
@@ -79,6 +80,9 @@ pub struct FileDevice {
     inner: Arc<Inner>,
     reaper: Mutex<Option<JoinHandle<()>>>,
     describe: String,
+    path: PathBuf,
+    /// Whether device-kept records work here; the error says why not.
+    records: Result<(), String>,
 }
 
 /// State shared by submitters and the reaper thread.
@@ -315,6 +319,10 @@ impl FileDevice {
         let geo = Geometry::checked(&shown.to_string(), size, opts.block_size)?;
 
         let punch_hole = kind == Kind::File && probe_punch_hole(&file, bs);
+        let records = match kind {
+            Kind::File => probe_records(fd),
+            Kind::BlockDevice => Err(BLOCK_DEVICE_NO_RECORDS.to_string()),
+        };
 
         let ring = IoUring::builder()
             .setup_cqsize(CQ_ENTRIES)
@@ -373,6 +381,8 @@ impl FileDevice {
             inner,
             reaper: Mutex::new(Some(reaper)),
             describe,
+            path: path.to_owned(),
+            records,
         })
     }
 
@@ -393,6 +403,62 @@ impl FileDevice {
     #[cfg(test)]
     fn force_zero_writes(&self) {
         self.inner.zero_range.store(false, Ordering::Relaxed);
+    }
+}
+
+// Device-kept records (`BlockDevice::store_record`) of a regular file live in
+// an extended attribute of the file itself: they travel with it (`cp -a`,
+// `rsync -X`), cannot go stale beside it, and leave its size alone. Setting
+// one attribute replaces its value atomically in the filesystem (journaled
+// metadata on ext4/xfs), and an fsync of the file makes it durable.
+//
+// A block device has nowhere like that: device nodes take no user xattrs,
+// and every byte of the device is the namespace's data, which users already
+// have on it; taking some silently would destroy it. So a block device keeps
+// no records; a volume over it does (in its members' metadata area).
+const BLOCK_DEVICE_NO_RECORDS: &str = "a block device keeps no records: device nodes take no \
+     extended attributes and its every byte is namespace data flashpool will not take; \
+     serve it as a member of a volume (which keeps records in its metadata area) or from a file";
+
+/// The extended attribute that keeps the record of `kind` on a regular file.
+pub fn record_xattr(kind: RecordKind) -> &'static CStr {
+    match kind {
+        RecordKind::Reservations => c"user.flashpool.rec.reservations",
+    }
+}
+
+/// Whether the file's filesystem keeps user extended attributes, without
+/// changing the file.
+fn probe_records(fd: RawFd) -> Result<(), String> {
+    let name = record_xattr(RecordKind::Reservations);
+    // SAFETY: a NUL-terminated name and a null buffer of size 0 (asks the size).
+    let r = unsafe { libc::fgetxattr(fd, name.as_ptr(), std::ptr::null_mut(), 0) };
+    if r >= 0 {
+        return Ok(());
+    }
+    match last_errno() {
+        libc::ENODATA => {}
+        e => return Err(xattr_reason(e)),
+    }
+    // Replacing an attribute that is not there fails with ENODATA where user
+    // attributes work, and with ENOTSUP where they do not; nothing changes.
+    // SAFETY: a NUL-terminated name and an empty value.
+    let r = unsafe { libc::fsetxattr(fd, name.as_ptr(), std::ptr::null(), 0, libc::XATTR_REPLACE) };
+    match (r, last_errno()) {
+        (0, _) | (_, libc::ENODATA) => Ok(()),
+        (_, e) => Err(xattr_reason(e)),
+    }
+}
+
+fn xattr_reason(errno: i32) -> String {
+    let e = io::Error::from_raw_os_error(errno);
+    if errno == libc::ENOTSUP {
+        format!(
+            "its filesystem does not support user extended attributes ({e}); \
+             put the file on ext4, xfs or tmpfs (with user_xattr)"
+        )
+    } else {
+        format!("its extended attributes cannot be used: {e}")
     }
 }
 
@@ -857,6 +923,108 @@ impl BlockDevice for FileDevice {
         self.describe.clone()
     }
 
+    fn keeps_records(&self) -> bool {
+        self.records.is_ok()
+    }
+
+    fn load_record(&self, kind: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
+        if self.records.is_err() {
+            return Ok(None);
+        }
+        let file = self.inner.file.read();
+        let Some(file) = file.as_ref() else {
+            return Err(shut_down());
+        };
+        let name = record_xattr(kind);
+        let mut buf = vec![0u8; RECORD_MAX];
+        // SAFETY: a NUL-terminated name and a buffer of `buf.len()` bytes we own.
+        let r = unsafe {
+            libc::fgetxattr(
+                file.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if r < 0 {
+            return match last_errno() {
+                libc::ENODATA => Ok(None),
+                libc::ERANGE => Err(config(format!(
+                    "{}: extended attribute {} is larger than {RECORD_MAX} bytes, \
+                     so not a flashpool {kind:?} record; remove it (`setfattr -x {} {}`)",
+                    self.path.display(),
+                    name.to_string_lossy(),
+                    name.to_string_lossy(),
+                    self.path.display()
+                ))),
+                e => Err(BlockError::Io(io::Error::new(
+                    io::Error::from_raw_os_error(e).kind(),
+                    format!(
+                        "{}: reading extended attribute {}: {}",
+                        self.path.display(),
+                        name.to_string_lossy(),
+                        io::Error::from_raw_os_error(e)
+                    ),
+                ))),
+            };
+        }
+        buf.truncate(r as usize);
+        Ok(Some(buf))
+    }
+
+    fn store_record(&self, kind: RecordKind, data: &[u8]) -> Result<(), BlockError> {
+        let name = record_xattr(kind);
+        if let Err(reason) = &self.records {
+            return Err(config(format!(
+                "{}: cannot keep the {kind:?} record: {reason}",
+                self.path.display()
+            )));
+        }
+        if data.len() > RECORD_MAX {
+            return Err(config(format!(
+                "{}: a {kind:?} record of {} bytes is over the {RECORD_MAX}-byte limit",
+                self.path.display(),
+                data.len()
+            )));
+        }
+        let file = self.inner.file.read();
+        let Some(file) = file.as_ref() else {
+            return Err(shut_down());
+        };
+        // SAFETY: a NUL-terminated name and `data.len()` readable bytes.
+        let r = unsafe {
+            libc::fsetxattr(
+                file.as_raw_fd(),
+                name.as_ptr(),
+                data.as_ptr().cast(),
+                data.len(),
+                0,
+            )
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            return Err(BlockError::Io(io::Error::new(
+                e.kind(),
+                format!(
+                    "{}: setting extended attribute {} ({} bytes): {e}",
+                    self.path.display(),
+                    name.to_string_lossy(),
+                    data.len()
+                ),
+            )));
+        }
+        // The attribute is inode metadata: fsync, not fdatasync, makes it durable.
+        file.sync_all().map_err(|e| {
+            BlockError::Io(io::Error::new(
+                e.kind(),
+                format!(
+                    "{}: fsync after storing the {kind:?} record: {e}",
+                    self.path.display()
+                ),
+            ))
+        })
+    }
+
     /// Waits for in-flight I/O, stops the reaper, makes the data durable and closes.
     fn shutdown(&self) -> Result<(), BlockError> {
         let mut reaper = self.reaper.lock();
@@ -1133,6 +1301,15 @@ mod tests {
         eprintln!("{}", dev.describe());
         assert!(dev.describe().starts_with("block device"));
         assert!(!dev.deallocate_reads_zeroes());
+        assert!(
+            !dev.keeps_records(),
+            "no xattrs on device nodes, no data area taken"
+        );
+        let e = dev
+            .store_record(RecordKind::Reservations, b"x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("block device keeps no records"), "{e}");
         let small = FileDevice::open(FileOptions {
             size: Some(4 << 20),
             ..opts.clone()
@@ -1150,6 +1327,117 @@ mod tests {
         .expect("too big")
         .to_string();
         assert!(e.contains("less than size"), "{e}");
+    }
+
+    #[test]
+    fn records_live_in_an_xattr_and_survive_reopen() {
+        // The target dir (ext4/xfs here) and /dev/shm (tmpfs).
+        for base in bases() {
+            let dir = TempDir::new(&base, "records");
+            let path = dir.file("r.img");
+            let dev = new_file(&path, 1 << 20, 4096);
+            if !dev.keeps_records() {
+                let e = dev
+                    .store_record(RecordKind::Reservations, b"x")
+                    .unwrap_err()
+                    .to_string();
+                eprintln!("{}: no records: {e}", base.display());
+                assert!(e.contains(&*path.to_string_lossy()), "{e}");
+                continue;
+            }
+            assert_eq!(dev.load_record(RecordKind::Reservations).unwrap(), None);
+            let data = b"first".to_vec();
+            write(&dev, 3, &[7u8; 4096]);
+            dev.store_record(RecordKind::Reservations, &data).unwrap();
+            assert_eq!(
+                dev.load_record(RecordKind::Reservations).unwrap(),
+                Some(data)
+            );
+            let mut big = vec![0u8; RECORD_MAX];
+            Rng::new(9).fill(&mut big);
+            dev.store_record(RecordKind::Reservations, &big).unwrap();
+            assert_eq!(
+                dev.load_record(RecordKind::Reservations).unwrap().as_ref(),
+                Some(&big),
+                "replaced"
+            );
+            let e = dev
+                .store_record(RecordKind::Reservations, &vec![1u8; RECORD_MAX + 1])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("2049 bytes") && e.contains("2048"), "{e}");
+            assert_eq!(
+                dev.load_record(RecordKind::Reservations).unwrap().as_ref(),
+                Some(&big),
+                "a refused record leaves the old one"
+            );
+            dev.store_record(RecordKind::Reservations, b"").unwrap();
+            assert_eq!(
+                dev.load_record(RecordKind::Reservations).unwrap(),
+                Some(vec![])
+            );
+            dev.store_record(RecordKind::Reservations, b"kept").unwrap();
+            dev.shutdown().unwrap();
+            assert!(dev.load_record(RecordKind::Reservations).is_err());
+            drop(dev);
+
+            // A new device on the same path sees it; the size is unchanged.
+            let dev = FileDevice::open(FileOptions {
+                path: path.clone(),
+                size: None,
+                block_size: 4096,
+                create: false,
+            })
+            .unwrap();
+            assert!(dev.keeps_records());
+            assert_eq!(dev.geometry().size_bytes(), 1 << 20);
+            assert_eq!(read(&dev, 3, 1), vec![7u8; 4096]);
+            assert_eq!(
+                dev.load_record(RecordKind::Reservations).unwrap(),
+                Some(b"kept".to_vec())
+            );
+            // It is in the file's own metadata, under the documented name.
+            let name = record_xattr(RecordKind::Reservations);
+            let f = File::open(&path).unwrap();
+            let mut buf = [0u8; 16];
+            // SAFETY: NUL-terminated name, buffer of 16 bytes we own.
+            let n = unsafe {
+                libc::fgetxattr(
+                    f.as_raw_fd(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            assert_eq!(n, 4);
+            assert_eq!(&buf[..4], b"kept");
+        }
+    }
+
+    #[test]
+    fn records_refused_with_the_reason() {
+        let dir = TempDir::new(&std::env::temp_dir(), "norec");
+        let path = dir.file("n.img");
+        let mut dev = new_file(&path, 1 << 20, 4096);
+        // As a filesystem without user xattrs (ENOTSUP) reports it.
+        dev.records = Err(xattr_reason(libc::ENOTSUP));
+        assert!(!dev.keeps_records());
+        assert_eq!(dev.load_record(RecordKind::Reservations).unwrap(), None);
+        let e = dev
+            .store_record(RecordKind::Reservations, b"x")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&*path.to_string_lossy()) && e.contains("extended attributes"),
+            "{e}"
+        );
+        // A block device says why it keeps none.
+        dev.records = Err(BLOCK_DEVICE_NO_RECORDS.to_string());
+        let e = dev
+            .store_record(RecordKind::Reservations, b"x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("volume"), "{e}");
     }
 
     #[test]

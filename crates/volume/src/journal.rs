@@ -53,7 +53,8 @@
 //! write, not only degraded ones.
 //!
 //! On-member format: the journal takes the part of each member's metadata
-//! area after the superblock and the intent bitmap, cut into slots of
+//! area after the superblock and the intent bitmap (up to the record area,
+//! [`crate::records`], where the superblock names one), cut into slots of
 //! `4 KiB + m * strip_bytes`, so every record fits one slot (the offsets
 //! follow from the superblock's `meta_bytes`, `region_stripes` and
 //! `strip_bytes`). A slot starts with a 4 KiB header, payload after it:

@@ -5,7 +5,8 @@
 //! like any other namespace.
 //!
 //! On-member format: the first `meta_bytes` of every member hold the
-//! [`superblock`] (4 KiB) and then the [`intent`] bitmap; data starts after.
+//! [`superblock`] (4 KiB), then the [`intent`] bitmap, then the write
+//! journal, and at the end the device-kept [`records`]; data starts after.
 
 pub mod fault;
 pub mod intent;
@@ -13,6 +14,7 @@ mod journal;
 pub mod layout;
 pub mod parity;
 pub mod rebuild;
+pub mod records;
 pub mod superblock;
 pub mod thin;
 mod volume;

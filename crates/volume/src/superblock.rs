@@ -16,6 +16,7 @@
 //! | 52 | 4 | strip bytes |
 //! | 56 | 8 | metadata bytes at the start of each member (data starts after) |
 //! | 64 | 8 | stripes per intent-bitmap bit |
+//! | 72 | 8 | member byte offset of the device-kept record area ([`crate::records`]); 0: none (volumes made before it: zero here) |
 //! | 80 | 24 * n | member table: state (0 active, 1 failed, 2 rebuilding), pad, rebuild checkpoint (stripe), data-area blocks |
 //! | 3072 | 64 | name: length byte, then up to 63 bytes of UTF-8 (zero when unnamed) |
 //! | 4092 | 4 | CRC32C of bytes 0..4092 |
@@ -61,6 +62,8 @@ pub struct Superblock {
     pub strip_bytes: u32,
     pub meta_bytes: u64,
     pub region_stripes: u64,
+    /// Where the device-kept records live in each member; 0: nowhere.
+    pub records_at: u64,
     pub members: Vec<MemberEntry>,
     /// The operator's name for the volume; names longer than
     /// [`MAX_NAME_BYTES`] are cut at a character boundary.
@@ -98,6 +101,7 @@ impl Superblock {
         b[52..56].copy_from_slice(&self.strip_bytes.to_le_bytes());
         b[56..64].copy_from_slice(&self.meta_bytes.to_le_bytes());
         b[64..72].copy_from_slice(&self.region_stripes.to_le_bytes());
+        b[72..80].copy_from_slice(&self.records_at.to_le_bytes());
         for (i, e) in self.members.iter().enumerate() {
             let at = TABLE_AT + i * ENTRY;
             let (state, cp) = match e.state {
@@ -155,6 +159,16 @@ impl Superblock {
         }
         let kind = LayoutKind::from_code(b[44], b[46].into(), b[47].into())
             .ok_or_else(|| SuperblockError::Bad(format!("layout code {}", b[44])))?;
+        let (meta_bytes, records_at) = (u64_at(56), u64_at(72));
+        if records_at != 0
+            && (!records_at.is_multiple_of(SB_BYTES as u64)
+                || records_at < SB_BYTES as u64
+                || records_at.saturating_add(crate::records::AREA_BYTES) > meta_bytes)
+        {
+            return Err(SuperblockError::Bad(format!(
+                "record area at {records_at} does not fit the {meta_bytes}-byte metadata area"
+            )));
+        }
         let mut members = Vec::with_capacity(n);
         for i in 0..n {
             let at = TABLE_AT + i * ENTRY;
@@ -179,8 +193,9 @@ impl Superblock {
             clean: b[45] == 1,
             block_size: u32_at(48),
             strip_bytes: u32_at(52),
-            meta_bytes: u64_at(56),
+            meta_bytes,
             region_stripes: u64_at(64),
+            records_at,
             members,
             name: {
                 let len = usize::from(b[NAME_AT]);
@@ -286,6 +301,7 @@ mod tests {
             strip_bytes: 65536,
             meta_bytes: 1 << 20,
             region_stripes: 4,
+            records_at: (1 << 20) - 8192,
             members: (0..10)
                 .map(|i| MemberEntry {
                     state: match i {
@@ -312,6 +328,20 @@ mod tests {
     fn roundtrip() {
         let sb = sample();
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+    }
+
+    #[test]
+    fn record_area_field() {
+        // Volumes made before records have zeroes at 72..80: no record area.
+        let mut sb = sample();
+        sb.records_at = 0;
+        let b = sb.encode();
+        assert_eq!(b[72..80], [0u8; 8]);
+        assert_eq!(Superblock::decode(&b).unwrap().records_at, 0);
+        // An area past the metadata is refused.
+        sb.records_at = sb.meta_bytes - 4096;
+        let e = Superblock::decode(&sb.encode()).unwrap_err();
+        assert!(matches!(e, SuperblockError::Bad(_)), "{e}");
     }
 
     #[test]

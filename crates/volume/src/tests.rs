@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest, MemDevice};
+use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest, MemDevice, RECORD_MAX, RecordKind};
 use futures_util::future::join_all;
 
+use crate::superblock::Superblock;
 use crate::testutil::{Rng, block_on};
 use crate::*;
 
@@ -1301,5 +1302,222 @@ fn create_rejects_bad_configs() {
                 .contains("member 2 is the same device as member 0"),
             "{e}"
         );
+    });
+}
+
+// Device-kept records (NVMe reservations with PTPL) in the members' metadata.
+
+const RES: RecordKind = RecordKind::Reservations;
+
+fn member_bytes(dev: &Arc<dyn BlockDevice>, at: u64, len: usize) -> Vec<u8> {
+    let bs = u64::from(dev.geometry().block_size);
+    let mut b = AlignedBuf::new(len);
+    b.set_len(len);
+    let done = block_on(dev.submit(IoRequest {
+        op: BlockOp::Read,
+        lba: at / bs,
+        blocks: (len as u64 / bs) as u32,
+        buf: b,
+    }));
+    done.result.unwrap();
+    done.buf.to_vec()
+}
+
+fn put_member_bytes(dev: &Arc<dyn BlockDevice>, at: u64, data: &[u8]) {
+    let bs = u64::from(dev.geometry().block_size);
+    let done = block_on(dev.submit(IoRequest {
+        op: BlockOp::Write { fua: true },
+        lba: at / bs,
+        blocks: (data.len() as u64 / bs) as u32,
+        buf: buf_with(data),
+    }));
+    done.result.unwrap();
+}
+
+/// Where new volumes of `cfg()` keep their records.
+const REC_AT: u64 = META - records::AREA_BYTES;
+
+#[test]
+fn records_roundtrip_and_survive_reassembly() {
+    block_on(async {
+        for (kind, n) in [
+            (LayoutKind::Raid5, 4),
+            (LayoutKind::Raid1, 2),
+            (LayoutKind::Raid0, 3),
+        ] {
+            let rig = Rig::new(n, 8);
+            let vol = Volume::create(rig.members(), cfg(kind)).await.unwrap();
+            assert!(vol.keeps_records(), "{kind}");
+            assert_eq!(vol.load_record(RES).unwrap(), None);
+            let mut model = Model::new(&vol);
+            let mut rng = Rng::new(3);
+            for _ in 0..10 {
+                random_write(&mut rng, &vol, &mut model).await;
+            }
+            vol.store_record(RES, b"first").unwrap();
+            assert_eq!(vol.load_record(RES).unwrap(), Some(b"first".to_vec()));
+            let mut big = vec![0u8; RECORD_MAX];
+            rng.fill(&mut big);
+            vol.store_record(RES, &big).unwrap();
+            let e = vol
+                .store_record(RES, &vec![0u8; RECORD_MAX + 1])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("2049 bytes"), "{e}");
+            assert_eq!(vol.load_record(RES).unwrap().as_ref(), Some(&big));
+            vol.close().await.unwrap();
+            drop(vol);
+
+            // Every member holds it, at the superblock's records_at.
+            for m in &rig.mems {
+                let sb = Superblock::decode(&member_bytes(m, 0, 4096)).unwrap();
+                assert_eq!(sb.records_at, REC_AT);
+            }
+            let mut members = rig.members();
+            members.reverse();
+            let vol = Volume::assemble(members).await.unwrap();
+            assert_eq!(vol.load_record(RES).unwrap().as_ref(), Some(&big), "{kind}");
+            model.check(&vol, "data beside the records").await;
+            // Generations go on from what was found.
+            vol.store_record(RES, b"third").unwrap();
+            drop(vol);
+            let vol = Volume::assemble(rig.members()).await.unwrap();
+            assert_eq!(vol.load_record(RES).unwrap(), Some(b"third".to_vec()));
+            model.check(&vol, "after more records").await;
+        }
+    });
+}
+
+#[test]
+fn records_torn_slot_keeps_the_older_record() {
+    block_on(async {
+        let rig = Rig::new(4, 8);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        vol.store_record(RES, b"older").unwrap(); // generation 1: slot 1
+        vol.store_record(RES, b"newer").unwrap(); // generation 2: slot 0
+        drop(vol);
+        // The newer write torn on one member: the others still have it.
+        let torn = |m: &Arc<dyn BlockDevice>| {
+            let mut slot = member_bytes(m, REC_AT, 4096);
+            slot[64..69].copy_from_slice(b"XXXXX");
+            put_member_bytes(m, REC_AT, &slot);
+        };
+        torn(&rig.mems[2]);
+        let vol = Volume::assemble(rig.members()).await.unwrap();
+        assert_eq!(vol.load_record(RES).unwrap(), Some(b"newer".to_vec()));
+        drop(vol);
+        // Torn on every member (a crash mid-store): the older record.
+        for m in &rig.mems {
+            torn(m);
+        }
+        let vol = Volume::assemble(rig.members()).await.unwrap();
+        assert_eq!(vol.load_record(RES).unwrap(), Some(b"older".to_vec()));
+        // The next store goes to the torn slot, never over the good one.
+        vol.store_record(RES, b"next").unwrap();
+        drop(vol);
+        let vol = Volume::assemble(rig.members()).await.unwrap();
+        assert_eq!(vol.load_record(RES).unwrap(), Some(b"next".to_vec()));
+    });
+}
+
+#[test]
+fn records_load_on_a_degraded_volume() {
+    block_on(async {
+        for gone in 0..4 {
+            let rig = Rig::new(4, 8);
+            let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+                .await
+                .unwrap();
+            vol.store_record(RES, b"kept").unwrap();
+            vol.close().await.unwrap();
+            drop(vol);
+            let mut members = rig.members();
+            members.remove(gone);
+            let vol = Volume::assemble(members).await.unwrap();
+            assert_eq!(vol.member_states()[gone], MemberState::Failed);
+            assert_eq!(vol.load_record(RES).unwrap(), Some(b"kept".to_vec()));
+        }
+        let rig = Rig::new(4, 8);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        vol.store_record(RES, b"before failure").unwrap();
+        drop(vol);
+        // A member failing while running: stores go on to the others.
+        let vol = Volume::assemble(rig.members()).await.unwrap();
+        rig.faults[1].fail_now();
+        vol.store_record(RES, b"after failure").unwrap();
+        assert_eq!(vol.member_states()[1], MemberState::Failed);
+        drop(vol);
+        rig.faults[1].heal();
+        let vol = Volume::assemble(rig.members()).await.unwrap();
+        assert_eq!(
+            vol.load_record(RES).unwrap(),
+            Some(b"after failure".to_vec())
+        );
+    });
+}
+
+#[test]
+fn records_in_volumes_from_before_records() {
+    block_on(async {
+        // A volume of the previous format: records_at 0, journal slots up to
+        // the end of the metadata area.
+        let rig = Rig::new(4, 8);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        let mut model = Model::new(&vol);
+        let mut rng = Rng::new(8);
+        for _ in 0..10 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        vol.close().await.unwrap();
+        drop(vol);
+        for m in &rig.mems {
+            let mut sb = Superblock::decode(&member_bytes(m, 0, 4096)).unwrap();
+            sb.records_at = 0;
+            let b = sb.encode();
+            assert_eq!(b[72..80], [0u8; 8], "the old format had zeroes here");
+            put_member_bytes(m, 0, &b);
+        }
+        // Raid5 over 8 KiB strips: 20 KiB journal slots after 8 KiB of
+        // superblock and bitmap leave 16 KiB unused at the end of 64 KiB:
+        // adopted.
+        let vol = Volume::assemble(rig.members()).await.unwrap();
+        assert!(vol.keeps_records());
+        model.check(&vol, "old format").await;
+        vol.store_record(RES, b"adopted").unwrap();
+        drop(vol);
+        let sb = Superblock::decode(&member_bytes(&rig.mems[0], 0, 4096)).unwrap();
+        assert_eq!(sb.records_at, REC_AT);
+        let vol = Volume::assemble(rig.members()).await.unwrap();
+        assert_eq!(vol.load_record(RES).unwrap(), Some(b"adopted".to_vec()));
+        model.check(&vol, "after adoption").await;
+        drop(vol);
+
+        // No room (the journal slot fills the metadata area): no records,
+        // and a store says why.
+        let strip = 8u64 << 10;
+        let meta = 4096 + 4096 + (4096 + strip);
+        let size = meta + 8 * strip;
+        let mems: Vec<Arc<dyn BlockDevice>> = (0..4)
+            .map(|_| Arc::new(MemDevice::new(size, 4096).unwrap()) as Arc<dyn BlockDevice>)
+            .collect();
+        let vol = Volume::create(
+            mems.clone(),
+            VolumeConfig {
+                meta_bytes: meta,
+                ..cfg(LayoutKind::Raid5)
+            },
+        )
+        .await
+        .unwrap();
+        assert!(!vol.keeps_records());
+        assert_eq!(vol.load_record(RES).unwrap(), None);
+        let e = vol.store_record(RES, b"x").unwrap_err().to_string();
+        assert!(e.contains("meta_bytes") && e.contains("no room"), "{e}");
     });
 }

@@ -37,6 +37,7 @@ use crate::journal::{HEADER_BYTES, Journal, Record, RecordKind};
 use crate::layout::{Extent, Layout, LayoutError, LayoutKind, MAX_MEMBERS};
 use crate::parity::{Code, Parity, ParityError};
 use crate::rebuild::RebuildState;
+use crate::records;
 use crate::superblock::{
     MemberEntry, MemberState, SB_BYTES, Superblock, SuperblockError, new_uuid, uuid_string,
 };
@@ -237,6 +238,16 @@ pub(crate) struct Inner {
     /// The write journal of degraded updates; None for layouts without a
     /// write hole (no parity, mirrors) or when turned off.
     pub journal: Option<Journal>,
+    /// Member byte offset of the device-kept record area; 0: none.
+    pub records_at: u64,
+    /// The newest record and its generation; held across a store.
+    records: parking_lot::Mutex<RecordState>,
+}
+
+#[derive(Default)]
+struct RecordState {
+    generation: u64,
+    data: Option<Vec<u8>>,
 }
 
 /// Member devices and states as one request saw them.
@@ -533,14 +544,27 @@ impl Volume {
         }
         let layout = Layout::new(cfg.layout, u64::from(cfg.strip_bytes / bs), &data_blocks)?;
         let mut bitmap_bytes = cfg.meta_bytes - SB_BYTES as u64;
+        let mut journal_bytes = 0;
         if cfg.write_journal && journal_wanted(&layout) {
             // The bitmap (at least one block) leaves room for a journal slot;
             // without one, Inner::new warns that degraded writes have a hole.
             let slot = Journal::slot_bytes(layout.parity_columns(), u64::from(cfg.strip_bytes));
             if cfg.meta_bytes >= (SB_BYTES + BITMAP_BLOCK) as u64 + slot {
                 bitmap_bytes -= slot;
+                journal_bytes = slot;
             }
         }
+        // Then room for the device-kept records at the end of the metadata
+        // area, where there is some after a bitmap block and a journal slot
+        // (without it the volume keeps no records, `keeps_records` is false).
+        let records_at = if cfg.meta_bytes
+            >= (SB_BYTES + BITMAP_BLOCK) as u64 + journal_bytes + records::AREA_BYTES
+        {
+            bitmap_bytes -= records::AREA_BYTES;
+            cfg.meta_bytes - records::AREA_BYTES
+        } else {
+            0
+        };
         let wanted = (cfg.region_bytes / u64::from(cfg.strip_bytes))
             .max(1)
             .next_power_of_two();
@@ -560,6 +584,7 @@ impl Volume {
             0,
             cfg.intent_log,
             cfg.write_journal,
+            records_at,
         )?;
         let vol = Volume {
             inner: Arc::new(inner),
@@ -734,6 +759,7 @@ impl Volume {
             newest.generation,
             intent_log,
             write_journal,
+            newest.records_at,
         )?;
         let vol = Volume {
             inner: Arc::new(inner),
@@ -748,6 +774,7 @@ impl Volume {
         if intent_log {
             vol.inner.resync_dirty_regions().await?;
         }
+        vol.inner.load_records().await;
         vol.inner.persist_superblock(true).await;
         tracing::info!("assembled {}", vol.describe());
         Ok(vol)
@@ -864,6 +891,7 @@ impl Inner {
         generation: u64,
         use_intent: bool,
         use_journal: bool,
+        records_at: u64,
     ) -> Result<Inner, VolumeError> {
         let parity = Parity::new(layout.data_columns(), layout.parity_columns())?;
         let intent = IntentLog::new(layout.stripes().max(1), region_stripes.max(1));
@@ -873,12 +901,38 @@ impl Inner {
                 intent.bytes() + SB_BYTES
             )));
         }
+        let start = (SB_BYTES + intent.bytes()) as u64;
+        if records_at != 0 && records_at < start {
+            return Err(VolumeError::Config(format!(
+                "the record area at {records_at} overlaps the intent bitmap, which ends at {start}"
+            )));
+        }
+        // The journal takes what the superblock and bitmap leave of the
+        // metadata area up to the record area (all of it in volumes made
+        // before records), so its place follows from the superblock alone.
+        let journal_end = if records_at != 0 {
+            records_at
+        } else {
+            meta_bytes
+        };
+        let slot = Journal::slot_bytes(layout.parity_columns(), u64::from(strip_bytes));
+        let slots = if journal_wanted(&layout) {
+            ((journal_end - start) / slot) as usize
+        } else {
+            0
+        };
+        // A volume made before records adopts the end of its metadata area
+        // when the journal slots (counted even where the journal is off, as
+        // a later assembly turns it on) leave that much unused: nothing ever
+        // wrote there.
+        let records_at = if records_at == 0
+            && meta_bytes - (start + slots as u64 * slot) >= records::AREA_BYTES
+        {
+            meta_bytes - records::AREA_BYTES
+        } else {
+            records_at
+        };
         let journal = if use_journal && journal_wanted(&layout) {
-            // The journal takes what the superblock and bitmap leave of the
-            // metadata area, so its place follows from the superblock alone.
-            let start = (SB_BYTES + intent.bytes()) as u64;
-            let slot = Journal::slot_bytes(layout.parity_columns(), u64::from(strip_bytes));
-            let slots = ((meta_bytes - start) / slot) as usize;
             if slots == 0 {
                 tracing::warn!(
                     "meta_bytes = {meta_bytes} leaves no room for a write-journal slot of {slot} \
@@ -921,6 +975,8 @@ impl Inner {
             stats: Stats::default(),
             rebuild: RebuildState::default(),
             journal,
+            records_at,
+            records: parking_lot::Mutex::new(RecordState::default()),
             layout,
         })
     }
@@ -1920,6 +1976,7 @@ impl Inner {
                                 strip_bytes: self.strip_bytes,
                                 meta_bytes: self.meta_bytes,
                                 region_stripes: self.intent.region_stripes,
+                                records_at: self.records_at,
                                 members: entries.clone(),
                                 name: st.name.clone(),
                             }
@@ -1962,6 +2019,100 @@ impl Inner {
             if st.version == st.persisted_version {
                 return;
             }
+        }
+    }
+
+    /// Reads both record slots of every present member and keeps the newest
+    /// valid record (a torn or missing copy leaves the others).
+    async fn load_records(&self) {
+        if self.records_at == 0 {
+            return;
+        }
+        let view = self.view();
+        let bytes = records::AREA_BYTES as usize;
+        let reads = join_all((0..view.devs.len()).filter(|&i| view.present(i)).map(|i| {
+            let dev = &view.devs[i];
+            async move {
+                let (buf, r) =
+                    dev_io(dev, BlockOp::Read, self.records_at, bytes, abuf(bytes)).await;
+                (i, buf, r)
+            }
+        }))
+        .await;
+        let mut best: Option<(u64, Vec<u8>)> = None;
+        for (i, buf, r) in reads {
+            if let Err(e) = r {
+                tracing::warn!(
+                    "member {i}: record area unreadable ({e}); using the other members'"
+                );
+                continue;
+            }
+            for slot in buf.chunks(records::SLOT_BYTES) {
+                if let Some((g, data)) =
+                    records::decode(slot, &self.uuid, blockdev::RecordKind::Reservations)
+                    && best.as_ref().is_none_or(|(bg, _)| g > *bg)
+                {
+                    best = Some((g, data));
+                }
+            }
+            recycle(buf);
+        }
+        let mut st = self.records.lock();
+        if let Some((generation, data)) = best {
+            st.generation = generation;
+            st.data = Some(data);
+        }
+    }
+
+    /// Writes `data` as the next generation of the record to every present
+    /// member (FUA), into the slot the previous generation does not use.
+    async fn write_record(
+        &self,
+        generation: u64,
+        kind: blockdev::RecordKind,
+        data: &[u8],
+    ) -> Result<(), BlockError> {
+        let slot = records::encode(&self.uuid, generation, kind, data);
+        let at = records::slot_at(self.records_at, generation);
+        let view = self.view();
+        let res = join_all((0..view.devs.len()).filter(|&i| view.present(i)).map(|i| {
+            let dev = &view.devs[i];
+            let b = abuf_from(&slot);
+            async move {
+                let (b, r) = dev_io(
+                    dev,
+                    BlockOp::Write { fua: true },
+                    at,
+                    records::SLOT_BYTES,
+                    b,
+                )
+                .await;
+                recycle(b);
+                r.map_err(|e| (i, e))
+            }
+        }))
+        .await;
+        let mut written = 0;
+        let mut last_err = None;
+        for r in res {
+            match r {
+                Ok(()) => written += 1,
+                Err((i, e)) => {
+                    self.mark_failed(i);
+                    last_err = Some(e);
+                }
+            }
+        }
+        if last_err.is_some() {
+            self.persist_superblock(false).await;
+        }
+        match (written, last_err) {
+            (0, e) => Err(io_err(format!(
+                "volume {}: the {kind:?} record reached no member{}",
+                uuid_string(&self.uuid),
+                e.map(|e| format!(" (last error: {e})")).unwrap_or_default()
+            ))),
+            _ => Ok(()),
         }
     }
 
@@ -2139,6 +2290,47 @@ impl BlockDevice for Volume {
                 .iter()
                 .all(|d| d.deallocate_reads_zeroes())
         }
+    }
+
+    /// Records live in the members' metadata area ([`crate::records`]);
+    /// volumes whose metadata area had no room for them keep none.
+    fn keeps_records(&self) -> bool {
+        self.inner.records_at != 0
+    }
+
+    fn load_record(&self, _kind: blockdev::RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
+        Ok(self.inner.records.lock().data.clone())
+    }
+
+    /// Blocks the calling thread until every present member has the record
+    /// (or has failed out); members that complete I/O on their own threads
+    /// (files, RAM) are fine, a member needing this thread's async runtime is not.
+    fn store_record(&self, kind: blockdev::RecordKind, data: &[u8]) -> Result<(), BlockError> {
+        if self.inner.records_at == 0 {
+            return Err(BlockError::Config(format!(
+                "{}: keeps no {kind:?} record: its metadata area ({} bytes) has no room for the \
+                 {}-byte record area; create the volume with a larger meta_bytes (e.g. {})",
+                self.describe(),
+                self.inner.meta_bytes,
+                records::AREA_BYTES,
+                DEFAULT_META_BYTES
+            )));
+        }
+        if data.len() > blockdev::RECORD_MAX {
+            return Err(BlockError::Config(format!(
+                "{}: a {kind:?} record of {} bytes is over the {}-byte limit",
+                self.describe(),
+                data.len(),
+                blockdev::RECORD_MAX
+            )));
+        }
+        let mut st = self.inner.records.lock();
+        // A failed store still uses up its generation, so the next one goes
+        // to the other slot and never over a possibly good half-written one.
+        st.generation += 1;
+        records::block_on(self.inner.write_record(st.generation, kind, data))?;
+        st.data = Some(data.to_vec());
+        Ok(())
     }
 
     /// Shuts the members down. Call [`Volume::close`] first to leave the
