@@ -146,6 +146,21 @@ impl TestTarget {
         (admin, io)
     }
 
+    /// An enabled admin queue and I/O queue 1 of a controller of `NQN_OPEN`
+    /// whose Connect data carried `hostid` (both queues).
+    pub fn admin_and_io_hostid(&self, hostid: [u8; 16], digests: bool) -> (Host, Host) {
+        let mut admin = self.host_ic(digests);
+        let c = admin.connect_admin_hostid(NQN_OPEN, HOST_NQN, hostid);
+        assert_status(&c, 0, 0, "admin Connect");
+        admin.cntlid = c.dw0 as u16;
+        admin.enable();
+        let mut io = self.host_ic(digests);
+        let c = io.connect_io_hostid(admin.cntlid, 1, NQN_OPEN, HOST_NQN, hostid);
+        assert_status(&c, 0, 0, "I/O queue Connect");
+        io.cntlid = admin.cntlid;
+        (admin, io)
+    }
+
     /// A healthy controller with an I/O queue, for checking that abuse of
     /// other connections leaves it alone.
     pub fn healthy(&self) -> Healthy {
@@ -885,6 +900,159 @@ impl Host {
                 }
                 Err(RecvError::Other(e)) => return Err(format!("socket error: {e}")),
             }
+        }
+    }
+
+    // ---- Host identifiers and commands with data (reservation tests)
+
+    /// Connect data with an explicit 128-bit Host Identifier.
+    pub fn connect_data_hostid(
+        cntlid: u16,
+        subnqn: &str,
+        hostnqn: &str,
+        hostid: [u8; 16],
+    ) -> [u8; 1024] {
+        ConnectData {
+            hostid,
+            cntlid,
+            subnqn: subnqn.into(),
+            hostnqn: hostnqn.into(),
+        }
+        .encode()
+    }
+
+    /// Admin Connect with `hostid`; returns the CQE whatever its status.
+    pub fn connect_admin_hostid(&mut self, subnqn: &str, hostnqn: &str, hostid: [u8; 16]) -> Cqe {
+        let sqe = self.connect_sqe(0, 31, 0);
+        let data = Self::connect_data_hostid(CNTLID_DYNAMIC, subnqn, hostnqn, hostid);
+        self.send_capsule(&sqe, &data);
+        let c = self.expect_resp();
+        assert_eq!(c.cid, sqe.cid);
+        c
+    }
+
+    /// I/O queue Connect with `hostid`; returns the CQE whatever its status.
+    pub fn connect_io_hostid(
+        &mut self,
+        cntlid: u16,
+        qid: u16,
+        subnqn: &str,
+        hostnqn: &str,
+        hostid: [u8; 16],
+    ) -> Cqe {
+        let sqe = self.connect_sqe(qid, 31, 0);
+        let data = Self::connect_data_hostid(cntlid, subnqn, hostnqn, hostid);
+        self.send_capsule(&sqe, &data);
+        let c = self.expect_resp();
+        assert_eq!(c.cid, sqe.cid);
+        c
+    }
+
+    /// Sends `sqe` with `data` for the target: in capsule when `in_capsule`,
+    /// else by R2T/H2CData (the SGL is set here to `data.len()`). Returns the
+    /// CQE; an R2T that does not ask for exactly `data` is an error.
+    pub fn try_data_out(
+        &mut self,
+        mut sqe: Sqe,
+        data: &[u8],
+        in_capsule: bool,
+    ) -> Result<Cqe, String> {
+        sqe.sgl = SglDesc {
+            addr: 0,
+            length: data.len() as u32,
+            type_byte: if in_capsule {
+                SGL_DATA_BLOCK_OFFSET
+            } else {
+                SGL_TRANSPORT_DATA_BLOCK
+            },
+        };
+        if in_capsule {
+            self.try_send_capsule(&sqe, data)?;
+            return self.try_expect_resp();
+        }
+        self.try_send_capsule(&sqe, &[])?;
+        let p = self
+            .recv_pdu()
+            .map_err(|e| format!("waiting for R2T: {e}"))?;
+        if p.kind() != Some(PduType::R2T) {
+            return pdu_to_cqe(&p);
+        }
+        let r = R2THdr::decode(&p.bytes).map_err(|e| format!("R2T: {e}"))?;
+        if r.cccid != sqe.cid || r.r2to != 0 || r.r2tl as usize != data.len() {
+            return Err(format!(
+                "unexpected R2T {r:?} for cid {} len {}",
+                sqe.cid,
+                data.len()
+            ));
+        }
+        let b = self.h2c_pdu(sqe.cid, r.ttag, 0, data, true);
+        self.send_raw(&b)
+            .map_err(|e| format!("send H2CData: {e}"))?;
+        self.try_expect_resp()
+    }
+
+    pub fn data_out(&mut self, sqe: Sqe, data: &[u8], in_capsule: bool) -> Cqe {
+        match self.try_data_out(sqe, data, in_capsule) {
+            Ok(c) => c,
+            Err(e) => panic!("command 0x{:02x} with data: {e}", sqe.opcode),
+        }
+    }
+
+    /// Sends `sqe` with a transport SGL of `len` bytes and collects the
+    /// C2HData it returns. Returns the CQE and the bytes received (their
+    /// count is what the target actually sent, which may be under `len`).
+    pub fn try_data_in(&mut self, mut sqe: Sqe, len: u32) -> Result<(Cqe, Vec<u8>), String> {
+        sqe.sgl = SglDesc {
+            addr: 0,
+            length: len,
+            type_byte: SGL_TRANSPORT_DATA_BLOCK,
+        };
+        self.try_send_capsule(&sqe, &[])?;
+        let mut out = Vec::new();
+        loop {
+            let p = self
+                .recv_pdu()
+                .map_err(|e| format!("waiting for data or a CapsuleResp: {e}"))?;
+            if p.kind() != Some(PduType::C2HData) {
+                let c = pdu_to_cqe(&p)?;
+                if c.cid != sqe.cid {
+                    return Err(format!(
+                        "CapsuleResp for cid {} while waiting on cid {}",
+                        c.cid, sqe.cid
+                    ));
+                }
+                return Ok((c, out));
+            }
+            let h = C2HDataHdr::decode(&p.bytes).map_err(|e| format!("C2HData: {e}"))?;
+            let (o, l) = (h.datao as usize, h.datal as usize);
+            let pdo = usize::from(p.ch.pdo);
+            if h.cccid != sqe.cid
+                || o != out.len()
+                || o + l > len as usize
+                || pdo + l > p.bytes.len()
+            {
+                return Err(format!(
+                    "bad C2HData {h:?} pdo {pdo} for cid {} len {len}",
+                    sqe.cid
+                ));
+            }
+            let data = &p.bytes[pdo..pdo + l];
+            if p.ch.flags & FLAG_DDGSTF != 0 {
+                let d = &p.bytes[pdo + l..];
+                if d.len() < 4
+                    || u32::from_le_bytes(d[..4].try_into().expect("4")) != data_digest(data)
+                {
+                    return Err("target's data digest is wrong".into());
+                }
+            }
+            out.extend_from_slice(data);
+        }
+    }
+
+    pub fn data_in(&mut self, sqe: Sqe, len: u32) -> (Cqe, Vec<u8>) {
+        match self.try_data_in(sqe, len) {
+            Ok(r) => r,
+            Err(e) => panic!("command 0x{:02x} returning data: {e}", sqe.opcode),
         }
     }
 
