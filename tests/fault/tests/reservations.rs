@@ -407,7 +407,6 @@ fn report_errors_and_short_report() {
 /// The Report buffer past the Reservation Status structure must not carry
 /// stale bytes of earlier commands on the queue (Connect data, write data).
 #[test]
-#[ignore = "target bug: Reservation Report returns stale pooled-buffer bytes (earlier Connect/Write data) past the end of the Reservation Status Extended structure instead of zeros"]
 fn report_past_the_structure_is_zero() {
     let t = TestTarget::start();
     let (_admin, mut io) = t.admin_and_io_hostid(HOST_A, true);

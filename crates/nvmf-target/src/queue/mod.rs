@@ -760,6 +760,10 @@ impl QueueCore {
     ) {
         let b = self.bound.as_ref().expect("I/O queue");
         let ns = find_namespace(&b.namespaces, nsid).expect("checked by the caller");
+        if matches!(cmd, resv_cmd::ResvCmd::Report(_)) {
+            // Past the structure the host reads zeroes, not a pooled buffer's past.
+            buf.fill(0);
+        }
         let res = resv_cmd::execute(
             &self.target,
             &b.ctrl,
