@@ -241,3 +241,80 @@ fn writes_count_in_flight_until_they_complete() {
     assert_eq!(a.read(), CONFLICT, "exclusive access");
     assert_eq!(stats.writes_in_flight.load(Ordering::SeqCst), 0);
 }
+
+/// A file namespace: registrations made with CPTPL = 11b (persist) and the
+/// reservation come back after a "restart" (a new device on the same file);
+/// CPTPL = 10b clears them for the next start.
+#[test]
+fn ptpl_keeps_registrations_across_a_restart() {
+    use crate::subsystem::{Namespace, Subsystem};
+    use blockdev::{BlockDevice, FileDevice, FileOptions};
+    let dir = std::env::temp_dir().join(format!("fp-ptpl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ns.img");
+    let _ = std::fs::remove_file(&path);
+    let open = || -> Arc<dyn BlockDevice> {
+        Arc::new(
+            FileDevice::open(FileOptions {
+                path: path.clone(),
+                size: Some(1 << 20),
+                block_size: 512,
+                create: true,
+            })
+            .unwrap(),
+        )
+    };
+    let start = |dev: Arc<dyn BlockDevice>| {
+        target_with(Subsystem::new(
+            NQN.into(),
+            "CORE0002".into(),
+            "flashpool core test".into(),
+            true,
+            Vec::new(),
+            vec![Namespace::new(1, dev, [1; 16], [2; 16])],
+        ))
+    };
+    let dev = open();
+    if !dev.keeps_records() {
+        eprintln!("skipped: {} keeps no records here", path.display());
+        return;
+    }
+    {
+        let t = start(dev.clone());
+        let mut a = host(&t, A);
+        let mut b = host(&t, B);
+        assert_eq!(
+            a.register(3 << 30, 0, 0xA1),
+            OK,
+            "register with CPTPL = persist"
+        );
+        assert_eq!(b.register(0, 0, 0xB2), OK);
+        assert_eq!(a.acquire(0, 1, 0xA1, 0), OK);
+        assert_eq!(a.report(), (2, 1, 2));
+        dev.shutdown().unwrap();
+    }
+    drop(dev);
+    let dev = open();
+    {
+        let t = start(dev.clone());
+        let mut b = host(&t, B);
+        let (generation, rtype, n) = b.report();
+        assert_eq!(
+            (generation, rtype, n),
+            (2, 1, 2),
+            "kept through the restart"
+        );
+        assert_eq!(b.write(), CONFLICT, "A's Write Exclusive still holds");
+        let mut a = host(&t, A);
+        assert_eq!(a.write(), OK);
+        // Persistence off: the next start finds nothing.
+        assert_eq!(a.register(2 << 30, 0xA1, 0xA1), OK);
+        dev.shutdown().unwrap();
+    }
+    drop(dev);
+    let t = start(open());
+    let mut b = host(&t, B);
+    assert_eq!(b.report().2, 0);
+    assert_eq!(b.write(), OK);
+    let _ = std::fs::remove_dir_all(&dir);
+}
