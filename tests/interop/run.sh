@@ -52,6 +52,7 @@ KATO_MARGIN=${KATO_MARGIN:-10}
 SELFTEST=${SELFTEST:-0}
 MOCK=${MOCK:-0}
 VERBOSE=${VERBOSE:-0}
+PTPL_READY=${PTPL_READY:-/tmp/ptpl-ready}
 FORCE=${FORCE:-0}
 REV=${REV:-1}
 REV_BUDGET=${REV_BUDGET:-240}
@@ -69,22 +70,34 @@ NQN_FILE=nqn.2026-01.io.flashpool:interop-file
 NQN_DENIED=nqn.2026-01.io.flashpool:interop-denied
 NQN_REV=nqn.2026-01.io.flashpool:interop-guest-nvmet   # the guest kernel's target (reverse)
 NQN_R6=nqn.2026-01.io.flashpool:interop-raid6          # a raid6 volume on 6 mem drives
+NQN_RESV=nqn.2026-01.io.flashpool:interop-resv         # two guest hosts share its namespace
 OTHER_HOST=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555
 SERIAL=FPIOP-7731-QEMU
 MODEL=flashpool-interop-model-x7
 MEM_SIZE=$((256 << 20))
 FILE_SIZE=$((128 << 20))
 DENIED_SIZE=$((16 << 20))
+RESV_SIZE=$((64 << 20))
 FILE_IMG=$CACHE/interop-file.img
 
 # Every check, in order; a check with no RESULT line counts as failed.
 GUEST_CHECKS="discover discover-hides-denied connect-plain identify-list identify-ctrl identify-ns
-  dd-sha256 fio-randwrite-verify fio-seq128k-verify connect-digest reconnect-persist digest-io
+  cc-css-110b id-ctrl-ver ns-descs-csi dd-sha256 fio-randwrite-verify fio-seq128k-verify connect-digest reconnect-persist digest-io
   connect-ioq2 ioq2-io file-write restart-persist denied-host kato-connect"
 HOST_CHECKS="target-restart denied-host-log kato-timeout target-alive-after-run target-clean-stop"
 # volumes (flashpool only): the guest runs fio on a raid6 volume while it asks the host to
 # fail, replace and rebuild drives with the `flashpool` CLI ("@@HOST cli:NAME ARGS")
 VOL_CHECKS="raid6-fio-degraded raid6-fio-rebuild raid6-verify-rebuilt ns-add-aen ns-remove-aen"
+# reservations (flashpool only): two hosts in the guest (own host NQN, host ID and source
+# address) share the namespace of $NQN_RESV; each step of the sequence is a check
+RESV_CHECKS="resv-connect-2hosts resv-register resv-report-2 resv-acquire-we resv-we-b-write-conflict
+  resv-we-b-read-ok resv-we-a-fio resv-preempt-abort resv-preempted-a-write-conflict
+  resv-holder-b-write-ok resv-report-b-holder resv-release resv-bad-crkey resv-bad-racqa resv-clear
+  resv-dmesg"
+# Persist Through Power Loss: a registration with --cptpl=3 on the file namespace survives the
+# target restart. Counted only when $PTPL_READY exists at the start of the run (the target
+# build keeps the record); otherwise a SKIP line.
+PTPL_CHECKS="resv-ptpl-restart"
 # reverse direction: flashpool bench (host) -> guest kernel nvmet-tcp; results printed by the host
 REV_CHECKS="host-connect-identify host-verify-nodigest host-verify-digest host-r2t-large host-data-on-ramdisk"
 
@@ -194,6 +207,7 @@ trap finish EXIT
 K=$(cat /etc/kver)
 
 MODE=flashpool; HOSTIP=10.0.2.2; IO=14420; DISC=18009; IOTMO=15; NVMET=0; REV=0; REV_WAIT=300
+RESV=0; PTPL=0; EXPECT_VER=0x10400
 for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_mode=*) MODE=$v;; fp_nvmet=*) NVMET=$v;; fp_io=*) IO=$v;; fp_disc=*) DISC=$v;;
   fp_nqn_mem=*) NQN_MEM=$v;; fp_nqn_file=*) NQN_FILE=$v;; fp_nqn_denied=*) NQN_DENIED=$v;;
@@ -202,6 +216,8 @@ for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_denied_size=*) DENIED_SIZE=$v;; fp_kato=*) KATO=$v;; fp_iotmo=*) IOTMO=$v;;
   fp_rev=*) REV=$v;; fp_nqn_rev=*) NQN_REV=$v;; fp_rev_wait=*) REV_WAIT=$v;;
   fp_vol=*) VOL=$v;; fp_nqn_r6=*) NQN_R6=$v;;
+  fp_resv=*) RESV=$v;; fp_nqn_resv=*) NQN_RESV=$v;; fp_resv_size=*) RESV_SIZE=$v;; fp_ptpl=*) PTPL=$v;;
+  fp_expect_ver=*) EXPECT_VER=$v;;
 esac; done
 log "init start, kernel $(uname -r), cpus $(nproc), mode $MODE, target $HOSTIP io:$IO discovery:$DISC"
 
@@ -233,7 +249,7 @@ res() {
 step() { { echo "== step ${STEP:-boot}"; dmesg -c; } >> /tmp/dmesg.all 2>/dev/null; STEP=$1; shift; log "STEP $STEP: $*"; }
 # kernel complaints about NVMe seen so far, outside the steps where they are expected
 kernel_notes() {
-  { cat /tmp/dmesg.all; echo "== step $STEP"; dmesg; } | awk '/^== step /{s=$3; next} s!="denied-host"' \
+  { cat /tmp/dmesg.all; echo "== step $STEP"; dmesg; } | awk '/^== step /{s=$3; next} s!="denied-host" && s !~ /^resv-/' \
     | grep -iE 'nvme|nvmet' \
     | grep -iE 'err|fail|invalid|timeout|timed out|ignor|warn|reset|reconnect|unsupported|not supported|mismatch|digest|term|abort|refus' \
     | { if [ -n "$KN_EXPECTED" ]; then grep -vE "$KN_EXPECTED"; else cat; fi; } \
@@ -345,6 +361,48 @@ fio_run() {  # name timeout args...
   return $frc
 }
 trim() { sed -e 's/^[^:]*: *//' -e 's/ *$//'; }
+# guards before shell arithmetic (a malformed number there would end /init)
+ishex() { case $1 in ''|*[!0-9a-fA-F]*) return 1;; esac; }
+isnum() { case $1 in ''|*[!0-9]*) return 1;; esac; }
+# ---- reservations
+# nvs ARGS: an nvme-cli command under a timeout, output indented; NVOUT = its output on
+# one line; returns its exit status
+nvs() { local rc; timeout 30 nvme "$@" > /tmp/nv.out 2>&1; rc=$?; sed 's/^/  | /' /tmp/nv.out; NVOUT=$(tr '\n' ' ' < /tmp/nv.out | sed 's/ *$//'); return $rc; }
+# the NVMe status nvme-cli printed ("NVMe status: NAME: text(0xSTATUS)") as "NAME (0xSTATUS)"
+nvstatus() { echo "$NVOUT" | sed -n 's/.*NVMe status: \([^:]*\):.*(\(0x[0-9a-fA-F]*\)).*/\1 (\2)/p'; }
+is_status() { case "$NVOUT" in *"NVMe status: $1:"*) return 0;; esac; return 1; }
+# resv_report DEV: nvme resv-report --eds -o json (extended data structure: fabrics hosts
+# have 128-bit host IDs, so a report without EDS fails with Host Identifier Inconsistent
+# Format). Sets RGEN RTYPE RREGCTL RPTPLS, and RREGS: one sorted line per registrant,
+# "HOSTID RKEY RCSTS" (host ID as 32 hex digits, key in decimal, RCSTS 1 = holder)
+resv_report() {
+  RGEN=""; RTYPE=""; RREGCTL=""; RPTPLS=""; RREGS=""
+  timeout 30 nvme resv-report /dev/$1 --eds -o json > /tmp/rr.json 2>&1 \
+    || { sed 's/^/  | /' /tmp/rr.json; log "resv-report /dev/$1 failed"; return 1; }
+  awk -F: '{ gsub(/[ \t",]/, "") } $1=="gen"{g=$2} $1=="rtype"{t=$2} $1=="regctl"{n=$2}
+    $1=="ptpls"{p=$2} $1=="rcsts"{s=$2} $1=="rkey"{k=$2} $1=="hostid"{print "REG " $2 " " k " " s}
+    END{print "HDR " g " " t " " n " " p}' /tmp/rr.json > /tmp/rr.txt
+  set -- $(grep '^HDR' /tmp/rr.txt); RGEN=$2; RTYPE=$3; RREGCTL=$4; RPTPLS=$5
+  RREGS=$(grep '^REG' /tmp/rr.txt | cut -d' ' -f2- | sort)
+  log "resv-report: gen=$RGEN rtype=$RTYPE regctl=$RREGCTL ptpls=$RPTPLS registrants [hostid rkey rcsts]: $(echo $RREGS)"
+}
+# regl UUID KEY RCSTS: a registrant line as resv_report writes it
+regl() { echo "$(echo $1 | tr -d -) $(($2)) $3"; }
+regs() { while [ $# -ge 3 ]; do regl $1 $2 $3; shift 3; done | sort; }
+sha4k() { timeout 30 dd if=/dev/$1 bs=4096 skip=$2 count=${3:-1} iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1; }
+# nvme_core_reload Y|N: unload nvme-tcp, nvme-fabrics, nvme-core (no host controller may
+# be left) and load them again with multipath=Y|N (nvmet does not depend on nvme-core)
+nvme_core_reload() {
+  local m a
+  rmmod nvme_tcp && rmmod nvme_fabrics && rmmod nvme_core \
+    || { log "rmmod of the nvme host modules failed (controllers: $(ls /sys/class/nvme 2>/dev/null | tr '\n' ' '))"; return 1; }
+  for m in nvme-core nvme-fabrics nvme-tcp; do
+    a=""; [ $m = nvme-core ] && a="multipath=$1 io_timeout=$IOTMO admin_timeout=$IOTMO"
+    insmod /lib/modules/$K/$(grep "/$m.ko\$" /etc/modules.list) $a || { log "insmod $m $a failed"; return 1; }
+  done
+  log "nvme-tcp, nvme-fabrics, nvme-core reloaded: multipath=$(cat /sys/module/nvme_core/parameters/multipath)"
+  [ "$(cat /sys/module/nvme_core/parameters/multipath)" = "$1" ]
+}
 # ask_cli NAME ARGS: the host runs `flashpool ARGS --api ...` and answers ok/fail
 ask_cli() { local n=$1; shift; wait_host "cli:$n" 180 "$*"; }
 # wait_host ACTION SECONDS: print the marker, wait for "DONE ACTION ok" from the host
@@ -412,6 +470,29 @@ if nvconnect $NQN_MEM; then
   ok=FAIL; [ "$bytes" = "$MEM_SIZE" ] && [ "$sys" = "$MEM_SIZE" ] && ok=PASS
   res identify-ns $ok "nsze=$nsze lbads=$lbads -> $bytes bytes, sysfs $sys, expect $MEM_SIZE"
 
+  # CAP.CSS bit 43 (one or more I/O command sets): Linux 6.1 then enables the controller
+  # with CC.CSS = 110b, and scans namespaces only if Identify CNS 03h names their command
+  # set (else "Command set not reported for nsid" and no block device)
+  step css "CAP/CC/VS properties, id-ctrl ver, ns-descs on $CTRL $DEV"
+  prop() { timeout 30 nvme get-property /dev/$CTRL --offset=$1 2>&1 | sed -n 's/.*value: *//p' | sed 's/^0[xX]//' | head -n1; }
+  cap=$(prop 0); cc=$(prop 0x14); vs=$(prop 0x8)
+  timeout 30 nvme get-property /dev/$CTRL --offset=0x14 -H 2>&1 | grep -E '^cc|\((CSS|EN)\)' | sed 's/^/  | /'
+  ok=FAIL; b43=?; b37=?; css=?; en=?
+  if ishex "$cap" && ishex "$cc"; then
+    b43=$(( (0x$cap >> 43) & 1 )); b37=$(( (0x$cap >> 37) & 1 )); css=$(( (0x$cc >> 4) & 7 )); en=$(( 0x$cc & 1 ))
+    [ $b43 = 1 ] && [ $b37 = 1 ] && [ $css = 6 ] && [ $en = 1 ] && ok=PASS
+  fi
+  res cc-css-110b $ok "CAP=0x${cap:-?} (CSS bit 37 NVM=$b37, bit 43 I/O command sets=$b43), CC=0x${cc:-?} (EN=$en, CSS=$css, expect 6 = 110b)"
+  ver=$(grep -E '^ver ' /tmp/idc.txt | trim)
+  ok=FAIL
+  ishex "${ver#0x}" && ishex "$vs" && [ $((0x${ver#0x})) = $(($EXPECT_VER)) ] && [ $((0x$vs)) = $((0x${ver#0x})) ] && ok=PASS
+  res id-ctrl-ver $ok "id-ctrl ver=${ver:-?}, VS property=0x${vs:-?}, expect $EXPECT_VER"
+  timeout 30 nvme ns-descs /dev/$DEV > /tmp/nsd.txt 2>&1; sed 's/^/  | /' /tmp/nsd.txt
+  csi=$(grep -E '^csi ' /tmp/nsd.txt | trim)
+  nrep=$( { cat /tmp/dmesg.all; dmesg; } | grep -c 'Command set not reported')
+  ok=FAIL; [ "$csi" = 0 ] && [ "$nrep" = 0 ] && ok=PASS
+  res ns-descs-csi $ok "CSI descriptor: ${csi:-none} (expect 0 = NVM); kernel 'Command set not reported' x$nrep"
+
   step dd-sha256 "4 MiB random, O_DIRECT, at 0 on /dev/$DEV"
   ok=FAIL; write_check $DEV 0 4 && ok=PASS; H_MEM=$H
   res dd-sha256 $ok
@@ -431,7 +512,8 @@ if nvconnect $NQN_MEM; then
   nvdisconnect $NQN_MEM
 else
   res connect-plain FAIL
-  for c in identify-list identify-ctrl identify-ns dd-sha256 fio-randwrite-verify fio-seq128k-verify; do
+  for c in identify-list identify-ctrl identify-ns cc-css-110b id-ctrl-ver ns-descs-csi dd-sha256 \
+      fio-randwrite-verify fio-seq128k-verify; do
     res $c FAIL "no connection"; done
 fi
 
@@ -487,6 +569,13 @@ if nvconnect $NQN_FILE; then
   sys=$(( $(cat /sys/block/$DEV/size) * 512 ))
   echo "  size $sys bytes (expect $FILE_SIZE)"
   write_check $DEV 4 4 && [ "$sys" = "$FILE_SIZE" ] && ok=PASS && H_FILE=$H
+  if [ "$PTPL" = 1 ]; then   # resv-ptpl-restart: register with PTPL on before the restart
+    log "PTPL: this host ($HOSTID) registers key 0xC3 with cptpl 3 on $NQN_FILE"
+    PTPL_BEFORE=""
+    if nvs resv-register /dev/$DEV --nrkey=0xC3 --rrega=0 --cptpl=3; then
+      resv_report $DEV; PTPL_BEFORE="before the restart: ptpls=$RPTPLS gen=$RGEN registrants $(echo $RREGS)"
+    else PTPL_BEFORE="register --cptpl=3 failed: $NVOUT"; fi
+  fi
   nvdisconnect $NQN_FILE
 fi
 res file-write $ok
@@ -496,7 +585,7 @@ if [ "$MODE" = selftest ]; then   # the kernel target's equivalent of a restart
   echo 1 > $CFS/subsystems/$NQN_FILE/namespaces/1/enable; nvmet_link $NQN_FILE
   log "self-test: $NQN_FILE unlinked, namespace disabled+enabled, relinked"
 fi
-ok=FAIL; detail=""
+ok=FAIL; detail=""; DEV=""
 if wait_host restart-target 120; then
   end=$(( $(cut -d. -f1 /proc/uptime) + 25 ))
   while :; do   # the target may need a moment: retry connect for up to 25 s
@@ -507,10 +596,23 @@ if wait_host restart-target 120; then
   if [ -n "$DEV" ]; then
     h=$(sha_dev $DEV 4 4); echo "  sha256 before restart $H_FILE"; echo "  sha256 after restart  $h"
     [ -n "$H_FILE" ] && [ "$h" = "$H_FILE" ] && ok=PASS
-    nvdisconnect $NQN_FILE
   else detail="reconnect failed"; fi
 else detail="host did not restart the target: $HOSTSAYS"; fi
 res restart-persist $ok "$detail"
+if [ "$PTPL" = 1 ]; then
+  step resv-ptpl-restart "after the restart: the registration with PTPL on is still there; unregister"
+  ok=FAIL
+  if [ -n "$DEV" ]; then
+    if resv_report $DEV && [ "$RPTPLS" = 1 ] && [ "$RREGS" = "$(regs $HOSTID 0xC3 0)" ]; then
+      nvs resv-register /dev/$DEV --crkey=0xC3 --rrega=1 && resv_report $DEV && [ "$RREGCTL" = 0 ] && ok=PASS
+      detail="after: ptpls=1, registrant $(echo $(regs $HOSTID 0xC3 0)); unregister: $NVOUT, regctl now $RREGCTL"
+    else
+      detail="after: ptpls=$RPTPLS gen=$RGEN registrants: $(echo $RREGS) (expect ptpls=1, $(echo $(regs $HOSTID 0xC3 0)))"
+    fi
+  else detail="no reconnect after the restart"; fi
+  res resv-ptpl-restart $ok "$PTPL_BEFORE; $detail"
+fi
+[ -n "$DEV" ] && nvdisconnect $NQN_FILE
 
 # 8. a host not in hosts= is refused
 step denied-host "connect to $NQN_DENIED (allowed: only $OTHER_HOST)"
@@ -521,6 +623,177 @@ ok=FAIL
 [ $rc -ne 0 ] && dmesg | grep -qiE 'not allowed|invalid host' && ok=PASS
 grep -qx "$NQN_DENIED" /sys/class/nvme/*/subsysnqn 2>/dev/null && { ok=FAIL; nvdisconnect $NQN_DENIED; }
 res denied-host $ok "nvme connect rc=$rc"
+
+# 12. reservations (flashpool only): two hosts share the namespace of $NQN_RESV.
+# Two hosts in one guest: A and B connect with their own host NQN and host ID (the kernel
+# refuses one host ID under two NQNs) and their own source address, 10.0.2.15 and
+# 10.0.2.16 (nvme-cli 2.3 refuses a second connect to the same address, port and
+# subsystem NQN as "already connected" whatever the host NQN, and its --duplicate-connect
+# does not lift that check; a different --host-traddr does).
+# Each host needs a path of its own. With native multipath (nvme_core multipath=Y, the
+# suite's default) the two controllers join one nvme-subsys and the shared namespace has a
+# single head, /dev/nvmeXnY and /dev/ngXnY; the per-controller paths nvmeXcYnZ are hidden
+# disks with no device node in 6.1, so one host's path is reachable only through the
+# deprecated NVME_IOCTL_IO_CMD on the controller char device (nvme-cli passthrough
+# only: no block I/O, no fio), and I/O on the head goes down whichever path the kernel
+# picks. So for this part nvme_core is reloaded with multipath=N (nvmet does not depend on
+# it): each controller then has a block device of its own (the kernel says "Found shared
+# namespace 1, but multipathing not supported"), and multipath=Y is back afterwards.
+if [ "$RESV" = 1 ]; then
+  step resv-connect "reload nvme_core with multipath=N; hosts A (10.0.2.15) and B (10.0.2.16) connect to $NQN_RESV"
+  UA=$(cat /proc/sys/kernel/random/uuid); UB=$(cat /proc/sys/kernel/random/uuid)
+  HA=nqn.2014-08.org.nvmexpress:uuid:$UA; HB=nqn.2014-08.org.nvmexpress:uuid:$UB
+  CA=""; CB=""; DA=""; DB=""; detail=""
+  ip addr add 10.0.2.16/24 dev eth0
+  if nvme_core_reload N; then
+    nvconnect $NQN_RESV --hostnqn=$HA --hostid=$UA --host-traddr=10.0.2.15 && { CA=$CTRL; DA=$DEV; }
+    nvconnect $NQN_RESV --hostnqn=$HB --hostid=$UB --host-traddr=10.0.2.16 && { CB=$CTRL; DB=$DEV; }
+  else detail="nvme_core reload with multipath=N failed"; fi
+  ok=FAIL
+  if [ -n "$DA" ] && [ -n "$DB" ] && [ "$DA" != "$DB" ]; then
+    ca=$(cat /sys/class/nvme/$CA/cntlid); cb=$(cat /sys/class/nvme/$CB/cntlid)
+    sa=$(ls -d /sys/class/nvme-subsystem/*/$CA 2>/dev/null | cut -d/ -f5)
+    sb=$(ls -d /sys/class/nvme-subsystem/*/$CB 2>/dev/null | cut -d/ -f5)
+    detail="A: $CA /dev/$DA cntlid $ca $(cat /sys/class/nvme/$CA/hostnqn) in ${sa:-?}; B: $CB /dev/$DB cntlid $cb $(cat /sys/class/nvme/$CB/hostnqn) in ${sb:-?}"
+    [ "$(cat /sys/class/nvme/$CA/hostnqn)" = "$HA" ] && [ "$(cat /sys/class/nvme/$CB/hostnqn)" = "$HB" ] \
+      && [ "$ca" != "$cb" ] && [ -n "$sa" ] && [ "$sa" = "$sb" ] && ok=PASS
+  else
+    detail="${detail:+$detail; }A: ${CA:-no controller} ${DA:-no block device}, B: ${CB:-no controller} ${DB:-no block device}"
+  fi
+  res resv-connect-2hosts $ok "$detail"
+  if [ $ok = PASS ]; then
+    LBS=$(cat /sys/block/$DA/queue/logical_block_size); B4=$((4096 / LBS))   # LBAs in 4 KiB
+    # where: 4 KiB at 2 MiB (written by A, then refused to B / to A once preempted),
+    # 64 KiB at 3 MiB (written by B as holder), fio on A at 8 MiB + 4 MiB
+    W=512; WL=$((W * B4))
+
+    step resv-register "A registers key 0xA1, B registers 0xB2 (rrega 0); resv-report --eds from A"
+    resv_report $DA; G0=$RGEN
+    oka=FAIL; okb=FAIL
+    nvs resv-register /dev/$DA --nrkey=0xA1 --rrega=0 && oka=PASS; na=$NVOUT
+    nvs resv-register /dev/$DB --nrkey=0xB2 --rrega=0 && okb=PASS; nb=$NVOUT
+    ok=FAIL; [ $oka = PASS ] && [ $okb = PASS ] && ok=PASS
+    res resv-register $ok "A: $oka ($na); B: $okb ($nb)"
+    ok=FAIL
+    if resv_report $DA && isnum "$G0" && [ "$RGEN" = $((G0 + 2)) ] && [ "$RREGCTL" = 2 ] && [ "$RTYPE" = 0 ] \
+       && [ "$RREGS" = "$(regs $UA 0xA1 0 $UB 0xB2 0)" ]; then ok=PASS; fi
+    res resv-report-2 $ok "gen ${G0:-?} -> ${RGEN:-?} (expect +2), regctl=$RREGCTL, rtype=$RTYPE, registrants: $(echo $RREGS) (expect A=$UA key 0xA1, B=$UB key 0xB2)"
+
+    step resv-acquire-we "A acquires Write Exclusive (rtype 1, racqa 0) with key 0xA1"
+    G1=$RGEN; ok=FAIL
+    # A writes the 4 KiB that B will try to overwrite (before: A is not yet the holder)
+    dd if=/dev/urandom of=/tmp/wa bs=4096 count=1 2>/dev/null; HWA=$(sha256sum < /tmp/wa | cut -d' ' -f1)
+    t 30 dd if=/tmp/wa of=/dev/$DA bs=4096 seek=$W oflag=direct conv=notrunc
+    if nvs resv-acquire /dev/$DA --crkey=0xA1 --rtype=1 --racqa=0; then
+      na=$NVOUT
+      resv_report $DA && [ "$RTYPE" = 1 ] && [ "$RGEN" = "$G1" ] && [ "$RREGS" = "$(regs $UA 0xA1 1 $UB 0xB2 0)" ] && ok=PASS
+      res resv-acquire-we $ok "$na; rtype=$RTYPE, gen $G1 -> $RGEN (an acquire keeps it), registrants: $(echo $RREGS) (expect A holder: rcsts 1)"
+    else
+      res resv-acquire-we FAIL "$NVOUT"
+    fi
+
+    step resv-we-b "A holds Write Exclusive: B's writes fail with Reservation Conflict, B's reads work"
+    dd if=/dev/urandom of=/tmp/wb bs=4096 count=1 2>/dev/null
+    nvs write /dev/$DB -s $WL -c $((B4 - 1)) -z 4096 -d /tmp/wb; rc1=$?; st1=$(nvstatus); c1=FAIL; is_status "Reservation Conflict" && c1=PASS
+    t 30 dd if=/tmp/wb of=/dev/$DB bs=4096 seek=$W oflag=direct conv=notrunc; rc2=$?; e2=$(grep -i error /tmp/t.out | head -n1)
+    k2=$(dmesg | grep -c "$DB: I/O Cmd(0x1) @ LBA $WL, $B4 blocks, I/O Error (sct 0x0 / sc 0x83)")
+    h=$(sha4k $DA $W)
+    ok=FAIL; [ $rc1 -ne 0 ] && [ $c1 = PASS ] && [ $rc2 -ne 0 ] && [ "$k2" -ge 1 ] && [ "$h" = "$HWA" ] && ok=PASS
+    res resv-we-b-write-conflict $ok "nvme write: exit $rc1, ${st1:-$NVOUT}; dd oflag=direct: exit $rc2 (${e2:-no error}), kernel 'sc 0x83' on $DB x$k2; A's 4 KiB at 2 MiB $([ "$h" = "$HWA" ] && echo unchanged || echo CHANGED)"
+    hb=$(sha4k $DB $W)
+    nvs read /dev/$DB -s $WL -c $((B4 - 1)) -z 4096 -d /tmp/rb; rc=$?; hr=$(sha256sum < /tmp/rb | cut -d' ' -f1)
+    ok=FAIL; [ "$hb" = "$HWA" ] && [ $rc = 0 ] && [ "$hr" = "$HWA" ] && ok=PASS
+    res resv-we-b-read-ok $ok "B reads A's 4 KiB at 2 MiB: dd sha256 ${hb:-none}, nvme read exit $rc sha256 $hr; A wrote $HWA"
+
+    step resv-we-a-fio "A (the holder) runs fio randwrite 4k qd16 crc32c verify; meanwhile B keeps trying writes"
+    # B's writes go to 4 MiB (outside A's fio region); each must fail with Reservation Conflict
+    ( n=0; c=0; while [ ! -e /tmp/fio-done ]; do
+        if ! timeout 30 nvme write /dev/$DB -s $((1024 * B4)) -c $((B4 - 1)) -z 4096 -d /tmp/wb > /tmp/bw.out 2>&1; then
+          grep -q 'NVMe status: Reservation Conflict:' /tmp/bw.out && c=$((c + 1)); fi
+        n=$((n + 1)); sleep 0.3
+      done; echo "$n $c" > /tmp/bw.count ) &
+    bpid=$!
+    rm -f /tmp/fio-done; ok=FAIL
+    fio_run resv-a 180 --filename=/dev/$DA --iodepth=16 --rw=randwrite --bs=4k --offset=8M --size=4M \
+        --verify=crc32c --do_verify=1 && ok=PASS
+    touch /tmp/fio-done; wait $bpid; set -- $(cat /tmp/bw.count 2>/dev/null || echo 0 -1)
+    [ "$1" -ge 1 ] && [ "$1" = "$2" ] || ok=FAIL
+    kn=$(dmesg | grep -iE 'nvme|nexus' | grep -ciE 'err|fail|reset|reconnect|timeout|timed out|abort|nexus|conflict|warn')
+    [ "$kn" = 0 ] || { ok=FAIL; dmesg | grep -iE 'nvme|nexus' | sed 's/^/  dmesg: /'; }
+    res resv-we-a-fio $ok "fio on /dev/$DA (see above); B's writes meanwhile: $2 of $1 refused with Reservation Conflict; kernel error/reset lines during the run: $kn"
+    rm -f /tmp/fio-done
+
+    step resv-preempt "B preempts A and aborts (racqa 2, prkey 0xA1): B holds, A is no longer registered"
+    G2=$RGEN
+    ok=FAIL; nvs resv-acquire /dev/$DB --crkey=0xB2 --prkey=0xA1 --rtype=1 --racqa=2 && ok=PASS
+    res resv-preempt-abort $ok "$NVOUT"
+    nvs write /dev/$DA -s $WL -c $((B4 - 1)) -z 4096 -d /tmp/wb; rc1=$?; st1=$(nvstatus); c1=FAIL; is_status "Reservation Conflict" && c1=PASS
+    t 30 dd if=/tmp/wb of=/dev/$DA bs=4096 seek=$W oflag=direct conv=notrunc; rc2=$?; e2=$(grep -i error /tmp/t.out | head -n1)
+    k2=$(dmesg | grep -c "$DA: I/O Cmd(0x1) @ LBA $WL, $B4 blocks, I/O Error (sct 0x0 / sc 0x83)")
+    h=$(sha4k $DB $W)
+    ok=FAIL; [ $rc1 -ne 0 ] && [ $c1 = PASS ] && [ $rc2 -ne 0 ] && [ "$k2" -ge 1 ] && [ "$h" = "$HWA" ] && ok=PASS
+    res resv-preempted-a-write-conflict $ok "nvme write: exit $rc1, ${st1:-$NVOUT}; dd oflag=direct: exit $rc2 (${e2:-no error}), kernel 'sc 0x83' on $DA x$k2; the 4 KiB at 2 MiB $([ "$h" = "$HWA" ] && echo unchanged || echo CHANGED)"
+    dd if=/dev/urandom of=/tmp/wh bs=64k count=1 2>/dev/null; HWH=$(sha256sum < /tmp/wh | cut -d' ' -f1)
+    t 30 dd if=/tmp/wh of=/dev/$DB bs=64k seek=48 oflag=direct conv=notrunc; rc=$?
+    h=$(sha4k $DA 768 16)
+    ok=FAIL; [ $rc = 0 ] && [ "$h" = "$HWH" ] && ok=PASS
+    res resv-holder-b-write-ok $ok "B's 64 KiB at 3 MiB: dd exit $rc; A reads back sha256 ${h:-none}, B wrote $HWH"
+    ok=FAIL
+    resv_report $DB && isnum "$G2" && [ "$RGEN" = $((G2 + 1)) ] && [ "$RTYPE" = 1 ] && [ "$RREGCTL" = 1 ] \
+      && [ "$RREGS" = "$(regs $UB 0xB2 1)" ] && ok=PASS
+    res resv-report-b-holder $ok "gen ${G2:-?} -> ${RGEN:-?} (expect +1: A unregistered), rtype=$RTYPE, regctl=$RREGCTL, registrants: $(echo $RREGS) (expect only B, holder)"
+
+    step resv-release "B releases (rrela 0); a wrong key and an unknown action are refused; clear (rrela 1)"
+    G3=$RGEN; ok=FAIL
+    if nvs resv-release /dev/$DB --crkey=0xB2 --rtype=1 --rrela=0; then
+      na=$NVOUT
+      resv_report $DB && [ "$RTYPE" = 0 ] && [ "$RGEN" = "$G3" ] && [ "$RREGS" = "$(regs $UB 0xB2 0)" ] && ok=PASS
+      res resv-release $ok "$na; rtype=$RTYPE, gen $G3 -> $RGEN (a release keeps it), registrants: $(echo $RREGS) (expect B, not holder)"
+    else res resv-release FAIL "$NVOUT"; fi
+    nvs resv-acquire /dev/$DB --crkey=0xB3 --rtype=1 --racqa=0; rc=$?
+    ok=FAIL; [ $rc -ne 0 ] && is_status "Reservation Conflict" && ok=PASS
+    res resv-bad-crkey $ok "B acquires with crkey 0xB3 (its key is 0xB2): exit $rc [$NVOUT]"
+    nvs resv-acquire /dev/$DB --crkey=0xB2 --rtype=1 --racqa=5; rc=$?
+    ok=FAIL; [ $rc -ne 0 ] && is_status "Invalid Field in Command" && ok=PASS
+    na="$NVOUT"; G4=$RGEN
+    # neither changed anything
+    resv_report $DB && [ "$RTYPE" = 0 ] && [ "$RGEN" = "$G4" ] && [ "$RREGS" = "$(regs $UB 0xB2 0)" ] || ok=FAIL
+    res resv-bad-racqa $ok "B acquires with racqa 5 (reserved): exit $rc [$na]; then rtype=$RTYPE gen=$RGEN registrants: $(echo $RREGS)"
+    ok=FAIL; G5=$RGEN
+    nvs resv-register /dev/$DA --nrkey=0xA1 --rrega=0; rca=$?
+    if nvs resv-release /dev/$DB --crkey=0xB2 --rtype=1 --rrela=1; then
+      na=$NVOUT
+      t 30 dd if=/tmp/wb of=/dev/$DA bs=4096 seek=$W oflag=direct conv=notrunc; rc=$?
+      resv_report $DA && [ $rca = 0 ] && isnum "$G5" && [ "$RGEN" = $((G5 + 2)) ] && [ "$RTYPE" = 0 ] \
+        && [ "$RREGCTL" = 0 ] && [ -z "$RREGS" ] && [ $rc = 0 ] && ok=PASS
+      res resv-clear $ok "A registered again (exit $rca), B clears: $na; gen ${G5:-?} -> ${RGEN:-?} (expect +2: register, clear), regctl=$RREGCTL rtype=$RTYPE; A's write afterwards: dd exit $rc"
+    else res resv-clear FAIL "A registered again (exit $rca); B's clear: $NVOUT"; fi
+  else
+    for c in resv-register resv-report-2 resv-acquire-we resv-we-b-write-conflict resv-we-b-read-ok \
+        resv-we-a-fio resv-preempt-abort resv-preempted-a-write-conflict resv-holder-b-write-ok \
+        resv-report-b-holder resv-release resv-bad-crkey resv-bad-racqa resv-clear; do
+      res $c FAIL "no two hosts"; done
+  fi
+
+  step resv-cleanup "disconnect A and B; reload nvme_core with multipath=Y"
+  nvdisconnect $NQN_RESV
+  ip addr del 10.0.2.16/24 dev eth0
+  nvme_core_reload Y || log "nvme_core is not back to multipath=Y: the next checks run without native multipath"
+
+  # the kernel's log of all resv-* steps: nothing but the conflicts the checks provoked
+  step resv-dmesg "guest kernel log of the reservation steps"
+  bad=$(awk -v da="$DA" -v db="$DB" '
+    /^== step /{s=$3; next}
+    s !~ /^resv-/ || !/nvme|nexus/ {next}
+    !/[Ee]rr|[Ff]ail|[Ii]nvalid|[Tt]imeout|timed out|[Ii]gnor|[Ww]arn|[Rr]eset|[Rr]econnect|[Uu]nsupported|not supported|[Mm]ismatch|[Dd]igest|[Tt]erm|[Aa]bort|[Rr]efus|[Nn]exus|[Cc]onflict|[Dd]eprecated/ {next}
+    s == "resv-connect" && /Found shared namespace|shared namespaces without CONFIG_NVME_MULTIPATH/ {next}
+    s == "resv-we-b" && db != "" && (index($0, db ": I/O Cmd(0x1) @ LBA ") && index($0, "(sct 0x0 / sc 0x83)") || index($0, "critical nexus error, dev " db ",")) {next}
+    s == "resv-preempt" && da != "" && (index($0, da ": I/O Cmd(0x1) @ LBA ") && index($0, "(sct 0x0 / sc 0x83)") || index($0, "critical nexus error, dev " da ",")) {next}
+    {print "[" s "] " $0}' /tmp/dmesg.all)
+  [ -n "$bad" ] && echo "$bad" | sed 's/^/  unexpected: /'
+  ok=FAIL; [ -z "$bad" ] && [ -n "$DA" ] && ok=PASS
+  res resv-dmesg $ok "$(echo "$bad" | grep -c .) unexpected nvme kernel lines (allowed: the shared-namespace notice at connect, Reservation Conflict on B's writes under A's reservation and on A's after the preempt)"
+fi
 
 # 11. volumes (flashpool only): a raid6 volume on 6 mem drives keeps every fio verify
 # while the host fails two drives, replaces both (rebuild throttled so it overlaps I/O),
@@ -717,6 +990,18 @@ hosts = ["$OTHER_HOST"]
 nsid = 1
 backend = "mem"
 size = "$((DENIED_SIZE >> 20))MiB"
+
+[[subsystem]]
+nqn = "$NQN_RESV"
+serial = "$SERIAL"
+model = "$MODEL"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "mem"
+size = "$((RESV_SIZE >> 20))MiB"
+block_size = 512
 
 [api]
 address = "127.0.0.1:$API_PORT"
@@ -978,7 +1263,7 @@ cleanup() {
 
 do_run() {
   local t0 K accel cpu rc=0 tb="" restart_done=0 kato_cid="" kato_t="" done_t="" st
-  local rev=0 rev_done=0 rev_note="" vol=0 cli_done="" cline cname cargs crc
+  local rev=0 rev_done=0 rev_note="" vol=0 cli_done="" cline cname cargs crc resv=0 ptpl=0
   t0=$(ts); K=$(kver)
   [ -n "$K" ] || { echo "no kernel: run '$0 setup' first"; exit 1; }
   if [ ! -f "$INITRD" ] || ! cmp -s "$0" "$CACHE/.built-from"; then do_build; fi
@@ -1008,7 +1293,14 @@ do_run() {
     elif ! command -v python3 > /dev/null; then rev_note="python3 missing (needed for the JSON summaries)"
     else rev=1; fi
   else rev=1; fi     # flashpool mode: they count (and fail if BENCH_BIN cannot run)
-  local expect_all; expect_all=$(echo $GUEST_CHECKS $HOST_CHECKS $VOL_CHECKS $([ $rev = 1 ] && echo $REV_CHECKS) | wc -w)
+  # reservations: flashpool only (Linux 6.1's nvmet has none); PTPL only if the build has it
+  local expect_ver=0x10300     # the self-test and mock targets are Linux 6.1's nvmet (VS 1.3)
+  if [ $mode = flashpool ] && [ "$MOCK" != 1 ]; then
+    resv=1; expect_ver=0x10400
+    [ -e "$PTPL_READY" ] && ptpl=1
+  fi
+  local expect_all; expect_all=$(echo $GUEST_CHECKS $HOST_CHECKS $VOL_CHECKS $([ $rev = 1 ] && echo $REV_CHECKS) \
+      $([ $resv = 1 ] && echo $RESV_CHECKS) $([ $ptpl = 1 ] && echo $PTPL_CHECKS) | wc -w)
   local HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$hostuuid
 
   if [ $mode = flashpool ]; then
@@ -1044,8 +1336,11 @@ do_run() {
   append="$append fp_rev=$rev fp_nqn_rev=$NQN_REV fp_rev_wait=$((REV_BUDGET + 90))"
   [ $mode = flashpool ] && [ "$MOCK" != 1 ] && vol=1
   append="$append fp_vol=$vol fp_nqn_r6=$NQN_R6"
+  append="$append fp_resv=$resv fp_nqn_resv=$NQN_RESV fp_resv_size=$RESV_SIZE fp_ptpl=$ptpl"
+  append="$append fp_expect_ver=$expect_ver"
   say "mode=$mode$([ "$MOCK" = 1 ] && echo '(mock target)') accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) ports io=$IO_PORT disc=$DISC_PORT ctl=$CTL_PORT$([ $rev = 1 ] && echo " rev=$REV_PORT")"
   [ $rev = 1 ] || say "reverse-direction checks skipped: $rev_note"
+  [ $resv = 1 ] && [ $ptpl = 0 ] && say "SKIP $PTPL_CHECKS: $PTPL_READY does not exist (the target build has no PTPL)"
   say "guest hostnqn $HOSTNQN; logs in $RUN"
   # -no-shutdown: after the guest's poweroff QEMU stays (stopped), so the guest's TCP
   # connections stay open and silent, like a host that lost power; the host kills QEMU.
@@ -1163,6 +1458,8 @@ do_run() {
   local all="$GUEST_CHECKS" expect=0 n_pass=0 n_fail=0 c line failed=""
   [ $mode = flashpool ] && all="$all $HOST_CHECKS"
   [ $vol = 1 ] && all="$all $VOL_CHECKS"
+  [ $resv = 1 ] && all="$all $RESV_CHECKS"
+  [ $ptpl = 1 ] && all="$all $PTPL_CHECKS"
   [ $rev = 1 ] && all="$all $REV_CHECKS"
   serial | grep -a '^RESULT ' > "$RUN/results.txt" || true
   cat "$HR" >> "$RUN/results.txt"
@@ -1187,6 +1484,8 @@ do_run() {
   fi
   [ $mode = selftest ] && echo "(self-test: host-side checks [$HOST_CHECKS] apply to flashpool only)"
   [ $rev = 1 ] || echo "(reverse-direction checks [$REV_CHECKS] skipped, not counted: $rev_note)"
+  [ $resv = 1 ] || echo "(reservation checks [$(echo $RESV_CHECKS $PTPL_CHECKS)] apply to flashpool only, not counted)"
+  [ $resv = 1 ] && [ $ptpl = 0 ] && echo "SKIP $PTPL_CHECKS (not counted: $PTPL_READY did not exist at the start of the run)"
   [ -n "$failed" ] && echo "failed:$failed"
   echo "$n_pass passed, $n_fail failed"
   [ "$n_fail" -eq 0 ]
