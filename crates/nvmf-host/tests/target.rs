@@ -158,7 +158,7 @@ async fn connect_identify_disconnect() {
     assert_eq!(info.cntrltype, 1);
     assert_eq!(info.in_capsule_data(), IN_CAPSULE);
     assert_eq!(info.max_transfer(), Some(1 << 20));
-    assert_eq!(ctrl.version(), 0x0001_0300);
+    assert_eq!(ctrl.version(), 0x0001_0400);
     assert_eq!(
         (ctrl.cap() & 0xFFFF) + 1,
         64,

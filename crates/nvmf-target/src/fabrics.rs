@@ -147,6 +147,8 @@ pub fn connect_admin(
             ));
         };
         if !sub.host_allowed(&data.hostnqn) {
+            // The stable line docs/config.md promises to log readers.
+            tracing::warn!("host {} not allowed on {}", data.hostnqn, sub.nqn);
             return Err(ConnectError {
                 status: Status::cmd_specific(status::SC_CONNECT_INVALID_HOST),
                 dw0: ipo_iattr(true, CONNECT_DATA_OFF_HOSTNQN),
