@@ -302,6 +302,17 @@ fn get_log_page(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
     if !g.offset.is_multiple_of(4) {
         return invalid_field();
     }
+    // Pages that reading consumes: a refused read must consume nothing.
+    let consumed_len = match g.lid {
+        lid::CHANGED_NS => log_page::CHANGED_NS_LEN,
+        nvme_wire::reservation::LID_RESERVATION_NOTIFICATION => {
+            nvme_wire::reservation::RESV_LOG_LEN
+        }
+        _ => usize::MAX,
+    };
+    if !ctrl.is_discovery() && g.offset != 0 && g.offset >= consumed_len as u64 {
+        return invalid_field();
+    }
     let page: Vec<u8> = if ctrl.is_discovery() {
         match g.lid {
             lid::DISCOVERY => {
@@ -398,7 +409,7 @@ fn get_log_page(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                 b
             }
             nvme_wire::reservation::LID_RESERVATION_NOTIFICATION => {
-                crate::resv_cmd::notification_log(ctrl)
+                crate::resv_cmd::notification_log(ctrl, g.rae)
             }
             lid::ANA => {
                 crate::ana::ana_log(&ctrl.namespaces(), g.lsp & log_page::ana::LSP_RGO != 0)
@@ -579,7 +590,11 @@ fn get_features(cx: &AdminCtx<'_>, sqe: &Sqe) -> AdminOutcome {
         sel::CURRENT => ok_dw0(current),
         // Nothing is saveable, so "saved" reads the default, as the spec says.
         sel::DEFAULT | sel::SAVED => ok_dw0(default),
-        sel::SUPPORTED_CAPABILITIES => ok_dw0(if changeable { CAP_CHANGEABLE } else { 0 }),
+        sel::SUPPORTED_CAPABILITIES => {
+            // Reservation features are set per namespace (bit 1).
+            let ns_specific = if resv.is_some() { 1 << 1 } else { 0 };
+            ok_dw0(if changeable { CAP_CHANGEABLE } else { 0 } | ns_specific)
+        }
         _ => invalid_field(),
     }
 }

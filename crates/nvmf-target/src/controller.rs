@@ -53,9 +53,12 @@ pub struct QueueStats {
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
     pub media_errors: AtomicU64,
-    /// Writes submitted to a device and not yet completed (Preempt and
-    /// Abort waits for the preempted hosts' to reach 0).
-    pub writes_in_flight: AtomicU64,
+    /// Writes that passed (or are passing) the reservation check, and
+    /// those of them that are over. Preempt and Abort reads `writes_started`
+    /// of the preempted hosts' queues and waits until `writes_done` reaches
+    /// it: ever-growing counters, so a busy host cannot starve the wait.
+    pub writes_started: AtomicU64,
+    pub writes_done: AtomicU64,
 }
 
 pub const ERROR_LOG_SLOTS: usize = 64;
@@ -134,6 +137,9 @@ pub struct CtrlState {
     pub resv_log_count: u64,
     /// Reservation Notification Mask (feature 81h) per NSID.
     pub resv_masks: HashMap<u32, u32>,
+    /// A reservation AEN went out (or is queued) and the host has not yet
+    /// read log page 80h with RAE cleared: no further one until it does.
+    pub resv_aen_masked: bool,
 }
 
 pub struct Controller {
@@ -149,6 +155,9 @@ pub struct Controller {
     kill: watch::Sender<Option<FreeReason>>,
     /// CSTS.RDY, mirrored for the I/O path (one relaxed load per command, no lock).
     ready: AtomicBool,
+    /// Bumped by each controller reset (CC.EN 1 -> 0): I/O queues connected
+    /// before it are gone (Base spec 3.7.2).
+    reset_gen: AtomicU64,
     /// Milliseconds since `epoch` of the last command, for traffic-based keep-alive.
     last_activity_ms: AtomicU64,
     epoch: Instant,
@@ -191,10 +200,12 @@ impl Controller {
                 resv_log: VecDeque::new(),
                 resv_log_count: 0,
                 resv_masks: HashMap::new(),
+                resv_aen_masked: false,
             }),
             stats: Mutex::new(Vec::new()),
             kill: watch::channel(None).0,
             ready: AtomicBool::new(false),
+            reset_gen: AtomicU64::new(0),
             last_activity_ms: AtomicU64::new(0),
             epoch: now,
             event_notify: Notify::new(),
@@ -235,6 +246,11 @@ impl Controller {
     /// Whether the controller is enabled and ready (CSTS.RDY), without locking.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Which reset the controller is at (see `reset_gen`).
+    pub fn reset_generation(&self) -> u64 {
+        self.reset_gen.load(Ordering::Acquire)
     }
 
     pub fn watch_kill(&self) -> watch::Receiver<Option<FreeReason>> {
@@ -301,15 +317,6 @@ impl Controller {
         self.event_notify.notify_one();
     }
 
-    /// Writes of this controller's queues now in flight on devices.
-    pub fn writes_in_flight(&self) -> u64 {
-        self.stats
-            .lock()
-            .iter()
-            .map(|q| q.writes_in_flight.load(Ordering::SeqCst))
-            .sum()
-    }
-
     /// A reservation notification for this host on `nsid`: unless masked
     /// (feature 81h), a log page 80h entry and, when it is the only one
     /// queued, the AEN that tells the host to read it. At most 255 entries
@@ -330,11 +337,21 @@ impl Controller {
             available: 0,
             nsid,
         });
-        if !s.pending_events.contains(&AsyncEvent::RESV_LOG) {
-            s.pending_events.push_back(AsyncEvent::RESV_LOG);
-            drop(s);
-            self.event_notify.notify_one();
+        drop(s);
+        self.queue_reservation_event();
+    }
+
+    /// Queues the "reservation log page available" AEN unless one is
+    /// outstanding (the event type stays masked until the log is read).
+    pub fn queue_reservation_event(&self) {
+        let mut s = self.state.lock();
+        if s.resv_aen_masked {
+            return;
         }
+        s.resv_aen_masked = true;
+        s.pending_events.push_back(AsyncEvent::RESV_LOG);
+        drop(s);
+        self.event_notify.notify_one();
     }
 
     /// Records a namespace added or removed at run time in the Changed
@@ -419,8 +436,11 @@ impl Controller {
                 prop::CSTS_CFS
             };
         } else if !en_new && en_old {
-            // Controller reset: not ready, shutdown state cleared.
+            // Controller reset: not ready, shutdown state cleared, and the
+            // I/O queues deleted: their QIDs may be connected again.
             s.csts = 0;
+            s.io_queues.fill(false);
+            self.reset_gen.fetch_add(1, Ordering::AcqRel);
         }
         let shn_old = (old >> prop::CC_SHN_SHIFT) & 3;
         let shn_new = (new >> prop::CC_SHN_SHIFT) & 3;

@@ -13,11 +13,8 @@
 //! it: no write of a preempted host reaches the device once the command has
 //! completed.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 
 use blockdev::{BlockDevice, RecordKind};
 use nvme_wire::reservation::{
@@ -32,7 +29,7 @@ use nvme_wire::status::{self, Status};
 use parking_lot::Mutex;
 
 use crate::Target;
-use crate::controller::Controller;
+use crate::controller::{Controller, QueueStats};
 use crate::reservation::{Access, HostId, HostRef, Outcome, ReservationState};
 use crate::subsystem::Namespace;
 
@@ -231,49 +228,56 @@ pub fn execute(
         }
     }
     let drain = (!out.abort.is_empty()).then(|| {
-        let ctrls = out
-            .abort
-            .iter()
-            .flat_map(|h| target.controllers_of(h, ctrl.subnqn()))
-            .collect();
         tracing::info!(
             "controller {}: preempt and abort of {} host(s) on nsid {nsid}",
             ctrl.cntlid,
             out.abort.len()
         );
-        Drain { ctrls }
+        // Read after the new state was stored (SeqCst): every write that
+        // could have passed the old check is counted in these.
+        let queues = out
+            .abort
+            .iter()
+            .flat_map(|h| target.queues_of(h, ctrl.subnqn()))
+            .map(|q| {
+                let started = q.writes_started.load(Ordering::SeqCst);
+                (q, started)
+            })
+            .collect();
+        Drain { queues }
     });
     Ok(ResvDone { drain })
 }
 
-/// Completes once the given controllers have no write in flight.
+/// The preempted hosts' writes that had started when the reservation
+/// changed: done once each queue's `writes_done` has caught up.
 pub struct Drain {
-    ctrls: Vec<Arc<Controller>>,
+    queues: Vec<(Arc<QueueStats>, u64)>,
 }
+
+/// How often a waiting Preempt and Abort looks again.
+const DRAIN_POLL: std::time::Duration = std::time::Duration::from_micros(200);
 
 impl Drain {
     pub fn is_done(&self) -> bool {
-        self.ctrls.iter().all(|c| c.writes_in_flight() == 0)
+        self.queues
+            .iter()
+            .all(|(q, started)| q.writes_done.load(Ordering::SeqCst) >= *started)
     }
-}
 
-impl Future for Drain {
-    type Output = ();
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.is_done() {
-            return Poll::Ready(());
+    /// Waits for the writes; they end within a device I/O's time, or when
+    /// their connection drains them at teardown.
+    pub async fn wait(self) {
+        while !self.is_done() {
+            tokio::time::sleep(DRAIN_POLL).await;
         }
-        // In-flight writes finish within a device I/O's time; yield and look
-        // again rather than wiring a wake-up into every write completion.
-        cx.waker().wake_by_ref();
-        Poll::Pending
     }
 }
 
 /// Get Log Page 80h: the oldest unread notification (an empty entry when
-/// there is none), removed unless the host asked to retain it (RAE does not
-/// apply to this page's entries, which are consumed by reading).
-pub fn notification_log(ctrl: &Controller) -> Vec<u8> {
+/// there is none), removed as it is read. Reading with RAE cleared unmasks
+/// the reservation AEN, which fires again at once if entries remain.
+pub fn notification_log(ctrl: &Controller, rae: bool) -> Vec<u8> {
     let mut st = ctrl.state.lock();
     let entry = match st.resv_log.pop_front() {
         Some(mut e) => {
@@ -287,6 +291,13 @@ pub fn notification_log(ctrl: &Controller) -> Vec<u8> {
             nsid: 0,
         },
     };
+    if !rae {
+        st.resv_aen_masked = false;
+        if !st.resv_log.is_empty() {
+            drop(st);
+            ctrl.queue_reservation_event();
+        }
+    }
     entry.encode().to_vec()
 }
 

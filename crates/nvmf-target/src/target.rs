@@ -6,7 +6,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::{ListenerConfig, TransportConfig};
-use crate::controller::{Controller, FreeReason};
+use crate::controller::{Controller, FreeReason, QueueStats};
 use crate::subsystem::{Namespace, NamespaceError, Subsystem};
 
 pub struct Target {
@@ -15,9 +15,19 @@ pub struct Target {
     /// Bound listener addresses (the real ports when 0 was asked for).
     pub listeners: RwLock<Vec<ListenerConfig>>,
     controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+    /// Every live queue's write counters by host and subsystem. Kept apart
+    /// from `controllers`: a controller leaves that map when its admin queue
+    /// closes, while its I/O queues may still have writes on the devices.
+    queues: Mutex<Vec<QueueEntry>>,
     next_cntlid: Mutex<u16>,
     /// Discovery log generation counter; the configuration is static for now.
     pub discovery_genctr: u64,
+}
+
+struct QueueEntry {
+    hostid: [u8; 16],
+    nqn: String,
+    stats: std::sync::Weak<QueueStats>,
 }
 
 /// Controller IDs 0xFFF0..=0xFFFF are reserved.
@@ -30,6 +40,7 @@ impl Target {
             subsystems,
             listeners: RwLock::new(Vec::new()),
             controllers: Mutex::new(HashMap::new()),
+            queues: Mutex::new(Vec::new()),
             next_cntlid: Mutex::new(1),
             discovery_genctr: 1,
         }
@@ -98,6 +109,29 @@ impl Target {
             let reason = ctrl.killed().unwrap_or(reason);
             tracing::info!("controller {} freed: {}", ctrl.cntlid, reason);
         }
+    }
+
+    /// Registers a connected queue's counters. The entry lives as long as
+    /// the queue holds them (its connection drains its I/O before letting go).
+    pub fn register_queue(&self, hostid: [u8; 16], nqn: &str, stats: &Arc<QueueStats>) {
+        let mut q = self.queues.lock();
+        q.retain(|e| e.stats.strong_count() > 0);
+        q.push(QueueEntry {
+            hostid,
+            nqn: nqn.to_string(),
+            stats: Arc::downgrade(stats),
+        });
+    }
+
+    /// The counters of every queue of host `hostid` on `nqn` that may still
+    /// have writes on a device, including queues of controllers already freed.
+    pub fn queues_of(&self, hostid: &[u8; 16], nqn: &str) -> Vec<Arc<QueueStats>> {
+        self.queues
+            .lock()
+            .iter()
+            .filter(|e| &e.hostid == hostid && e.nqn == nqn)
+            .filter_map(|e| e.stats.upgrade())
+            .collect()
     }
 
     /// The live controllers of host `hostid` on subsystem `nqn`.

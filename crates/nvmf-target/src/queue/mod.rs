@@ -82,9 +82,12 @@ enum SlotState {
 enum AfterData {
     Nothing,
     Connect,
-    /// By NSID: the namespace snapshot may be reloaded while data is in flight.
+    /// By NSID and instance (the address of its reservation state): the
+    /// snapshot may be reloaded while data is in flight, and a namespace
+    /// removed and added again under the same NSID is another one.
     Io {
         nsid: u32,
+        inst: usize,
         plan: IoPlan,
     },
 }
@@ -94,7 +97,7 @@ struct Slot {
     state: SlotState,
     sqe: Sqe,
     after: AfterData,
-    /// A write counted in `QueueStats::writes_in_flight` until it completes.
+    /// A write counted in `QueueStats::writes_started`; `writes_done` when freed.
     counted_write: bool,
 }
 
@@ -109,6 +112,8 @@ struct Bound {
     /// falls behind the subsystem's (a namespace added or removed).
     namespaces: Arc<[Namespace]>,
     ns_version: u64,
+    /// The controller's reset generation when this queue connected.
+    reset_gen: u64,
 }
 
 pub struct QueueCore {
@@ -318,7 +323,9 @@ impl QueueCore {
         }
         match s.after {
             AfterData::Connect => self.do_connect(tag, buf, t),
-            AfterData::Io { nsid, plan } => self.execute_io(tag, nsid, plan, buf, t),
+            AfterData::Io { nsid, inst, plan } => {
+                self.execute_io(tag, nsid, Some(inst), plan, buf, t)
+            }
             AfterData::Nothing => {
                 self.pool.put(buf);
                 self.complete(tag, Status::SUCCESS, 0, 0, t)
@@ -417,7 +424,7 @@ impl QueueCore {
         if s.counted_write {
             s.counted_write = false;
             if let Some(b) = &self.bound {
-                b.stats.writes_in_flight.fetch_sub(1, SeqCst);
+                b.stats.writes_done.fetch_add(1, SeqCst);
             }
         }
         if s.after == AfterData::Connect {
@@ -527,7 +534,16 @@ impl QueueCore {
                         nvme_wire::fabrics::prop::cap(self.target.transport.max_queue_depth, 15);
                     ctrl.property_get(p.offset, p.size8, cap)
                 } else {
-                    ctrl.property_set(p.offset, p.size8, p.value).map(|()| 0)
+                    let before = ctrl.reset_generation();
+                    let r = ctrl.property_set(p.offset, p.size8, p.value).map(|()| 0);
+                    if ctrl.reset_generation() != before {
+                        // A reset ends every outstanding command, held AERs too
+                        // (as nvmet: Internal Error, do not retry).
+                        while let Some(a) = self.aers.pop_front() {
+                            self.complete(a, Status::generic(status::SC_INTERNAL), 0, 0, t);
+                        }
+                    }
+                    r
                 };
                 match res {
                     Ok(v) => self.complete(i, Status::SUCCESS, v as u32, (v >> 32) as u32, t),
@@ -557,8 +573,12 @@ impl QueueCore {
                     None => (Arc::from(Vec::new()), 0),
                 };
                 self.sqhd = 1 % (cmd.sqsize + 1);
+                let stats = ctrl.register_queue_stats();
+                self.target
+                    .register_queue(ctrl.hostid, ctrl.subnqn(), &stats);
                 self.bound = Some(Bound {
-                    stats: ctrl.register_queue_stats(),
+                    reset_gen: ctrl.reset_generation(),
+                    stats,
                     depth: cmd.sqsize + 1,
                     sqflow_off: cmd.cattr & CATTR_DISABLE_SQFLOW != 0,
                     qid: cmd.qid,
@@ -639,7 +659,7 @@ impl QueueCore {
                 b.ns_version = v;
             }
         }
-        if !b.ctrl.is_ready() {
+        if !b.ctrl.is_ready() || b.ctrl.reset_generation() != b.reset_gen {
             // The host reset the controller (CC.EN 1 -> 0): its I/O queues are gone.
             return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t);
         }
@@ -653,10 +673,10 @@ impl QueueCore {
                         .check(&b.ctrl.hostid, access)
                         .map_err(|status| IoReject { status, lba: 0 })?;
                 }
-                Ok((ns.nsid, ns.block_size, plan))
+                Ok((ns.nsid, ns_instance(ns), ns.block_size, plan))
             },
         );
-        let (nsid, bs, plan) = match planned {
+        let (nsid, inst, bs, plan) = match planned {
             Ok(p) => p,
             Err(rej) => return self.complete_lba(i, rej.status, rej.lba, t),
         };
@@ -674,32 +694,37 @@ impl QueueCore {
                 return self.complete(i, Status::generic(sc), 0, 0, t);
             }
             let buf = self.pool.get(c2h as usize);
-            self.execute_io(i, nsid, plan, buf, t);
+            self.execute_io(i, nsid, None, plan, buf, t);
         } else if h2c > 0 {
-            self.slots[usize::from(i)].after = AfterData::Io { nsid, plan };
+            self.slots[usize::from(i)].after = AfterData::Io { nsid, inst, plan };
             if let Some(buf) = self.fetch_host_data(i, sgl, h2c, data, t) {
-                self.execute_io(i, nsid, plan, buf, t);
+                self.execute_io(i, nsid, None, plan, buf, t);
             }
         } else if sgl.len != 0 {
             // No data moves for this command, yet the host described some.
             self.complete(i, Status::generic(status::SC_SGL_INVALID_DATA_LEN), 0, 0, t)
         } else {
             let buf = self.pool.get(0);
-            self.execute_io(i, nsid, plan, buf, t);
+            self.execute_io(i, nsid, None, plan, buf, t);
         }
     }
 
+    /// Runs a planned command. `inst`: the namespace instance it was
+    /// planned on, when its data arrived later.
     fn execute_io<T: Transport>(
         &mut self,
         i: u16,
         nsid: u32,
+        inst: Option<usize>,
         plan: IoPlan,
         buf: AlignedBuf,
         t: &mut T,
     ) {
         let b = self.bound.as_ref().expect("I/O queue");
-        let Some(ns) = find_namespace(&b.namespaces, nsid) else {
-            // Removed while its data was in flight.
+        let found = find_namespace(&b.namespaces, nsid)
+            .filter(|ns| inst.is_none_or(|p| p == ns_instance(ns)));
+        let Some(ns) = found else {
+            // Removed (or replaced) while its data was in flight.
             self.pool.put(buf);
             return self.complete(i, Status::generic(status::SC_INVALID_NS), 0, 0, t);
         };
@@ -709,7 +734,7 @@ impl QueueCore {
         if Access::of_io_opcode(self.slots[usize::from(i)].sqe.opcode) == Some(Access::Write) {
             // Counted before the check: a Preempt and Abort that changes the
             // reservation after this check waits for this write.
-            b.stats.writes_in_flight.fetch_add(1, SeqCst);
+            b.stats.writes_started.fetch_add(1, SeqCst);
             self.slots[usize::from(i)].counted_write = true;
             if let Err(st) = ns.resv.check(&b.ctrl.hostid, Access::Write) {
                 self.pool.put(buf);
@@ -786,7 +811,7 @@ impl QueueCore {
             }
             Ok(resv_cmd::ResvDone { drain: Some(drain) }) if !drain.is_done() => {
                 let fut = async move {
-                    drain.await;
+                    drain.wait().await;
                     IoDone {
                         buf,
                         result: Ok(()),
@@ -800,4 +825,10 @@ impl QueueCore {
             }
         }
     }
+}
+
+/// Tells namespace instances apart: the address of their shared
+/// reservation state, made once per `Namespace::new`.
+fn ns_instance(ns: &Namespace) -> usize {
+    Arc::as_ptr(&ns.resv) as usize
 }

@@ -190,8 +190,8 @@ fn a_zero_host_id_cannot_register() {
     assert_eq!(z.register(0, 0, 1).1, status::SC_HOST_ID_INCONSISTENT);
 }
 
-#[test]
-fn preempt_and_abort_waits_for_the_preempted_writes() {
+#[tokio::test]
+async fn preempt_and_abort_waits_for_the_preempted_writes() {
     let t = target();
     let mut a = host(&t, A);
     let mut b = host(&t, B);
@@ -200,7 +200,10 @@ fn preempt_and_abort_waits_for_the_preempted_writes() {
     assert_eq!(a.acquire(0, 1, 0xA1, 0), OK);
     // A write of A's that passed its check and is still on the device.
     let stats = a.io.bound.as_ref().unwrap().stats.clone();
-    stats.writes_in_flight.fetch_add(1, Ordering::SeqCst);
+    stats.writes_started.fetch_add(1, Ordering::SeqCst);
+    // A's admin queue goes away first (keep-alive, EOF): its controller
+    // leaves the target's map, but its I/O queue's write is still out.
+    a.admin.close(crate::FreeReason::ConnectionClosed);
     let d = AcquireData {
         crkey: 0xB2,
         prkey: 0xA1,
@@ -212,15 +215,15 @@ fn preempt_and_abort_waits_for_the_preempted_writes() {
         b.rec.take_resps().is_empty(),
         "completed while A's write was in flight"
     );
-    assert_eq!(b.rec.waiting.len(), 1);
-    // Still waiting on a poll.
-    let (tag, mut fut) = b.rec.waiting.pop().unwrap();
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    assert!(std::pin::Pin::new(&mut fut).poll(&mut cx).is_pending());
-    stats.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
-    let std::task::Poll::Ready(done) = std::pin::Pin::new(&mut fut).poll(&mut cx) else {
-        panic!("drain did not finish");
-    };
+    let (tag, mut fut) = b.rec.waiting.pop().expect("a drain to wait on");
+    let waited = tokio::time::timeout(std::time::Duration::from_millis(20), &mut fut).await;
+    assert!(waited.is_err(), "drain finished with the write still out");
+    // More writes of A starting after the preempt do not hold it up.
+    stats.writes_started.fetch_add(5, Ordering::SeqCst);
+    stats.writes_done.fetch_add(1, Ordering::SeqCst);
+    let done = tokio::time::timeout(std::time::Duration::from_secs(5), fut)
+        .await
+        .expect("drain did not finish");
     b.io.on_io_done(tag, done, &mut b.rec);
     assert!(b.rec.one().status.is_success());
     assert_eq!(a.write(), CONFLICT);
@@ -232,14 +235,17 @@ fn writes_count_in_flight_until_they_complete() {
     let mut a = host(&t, A);
     let stats = a.io.bound.as_ref().unwrap().stats.clone();
     assert_eq!(a.write(), OK);
-    assert_eq!(stats.writes_in_flight.load(Ordering::SeqCst), 0);
+    let in_flight =
+        || stats.writes_started.load(Ordering::SeqCst) - stats.writes_done.load(Ordering::SeqCst);
+    assert_eq!(stats.writes_started.load(Ordering::SeqCst), 1);
+    assert_eq!(in_flight(), 0);
     // A refused write leaves no count behind.
     let mut b = host(&t, B);
     assert_eq!(b.register(0, 0, 2), OK);
     assert_eq!(b.acquire(0, 2, 2, 0), OK);
     assert_eq!(a.write(), CONFLICT);
     assert_eq!(a.read(), CONFLICT, "exclusive access");
-    assert_eq!(stats.writes_in_flight.load(Ordering::SeqCst), 0);
+    assert_eq!(in_flight(), 0);
 }
 
 /// A file namespace: registrations made with CPTPL = 11b (persist) and the
@@ -317,4 +323,66 @@ fn ptpl_keeps_registrations_across_a_restart() {
     assert_eq!(b.report().2, 0);
     assert_eq!(b.write(), OK);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One reservation AEN until the host reads log page 80h with RAE cleared;
+/// a refused read (offset past the page) consumes nothing.
+#[test]
+fn reservation_aen_is_masked_until_the_log_is_read() {
+    let t = target();
+    let mut a = host(&t, A);
+    let mut b = host(&t, B);
+    assert_eq!(a.register(0, 0, 0xA1), OK);
+    assert_eq!(b.register(0, 0, 0xB2), OK);
+    assert_eq!(a.acquire(0, 4, 0xA1, 0), OK);
+    // Two notifications for B: released (type change by preempt is A's own;
+    // here A releases a registrants-only reservation, then takes it again
+    // and releases again).
+    assert_eq!(a.release(0, 4, 0xA1), OK);
+    assert_eq!(a.acquire(0, 4, 0xA1, 0), OK);
+    assert_eq!(a.release(0, 4, 0xA1), OK);
+    let ctrl = b.admin.controller().unwrap().clone();
+    assert_eq!(ctrl.state.lock().resv_log.len(), 2);
+    let events = ctrl
+        .state
+        .lock()
+        .pending_events
+        .iter()
+        .filter(|e| **e == AsyncEvent::RESV_LOG)
+        .count();
+    assert_eq!(events, 1, "one AEN for both");
+    let log = |b: &mut Host, cid: u16, offset: u64, rae: bool| {
+        let mut s = Sqe::new(admin_opc::GET_LOG_PAGE, cid);
+        s.nsid = 0xFFFF_FFFF;
+        s.cdw10 = 0x80 | ((64 / 4 - 1) << 16) | (u32::from(rae) << 15);
+        s.cdw12 = offset as u32;
+        b.admin.on_command(&xfer(s, 64), &[], true, &mut b.arec);
+        let r = b.arec.ev.iter().find_map(|e| match e {
+            Ev::Data { bytes, .. } => Some(bytes.clone()),
+            _ => None,
+        });
+        let c = b.arec.take_resps()[0];
+        (c.status.sc, r)
+    };
+    assert_eq!(log(&mut b, 80, 64, false).0, status::SC_INVALID_FIELD);
+    assert_eq!(
+        ctrl.state.lock().resv_log.len(),
+        2,
+        "refused read consumed nothing"
+    );
+    // Read with RAE set: the event stays masked.
+    let (sc, page) = log(&mut b, 81, 0, true);
+    assert_eq!(sc, 0);
+    assert_eq!(page.unwrap()[8], log_type::RESERVATION_RELEASED);
+    ctrl.state.lock().pending_events.clear();
+    assert_eq!(a.acquire(0, 4, 0xA1, 0), OK);
+    assert_eq!(a.release(0, 4, 0xA1), OK);
+    assert!(
+        ctrl.state.lock().pending_events.is_empty(),
+        "masked until read with RAE = 0"
+    );
+    // RAE cleared: unmasked, and with entries left the AEN comes again.
+    let (_, page) = log(&mut b, 82, 0, false);
+    assert_eq!(page.unwrap()[9], 1, "one more available");
+    assert_eq!(ctrl.state.lock().pending_events.len(), 1);
 }

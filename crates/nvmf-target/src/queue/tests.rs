@@ -795,3 +795,115 @@ proptest! {
         }
     }
 }
+
+/// Every log page the controller lists answers with data through the core;
+/// an unknown one is Invalid Log Page; Abort says "not aborted"; Keep Alive
+/// and Get/Set Features of the number of queues answer.
+#[test]
+fn every_admin_command_answers_through_the_core() {
+    let t = target();
+    let (mut core, mut rec, _) = admin_queue(&t, [1; 16]);
+    for (lid, len) in [
+        (0x00u32, 1024u32),
+        (0x01, 64 * 64),
+        (0x02, 512),
+        (0x03, 512),
+        (0x04, 4096),
+        (0x05, 4096),
+        (0x0C, 4096),
+        (0x80, 64),
+    ] {
+        let mut s = xfer(Sqe::new(admin_opc::GET_LOG_PAGE, 60), len);
+        s.nsid = 0xFFFF_FFFF;
+        s.cdw10 = lid | ((len / 4 - 1) << 16);
+        core.on_command(&s, &[], true, &mut rec);
+        assert!(
+            matches!(&rec.ev[..], [Ev::Data { cid: 60, bytes, .. }, Ev::Resp(c)] if bytes.len() == len as usize && c.status.is_success()),
+            "log page {lid:#x}: {:?}",
+            rec.ev
+        );
+        rec.ev.clear();
+    }
+    // The supported-logs page lists the reservation notification page.
+    let mut s = xfer(Sqe::new(admin_opc::GET_LOG_PAGE, 61), 1024);
+    s.cdw10 = (1024 / 4 - 1) << 16;
+    core.on_command(&s, &[], true, &mut rec);
+    let Ev::Data { bytes, .. } = &rec.ev[0] else {
+        panic!()
+    };
+    assert_ne!(bytes[0x80 * 4], 0, "LSUPP of log page 80h");
+    rec.ev.clear();
+    let mut s = xfer(Sqe::new(admin_opc::GET_LOG_PAGE, 62), 512);
+    s.cdw10 = 0x7F | ((512 / 4 - 1) << 16);
+    core.on_command(&s, &[], true, &mut rec);
+    let c = rec.one();
+    assert_eq!(
+        (c.status.sct, c.status.sc),
+        (status::SCT_CMD_SPECIFIC, status::SC_INVALID_LOG_PAGE)
+    );
+    core.on_command(&Sqe::new(admin_opc::ABORT, 63), &[], true, &mut rec);
+    let c = rec.one();
+    assert!(c.status.is_success());
+    assert_eq!(c.dw0 & 1, 1, "not aborted");
+    core.on_command(&Sqe::new(admin_opc::KEEP_ALIVE, 64), &[], true, &mut rec);
+    assert!(rec.one().status.is_success());
+    let mut s = Sqe::new(admin_opc::SET_FEATURES, 65);
+    s.cdw10 = 0x07;
+    s.cdw11 = 1 | (1 << 16);
+    core.on_command(&s, &[], true, &mut rec);
+    let c = rec.one();
+    assert!(c.status.is_success());
+    assert_eq!(c.dw0, 1 | (1 << 16), "two I/O queues granted");
+    let mut s = Sqe::new(admin_opc::GET_FEATURES, 66);
+    s.cdw10 = 0x07;
+    core.on_command(&s, &[], true, &mut rec);
+    assert_eq!(rec.one().dw0, 1 | (1 << 16));
+    // Reservation persistence of a RAM namespace: off and not changeable.
+    let mut s = Sqe::new(admin_opc::GET_FEATURES, 67);
+    s.cdw10 = 0x83 | (3 << 8);
+    s.nsid = 1;
+    core.on_command(&s, &[], true, &mut rec);
+    let c = rec.one();
+    assert!(c.status.is_success());
+    assert_eq!(
+        c.dw0 & 0x6,
+        0x2,
+        "PTPL: namespace specific, not changeable on a RAM namespace"
+    );
+    let mut s = Sqe::new(admin_opc::SET_FEATURES, 68);
+    s.cdw10 = 0x83;
+    s.cdw11 = 1;
+    s.nsid = 1;
+    core.on_command(&s, &[], true, &mut rec);
+    assert_eq!(rec.one().status.sc, status::SC_INVALID_FIELD);
+}
+
+/// CC.EN 1 -> 0 deletes the I/O queues (Base spec 3.7.2): the old queue
+/// answers Command Sequence Error even after re-enable, its QID may be
+/// connected again, and held AERs end.
+#[test]
+fn controller_reset_deletes_io_queues_and_ends_aers() {
+    let t = target();
+    let (mut a, mut arec, cntlid) = admin_queue(&t, [1; 16]);
+    let (mut q, mut rec) = io_queue(&t, cntlid, [1; 16]);
+    a.on_command(
+        &Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 70),
+        &[],
+        true,
+        &mut arec,
+    );
+    assert!(arec.take_resps().is_empty());
+    a.on_command(&prop_set(71, prop::CC, 0), &[], true, &mut arec);
+    let r = arec.take_resps();
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert_eq!((r[0].cid, r[0].status.sc), (70, status::SC_INTERNAL));
+    assert!(r[1].status.is_success());
+    a.on_command(&prop_set(72, prop::CC, CC_ENABLE), &[], true, &mut arec);
+    arec.one();
+    q.on_command(&xfer(rw(io_opc::READ, 73, 0, 1), 512), &[], true, &mut rec);
+    assert_eq!(rec.one().status.sc, status::SC_CMD_SEQ_ERROR);
+    let (mut q2, mut rec2) = io_queue(&t, cntlid, [1; 16]);
+    q2.on_command(&xfer(rw(io_opc::READ, 74, 0, 1), 512), &[], true, &mut rec2);
+    drain(&mut q2, &mut rec2);
+    assert!(rec2.take_resps()[0].status.is_success());
+}

@@ -316,18 +316,27 @@ impl Conn {
     }
 
     /// Sends queued PDUs. A host that stops reading must not pin the
-    /// connection: shutdown, controller teardown and keep-alive still apply.
-    /// Returns how the connection ends, or None to carry on (the queue may
-    /// still hold bytes if the keep-alive timer woke us first).
+    /// connection: shutdown, controller teardown and keep-alive still apply,
+    /// and device completions are still taken in. Returns how the connection
+    /// ends, or None to carry on (the queue may still hold bytes if the
+    /// keep-alive timer woke us first).
     async fn flush_watching(&mut self, shutdown: &mut watch::Receiver<bool>) -> Option<End> {
-        let ka = self.core.keep_alive_wait();
-        let (out, pool) = (&mut self.io.out, self.core.pool());
-        tokio::select! {
-            biased;
-            r = out.flush(&mut self.stream, pool) => r.err().map(|_| End::IoError),
-            _ = shutdown.changed() => Some(End::Shutdown),
-            r = wait_kill(self.kill.as_mut()) => Some(End::Killed(r)),
-            _ = sleep_opt(ka) => self.core.keep_alive_expired().map(End::KeepAlive),
+        loop {
+            let ka = self.core.keep_alive_wait();
+            let (out, pool) = (&mut self.io.out, self.core.pool());
+            let inflight = &mut self.io.inflight;
+            // Device I/O keeps completing while the host does not read: the
+            // write counters a Preempt and Abort waits on must move.
+            let done = tokio::select! {
+                biased;
+                r = out.flush(&mut self.stream, pool) => return r.err().map(|_| End::IoError),
+                _ = shutdown.changed() => return Some(End::Shutdown),
+                r = wait_kill(self.kill.as_mut()) => return Some(End::Killed(r)),
+                _ = sleep_opt(ka) => return self.core.keep_alive_expired().map(End::KeepAlive),
+                Some(done) = inflight.next(), if !inflight.is_empty() => done,
+            };
+            // Its answer joins the queue being flushed.
+            self.core.on_io_done(done.0, done.1, &mut self.io);
         }
     }
 
@@ -515,10 +524,17 @@ impl Conn {
         let sqe = Sqe::decode(&pdu[CH_LEN..CH_LEN + 64]).expect("72-byte header");
         let data = &pdu[l.data_off..l.data_off + l.data_len];
         let digest_ok = !l.dd || digest_ok(data, &pdu[l.data_off + l.data_len..]);
-        let was_bound = self.kill.is_some();
         self.core.on_command(&sqe, data, digest_ok, &mut self.io);
-        if !was_bound && let Some(c) = self.core.controller() {
-            // Connected: later capsules are bounded by this queue's IOCCSZ.
+        self.note_connected();
+    }
+
+    /// Once the core is bound by a Connect (whose data may have come in the
+    /// capsule or after an R2T): watch its controller's teardown, and bound
+    /// later capsules by this queue's IOCCSZ.
+    fn note_connected(&mut self) {
+        if self.kill.is_none()
+            && let Some(c) = self.core.controller()
+        {
             self.kill = Some(c.watch_kill());
             self.io.neg.max_capsule_data = self.core.in_capsule_limit();
         }
