@@ -8,46 +8,34 @@
 //! body is awaited. Send: responses are coalesced in `out` and written once
 //! per loop turn.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use blockdev::{AlignedBuf, IoDone, IoFuture};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use nvme_wire::cqe::Cqe;
-use nvme_wire::digest::{DIGEST_LEN, crc32c, data_digest, data_digest_trailer};
+use nvme_wire::digest::{DIGEST_LEN, crc32c, data_digest};
 use nvme_wire::pdu::{
-    C2HDataHdr, CH_LEN, CommonHeader, DigestMode, Fes, H2C_OFF_CCCID, H2C_OFF_DATAL, H2C_OFF_DATAO,
-    H2C_OFF_TTAG, H2CDataHdr, ICREQ_OFF_HPDA, ICREQ_OFF_PFV, ICReq, ICResp, PDU_HDR_MAX, PduType,
-    R2THdr, TERMREQ_HLEN, TERMREQ_MAX_DATA, TermReq, encode_capsule_resp,
+    CH_LEN, CommonHeader, Fes, H2CDataHdr, ICREQ_OFF_HPDA, ICREQ_OFF_PFV, ICReq, ICResp, PduType,
+    TERMREQ_HLEN, TERMREQ_MAX_DATA, TermReq,
 };
 use nvme_wire::sqe::{Sqe, io_opc};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::io::TcpIo;
 use super::out::OutQueue;
 use super::pdu_check::{Negotiated, PduLayout, TermError, check_header};
+use super::r2t::R2tTable;
 use crate::Target;
 use crate::config::ADMIN_IN_CAPSULE_DATA;
 use crate::controller::{Controller, FreeReason};
-use crate::queue::{QueueCore, Transport};
+use crate::queue::QueueCore;
 
 /// How long a closing connection waits to send its last PDUs.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 /// H2CData payloads at least this large skip the receive buffer.
 const DIRECT_RX_MIN: usize = 16 * 1024;
-
-/// A command waiting for its data after our R2T (its tag is the TTAG).
-struct R2tPending {
-    cid: u16,
-    buf: AlignedBuf,
-    received: u32,
-    digest_error: bool,
-}
 
 /// Where the rest of an H2CData payload goes: tag `tag`'s buffer at `off`.
 #[derive(Debug, Clone, Copy)]
@@ -70,98 +58,14 @@ enum End {
     Shutdown,
 }
 
-/// A backend I/O in flight, tagged with its slot.
-struct Tagged {
-    tag: u16,
-    fut: IoFuture,
-}
-
-impl Future for Tagged {
-    type Output = (u16, IoDone);
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        let tag = this.tag;
-        Pin::new(&mut this.fut).poll(cx).map(|d| (tag, d))
-    }
-}
-
-/// The byte-moving half of a connection: what the core asks for lands here.
-struct TcpIo {
-    neg: Negotiated,
-    /// Host PDU data alignment (HPDA, 0-based dwords).
-    hpda: u8,
-    out: OutQueue,
-    r2t: Vec<Option<R2tPending>>,
-    inflight: FuturesUnordered<Tagged>,
-    end: Option<End>,
-}
-
-impl TcpIo {
-    fn digests(&self) -> DigestMode {
-        DigestMode {
-            header: self.neg.hdgst,
-            data: self.neg.ddgst,
-        }
-    }
-}
-
-impl Transport for TcpIo {
-    fn respond(&mut self, cqe: Cqe) {
-        let mut b = [0u8; PDU_HDR_MAX];
-        let n = encode_capsule_resp(&cqe.encode(), self.digests(), &mut b);
-        self.out.push_bytes(&b[..n]);
-    }
-
-    fn send_data(&mut self, cid: u16, buf: AlignedBuf, len: usize, success: bool) {
-        let dm = self.digests();
-        let mut b = [0u8; PDU_HDR_MAX];
-        let hdr = C2HDataHdr {
-            cccid: cid,
-            datao: 0,
-            datal: len as u32,
-        };
-        let n = hdr.encode_pdu(true, success, dm, self.hpda, &mut b);
-        self.out.push_bytes(&b[..n]);
-        let digest = dm.data.then(|| data_digest_trailer(&buf[..len]));
-        self.out.push_buf(buf, len);
-        if let Some(d) = digest {
-            self.out.push_bytes(&d);
-        }
-    }
-
-    fn request_data(&mut self, tag: u16, cid: u16, buf: AlignedBuf) {
-        let mut b = [0u8; PDU_HDR_MAX];
-        let hdr = R2THdr {
-            cccid: cid,
-            ttag: tag,
-            r2to: 0,
-            r2tl: buf.len() as u32,
-        };
-        let n = hdr.encode_pdu(self.digests(), &mut b);
-        self.out.push_bytes(&b[..n]);
-        self.r2t[usize::from(tag)] = Some(R2tPending {
-            cid,
-            buf,
-            received: 0,
-            digest_error: false,
-        });
-    }
-
-    fn wait_io(&mut self, tag: u16, fut: IoFuture) {
-        self.inflight.push(Tagged { tag, fut });
-    }
-
-    fn disconnect(&mut self) {
-        self.end = Some(End::Disconnect);
-    }
-}
-
 pub(crate) struct Conn {
     target: Arc<Target>,
     stream: TcpStream,
     peer: String,
     core: QueueCore,
     io: TcpIo,
+    /// A fatal transport error or a host TermReq ends the connection.
+    end: Option<End>,
     /// Set once the core is bound to a controller: its teardown signal.
     kill: Option<watch::Receiver<Option<FreeReason>>>,
     /// A large H2CData payload being read straight into its command's buffer.
@@ -207,13 +111,14 @@ impl Conn {
             },
             hpda: 0,
             out: OutQueue::new(),
-            r2t: (0..core.slot_count()).map(|_| None).collect(),
+            r2t: R2tTable::new(core.slot_count()),
             inflight: FuturesUnordered::new(),
-            end: None,
+            disconnected: false,
         };
         Conn {
             core,
             io,
+            end: None,
             kill: None,
             direct: None,
             rx: vec![0; rx_len],
@@ -241,8 +146,11 @@ impl Conn {
                     self.last_busy = Instant::now();
                 }
             }
-            if let Some(end) = self.io.end.take() {
+            if let Some(end) = self.end.take() {
                 return end;
+            }
+            if self.io.disconnected {
+                return End::Disconnect;
             }
             if *shutdown.borrow() {
                 return End::Shutdown;
@@ -261,12 +169,7 @@ impl Conn {
             // parking the thread; an idle queue stops spinning after `poll`.
             let spin = self.poll.is_some_and(|p| self.last_busy.elapsed() < p);
             let dst: &mut [u8] = match self.direct {
-                Some(d) => {
-                    let p = self.io.r2t[usize::from(d.tag)]
-                        .as_mut()
-                        .expect("direct receive into a pending R2T");
-                    &mut p.buf[d.off..d.off + d.remaining]
-                }
+                Some(d) => &mut self.io.r2t.buf_mut(d.tag)[d.off..d.off + d.remaining],
                 None => &mut self.rx[self.rx_end..],
             };
             tokio::select! {
@@ -365,7 +268,7 @@ impl Conn {
 
     fn process_rx(&mut self) {
         self.hint_io();
-        while self.io.end.is_none() {
+        while self.end.is_none() && !self.io.disconnected {
             let avail = self.rx_end - self.rx_start;
             if avail < CH_LEN {
                 break;
@@ -425,8 +328,7 @@ impl Conn {
         {
             let have = avail - l.data_off;
             let off = h.datao as usize;
-            let p = self.io.r2t[usize::from(tag)].as_mut().expect("checked R2T");
-            p.buf[off..off + have].copy_from_slice(&pdu[l.data_off..]);
+            self.io.r2t.buf_mut(tag)[off..off + have].copy_from_slice(&pdu[l.data_off..]);
             self.direct = Some(DirectRx {
                 tag,
                 off: off + have,
@@ -447,7 +349,7 @@ impl Conn {
             e.fes,
             e.fei
         );
-        self.io.end = Some(End::Fatal(e, offending));
+        self.end = Some(End::Fatal(e, offending));
     }
 
     /// Checks the header digest (when on); a mismatch is fatal.
@@ -475,7 +377,7 @@ impl Conn {
             PduType::H2CTermReq => {
                 let t = TermReq::decode(pdu).ok();
                 tracing::warn!("{}: host terminated the connection: {:?}", self.peer, t);
-                self.io.end = Some(End::HostTermReq);
+                self.end = Some(End::HostTermReq);
             }
             PduType::CapsuleCmd => self.on_capsule(l, pdu),
             PduType::H2CData => self.on_h2c_data(l, pdu),
@@ -546,32 +448,12 @@ impl Conn {
     /// tag and the header, or None after queuing a fatal error.
     fn h2c_check(&mut self, l: &PduLayout, hdr: &[u8]) -> Option<(u16, H2CDataHdr)> {
         let h = H2CDataHdr::decode(hdr).expect("24-byte header");
-        let err = match self
-            .io
-            .r2t
-            .get(usize::from(h.ttag))
-            .and_then(Option::as_ref)
-        {
-            None => Some((Fes::InvalidHeaderField, H2C_OFF_TTAG)),
-            Some(p) if p.cid != h.cccid => Some((Fes::InvalidHeaderField, H2C_OFF_CCCID)),
-            Some(_) if h.datal as usize != l.data_len || h.datal == 0 => {
-                Some((Fes::InvalidHeaderField, H2C_OFF_DATAL))
-            }
-            Some(_) if h.datal > self.io.neg.maxh2cdata => {
-                Some((Fes::DataTransferLimitExceeded, H2C_OFF_DATAL))
-            }
-            Some(p) if h.datao != p.received => Some((Fes::DataTransferOutOfRange, H2C_OFF_DATAO)),
-            Some(p) if u64::from(h.datao) + u64::from(h.datal) > p.buf.len() as u64 => {
-                Some((Fes::DataTransferOutOfRange, H2C_OFF_DATAL))
-            }
-            Some(_) => None,
-        };
-        match err {
-            Some((fes, fei)) => {
+        match self.io.r2t.check(&h, l.data_len, self.io.neg.maxh2cdata) {
+            Ok(()) => Some((h.ttag, h)),
+            Err((fes, fei)) => {
                 self.fatal(TermError::new(fes, fei), hdr[..l.hlen].to_vec());
                 None
             }
-            None => Some((h.ttag, h)),
         }
     }
 
@@ -582,23 +464,17 @@ impl Conn {
         let data = &pdu[l.data_off..l.data_off + l.data_len];
         let bad_digest = l.dd && !digest_ok(data, &pdu[l.data_off + l.data_len..]);
         let off = h.datao as usize;
-        let p = self.io.r2t[usize::from(tag)].as_mut().expect("checked R2T");
-        p.buf[off..off + data.len()].copy_from_slice(data);
+        self.io.r2t.buf_mut(tag)[off..off + data.len()].copy_from_slice(data);
         self.h2c_received(tag, h.datal, bad_digest);
     }
 
     /// `datal` more bytes of tag `tag`'s data are in its buffer; once all
     /// are, they go to the core.
     fn h2c_received(&mut self, tag: u16, datal: u32, bad_digest: bool) {
-        let slot = &mut self.io.r2t[usize::from(tag)];
-        let p = slot.as_mut().expect("pending R2T");
-        p.received += datal;
-        p.digest_error |= bad_digest;
-        if (p.received as usize) < p.buf.len() {
-            return;
+        if let Some((buf, digest_ok)) = self.io.r2t.received(tag, datal, bad_digest) {
+            self.core.on_data(tag, buf, digest_ok, &mut self.io);
+            self.note_connected();
         }
-        let p = slot.take().expect("pending R2T");
-        self.core.on_data(tag, p.buf, !p.digest_error, &mut self.io);
     }
 
     // ---- teardown

@@ -6,8 +6,10 @@
 //! hands new connections to reactors round-robin.
 
 mod conn;
+mod io;
 mod out;
 pub mod pdu_check;
+mod r2t;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
