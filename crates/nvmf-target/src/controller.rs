@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use nvme_wire::fabrics::prop;
@@ -153,10 +153,10 @@ pub struct Controller {
     pub stats: Mutex<Vec<Arc<QueueStats>>>,
     /// Set once when the controller is torn down; every queue watches it.
     kill: watch::Sender<Option<FreeReason>>,
-    /// CSTS.RDY, mirrored for the I/O path (one relaxed load per command, no lock).
-    ready: AtomicBool,
     /// Bumped by each controller reset (CC.EN 1 -> 0): I/O queues connected
-    /// before it are gone (Base spec 3.7.2).
+    /// before it are gone (Base spec 3.7.2). I/O queues connect only to a
+    /// ready controller, so this one load per command is also their CC.EN
+    /// check.
     reset_gen: AtomicU64,
     /// Milliseconds since `epoch` of the last command, for traffic-based keep-alive.
     last_activity_ms: AtomicU64,
@@ -204,7 +204,6 @@ impl Controller {
             }),
             stats: Mutex::new(Vec::new()),
             kill: watch::channel(None).0,
-            ready: AtomicBool::new(false),
             reset_gen: AtomicU64::new(0),
             last_activity_ms: AtomicU64::new(0),
             epoch: now,
@@ -241,11 +240,6 @@ impl Controller {
 
     pub fn enabled(&self) -> bool {
         self.state.lock().csts & prop::CSTS_RDY != 0
-    }
-
-    /// Whether the controller is enabled and ready (CSTS.RDY), without locking.
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
     }
 
     /// Which reset the controller is at (see `reset_gen`).
@@ -450,8 +444,6 @@ impl Controller {
         } else if shn_new == 0 && shn_old != 0 {
             s.csts &= !prop::CSTS_SHST_MASK;
         }
-        self.ready
-            .store(s.csts & prop::CSTS_RDY != 0, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -528,7 +520,7 @@ mod tests {
                 u64::from(want),
                 "I/O controller, CSS {css:03b}"
             );
-            assert_eq!(c.is_ready(), ok);
+            assert_eq!(c.enabled(), ok);
             // A discovery controller has no I/O command set: any CSS enables it.
             let d = ctrl();
             d.property_set(prop::CC, false, cc(css)).unwrap();

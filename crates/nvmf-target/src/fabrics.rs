@@ -90,6 +90,16 @@ pub fn connect(
             let end = f.iter().position(|&c| c == 0).unwrap_or(f.len());
             String::from_utf8_lossy(&f[..end]).into_owned()
         };
+        if e.status == Status::cmd_specific(status::SC_CONNECT_INVALID_HOST) {
+            // The stable line docs/config.md promises to log readers.
+            tracing::warn!(
+                "host {} not allowed on {} ({peer}, qid {})",
+                field(usize::from(CONNECT_DATA_OFF_HOSTNQN)),
+                field(usize::from(CONNECT_DATA_OFF_SUBNQN)),
+                cmd.qid
+            );
+            return res;
+        }
         tracing::warn!(
             "{peer}: connect refused (qid {}): {}; host NQN {:?}, subsystem NQN {:?}, status {:#x}/{:#x}, dw0 {:#x}",
             cmd.qid,
@@ -147,8 +157,6 @@ pub fn connect_admin(
             ));
         };
         if !sub.host_allowed(&data.hostnqn) {
-            // The stable line docs/config.md promises to log readers.
-            tracing::warn!("host {} not allowed on {}", data.hostnqn, sub.nqn);
             return Err(ConnectError {
                 status: Status::cmd_specific(status::SC_CONNECT_INVALID_HOST),
                 dw0: ipo_iattr(true, CONNECT_DATA_OFF_HOSTNQN),

@@ -659,7 +659,7 @@ impl QueueCore {
                 b.ns_version = v;
             }
         }
-        if !b.ctrl.is_ready() || b.ctrl.reset_generation() != b.reset_gen {
+        if b.ctrl.reset_generation() != b.reset_gen {
             // The host reset the controller (CC.EN 1 -> 0): its I/O queues are gone.
             return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t);
         }
