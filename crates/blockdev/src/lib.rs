@@ -234,6 +234,32 @@ pub fn check_request(geo: Geometry, req: &IoRequest) -> Result<(), BlockError> {
     Ok(())
 }
 
+struct ThreadWaker(std::thread::Thread);
+
+impl std::task::Wake for ThreadWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Runs a future to completion on the current thread, parking between
+/// polls. For rare synchronous calls (`store_record`) over devices whose I/O
+/// completes on their own threads, and for tests.
+pub fn block_on<F: Future>(fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    let waker = std::task::Waker::from(std::sync::Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
 /// Test helpers (executor, RNG, backend checks), also for crates built on blockdev.
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;

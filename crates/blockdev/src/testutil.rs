@@ -1,36 +1,12 @@
 //! Test helpers shared by the backends' tests: a tiny executor, a seeded RNG and
 //! checks every `BlockDevice` must pass.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
-use std::thread::{self, Thread};
 
 use crate::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoDone, IoRequest};
 
-struct ThreadWaker(Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Runs a future to completion on the current thread, parking between polls.
-pub fn block_on<F: Future>(fut: F) -> F::Output {
-    let mut fut = std::pin::pin!(fut);
-    let waker = Waker::from(Arc::new(ThreadWaker(thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-            return out;
-        }
-        thread::park();
-    }
-}
+pub use crate::block_on;
+use std::thread;
 
 /// xorshift64*: deterministic, good enough for test data and LBAs.
 pub struct Rng(u64);

@@ -85,31 +85,6 @@ pub fn decode(b: &[u8], uuid: &[u8; 16], kind: RecordKind) -> Option<(u64, Vec<u
     Some((generation, b[DATA_AT..DATA_AT + len].to_vec()))
 }
 
-struct ThreadWaker(std::thread::Thread);
-
-impl std::task::Wake for ThreadWaker {
-    fn wake(self: std::sync::Arc<Self>) {
-        self.0.unpark();
-    }
-    fn wake_by_ref(self: &std::sync::Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Runs `fut` on this thread, parking between polls: `store_record` is
-/// synchronous and rare, and member I/O completes on the members' own threads.
-pub(crate) fn block_on<F: std::future::Future>(fut: F) -> F::Output {
-    let mut fut = std::pin::pin!(fut);
-    let waker = std::task::Waker::from(std::sync::Arc::new(ThreadWaker(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
-    loop {
-        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::park();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

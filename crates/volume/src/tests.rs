@@ -1521,3 +1521,33 @@ fn records_in_volumes_from_before_records() {
         assert!(e.contains("meta_bytes") && e.contains("no room"), "{e}");
     });
 }
+
+/// A replaced member gets the current record at once, so replacing every
+/// member in turn keeps it; the replacement's stale slots are overwritten.
+#[test]
+fn records_follow_every_member_replacement() {
+    block_on(async {
+        let rig = Rig::new(3, 8);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        vol.store_record(RES, b"kept").unwrap();
+        let size = rig.mems[0].geometry().size_bytes();
+        let mut members = rig.members();
+        for i in 0..3 {
+            vol.fail_member(i).await.unwrap();
+            let spare: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(size, 4096).unwrap());
+            // A slot from an earlier life of the device must not survive.
+            // (The record, generation 1, lives in slot 1; slot 0 must be empty.)
+            put_member_bytes(&spare, REC_AT, &[0xEE; 4096]);
+            vol.replace_member(i, spare.clone()).await.unwrap();
+            vol.rebuild(RebuildOptions::default()).await.unwrap();
+            assert_eq!(member_bytes(&spare, REC_AT, 4096), vec![0u8; 4096]);
+            members[i] = spare;
+        }
+        vol.close().await.unwrap();
+        drop(vol);
+        let vol = Volume::assemble(members).await.unwrap();
+        assert_eq!(vol.load_record(RES).unwrap(), Some(b"kept".to_vec()));
+    });
+}

@@ -1373,22 +1373,37 @@ impl Inner {
 
     /// Writes one bitmap block to every present member with FUA.
     async fn write_bitmap_block(&self, block: usize, snap: &[u8]) {
-        let view = self.view();
         let off = (SB_BYTES + block * BITMAP_BLOCK) as u64;
+        self.write_meta_all(off, snap).await;
+    }
+
+    /// Writes `bytes` at byte `off` of every present member with FUA; a
+    /// member whose write fails is marked failed (the next superblock flush
+    /// records it). Returns how many members took it, and the last error.
+    async fn write_meta_all(&self, off: u64, bytes: &[u8]) -> (usize, Option<BlockError>) {
+        let view = self.view();
         let res = join_all((0..view.devs.len()).filter(|&i| view.present(i)).map(|i| {
-            let b = abuf_from(snap);
+            let b = abuf_from(bytes);
             let dev = &view.devs[i];
             async move {
-                let (_, r) = dev_io(dev, BlockOp::Write { fua: true }, off, BITMAP_BLOCK, b).await;
-                r.map_err(|_| i)
+                let (b, r) = dev_io(dev, BlockOp::Write { fua: true }, off, bytes.len(), b).await;
+                recycle(b);
+                r.map_err(|e| (i, e))
             }
         }))
         .await;
+        let mut written = 0;
+        let mut last_err = None;
         for r in res {
-            if let Err(i) = r {
-                self.mark_failed(i);
+            match r {
+                Ok(()) => written += 1,
+                Err((i, e)) => {
+                    self.mark_failed(i);
+                    last_err = Some(e);
+                }
             }
         }
+        (written, last_err)
     }
 
     /// Clears on disk the bits of regions idle for at least `age`.
@@ -2064,8 +2079,8 @@ impl Inner {
         }
     }
 
-    /// Writes `data` as the next generation of the record to every present
-    /// member (FUA), into the slot the previous generation does not use.
+    /// Writes `data` as generation `generation` of the record to every
+    /// present member (FUA), into the slot the previous generation does not use.
     async fn write_record(
         &self,
         generation: u64,
@@ -2074,39 +2089,7 @@ impl Inner {
     ) -> Result<(), BlockError> {
         let slot = records::encode(&self.uuid, generation, kind, data);
         let at = records::slot_at(self.records_at, generation);
-        let view = self.view();
-        let res = join_all((0..view.devs.len()).filter(|&i| view.present(i)).map(|i| {
-            let dev = &view.devs[i];
-            let b = abuf_from(&slot);
-            async move {
-                let (b, r) = dev_io(
-                    dev,
-                    BlockOp::Write { fua: true },
-                    at,
-                    records::SLOT_BYTES,
-                    b,
-                )
-                .await;
-                recycle(b);
-                r.map_err(|e| (i, e))
-            }
-        }))
-        .await;
-        let mut written = 0;
-        let mut last_err = None;
-        for r in res {
-            match r {
-                Ok(()) => written += 1,
-                Err((i, e)) => {
-                    self.mark_failed(i);
-                    last_err = Some(e);
-                }
-            }
-        }
-        if last_err.is_some() {
-            self.persist_superblock(false).await;
-        }
-        match (written, last_err) {
+        match self.write_meta_all(at, &slot).await {
             (0, e) => Err(io_err(format!(
                 "volume {}: the {kind:?} record reached no member{}",
                 uuid_string(&self.uuid),
@@ -2114,6 +2097,24 @@ impl Inner {
             ))),
             _ => Ok(()),
         }
+    }
+
+    /// The record area as a new member must carry it: the current record in
+    /// its slot, the other slot empty.
+    pub(crate) fn record_area_image(&self) -> Vec<u8> {
+        let mut area = vec![0u8; records::AREA_BYTES as usize];
+        let st = self.records.lock();
+        if let Some(data) = &st.data {
+            let at = (records::slot_at(0, st.generation)) as usize;
+            let slot = records::encode(
+                &self.uuid,
+                st.generation,
+                blockdev::RecordKind::Reservations,
+                data,
+            );
+            area[at..at + records::SLOT_BYTES].copy_from_slice(&slot);
+        }
+        area
     }
 
     /// Recomputes parity of every stripe in a region marked dirty on any member.
@@ -2325,10 +2326,12 @@ impl BlockDevice for Volume {
             )));
         }
         let mut st = self.inner.records.lock();
-        // A failed store still uses up its generation, so the next one goes
-        // to the other slot and never over a possibly good half-written one.
-        st.generation += 1;
-        records::block_on(self.inner.write_record(st.generation, kind, data))?;
+        // The generation moves only once a member holds it: a store that
+        // reached none is retried into the same slot, so the previous good
+        // record in the other slot survives a crash during the retry.
+        let next = st.generation + 1;
+        blockdev::block_on(self.inner.write_record(next, kind, data))?;
+        st.generation = next;
         st.data = Some(data.to_vec());
         Ok(())
     }

@@ -14,7 +14,7 @@ mod tests;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use blockdev::{BlockDevice, BlockError, BlockOp, Geometry, IoFuture, IoRequest};
+use blockdev::{BlockDevice, BlockError, BlockOp, Geometry, IoFuture, IoRequest, RecordKind};
 use nvmf_target::Target;
 use serde::Serialize;
 use volume::Volume;
@@ -218,6 +218,21 @@ impl BlockDevice for ServedVolume {
     }
     fn describe(&self) -> String {
         format!("volume {}: {}", self.1, self.0.describe())
+    }
+    fn prefetch(&self, lba: u64, blocks: u32) {
+        self.0.prefetch(lba, blocks)
+    }
+    fn allocated_blocks(&self) -> Option<u64> {
+        self.0.allocated_blocks()
+    }
+    fn keeps_records(&self) -> bool {
+        self.0.keeps_records()
+    }
+    fn load_record(&self, kind: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
+        self.0.load_record(kind)
+    }
+    fn store_record(&self, kind: RecordKind, data: &[u8]) -> Result<(), BlockError> {
+        self.0.store_record(kind, data)
     }
 }
 

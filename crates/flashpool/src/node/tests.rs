@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
+use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest, RecordKind};
 use nvmf_target::{Subsystem, Target, TransportConfig};
 
 use super::*;
@@ -281,6 +281,11 @@ async fn volumes_come_back_from_their_drives_after_a_restart() {
         let dev = served(&node);
         l = lbas(&*dev);
         write_all(&*dev, &l, 21).await;
+        // The namespace's device-kept record (reservations with PTPL) goes
+        // to the volume's members, and to the replacement below.
+        assert!(dev.keeps_records(), "a served volume keeps records");
+        dev.store_record(RecordKind::Reservations, b"node record")
+            .unwrap();
         node.replace_drive("f1", "f3").await.unwrap();
         node.wait_rebuild("keep", Duration::from_secs(60))
             .await
@@ -299,6 +304,10 @@ async fn volumes_come_back_from_their_drives_after_a_restart() {
     assert_eq!(node.drive("f1").await.unwrap().state, "free");
     node.export("keep", ns1()).await.unwrap();
     check_all(&*served(&node), &l, 21).await;
+    assert_eq!(
+        served(&node).load_record(RecordKind::Reservations).unwrap(),
+        Some(b"node record".to_vec())
+    );
     node.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
