@@ -1534,7 +1534,7 @@ fn records_follow_every_member_replacement() {
         vol.store_record(RES, b"kept").unwrap();
         let size = rig.mems[0].geometry().size_bytes();
         let mut members = rig.members();
-        for i in 0..3 {
+        for (i, member) in members.iter_mut().enumerate() {
             vol.fail_member(i).await.unwrap();
             let spare: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(size, 4096).unwrap());
             // A slot from an earlier life of the device must not survive.
@@ -1543,7 +1543,7 @@ fn records_follow_every_member_replacement() {
             vol.replace_member(i, spare.clone()).await.unwrap();
             vol.rebuild(RebuildOptions::default()).await.unwrap();
             assert_eq!(member_bytes(&spare, REC_AT, 4096), vec![0u8; 4096]);
-            members[i] = spare;
+            *member = spare;
         }
         vol.close().await.unwrap();
         drop(vol);
