@@ -29,6 +29,16 @@ impl AlignedBuf {
         AlignedBuf { ptr, cap, len: 0 }
     }
 
+    /// A buffer with no storage (capacity 0), for commands that move no
+    /// data; it allocates nothing.
+    pub fn empty() -> Self {
+        AlignedBuf {
+            ptr: NonNull::<[u8; BUF_ALIGN]>::dangling().cast(),
+            cap: 0,
+            len: 0,
+        }
+    }
+
     pub fn capacity(&self) -> usize {
         self.cap
     }
@@ -77,6 +87,9 @@ impl std::ops::DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.cap == 0 {
+            return; // `empty()`: nothing was allocated
+        }
         let layout = Layout::from_size_align(self.cap, BUF_ALIGN).expect("buffer layout");
         // SAFETY: allocated in `new` with this very layout.
         unsafe { dealloc(self.ptr.as_ptr(), layout) }
@@ -102,6 +115,14 @@ mod tests {
         b[4999] = 7;
         assert_eq!(b.len(), 5000);
         assert!(b.iter().take(4999).all(|&x| x == 0));
+    }
+
+    #[test]
+    fn empty_allocates_nothing() {
+        let b = AlignedBuf::empty();
+        assert_eq!((b.len(), b.capacity()), (0, 0));
+        assert_eq!(b.as_ptr() as usize % BUF_ALIGN, 0);
+        assert!(b.is_empty());
     }
 
     #[test]

@@ -126,6 +126,36 @@ pub enum BlockError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Config(String),
+    /// A reservation held by another host refused this access (NVMe
+    /// Reservation Conflict from a remote drive).
+    #[error("reservation conflict: {0}")]
+    ReservationConflict(String),
+    /// The device's owner was fenced: another owner preempted its
+    /// reservation on a member, so this node must not write any more.
+    #[error("fenced: {0}")]
+    Fenced(String),
+    /// A remote device stayed unreachable past its limit.
+    #[error("{what} unreachable for {after_ms} ms: {why}")]
+    Unreachable {
+        what: String,
+        after_ms: u64,
+        why: String,
+    },
+    /// A remote namespace is no longer the one that was attached (its
+    /// NGUID/UUID changed): a reconnect must never land on another drive.
+    #[error("{0}")]
+    IdentityChanged(String),
+    /// More members failed than the layout tolerates.
+    #[error(
+        "volume {volume} has {} failed members ({failed:?}); {layout} tolerates {tolerates}",
+        failed.len()
+    )]
+    TooManyFailed {
+        volume: String,
+        layout: String,
+        failed: Vec<usize>,
+        tolerates: usize,
+    },
 }
 
 /// The future a device returns for one request.

@@ -32,6 +32,14 @@ impl Status {
             dnr: false,
         }
     }
+    /// A path-related status (SCT 3h): the host may retry on another path.
+    pub const fn path(sc: u8) -> Status {
+        Status {
+            sct: SCT_PATH,
+            sc,
+            dnr: false,
+        }
+    }
     pub const fn retryable(mut self) -> Status {
         self.dnr = false;
         self
@@ -57,6 +65,7 @@ impl Status {
 pub const SCT_GENERIC: u8 = 0;
 pub const SCT_CMD_SPECIFIC: u8 = 1;
 pub const SCT_MEDIA: u8 = 2;
+pub const SCT_PATH: u8 = 3;
 
 // Generic command status (SCT 0).
 pub const SC_INVALID_OPCODE: u8 = 0x01;
@@ -93,6 +102,12 @@ pub const SC_CONNECT_INVALID_HOST: u8 = 0x84;
 // Media and data integrity errors (SCT 2).
 pub const SC_WRITE_FAULT: u8 = 0x80;
 pub const SC_UNRECOVERED_READ: u8 = 0x81;
+
+// Path Related Status (SCT 3h).
+/// Asymmetric Access Inaccessible: this controller cannot reach the namespace now.
+pub const SC_ANA_INACCESSIBLE: u8 = 0x02;
+/// Asymmetric Access Transition.
+pub const SC_ANA_TRANSITION: u8 = 0x03;
 
 #[cfg(test)]
 mod tests {

@@ -191,10 +191,17 @@ pub fn status_of(err: &BlockError, op: BlockOp) -> Status {
     match err {
         BlockError::OutOfRange { .. } => Status::generic(status::SC_LBA_RANGE),
         BlockError::NoSpace => Status::generic(status::SC_CAP_EXCEEDED),
-        BlockError::Io(_) => match op {
-            BlockOp::Read => Status::media(status::SC_UNRECOVERED_READ),
-            _ => Status::media(status::SC_WRITE_FAULT),
-        },
+        BlockError::Io(_) | BlockError::IdentityChanged(_) | BlockError::TooManyFailed { .. } => {
+            match op {
+                BlockOp::Read => Status::media(status::SC_UNRECOVERED_READ),
+                _ => Status::media(status::SC_WRITE_FAULT),
+            }
+        }
+        BlockError::ReservationConflict(_) => Status::generic(status::SC_RESERVATION_CONFLICT),
+        // A fenced owner must send the host to another path, never fail its I/O for good.
+        BlockError::Fenced(_) => Status::path(status::SC_ANA_INACCESSIBLE),
+        // Retryable: the device may come back (a member's limit is the volume's business).
+        BlockError::Unreachable { .. } => Status::generic(status::SC_NS_NOT_READY).retryable(),
         BlockError::BufferTooSmall { .. } | BlockError::Config(_) => {
             Status::generic(status::SC_INTERNAL)
         }
