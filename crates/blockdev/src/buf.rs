@@ -33,7 +33,8 @@ impl AlignedBuf {
     /// data; it allocates nothing.
     pub fn empty() -> Self {
         AlignedBuf {
-            ptr: NonNull::<[u8; BUF_ALIGN]>::dangling().cast(),
+            // An aligned, never-dereferenced address: slices of it are empty.
+            ptr: NonNull::new(std::ptr::without_provenance_mut(BUF_ALIGN)).expect("non-null"),
             cap: 0,
             len: 0,
         }
