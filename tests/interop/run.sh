@@ -40,6 +40,13 @@
 #   PTPL_READY=/tmp/ptpl-ready  the check resv-ptpl-restart runs (and counts) only if this
 #                   file exists when the run starts (the target build keeps PTPL records);
 #                   otherwise the summary prints a SKIP line for it
+#   CLUSTER=auto|1|0  the cluster phase (tests/cluster/lib.sh: enclosure nodes in network
+#                   namespaces 10.77.0.0/24, an owner node with raid6 + ec4+2 volumes on
+#                   their drives, fio verify in the guest while enclosures are killed, links
+#                   cut and a drive replaced). auto: in flashpool mode when this machine can
+#                   (root, iproute2); otherwise skipped and not counted, with a note. 1: always
+#                   (counted, fails if it cannot run). 0: never.
+#   CL_IO=14520 CL_DISC=18109 CL_API=19510  the owner's host 127.0.0.1 ports (next free one)
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
 
@@ -64,6 +71,7 @@ REV=${REV:-1}
 REV_BUDGET=${REV_BUDGET:-240}
 BENCH_BIN=${BENCH_BIN:-$BIN}
 case $BENCH_BIN in /*) ;; *) BENCH_BIN=$ROOT/$BENCH_BIN;; esac
+CLUSTER=${CLUSTER:-auto}
 
 KROOT=$CACHE/kroot          # dpkg -x of linux-image-*.deb
 IRD=$CACHE/initramfs        # staging tree
@@ -77,6 +85,7 @@ NQN_DENIED=nqn.2026-01.io.flashpool:interop-denied
 NQN_REV=nqn.2026-01.io.flashpool:interop-guest-nvmet   # the guest kernel's target (reverse)
 NQN_R6=nqn.2026-01.io.flashpool:interop-raid6          # a raid6 volume on 6 mem drives
 NQN_RESV=nqn.2026-01.io.flashpool:interop-resv         # two guest hosts share its namespace
+NQN_CL=nqn.2026-01.io.flashpool:interop-cluster        # the cluster owner's r6 (nsid 1) and ec (nsid 2)
 OTHER_HOST=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555
 SERIAL=FPIOP-7731-QEMU
 MODEL=flashpool-interop-model-x7
@@ -104,6 +113,9 @@ RESV_CHECKS="resv-connect-2hosts resv-register resv-report-2 resv-acquire-we res
 # target restart. Counted only when $PTPL_READY exists at the start of the run (the target
 # build keeps the record); otherwise a SKIP line.
 PTPL_CHECKS="resv-ptpl-restart"
+# cluster (flashpool, root): the guest's checks; the host's are FPC_CHECKS_HOST in
+# tests/cluster/lib.sh (cluster-up, one per fault step, cluster-teardown)
+CLUSTER_GUEST_CHECKS="cluster-connect cluster-fio-r6 cluster-fio-ec cluster-dmesg"
 # reverse direction: flashpool bench (host) -> guest kernel nvmet-tcp; results printed by the host
 REV_CHECKS="host-connect-identify host-verify-nodigest host-verify-digest host-r2t-large host-data-on-ramdisk"
 
@@ -224,6 +236,7 @@ for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_vol=*) VOL=$v;; fp_nqn_r6=*) NQN_R6=$v;;
   fp_resv=*) RESV=$v;; fp_nqn_resv=*) NQN_RESV=$v;; fp_resv_size=*) RESV_SIZE=$v;; fp_ptpl=*) PTPL=$v;;
   fp_expect_ver=*) EXPECT_VER=$v;;
+  fp_cluster=*) CLUSTER=$v;; fp_nqn_cl=*) NQN_CL=$v;; fp_cl_io=*) CL_IO=$v;; fp_cl_steps=*) CL_STEPS=$v;;
 esac; done
 log "init start, kernel $(uname -r), cpus $(nproc), mode $MODE, target $HOSTIP io:$IO discovery:$DISC"
 
@@ -887,6 +900,74 @@ if [ "${VOL:-0}" = 1 ]; then
   fi
 fi
 
+# 13. cluster (flashpool, root, iproute2): the host runs enclosure nodes in network
+# namespaces and an owner node on its loopback (tests/cluster/lib.sh) whose raid6 (nsid 1)
+# and ec4+2 (nsid 2) volumes are made of the enclosures' drives. fio write+verify loops run
+# on both namespaces while the host, one step at a time ("@@HOST cluster:STEP"), kills
+# enclosures, cuts links and brings them back, and replaces a drive; the host prints each
+# step's RESULT. Never more than two enclosures away: no I/O error may reach this host.
+if [ "${CLUSTER:-0}" = 1 ]; then
+  step cluster-setup "host: enclosures in network namespaces, owner on $HOSTIP:$CL_IO with r6 (raid6) and ec (ec4+2) on their drives"
+  if wait_host cluster-up 300; then
+    IO_SAVED=$IO; IO=$CL_IO; C_R6=""; C_EC=""
+    step cluster-connect "connect to $NQN_CL on the owner (:$CL_IO): nsid 1 = r6, nsid 2 = ec"
+    if nvconnect $NQN_CL; then
+      C_R6=$DEV; C_EC=${DEV%n1}n2; C_CTRL=$CTRL
+      i=0; while [ ! -b /dev/$C_EC ] && [ $i -lt 50 ]; do sleep 0.2; i=$((i+1)); done
+    fi
+    ok=FAIL; [ -n "$C_R6" ] && [ -b "/dev/$C_EC" ] && ok=PASS
+    res cluster-connect $ok "${C_CTRL:-no controller}: r6 /dev/${C_R6:-none} $( [ -n "$C_R6" ] && echo $(( $(cat /sys/block/$C_R6/size) / 2048 )) MiB), ec /dev/${C_EC:-none} $( [ -b "/dev/$C_EC" ] && echo $(( $(cat /sys/block/$C_EC/size) / 2048 )) MiB)"
+    if [ $ok = PASS ]; then
+      # cl_load DEV TAG: rounds of fio randwrite 16k qd16 over 24 MiB, each verified (crc32c,
+      # its own seed: a stale block from an earlier round fails), until /tmp/cl-stop
+      cl_load() {
+        local n=0 f=0 rc
+        while [ ! -e /tmp/cl-stop ]; do
+          n=$((n+1))
+          timeout 240 fio --name=cl-$2 --filename=/dev/$1 --direct=1 --ioengine=libaio --iodepth=16 \
+            --rw=randwrite --bs=16k --size=24M --verify=crc32c --do_verify=1 --verify_fatal=1 \
+            --randseed=$((7000 + n)) > /tmp/fio-cl-$2.txt 2>&1; rc=$?
+          if [ $rc -ne 0 ]; then
+            f=$((f+1)); log "cluster fio $2 round $n FAILED (rc $rc)"
+            grep -E 'err=|verify|bad|error' /tmp/fio-cl-$2.txt | head -n 6 | sed 's/^/  fio: /'
+          fi
+        done
+        echo "$n $f" > /tmp/cl-$2.count
+      }
+      rm -f /tmp/cl-stop /tmp/cl-r6.count /tmp/cl-ec.count
+      cl_load $C_R6 r6 & clp1=$!
+      cl_load $C_EC ec & clp2=$!
+      sleep 2
+      for s in $(echo $CL_STEPS | tr , ' '); do
+        step cluster-$s "host: $s (fio keeps writing and verifying on both volumes)"
+        wait_host cluster:$s 200 || log "host: step $s did not pass ($HOSTSAYS)"
+        sleep 1
+      done
+      step cluster-fio "stop the fio rounds; each round verified what it wrote"
+      touch /tmp/cl-stop; wait $clp1; wait $clp2
+      for v in r6 ec; do
+        set -- $(cat /tmp/cl-$v.count 2>/dev/null || echo 0 -1)
+        ok=FAIL; [ "$1" -ge 2 ] && [ "$2" = 0 ] && ok=PASS
+        res cluster-fio-$v $ok "$1 rounds of fio randwrite 16k qd16 24 MiB crc32c verify across all the steps, $2 failed"
+      done
+      # every cluster step's kernel log: no I/O error, timeout or reset on the owner's paths
+      step cluster-dmesg "guest kernel log of the cluster steps"
+      bad=$(awk '/^== step /{s=$3; next} s ~ /^cluster-/ && /nvme|blk_|I\/O|Buffer/ \
+        && /[Ee]rr|[Ff]ail|[Tt]imeout|timed out|[Rr]eset|[Rr]econnect|[Aa]bort|critical|[Ii]nvalid/ {print "[" s "] " $0}' /tmp/dmesg.all)
+      [ -n "$bad" ] && echo "$bad" | head -n 30 | sed 's/^/  unexpected: /'
+      ok=FAIL; [ -z "$bad" ] && ok=PASS
+      res cluster-dmesg $ok "$(echo "$bad" | grep -c .) nvme/block error, timeout or reset lines while both volumes stayed within redundancy"
+    else
+      for c in cluster-fio-r6 cluster-fio-ec cluster-dmesg; do res $c FAIL "no connection"; done
+    fi
+    [ -n "$C_R6" ] && nvdisconnect $NQN_CL
+    IO=$IO_SAVED
+  else
+    for c in cluster-connect cluster-fio-r6 cluster-fio-ec cluster-dmesg; do res $c FAIL "no cluster: $HOSTSAYS"; done
+  fi
+  wait_host cluster-down 120
+fi
+
 # 10. reverse direction: this guest's kernel nvmet-tcp is the TARGET and the host's
 # `flashpool bench` (our user-space initiator) connects to it through QEMU hostfwd
 # 127.0.0.1:REV_PORT -> guest:4420. The host runs the host-* checks and prints their
@@ -1291,6 +1372,55 @@ cleanup() {
   [ -n "$QPID" ] && { kill "$QPID" 2>/dev/null || true; }
   [ -n "$TPID" ] && { kill -KILL "$TPID" 2>/dev/null || true; }
   QPID=""; TPID=""
+  # the cluster phase's nodes, namespaces, veths and bridge, on any exit
+  [ "${CL_ON:-0}" = 1 ] && { fpc_cleanup || true; }
+}
+
+# ---------------------------------------------------------------- cluster phase (host side)
+# The guest asks "@@HOST cluster-up", then "@@HOST cluster:STEP" per fault step, then
+# "@@HOST cluster-down"; tests/cluster/lib.sh does the work and prints the RESULT lines.
+fpc_result() { hres "$@"; }
+cluster_prepare() {   # sets CL_ON=1 and the owner's ports when the phase runs; CL_NOTE otherwise
+  CL_ON=0; CL_NOTE=""
+  [ "$CLUSTER" = 0 ] && { CL_NOTE="CLUSTER=0"; return; }
+  if [ "$1" != flashpool ] || [ "$MOCK" = 1 ]; then CL_NOTE="flashpool mode only"; return; fi
+  export FPC_BIN=$BIN FPC_DIR=$CACHE/cluster
+  . "$ROOT/tests/cluster/lib.sh"
+  if ! fpc_preflight || ! command -v curl > /dev/null || ! command -v python3 > /dev/null; then
+    CL_NOTE="${FPC_WHY:-curl or python3 missing}"
+    if [ "$CLUSTER" = 1 ]; then CL_ON=1; else return; fi   # CLUSTER=1: counted, and failing
+  fi
+  CL_ON=1
+  CL_IO=$(free_port "${CL_IO:-14520}")
+  CL_DISC=$(free_port "${CL_DISC:-18109}")
+  [ "$CL_DISC" = "$CL_IO" ] && CL_DISC=$(free_port $((CL_IO + 1)))
+  CL_API=$(free_port "${CL_API:-19510}")
+  while case " $CL_IO $CL_DISC " in *" $CL_API "*) true;; *) false;; esac; do CL_API=$(free_port $((CL_API + 1))); done
+  fpc_cleanup || true   # what a crashed earlier run left
+}
+# cluster_poll: one pass of the host loop over the guest's cluster markers
+CL_DONE=""
+cluster_poll() {
+  local line name st
+  while IFS= read -r line; do
+    name=${line#@@HOST }; name=${name%% *}
+    case " $CL_DONE " in *" $name "*) continue;; esac
+    CL_DONE="$CL_DONE $name"
+    case $name in
+      cluster-up)
+        if [ -n "$CL_NOTE" ]; then hres cluster-up FAIL "cannot run here: $CL_NOTE"; st=fail
+        elif fpc_scenario_up "$CL_IO" "$CL_DISC" "$CL_API" "$NQN_CL"; then st=ok; else st=fail; fi;;
+      cluster:*)
+        fpc_scenario_step "${name#cluster:}" || true   # (lib.sh is written for set +e)
+        st=ok; tail -n 1 "$HR" | grep -q "^RESULT cluster-${name#cluster:} PASS" || st=fail;;
+      cluster-down)
+        if [ -z "$CL_NOTE" ]; then fpc_scenario_down || true; else hres cluster-teardown FAIL "not run: $CL_NOTE"; fi
+        st=ok;;
+      *) continue;;
+    esac
+    answer_guest "$name" "$st" || true
+  done < <(serial | grep -aE '^@@HOST cluster(-up|-down|:)' || true)
+  return 0
 }
 
 do_run() {
@@ -1331,8 +1461,10 @@ do_run() {
     resv=1; expect_ver=0x10400
     [ -e "$PTPL_READY" ] && ptpl=1
   fi
+  cluster_prepare $mode
+  local CL_CHECKS=""; [ "$CL_ON" = 1 ] && CL_CHECKS="$CLUSTER_GUEST_CHECKS $FPC_CHECKS_HOST"
   local expect_all; expect_all=$(echo $GUEST_CHECKS $HOST_CHECKS $VOL_CHECKS $([ $rev = 1 ] && echo $REV_CHECKS) \
-      $([ $resv = 1 ] && echo $RESV_CHECKS) $([ $ptpl = 1 ] && echo $PTPL_CHECKS) | wc -w)
+      $([ $resv = 1 ] && echo $RESV_CHECKS) $([ $ptpl = 1 ] && echo $PTPL_CHECKS) $CL_CHECKS | wc -w)
   local HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$hostuuid
 
   if [ $mode = flashpool ]; then
@@ -1370,9 +1502,14 @@ do_run() {
   append="$append fp_vol=$vol fp_nqn_r6=$NQN_R6"
   append="$append fp_resv=$resv fp_nqn_resv=$NQN_RESV fp_resv_size=$RESV_SIZE fp_ptpl=$ptpl"
   append="$append fp_expect_ver=$expect_ver"
+  if [ "$CL_ON" = 1 ]; then
+    append="$append fp_cluster=1 fp_nqn_cl=$NQN_CL fp_cl_io=$CL_IO fp_cl_steps=$(echo $FPC_STEPS | tr ' ' ,)"
+  fi
   say "mode=$mode$([ "$MOCK" = 1 ] && echo '(mock target)') accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) ports io=$IO_PORT disc=$DISC_PORT ctl=$CTL_PORT$([ $rev = 1 ] && echo " rev=$REV_PORT")"
   [ $rev = 1 ] || say "reverse-direction checks skipped: $rev_note"
   [ $resv = 1 ] && [ $ptpl = 0 ] && say "SKIP $PTPL_CHECKS: $PTPL_READY does not exist (the target build has no PTPL)"
+  if [ "$CL_ON" = 1 ]; then say "cluster phase: owner on 127.0.0.1:$CL_IO (api :$CL_API), state in $FPC_DIR${CL_NOTE:+; cannot run: $CL_NOTE}"
+  else say "cluster phase skipped: $CL_NOTE"; fi
   say "guest hostnqn $HOSTNQN; logs in $RUN"
   # -no-shutdown: after the guest's poweroff QEMU stays (stopped), so the guest's TCP
   # connections stay open and silent, like a host that lost power; the host kills QEMU.
@@ -1421,6 +1558,7 @@ do_run() {
         answer_guest "cli:$cname" "$([ $crc = 0 ] && echo ok || echo fail)"
       done < <(serial | grep -a '^@@HOST cli:' || true)
     fi
+    [ "$CL_ON" = 1 ] && has_marker '@@HOST cluster' && cluster_poll
     if [ $rev = 1 ] && [ $rev_done = 0 ] && has_marker '@@HOST rev-target-ready'; then
       rev_done=1
       run_reverse
@@ -1484,6 +1622,10 @@ do_run() {
       hres target-clean-stop FAIL "not running"
     fi
   fi
+  if [ "$CL_ON" = 1 ]; then   # a guest that never got to "cluster-down": tear down here
+    case " $CL_DONE " in *" cluster-up "*) case " $CL_DONE " in *" cluster-down "*) ;; *) [ -z "$CL_NOTE" ] && { fpc_scenario_down || true; };; esac;; esac
+    fpc_cleanup || true
+  fi
   trap - EXIT
 
   # ---- report
@@ -1493,6 +1635,7 @@ do_run() {
   [ $resv = 1 ] && all="$all $RESV_CHECKS"
   [ $ptpl = 1 ] && all="$all $PTPL_CHECKS"
   [ $rev = 1 ] && all="$all $REV_CHECKS"
+  all="$all $CL_CHECKS"
   serial | grep -a '^RESULT ' > "$RUN/results.txt" || true
   cat "$HR" >> "$RUN/results.txt"
   for c in $all; do
@@ -1518,6 +1661,12 @@ do_run() {
   [ $rev = 1 ] || echo "(reverse-direction checks [$REV_CHECKS] skipped, not counted: $rev_note)"
   [ $resv = 1 ] || echo "(reservation checks [$(echo $RESV_CHECKS $PTPL_CHECKS)] apply to flashpool only, not counted)"
   [ $resv = 1 ] && [ $ptpl = 0 ] && echo "SKIP $PTPL_CHECKS (not counted: $PTPL_READY did not exist at the start of the run)"
+  [ "$CL_ON" = 1 ] || echo "(cluster checks [$CLUSTER_GUEST_CHECKS cluster-*] skipped, not counted: $CL_NOTE)"
+  if [ "$CL_ON" = 1 ] && [ -n "$failed" ]; then
+    for c in $FPC_DIR/owner.log $FPC_DIR/e1.log $FPC_DIR/e3.log; do
+      [ -f "$c" ] && { echo "----- $c (tail) -----"; tail -n 40 "$c"; }
+    done
+  fi
   [ -n "$failed" ] && echo "failed:$failed"
   echo "$n_pass passed, $n_fail failed"
   [ "$n_fail" -eq 0 ]
