@@ -7,6 +7,7 @@
 #
 #   scripts/test-all.sh             # everything
 #   SKIP_INTEROP=1 scripts/test-all.sh
+#   SKIP_CLUSTER=1 scripts/test-all.sh   (no network namespaces: also CLUSTER=0 for interop)
 #   FUZZ_SECONDS=20 scripts/test-all.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   say "apt-get install (test dependencies)"
   apt-get update -qq >/dev/null 2>&1 || true
   apt-get install -y -qq --no-install-recommends qemu-system-x86 nvme-cli busybox-static cpio kmod fio libisal-dev \
-    python3 fonts-dejavu-core >/dev/null 2>&1 || say "apt-get install failed; continuing with what is installed"
+    python3 fonts-dejavu-core iproute2 >/dev/null 2>&1 || say "apt-get install failed; continuing with what is installed"
 fi
 
 # ---- 1. formatting and lints
@@ -71,6 +72,7 @@ fi
 # ---- 4. interop: the Linux kernel NVMe/TCP host in a QEMU guest against flashpool serve
 if [ "${SKIP_INTEROP:-0}" != 1 ]; then
   say "interop suite (QEMU guest, Linux nvme-tcp host)"
+  [ "${SKIP_CLUSTER:-0}" = 1 ] && export CLUSTER=0
   tests/interop/run.sh all 2>&1 | tee "$LOG/interop.txt" | grep -E 'RESULT|passed, .* failed|harness' || true
   line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$LOG/interop.txt" | tail -n 1)
   if [ -n "$line" ]; then
@@ -79,6 +81,22 @@ if [ "${SKIP_INTEROP:-0}" != 1 ]; then
     if [ "$if_" -gt 0 ]; then fail "interop: $if_ check(s)" "$if_"; fi
   else
     fail "interop suite did not complete (see $LOG/interop.txt)"
+  fi
+fi
+
+# ---- 5. cluster harness: enclosure nodes in network namespaces (root); the cluster scenario
+# itself (fio in the guest while nodes are killed and links cut) is the interop suite's
+# cluster phase above
+if [ "${SKIP_CLUSTER:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
+  say "cluster plumbing (network namespaces, kill/restart, link down, loss)"
+  tests/cluster/run.sh plumbing 2>&1 | tee "$LOG/cluster.txt" | grep -E 'RESULT|passed, .* failed|cannot' || true
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$LOG/cluster.txt" | tail -n 1)
+  if [ -n "$line" ]; then
+    cp=${line%% passed*}; cf=$(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')
+    passed=$((passed + cp))
+    if [ "$cf" -gt 0 ]; then fail "cluster plumbing: $cf check(s)" "$cf"; fi
+  else
+    fail "cluster plumbing did not complete (see $LOG/cluster.txt)"
   fi
 fi
 

@@ -94,7 +94,7 @@ vol() {   # NAME LAYOUT DRIVES: create + export as nsid 1, ROUNDS x seq write, d
   for r in $(seq 1 "$ROUNDS"); do bench "$name-r$r" "tcp://127.0.0.1:$IO/$NQN?nsid=1" $SEQ --target-pid "$OPID"; done
   if [ "${4:-}" = rr ]; then
     # one sequential pass over the whole volume first: reads of never-written RAM are free
-    local mib; mib=$(curl -sf "http://127.0.0.1:$API/v1/volumes/$name" | python3 -c 'import json,sys; print(json.load(sys.stdin)["size_bytes"] >> 20)')
+    local mib; mib=$(cli volume show "$name" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["size_bytes"] >> 20)')
     bench "$name-prefill" "tcp://127.0.0.1:$IO/$NQN?nsid=1" --rw write --bs 128k --qd 16 --size "${mib:-64}MiB"
     for r in $(seq 1 "$ROUNDS"); do bench "$name-rr-r$r" "tcp://127.0.0.1:$IO/$NQN?nsid=1" $RR --target-pid "$OPID"; done
   fi

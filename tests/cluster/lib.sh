@@ -255,7 +255,7 @@ fpc_cli() { local api=$1; shift; timeout 120 "$FPC_BIN" "$@" --api "127.0.0.1:$a
 # fpc_members API VOL: one line per member, "POSITION DRIVE STATE", then "volume STATE";
 # nothing (status 1) if the API does not answer
 fpc_members() {
-  curl -sf --max-time 5 "http://127.0.0.1:$1/v1/volumes/$2" 2> /dev/null | python3 -c '
+  timeout 5 "$FPC_BIN" volume show "$2" --json --api "127.0.0.1:$1" 2> /dev/null | python3 -c '
 import json, sys
 v = json.load(sys.stdin)
 for m in v.get("members", []):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/cluster/run.sh -- several flashpool nodes on one machine, without the QEMU guest.
 # Every node is a `flashpool serve` process; enclosures run in network namespaces on a
-# bridge (10.77.0.0/24, see lib.sh). Needs root, iproute2 (ip, tc), python3, curl.
+# bridge (10.77.0.0/24, see lib.sh). Needs root, iproute2 (ip, tc), python3.
 #
 #   tests/cluster/run.sh plumbing   what the harness itself needs, on any build: enclosures
 #                                   as plain [[subsystem]] nodes in namespaces, reached from
@@ -178,7 +178,7 @@ do_host() {
 ACTION=${1:-all}
 [ -x "$FPC_BIN" ] || { echo "no flashpool binary at $FPC_BIN (cargo build --release, or set FLASHPOOL_BIN)"; echo "0 passed, 1 failed"; exit 1; }
 if ! fpc_preflight; then echo "cannot run: $FPC_WHY"; echo "0 passed, 1 failed"; exit 1; fi
-command -v python3 > /dev/null && command -v curl > /dev/null || { echo "needs python3 and curl"; echo "0 passed, 1 failed"; exit 1; }
+command -v python3 > /dev/null || { echo "needs python3"; echo "0 passed, 1 failed"; exit 1; }
 case $ACTION in
   plumbing) do_plumbing;;
   host) do_host;;
