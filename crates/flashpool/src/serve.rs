@@ -111,7 +111,7 @@ fn print_banner(
         "flashpool {} serving NVMe/TCP ({origin})",
         env!("CARGO_PKG_VERSION")
     );
-    for s in &t.subsystems {
+    for s in t.subsystems().iter() {
         let who = if s.allow_any_host {
             "any host".to_string()
         } else {
@@ -162,7 +162,7 @@ fn print_banner(
         .iter()
         .find(|(_, k)| *k == ListenerKind::Io)
     {
-        for s in &t.subsystems {
+        for s in t.subsystems().iter() {
             println!(
                 "  nvme connect -t tcp -a {} -s {} -n {}",
                 host_addr(*a),

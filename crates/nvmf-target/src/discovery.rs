@@ -39,7 +39,11 @@ pub fn discovery_log(target: &Target, hostnqn: &str, local_ip: Option<IpAddr>) -
         };
         match l.kind {
             ListenerKind::Io => {
-                for s in target.subsystems.iter().filter(|s| s.host_allowed(hostnqn)) {
+                for s in target
+                    .subsystems()
+                    .iter()
+                    .filter(|s| s.host_allowed(hostnqn))
+                {
                     entries.push(entry(discovery::SUBTYPE_NVME, &s.nqn));
                 }
             }
@@ -49,7 +53,7 @@ pub fn discovery_log(target: &Target, hostnqn: &str, local_ip: Option<IpAddr>) -
         }
     }
     let mut b = vec![0u8; discovery::log_len(entries.len())];
-    discovery::encode_log(target.discovery_genctr, &entries, &mut b);
+    discovery::encode_log(target.discovery_genctr(), &entries, &mut b);
     b
 }
 

@@ -68,6 +68,8 @@ pub enum NamespaceError {
     NoSuchNamespace { nqn: String, nsid: u32 },
     #[error("no subsystem {0}; declare it in the node's TOML ([[subsystem]])")]
     NoSuchSubsystem(String),
+    #[error("subsystem {0} exists already")]
+    SubsystemExists(String),
 }
 
 impl Subsystem {

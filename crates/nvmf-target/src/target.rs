@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -11,7 +12,9 @@ use crate::subsystem::{Namespace, NamespaceError, Subsystem};
 
 pub struct Target {
     pub transport: TransportConfig,
-    pub subsystems: Vec<Arc<Subsystem>>,
+    /// Swapped whole on change (drive exports come and go at run time);
+    /// readers take a snapshot.
+    subsystems: RwLock<Arc<[Arc<Subsystem>]>>,
     /// Bound listener addresses (the real ports when 0 was asked for).
     pub listeners: RwLock<Vec<ListenerConfig>>,
     controllers: Mutex<HashMap<u16, Arc<Controller>>>,
@@ -20,8 +23,8 @@ pub struct Target {
     /// closes, while its I/O queues may still have writes on the devices.
     queues: Mutex<Vec<QueueEntry>>,
     next_cntlid: Mutex<u16>,
-    /// Discovery log generation counter; the configuration is static for now.
-    pub discovery_genctr: u64,
+    /// Discovery log generation counter, bumped when subsystems come or go.
+    discovery_genctr: AtomicU64,
 }
 
 struct QueueEntry {
@@ -37,17 +40,66 @@ impl Target {
     pub fn new(transport: TransportConfig, subsystems: Vec<Arc<Subsystem>>) -> Self {
         Target {
             transport,
-            subsystems,
+            subsystems: RwLock::new(subsystems.into()),
             listeners: RwLock::new(Vec::new()),
             controllers: Mutex::new(HashMap::new()),
             queues: Mutex::new(Vec::new()),
             next_cntlid: Mutex::new(1),
-            discovery_genctr: 1,
+            discovery_genctr: AtomicU64::new(1),
         }
     }
 
-    pub fn subsystem(&self, nqn: &str) -> Option<&Arc<Subsystem>> {
-        self.subsystems.iter().find(|s| s.nqn == nqn)
+    /// The current subsystems.
+    pub fn subsystems(&self) -> Arc<[Arc<Subsystem>]> {
+        self.subsystems.read().clone()
+    }
+
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        self.subsystems
+            .read()
+            .iter()
+            .find(|s| s.nqn == nqn)
+            .cloned()
+    }
+
+    pub fn discovery_genctr(&self) -> u64 {
+        self.discovery_genctr.load(Ordering::Relaxed)
+    }
+
+    /// Adds a subsystem while the target runs (a drive export). Hosts see it
+    /// in the discovery log from now on.
+    pub fn add_subsystem(&self, sub: Arc<Subsystem>) -> Result<(), NamespaceError> {
+        let mut w = self.subsystems.write();
+        if w.iter().any(|s| s.nqn == sub.nqn) {
+            return Err(NamespaceError::SubsystemExists(sub.nqn.clone()));
+        }
+        let mut v: Vec<_> = w.iter().cloned().collect();
+        v.push(sub);
+        *w = v.into();
+        self.discovery_genctr.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Removes a subsystem: its controllers are killed (their hosts see the
+    /// connection end) and new Connects are refused. Returns it so the caller
+    /// can wait for its namespaces' in-flight I/O.
+    pub fn remove_subsystem(&self, nqn: &str) -> Result<Arc<Subsystem>, NamespaceError> {
+        let sub = {
+            let mut w = self.subsystems.write();
+            let Some(pos) = w.iter().position(|s| s.nqn == nqn) else {
+                return Err(NamespaceError::NoSuchSubsystem(nqn.to_string()));
+            };
+            let mut v: Vec<_> = w.iter().cloned().collect();
+            let sub = v.remove(pos);
+            *w = v.into();
+            sub
+        };
+        self.discovery_genctr.fetch_add(1, Ordering::Relaxed);
+        let ctrls: Vec<_> = self.controllers.lock().values().cloned().collect();
+        for c in ctrls.iter().filter(|c| c.subnqn() == nqn) {
+            self.remove_controller(c, FreeReason::Shutdown);
+        }
+        Ok(sub)
     }
 
     /// Adds a namespace to a subsystem while hosts are connected; their
@@ -175,6 +227,40 @@ mod tests {
     fn ns(nsid: u32) -> Namespace {
         let dev = Arc::new(blockdev::NullDevice::new(1 << 20, 512).unwrap());
         Namespace::new(nsid, dev, [nsid as u8; 16], [nsid as u8; 16])
+    }
+
+    #[test]
+    fn subsystems_come_and_go_at_run_time() {
+        let sub = |nqn: &str| {
+            Arc::new(Subsystem::new(
+                nqn.into(),
+                "S".into(),
+                "M".into(),
+                false,
+                vec!["h".into()],
+                vec![ns(1)],
+            ))
+        };
+        let t = Target::new(TransportConfig::default(), vec![sub("nqn.a:s")]);
+        let g0 = t.discovery_genctr();
+        t.add_subsystem(sub("nqn.a:drive")).unwrap();
+        assert!(matches!(
+            t.add_subsystem(sub("nqn.a:drive")),
+            Err(NamespaceError::SubsystemExists(_))
+        ));
+        assert_eq!(t.subsystems().len(), 2);
+        assert!(t.discovery_genctr() > g0);
+        let s = t.subsystem("nqn.a:drive").unwrap();
+        let c = t
+            .add_controller(|id| {
+                Controller::new(id, CtrlKind::Io(s), "h".into(), [0; 16], 0, 32, 4)
+            })
+            .unwrap();
+        t.remove_subsystem("nqn.a:drive").unwrap();
+        assert!(t.subsystem("nqn.a:drive").is_none());
+        assert!(c.killed().is_some(), "its controllers end with it");
+        assert_eq!(t.controller_count(), 0);
+        assert!(t.remove_subsystem("nqn.a:drive").is_err());
     }
 
     #[test]

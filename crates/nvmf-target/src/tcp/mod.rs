@@ -126,7 +126,7 @@ impl Server {
             let _ = t.join();
         }
         self.target.kill_all(FreeReason::Shutdown);
-        for s in &self.target.subsystems {
+        for s in self.target.subsystems().iter() {
             for ns in s.namespaces().iter() {
                 if let Err(e) = ns.dev.shutdown() {
                     tracing::error!("{} nsid {}: {}: {e}", s.nqn, ns.nsid, ns.dev.describe());
