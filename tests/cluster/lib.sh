@@ -54,12 +54,14 @@ fpc_cleanup() {
       [ -e "$f" ] || continue
       p=$(cat "$f" 2> /dev/null || true)
       # only if it still is a flashpool process (the pid may have been reused since)
-      if [ -n "$p" ] && grep -qa flashpool "/proc/$p/cmdline" 2> /dev/null; then kill -KILL "$p" 2> /dev/null || true; fi
+      if [ -n "$p" ] && grep -qa flashpool "/proc/$p/cmdline" 2> /dev/null; then
+        kill -KILL "$p" 2> /dev/null; { wait "$p"; } 2> /dev/null
+      fi
       rm -f "$f"
     done
   fi
   for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep -E "^$FPC_PREFIX-(e[0-9]+|probe)\$" || true); do
-    for p in $(ip netns pids "$ns" 2> /dev/null || true); do kill -KILL "$p" 2> /dev/null || true; done
+    for p in $(ip netns pids "$ns" 2> /dev/null || true); do kill -KILL "$p" 2> /dev/null; { wait "$p"; } 2> /dev/null; done
     i=0; while [ -n "$(ip netns pids "$ns" 2> /dev/null)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
     ip netns del "$ns" 2> /dev/null || true
   done
@@ -173,7 +175,7 @@ fpc_start_enclosure() { fpc_start_node "e$1" "$(fpc_ip "$1"):$FPC_PORT" "$(fpc_n
 fpc_kill() {
   local p; p=$(fpc_pid_of "$1")
   fpc_pid_alive "$p" || return 1
-  kill -KILL "$p"; wait "$p" 2> /dev/null || true
+  kill -KILL "$p"; { wait "$p"; } 2> /dev/null
   rm -f "$(fpc_pidf "$1")"
 }
 # fpc_stop NAME: SIGTERM, 15 s, then SIGKILL; 0 if it exited by itself
@@ -190,23 +192,23 @@ fpc_stop() {
 # link faults, on the bridge side of enclosure I's veth
 fpc_link_down() { ip link set dev "$(fpc_veth "$1")" down; }
 fpc_link_up() { ip link set dev "$(fpc_veth "$1")" up; }
-# A silent partition: netem loss 100% on the veth; on a kernel without sch_netem (some VM
-# kernels), blackhole routes for the subnet inside the enclosure's namespace instead (what
-# reaches it gets no answer; FPC_LOSS_HOW says which one was used)
+# A silent partition: netem loss 100% on the veth. A kernel without sch_netem (some VM
+# kernels) gets the same from tbf: a bucket of 64 bytes passes no frame (the smallest TCP
+# segment is 66), so every frame is dropped, on the veth and on the namespace's eth0 (both
+# directions). FPC_LOSS_HOW says which one was used.
 fpc_loss_on() {
   if tc qdisc replace dev "$(fpc_veth "$1")" root netem loss 100% 2> /dev/null; then
     FPC_LOSS_HOW="tc qdisc add dev $(fpc_veth "$1") root netem loss 100%"
   else
-    ip -n "$(fpc_ns "$1")" route add blackhole "$FPC_NET.0/25" \
-      && ip -n "$(fpc_ns "$1")" route add blackhole "$FPC_NET.128/25" || return 1
-    FPC_LOSS_HOW="no sch_netem in this kernel: blackhole routes for $FPC_NET.0/24 in $(fpc_ns "$1")"
+    tc qdisc replace dev "$(fpc_veth "$1")" root tbf rate 1kbit burst 64 limit 1 \
+      && tc -n "$(fpc_ns "$1")" qdisc replace dev eth0 root tbf rate 1kbit burst 64 limit 1 || return 1
+    FPC_LOSS_HOW="no sch_netem in this kernel: tc tbf burst 64 (drops every frame) on $(fpc_veth "$1") and $(fpc_ns "$1")/eth0"
   fi
 }
 fpc_loss_off() {
   local rc=1
   tc qdisc del dev "$(fpc_veth "$1")" root 2> /dev/null && rc=0
-  ip -n "$(fpc_ns "$1")" route del blackhole "$FPC_NET.0/25" 2> /dev/null && rc=0
-  ip -n "$(fpc_ns "$1")" route del blackhole "$FPC_NET.128/25" 2> /dev/null && rc=0
+  tc -n "$(fpc_ns "$1")" qdisc del dev eth0 root 2> /dev/null
   return $rc
 }
 

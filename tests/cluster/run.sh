@@ -53,9 +53,9 @@ do_plumbing() {
   if fpc_net_up "$n"; then
     kill -0 $stale 2> /dev/null && d="the leftover process $stale survived; " || ok=PASS
     ip netns list | grep -q "^$(fpc_ns 9)\b" && { ok=FAIL; d="${d}leftover namespace $(fpc_ns 9) survived; "; }
-    d="$d$n namespaces up, each answers ping from $FPC_BR_IP"
+    d="$d$n namespaces up, each reached from $FPC_BR_IP (TCP probe)"
   else d="fpc_net_up failed"; fi
-  wait $stale 2> /dev/null
+  { wait $stale; } 2> /dev/null
   fpc_result plumb-net-up $ok "$d"
 
   ok=PASS; d=""
