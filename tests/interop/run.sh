@@ -918,14 +918,14 @@ if [ "${CLUSTER:-0}" = 1 ]; then
     ok=FAIL; [ -n "$C_R6" ] && [ -b "/dev/$C_EC" ] && ok=PASS
     res cluster-connect $ok "${C_CTRL:-no controller}: r6 /dev/${C_R6:-none} $( [ -n "$C_R6" ] && echo $(( $(cat /sys/block/$C_R6/size) / 2048 )) MiB), ec /dev/${C_EC:-none} $( [ -b "/dev/$C_EC" ] && echo $(( $(cat /sys/block/$C_EC/size) / 2048 )) MiB)"
     if [ $ok = PASS ]; then
-      # cl_load DEV TAG: rounds of fio randwrite 16k qd16 over 24 MiB, each verified (crc32c,
+      # cl_load DEV TAG: rounds of fio randwrite 16k qd16 over 8 MiB, each verified (crc32c,
       # its own seed: a stale block from an earlier round fails), until /tmp/cl-stop
       cl_load() {
         local n=0 f=0 rc
         while [ ! -e /tmp/cl-stop ]; do
           n=$((n+1))
           timeout 240 fio --name=cl-$2 --filename=/dev/$1 --direct=1 --ioengine=libaio --iodepth=16 \
-            --rw=randwrite --bs=16k --size=24M --verify=crc32c --do_verify=1 --verify_fatal=1 \
+            --rw=randwrite --bs=16k --size=8M --verify=crc32c --do_verify=1 --verify_fatal=1 \
             --randseed=$((7000 + n)) > /tmp/fio-cl-$2.txt 2>&1; rc=$?
           if [ $rc -ne 0 ]; then
             f=$((f+1)); log "cluster fio $2 round $n FAILED (rc $rc)"
@@ -948,7 +948,7 @@ if [ "${CLUSTER:-0}" = 1 ]; then
       for v in r6 ec; do
         set -- $(cat /tmp/cl-$v.count 2>/dev/null || echo 0 -1)
         ok=FAIL; [ "$1" -ge 2 ] && [ "$2" = 0 ] && ok=PASS
-        res cluster-fio-$v $ok "$1 rounds of fio randwrite 16k qd16 24 MiB crc32c verify across all the steps, $2 failed"
+        res cluster-fio-$v $ok "$1 rounds of fio randwrite 16k qd16 8 MiB crc32c verify across all the steps, $2 failed"
       done
       # every cluster step's kernel log: no I/O error, timeout or reset on the owner's paths
       step cluster-dmesg "guest kernel log of the cluster steps"
