@@ -27,10 +27,16 @@ mod identify;
 mod io;
 mod out;
 mod queue;
+mod resv;
 
 pub use controller::{ADMIN_QUEUE_DEPTH, Controller, HostOptions, default_host_identity};
 pub use discovery::{discover, discover_with};
 pub use error::{CmdStatus, HostError, Result, fes_name, status_name};
 pub use identify::{ControllerInfo, NamespaceInfo};
-pub use io::{IoQueue, MAX_DSM_RANGES, MAX_NLB};
+pub use io::{IoQueue, MAX_DSM_RANGES, MAX_NLB, RW_FUA};
 pub use nvme_wire::fabrics::discovery::Entry as DiscoveryEntry;
+pub use nvme_wire::reservation::{
+    AcquireAction, RegisterAction, RegisteredCtrl, ReleaseAction, ResvType, cptpl,
+};
+pub use queue::{buf_from, zeroed_buf};
+pub use resv::ReservationStatus;
