@@ -398,6 +398,31 @@ impl Controller {
         })
     }
 
+    /// The NS ID descriptor list (Identify CNS 0x03): `(NIDT, NID)` pairs,
+    /// e.g. `(nvme_wire::identify::nidt::UUID, 16 bytes)`.
+    pub async fn ns_descriptors(&self, nsid: u32) -> Result<Vec<(u8, Vec<u8>)>> {
+        let (buf, _) = admin_cmd(
+            &self.admin,
+            identify_sqe(cns::NS_ID_DESCRIPTORS, nsid),
+            DataDir::ToHost,
+            zeroed_buf(IDENTIFY_LEN),
+            || format!("Identify Namespace Identification Descriptors, namespace {nsid}"),
+        )
+        .await?;
+        let list =
+            nvme_wire::identify::decode_ns_descriptors(&buf).map_err(|e| HostError::Protocol {
+                addr: self.addr,
+                msg: format!("bad NS ID descriptor list for namespace {nsid}: {e}"),
+            })?;
+        Ok(list.into_iter().map(|(t, id)| (t, id.to_vec())).collect())
+    }
+
+    /// The error that ended the admin connection (keep-alive or a command
+    /// timed out, the target went away), if it ended.
+    pub fn error(&self) -> Option<HostError> {
+        self.admin.dead()
+    }
+
     /// Active namespace IDs (Identify CNS 0x02), ascending.
     pub async fn active_namespaces(&self) -> Result<Vec<u32>> {
         let (buf, _) = admin_cmd(

@@ -15,7 +15,9 @@
 //! One queue pair is one TCP connection served by one task (`conn.rs`) on
 //! the runtime that connected it; callers on any thread submit commands to
 //! it (`queue.rs`). `controller.rs` is the bring-up and the admin commands,
-//! `io.rs` the I/O commands, `discovery.rs` the discovery service.
+//! `io.rs` the I/O commands, `resv.rs` the reservation commands,
+//! `discovery.rs` the discovery service, and `remote/` the `BlockDevice` over
+//! a remote namespace ([`remote::RemoteDevice`]).
 
 mod conn;
 mod controller;
@@ -27,6 +29,7 @@ mod identify;
 mod io;
 mod out;
 mod queue;
+pub mod remote;
 mod resv;
 
 pub use controller::{ADMIN_QUEUE_DEPTH, Controller, HostOptions, default_host_identity};
