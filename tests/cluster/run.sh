@@ -156,6 +156,11 @@ do_host() {
     done
     echo "$n $f" > "$FPC_DIR/load-$2.count"
   }
+  # stamp the whole region first: a run with --seed checks every block it reads
+  for s in 1 2; do
+    bench "prefill-$s" 120 --target "tcp://127.0.0.1:$io/$nqn?nsid=$s" --rw write --bs 128k --qd 8 --size 32MiB \
+        --verify --seed "$seed" || fpc_say "prefill of nsid $s failed: $(bench_line "prefill-$s")"
+  done
   load 1 r6 & local l1=$!
   load 2 ec & local l2=$!
   sleep 3
