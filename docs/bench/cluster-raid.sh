@@ -134,20 +134,20 @@ for r in R:
         agg_r.append(sum(v))
 agg = statistics.median(agg_r) if agg_r else None
 sum_single = sum(v for v in raw.values() if v is not None) if all(v is not None for v in raw.values()) else None
-vols = [("raid0", f"raid0 {n}"), ("raid5", f"raid5 {n-1}+1"), ("raid6", f"raid6 {n-2}+2"), ("ec", f"ec{n-2}+2")]
-vm = {k: med([f"{k}-r{r}" for r in R]) for k, _ in vols}
+vols = [("raid0", f"raid0 {n}", n), ("raid5", f"raid5 {n-1}+1", n - 1), ("raid6", f"raid6 {n-2}+2", n - 2), ("ec", f"ec{n-2}+2", n - 2)]
+vm = {k: med([f"{k}-r{r}" for r in R]) for k, _, _ in vols}
 r0 = vm.get("raid0")
 f = lambda v: "failed" if v is None else f"{v:,.0f} MB/s"
 pct = lambda a, b: "" if a is None or not b else f"{100 * a / b:.0f}%"
 print(f"\n128 KiB sequential write, QD 16, median of {rounds} rounds ({n} enclosures, one RAM drive each)\n")
-print("| target | MB/s | share of raid0 | share of raw aggregate |")
-print("|---|---|---|---|")
+print("| target | MB/s | share of raid0 | share of raw aggregate | data share (the ideal vs raid0) |")
+print("|---|---|---|---|---|")
 for i in range(1, n + 1):
-    print(f"| raw e{i}:d0 alone | {f(raw[i])} | {pct(raw[i], r0)} | {pct(raw[i], agg)} |")
-print(f"| raw, sum of the drives alone | {f(sum_single)} | {pct(sum_single, r0)} | {pct(sum_single, agg)} |")
-print(f"| raw aggregate ({n} at once) | {f(agg)} | {pct(agg, r0)} | 100% |")
-for k, label in vols:
-    print(f"| {label} (owner, loopback) | {f(vm[k])} | {pct(vm[k], r0)} | {pct(vm[k], agg)} |")
+    print(f"| raw e{i}:d0 alone | {f(raw[i])} | {pct(raw[i], r0)} | {pct(raw[i], agg)} | |")
+print(f"| raw, sum of the drives alone | {f(sum_single)} | {pct(sum_single, r0)} | {pct(sum_single, agg)} | |")
+print(f"| raw aggregate ({n} at once) | {f(agg)} | {pct(agg, r0)} | 100% | |")
+for k, label, data in vols:
+    print(f"| {label} (owner, loopback) | {f(vm[k])} | {pct(vm[k], r0)} | {pct(vm[k], agg)} | {data}/{n} = {100 * data / n:.0f}% |")
 key = {"raid0": "raid0", "raid5": "raid5", "raid6": "raid6"}.get(rr, "ec")
 rem = med([f"{key}-rr-r{r}" for r in R], "iops")
 loc = med([f"local-rr-rr-r{r}" for r in R], "iops")
