@@ -412,6 +412,10 @@ fpc_vol_member() {
 # fpc_scenario_step STEP (one of FPC_STEPS); reports cluster-STEP
 fpc_scenario_step() {
   local ok d
+  if ! fpc_pid_alive "$(fpc_pid_of owner)"; then   # no API to wait on: fail at once
+    fpc_result "cluster-$1" FAIL "the owner is gone: $(tail -n 3 "$(fpc_log owner)" 2> /dev/null | tr '\n' ' ')"
+    return 1
+  fi
   case $1 in
     kill-e1|kill-e2)
       local e=${1#kill-}
