@@ -33,8 +33,14 @@ impl Default for RebuildOptions {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RebuildProgress {
     pub running: bool,
-    /// Member positions being rebuilt.
+    /// Member positions being rebuilt (or resynced).
     pub members: Vec<usize>,
+    /// True when the run only resyncs re-added members (`Volume::re_add`):
+    /// its stripes are just their stale ones.
+    pub resync: bool,
+    /// Stripes this run has done, of the ones it has to do (every stripe
+    /// from the lowest checkpoint on for a rebuild; the stale stripes from
+    /// the lowest checkpoint on for a resync).
     pub done_stripes: u64,
     pub total_stripes: u64,
     /// Bytes written to new members by this run.
@@ -51,6 +57,7 @@ pub(crate) struct RebuildState {
     pub(crate) bytes: AtomicU64,
     pub(crate) started: Mutex<Option<Instant>>,
     pub(crate) members: Mutex<Vec<usize>>,
+    pub(crate) resync: Mutex<bool>,
 }
 
 pub(crate) struct RunningGuard<'a>(pub(crate) &'a AtomicBool);

@@ -281,6 +281,40 @@ impl Volume {
             let mut m = vol.inner.members.write();
             m.version += 1;
             m.name = newest.name.clone();
+            // What a failed member missed is on the bitmap since it failed
+            // (the superblocks say when), or, for one found missing now that
+            // was in use until the last run, since now.
+            for (p, entry) in newest.members.iter().enumerate() {
+                m.failed_at[p] = if !vol.inner.use_intent || m.states[p] != MemberState::Failed {
+                    0
+                } else if entry.state == MemberState::Failed {
+                    entry.failed_at
+                } else {
+                    newest.generation.max(1)
+                };
+            }
+            if m.states.iter().any(|s| *s != MemberState::Active) {
+                vol.inner.hold_bitmap(true);
+            }
+        }
+        if vol.inner.intent.held() {
+            // What the failed or returning members missed, kept on the
+            // others' bitmaps: adopt it before anything reads or writes, so
+            // a re-added member is known stale where it is (also for the
+            // journal replay) and no bitmap write clears it.
+            let merged = vol.inner.read_bitmaps().await;
+            vol.inner.intent.load(&merged);
+            let mut m = vol.inner.members.write();
+            if m.states
+                .iter()
+                .any(|s| matches!(s, MemberState::Resyncing { .. }))
+            {
+                m.stale = Some(Arc::new(StaleRegions {
+                    region_stripes: vol.inner.intent.region_stripes,
+                    bits: vol.inner.intent.set_bits(),
+                }));
+                m.changed();
+            }
         }
         // Journal first: the bitmap resync cannot fix stripes missing data.
         vol.inner.replay_journal().await?;
@@ -366,6 +400,13 @@ impl Inner {
         } else {
             None
         };
+        let fence = Arc::new(Fence::default());
+        let n = devs.len();
+        let devs = devs
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| FencedMember::wrap(d, i, &fence))
+            .collect();
         Ok(Inner {
             parity,
             uuid,
@@ -381,6 +422,8 @@ impl Inner {
                 persisted_version: 0,
                 clean: false,
                 name: String::new(),
+                failed_at: vec![0; n],
+                stale: None,
                 snapshot: None,
             }),
             sb_lock: tokio::sync::Mutex::new(()),
@@ -395,6 +438,7 @@ impl Inner {
             journal,
             records_at,
             records: parking_lot::Mutex::new(RecordState::default()),
+            fence,
             layout,
         })
     }

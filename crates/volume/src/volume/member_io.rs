@@ -294,12 +294,29 @@ impl Inner {
         let failed: Vec<usize> = (0..view.states.len())
             .filter(|&i| view.states[i] == MemberState::Failed)
             .collect();
-        io_err(format!(
-            "volume has {} failed members ({failed:?}); {} tolerates {}",
-            failed.len(),
-            self.layout.kind(),
-            self.layout.parity_columns()
-        ))
+        self.failed_error(failed)
+    }
+
+    /// The error of an I/O that `failed` members (indexes) left undone:
+    /// the fence's when fenced, else [`BlockError::TooManyFailed`].
+    pub(crate) fn failed_error(&self, failed: Vec<usize>) -> BlockError {
+        if self.fence.is_set() {
+            return self.fence.error();
+        }
+        let volume = {
+            let m = self.members.read();
+            if m.name.is_empty() {
+                uuid_string(&self.uuid)
+            } else {
+                m.name.clone()
+            }
+        };
+        BlockError::TooManyFailed {
+            volume,
+            layout: self.layout.kind().to_string(),
+            failed,
+            tolerates: self.layout.parity_columns(),
+        }
     }
 }
 

@@ -120,7 +120,7 @@ impl Inner {
         .await;
         if let Err(OpError::Members(failed)) = collect_failed(res) {
             if !self.redundant() {
-                return Err(io_err(format!("flush failed on members {failed:?}")));
+                return Err(self.failed_error(failed));
             }
             failed.iter().for_each(|&f| self.mark_failed(f));
             let view = self.view();
@@ -134,12 +134,18 @@ impl Inner {
             }
         }
         self.persist_superblock(false).await;
+        if self.fence.is_set() {
+            return Err(self.fence.error());
+        }
         Ok(())
     }
 
     /// Writes the superblocks (a new generation) to every present member when
     /// member states changed, or always with `force`.
     pub async fn persist_superblock(&self, force: bool) {
+        if self.fence.is_set() {
+            return;
+        }
         // Lock-free when nothing changed: the common case on the write path.
         // While another task's persist is in flight, persisted_version still
         // lags, so this waits for it below.
@@ -160,11 +166,12 @@ impl Inner {
                 force = false;
                 st.generation += 1;
                 let version = st.version;
-                let entries: Vec<MemberEntry> = st
-                    .states
-                    .iter()
-                    .zip(&self.data_blocks)
-                    .map(|(&state, &data_blocks)| MemberEntry { state, data_blocks })
+                let entries: Vec<MemberEntry> = (0..st.states.len())
+                    .map(|p| MemberEntry {
+                        state: st.states[p],
+                        data_blocks: self.data_blocks[p],
+                        failed_at: st.failed_at[p],
+                    })
                     .collect();
                 let sbs: Vec<Option<[u8; SB_BYTES]>> = (0..st.devs.len())
                     .map(|p| {
@@ -191,6 +198,7 @@ impl Inner {
                     View {
                         devs: st.devs.clone(),
                         states: st.states.clone(),
+                        stale: None,
                     },
                     sbs,
                     version,

@@ -43,14 +43,19 @@ use crate::superblock::{
 };
 
 mod assemble;
+mod fence;
 mod member_io;
 mod meta;
 mod read;
+mod readd;
 mod rebuild;
 mod replay;
 mod resync;
 mod write;
 
+pub use readd::ReAddReport;
+
+pub(crate) use fence::{Fence, FencedMember};
 pub(crate) use member_io::{
     Batch, MissingDevice, abuf, abuf_from, collect_failed, dev_io, io_err, recycle, zbuf,
 };
@@ -156,6 +161,12 @@ pub enum VolumeError {
     },
     #[error("rebuild: {0}")]
     Rebuild(String),
+    /// The volume fenced itself (see [`Volume::fence`]): it does no more I/O.
+    #[error("fenced: {0}")]
+    Fenced(String),
+    /// `re_add` refused the device; nothing changed.
+    #[error("re-add of member {index} refused: {reason}")]
+    ReAddRefused { index: usize, reason: String },
 }
 
 /// Counters of what the stripe engine did, for tests and metrics.
@@ -219,6 +230,13 @@ pub(crate) struct Members {
     pub clean: bool,
     /// The operator's name for the volume, kept in the superblocks.
     pub name: String,
+    /// Per member: for a failed member, the generation at which it failed
+    /// while the intent bitmap was kept from then on (every region written
+    /// since is set on the others' bitmaps), so it can be re-added through
+    /// the bitmap; 0: not known, a re-add rebuilds it in full.
+    pub failed_at: Vec<u64>,
+    /// Regions a re-added (Resyncing) member may hold stale data in.
+    pub stale: Option<Arc<StaleRegions>>,
     /// `devs` and `states` as requests see them, shared until they change
     /// (whoever changes them calls [`Members::changed`]).
     snapshot: Option<Arc<View>>,
@@ -255,6 +273,8 @@ pub(crate) struct Inner {
     pub records_at: u64,
     /// The newest record and its generation; held across a store.
     records: parking_lot::Mutex<RecordState>,
+    /// Raised on a member's Reservation Conflict or by [`Volume::fence`].
+    pub(crate) fence: Arc<Fence>,
 }
 
 #[derive(Default)]
@@ -267,6 +287,23 @@ struct RecordState {
 pub(crate) struct View {
     pub devs: Vec<Arc<dyn BlockDevice>>,
     pub states: Vec<MemberState>,
+    pub stale: Option<Arc<StaleRegions>>,
+}
+
+/// The regions a re-added member missed writes in (a copy of the intent
+/// bitmap when it came back): it serves everything else.
+pub(crate) struct StaleRegions {
+    pub region_stripes: u64,
+    pub bits: Vec<u64>,
+}
+
+impl StaleRegions {
+    pub fn stale(&self, stripe: u64) -> bool {
+        let r = stripe / self.region_stripes;
+        self.bits
+            .get((r / 64) as usize)
+            .is_some_and(|w| w & (1 << (r % 64)) != 0)
+    }
 }
 
 impl View {
@@ -276,6 +313,11 @@ impl View {
             MemberState::Active => true,
             MemberState::Failed => false,
             MemberState::Rebuilding { checkpoint } => stripe < checkpoint,
+            MemberState::Resyncing { checkpoint } => {
+                // Without the stale set (not loaded yet, or no bitmap):
+                // everything at or above the checkpoint is stale.
+                stripe < checkpoint || self.stale.as_ref().is_some_and(|s| !s.stale(stripe))
+            }
         }
     }
     /// Whether `member` should get metadata (superblock, bitmap) writes.
@@ -306,6 +348,9 @@ impl Volume {
     /// Makes everything durable and marks the superblocks clean. Call before
     /// dropping the volume at shutdown; I/O after it marks the volume dirty again.
     pub async fn close(&self) -> Result<(), BlockError> {
+        if self.inner.fence.is_set() {
+            return Err(self.inner.fence.error());
+        }
         self.inner.flush_clearing(Duration::ZERO).await?;
         self.inner.members.write().clean = true;
         self.inner.persist_superblock(true).await;
@@ -338,8 +383,33 @@ impl Volume {
         self.inner.members.read().generation
     }
 
+    /// Each member's state: Active, Failed, Rebuilding (replaced, being
+    /// rebuilt in full) or Resyncing (re-added, its stale regions being
+    /// resynced); the checkpoints say how far, [`Volume::rebuild_progress`]
+    /// how fast.
     pub fn member_states(&self) -> Vec<MemberState> {
         self.inner.members.read().states.clone()
+    }
+
+    /// Whether the volume fenced itself (a member answered Reservation
+    /// Conflict, or [`Volume::fence`] was called): every I/O then fails
+    /// with [`BlockError::Fenced`] and nothing reaches the members.
+    pub fn is_fenced(&self) -> bool {
+        self.inner.fence.is_set()
+    }
+
+    /// Why the volume is fenced, if it is.
+    pub fn fence_reason(&self) -> Option<String> {
+        self.inner.fence.reason()
+    }
+
+    /// Fences the volume (for the node to call on other signals, such as a
+    /// lost ownership lease): from now on every I/O, rebuild, resync and
+    /// metadata write fails with [`BlockError::Fenced`] and nothing more is
+    /// written to any member. There is no unfence: assemble the volume
+    /// again once this node owns it again. Returns false when it already was.
+    pub fn fence(&self, reason: &str) -> bool {
+        self.inner.fence.set(reason.to_string())
     }
 
     pub fn stats(&self) -> VolumeStats {
@@ -383,6 +453,7 @@ impl Inner {
         let v = Arc::new(View {
             devs: m.devs.clone(),
             states: m.states.clone(),
+            stale: m.stale.clone(),
         });
         m.snapshot = Some(v.clone());
         v
@@ -396,17 +467,60 @@ impl Inner {
         self.parity.code != Code::None
     }
 
+    /// A member failed: run degraded without it. From here on the intent
+    /// bitmap keeps every bit it sets (see [`Inner::hold_bitmap`]), so the
+    /// member can be re-added through it. A fenced volume changes nothing:
+    /// its members did not fail, this node lost them.
     pub fn mark_failed(&self, member: usize) {
+        if self.fence.is_set() {
+            return;
+        }
         let mut m = self.members.write();
         if m.states[member] != MemberState::Failed {
             tracing::warn!("member {member} failed ({})", m.devs[member].describe());
+            // Before anyone sees the member failed (the members lock is held):
+            // a write that goes degraded because of it must find bits held.
+            self.hold_bitmap(true);
+            let was_failed_at = m.failed_at[member];
+            m.failed_at[member] = match m.states[member] {
+                // A member failing again during its re-add keeps the older
+                // mark: its stale regions are still stale.
+                MemberState::Resyncing { .. } if was_failed_at != 0 => was_failed_at,
+                _ if self.use_intent => m.generation.max(1),
+                _ => 0,
+            };
             m.states[member] = MemberState::Failed;
             m.version += 1;
             m.changed();
         }
     }
 
+    /// Keeps (true) or again lets flushes clear (false) idle intent bits.
+    /// Held while any member is not Active: the bits are then the record of
+    /// what a returning member missed.
+    pub(crate) fn hold_bitmap(&self, hold: bool) {
+        if self.use_intent {
+            self.intent.set_hold(hold);
+        }
+    }
+
     pub async fn handle(self: Arc<Self>, req: IoRequest) -> IoDone {
+        if self.fence.is_set() {
+            return IoDone {
+                buf: req.buf,
+                result: Err(self.fence.error()),
+            };
+        }
+        let mut done = self.handle_op(req).await;
+        // An error while fenced (a retry that found the fence up, a member
+        // that answered Reservation Conflict) is the fence's.
+        if done.result.is_err() && self.fence.is_set() {
+            done.result = Err(self.fence.error());
+        }
+        done
+    }
+
+    async fn handle_op(&self, req: IoRequest) -> IoDone {
         let IoRequest {
             op,
             lba,
@@ -477,6 +591,9 @@ impl BlockDevice for Volume {
     /// (or has failed out); members that complete I/O on their own threads
     /// (files, RAM) are fine, a member needing this thread's async runtime is not.
     fn store_record(&self, kind: blockdev::RecordKind, data: &[u8]) -> Result<(), BlockError> {
+        if self.inner.fence.is_set() {
+            return Err(self.inner.fence.error());
+        }
         if self.inner.records_at == 0 {
             return Err(BlockError::Config(format!(
                 "{}: keeps no {kind:?} record: its metadata area ({} bytes) has no room for the \

@@ -75,6 +75,9 @@ impl Inner {
         let stripe = exts[0].stripe;
         let base = exts[0].offset;
         for _attempt in 0..=self.layout.members() {
+            if self.fence.is_set() {
+                return Err(self.fence.error());
+            }
             let view = self.view();
             let direct: Option<Vec<usize>> =
                 exts.iter().map(|e| self.read_member(&view, e)).collect();
@@ -96,12 +99,8 @@ impl Inner {
                         failed.iter().for_each(|&f| self.mark_failed(f));
                         continue;
                     }
-                    Err(_) => {
-                        return Err(io_err(format!(
-                            "read of stripe {stripe} failed on a member and {} has no redundancy",
-                            self.layout.kind()
-                        )));
-                    }
+                    Err(OpError::Members(failed)) => return Err(self.failed_error(failed)),
+                    Err(OpError::Fatal(e)) => return Err(e),
                 }
             }
             // Degraded: rebuild the missing columns from the others, under the

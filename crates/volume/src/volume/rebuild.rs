@@ -117,16 +117,33 @@ impl Volume {
             .enumerate()
             .filter_map(|(i, s)| match s {
                 MemberState::Rebuilding { checkpoint } => Some((i, *checkpoint)),
+                MemberState::Resyncing { checkpoint } => Some((i, *checkpoint)),
                 _ => None,
             })
             .collect();
         if targets.is_empty() {
             return Ok(());
         }
+        if inner.fence.is_set() {
+            return Err(VolumeError::Fenced(inner.fence.error().to_string()));
+        }
         let start = targets.iter().map(|t| t.1).min().unwrap_or(0);
+        // Only re-added members: only their stale stripes need work.
+        let stale = inner.members.read().stale.clone();
+        let resync_only = inner
+            .members
+            .read()
+            .states
+            .iter()
+            .all(|s| !matches!(s, MemberState::Rebuilding { .. }));
+        let todo: Vec<u64> = match &stale {
+            Some(stale) if resync_only => (start..stripes).filter(|&s| stale.stale(s)).collect(),
+            _ => (start..stripes).collect(),
+        };
         *st.members.lock() = targets.iter().map(|t| t.0).collect();
-        st.total.store(stripes, Ordering::SeqCst);
-        st.done.store(start, Ordering::SeqCst);
+        *st.resync.lock() = resync_only;
+        st.total.store(todo.len() as u64, Ordering::SeqCst);
+        st.done.store(0, Ordering::SeqCst);
         st.bytes.store(0, Ordering::SeqCst);
         *st.started.lock() = Some(Instant::now());
         tracing::info!(
@@ -135,9 +152,9 @@ impl Volume {
         );
         let began = Instant::now();
         let strip_bytes = inner.layout.strip_blocks() * inner.bs;
-        for s in start..stripes {
+        for (done, &s) in todo.iter().enumerate() {
             let wrote = self.rebuild_stripe(s).await?;
-            st.done.store(s + 1, Ordering::SeqCst);
+            st.done.store(done as u64 + 1, Ordering::SeqCst);
             let total =
                 st.bytes.fetch_add(wrote * strip_bytes, Ordering::SeqCst) + wrote * strip_bytes;
             if (s + 1) % opts.checkpoint_every.max(1) == 0 {
@@ -152,18 +169,48 @@ impl Volume {
                 }
             }
         }
-        {
+        let all_active = {
             let mut m = inner.members.write();
+            let stale = m.stale.clone();
             for (i, _) in &targets {
-                if matches!(m.states[*i], MemberState::Rebuilding { checkpoint } if checkpoint >= stripes)
-                {
+                let done = match m.states[*i] {
+                    MemberState::Rebuilding { checkpoint } => checkpoint >= stripes,
+                    MemberState::Resyncing { checkpoint } => {
+                        first_stale_from(stale.as_deref(), checkpoint, stripes).is_none()
+                    }
+                    _ => false,
+                };
+                if done {
                     m.states[*i] = MemberState::Active;
                     m.changed();
                     m.version += 1;
                 }
             }
-        }
+            let all = m.states.iter().all(|s| *s == MemberState::Active);
+            if all
+                || !m
+                    .states
+                    .iter()
+                    .any(|s| matches!(s, MemberState::Resyncing { .. }))
+            {
+                m.stale = None;
+                m.changed();
+            }
+            all
+        };
         inner.persist_superblock(true).await;
+        if inner.fence.is_set() {
+            return Err(VolumeError::Fenced(inner.fence.error().to_string()));
+        }
+        if all_active {
+            // Nothing is missing anywhere now: the bits held for the
+            // returning members may go (all of them, on this flush).
+            inner.hold_bitmap(false);
+            inner
+                .flush_clearing(Duration::ZERO)
+                .await
+                .map_err(|e| VolumeError::Rebuild(format!("clearing the intent bitmap: {e}")))?;
+        }
         tracing::info!("rebuild done in {:.1?}", began.elapsed());
         Ok(())
     }
@@ -196,6 +243,7 @@ impl Volume {
         RebuildProgress {
             running,
             members,
+            resync: *st.resync.lock(),
             done_stripes: done,
             total_stripes: total,
             bytes,
@@ -214,17 +262,49 @@ impl Volume {
         let len = (rows * inner.bs) as usize;
         let _g = inner.stripe_lock(s).lock().await;
         for _attempt in 0..=l.members() {
+            if inner.fence.is_set() {
+                return Err(VolumeError::Fenced(inner.fence.error().to_string()));
+            }
             let view = inner.view();
+            let stripes = l.stripes();
+            let stale = view.stale.as_deref();
+            // Members whose checkpoint moves past this stripe; of those, the
+            // ones to write (a re-added member in a clean region needs none).
+            let mut advance: Vec<usize> = Vec::new();
             let targets: Vec<usize> = (0..k + m)
-                .filter(|&c| {
+                .filter(|&c| match view.states[l.column_member(s, c)] {
                     // Exactly at its checkpoint: a member replaced while this
                     // pass runs (checkpoint 0) must not skip the stripes the
                     // pass already went by; the next pass starts from it.
-                    matches!(view.states[l.column_member(s, c)],
-                        MemberState::Rebuilding { checkpoint } if checkpoint == s)
+                    MemberState::Rebuilding { checkpoint } => checkpoint == s,
+                    // Likewise, no stale stripe of its may lie between its
+                    // checkpoint and this one.
+                    MemberState::Resyncing { checkpoint } => {
+                        if checkpoint > s
+                            || (checkpoint < s
+                                && first_stale_from(stale, checkpoint, stripes)
+                                    .is_some_and(|f| f < s))
+                        {
+                            return false;
+                        }
+                        advance.push(c);
+                        stale.is_none_or(|st| st.stale(s))
+                    }
+                    _ => false,
                 })
                 .collect();
             if targets.is_empty() {
+                if !advance.is_empty() {
+                    let mut mm = inner.members.write();
+                    for &c in &advance {
+                        if let MemberState::Resyncing { checkpoint } =
+                            &mut mm.states[l.column_member(s, c)]
+                        {
+                            *checkpoint = s + 1;
+                            mm.changed();
+                        }
+                    }
+                }
                 return Ok(0);
             }
             // Once rebuilt, the stripe takes writes without journal records,
@@ -284,12 +364,17 @@ impl Volume {
             failed_targets.iter().for_each(|&i| inner.mark_failed(i));
             let mut mm = inner.members.write();
             let mut wrote = 0;
-            for &c in &targets {
+            for &c in targets.iter().chain(&advance) {
                 let mbr = l.column_member(s, c);
-                if let MemberState::Rebuilding { checkpoint } = &mut mm.states[mbr] {
+                if let MemberState::Rebuilding { checkpoint }
+                | MemberState::Resyncing { checkpoint } = &mut mm.states[mbr]
+                    && *checkpoint <= s
+                {
                     *checkpoint = s + 1;
                     mm.changed();
-                    wrote += 1;
+                    if targets.contains(&c) {
+                        wrote += 1;
+                    }
                 }
             }
             return Ok(wrote);
@@ -298,4 +383,25 @@ impl Volume {
             "stripe {s}: members kept failing"
         )))
     }
+}
+
+/// The first stale stripe at or after `from`, if any; without a stale set
+/// every stripe is stale.
+pub(crate) fn first_stale_from(
+    stale: Option<&StaleRegions>,
+    from: u64,
+    stripes: u64,
+) -> Option<u64> {
+    let Some(stale) = stale else {
+        return (from < stripes).then_some(from);
+    };
+    let rs = stale.region_stripes;
+    let mut r = from / rs;
+    while r * rs < stripes {
+        if stale.stale(r * rs) {
+            return Some((r * rs).max(from));
+        }
+        r += 1;
+    }
+    None
 }

@@ -76,6 +76,9 @@ impl Inner {
         let s = rec.stripe;
         let l = &self.layout;
         for _attempt in 0..=l.members() {
+            if self.fence.is_set() {
+                return Err(VolumeError::Fenced(self.fence.error().to_string()));
+            }
             let view = self.view();
             let avail = |c: usize| view.avail(l.column_member(s, c), s);
             let back =

@@ -37,27 +37,7 @@ impl Inner {
         if !self.redundant() {
             return Ok(());
         }
-        let view = self.view();
-        let bytes = self.intent.bytes();
-        let mut merged = vec![0u8; bytes];
-        for i in (0..view.devs.len()).filter(|&i| view.present(i)) {
-            let (buf, r) = dev_io(
-                &view.devs[i],
-                BlockOp::Read,
-                SB_BYTES as u64,
-                bytes,
-                abuf(bytes),
-            )
-            .await;
-            match r {
-                Ok(()) => {
-                    for (a, b) in merged.iter_mut().zip(buf.iter()) {
-                        *a |= *b;
-                    }
-                }
-                Err(_) => self.mark_failed(i),
-            }
-        }
+        let merged = self.read_bitmaps().await;
         let regions = self.intent.dirty_regions(&merged);
         if !regions.is_empty() {
             tracing::info!("resyncing {} dirty regions", regions.len());
@@ -84,7 +64,12 @@ impl Inner {
                  their parity may disagree with data written before the crash"
             );
         }
-        if !regions.is_empty() {
+        if self.intent.held() {
+            // A member is failed, being rebuilt or re-added: the bits are
+            // the record of what it missed; keep them (in memory too, or
+            // the next bitmap write would clear them on disk).
+            self.intent.load(&merged);
+        } else if !regions.is_empty() {
             self.write_bitmap_all_zero().await?;
         }
         Ok(())
@@ -97,6 +82,9 @@ impl Inner {
         let (k, m) = (self.parity.k, self.parity.m);
         let rows = self.layout.strip_blocks();
         for _attempt in 0..=self.layout.members() {
+            if self.fence.is_set() {
+                return Err(self.fence.error());
+            }
             let view = self.view();
             // A mirror checks its copies against the first readable one.
             let order: Vec<usize> = if self.parity.code == Code::Mirror {
@@ -173,5 +161,32 @@ impl Inner {
             }
         }
         Err(self.too_many_failed(&self.view()))
+    }
+
+    /// The OR of every present member's intent bitmap (a member whose
+    /// bitmap cannot be read is marked failed).
+    pub(crate) async fn read_bitmaps(&self) -> Vec<u8> {
+        let view = self.view();
+        let bytes = self.intent.bytes();
+        let mut merged = vec![0u8; bytes];
+        for i in (0..view.devs.len()).filter(|&i| view.present(i)) {
+            let (buf, r) = dev_io(
+                &view.devs[i],
+                BlockOp::Read,
+                SB_BYTES as u64,
+                bytes,
+                abuf(bytes),
+            )
+            .await;
+            match r {
+                Ok(()) => {
+                    for (a, b) in merged.iter_mut().zip(buf.iter()) {
+                        *a |= *b;
+                    }
+                }
+                Err(_) => self.mark_failed(i),
+            }
+        }
+        merged
     }
 }

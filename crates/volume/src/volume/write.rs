@@ -30,10 +30,8 @@ impl Inner {
             .await;
             return match collect_failed(res) {
                 Ok(_) => Ok(()),
-                Err(_) => Err(io_err(format!(
-                    "write failed on a member and {} has no redundancy",
-                    self.layout.kind()
-                ))),
+                Err(OpError::Members(failed)) => Err(self.failed_error(failed)),
+                Err(OpError::Fatal(e)) => Err(e),
             };
         }
         if exts[0].stripe == exts[exts.len() - 1].stripe {
@@ -69,6 +67,10 @@ impl Inner {
         let guard = self.stripe_lock(stripe).lock().await;
         let mut result = Err(io_err("no attempt".into()));
         for _attempt in 0..=self.layout.members() {
+            if self.fence.is_set() {
+                result = Err(self.fence.error());
+                break;
+            }
             let view = self.view();
             match self.write_stripe_once(&view, exts, src, fua).await {
                 Ok(()) => {
