@@ -196,6 +196,7 @@ fn member_state_name(s: MemberState) -> &'static str {
         MemberState::Active => "active",
         MemberState::Failed => "failed",
         MemberState::Rebuilding { .. } => "rebuilding",
+        MemberState::Resyncing { .. } => "resyncing",
     }
 }
 
