@@ -7,7 +7,9 @@ use blockdev::{
     check_request,
 };
 use nvme_wire::reservation::{AcquireAction, RegisterAction, ReleaseAction, ResvType, cptpl};
-use nvme_wire::status::{SC_CAP_EXCEEDED, SC_LBA_RANGE, SC_RESERVATION_CONFLICT, SCT_GENERIC};
+use nvme_wire::status::{
+    SC_CAP_EXCEEDED, SC_INVALID_FIELD, SC_LBA_RANGE, SC_RESERVATION_CONFLICT, SCT_GENERIC, Status,
+};
 use tokio::sync::watch;
 
 use super::link::{Link, Session};
@@ -85,31 +87,26 @@ impl RemoteDevice {
     }
 
     /// Registers `key` for this host (its host ID is the registrant). A
-    /// host registered with another key replaces it (IEKEY).
+    /// host registered with another key replaces it (IEKEY). Asks for
+    /// Persist Through Power Loss where the drive can keep it, so that a
+    /// restarted enclosure still fences a deposed owner; a drive that
+    /// cannot (RAM) is registered without it.
     pub async fn register(&self, key: u64) -> Result<(), BlockError> {
         let nsid = self.link.url.nsid;
         self.resv(|q| async move {
-            match q
-                .resv_register(
-                    nsid,
-                    RegisterAction::Register,
-                    0,
-                    key,
-                    false,
-                    cptpl::NO_CHANGE,
-                )
+            let reg = async |ptpl: u8| match q
+                .resv_register(nsid, RegisterAction::Register, 0, key, false, ptpl)
                 .await
             {
                 Err(e) if e.is_reservation_conflict() => {
-                    q.resv_register(
-                        nsid,
-                        RegisterAction::Replace,
-                        0,
-                        key,
-                        true,
-                        cptpl::NO_CHANGE,
-                    )
-                    .await
+                    q.resv_register(nsid, RegisterAction::Replace, 0, key, true, ptpl)
+                        .await
+                }
+                r => r,
+            };
+            match reg(cptpl::SET).await {
+                Err(e) if e.status() == Some(Status::generic(SC_INVALID_FIELD)) => {
+                    reg(cptpl::NO_CHANGE).await
                 }
                 r => r,
             }
