@@ -342,9 +342,10 @@ FPC_EC_MEMBERS="e1:d2 e2:d2 e3:d2 e4:d2 e5:d2 e6:d2"
 
 # fpc_scenario_up OWNER_IO OWNER_DISC OWNER_API NQN: plumbing, enclosures, owner, volumes.
 # Reports cluster-up. Sets FPC_API.
+FPC_BROKEN=""
 fpc_scenario_up() {
   local io=$1 disc=$2 api=$3 nqn=$4 i t0 detail="" ok=FAIL
-  FPC_API=$api; FPC_NQN=$nqn
+  FPC_API=$api; FPC_NQN=$nqn; FPC_BROKEN=""; FPC_R6_NOW=""
   t0=$(date +%s.%N)
   mkdir -p "$FPC_DIR"
   if ! fpc_net_up "$FPC_N"; then detail="network set-up failed"
@@ -392,12 +393,18 @@ fpc_cut_wait() {
 }
 # fpc_back_wait NAME WHAT: both volumes optimal again, every member active
 fpc_back_wait() {
-  local name=$1 what=$2 ok=PASS d="" vol
+  local name=$1 what=$2 ok=PASS d="" vol end left
   [ "${FPC_SIM:-0}" = 1 ] && { fpc_result "cluster-$name" PASS "SIMULATION (FPC_SIM=1: the owner has no remote members): $what"; return 0; }
+  end=$(($(date +%s) + FPC_RESYNC_S))    # one deadline for both volumes
   for vol in r6 ec; do
-    if fpc_wait_optimal "$FPC_API" "$vol" "$FPC_RESYNC_S"; then d="$d $vol optimal after ${FPC_WAITED} s;"
+    left=$((end - $(date +%s))); [ $left -gt 1 ] || left=1
+    if fpc_wait_optimal "$FPC_API" "$vol" "$left"; then d="$d $vol optimal after ${FPC_WAITED} s;"
     else ok=FAIL; d="$d $vol not optimal after ${FPC_WAITED} s ($FPC_SEEN);"; fi
   done
+  if [ $ok = FAIL ]; then   # the next cut would go past the redundancy: the steps stop here
+    FPC_BROKEN="after step $name the volumes were not back"
+    d="$d owner log: $(grep -E 'WARN|ERROR' "$(fpc_log owner)" | grep -v 'I/O error on nsid' | tail -n 2 | sed 's/^[^ ]* *//' | tr '\n' ' ')"
+  fi
   fpc_result "cluster-$name" $ok "$what:$d"
   [ $ok = PASS ]
 }
@@ -414,6 +421,10 @@ fpc_scenario_step() {
   local ok d
   if ! fpc_pid_alive "$(fpc_pid_of owner)"; then   # no API to wait on: fail at once
     fpc_result "cluster-$1" FAIL "the owner is gone: $(tail -n 3 "$(fpc_log owner)" 2> /dev/null | tr '\n' ' ')"
+    return 1
+  fi
+  if [ -n "$FPC_BROKEN" ] && [ "${1%%-*}" != restart ] && [ "$1" != link-up-e3 ] && [ "$1" != loss-clear-e4 ]; then
+    fpc_result "cluster-$1" FAIL "not run: $FPC_BROKEN, so this fault would go past their redundancy"
     return 1
   fi
   case $1 in

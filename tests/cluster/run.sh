@@ -151,8 +151,11 @@ do_host() {
     local r=0 f=0 n=0
     while [ ! -e "$FPC_DIR/load-stop" ]; do
       n=$((n + 1))
-      bench "$2-$n" 90 --target "tcp://127.0.0.1:$io/$nqn?nsid=$1" --rw randrw --bs 16k --qd 8 --size 32MiB \
-          --verify --seed "$seed" --runtime 5s || { f=$((f + 1)); cp "$FPC_DIR/bench-$2-$n.txt" "$FPC_DIR/bench-$2-fail-$n.txt"; }
+      if ! bench "$2" 90 --target "tcp://127.0.0.1:$io/$nqn?nsid=$1" --rw randrw --bs 16k --qd 8 --size 32MiB \
+          --verify --seed "$seed" --runtime 5s; then
+        f=$((f + 1)); [ $f -le 3 ] && cp "$FPC_DIR/bench-$2.txt" "$FPC_DIR/bench-$2-fail-$f.txt"
+        sleep 1   # a volume that fails at once must not spin
+      fi
     done
     echo "$n $f" > "$FPC_DIR/load-$2.count"
   }
@@ -170,7 +173,7 @@ do_host() {
     set -- $(cat "$FPC_DIR/load-${s%:*}.count" 2> /dev/null || echo 0 -1)
     ok=FAIL; [ "$1" -ge 1 ] && [ "$2" = 0 ] && ok=PASS
     d="$1 rounds of bench randrw 16k --verify, $2 failed"
-    [ "$2" = 0 ] || d="$d: $(ls "$FPC_DIR"/bench-${s%:*}-fail-* 2> /dev/null | head -n 1 | xargs -r tail -n 3 | tr '\n' ' ')"
+    [ "$2" = 0 ] || d="$d: $(tail -n 3 "$FPC_DIR/bench-${s%:*}-fail-1.txt" 2> /dev/null | tr '\n' ' ')"
     # a full verified read of what was written
     if bench "final-${s%:*}" 120 --target "tcp://127.0.0.1:$io/$nqn?nsid=${s#*:}" --rw read --bs 128k --qd 8 \
         --size 32MiB --verify --seed "$seed"; then d="$d; final read of 32 MiB verified"
