@@ -181,8 +181,7 @@ impl Node {
         let Some(vol) = st.volumes.get(&v).and_then(|e| e.on_drives()).cloned() else {
             return;
         };
-        if vol.member_states()[p] != MemberState::Failed {
-            // TMPSTUB
+        if vol.member_states()[p] != MemberState::Failed || vol.is_fenced() {
             return;
         }
         let dev = st.drives[name].dev.clone();
@@ -190,10 +189,23 @@ impl Node {
             tracing::warn!("volume {v}: drive {name} is back but {e}; not re-added");
             return;
         }
-        let _ = (&dev, p);
-        match Err::<String, String>("TMPSTUB".into()) {
+        match vol.re_add(p, dev).await {
             Ok(rep) => {
-                tracing::info!("volume {v}: drive {name} is back at position {p}: {rep}");
+                if rep.full_rebuild {
+                    tracing::warn!(
+                        "volume {v}: drive {name} is back at position {p}, rebuilt in full: {}",
+                        rep.reason
+                            .as_deref()
+                            .unwrap_or("no record of what it missed")
+                    );
+                } else {
+                    tracing::info!(
+                        "volume {v}: drive {name} is back at position {p}; resyncing the {} stripes \
+                         of {} regions written meanwhile",
+                        rep.stale_stripes,
+                        rep.stale_regions
+                    );
+                }
                 if let Some(d) = st.drives.get_mut(name) {
                     d.failed = false;
                 }

@@ -408,6 +408,10 @@ async fn assembling_another_nodes_volume_needs_a_takeover() {
 /// owner re-adds its drives through the bitmap and every write reads back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_enclosure_fails_its_member_and_is_re_added_when_back() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("info")
+        .try_init();
     let mut e1 = Enclosure::new("e1", 2, &hosts(&["a"]));
     let e2 = Enclosure::new("e2", 2, &hosts(&["a"]));
     let a = {
@@ -445,10 +449,15 @@ async fn a_dead_enclosure_fails_its_member_and_is_re_added_when_back() {
     let info = a.volume("r6").await.unwrap();
     assert_eq!(info.state, "degraded", "{info:?}");
     e1.start();
-    wait_for("members re-added", Duration::from_secs(30), async || {
-        a.volume("r6").await.unwrap().state == "optimal"
-    })
-    .await;
+    let t = Instant::now();
+    while a.volume("r6").await.unwrap().state != "optimal" {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "members not re-added: {:#?}",
+            a.volume("r6").await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for &l in &lbas {
         let got = read(&*dev, l).await.unwrap();
         assert!(got[..] == stamp(l, 2)[..], "LBA {l}");
