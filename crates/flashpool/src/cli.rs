@@ -436,7 +436,7 @@ fn rebuild_status(c: &Client, name: &str, wait: bool, as_json: bool) -> Result<(
     loop {
         let v = c.call("GET", &format!("/volumes/{name}/rebuild"), None)?;
         let running = v["rebuild"]["running"].as_bool() == Some(true)
-            || v["state"].as_str() == Some("rebuilding");
+            || matches!(v["state"].as_str(), Some("rebuilding" | "resyncing"));
         if as_json {
             println!("{}", serde_json::to_string(&v)?);
         } else {

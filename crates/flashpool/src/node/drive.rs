@@ -39,6 +39,9 @@ pub struct Drive {
     pub export: Option<super::DriveExport>,
     /// Another node's drive, reached over NVMe/TCP (the same device as `dev`).
     pub remote: Option<Arc<nvmf_host::remote::RemoteDevice>>,
+    /// Declared in the TOML (else a remote drive opened through the API,
+    /// kept in `state_dir/remote-drives.json`).
+    pub from_config: bool,
 }
 
 impl DriveSpec {
@@ -86,6 +89,7 @@ impl DriveSpec {
             path: self.path.clone(),
             export: None,
             remote: None,
+            from_config: true,
         })
     }
 }

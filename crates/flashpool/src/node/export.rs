@@ -57,7 +57,14 @@ impl Drive {
                 }
                 Err(_) => format!("file {}", p.display()),
             },
-            None => format!("{} {:p}", self.backend, Arc::as_ptr(&self.dev)),
+            // A RAM drive's data dies with the process: so does its identity.
+            None => format!(
+                "{} {:p} pid {} started {}",
+                self.backend,
+                Arc::as_ptr(&self.dev),
+                std::process::id(),
+                process_start_nanos()
+            ),
         };
         let seed = format!("{node}/{}/{what}", self.name);
         let uuid = crate::config::cluster::stable_id(&seed);
@@ -65,6 +72,16 @@ impl Drive {
         nguid[0] ^= 0x5A;
         (uuid, nguid)
     }
+}
+
+/// When this process started (first asked), in nanoseconds since the epoch.
+fn process_start_nanos() -> u128 {
+    static T: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    })
 }
 
 fn drive_subsystem(node: &str, d: &Drive, x: &DriveExport) -> Subsystem {

@@ -228,6 +228,11 @@ fn volume_state(vol: &Volume) -> &'static str {
         .any(|s| matches!(s, MemberState::Rebuilding { .. }))
     {
         "rebuilding"
+    } else if states
+        .iter()
+        .any(|s| matches!(s, MemberState::Resyncing { .. }))
+    {
+        "resyncing"
     } else {
         "optimal"
     }
@@ -1008,7 +1013,12 @@ impl Node {
         let name = name.to_string();
         tokio::spawn(async move {
             loop {
-                let outcome = vol.rebuild(opts.clone()).await.err().map(|e| e.to_string());
+                let before = vol.member_states();
+                let mut outcome = vol.rebuild(opts.clone()).await.err().map(|e| e.to_string());
+                if outcome.is_none() && vol.member_states() == before {
+                    // Nothing moved: another pass would spin.
+                    outcome = Some(format!("the rebuild made no progress (members {before:?})"));
+                }
                 match &outcome {
                     None => tracing::info!("volume {name}: rebuild finished"),
                     Some(e) => tracing::error!("volume {name}: rebuild failed: {e}"),
@@ -1019,15 +1029,19 @@ impl Node {
                 };
                 e.last_rebuild_error = outcome.clone();
                 let more = outcome.is_none()
-                    && vol
-                        .member_states()
-                        .iter()
-                        .any(|s| matches!(s, MemberState::Rebuilding { .. }));
+                    && vol.member_states().iter().any(|s| {
+                        matches!(
+                            s,
+                            MemberState::Rebuilding { .. } | MemberState::Resyncing { .. }
+                        )
+                    });
                 if !more {
                     e.rebuild_task = false;
                     return;
                 }
-                tracing::info!("volume {name}: a member was replaced meanwhile; rebuilding it");
+                tracing::info!(
+                    "volume {name}: a member was replaced or re-added meanwhile; rebuilding it"
+                );
             }
         });
     }

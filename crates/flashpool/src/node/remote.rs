@@ -66,6 +66,7 @@ impl Node {
             path: None,
             export: None,
             remote: Some(dev),
+            from_config: false,
         })
     }
 
@@ -86,8 +87,37 @@ impl Node {
                 self.watch_link(n, r);
             }
             st.drives.insert(n.clone(), d);
+            self.save_remote_drives(st)?;
         }
         Ok(())
+    }
+
+    fn remote_drives_file(&self) -> Option<std::path::PathBuf> {
+        self.exports_file
+            .as_ref()
+            .map(|f| f.with_file_name("remote-drives.json"))
+    }
+
+    /// Keeps the remote drives opened through the API (not declared in the
+    /// TOML) in `state_dir/remote-drives.json`, so that their volumes are
+    /// found again at the next start.
+    fn save_remote_drives(&self, st: &NodeState) -> NodeResult<()> {
+        let Some(path) = self.remote_drives_file() else {
+            return Ok(());
+        };
+        let list: std::collections::BTreeMap<&str, String> = st
+            .drives
+            .iter()
+            .filter(|(_, d)| !d.from_config)
+            .filter_map(|(n, d)| Some((n.as_str(), d.remote.as_ref()?.url().to_string())))
+            .collect();
+        let text = serde_json::to_string_pretty(&list).expect("plain data");
+        super::write_atomic(&path, text.as_bytes()).map_err(|e| {
+            NodeError::Internal(format!(
+                "the drive is open, but saving {} failed: {e}; it will not be found at the next start",
+                path.display()
+            ))
+        })
     }
 
     /// Takes the owner's reservation on every remote drive in `names`:
@@ -156,14 +186,42 @@ impl Node {
     /// At start: the TOML's remote drives. One that cannot be reached is
     /// left out with an error (its volume assembles degraded if it can).
     pub async fn open_configured_remotes(self: &Arc<Self>, specs: &[super::DriveSpec]) {
-        for d in specs.iter().filter(|d| d.backend == "remote") {
-            match self.connect_remote(&d.name, d.url.as_deref()).await {
-                Ok(drive) => {
-                    tracing::info!("drive {}: {}", d.name, drive.dev.describe());
-                    if let Some(r) = &drive.remote {
-                        self.watch_link(&d.name, r);
+        let mut all: Vec<(String, Option<String>, bool)> = specs
+            .iter()
+            .filter(|d| d.backend == "remote")
+            .map(|d| (d.name.clone(), d.url.clone(), true))
+            .collect();
+        if let Some(path) = self.remote_drives_file() {
+            match std::fs::read_to_string(&path) {
+                Ok(text) => {
+                    match serde_json::from_str::<std::collections::BTreeMap<String, String>>(&text)
+                    {
+                        Ok(saved) => all.extend(
+                            saved
+                                .into_iter()
+                                .filter(|(n, _)| !all.iter().any(|(m, _, _)| m == n))
+                                .map(|(n, u)| (n, Some(u), false))
+                                .collect::<Vec<_>>(),
+                        ),
+                        Err(e) => {
+                            tracing::error!("{}: {e}; its drives are left out", path.display())
+                        }
                     }
-                    self.state.lock().await.drives.insert(d.name.clone(), drive);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::error!("{}: {e}; its drives are left out", path.display()),
+            }
+        }
+        for (name, url, from_config) in all {
+            match self.connect_remote(&name, url.as_deref()).await {
+                Ok(mut drive) => {
+                    drive.from_config = from_config;
+                    let d = &drive;
+                    tracing::info!("drive {name}: {}", d.dev.describe());
+                    if let Some(r) = &d.remote {
+                        self.watch_link(&name, r);
+                    }
+                    self.state.lock().await.drives.insert(name, drive);
                 }
                 Err(e) => tracing::error!(
                     "{e}; not reachable at start, so left out (a volume using it runs degraded)"
@@ -181,8 +239,7 @@ impl Node {
         let Some(vol) = st.volumes.get(&v).and_then(|e| e.on_drives()).cloned() else {
             return;
         };
-        if vol.member_states()[p] != MemberState::Failed {
-            // TMPSTUB
+        if vol.member_states()[p] != MemberState::Failed || vol.is_fenced() {
             return;
         }
         let dev = st.drives[name].dev.clone();
@@ -190,10 +247,23 @@ impl Node {
             tracing::warn!("volume {v}: drive {name} is back but {e}; not re-added");
             return;
         }
-        let _ = (&dev, p);
-        match Err::<String, String>("TMPSTUB".into()) {
+        match vol.re_add(p, dev).await {
             Ok(rep) => {
-                tracing::info!("volume {v}: drive {name} is back at position {p}: {rep}");
+                if rep.full_rebuild {
+                    tracing::warn!(
+                        "volume {v}: drive {name} is back at position {p}, rebuilt in full: {}",
+                        rep.reason
+                            .as_deref()
+                            .unwrap_or("no record of what it missed")
+                    );
+                } else {
+                    tracing::info!(
+                        "volume {v}: drive {name} is back at position {p}; resyncing the {} stripes \
+                         of {} regions written meanwhile",
+                        rep.stale_stripes,
+                        rep.stale_regions
+                    );
+                }
                 if let Some(d) = st.drives.get_mut(name) {
                     d.failed = false;
                 }

@@ -150,7 +150,11 @@ fn settings() -> RemoteSettings {
 }
 
 fn owner(name: &str, enc: &Enclosure) -> Arc<Node> {
-    let node = Node::with_state_dir(NodeState::default(), None);
+    owner_in(name, enc, None)
+}
+
+fn owner_in(name: &str, enc: &Enclosure, dir: Option<&std::path::Path>) -> Arc<Node> {
+    let node = Node::with_state_dir(NodeState::default(), dir);
     let host_nqn = node_host_nqn(name);
     node.set_cluster(Cluster {
         node_name: name.into(),
@@ -408,6 +412,10 @@ async fn assembling_another_nodes_volume_needs_a_takeover() {
 /// owner re-adds its drives through the bitmap and every write reads back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_enclosure_fails_its_member_and_is_re_added_when_back() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("info")
+        .try_init();
     let mut e1 = Enclosure::new("e1", 2, &hosts(&["a"]));
     let e2 = Enclosure::new("e2", 2, &hosts(&["a"]));
     let a = {
@@ -445,10 +453,15 @@ async fn a_dead_enclosure_fails_its_member_and_is_re_added_when_back() {
     let info = a.volume("r6").await.unwrap();
     assert_eq!(info.state, "degraded", "{info:?}");
     e1.start();
-    wait_for("members re-added", Duration::from_secs(30), async || {
-        a.volume("r6").await.unwrap().state == "optimal"
-    })
-    .await;
+    let t = Instant::now();
+    while a.volume("r6").await.unwrap().state != "optimal" {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "members not re-added: {:#?}",
+            a.volume("r6").await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for &l in &lbas {
         let got = read(&*dev, l).await.unwrap();
         assert!(got[..] == stamp(l, 2)[..], "LBA {l}");
@@ -461,4 +474,28 @@ async fn a_dead_enclosure_fails_its_member_and_is_re_added_when_back() {
         let got = read(&*dev, l).await.unwrap();
         assert!(got[..] == stamp(l, 2)[..], "LBA {l} after the resync");
     }
+}
+
+/// Remote drives named at `volume create` (not in the TOML) are kept in the
+/// state directory, so the owner finds its volume again after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_restart_finds_its_volume_on_remote_drives() {
+    let enc = Enclosure::new("e1", 2, &hosts(&["a"]));
+    let dir = super::tests::tempdir();
+    {
+        let a = owner_in("a", &enc, Some(&dir));
+        a.create_volume(create("m", "raid1", &["e1:d0", "e1:d1"]))
+            .await
+            .unwrap();
+        write(&*served(&a), 9, 42).await.unwrap();
+        a.shutdown().await;
+    }
+    let a = owner_in("a", &enc, Some(&dir));
+    a.open_configured_remotes(&[]).await;
+    a.assemble_found().await.unwrap();
+    a.restore_exports().await.unwrap();
+    let info = a.volume("m").await.unwrap();
+    assert_eq!(info.state, "optimal", "{info:?}");
+    let got = read(&*served(&a), 9).await.unwrap();
+    assert!(got[..] == stamp(9, 42)[..]);
 }

@@ -407,7 +407,7 @@ async fn the_api_answers_json_with_status_codes() {
     assert_eq!(s, 404);
 }
 
-fn tempdir() -> std::path::PathBuf {
+pub(super) fn tempdir() -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!(
         "flashpool-node-test-{}-{}",
         std::process::id(),

@@ -398,10 +398,30 @@ pub(crate) fn first_stale_from(
     let rs = stale.region_stripes;
     let mut r = from / rs;
     while r * rs < stripes {
-        if stale.stale(r * rs) {
-            return Some((r * rs).max(from));
+        // A region may end past the last stripe (or past `from` already):
+        // only a stripe below `stripes` counts.
+        let first = (r * rs).max(from);
+        if stale.stale(r * rs) && first < stripes {
+            return Some(first);
         }
         r += 1;
     }
     None
+}
+
+#[cfg(test)]
+mod first_stale_tests {
+    use super::*;
+
+    #[test]
+    fn a_region_longer_than_the_volume_ends_at_its_last_stripe() {
+        let stale = StaleRegions {
+            region_stripes: 256,
+            bits: vec![1],
+        };
+        assert_eq!(first_stale_from(Some(&stale), 0, 240), Some(0));
+        assert_eq!(first_stale_from(Some(&stale), 239, 240), Some(239));
+        assert_eq!(first_stale_from(Some(&stale), 240, 240), None);
+        assert_eq!(first_stale_from(None, 240, 240), None);
+    }
 }
