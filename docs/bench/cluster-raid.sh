@@ -34,7 +34,6 @@ FPC_DIR=$OUT/nodes
 FPC_PREFIX=fpb                   # its own namespaces and bridge: runs beside the test suite's
 FPC_REACTORS=${REACTORS:-1}
 FPC_OWNER_REACTORS=${OWNER_REACTORS:-2}
-FPC_LOG_LEVEL=warn
 . tests/cluster/lib.sh
 # (the bench's bridge must not carry the test suite's 10.77.0.1 at the same time)
 NQN=nqn.2026-01.io.flashpool:bench-cluster
