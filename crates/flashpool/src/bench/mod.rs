@@ -517,8 +517,10 @@ async fn open_remote(
     nsid: Option<u32>,
 ) -> Result<Device> {
     let queues = w.queues.unwrap_or(w.jobs);
-    let mut o = RemoteOptions::default();
-    o.io_queues = queues.min(u32::from(u16::MAX)) as u16;
+    let mut o = RemoteOptions {
+        io_queues: queues.min(u32::from(u16::MAX)) as u16,
+        ..RemoteOptions::default()
+    };
     // Every job's I/Os at once fit in the queues (more would wait for a slot);
     // the connect clamps this to what the target takes (CAP.MQES).
     let depth = (w.qd * w.jobs)
