@@ -437,3 +437,22 @@ fn status_error(
         _ => BlockError::Io(std::io::Error::other(format!("remote {url}: {e}"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_target_without_reservations_is_named_with_what_to_do() {
+        let url =
+            RemoteUrl::parse("tcp://10.0.2.2:4420/nqn.2014-08.org.example:n1?nsid=1").unwrap();
+        let e = no_reservations(&url, "ONCS bit 5 is clear").to_string();
+        for want in [
+            "remote tcp://10.0.2.2:4420/nqn.2014-08.org.example:n1?nsid=1",
+            "the target does not support reservations (ONCS bit 5 is clear)",
+            "cannot be a fenced volume member",
+        ] {
+            assert!(e.contains(want), "{e}");
+        }
+    }
+}
