@@ -106,7 +106,7 @@ RESV_CHECKS="resv-connect-2hosts resv-register resv-report-2 resv-acquire-we res
 PTPL_CHECKS="resv-ptpl-restart"
 # reverse direction: flashpool bench (host) -> guest kernel nvmet-tcp; results printed by the host
 REV_CHECKS="host-connect-identify host-verify-nodigest host-verify-digest host-r2t-large host-remote-verify
-  host-remote-reconnect host-data-on-ramdisk"
+  host-remote-reconnect host-remote-no-resv host-data-on-ramdisk"
 
 ts() { date +%s.%N; }
 el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
@@ -1312,6 +1312,25 @@ run_reverse() {
   elif [ $frc -ne 0 ]; then note="$note: $(grep -a -m1 -iE 'error|failed' "$RUN/rev-remote-flap.txt" | sed 's/^flashpool: //')"; fi
   hres host-remote-reconnect $ok "$note"
 
+  # 4d. (flashpool mode) the node takes the guest's namespace as a remote volume member:
+  # with no reservations at the target (Linux 6.1's nvmet) it must refuse before writing
+  # anything, with an error that names the URL and the reason (docs/config.md)
+  if [[ " $REV_CHECKS " == *" host-remote-no-resv "* ]]; then
+    local rurl="tcp://127.0.0.1:$REV_PORT/$NQN_REV?nsid=1" vrc=0 vout
+    timeout 60 "$BIN" volume create rev-resv --layout concat --drives "$rurl" --api "127.0.0.1:$API_PORT" \
+        > "$RUN/cli-rev-resv.txt" 2>&1 || vrc=$?
+    vout=$(grep -v '^$' "$RUN/cli-rev-resv.txt" | tr '\n' ' ')
+    say "flashpool volume create rev-resv --drives $rurl: exit $vrc: $vout"
+    ok=FAIL; note="target reservations (ONCS): ${resv:-unknown}; volume create on it: exit $vrc: $vout"
+    if [ "$resv" = "not supported" ]; then
+      [ $vrc -ne 0 ] && [[ "$vout" == *"$rurl: the target does not support reservations"* ]] && ok=PASS
+    elif [ "$resv" = supported ] && [ $vrc -eq 0 ]; then
+      ok=PASS; note="$note (the target has reservations: the volume was made, now deleted)"
+      timeout 60 "$BIN" volume delete rev-resv --api "127.0.0.1:$API_PORT" >> "$RUN/cli-rev-resv.txt" 2>&1 || true
+    fi
+    hres host-remote-no-resv $ok "$note"
+  fi
+
   # 5. a sequential verified write whose bytes are predictable (tests/interop/fpv1_stamp.py,
   # checked against the bench itself on a local file first); the guest hashes /dev/ram0
   local dsize=$((2 << 20)) dseed=0x0da7a5 wrc=0 lrc=0 exp="" mirror=no lsha msha g
@@ -1389,6 +1408,8 @@ do_run() {
     elif ! command -v python3 > /dev/null; then rev_note="python3 missing (needed for the JSON summaries)"
     else rev=1; fi
   else rev=1; fi     # flashpool mode: they count (and fail if BENCH_BIN cannot run)
+  # host-remote-no-resv asks the flashpool node (its API) to use the guest's drive: flashpool mode only
+  [ "$mode" = flashpool ] && [ "$MOCK" != 1 ] || REV_CHECKS=${REV_CHECKS/ host-remote-no-resv/}
   # reservations: flashpool only (Linux 6.1's nvmet has none); PTPL only if the build has it
   local expect_ver=0x10300     # the self-test and mock targets are Linux 6.1's nvmet (VS 1.3)
   if [ $mode = flashpool ] && [ "$MOCK" != 1 ]; then

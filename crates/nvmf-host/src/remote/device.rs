@@ -217,7 +217,7 @@ impl RemoteDevice {
         if !self.resv_supported {
             return Err(no_reservations(
                 &self.link.url,
-                "its Identify Controller does not list them (ONCS bit 5 is clear)",
+                "its Identify Controller does not list them: ONCS bit 5 is clear",
             ));
         }
         let s = self.link.session(0).await?;
