@@ -18,7 +18,9 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::node::{CreateVolume, ExportRequest, Node, NodeError};
+use crate::node::{
+    AssembleVolume, CreateVolume, ExportDriveRequest, ExportRequest, Node, NodeError,
+};
 
 /// `{"error": "..."}` with its status.
 struct ApiError(StatusCode, String);
@@ -70,6 +72,11 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/drives/{name}", get(drive))
         .route("/v1/drives/{name}/fail", post(fail_drive))
         .route("/v1/drives/{name}/replace", post(replace_drive))
+        .route(
+            "/v1/drives/{name}/export",
+            post(export_drive).delete(unexport_drive),
+        )
+        .route("/v1/volumes/assemble", post(assemble_volume))
         .route("/v1/volumes", get(volumes).post(create_volume))
         .route("/v1/volumes/{name}", get(volume).delete(delete_volume))
         .route("/v1/volumes/{name}/export", post(export))
@@ -100,6 +107,21 @@ async fn replace_drive(
 ) -> ApiResult {
     let r: ReplaceBody = body(&b)?;
     ok(n.replace_drive(&name, &r.with).await?)
+}
+async fn export_drive(State(n): State<Arc<Node>>, Path(name): Path<String>, b: Bytes) -> ApiResult {
+    let r: ExportDriveRequest = if b.is_empty() {
+        ExportDriveRequest::default()
+    } else {
+        body(&b)?
+    };
+    ok(n.export_drive(&name, r, false).await?)
+}
+async fn unexport_drive(State(n): State<Arc<Node>>, Path(name): Path<String>) -> ApiResult {
+    ok(n.unexport_drive(&name).await?)
+}
+async fn assemble_volume(State(n): State<Arc<Node>>, b: Bytes) -> ApiResult {
+    let r: AssembleVolume = body(&b)?;
+    ok(n.assemble_volume(r).await?)
 }
 async fn volumes(State(n): State<Arc<Node>>) -> ApiResult {
     ok(n.volumes().await)

@@ -74,6 +74,23 @@ pub enum VolumeCmd {
     },
     /// Stop serving a volume.
     Unexport { name: String },
+    /// Assemble a volume from its drives (local, PEER:DRIVE or tcp:// URLs), e.g. on the
+    /// node that takes over from a dead owner.
+    Assemble {
+        /// The volume's drives, in any order, comma separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        drives: Vec<String>,
+        /// Preempt the owner's reservation on the remote drives and abort its writes:
+        /// only when that node is gone or must be deposed.
+        #[arg(long)]
+        takeover: bool,
+        /// Serve it at once in this subsystem...
+        #[arg(long, requires = "nsid")]
+        export: Option<String>,
+        /// ...as this namespace ID.
+        #[arg(long, requires = "export")]
+        nsid: Option<u32>,
+    },
     /// Rebuild progress and ETA.
     RebuildStatus {
         name: String,
@@ -95,6 +112,15 @@ pub enum DriveCmd {
         #[arg(long)]
         with: String,
     },
+    /// Serve a drive to other nodes (JBOF mode) as nqn.2026-01.io.flashpool:drive:NODE:NAME.
+    Export {
+        name: String,
+        /// Host NQNs allowed to connect, comma separated (default: the [[peer]]s').
+        #[arg(long, value_delimiter = ',')]
+        hosts: Vec<String>,
+    },
+    /// Stop serving a drive to other nodes; their connections end.
+    Unexport { name: String },
 }
 
 struct Client {
@@ -215,6 +241,18 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::Unexport { name } => {
             c.call("POST", &format!("/volumes/{name}/unexport"), None)?
         }
+        VolumeCmd::Assemble {
+            drives,
+            takeover,
+            export,
+            nsid,
+        } => {
+            let mut b = json!({ "drives": drives, "takeover": takeover });
+            if let (Some(nqn), Some(nsid)) = (export, nsid) {
+                b["export"] = json!({ "nqn": nqn, "nsid": nsid });
+            }
+            c.call("POST", "/volumes/assemble", Some(b))?
+        }
         VolumeCmd::RebuildStatus { name, wait } => {
             return rebuild_status(&c, &name, wait, api.json);
         }
@@ -232,6 +270,12 @@ pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
     let v = match cmd {
         DriveCmd::List => c.call("GET", "/drives", None)?,
         DriveCmd::Fail { name } => c.call("POST", &format!("/drives/{name}/fail"), None)?,
+        DriveCmd::Export { name, hosts } => c.call(
+            "POST",
+            &format!("/drives/{name}/export"),
+            Some(json!({ "hosts": hosts })),
+        )?,
+        DriveCmd::Unexport { name } => c.call("DELETE", &format!("/drives/{name}/export"), None)?,
         DriveCmd::Replace { name, with } => {
             let v = c.call(
                 "POST",
@@ -258,19 +302,30 @@ pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
         "{:<12} {:<7} {:>10} {:<8} {:<12} device",
         "DRIVE", "BACKEND", "SIZE", "STATE", "VOLUME"
     );
+    let note = |d: &Value| -> String {
+        let mut s = String::new();
+        if let Some(n) = d["export"]["nqn"].as_str() {
+            s += &format!(" [exported as {n}]");
+        }
+        if let Some(l) = d["link"].as_str() {
+            s += &format!(" [link {l}]");
+        }
+        s
+    };
     for d in rows {
         let user = match (d["volume"].as_str(), d["position"].as_u64()) {
             (Some(v), Some(p)) => format!("{v}[{p}]"),
             _ => "-".into(),
         };
         println!(
-            "{:<12} {:<7} {:>10} {:<8} {:<12} {}",
+            "{:<12} {:<7} {:>10} {:<8} {:<12} {}{}",
             d["name"].as_str().unwrap_or("?"),
             d["backend"].as_str().unwrap_or("?"),
             human_bytes(d["size_bytes"].as_u64().unwrap_or(0)),
             d["state"].as_str().unwrap_or("?"),
             user,
-            d["device"].as_str().unwrap_or("")
+            d["device"].as_str().unwrap_or(""),
+            note(&d)
         );
     }
     Ok(())

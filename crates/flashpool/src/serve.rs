@@ -19,6 +19,7 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     // Signals are blocked from here on, so a SIGTERM during start-up is not lost.
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let (drive_specs, volume_specs) = config::node_specs(&cfg)?;
+    let cluster = config::cluster::cluster(&cfg)?;
     if check_only {
         // Volumes are not assembled here (that writes superblocks): a
         // declared volume stands in as a placeholder.
@@ -46,7 +47,7 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         .build()
         .context("cannot start the management runtime")?;
     let mut state = NodeState::default();
-    for d in &drive_specs {
+    for d in drive_specs.iter().filter(|d| d.backend != "remote") {
         let drive = d.open().map_err(|e| anyhow::anyhow!("config: {e}"))?;
         state.drives.insert(d.name.clone(), drive);
     }
@@ -56,7 +57,9 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         })?;
     }
     let node = Node::with_state_dir(state, cfg.node.state_dir.as_deref());
+    node.set_cluster(cluster);
     rt.block_on(async {
+        node.open_configured_remotes(&drive_specs).await;
         node.assemble_found().await?;
         for v in volume_specs {
             let name = v.name.clone();
@@ -72,6 +75,12 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     let target = Arc::new(Target::new(built.transport, built.subsystems));
     node.attach_target(target.clone());
     rt.block_on(node.restore_exports())?;
+    let drive_exports: Vec<(String, Vec<String>)> = drive_specs
+        .iter()
+        .filter(|d| d.export)
+        .map(|d| (d.name.clone(), d.export_hosts.clone()))
+        .collect();
+    rt.block_on(node.restore_drive_exports(&drive_exports))?;
     let server = Server::start(target.clone(), &built.listeners)?;
     let api = if cfg.api.enabled {
         Some(crate::api::start(&rt, node.clone(), &cfg.api.address)?)

@@ -297,6 +297,20 @@ pub fn encode_ns_descriptors(nguid: &[u8; 16], uuid: &[u8; 16], b: &mut [u8; IDE
     }
 }
 
+/// Reads an NS ID descriptor list (CNS 0x03): `(NIDT, NID)` pairs until the
+/// first zero type. A descriptor running past the buffer is an error.
+pub fn decode_ns_descriptors(b: &[u8]) -> Result<Vec<(u8, &[u8])>, crate::WireError> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + 4 <= b.len() && b[off] != 0 {
+        let (t, len) = (b[off], usize::from(b[off + 1]));
+        crate::need(&b[off + 4..], len)?;
+        out.push((t, &b[off + 4..off + 4 + len]));
+        off += 4 + len;
+    }
+    Ok(out)
+}
+
 /// Writes the active namespace list (CNS 0x02): NSIDs greater than `after`, ascending, up to 1024.
 pub fn encode_active_ns_list(
     nsids: impl Iterator<Item = u32>,
@@ -385,6 +399,16 @@ mod tests {
         encode_active_ns_list([1u32, 2, 5].into_iter(), 1, &mut b);
         assert_eq!((le32(&b, 0), le32(&b, 4), le32(&b, 8)), (2, 5, 0));
         encode_ns_descriptors(&[9; 16], &[8; 16], &mut b);
+        let d = decode_ns_descriptors(&b).unwrap();
+        assert_eq!(
+            d,
+            vec![
+                (nidt::NGUID, &[9u8; 16][..]),
+                (nidt::UUID, &[8u8; 16][..]),
+                (nidt::CSI, &[0u8][..])
+            ]
+        );
+        assert!(decode_ns_descriptors(&[2, 16, 0, 0, 1, 2]).is_err());
         assert_eq!((b[0], b[1], b[4]), (nidt::NGUID, 16, 9));
         assert_eq!((b[20], b[21], b[24]), (nidt::UUID, 16, 8));
         assert_eq!((b[40], b[41]), (nidt::CSI, 1));

@@ -227,6 +227,17 @@ impl ReportCmd {
             eds: cdw11 & 1 != 0,
         }
     }
+    /// (cdw10, cdw11).
+    pub fn encode(&self) -> (u32, u32) {
+        (self.numd, u32::from(self.eds))
+    }
+    /// A report of `len` bytes (a multiple of 4, at least 4).
+    pub fn for_len(len: usize, eds: bool) -> Self {
+        ReportCmd {
+            numd: (len / 4).max(1) as u32 - 1,
+            eds,
+        }
+    }
     /// Bytes the host asked for; u64 because NUMD = FFFFFFFFh is 16 GiB.
     pub fn len_bytes(&self) -> u64 {
         (u64::from(self.numd) + 1) * 4
@@ -383,6 +394,30 @@ pub fn encode_report_ext(h: &ReportHeader, ctrls: &[RegisteredCtrl], buf: &mut [
     off
 }
 
+/// Decodes a Reservation Status Extended structure (EDS = 1): the header
+/// and the entries present in `b` (at most REGCTL; a short buffer gives
+/// fewer, see `ReportHeader::regctl` for how many exist).
+pub fn decode_report_ext(b: &[u8]) -> Result<(ReportHeader, Vec<RegisteredCtrl>), WireError> {
+    need(b, REPORT_EXT_HEADER_LEN)?;
+    let h = ReportHeader {
+        generation: crate::le32(b, 0),
+        rtype: b[4],
+        regctl: crate::le16(b, 5),
+        ptpls: b[9] & 1 != 0,
+    };
+    let ctrls = b[REPORT_EXT_HEADER_LEN..]
+        .chunks_exact(REPORT_EXT_ENTRY_LEN)
+        .take(usize::from(h.regctl))
+        .map(|e| RegisteredCtrl {
+            cntlid: crate::le16(e, 0),
+            holds: e[2] & 1 != 0,
+            rkey: le64(e, 8),
+            hostid: e[16..32].try_into().expect("16 bytes"),
+        })
+        .collect();
+    Ok((h, ctrls))
+}
+
 /// Reservation Notification log page entry types.
 pub mod log_type {
     pub const EMPTY: u8 = 0;
@@ -446,6 +481,42 @@ mod tests {
         assert!(!ResvType::ExclusiveAccess.registrants_access());
         assert!(ResvType::ExclusiveAccessRegistrantsOnly.exclusive_access());
         assert!(!ResvType::WriteExclusiveAllRegistrants.exclusive_access());
+    }
+
+    #[test]
+    fn report_ext_round_trip() {
+        let h = ReportHeader {
+            generation: 7,
+            rtype: 2,
+            regctl: 2,
+            ptpls: true,
+        };
+        let c = [
+            RegisteredCtrl {
+                cntlid: 1,
+                holds: true,
+                hostid: [0xAB; 16],
+                rkey: 0x1122,
+            },
+            RegisteredCtrl {
+                cntlid: 0xFFFF,
+                holds: false,
+                hostid: [3; 16],
+                rkey: 9,
+            },
+        ];
+        let mut b = [0u8; 256];
+        let n = encode_report_ext(&h, &c, &mut b);
+        assert_eq!(n, 64 * 3);
+        let (h2, c2) = decode_report_ext(&b[..n]).unwrap();
+        assert_eq!((h2, c2.as_slice()), (h, &c[..]));
+        // A short buffer gives the entries that fit.
+        let (_, c3) = decode_report_ext(&b[..130]).unwrap();
+        assert_eq!(c3.len(), 1);
+        assert!(decode_report_ext(&b[..63]).is_err());
+        let r = ReportCmd::for_len(4096, true);
+        assert_eq!(ReportCmd::decode(r.encode().0, r.encode().1), r);
+        assert_eq!(r.len_bytes(), 4096);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use blockdev::AlignedBuf;
 use nvme_wire::cqe::Cqe;
 use nvme_wire::digest::{DIGEST_LEN, DataDigest, crc32c, data_digest_trailer};
 use nvme_wire::pdu::{
@@ -44,7 +45,7 @@ struct Inflight {
     opcode: u8,
     fabrics_type: Option<u8>,
     dir: DataDir,
-    buf: Vec<u8>,
+    buf: AlignedBuf,
     /// C2HData bytes received so far.
     received: usize,
     /// Data segments of this command still queued for sending.
@@ -96,7 +97,9 @@ struct Table {
 
 impl DataSource for Table {
     fn data(&self, cid: u16) -> &[u8] {
-        self.cmds[usize::from(cid)].as_ref().map_or(&[], |f| &f.buf)
+        self.cmds[usize::from(cid)]
+            .as_ref()
+            .map_or(&[], |f| &f.buf[..])
     }
     fn sent(&mut self, cid: u16) {
         if let Some(f) = self.cmds[usize::from(cid)].as_mut() {
@@ -115,7 +118,7 @@ pub(crate) struct Conn {
     rx_data: Option<DataRx>,
     out: Out,
     batch: Vec<Submission>,
-    done: Vec<(u16, Outcome, Vec<u8>)>,
+    done: Vec<(u16, Outcome, AlignedBuf)>,
     wakers: Vec<Waker>,
     tick: Pin<Box<Sleep>>,
     tick_armed: bool,
@@ -952,6 +955,10 @@ pub(crate) fn command_name(qid: u16, opcode: u8, fctype: Option<u8>) -> &'static
             io::FLUSH => "Flush",
             io::WRITE_ZEROES => "Write Zeroes",
             io::DATASET_MANAGEMENT => "Dataset Management",
+            io::RESV_REGISTER => "Reservation Register",
+            io::RESV_REPORT => "Reservation Report",
+            io::RESV_ACQUIRE => "Reservation Acquire",
+            io::RESV_RELEASE => "Reservation Release",
             _ => "I/O command",
         }
     }

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use blockdev::AlignedBuf;
 use nvme_wire::fabrics::{
     CATTR_DISABLE_SQFLOW, CNTLID_DYNAMIC, ConnectCmd, ConnectData, NQN_MAX_LEN, PropertyCmd,
     discovery, fctype, prop,
@@ -20,7 +21,7 @@ use tokio::task::JoinHandle;
 use crate::error::{CmdStatus, HostError, Result};
 use crate::identify::{ControllerInfo, NamespaceInfo, parse_ns_list};
 use crate::io::IoQueue;
-use crate::queue::{DataDir, Queue, QueueParams, Response};
+use crate::queue::{DataDir, Queue, QueueParams, Response, buf_from, zeroed_buf};
 
 /// Admin queue depth we ask for (the Linux host's too).
 pub const ADMIN_QUEUE_DEPTH: u16 = 32;
@@ -192,7 +193,7 @@ impl Controller {
             &admin,
             identify_sqe(cns::CONTROLLER, 0),
             DataDir::ToHost,
-            vec![0; IDENTIFY_LEN],
+            zeroed_buf(IDENTIFY_LEN),
             || "Identify Controller".into(),
         )
         .await?;
@@ -385,7 +386,7 @@ impl Controller {
             &self.admin,
             identify_sqe(cns::NAMESPACE, nsid),
             DataDir::ToHost,
-            vec![0; IDENTIFY_LEN],
+            zeroed_buf(IDENTIFY_LEN),
             || format!("Identify Namespace {nsid}"),
         )
         .await?;
@@ -397,13 +398,38 @@ impl Controller {
         })
     }
 
+    /// The NS ID descriptor list (Identify CNS 0x03): `(NIDT, NID)` pairs,
+    /// e.g. `(nvme_wire::identify::nidt::UUID, 16 bytes)`.
+    pub async fn ns_descriptors(&self, nsid: u32) -> Result<Vec<(u8, Vec<u8>)>> {
+        let (buf, _) = admin_cmd(
+            &self.admin,
+            identify_sqe(cns::NS_ID_DESCRIPTORS, nsid),
+            DataDir::ToHost,
+            zeroed_buf(IDENTIFY_LEN),
+            || format!("Identify Namespace Identification Descriptors, namespace {nsid}"),
+        )
+        .await?;
+        let list =
+            nvme_wire::identify::decode_ns_descriptors(&buf).map_err(|e| HostError::Protocol {
+                addr: self.addr,
+                msg: format!("bad NS ID descriptor list for namespace {nsid}: {e}"),
+            })?;
+        Ok(list.into_iter().map(|(t, id)| (t, id.to_vec())).collect())
+    }
+
+    /// The error that ended the admin connection (keep-alive or a command
+    /// timed out, the target went away), if it ended.
+    pub fn error(&self) -> Option<HostError> {
+        self.admin.dead()
+    }
+
     /// Active namespace IDs (Identify CNS 0x02), ascending.
     pub async fn active_namespaces(&self) -> Result<Vec<u32>> {
         let (buf, _) = admin_cmd(
             &self.admin,
             identify_sqe(cns::ACTIVE_NS_LIST, 0),
             DataDir::ToHost,
-            vec![0; IDENTIFY_LEN],
+            zeroed_buf(IDENTIFY_LEN),
             || "Identify Active Namespace List".into(),
         )
         .await?;
@@ -428,7 +454,7 @@ impl Controller {
                 &self.admin,
                 g.to_sqe(0),
                 DataDir::ToHost,
-                vec![0; n as usize],
+                zeroed_buf(n as usize),
                 || {
                     format!(
                         "Get Log Page {log:#04x} bytes {}..{}",
@@ -491,7 +517,7 @@ impl Controller {
             &self.admin,
             Sqe::new(admin_opc::KEEP_ALIVE, 0),
             DataDir::None,
-            Vec::new(),
+            AlignedBuf::empty(),
             || "Keep Alive".into(),
         )
         .await
@@ -570,9 +596,9 @@ async fn admin_cmd(
     q: &Queue,
     sqe: Sqe,
     dir: DataDir,
-    buf: Vec<u8>,
+    buf: AlignedBuf,
     what: impl FnOnce() -> String,
-) -> Result<(Vec<u8>, Response)> {
+) -> Result<(AlignedBuf, Response)> {
     let fabrics = sqe.is_fabrics();
     let (buf, r) = q.execute(sqe, dir, buf).await;
     let r = r?;
@@ -614,7 +640,7 @@ async fn fabrics_connect(
     }
     .encode();
     let (_, r) = q
-        .execute(cmd.to_sqe(0), DataDir::InCapsule, data.to_vec())
+        .execute(cmd.to_sqe(0), DataDir::InCapsule, buf_from(&data))
         .await;
     let r = r?;
     if r.status.is_success() {
@@ -693,7 +719,7 @@ async fn property_get(q: &Queue, offset: u32, size8: bool) -> Result<u64> {
         value: 0,
     }
     .to_sqe(fctype::PROPERTY_GET, 0);
-    let (_, r) = admin_cmd(q, sqe, DataDir::None, Vec::new(), || {
+    let (_, r) = admin_cmd(q, sqe, DataDir::None, AlignedBuf::empty(), || {
         format!("Property Get {offset:#x}")
     })
     .await?;
@@ -707,7 +733,7 @@ async fn property_set(q: &Queue, offset: u32, value: u32) -> Result<()> {
         value: u64::from(value),
     }
     .to_sqe(fctype::PROPERTY_SET, 0);
-    admin_cmd(q, sqe, DataDir::None, Vec::new(), || {
+    admin_cmd(q, sqe, DataDir::None, AlignedBuf::empty(), || {
         format!("Property Set {offset:#x} = {value:#x}")
     })
     .await
@@ -752,7 +778,7 @@ async fn set_num_queues(q: &Queue, n: u16) -> Result<u16> {
     sqe.cdw10 = FID_NUM_QUEUES;
     let v = u32::from(n - 1);
     sqe.cdw11 = v | (v << 16);
-    let (_, r) = admin_cmd(q, sqe, DataDir::None, Vec::new(), || {
+    let (_, r) = admin_cmd(q, sqe, DataDir::None, AlignedBuf::empty(), || {
         format!("Set Features Number of Queues ({n})")
     })
     .await?;
@@ -774,7 +800,7 @@ fn spawn_keep_alive(admin: Weak<Queue>, kato_ms: u32) -> JoinHandle<()> {
                 &q,
                 Sqe::new(admin_opc::KEEP_ALIVE, 0),
                 DataDir::None,
-                Vec::new(),
+                AlignedBuf::empty(),
                 || "Keep Alive".into(),
             )
             .await;

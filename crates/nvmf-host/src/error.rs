@@ -55,6 +55,8 @@ pub fn status_name(sct: u8, sc: u8, fabrics: bool) -> &'static str {
         (SCT_GENERIC, 0x80) => "LBA Out of Range",
         (SCT_GENERIC, 0x81) => "Capacity Exceeded",
         (SCT_GENERIC, 0x82) => "Namespace Not Ready",
+        (SCT_GENERIC, 0x83) => "Reservation Conflict",
+        (SCT_GENERIC, 0x18) => "Host Identifier Inconsistent Format",
         (SCT_CMD_SPECIFIC, 0x01) => "Invalid Queue Identifier",
         (SCT_CMD_SPECIFIC, 0x02) => "Invalid Queue Size",
         (SCT_CMD_SPECIFIC, 0x05) => "Asynchronous Event Request Limit Exceeded",
@@ -209,6 +211,20 @@ impl HostError {
             HostError::Status { status, .. } => Some(status.status),
             _ => None,
         }
+    }
+
+    /// A command refused with Reservation Conflict (SCT 0, SC 83h): another
+    /// host holds a reservation, or this host's registration was preempted.
+    pub fn is_reservation_conflict(&self) -> bool {
+        self.status().is_some_and(|s| {
+            s.sct == SCT_GENERIC && s.sc == nvme_wire::status::SC_RESERVATION_CONFLICT
+        })
+    }
+
+    /// The connection ended or could not be made (as opposed to a command
+    /// the controller answered with a status): a reconnect may help.
+    pub fn is_transport(&self) -> bool {
+        !matches!(self, HostError::Status { .. } | HostError::Invalid(_))
     }
 }
 

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use blockdev::AlignedBuf;
 use nvme_wire::cqe::Cqe;
 use nvme_wire::digest::{crc32c, data_digest};
 use nvme_wire::pdu::{
@@ -16,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::error::HostError;
-use crate::queue::{DataDir, Queue, QueueParams};
+use crate::queue::{DataDir, Queue, QueueParams, buf_from, zeroed_buf};
 
 async fn read_pdu(s: &mut TcpStream) -> Option<(CommonHeader, Vec<u8>)> {
     let mut ch = [0u8; 8];
@@ -110,7 +111,11 @@ async fn header_digest_error_closes_with_h2c_termreq() {
     .await;
     let q = Queue::connect(params(addr, true, false)).await.unwrap();
     let (_, r) = q
-        .execute(Sqe::new(io_opc::FLUSH, 0), DataDir::None, Vec::new())
+        .execute(
+            Sqe::new(io_opc::FLUSH, 0),
+            DataDir::None,
+            AlignedBuf::empty(),
+        )
         .await;
     let e = r.unwrap_err();
     assert!(
@@ -127,7 +132,11 @@ async fn header_digest_error_closes_with_h2c_termreq() {
     assert_eq!((t.fes, t.fei), (3, 0), "FES 3: header digest error");
     // Later commands fail at once with the same cause.
     let (_, r) = q
-        .execute(Sqe::new(io_opc::FLUSH, 0), DataDir::None, Vec::new())
+        .execute(
+            Sqe::new(io_opc::FLUSH, 0),
+            DataDir::None,
+            AlignedBuf::empty(),
+        )
         .await;
     assert!(matches!(r.unwrap_err(), HostError::HeaderDigest { .. }));
 }
@@ -144,7 +153,11 @@ async fn target_termreq_reports_fes_and_fei() {
     .await;
     let q = Queue::connect(params(addr, false, false)).await.unwrap();
     let (_, r) = q
-        .execute(Sqe::new(io_opc::FLUSH, 0), DataDir::None, Vec::new())
+        .execute(
+            Sqe::new(io_opc::FLUSH, 0),
+            DataDir::None,
+            AlignedBuf::empty(),
+        )
         .await;
     let e = r.unwrap_err();
     assert!(
@@ -168,7 +181,7 @@ async fn unanswered_command_times_out() {
     p.timeout = Duration::from_millis(200);
     let q = Queue::connect(p).await.unwrap();
     let (_, r) = q
-        .execute(read_sqe(4096), DataDir::ToHost, vec![0; 4096])
+        .execute(read_sqe(4096), DataDir::ToHost, zeroed_buf(4096))
         .await;
     let e = r.unwrap_err();
     assert!(matches!(e, HostError::Timeout { .. }), "{e}");
@@ -232,12 +245,12 @@ async fn read_data_in_pieces_with_padding_and_a_bad_data_digest() {
     let q = Queue::connect(params(addr, false, true)).await.unwrap();
     let want: Vec<u8> = (0..20000u32).map(|i| (i % 251) as u8).collect();
     let (b, r) = q
-        .execute(read_sqe(20480), DataDir::ToHost, vec![0; 20000])
+        .execute(read_sqe(20480), DataDir::ToHost, zeroed_buf(20000))
         .await;
     r.unwrap();
-    assert!(b == want);
+    assert!(b[..] == want[..]);
     let (_, r) = q
-        .execute(read_sqe(20480), DataDir::ToHost, vec![0; 20000])
+        .execute(read_sqe(20480), DataDir::ToHost, zeroed_buf(20000))
         .await;
     let e = r.unwrap_err();
     assert!(matches!(e, HostError::DataDigest { .. }), "{e}");
@@ -289,7 +302,7 @@ async fn r2t_offsets_and_lengths_are_honoured() {
     let data: Vec<u8> = (0..20000u32).map(|i| (i * 7 % 253) as u8).collect();
     let mut w = Sqe::new(io_opc::WRITE, 0);
     w.nsid = 1;
-    let (_, r) = q.execute(w, DataDir::FromHost, data.clone()).await;
+    let (_, r) = q.execute(w, DataDir::FromHost, buf_from(&data)).await;
     r.unwrap();
     let (got, seen) = rx.await.unwrap();
     assert!(got == data);
@@ -352,9 +365,13 @@ async fn data_we_send_is_padded_to_cpda() {
     let data: Vec<u8> = (0..6000u32).map(|i| (i * 13 % 251) as u8).collect();
     let mut w = Sqe::new(io_opc::WRITE, 0);
     w.nsid = 1;
-    let (_, r) = q.execute(w, DataDir::FromHost, data[..1000].to_vec()).await;
+    let (_, r) = q
+        .execute(w, DataDir::FromHost, buf_from(&data[..1000]))
+        .await;
     r.unwrap();
-    let (_, r) = q.execute(w, DataDir::FromHost, data[1000..].to_vec()).await;
+    let (_, r) = q
+        .execute(w, DataDir::FromHost, buf_from(&data[1000..]))
+        .await;
     r.unwrap();
     assert!(rx.await.unwrap() == data);
 }

@@ -30,6 +30,8 @@ const NS_NSFEAT: usize = 24;
 const NS_NLBAF: usize = 25;
 const NS_FLBAS: usize = 26;
 const NS_DLFEAT: usize = 33;
+const NS_NGUID: std::ops::Range<usize> = 104..120;
+const NS_EUI64: std::ops::Range<usize> = 120..128;
 const NS_LBAF0: usize = 128;
 const LBAF_LEN: usize = 4;
 
@@ -120,6 +122,10 @@ pub struct NamespaceInfo {
     pub lba_size: u32,
     pub nsfeat: u8,
     pub dlfeat: u8,
+    /// Namespace Globally Unique Identifier (zeroes: none).
+    pub nguid: [u8; 16],
+    /// IEEE Extended Unique Identifier (zeroes: none).
+    pub eui64: [u8; 8],
 }
 
 impl NamespaceInfo {
@@ -147,11 +153,18 @@ impl NamespaceInfo {
             lba_size: 1 << lbads,
             nsfeat: b[NS_NSFEAT],
             dlfeat: b[NS_DLFEAT],
+            nguid: b[NS_NGUID].try_into().expect("16 bytes"),
+            eui64: b[NS_EUI64].try_into().expect("8 bytes"),
         })
     }
 
     pub fn size_bytes(&self) -> u64 {
         self.nsze * u64::from(self.lba_size)
+    }
+
+    /// DLFEAT bits 2:0 = 001b: a deallocated block reads back as zeroes.
+    pub fn deallocate_reads_zeroes(&self) -> bool {
+        self.dlfeat & 7 == 1
     }
 }
 
@@ -217,8 +230,8 @@ mod tests {
             dealloc_reads_zeroes: true,
             shared: true,
             anagrpid: 1,
-            nguid: [0; 16],
-            eui64: [0; 8],
+            nguid: [5; 16],
+            eui64: [6; 8],
             npwg: 1,
         }
         .encode(&mut b);
@@ -227,6 +240,8 @@ mod tests {
             (n.nsid, n.nsze, n.lba_size, n.size_bytes()),
             (3, 1000, 4096, 4096 * 1000)
         );
+        assert_eq!((n.nguid, n.eui64), ([5; 16], [6; 8]));
+        assert!(n.deallocate_reads_zeroes());
         assert!(NamespaceInfo::parse(3, &[0u8; IDENTIFY_LEN]).is_none());
         let mut l = [0u8; 16];
         l[0] = 1;

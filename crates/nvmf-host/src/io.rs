@@ -1,16 +1,18 @@
 //! I/O commands on one I/O queue: Read, Write, Flush, Write Zeroes, Dataset
 //! Management (deallocate).
 //!
-//! The `*_buf` methods move an owned buffer through the queue and hand it
-//! back, so a caller that reuses its buffers allocates and copies nothing per
-//! I/O. The slice methods copy through a small per-queue pool.
+//! The `*_buf` methods move an owned, 4 KiB-aligned buffer (the
+//! `BlockDevice` request's own) through the queue and hand it back: write
+//! data goes from it to the socket and read data lands in it, with no copy
+//! in between. The slice methods copy through a small per-queue pool.
 
+use blockdev::AlignedBuf;
 use nvme_wire::sqe::{DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN, DsmRange, Sqe, io_opc};
 use parking_lot::Mutex;
 
 use crate::conn::command_name;
 use crate::error::{CmdStatus, HostError, Result};
-use crate::queue::{DataDir, Queue};
+use crate::queue::{DataDir, Queue, zeroed_buf};
 
 /// Most blocks one Read/Write/Write Zeroes moves (NLB is a 16-bit 0-based field).
 pub const MAX_NLB: u32 = 65536;
@@ -18,12 +20,14 @@ pub const MAX_NLB: u32 = 65536;
 pub const MAX_DSM_RANGES: usize = 256;
 /// Buffers kept for the slice methods.
 const POOL_KEEP: usize = 32;
+/// Force Unit Access: Read/Write command dword 12 bit 30.
+pub const RW_FUA: u32 = 1 << 30;
 
 /// A connected I/O queue.
 pub struct IoQueue {
     q: Queue,
     qid: u16,
-    pool: Mutex<Vec<Vec<u8>>>,
+    pool: Mutex<Vec<AlignedBuf>>,
 }
 
 impl IoQueue {
@@ -60,10 +64,9 @@ impl IoQueue {
         nsid: u32,
         slba: u64,
         nlb: u32,
-        buf: Vec<u8>,
-    ) -> (Vec<u8>, Result<()>) {
-        self.rw(io_opc::READ, DataDir::ToHost, nsid, slba, nlb, buf)
-            .await
+        buf: AlignedBuf,
+    ) -> (AlignedBuf, Result<()>) {
+        self.rw(io_opc::READ, nsid, slba, nlb, 0, buf).await
     }
 
     /// Writes `buf` (its length is the transfer size) to `nlb` blocks at `slba`.
@@ -72,15 +75,26 @@ impl IoQueue {
         nsid: u32,
         slba: u64,
         nlb: u32,
-        buf: Vec<u8>,
-    ) -> (Vec<u8>, Result<()>) {
-        self.rw(io_opc::WRITE, DataDir::FromHost, nsid, slba, nlb, buf)
-            .await
+        buf: AlignedBuf,
+    ) -> (AlignedBuf, Result<()>) {
+        self.write_buf_fua(nsid, slba, nlb, false, buf).await
+    }
+
+    /// [`IoQueue::write_buf`] with Force Unit Access: durable before it completes.
+    pub async fn write_buf_fua(
+        &self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        fua: bool,
+        buf: AlignedBuf,
+    ) -> (AlignedBuf, Result<()>) {
+        let flags = if fua { RW_FUA } else { 0 };
+        self.rw(io_opc::WRITE, nsid, slba, nlb, flags, buf).await
     }
 
     pub async fn read(&self, nsid: u32, slba: u64, nlb: u32, dst: &mut [u8]) -> Result<()> {
-        let mut b = self.pool_get();
-        b.resize(dst.len(), 0);
+        let b = self.pool_get(dst.len());
         let (b, r) = self.read_buf(nsid, slba, nlb, b).await;
         if r.is_ok() {
             dst.copy_from_slice(&b);
@@ -90,8 +104,8 @@ impl IoQueue {
     }
 
     pub async fn write(&self, nsid: u32, slba: u64, nlb: u32, src: &[u8]) -> Result<()> {
-        let mut b = self.pool_get();
-        b.extend_from_slice(src);
+        let mut b = self.pool_get(src.len());
+        b.copy_from_slice(src);
         let (b, r) = self.write_buf(nsid, slba, nlb, b).await;
         self.pool_put(b);
         r
@@ -100,7 +114,7 @@ impl IoQueue {
     pub async fn flush(&self, nsid: u32) -> Result<()> {
         let mut sqe = Sqe::new(io_opc::FLUSH, 0);
         sqe.nsid = nsid;
-        self.run(sqe, DataDir::None, Vec::new(), || {
+        self.run(sqe, DataDir::None, AlignedBuf::empty(), || {
             format!("Flush nsid {nsid}")
         })
         .await
@@ -109,7 +123,7 @@ impl IoQueue {
 
     pub async fn write_zeroes(&self, nsid: u32, slba: u64, nlb: u32) -> Result<()> {
         let sqe = rw_sqe(io_opc::WRITE_ZEROES, nsid, slba, nlb)?;
-        self.run(sqe, DataDir::None, Vec::new(), || {
+        self.run(sqe, DataDir::None, AlignedBuf::empty(), || {
             format!("Write Zeroes nsid {nsid} LBA {slba}+{nlb}")
         })
         .await
@@ -124,7 +138,7 @@ impl IoQueue {
                 ranges.len()
             )));
         }
-        let mut data = vec![0u8; ranges.len() * DSM_RANGE_LEN];
+        let mut data = zeroed_buf(ranges.len() * DSM_RANGE_LEN);
         for (i, &(slba, nlb)) in ranges.iter().enumerate() {
             DsmRange {
                 attributes: 0,
@@ -159,14 +173,17 @@ impl IoQueue {
     async fn rw(
         &self,
         opc: u8,
-        dir: DataDir,
         nsid: u32,
         slba: u64,
         nlb: u32,
-        buf: Vec<u8>,
-    ) -> (Vec<u8>, Result<()>) {
+        cdw12_flags: u32,
+        buf: AlignedBuf,
+    ) -> (AlignedBuf, Result<()>) {
         let sqe = match rw_sqe(opc, nsid, slba, nlb) {
-            Ok(s) => s,
+            Ok(mut s) => {
+                s.cdw12 |= cdw12_flags;
+                s
+            }
             Err(e) => return (buf, Err(e)),
         };
         if buf.is_empty() {
@@ -178,6 +195,11 @@ impl IoQueue {
             );
         }
         let qid = self.qid;
+        let dir = if opc == io_opc::READ {
+            DataDir::ToHost
+        } else {
+            DataDir::FromHost
+        };
         self.run(sqe, dir, buf, || {
             format!(
                 "{} nsid {nsid} LBA {slba}+{nlb} on queue {qid}",
@@ -187,13 +209,13 @@ impl IoQueue {
         .await
     }
 
-    async fn run(
+    pub(crate) async fn run(
         &self,
         sqe: Sqe,
         dir: DataDir,
-        buf: Vec<u8>,
+        buf: AlignedBuf,
         what: impl FnOnce() -> String,
-    ) -> (Vec<u8>, Result<()>) {
+    ) -> (AlignedBuf, Result<()>) {
         let (buf, r) = self.q.execute(sqe, dir, buf).await;
         let r = match r {
             Err(e) => Err(e),
@@ -210,13 +232,24 @@ impl IoQueue {
         (buf, r)
     }
 
-    fn pool_get(&self) -> Vec<u8> {
-        let mut b = self.pool.lock().pop().unwrap_or_default();
-        b.clear();
-        b
+    /// A buffer of `len` bytes in use, from the pool when one is big enough.
+    fn pool_get(&self, len: usize) -> AlignedBuf {
+        let b = {
+            let mut p = self.pool.lock();
+            p.iter()
+                .position(|b| b.capacity() >= len)
+                .map(|i| p.swap_remove(i))
+        };
+        match b {
+            Some(mut b) => {
+                b.set_len(len);
+                b
+            }
+            None => zeroed_buf(len),
+        }
     }
 
-    fn pool_put(&self, b: Vec<u8>) {
+    fn pool_put(&self, b: AlignedBuf) {
         let mut p = self.pool.lock();
         if p.len() < POOL_KEEP && b.capacity() > 0 {
             p.push(b);

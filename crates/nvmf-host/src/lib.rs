@@ -15,7 +15,9 @@
 //! One queue pair is one TCP connection served by one task (`conn.rs`) on
 //! the runtime that connected it; callers on any thread submit commands to
 //! it (`queue.rs`). `controller.rs` is the bring-up and the admin commands,
-//! `io.rs` the I/O commands, `discovery.rs` the discovery service.
+//! `io.rs` the I/O commands, `resv.rs` the reservation commands,
+//! `discovery.rs` the discovery service, and `remote/` the `BlockDevice` over
+//! a remote namespace ([`remote::RemoteDevice`]).
 
 mod conn;
 mod controller;
@@ -27,10 +29,17 @@ mod identify;
 mod io;
 mod out;
 mod queue;
+pub mod remote;
+mod resv;
 
 pub use controller::{ADMIN_QUEUE_DEPTH, Controller, HostOptions, default_host_identity};
 pub use discovery::{discover, discover_with};
 pub use error::{CmdStatus, HostError, Result, fes_name, status_name};
 pub use identify::{ControllerInfo, NamespaceInfo};
-pub use io::{IoQueue, MAX_DSM_RANGES, MAX_NLB};
+pub use io::{IoQueue, MAX_DSM_RANGES, MAX_NLB, RW_FUA};
 pub use nvme_wire::fabrics::discovery::Entry as DiscoveryEntry;
+pub use nvme_wire::reservation::{
+    AcquireAction, RegisterAction, RegisteredCtrl, ReleaseAction, ResvType, cptpl,
+};
+pub use queue::{buf_from, zeroed_buf};
+pub use resv::ReservationStatus;

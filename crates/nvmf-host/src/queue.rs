@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use blockdev::AlignedBuf;
 use nvme_wire::pdu::{
     CH_LEN, CommonHeader, DigestMode, ICRESP_LEN, ICReq, ICResp, PduType, TERMREQ_HLEN,
     TERMREQ_MAX_DATA, TermReq,
@@ -90,7 +91,7 @@ pub(crate) struct Submission {
     pub cid: u16,
     pub sqe: Sqe,
     pub dir: DataDir,
-    pub buf: Vec<u8>,
+    pub buf: AlignedBuf,
     pub at: Instant,
 }
 
@@ -100,7 +101,7 @@ pub(crate) enum Slot {
     Waiting(Option<Waker>),
     /// In flight, but its caller stopped waiting: free it on completion.
     Abandoned,
-    Done(Outcome, Vec<u8>),
+    Done(Outcome, AlignedBuf),
 }
 
 pub(crate) struct State {
@@ -211,7 +212,12 @@ impl Queue {
     /// Sends one command and waits for its completion. The buffer comes back
     /// whatever happened. Errors are transport errors; a failed status is in
     /// the `Response`.
-    pub async fn execute(&self, mut sqe: Sqe, dir: DataDir, buf: Vec<u8>) -> (Vec<u8>, Outcome) {
+    pub async fn execute(
+        &self,
+        mut sqe: Sqe,
+        dir: DataDir,
+        buf: AlignedBuf,
+    ) -> (AlignedBuf, Outcome) {
         let sh = &*self.shared;
         match sh.permits.acquire().await {
             Ok(p) => p.forget(),
@@ -301,7 +307,7 @@ struct Wait<'a> {
 }
 
 impl Future for Wait<'_> {
-    type Output = (Vec<u8>, Outcome);
+    type Output = (AlignedBuf, Outcome);
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let i = usize::from(self.cid);
         let mut st = self.shared.state.lock();
@@ -327,7 +333,7 @@ impl Future for Wait<'_> {
                 drop(st);
                 self.done = true;
                 Poll::Ready((
-                    Vec::new(),
+                    AlignedBuf::empty(),
                     Err(self.shared.closed_error("command state lost")),
                 ))
             }
@@ -447,6 +453,23 @@ pub(crate) fn check_icresp(r: &ICResp, want_dgst: u8) -> Result<Negotiated, Stri
         maxh2cdata: r.maxh2cdata,
         cpda: r.cpda,
     })
+}
+
+/// A zeroed aligned buffer of `len` bytes in use (no allocation for 0).
+pub fn zeroed_buf(len: usize) -> AlignedBuf {
+    if len == 0 {
+        return AlignedBuf::empty();
+    }
+    let mut b = AlignedBuf::new(len);
+    b.set_len(len);
+    b
+}
+
+/// An aligned copy of `bytes`.
+pub fn buf_from(bytes: &[u8]) -> AlignedBuf {
+    let mut b = zeroed_buf(bytes.len());
+    b.copy_from_slice(bytes);
+    b
 }
 
 #[cfg(test)]

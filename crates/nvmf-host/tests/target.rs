@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blockdev::MemDevice;
-use nvmf_host::{Controller, HostError, HostOptions, discover_with};
+use nvmf_host::{Controller, HostError, HostOptions, buf_from, discover_with, zeroed_buf};
 use nvmf_target::{
     ListenerConfig, ListenerKind, Namespace, Server, Subsystem, Target, TransportConfig,
 };
@@ -283,7 +283,7 @@ async fn many_commands_in_flight_on_one_queue() {
         async move {
             let nlb = sizes[i as usize % sizes.len()];
             let data = pattern(nlb as usize * 512, i);
-            let (_, r) = q.write_buf(1, i * 256, nlb, data).await;
+            let (_, r) = q.write_buf(1, i * 256, nlb, buf_from(&data)).await;
             r.unwrap();
         }
     });
@@ -293,10 +293,10 @@ async fn many_commands_in_flight_on_one_queue() {
         async move {
             let nlb = sizes[i as usize % sizes.len()];
             let (back, r) = q
-                .read_buf(1, i * 256, nlb, vec![0; nlb as usize * 512])
+                .read_buf(1, i * 256, nlb, zeroed_buf(nlb as usize * 512))
                 .await;
             r.unwrap();
-            assert!(back == pattern(nlb as usize * 512, i), "command {i}");
+            assert!(back[..] == pattern(nlb as usize * 512, i), "command {i}");
         }
     });
     join_all(reads).await;
@@ -487,11 +487,11 @@ async fn queues_on_other_threads() {
                     let q = ctrl.add_io_queue(qid).await.unwrap();
                     for i in 0..50u64 {
                         let lba = u64::from(qid) * 10_000 + i * 8;
-                        let (_, r) = q.write_buf(1, lba, 8, pattern(4096, lba)).await;
+                        let (_, r) = q.write_buf(1, lba, 8, buf_from(&pattern(4096, lba))).await;
                         r.unwrap();
-                        let (b, r) = q.read_buf(1, lba, 8, vec![0; 4096]).await;
+                        let (b, r) = q.read_buf(1, lba, 8, zeroed_buf(4096)).await;
                         r.unwrap();
-                        assert!(b == pattern(4096, lba));
+                        assert!(b[..] == pattern(4096, lba));
                     }
                 })
             })
@@ -552,4 +552,57 @@ async fn namespaces_added_and_removed_while_connected() {
     }
     assert_eq!(ctrl.active_namespaces().await.unwrap(), vec![1, 2]);
     ctrl.disconnect().await.unwrap();
+}
+
+#[tokio::test]
+async fn reservations_register_acquire_conflict_report_preempt() {
+    use nvmf_host::{AcquireAction, RegisterAction, ReleaseAction, ResvType, cptpl};
+    let f = Fixture::start();
+    let host = |n: u8| HostOptions {
+        hostnqn: format!(
+            "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000{n:02x}"
+        ),
+        hostid: [n; 16],
+        ..opts()
+    };
+    let a = Controller::connect(f.io(), OPEN, host(1)).await.unwrap();
+    let b = Controller::connect(f.io(), OPEN, host(2)).await.unwrap();
+    let (qa, qb) = (a.io_queue(1).unwrap(), b.io_queue(1).unwrap());
+    qa.resv_register(2, RegisterAction::Register, 0, 0xA, false, cptpl::NO_CHANGE)
+        .await
+        .unwrap();
+    qb.resv_register(2, RegisterAction::Register, 0, 0xB, false, cptpl::NO_CHANGE)
+        .await
+        .unwrap();
+    let wx = ResvType::WriteExclusive;
+    qa.resv_acquire(2, AcquireAction::Acquire, wx, 0xA, 0, false)
+        .await
+        .unwrap();
+    let st = qa.resv_report(2).await.unwrap();
+    assert_eq!(st.rtype, Some(wx));
+    assert_eq!(st.registrants.len(), 2);
+    assert_eq!(st.holder().unwrap().hostid, [1; 16]);
+    assert_eq!(st.key_of(&[2; 16]), Some(0xB));
+    // B may read but not write.
+    b.read(1, 2, 0, 1, &mut vec![0u8; 4096]).await.unwrap();
+    let e = b.write(1, 2, 0, 1, &[1u8; 4096]).await.unwrap_err();
+    assert!(e.is_reservation_conflict(), "{e}");
+    assert!(e.to_string().contains("Reservation Conflict"), "{e}");
+    // B preempts A and takes over; A is now the one refused.
+    qb.resv_acquire(2, AcquireAction::PreemptAndAbort, wx, 0xB, 0xA, false)
+        .await
+        .unwrap();
+    b.write(1, 2, 0, 1, &[1u8; 4096]).await.unwrap();
+    let e = a.write(1, 2, 0, 1, &[2u8; 4096]).await.unwrap_err();
+    assert!(e.is_reservation_conflict(), "{e}");
+    let st = qb.resv_report(2).await.unwrap();
+    assert_eq!((st.registrants.len(), st.holder().unwrap().rkey), (1, 0xB));
+    qb.resv_release(2, ReleaseAction::Clear, wx, 0xB, false)
+        .await
+        .unwrap();
+    let st = qa.resv_report(2).await.unwrap();
+    assert_eq!((st.rtype, st.registrants.len()), (None, 0));
+    a.write(1, 2, 0, 1, &[2u8; 4096]).await.unwrap();
+    a.disconnect().await.unwrap();
+    b.disconnect().await.unwrap();
 }

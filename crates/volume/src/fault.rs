@@ -74,6 +74,10 @@ pub struct FaultDevice {
     inner: Arc<dyn BlockDevice>,
     crash: Option<Arc<CrashSwitch>>,
     failed: AtomicBool,
+    /// Every I/O answers Reservation Conflict (another host preempted us).
+    conflict: AtomicBool,
+    /// Every I/O answers Unreachable (a remote drive gone quiet).
+    unreachable: AtomicBool,
     /// The member dies when its write count reaches this.
     fail_at_write: AtomicU64,
     reads: AtomicU64,
@@ -121,6 +125,8 @@ impl FaultDevice {
             inner,
             crash,
             failed: AtomicBool::new(false),
+            conflict: AtomicBool::new(false),
+            unreachable: AtomicBool::new(false),
             fail_at_write: AtomicU64::new(u64::MAX),
             reads: AtomicU64::new(0),
             read_blocks: AtomicU64::new(0),
@@ -169,7 +175,19 @@ impl FaultDevice {
         let now = self.writes.load(Ordering::SeqCst);
         self.fail_at_write.store(now + n, Ordering::SeqCst);
     }
+    /// Every I/O from now on answers Reservation Conflict, as a remote
+    /// drive does once another host preempted this one's reservation.
+    pub fn reservation_conflict_now(&self) {
+        self.conflict.store(true, Ordering::SeqCst);
+    }
+    /// Every I/O from now on answers Unreachable, as a remote drive whose
+    /// connection stayed down past its limit.
+    pub fn unreachable_now(&self) {
+        self.unreachable.store(true, Ordering::SeqCst);
+    }
     pub fn heal(&self) {
+        self.conflict.store(false, Ordering::SeqCst);
+        self.unreachable.store(false, Ordering::SeqCst);
         self.failed.store(false, Ordering::SeqCst);
         self.fail_at_write.store(u64::MAX, Ordering::SeqCst);
     }
@@ -217,6 +235,18 @@ impl BlockDevice for FaultDevice {
                 .fetch_add(u64::from(req.blocks), Ordering::SeqCst);
         } else {
             self.flushes.fetch_add(1, Ordering::SeqCst);
+        }
+        if self.conflict.load(Ordering::SeqCst) {
+            let err = BlockError::ReservationConflict("injected: preempted by another host".into());
+            return self.deliver(IoFuture::ready(req.buf, Err(err)));
+        }
+        if self.unreachable.load(Ordering::SeqCst) {
+            let err = BlockError::Unreachable {
+                what: "injected remote member".into(),
+                after_ms: 1000,
+                why: "connection refused".into(),
+            };
+            return self.deliver(IoFuture::ready(req.buf, Err(err)));
         }
         if self.failed.load(Ordering::SeqCst) {
             let err = BlockError::Io(std::io::Error::other("injected member failure"));

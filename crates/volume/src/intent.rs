@@ -62,6 +62,9 @@ struct IntentState {
     /// are known to be (the first clear pass that saw them idle), so the hot
     /// path never reads the clock.
     idle: RegionMap<Option<Instant>>,
+    /// Set while a member is failed or being brought back: no bit is
+    /// cleared, so the bitmap remembers every region written since.
+    hold: bool,
 }
 
 impl IntentLog {
@@ -76,6 +79,7 @@ impl IntentLog {
                 persisted: vec![0; words],
                 inflight: RegionMap::default(),
                 idle: RegionMap::default(),
+                hold: false,
             }),
             io: tokio::sync::Mutex::new(()),
         }
@@ -176,6 +180,9 @@ impl IntentLog {
     /// to write.
     pub fn clear_idle(&self, age: Duration) -> Vec<usize> {
         let mut st = self.state.lock();
+        if st.hold {
+            return Vec::new();
+        }
         let now = Instant::now();
         let mut old: Vec<u64> = Vec::new();
         for (r, t) in st.idle.iter_mut() {
@@ -193,6 +200,38 @@ impl IntentLog {
         blocks.sort_unstable();
         blocks.dedup();
         blocks
+    }
+
+    /// Keeps every set bit (true) until released (false). Under the same
+    /// lock as [`IntentLog::end`] and [`IntentLog::clear_idle`], so a region
+    /// a write left after the hold began is never cleared under it.
+    pub fn set_hold(&self, hold: bool) {
+        self.state.lock().hold = hold;
+    }
+
+    pub fn held(&self) -> bool {
+        self.state.lock().hold
+    }
+
+    /// Adopts the bits of an on-disk bitmap image (`bytes` from offset 0,
+    /// already on the members): they stay set, and once no hold keeps them,
+    /// flushes clear them like any idle region.
+    pub fn load(&self, bytes: &[u8]) {
+        let regions = self.dirty_regions(bytes);
+        let mut st = self.state.lock();
+        for r in regions {
+            let (w, bit) = ((r / 64) as usize, 1u64 << (r % 64));
+            st.mem[w] |= bit;
+            st.persisted[w] |= bit;
+            if !st.inflight.contains_key(&r) {
+                st.idle.entry(r).or_insert(None);
+            }
+        }
+    }
+
+    /// The bits set now (in memory: on disk or about to be), one per region.
+    pub fn set_bits(&self) -> Vec<u64> {
+        self.state.lock().mem.clone()
     }
 
     /// Regions set in an on-disk bitmap image (`bytes` from offset 0).

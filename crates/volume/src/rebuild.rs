@@ -9,12 +9,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
 use parking_lot::Mutex;
-
-use crate::superblock::MemberState;
-use crate::volume::{OpError, Volume, VolumeError, abuf, dev_io, recycle, zbuf};
-use blockdev::{BlockDevice, BlockOp};
 
 /// How a rebuild runs.
 #[derive(Debug, Clone)]
@@ -38,8 +33,14 @@ impl Default for RebuildOptions {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RebuildProgress {
     pub running: bool,
-    /// Member positions being rebuilt.
+    /// Member positions being rebuilt (or resynced).
     pub members: Vec<usize>,
+    /// True when the run only resyncs re-added members (`Volume::re_add`):
+    /// its stripes are just their stale ones.
+    pub resync: bool,
+    /// Stripes this run has done, of the ones it has to do (every stripe
+    /// from the lowest checkpoint on for a rebuild; the stale stripes from
+    /// the lowest checkpoint on for a resync).
     pub done_stripes: u64,
     pub total_stripes: u64,
     /// Bytes written to new members by this run.
@@ -50,308 +51,18 @@ pub struct RebuildProgress {
 
 #[derive(Default)]
 pub(crate) struct RebuildState {
-    running: AtomicBool,
-    done: AtomicU64,
-    total: AtomicU64,
-    bytes: AtomicU64,
-    started: Mutex<Option<Instant>>,
-    members: Mutex<Vec<usize>>,
+    pub(crate) running: AtomicBool,
+    pub(crate) done: AtomicU64,
+    pub(crate) total: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) started: Mutex<Option<Instant>>,
+    pub(crate) members: Mutex<Vec<usize>>,
+    pub(crate) resync: Mutex<bool>,
 }
 
-struct RunningGuard<'a>(&'a AtomicBool);
+pub(crate) struct RunningGuard<'a>(pub(crate) &'a AtomicBool);
 impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Volume {
-    /// Puts `dev` in place of failed member `index`; its data is rebuilt by
-    /// [`Volume::rebuild`]. The new member must be at least as large.
-    pub async fn replace_member(
-        &self,
-        index: usize,
-        dev: std::sync::Arc<dyn BlockDevice>,
-    ) -> Result<(), VolumeError> {
-        let inner = &self.inner;
-        let n = inner.layout.members();
-        if index >= n {
-            return Err(VolumeError::Config(format!(
-                "member {index} does not exist; the volume has {n}"
-            )));
-        }
-        if inner.layout.parity_columns() == 0 {
-            return Err(VolumeError::Config(format!(
-                "{} has no redundancy to rebuild a member from",
-                inner.layout.kind()
-            )));
-        }
-        let state = inner.members.read().states[index];
-        if state != MemberState::Failed {
-            return Err(VolumeError::Config(format!(
-                "member {index} is {state:?}, not failed; fail it first (fail_member) to replace it"
-            )));
-        }
-        let g = dev.geometry();
-        let need = inner.meta_bytes + inner.layout.member_blocks(index) * inner.bs;
-        if g.size_bytes() < need || !(inner.bs as u32).is_multiple_of(g.block_size) {
-            return Err(VolumeError::Config(format!(
-                "replacement for member {index} holds {} bytes in {} B blocks; it needs at least {need} \
-                 bytes in blocks that divide {}",
-                g.size_bytes(),
-                g.block_size,
-                inner.bs
-            )));
-        }
-        // Clear whatever bitmap the device carried, so it cannot cause resyncs.
-        let bytes = inner.intent.bytes();
-        let (_, r) = dev_io(
-            &dev,
-            BlockOp::Write { fua: true },
-            crate::superblock::SB_BYTES as u64,
-            bytes,
-            zbuf(bytes),
-        )
-        .await;
-        r.map_err(|source| VolumeError::MemberIo { index, source })?;
-        // And whatever journal it carried, for the same reason.
-        if let Some(j) = &inner.journal {
-            let bytes = j.bytes() as usize;
-            let (_, r) = dev_io(
-                &dev,
-                BlockOp::Write { fua: true },
-                j.start,
-                bytes,
-                zbuf(bytes),
-            )
-            .await;
-            r.map_err(|source| VolumeError::MemberIo { index, source })?;
-        }
-        // The device-kept record, so that it survives every member being
-        // replaced in turn (and no stale slot of an earlier life remains).
-        if inner.records_at != 0 {
-            let area = inner.record_area_image();
-            let mut b = zbuf(area.len());
-            b.copy_from_slice(&area);
-            let (_, r) = dev_io(
-                &dev,
-                BlockOp::Write { fua: true },
-                inner.records_at,
-                area.len(),
-                b,
-            )
-            .await;
-            r.map_err(|source| VolumeError::MemberIo { index, source })?;
-        }
-        {
-            let mut m = inner.members.write();
-            m.devs[index] = dev;
-            m.states[index] = MemberState::Rebuilding { checkpoint: 0 };
-            m.changed();
-            m.version += 1;
-        }
-        inner.persist_superblock(true).await;
-        tracing::info!("member {index} replaced; rebuild pending");
-        Ok(())
-    }
-
-    /// Rebuilds every member in the Rebuilding state, from its checkpoint on.
-    /// Throttling sleeps with tokio's timer, so a rate needs a tokio runtime.
-    pub async fn rebuild(&self, opts: RebuildOptions) -> Result<(), VolumeError> {
-        let inner = &self.inner;
-        let st = &inner.rebuild;
-        if st.running.swap(true, Ordering::SeqCst) {
-            return Err(VolumeError::Rebuild("a rebuild is already running".into()));
-        }
-        let _running = RunningGuard(&st.running);
-        let stripes = inner.layout.stripes();
-        let targets: Vec<(usize, u64)> = inner
-            .members
-            .read()
-            .states
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| match s {
-                MemberState::Rebuilding { checkpoint } => Some((i, *checkpoint)),
-                _ => None,
-            })
-            .collect();
-        if targets.is_empty() {
-            return Ok(());
-        }
-        let start = targets.iter().map(|t| t.1).min().unwrap_or(0);
-        *st.members.lock() = targets.iter().map(|t| t.0).collect();
-        st.total.store(stripes, Ordering::SeqCst);
-        st.done.store(start, Ordering::SeqCst);
-        st.bytes.store(0, Ordering::SeqCst);
-        *st.started.lock() = Some(Instant::now());
-        tracing::info!(
-            "rebuilding members {:?} from stripe {start} of {stripes}",
-            st.members.lock()
-        );
-        let began = Instant::now();
-        let strip_bytes = inner.layout.strip_blocks() * inner.bs;
-        for s in start..stripes {
-            let wrote = self.rebuild_stripe(s).await?;
-            st.done.store(s + 1, Ordering::SeqCst);
-            let total =
-                st.bytes.fetch_add(wrote * strip_bytes, Ordering::SeqCst) + wrote * strip_bytes;
-            if (s + 1) % opts.checkpoint_every.max(1) == 0 {
-                inner.members.write().version += 1;
-                inner.persist_superblock(false).await;
-            }
-            if let Some(rate) = opts.rate_bytes_per_sec.filter(|&r| r > 0) {
-                let due = Duration::from_secs_f64(total as f64 / rate as f64);
-                let elapsed = began.elapsed();
-                if due > elapsed {
-                    tokio::time::sleep(due - elapsed).await;
-                }
-            }
-        }
-        {
-            let mut m = inner.members.write();
-            for (i, _) in &targets {
-                if matches!(m.states[*i], MemberState::Rebuilding { checkpoint } if checkpoint >= stripes)
-                {
-                    m.states[*i] = MemberState::Active;
-                    m.changed();
-                    m.version += 1;
-                }
-            }
-        }
-        inner.persist_superblock(true).await;
-        tracing::info!("rebuild done in {:.1?}", began.elapsed());
-        Ok(())
-    }
-
-    /// Spawns [`Volume::rebuild`] on the current tokio runtime.
-    pub fn start_rebuild(
-        &self,
-        opts: RebuildOptions,
-    ) -> tokio::task::JoinHandle<Result<(), VolumeError>> {
-        let vol = self.clone();
-        tokio::spawn(async move { vol.rebuild(opts).await })
-    }
-
-    pub fn rebuild_progress(&self) -> RebuildProgress {
-        let st = &self.inner.rebuild;
-        let done = st.done.load(Ordering::SeqCst);
-        let total = st.total.load(Ordering::SeqCst);
-        let bytes = st.bytes.load(Ordering::SeqCst);
-        let running = st.running.load(Ordering::SeqCst);
-        let elapsed = st.started.lock().map(|t| t.elapsed().as_secs_f64());
-        let bytes_per_sec = elapsed
-            .filter(|&e| e > 0.0)
-            .map_or(0.0, |e| bytes as f64 / e);
-        let members = st.members.lock().clone();
-        let per_stripe =
-            (self.inner.layout.strip_blocks() * self.inner.bs) as f64 * members.len() as f64;
-        let eta = (running && bytes_per_sec > 0.0).then(|| {
-            Duration::from_secs_f64(total.saturating_sub(done) as f64 * per_stripe / bytes_per_sec)
-        });
-        RebuildProgress {
-            running,
-            members,
-            done_stripes: done,
-            total_stripes: total,
-            bytes,
-            bytes_per_sec,
-            eta,
-        }
-    }
-
-    /// Reconstructs stripe `s` onto every member whose checkpoint is at it,
-    /// then moves their checkpoints past it. Returns strips written.
-    async fn rebuild_stripe(&self, s: u64) -> Result<u64, VolumeError> {
-        let inner = &self.inner;
-        let l = &inner.layout;
-        let (k, m) = (l.data_columns(), l.parity_columns());
-        let rows = l.strip_blocks();
-        let len = (rows * inner.bs) as usize;
-        let _g = inner.stripe_lock(s).lock().await;
-        for _attempt in 0..=l.members() {
-            let view = inner.view();
-            let targets: Vec<usize> = (0..k + m)
-                .filter(|&c| {
-                    // Exactly at its checkpoint: a member replaced while this
-                    // pass runs (checkpoint 0) must not skip the stripes the
-                    // pass already went by; the next pass starts from it.
-                    matches!(view.states[l.column_member(s, c)],
-                        MemberState::Rebuilding { checkpoint } if checkpoint == s)
-                })
-                .collect();
-            if targets.is_empty() {
-                return Ok(0);
-            }
-            // Once rebuilt, the stripe takes writes without journal records,
-            // so none of its old records may be replayed after a crash.
-            inner.retire_journal(s, None).await;
-            // Any k good columns determine the stripe.
-            let sources: Vec<usize> = (0..k + m)
-                .filter(|&c| view.avail(l.column_member(s, c), s))
-                .take(k)
-                .collect();
-            if sources.len() < k {
-                return Err(VolumeError::Rebuild(format!(
-                    "stripe {s}: only {} of the {k} members needed are readable",
-                    sources.len()
-                )));
-            }
-            let lba = l.strip_lba(s, 0);
-            let res = join_all((0..k + m).map(|c| {
-                let want = sources.contains(&c);
-                let view = &view;
-                async move {
-                    if want {
-                        inner.col_read(view, l.column_member(s, c), lba, rows).await
-                    } else {
-                        Ok(abuf(len))
-                    }
-                }
-            }))
-            .await;
-            let mut cols = match crate::volume::collect_failed(res) {
-                Ok(c) => c,
-                Err(OpError::Members(f)) => {
-                    f.iter().for_each(|&i| inner.mark_failed(i));
-                    continue;
-                }
-                Err(OpError::Fatal(e)) => return Err(VolumeError::Rebuild(e.to_string())),
-            };
-            let present: Vec<bool> = (0..k + m).map(|c| sources.contains(&c)).collect();
-            {
-                let mut refs: Vec<&mut [u8]> = cols.iter_mut().map(|b| &mut b[..]).collect();
-                inner.parity.reconstruct(&mut refs, &present)?;
-            }
-            let writes = join_all(targets.iter().map(|&c| {
-                let mbr = l.column_member(s, c);
-                let b = std::mem::replace(&mut cols[c], abuf(0));
-                let view = &view;
-                async move { inner.col_write(view, mbr, lba, b, false).await }
-            }))
-            .await;
-            cols.into_iter().for_each(recycle);
-            let mut failed_targets = Vec::new();
-            for r in writes {
-                if let Err(i) = r {
-                    failed_targets.push(i);
-                }
-            }
-            failed_targets.iter().for_each(|&i| inner.mark_failed(i));
-            let mut mm = inner.members.write();
-            let mut wrote = 0;
-            for &c in &targets {
-                let mbr = l.column_member(s, c);
-                if let MemberState::Rebuilding { checkpoint } = &mut mm.states[mbr] {
-                    *checkpoint = s + 1;
-                    mm.changed();
-                    wrote += 1;
-                }
-            }
-            return Ok(wrote);
-        }
-        Err(VolumeError::Rebuild(format!(
-            "stripe {s}: members kept failing"
-        )))
     }
 }

@@ -17,9 +17,19 @@
 //! | 56 | 8 | metadata bytes at the start of each member (data starts after) |
 //! | 64 | 8 | stripes per intent-bitmap bit |
 //! | 72 | 8 | member byte offset of the device-kept record area ([`crate::records`]); 0: none (volumes made before it: zero here) |
-//! | 80 | 24 * n | member table: state (0 active, 1 failed, 2 rebuilding), pad, rebuild checkpoint (stripe), data-area blocks |
+//! | 80 | 24 * n | member table: state (0 active, 1 failed, 2 rebuilding, 3 resyncing), pad, then 8 bytes: the rebuild or resync checkpoint (stripe) for states 2 and 3, for state 1 the generation at which the member failed with the intent bitmap kept from then on (0: unknown), then data-area blocks |
 //! | 3072 | 64 | name: length byte, then up to 63 bytes of UTF-8 (zero when unnamed) |
 //! | 4092 | 4 | CRC32C of bytes 0..4092 |
+//!
+//! Compatibility (format version stays 1): state 3 (resyncing, a re-added
+//! member) and the failed-at generation in state 1's checkpoint field came
+//! with re-add. Superblocks written before them decode unchanged (a failed
+//! member with 0 there is simply not re-addable through the bitmap: a re-add
+//! rebuilds it in full). A build from before re-add refuses a superblock
+//! with a member in state 3 ("member i state 3"), and reads state 1 while
+//! ignoring the failed-at field (and clears it, as it also clears the
+//! bitmap while degraded), so after such a build ran, re-add falls back to
+//! a full rebuild, which is safe.
 
 use crate::layout::{LayoutKind, MAX_MEMBERS};
 
@@ -42,6 +52,12 @@ pub enum MemberState {
     Rebuilding {
         checkpoint: u64,
     },
+    /// Re-added after a failure (`Volume::re_add`): it holds good data but
+    /// in the regions written while it was away; those at or above
+    /// `checkpoint` are being resynced from the others.
+    Resyncing {
+        checkpoint: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +65,9 @@ pub struct MemberEntry {
     pub state: MemberState,
     /// Data-area size in volume blocks (concat members differ).
     pub data_blocks: u64,
+    /// For a failed member: the generation at which it failed with the
+    /// intent bitmap kept from then on; 0: unknown (see the module comment).
+    pub failed_at: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,8 +125,9 @@ impl Superblock {
             let at = TABLE_AT + i * ENTRY;
             let (state, cp) = match e.state {
                 MemberState::Active => (0u8, 0u64),
-                MemberState::Failed => (1, 0),
+                MemberState::Failed => (1, e.failed_at),
                 MemberState::Rebuilding { checkpoint } => (2, checkpoint),
+                MemberState::Resyncing { checkpoint } => (3, checkpoint),
             };
             b[at] = state;
             b[at + 8..at + 16].copy_from_slice(&cp.to_le_bytes());
@@ -178,11 +198,19 @@ impl Superblock {
                 2 => MemberState::Rebuilding {
                     checkpoint: u64_at(at + 8),
                 },
+                3 => MemberState::Resyncing {
+                    checkpoint: u64_at(at + 8),
+                },
                 s => return Err(SuperblockError::Bad(format!("member {i} state {s}"))),
             };
             members.push(MemberEntry {
                 state,
                 data_blocks: u64_at(at + 16),
+                failed_at: if state == MemberState::Failed {
+                    u64_at(at + 8)
+                } else {
+                    0
+                },
             });
         }
         Ok(Superblock {
@@ -307,9 +335,11 @@ mod tests {
                     state: match i {
                         3 => MemberState::Failed,
                         4 => MemberState::Rebuilding { checkpoint: 77 },
+                        5 => MemberState::Resyncing { checkpoint: 12 },
                         _ => MemberState::Active,
                     },
                     data_blocks: 1000 + i,
+                    failed_at: if i == 3 { 41 } else { 0 },
                 })
                 .collect(),
             name: "vol-ü".into(),

@@ -1551,3 +1551,6 @@ fn records_follow_every_member_replacement() {
         assert_eq!(vol.load_record(RES).unwrap(), Some(b"kept".to_vec()));
     });
 }
+
+mod fence;
+mod readd;

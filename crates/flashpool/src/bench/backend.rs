@@ -1,9 +1,11 @@
-//! The I/O one job issues: through an NVMe/TCP I/O queue, or to a local
-//! `BlockDevice` (file/block device through io_uring, or RAM). Buffers are
-//! owned and travel with the I/O, so a job reuses the same few buffers.
+//! The I/O one job issues: through an NVMe/TCP I/O queue of its own, or to a
+//! `BlockDevice` (file/block device through io_uring, RAM, or a remote
+//! namespace). Both move the same 4 KiB-aligned owned buffers
+//! ([`AlignedBuf`]) that travel with the I/O, so a job reuses the same few
+//! buffers, and over TCP they go to the socket and come back from it with no
+//! copy (the path `nvmf_host::remote::RemoteDevice` takes too).
 
 use std::future::Future;
-use std::ops::DerefMut;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -11,47 +13,44 @@ use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
 use nvmf_host::IoQueue;
 
 pub(crate) trait JobIo {
-    type Buf: DerefMut<Target = [u8]> + 'static;
-    fn alloc(&self, len: usize) -> Self::Buf;
+    fn alloc(&self, len: usize) -> AlignedBuf {
+        nvmf_host::zeroed_buf(len)
+    }
     fn read(
         &self,
         lba: u64,
         nlb: u32,
-        buf: Self::Buf,
-    ) -> impl Future<Output = (Self::Buf, Result<()>)>;
+        buf: AlignedBuf,
+    ) -> impl Future<Output = (AlignedBuf, Result<()>)>;
     fn write(
         &self,
         lba: u64,
         nlb: u32,
-        buf: Self::Buf,
-    ) -> impl Future<Output = (Self::Buf, Result<()>)>;
+        buf: AlignedBuf,
+    ) -> impl Future<Output = (AlignedBuf, Result<()>)>;
 }
 
-/// One NVMe/TCP I/O queue of the job's own.
+/// One NVMe/TCP I/O queue of the job's own, connected on the job's thread:
+/// the bench keeps its per-job queue and thread placement, which a
+/// `RemoteDevice` (queues on its own runtime) would not.
 pub(crate) struct TcpIo {
     pub q: Arc<IoQueue>,
     pub nsid: u32,
 }
 
 impl JobIo for TcpIo {
-    type Buf = Vec<u8>;
-
-    fn alloc(&self, len: usize) -> Vec<u8> {
-        vec![0; len]
-    }
-
-    async fn read(&self, lba: u64, nlb: u32, buf: Vec<u8>) -> (Vec<u8>, Result<()>) {
+    async fn read(&self, lba: u64, nlb: u32, buf: AlignedBuf) -> (AlignedBuf, Result<()>) {
         let (b, r) = self.q.read_buf(self.nsid, lba, nlb, buf).await;
         (b, r.map_err(Into::into))
     }
 
-    async fn write(&self, lba: u64, nlb: u32, buf: Vec<u8>) -> (Vec<u8>, Result<()>) {
+    async fn write(&self, lba: u64, nlb: u32, buf: AlignedBuf) -> (AlignedBuf, Result<()>) {
         let (b, r) = self.q.write_buf(self.nsid, lba, nlb, buf).await;
         (b, r.map_err(Into::into))
     }
 }
 
-/// A local device, shared by the jobs.
+/// A device, shared by the jobs.
 pub(crate) struct DevIo {
     pub dev: Arc<dyn BlockDevice>,
 }
@@ -78,14 +77,6 @@ impl DevIo {
 }
 
 impl JobIo for DevIo {
-    type Buf = AlignedBuf;
-
-    fn alloc(&self, len: usize) -> AlignedBuf {
-        let mut b = AlignedBuf::new(len);
-        b.set_len(len);
-        b
-    }
-
     async fn read(&self, lba: u64, nlb: u32, buf: AlignedBuf) -> (AlignedBuf, Result<()>) {
         self.io(BlockOp::Read, lba, nlb, buf).await
     }

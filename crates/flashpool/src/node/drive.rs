@@ -7,7 +7,7 @@ use std::sync::Arc;
 use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice};
 
 /// A drive as the TOML file declares it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct DriveSpec {
     pub name: String,
     /// "mem" or "file".
@@ -16,6 +16,11 @@ pub struct DriveSpec {
     pub path: Option<PathBuf>,
     pub create: bool,
     pub block_size: u32,
+    /// Served to other nodes (JBOF mode).
+    pub export: bool,
+    pub export_hosts: Vec<String>,
+    /// backend = "remote": where it is (None: resolved from `peer:drive`).
+    pub url: Option<String>,
 }
 
 pub struct Drive {
@@ -28,6 +33,12 @@ pub struct Drive {
     /// Never written since the node opened it and reads as zeroes (a new
     /// RAM drive): a volume made only of fresh drives needs no initial sync.
     pub fresh: bool,
+    /// A file or block device: its path.
+    pub path: Option<PathBuf>,
+    /// Served to other nodes (JBOF mode).
+    pub export: Option<super::DriveExport>,
+    /// Another node's drive, reached over NVMe/TCP (the same device as `dev`).
+    pub remote: Option<Arc<nvmf_host::remote::RemoteDevice>>,
 }
 
 impl DriveSpec {
@@ -55,9 +66,14 @@ impl DriveSpec {
                     .map_err(|e| format!("{key}: {e}"))?,
                 )
             }
+            "remote" => {
+                return Err(format!(
+                    "{key}: a remote drive is opened by the node (Node::open_remote)"
+                ));
+            }
             b => {
                 return Err(format!(
-                    "{key}: backend = {b:?} is unknown; use \"mem\" or \"file\""
+                    "{key}: backend = {b:?} is unknown; use \"mem\", \"file\" or \"remote\""
                 ));
             }
         };
@@ -67,6 +83,9 @@ impl DriveSpec {
             fresh: self.backend == "mem",
             dev,
             failed: false,
+            path: self.path.clone(),
+            export: None,
+            remote: None,
         })
     }
 }

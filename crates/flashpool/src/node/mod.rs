@@ -6,8 +6,13 @@
 //! change goes through [`Node`], one operation at a time, so two requests can
 //! never claim the same drive.
 
+mod assemble;
 mod drive;
+mod export;
 mod ops;
+mod remote;
+#[cfg(test)]
+mod remote_tests;
 #[cfg(test)]
 mod tests;
 
@@ -20,7 +25,9 @@ use serde::Serialize;
 use volume::Volume;
 use volume::thin::{ThinPool, ThinVolume};
 
+pub use assemble::AssembleVolume;
 pub use drive::{Drive, DriveSpec};
+pub use export::{DriveExport, ExportDriveRequest};
 pub use ops::{CreateVolume, ExportRequest, check_name, parse_layout};
 
 /// An operation's failure, with the HTTP status the API answers with.
@@ -152,6 +159,8 @@ pub struct Node {
     /// `state_dir/exports.json`: the exports made through the API, so that
     /// they survive a restart as the TOML's do.
     exports_file: Option<std::path::PathBuf>,
+    /// This node as other nodes know it, and its peers.
+    cluster: std::sync::OnceLock<crate::config::Cluster>,
 }
 
 impl Node {
@@ -160,6 +169,21 @@ impl Node {
             state: tokio::sync::Mutex::new(state),
             target: std::sync::OnceLock::new(),
             exports_file: dir.map(|d| d.join("exports.json")),
+            cluster: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Sets the node's identity and peers (from the TOML); before any use.
+    pub fn set_cluster(&self, c: crate::config::Cluster) {
+        let _ = self.cluster.set(c);
+    }
+
+    /// The node's identity and peers; without a TOML, those of a node named
+    /// after the host with no peers.
+    pub fn cluster(&self) -> &crate::config::Cluster {
+        self.cluster.get_or_init(|| {
+            crate::config::cluster::cluster(&crate::config::NodeConfig::default())
+                .expect("the default configuration is valid")
         })
     }
 
@@ -199,6 +223,28 @@ impl Node {
             }
         }
     }
+}
+
+/// A remote drive's link state, for `drive list`.
+fn remote_link(d: &Drive) -> Option<String> {
+    d.remote
+        .as_ref()
+        .map(|r| remote::link_text(&r.link_state()))
+}
+
+/// Replaces `path` with `data` atomically: a crash leaves the old file or
+/// the new one, never half of one.
+pub(crate) fn write_atomic(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// A volume as the target sees it: every call goes to the volume, but

@@ -8,13 +8,11 @@ use std::sync::Arc;
 use blockdev::BlockDevice;
 use nvmf_target::{Namespace, NamespaceError};
 use serde::{Deserialize, Serialize};
-use volume::superblock::{MAX_NAME_BYTES, Superblock};
+use volume::superblock::MAX_NAME_BYTES;
 use volume::thin::{DEFAULT_CLUSTER_BYTES, ThinError, ThinPool};
 use volume::{LayoutKind, MemberState, RebuildOptions, Volume, VolumeConfig};
 
-use super::{
-    Backing, Export, Node, NodeError, NodeResult, NodeState, VolumeEntry, read_head, wipe_head,
-};
+use super::{Backing, Export, Node, NodeError, NodeResult, NodeState, VolumeEntry, wipe_head};
 
 /// `POST /v1/volumes`.
 #[derive(Debug, Clone, Deserialize)]
@@ -128,6 +126,12 @@ pub struct DriveInfo {
     pub state: String,
     pub volume: Option<String>,
     pub position: Option<usize>,
+    /// Exported to other nodes: the subsystem NQN and the hosts allowed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub export: Option<super::DriveExport>,
+    /// A remote drive: its link (connected, reconnecting, down...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
 }
 
 /// Parses `concat`, `raid0`, `raid1`, `raid5`, `raid6`, `ecK+M`.
@@ -192,6 +196,7 @@ fn member_state_name(s: MemberState) -> &'static str {
         MemberState::Active => "active",
         MemberState::Failed => "failed",
         MemberState::Rebuilding { .. } => "rebuilding",
+        MemberState::Resyncing { .. } => "resyncing",
     }
 }
 
@@ -323,7 +328,7 @@ impl VolumeEntry {
 }
 
 impl NodeState {
-    fn drive_info(&self, name: &str) -> Option<DriveInfo> {
+    pub(super) fn drive_info(&self, name: &str) -> Option<DriveInfo> {
         let d = self.drives.get(name)?;
         let geo = d.dev.geometry();
         let user = self.user_of(name);
@@ -337,6 +342,7 @@ impl NodeState {
                 if failed { "failed" } else { "member" }
             }
             (None, true) => "failed",
+            (None, false) if d.export.is_some() => "exported",
             (None, false) => "free",
         };
         Some(DriveInfo {
@@ -348,6 +354,8 @@ impl NodeState {
             state: state.into(),
             volume: user.map(|(v, _)| v.to_string()),
             position: user.map(|(_, p)| p),
+            export: d.export.clone(),
+            link: super::remote_link(d),
         })
     }
 
@@ -375,6 +383,12 @@ impl NodeState {
                     "drive {n} has failed; pick a healthy drive"
                 )));
             }
+            if let Some(x) = &d.export {
+                return Err(NodeError::Conflict(format!(
+                    "drive {n} is exported to other nodes as {}; unexport it first",
+                    x.nqn
+                )));
+            }
             devs.push(d.dev.clone());
         }
         Ok(devs)
@@ -382,126 +396,6 @@ impl NodeState {
 }
 
 impl Node {
-    /// At start: reads every drive's superblock, groups drives by volume,
-    /// and assembles each volume. A drive that lost its position to a newer
-    /// one (it was replaced) is left alone, and wiped, with a warning.
-    pub async fn assemble_found(self: &Arc<Self>) -> anyhow::Result<()> {
-        let mut st = self.state.lock().await;
-        let mut groups: BTreeMap<[u8; 16], Vec<(String, Superblock)>> = BTreeMap::new();
-        for (name, d) in &st.drives {
-            let head = match read_head(&d.dev).await {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::warn!("drive {name}: cannot read its superblock: {e}");
-                    continue;
-                }
-            };
-            if let Ok(sb) = Superblock::decode(&head) {
-                groups.entry(sb.uuid).or_default().push((name.clone(), sb));
-            }
-        }
-        for (_, mut found) in groups {
-            found.sort_by_key(|(_, sb)| std::cmp::Reverse(sb.generation));
-            let newest = found[0].1.clone();
-            // One drive per position: the newest claim wins.
-            let mut chosen: BTreeMap<u16, String> = BTreeMap::new();
-            for (drive, sb) in &found {
-                if chosen.contains_key(&sb.position) {
-                    tracing::warn!(
-                        "drive {drive} claims position {} of volume {:?} at generation {}, \
-                         but a newer member holds it; leaving {drive} out and wiping it",
-                        sb.position,
-                        newest.name,
-                        sb.generation
-                    );
-                    if let Some(d) = st.drives.get(drive) {
-                        let _ = wipe_head(&d.dev).await;
-                    }
-                    continue;
-                }
-                chosen.insert(sb.position, drive.clone());
-            }
-            let n = newest.members.len();
-            let members: Vec<Arc<dyn BlockDevice>> =
-                chosen.values().map(|d| st.drives[d].dev.clone()).collect();
-            let vol = Volume::assemble(members).await.map_err(|e| {
-                anyhow::anyhow!(
-                    "volume {:?} on drives {:?}: {e}",
-                    newest.name,
-                    chosen.values().collect::<Vec<_>>()
-                )
-            })?;
-            let mut name = vol.name();
-            if name.is_empty() || st.volumes.contains_key(&name) {
-                name = format!("vol-{}", &vol.uuid()[..8]);
-            }
-            let drives = (0..n)
-                .map(|p| {
-                    chosen
-                        .get(&(p as u16))
-                        .cloned()
-                        .unwrap_or_else(|| "-".into())
-                })
-                .collect();
-            for d in chosen.values() {
-                if let Some(dr) = st.drives.get_mut(d) {
-                    dr.fresh = false;
-                }
-            }
-            tracing::info!(
-                "volume {name}: assembled on {:?}",
-                chosen.values().collect::<Vec<_>>()
-            );
-            let resume = vol
-                .member_states()
-                .iter()
-                .any(|s| matches!(s, MemberState::Rebuilding { .. }));
-            let as_dev: Arc<dyn BlockDevice> = Arc::new(vol.clone());
-            let pool = if ThinPool::is_pool(&as_dev).await {
-                let p = ThinPool::open(as_dev)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("volume {name}: its thin pool: {e}"))?;
-                for t in p.volumes() {
-                    let Some(tv) = p.volume(&t.name) else {
-                        continue;
-                    };
-                    if st.volumes.contains_key(&t.name) {
-                        tracing::warn!(
-                            "thin volume {} in pool {name}: another volume has that name; not served",
-                            t.name
-                        );
-                        continue;
-                    }
-                    tracing::info!("thin volume {} found in pool {name}", t.name);
-                    st.volumes.insert(
-                        t.name.clone(),
-                        VolumeEntry::new(
-                            &t.name,
-                            Backing::Thin {
-                                pool: name.clone(),
-                                tv,
-                            },
-                            Vec::new(),
-                            None,
-                        ),
-                    );
-                }
-                Some(p)
-            } else {
-                None
-            };
-            st.volumes.insert(
-                name.clone(),
-                VolumeEntry::new(&name, Backing::Drives { vol, pool }, drives, None),
-            );
-            if resume {
-                tracing::info!("volume {name}: resuming the rebuild that was interrupted");
-                self.spawn_rebuild(&mut st, &name);
-            }
-        }
-        Ok(())
-    }
-
     /// A `[[volume]]` of the TOML file: found on its drives, or made on them.
     pub async fn ensure_volume(self: &Arc<Self>, req: CreateVolume) -> anyhow::Result<()> {
         let existing = {
@@ -632,10 +526,13 @@ impl Node {
                 req.name
             )));
         }
+        self.open_named_remotes(&mut st, &req.drives).await?;
         let devs = st.claimable(&req.drives)?;
         if let Some(x) = &req.export {
             self.check_export_free(x)?;
         }
+        // Before the superblocks are written: a drive another node owns is refused.
+        self.claim(&st, &req.drives, false).await?;
         cfg.assume_clean = req.drives.iter().all(|d| st.drives[d].fresh);
         let vol = Volume::create(devs, cfg)
             .await
@@ -761,7 +658,7 @@ impl Node {
         Ok(st.volume_info(&name).expect("just inserted"))
     }
 
-    fn check_export_free(&self, x: &ExportRequest) -> NodeResult<()> {
+    pub(super) fn check_export_free(&self, x: &ExportRequest) -> NodeResult<()> {
         let t = self.target()?;
         let sub = t.subsystem(&x.nqn).ok_or_else(|| {
             NodeError::BadRequest(format!(
@@ -778,7 +675,7 @@ impl Node {
         Ok(())
     }
 
-    fn export_entry(&self, e: &mut VolumeEntry, x: ExportRequest) -> NodeResult<()> {
+    pub(super) fn export_entry(&self, e: &mut VolumeEntry, x: ExportRequest) -> NodeResult<()> {
         if e.thin_pool().is_some() {
             return Err(NodeError::Conflict(format!(
                 "volume {} is a thin pool; export its thin volumes instead",
@@ -842,7 +739,7 @@ impl Node {
 
     /// Writes the API-made exports to the state file (atomically: a crash
     /// leaves the old file or the new one, never half of one).
-    fn save_exports(&self, st: &NodeState) -> NodeResult<()> {
+    pub(super) fn save_exports(&self, st: &NodeState) -> NodeResult<()> {
         let Some(path) = &self.exports_file else {
             return Ok(());
         };
@@ -857,19 +754,7 @@ impl Node {
             })
             .collect();
         let text = serde_json::to_string_pretty(&list).expect("exports serialize");
-        let tmp = path.with_extension("json.tmp");
-        let write = || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)?;
-            if let Some(dir) = path.parent() {
-                std::fs::File::open(dir)?.sync_all()?;
-            }
-            Ok(())
-        };
-        write().map_err(|e| {
+        super::write_atomic(path, text.as_bytes()).map_err(|e| {
             NodeError::Internal(format!(
                 "the export is made, but saving {} failed: {e}; it will not survive a restart",
                 path.display()
@@ -1002,6 +887,7 @@ impl Node {
                 tracing::warn!("drive {d}: wiping the superblock of deleted volume {name}: {err}");
             }
         }
+        self.unclaim(&st, &e.drives).await;
         tracing::info!("volume {name}: deleted; drives {:?} are free", e.drives);
         Ok(())
     }
@@ -1067,7 +953,10 @@ impl Node {
                 "drive {name} is not in any volume; nothing to replace"
             )));
         };
-        let dev = st.claimable(std::slice::from_ref(&with.to_string()))?[0].clone();
+        let with_list = [with.to_string()];
+        self.open_named_remotes(&mut st, &with_list).await?;
+        let dev = st.claimable(&with_list)?[0].clone();
+        self.claim(&st, &with_list, false).await?;
         let vol = st.volumes[&v]
             .on_drives()
             .expect("drive users are on drives");
@@ -1100,7 +989,7 @@ impl Node {
     /// looks again when done, under the state lock that `replace_drive` holds,
     /// so a drive replaced while a rebuild runs is never left behind. Its
     /// outcome is kept for `rebuild-status`.
-    fn spawn_rebuild(self: &Arc<Self>, st: &mut NodeState, name: &str) {
+    pub(super) fn spawn_rebuild(self: &Arc<Self>, st: &mut NodeState, name: &str) {
         let Some(e) = st.volumes.get_mut(name) else {
             return;
         };

@@ -29,6 +29,7 @@ fn mem_drive(name: &str, size: u64) -> DriveSpec {
         path: None,
         create: false,
         block_size: 4096,
+        ..Default::default()
     }
 }
 
@@ -270,6 +271,7 @@ async fn volumes_come_back_from_their_drives_after_a_restart() {
             path: Some(dir.join(format!("f{i}.img"))),
             create: true,
             block_size: 4096,
+            ..Default::default()
         })
         .collect();
     let l;
@@ -542,6 +544,7 @@ async fn thin_volumes_come_back_with_their_pool() {
             path: Some(dir.join(format!("f{i}.img"))),
             create: true,
             block_size: 4096,
+            ..Default::default()
         })
         .collect();
     let l: Vec<u64> = (0..50).map(|i| i * 331).collect();

@@ -11,6 +11,9 @@ use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice, NullDevice};
 use nvmf_target::{ListenerConfig, ListenerKind, Namespace, Subsystem, TransportConfig};
 use serde::Deserialize;
 
+pub mod cluster;
+pub use cluster::{Cluster, PeerSection, RemoteSection};
+
 #[cfg(test)]
 pub const DEFAULT_NQN: &str = "nqn.2026-01.io.flashpool:default";
 
@@ -31,6 +34,10 @@ pub struct NodeConfig {
     pub drive: Vec<DriveSection>,
     #[serde(default)]
     pub volume: Vec<VolumeSection>,
+    #[serde(default)]
+    pub peer: Vec<PeerSection>,
+    #[serde(default)]
+    pub remote: RemoteSection,
 }
 
 /// The management API (HTTP + JSON). Local only by default.
@@ -74,6 +81,16 @@ pub struct DriveSection {
     pub create: bool,
     #[serde(default = "bs4096")]
     pub block_size: u32,
+    /// Serve this drive to other nodes (JBOF mode) as
+    /// `nqn.2026-01.io.flashpool:drive:<node>:<drive>`, nsid 1.
+    #[serde(default)]
+    pub export: bool,
+    /// Host NQNs allowed on the export (default: the `[[peer]]`s').
+    #[serde(default)]
+    pub export_hosts: Vec<String>,
+    /// backend = "remote": `tcp://ADDR:PORT/NQN?nsid=N` (default: from the
+    /// name `peer:drive` and that `[[peer]]`'s address).
+    pub url: Option<String>,
 }
 
 fn bs4096() -> u32 {
@@ -119,6 +136,13 @@ pub struct NodeSection {
     /// Where the node keeps what the API changed (exports.json). Without
     /// it, exports made through the API last until the node stops.
     pub state_dir: Option<PathBuf>,
+    /// This node's name among its peers (default: the hostname).
+    pub name: Option<String>,
+    /// The host NQN this node uses on other nodes' drives
+    /// (default `nqn.2026-01.io.flashpool:node:<name>`).
+    pub host_nqn: Option<String>,
+    /// Its host ID, a UUID (default: derived from the host NQN, so stable).
+    pub host_id: Option<String>,
 }
 
 impl Default for NodeSection {
@@ -129,6 +153,9 @@ impl Default for NodeSection {
             log: info(),
             poll_us: default_poll_us(),
             state_dir: None,
+            name: None,
+            host_nqn: None,
+            host_id: None,
         }
     }
 }
@@ -295,8 +322,29 @@ pub fn node_specs(
     let mut names = HashSet::new();
     for (i, d) in cfg.drive.iter().enumerate() {
         let key = format!("drive[{i}]");
-        crate::node::check_name(&format!("config: {key}.name:"), &d.name)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if d.backend == "remote" {
+            // `peer:drive`, so the name alone says where it lives.
+            for part in d.name.splitn(2, ':') {
+                crate::node::check_name(&format!("config: {key}.name:"), part)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            if !d.name.contains(':') && d.url.is_none() {
+                bail!(
+                    "config: {key}: a remote drive is named PEER:DRIVE (e.g. \"e2:d0\"), or has url = \"tcp://ADDR:PORT/NQN?nsid=N\""
+                );
+            }
+            if d.size.is_some() || d.path.is_some() || d.create {
+                bail!(
+                    "config: {key}: a remote drive takes only name and url; its size is the remote namespace's"
+                );
+            }
+        } else {
+            crate::node::check_name(&format!("config: {key}.name:"), &d.name)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            if d.url.is_some() {
+                bail!("config: {key}.url is only for backend = \"remote\"");
+            }
+        }
         if !names.insert(d.name.clone()) {
             bail!(
                 "config: {key}.name = {:?} is used twice; give each drive its own name",
@@ -320,8 +368,10 @@ pub fn node_specs(
                     "config: {key}.path is missing; a file drive needs path = \"/dev/sdX\" or a file"
                 )
             }
-            "mem" | "file" => {}
-            b => bail!("config: {key}.backend = {b:?} is unknown; use \"mem\" or \"file\""),
+            "mem" | "file" | "remote" => {}
+            b => bail!(
+                "config: {key}.backend = {b:?} is unknown; use \"mem\", \"file\" or \"remote\""
+            ),
         }
         if d.path.is_some() && d.backend != "file" {
             bail!(
@@ -344,6 +394,9 @@ pub fn node_specs(
             path: d.path.clone(),
             create: d.create,
             block_size: d.block_size,
+            export: d.export,
+            export_hosts: d.export_hosts.clone(),
+            url: d.url.clone(),
         });
     }
     let mut volumes = Vec::new();
@@ -420,7 +473,7 @@ pub fn node_specs(
 pub fn build(cfg: &NodeConfig, volumes: VolumeResolver<'_>) -> Result<Built> {
     let transport = transport(cfg)?;
     let listeners = listeners(cfg)?;
-    if cfg.subsystem.is_empty() {
+    if cfg.subsystem.is_empty() && !cfg.drive.iter().any(|d| d.export) {
         bail!(
             "config: no [[subsystem]] defined; add one with an nqn and at least one [[subsystem.namespace]]"
         );

@@ -1,0 +1,464 @@
+//! Volumes on other nodes' drives, in one process: an enclosure (a target
+//! exporting RAM drives as `nqn...:drive:e1:dN`) on 127.0.0.1, and owner
+//! nodes whose volumes use those drives over NVMe/TCP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use blockdev::{
+    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoFuture, IoRequest, MemDevice,
+};
+use nvmf_host::ResvType;
+use nvmf_host::remote::{RemoteDevice, RemoteOptions};
+use nvmf_target::{
+    ListenerConfig, ListenerKind, Namespace, Server, Subsystem, Target, TransportConfig,
+};
+
+use super::*;
+use crate::config::cluster::{Cluster, Peer, RemoteSettings, drive_nqn, node_host_nqn, stable_id};
+
+const NQN: &str = "nqn.2026-01.io.flashpool:test";
+const DRIVE_BYTES: u64 = 16 << 20;
+
+/// A RAM drive that counts the writes it takes once armed.
+struct Counting {
+    dev: MemDevice,
+    armed: AtomicBool,
+    writes: AtomicU64,
+}
+
+impl BlockDevice for Counting {
+    fn geometry(&self) -> Geometry {
+        self.dev.geometry()
+    }
+    fn submit(&self, req: IoRequest) -> IoFuture {
+        if matches!(
+            req.op,
+            BlockOp::Write { .. } | BlockOp::WriteZeroes | BlockOp::Deallocate
+        ) && self.armed.load(Ordering::SeqCst)
+        {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+        }
+        self.dev.submit(req)
+    }
+    fn deallocate_reads_zeroes(&self) -> bool {
+        self.dev.deallocate_reads_zeroes()
+    }
+    fn describe(&self) -> String {
+        "counting mem".into()
+    }
+}
+
+/// A node that exports `n` RAM drives, and can be stopped and started again
+/// on the same port with the same drives (a node process killed and restarted).
+struct Enclosure {
+    name: String,
+    drives: Vec<Arc<Counting>>,
+    hosts: Vec<String>,
+    addr: SocketAddr,
+    server: Option<Server>,
+}
+
+impl Enclosure {
+    fn new(name: &str, n: usize, hosts: &[String]) -> Enclosure {
+        let drives = (0..n)
+            .map(|_| {
+                Arc::new(Counting {
+                    dev: MemDevice::new(DRIVE_BYTES, 4096).unwrap(),
+                    armed: AtomicBool::new(false),
+                    writes: AtomicU64::new(0),
+                })
+            })
+            .collect();
+        let mut e = Enclosure {
+            name: name.into(),
+            drives,
+            hosts: hosts.to_vec(),
+            addr: "127.0.0.1:0".parse().unwrap(),
+            server: None,
+        };
+        e.start();
+        e
+    }
+
+    fn start(&mut self) {
+        let subs = self
+            .drives
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let id = [i as u8 + 1; 16];
+                Arc::new(Subsystem::new(
+                    drive_nqn(&self.name, &format!("d{i}")),
+                    format!("{}-d{i}", self.name),
+                    "flashpool drive".into(),
+                    false,
+                    self.hosts.clone(),
+                    vec![Namespace::new(1, d.clone(), id, id)],
+                ))
+            })
+            .collect();
+        let target = Arc::new(Target::new(TransportConfig::default(), subs));
+        let server = Server::start(
+            target,
+            &[ListenerConfig {
+                addr: self.addr,
+                kind: ListenerKind::Io,
+            }],
+        )
+        .unwrap();
+        self.addr = server.local_addrs()[0].0;
+        self.server = Some(server);
+    }
+
+    fn stop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.shutdown();
+        }
+    }
+
+    fn arm(&self) {
+        for d in &self.drives {
+            d.armed.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn writes(&self) -> u64 {
+        self.drives
+            .iter()
+            .map(|d| d.writes.load(Ordering::SeqCst))
+            .sum()
+    }
+}
+
+impl Drop for Enclosure {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn settings() -> RemoteSettings {
+    RemoteSettings {
+        fail_after: Duration::from_millis(1500),
+        io_timeout: Duration::from_secs(3),
+        kato_ms: 1000,
+        queues: 2,
+        queue_depth: 32,
+    }
+}
+
+fn owner(name: &str, enc: &Enclosure) -> Arc<Node> {
+    let node = Node::with_state_dir(NodeState::default(), None);
+    let host_nqn = node_host_nqn(name);
+    node.set_cluster(Cluster {
+        node_name: name.into(),
+        host_id: stable_id(&host_nqn),
+        host_nqn,
+        peers: vec![Peer {
+            name: enc.name.clone(),
+            addr: enc.addr,
+            host_nqn: node_host_nqn(&enc.name),
+        }],
+        remote: settings(),
+    });
+    let sub = Subsystem::new(
+        NQN.into(),
+        "T".into(),
+        "T".into(),
+        true,
+        Vec::new(),
+        Vec::new(),
+    );
+    node.attach_target(Arc::new(Target::new(
+        TransportConfig::default(),
+        vec![Arc::new(sub)],
+    )));
+    node
+}
+
+fn create(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
+    CreateVolume {
+        name: name.into(),
+        layout: Some(layout.into()),
+        drives: drives.iter().map(|d| d.to_string()).collect(),
+        thin_pool: false,
+        cluster: None,
+        pool: None,
+        size: None,
+        strip: None,
+        block_size: None,
+        rebuild_rate: None,
+        export: Some(ExportRequest {
+            nqn: NQN.into(),
+            nsid: 1,
+        }),
+    }
+}
+
+fn served(node: &Node) -> Arc<dyn BlockDevice> {
+    node.target()
+        .unwrap()
+        .subsystem(NQN)
+        .unwrap()
+        .namespace(1)
+        .expect("exported")
+        .dev
+}
+
+fn stamp(lba: u64, seq: u64) -> AlignedBuf {
+    let mut b = AlignedBuf::new(4096);
+    b.set_len(4096);
+    for (i, w) in b.chunks_exact_mut(8).enumerate() {
+        w.copy_from_slice(&(lba.rotate_left(17) ^ seq ^ (i as u64 * 0x9E37)).to_le_bytes());
+    }
+    b
+}
+
+async fn write(dev: &dyn BlockDevice, lba: u64, seq: u64) -> Result<(), BlockError> {
+    dev.submit(IoRequest {
+        op: BlockOp::Write { fua: false },
+        lba,
+        blocks: 1,
+        buf: stamp(lba, seq),
+    })
+    .await
+    .result
+}
+
+async fn read(dev: &dyn BlockDevice, lba: u64) -> Result<AlignedBuf, BlockError> {
+    let mut b = AlignedBuf::new(4096);
+    b.set_len(4096);
+    let done = dev
+        .submit(IoRequest {
+            op: BlockOp::Read,
+            lba,
+            blocks: 1,
+            buf: b,
+        })
+        .await;
+    done.result.map(|_| done.buf)
+}
+
+async fn wait_for(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let t = Instant::now();
+    while !f().await {
+        assert!(t.elapsed() < limit, "{what}: not after {limit:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn hosts(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| node_host_nqn(n)).collect()
+}
+
+/// Node B preempts node A's reservation on every member while A writes.
+/// Once B's preempts have returned, no write of A reaches any member; A's
+/// volume is fenced (its I/O ends in an ANA path error, so hosts go
+/// elsewhere); and B assembles the volume from the drives alone, with every
+/// write A had acknowledged in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_owner_writes_nothing_more_and_another_node_assembles_the_volume() {
+    let enc = Enclosure::new("e1", 3, &hosts(&["a", "b"]));
+    let a = owner("a", &enc);
+    a.create_volume(create("r5", "raid5", &["e1:d0", "e1:d1", "e1:d2"]))
+        .await
+        .unwrap();
+    let dev_a = served(&a);
+    let blocks = dev_a.geometry().num_blocks;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let dev = dev_a.clone();
+        tokio::spawn(async move {
+            let mut acked = std::collections::HashMap::new();
+            let (mut seq, mut errors) = (0u64, Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                seq += 1;
+                let lba = (seq * 7919) % blocks;
+                match write(&*dev, lba, seq).await {
+                    Ok(()) => {
+                        acked.insert(lba, seq);
+                    }
+                    Err(e) => {
+                        errors.push(e.to_string());
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            }
+            (acked, errors)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // B, as a plain host with B's identity: register and preempt-and-abort A.
+    let b_nqn = node_host_nqn("b");
+    let b_key = {
+        let id = stable_id(&b_nqn);
+        u64::from_be_bytes(id[..8].try_into().unwrap()) | 1
+    };
+    for i in 0..3 {
+        let url = format!(
+            "tcp://{}/{}?nsid=1",
+            enc.addr,
+            drive_nqn("e1", &format!("d{i}"))
+        );
+        let mut o = RemoteOptions::default();
+        o.host.hostnqn = b_nqn.clone();
+        o.host.hostid = stable_id(&b_nqn);
+        let r = RemoteDevice::connect(&url, o).await.unwrap();
+        r.register(b_key).await.unwrap();
+        r.preempt_abort(b_key, a.resv_key(), ResvType::WriteExclusiveRegistrantsOnly)
+            .await
+            .unwrap();
+    }
+    enc.arm();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (acked, errors) = writer.await.unwrap();
+    assert_eq!(
+        enc.writes(),
+        0,
+        "writes of the preempted owner reached the members"
+    );
+    assert!(
+        !errors.is_empty(),
+        "A's writes kept succeeding after the preempt"
+    );
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.contains("fenced") || e.contains("reservation conflict")),
+        "{errors:?}"
+    );
+    let vol_a = a.state.lock().await.volumes["r5"]
+        .on_drives()
+        .unwrap()
+        .clone();
+    assert!(vol_a.is_fenced(), "A's volume did not fence itself");
+    assert!(
+        acked.len() > 10,
+        "the writer made no progress before the preempt"
+    );
+
+    // B, now as a node: the drives alone give it the volume, and B already
+    // holds the reservation under its key, so no takeover is needed.
+    let b = owner("b", &enc);
+    let info = b
+        .assemble_volume(AssembleVolume {
+            drives: vec!["e1:d2".into(), "e1:d0".into(), "e1:d1".into()],
+            takeover: false,
+            export: Some(ExportRequest {
+                nqn: NQN.into(),
+                nsid: 1,
+            }),
+        })
+        .await
+        .unwrap();
+    assert_eq!(info.name, "r5");
+    let dev_b = served(&b);
+    for (&lba, &seq) in &acked {
+        let got = read(&*dev_b, lba).await.unwrap();
+        assert!(
+            got[..] == stamp(lba, seq)[..],
+            "LBA {lba}: an acknowledged write of A is missing on B"
+        );
+    }
+}
+
+/// A node that owns the volume refuses to give it to another node that does
+/// not ask for a takeover, and the refusal changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assembling_another_nodes_volume_needs_a_takeover() {
+    let enc = Enclosure::new("e1", 3, &hosts(&["a", "b"]));
+    let a = owner("a", &enc);
+    a.create_volume(create("m", "raid1", &["e1:d0", "e1:d1"]))
+        .await
+        .unwrap();
+    write(&*served(&a), 5, 1).await.unwrap();
+    let b = owner("b", &enc);
+    let drives = vec!["e1:d0".to_string(), "e1:d1".to_string()];
+    let e = b
+        .assemble_volume(AssembleVolume {
+            drives: drives.clone(),
+            takeover: false,
+            export: None,
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("reserved by another node"), "{e}");
+    write(&*served(&a), 6, 2).await.expect("A still owns it");
+    b.assemble_volume(AssembleVolume {
+        drives,
+        takeover: true,
+        export: None,
+    })
+    .await
+    .unwrap();
+    wait_for("A fenced", Duration::from_secs(10), async || {
+        write(&*served(&a), 7, 3).await.is_err()
+    })
+    .await;
+}
+
+/// An enclosure that dies: its members fail after `fail_after` and the
+/// volume goes on degraded without an error; when the enclosure is back the
+/// owner re-adds its drives through the bitmap and every write reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_enclosure_fails_its_member_and_is_re_added_when_back() {
+    let mut e1 = Enclosure::new("e1", 2, &hosts(&["a"]));
+    let e2 = Enclosure::new("e2", 2, &hosts(&["a"]));
+    let a = {
+        let node = owner("a", &e1);
+        // Both enclosures are peers.
+        let mut c = node.cluster().clone();
+        c.peers.push(Peer {
+            name: "e2".into(),
+            addr: e2.addr,
+            host_nqn: node_host_nqn("e2"),
+        });
+        let n2 = Node::with_state_dir(NodeState::default(), None);
+        n2.set_cluster(c);
+        n2.attach_target(node.target().unwrap().clone());
+        n2
+    };
+    a.create_volume(create("r6", "raid6", &["e1:d0", "e2:d0", "e2:d1", "e1:d1"]))
+        .await
+        .unwrap();
+    let dev = served(&a);
+    let n = dev.geometry().num_blocks;
+    let lbas: Vec<u64> = (0..64).map(|i| (i * 7919) % n).collect();
+    for &l in &lbas {
+        write(&*dev, l, 1).await.unwrap();
+    }
+    e1.stop();
+    let t = Instant::now();
+    // Writes go on: they wait at most fail_after, then run degraded.
+    for &l in &lbas {
+        write(&*dev, l, 2)
+            .await
+            .expect("within redundancy: no error");
+    }
+    assert!(t.elapsed() < Duration::from_secs(20));
+    let info = a.volume("r6").await.unwrap();
+    assert_eq!(info.state, "degraded", "{info:?}");
+    e1.start();
+    wait_for("members re-added", Duration::from_secs(30), async || {
+        a.volume("r6").await.unwrap().state == "optimal"
+    })
+    .await;
+    for &l in &lbas {
+        let got = read(&*dev, l).await.unwrap();
+        assert!(got[..] == stamp(l, 2)[..], "LBA {l}");
+    }
+    // The re-added members hold the data themselves: fail the other
+    // enclosure's drives and read again.
+    a.fail_drive("e2:d0").await.unwrap();
+    a.fail_drive("e2:d1").await.unwrap();
+    for &l in &lbas {
+        let got = read(&*dev, l).await.unwrap();
+        assert!(got[..] == stamp(l, 2)[..], "LBA {l} after the resync");
+    }
+}

@@ -1,0 +1,274 @@
+//! Re-add through the write-intent bitmap: a failed member comes back and
+//! only what it missed is resynced.
+
+use super::*;
+
+async fn vflush(vol: &Volume) {
+    vol.submit(IoRequest {
+        op: BlockOp::Flush,
+        lba: 0,
+        blocks: 0,
+        buf: AlignedBuf::new(0),
+    })
+    .await
+    .result
+    .expect("flush");
+}
+
+fn member_write_blocks(f: &FaultDevice) -> u64 {
+    f.stats().write_blocks
+}
+
+/// Writes `count` small random writes into the first `span` blocks.
+async fn writes_in(rng: &mut Rng, vol: &Volume, model: &mut Model, span: u64, count: usize) {
+    for _ in 0..count {
+        let lba = rng.below(span - 2);
+        let data: Vec<u8> = (0..2 * BS as usize).map(|_| rng.below(256) as u8).collect();
+        vwrite(vol, lba, &data).await.unwrap();
+        model.apply(lba, &data);
+    }
+}
+
+#[test]
+fn re_add_resyncs_only_the_stale_regions() {
+    for (kind, n) in [
+        (LayoutKind::Raid5, 5),
+        (LayoutKind::Raid6, 6),
+        (LayoutKind::Raid1, 2),
+    ] {
+        block_on(async {
+            let stripes = 256u64;
+            let rig = Rig::new(n, stripes);
+            let vol = Volume::create(rig.members(), cfg(kind)).await.unwrap();
+            let mut model = Model::new(&vol);
+            let mut rng = Rng::new(11);
+            vol.set_intent_clear_age(std::time::Duration::ZERO);
+            for _ in 0..40 {
+                random_write(&mut rng, &vol, &mut model).await;
+            }
+            vflush(&vol).await;
+            // Member 1 drops off (a remote drive unreachable for a while);
+            // writes go on degraded, into the first few stripes only.
+            rig.faults[1].fail_now();
+            let span = 4 * vol.layout().data_columns() as u64 * u64::from(STRIP) / BS;
+            writes_in(&mut rng, &vol, &mut model, span, 12).await;
+            assert_eq!(vol.member_states()[1], MemberState::Failed);
+            // Flushes must not clear what member 1 missed.
+            vflush(&vol).await;
+            rig.faults[1].heal();
+            let before = member_write_blocks(&rig.faults[1]);
+            let rep = vol.re_add(1, rig.faults[1].clone()).await.unwrap();
+            assert!(!rep.full_rebuild, "{kind}: {rep:?}");
+            assert!(
+                rep.stale_stripes > 0 && rep.stale_stripes <= 6,
+                "{kind}: {rep:?}"
+            );
+            assert!(matches!(
+                vol.member_states()[1],
+                MemberState::Resyncing { checkpoint: 0 }
+            ));
+            // It serves clean regions at once, reconstructs stale ones.
+            model.check(&vol, "re-added, before resync").await;
+            vol.rebuild(RebuildOptions::default()).await.unwrap();
+            let p = vol.rebuild_progress();
+            assert!(p.resync && p.done_stripes == p.total_stripes, "{p:?}");
+            assert_eq!(p.total_stripes, rep.stale_stripes);
+            assert!(
+                vol.member_states()
+                    .iter()
+                    .all(|s| *s == MemberState::Active)
+            );
+            let member_blocks = vol.layout().member_blocks(1);
+            let wrote = member_write_blocks(&rig.faults[1]) - before;
+            assert!(
+                wrote * 4 < member_blocks,
+                "{kind}: re-add wrote {wrote} blocks to the member; a full rebuild writes {member_blocks}"
+            );
+            // The re-added member carries the data: lose others instead.
+            for i in (0..n)
+                .filter(|&i| i != 1)
+                .take(vol.layout().parity_columns())
+            {
+                rig.faults[i].fail_now();
+            }
+            model
+                .check(&vol, &format!("{kind}: re-added member carries data"))
+                .await;
+            drop(vol);
+            rig.faults.iter().for_each(|f| f.heal());
+            let vol = Volume::assemble(rig.members()).await.unwrap();
+            assert_eq!(vol.scrub(false).await.inconsistent_count, 0, "{kind}");
+        });
+    }
+}
+
+#[test]
+fn re_add_survives_a_restart_midway() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let stripes = 64u64;
+        let rig = Rig::new(5, stripes);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        let mut model = Model::new(&vol);
+        let mut rng = Rng::new(12);
+        for _ in 0..40 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        rig.faults[2].fail_now();
+        for _ in 0..30 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        // A power cut while degraded: the kept bits survive it.
+        drop(vol);
+        let mut members = rig.members();
+        members.remove(2);
+        let vol = Volume::assemble(members).await.unwrap();
+        assert_eq!(vol.member_states()[2], MemberState::Failed);
+        for _ in 0..10 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        rig.faults[2].heal();
+        let rep = vol.re_add(2, rig.faults[2].clone()).await.unwrap();
+        assert!(!rep.full_rebuild, "{rep:?}");
+        assert!(rep.stale_stripes < stripes, "{rep:?}");
+        // Resync slowly, cut the power in the middle.
+        let opts = RebuildOptions {
+            rate_bytes_per_sec: Some(64 << 10),
+            checkpoint_every: 1,
+        };
+        let task = vol.start_rebuild(opts);
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        for _ in 0..10 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        task.abort();
+        let _ = task.await;
+        drop(vol);
+        let vol = Volume::assemble(rig.members()).await.unwrap();
+        let MemberState::Resyncing { checkpoint } = vol.member_states()[2] else {
+            panic!(
+                "member 2 should still be resyncing: {:?}",
+                vol.member_states()
+            );
+        };
+        assert!(checkpoint > 0, "the checkpoint was persisted");
+        model.check(&vol, "mid-resync after restart").await;
+        vol.rebuild(RebuildOptions::default()).await.unwrap();
+        assert!(
+            vol.member_states()
+                .iter()
+                .all(|s| *s == MemberState::Active)
+        );
+        rig.faults[0].fail_now();
+        model.check(&vol, "re-added member carries data").await;
+        drop(vol);
+        rig.faults[0].heal();
+        let vol = Volume::assemble(rig.members()).await.unwrap();
+        assert_eq!(vol.scrub(false).await.inconsistent_count, 0);
+    });
+}
+
+#[test]
+fn re_add_refuses_the_wrong_device_and_changes_nothing() {
+    block_on(async {
+        let rig = Rig::new(5, 16);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        let mut model = Model::new(&vol);
+        let mut rng = Rng::new(13);
+        for _ in 0..10 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        // Not failed: nothing to re-add.
+        let e = vol
+            .re_add(1, rig.faults[1].clone())
+            .await
+            .expect_err("active");
+        assert!(
+            matches!(e, VolumeError::ReAddRefused { index: 1, .. }),
+            "{e}"
+        );
+        rig.faults[1].fail_now();
+        for _ in 0..10 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        rig.faults[1].heal();
+        let states = vol.member_states();
+        let generation = vol.generation();
+        let other = Rig::new(5, 16);
+        let foreign = Volume::create(other.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        drop(foreign);
+        let blank = spare(&rig);
+        for (what, dev) in [
+            ("another position", rig.faults[3].clone()),
+            ("another volume", other.faults[1].clone()),
+            ("a blank device", blank.clone()),
+        ] {
+            let writes = dev.stats().writes;
+            let e = vol.re_add(1, dev.clone()).await.expect_err(what);
+            assert!(
+                matches!(e, VolumeError::ReAddRefused { index: 1, .. }),
+                "{what}: {e}"
+            );
+            assert_eq!(dev.stats().writes, writes, "{what}: the device was written");
+            assert_eq!(vol.member_states(), states, "{what}");
+            assert_eq!(vol.generation(), generation, "{what}");
+        }
+        // A copy from the future (written by another owner) is refused too.
+        let mut sb = {
+            let b = super::member_bytes(rig.faults[1].inner(), 0, 4096);
+            Superblock::decode(&b).unwrap()
+        };
+        sb.generation = generation + 10;
+        super::put_member_bytes(rig.faults[1].inner(), 0, &sb.encode());
+        let e = vol
+            .re_add(1, rig.faults[1].clone())
+            .await
+            .expect_err("newer");
+        assert!(e.to_string().contains("generation"), "{e}");
+        assert_eq!(vol.member_states(), states);
+        model.check(&vol, "after refusals").await;
+    });
+}
+
+#[test]
+fn re_add_without_a_usable_record_rebuilds_in_full() {
+    block_on(async {
+        let rig = Rig::new(5, 16);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        let mut model = Model::new(&vol);
+        let mut rng = Rng::new(14);
+        for _ in 0..10 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        rig.faults[4].fail_now();
+        drop(vol);
+        // Reassembled without the bitmap: nothing records what it missed.
+        let vol = Volume::assemble_with(rig.members(), false, true)
+            .await
+            .unwrap();
+        for _ in 0..10 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        rig.faults[4].heal();
+        let rep = vol.re_add(4, rig.faults[4].clone()).await.unwrap();
+        assert!(rep.full_rebuild && rep.reason.is_some(), "{rep:?}");
+        assert!(matches!(
+            vol.member_states()[4],
+            MemberState::Rebuilding { checkpoint: 0 }
+        ));
+        vol.rebuild(RebuildOptions::default()).await.unwrap();
+        rig.faults[0].fail_now();
+        model.check(&vol, "fully rebuilt").await;
+    });
+}

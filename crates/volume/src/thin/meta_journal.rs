@@ -1,0 +1,425 @@
+//! Metadata persistence: checkpoints of the maps, the metadata journal
+//! (group commit, replay), and cluster reservation.
+
+use super::*;
+
+impl PoolInner {
+    pub(crate) fn new(
+        dev: Arc<dyn BlockDevice>,
+        dev_bs: u64,
+        geom: PoolGeom,
+        state: State,
+        epoch: u64,
+        next_block: u64,
+    ) -> PoolInner {
+        PoolInner {
+            dev,
+            dev_bs,
+            geom,
+            state: Mutex::new(state),
+            alloc: Mutex::new(Alloc::new(geom.clusters)),
+            pending: Mutex::new(Pending {
+                records: Vec::new(),
+                open: 1,
+            }),
+            journal: tokio::sync::Mutex::new(Journal {
+                epoch,
+                next_block,
+                durable: 0,
+            }),
+            poisoned: AtomicBool::new(false),
+            counters: Counters::default(),
+        }
+    }
+
+    pub(crate) fn check_poisoned(&self) -> Result<(), BlockError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            Err(poisoned_err())
+        } else {
+            Ok(())
+        }
+    }
+
+    pub(crate) fn poison(&self, why: &str) {
+        if !self.poisoned.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                "thin pool {}: metadata write failed ({why}); refusing writes until reopened",
+                uuid_string(&self.geom.uuid)
+            );
+        }
+    }
+
+    pub(crate) fn cluster_at(&self, p: u32) -> u64 {
+        self.geom.data_at + u64::from(p) * self.geom.cluster_bytes
+    }
+
+    pub(crate) async fn io(
+        &self,
+        op: BlockOp,
+        byte_off: u64,
+        bytes: u64,
+        buf: AlignedBuf,
+    ) -> (AlignedBuf, Result<(), BlockError>) {
+        let IoDone { buf, result } = self
+            .dev
+            .submit(IoRequest {
+                op,
+                lba: byte_off / self.dev_bs,
+                blocks: (bytes / self.dev_bs) as u32,
+                buf,
+            })
+            .await;
+        (buf, result)
+    }
+
+    pub(crate) async fn flush_dev(&self) -> Result<(), BlockError> {
+        self.io(BlockOp::Flush, 0, 0, AlignedBuf::new(0)).await.1
+    }
+
+    /// Writes metadata bytes at `at`, in pieces of at most [`META_IO`].
+    pub(crate) async fn write_meta(
+        &self,
+        at: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), BlockError> {
+        let res = join_all(data.chunks(META_IO as usize).enumerate().map(|(i, c)| {
+            let mut b = zbuf(c.len());
+            b.copy_from_slice(c);
+            let off = at + i as u64 * META_IO;
+            async move {
+                self.io(BlockOp::Write { fua }, off, c.len() as u64, b)
+                    .await
+                    .1
+            }
+        }))
+        .await;
+        res.into_iter().collect()
+    }
+
+    pub(crate) async fn read_meta(&self, at: u64, len: u64) -> Result<Vec<u8>, BlockError> {
+        let pieces = len.div_ceil(META_IO);
+        let res = join_all((0..pieces).map(|i| {
+            let n = META_IO.min(len - i * META_IO);
+            self.io(BlockOp::Read, at + i * META_IO, n, zbuf(n as usize))
+        }))
+        .await;
+        let mut out = Vec::with_capacity(len as usize);
+        for (b, r) in res {
+            r?;
+            out.extend_from_slice(&b);
+        }
+        Ok(out)
+    }
+
+    // ---- checkpoints
+
+    pub(crate) fn encode_checkpoint(&self, epoch: u64) -> Vec<u8> {
+        let g = &self.geom;
+        let mut b = vec![0u8; g.checkpoint_bytes as usize];
+        let st = self.state.lock();
+        let mut nvol = 0u32;
+        for (slot, v) in st.slots.iter().enumerate() {
+            if let Some(v) = v {
+                let at = BLOCK_USIZE + slot * VOL_ENTRY;
+                v.meta.encode(&mut b[at..at + VOL_ENTRY]);
+                nvol += 1;
+            }
+        }
+        let owners_at = (BLOCK + VOL_TABLE_BYTES) as usize;
+        for (i, &code) in st.owner.iter().enumerate() {
+            put_u64(&mut b, owners_at + i * 8, code);
+        }
+        drop(st);
+        let body_crc = crc32c(&b[BLOCK_USIZE..]);
+        b[0..8].copy_from_slice(&CP_MAGIC);
+        b[8..24].copy_from_slice(&g.uuid);
+        put_u64(&mut b, 24, epoch);
+        put_u64(&mut b, 32, g.clusters);
+        put_u32(&mut b, 40, body_crc);
+        put_u32(&mut b, 44, nvol);
+        seal(&mut b[..BLOCK_USIZE]);
+        b
+    }
+
+    /// Writes the committed state as checkpoint `epoch + 1` into the copy not
+    /// holding the current one, flushes, and restarts the journal. The caller
+    /// holds the journal lock. A failure poisons the pool.
+    pub(crate) async fn checkpoint(&self, j: &mut Journal) -> Result<(), BlockError> {
+        let epoch = j.epoch + 1;
+        let b = self.encode_checkpoint(epoch);
+        let at = self.geom.checkpoint_at[(epoch % 2) as usize];
+        let r = match self.write_meta(at, &b, false).await {
+            Ok(()) => self.flush_dev().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            self.poison(&format!("checkpoint: {e}"));
+            return Err(e);
+        }
+        j.epoch = epoch;
+        j.next_block = 0;
+        self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The epoch of a checkpoint header, if it is a valid one of this pool's.
+    pub(crate) fn checkpoint_epoch(&self, b: &[u8]) -> Option<u64> {
+        (b[0..8] == CP_MAGIC
+            && sealed(b)
+            && b[8..24] == self.geom.uuid
+            && le_u64(b, 32) == self.geom.clusters)
+            .then(|| le_u64(b, 24))
+    }
+
+    /// Reads both checkpoint copies and builds the state of the newest valid one.
+    pub(crate) async fn load_checkpoint(&self) -> Result<(u64, State), ThinError> {
+        let g = &self.geom;
+        let mut headers = Vec::new();
+        for i in 0..2 {
+            let h = self.read_meta(g.checkpoint_at[i], BLOCK).await?;
+            if let Some(e) = self.checkpoint_epoch(&h) {
+                headers.push((e, i, le_u32(&h, 40)));
+            }
+        }
+        headers.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
+        let mut why = Vec::new();
+        for (epoch, i, body_crc) in headers {
+            let b = self
+                .read_meta(g.checkpoint_at[i], g.checkpoint_bytes)
+                .await?;
+            if crc32c(&b[BLOCK_USIZE..]) != body_crc {
+                tracing::warn!(
+                    "thin pool {}: checkpoint copy {i} (epoch {epoch}) is torn; using the other",
+                    uuid_string(&g.uuid)
+                );
+                why.push(format!("copy {i} (epoch {epoch}) fails its body checksum"));
+                continue;
+            }
+            return self
+                .decode_state(&b)
+                .map(|st| (epoch, st))
+                .map_err(|e| ThinError::Corrupt(format!("checkpoint epoch {epoch}: {e}")));
+        }
+        if why.is_empty() {
+            why.push("neither copy has a valid header".into());
+        }
+        Err(ThinError::Corrupt(format!(
+            "no valid metadata checkpoint: {}",
+            why.join("; ")
+        )))
+    }
+
+    pub(crate) fn decode_state(&self, b: &[u8]) -> Result<State, String> {
+        let g = &self.geom;
+        let mut st = State::empty(g.clusters);
+        for slot in 0..MAX_VOLUMES {
+            let at = BLOCK_USIZE + slot * VOL_ENTRY;
+            if let Some(meta) = VolMeta::decode(&b[at..at + VOL_ENTRY], slot, g.cluster_bytes)? {
+                if st.names.contains_key(&meta.name) {
+                    return Err(format!("two volumes are named {:?}", meta.name));
+                }
+                st.add_volume(Arc::new(VolInner::new(slot as u16, meta, g.cluster_bytes)));
+            }
+        }
+        let owners_at = (BLOCK + VOL_TABLE_BYTES) as usize;
+        for p in 0..g.clusters as usize {
+            let code = le_u64(b, owners_at + p * 8);
+            if code == 0 {
+                continue;
+            }
+            let (slot, vc) = owner_slot_vc(code);
+            let slot = u16::try_from(slot)
+                .map_err(|_| format!("cluster {p}: owner entry {code:#x} names no slot"))?;
+            st.apply(&Record::Map {
+                slot,
+                vc,
+                p: p as u32,
+            })
+            .map_err(|e| format!("owner table: {e}"))?;
+        }
+        Ok(st)
+    }
+
+    // ---- journal
+
+    /// Replays the journal blocks of `epoch`; returns how many there were.
+    pub(crate) async fn replay(&self, epoch: u64) -> Result<u64, ThinError> {
+        let g = &self.geom;
+        let per_read = META_IO / BLOCK;
+        let mut block = 0u64;
+        let mut records = 0u64;
+        'outer: while block < g.journal_blocks {
+            let n = per_read.min(g.journal_blocks - block);
+            let b = self
+                .read_meta(g.journal_at + block * BLOCK, n * BLOCK)
+                .await?;
+            for blk in b.chunks(BLOCK_USIZE) {
+                let valid = blk[0..8] == JN_MAGIC
+                    && sealed(blk)
+                    && blk[8..24] == g.uuid
+                    && le_u64(blk, 24) == epoch
+                    && le_u64(blk, 32) == block;
+                if !valid {
+                    break 'outer;
+                }
+                let count = le_u32(blk, 40) as usize;
+                if count > RECORDS_PER_BLOCK {
+                    return Err(ThinError::Corrupt(format!(
+                        "journal block {block} holds {count} records"
+                    )));
+                }
+                let mut st = self.state.lock();
+                for i in 0..count {
+                    let at = JOURNAL_HDR + i * RECORD_BYTES;
+                    // Freed clusters need no bookkeeping: the free bitmap is
+                    // built from the owner table after replay.
+                    Record::decode(&blk[at..at + RECORD_BYTES])
+                        .and_then(|r| st.apply(&r))
+                        .map_err(|e| {
+                            ThinError::Corrupt(format!("journal block {block} record {i}: {e}"))
+                        })?;
+                }
+                records += count as u64;
+                block += 1;
+            }
+        }
+        tracing::debug!(
+            "thin pool {}: replayed {block} journal blocks, {records} records",
+            uuid_string(&g.uuid)
+        );
+        Ok(block)
+    }
+
+    /// Makes `records` durable (group commit): queues them, and the first
+    /// task to get the journal lock writes everything queued so far. On
+    /// return the records are applied to the in-memory state.
+    pub(crate) async fn commit(&self, records: Vec<Record>) -> Result<(), BlockError> {
+        let mine = {
+            let mut p = self.pending.lock();
+            p.records.extend(records);
+            p.open
+        };
+        let mut j = self.journal.lock().await;
+        if j.durable >= mine {
+            return Ok(());
+        }
+        self.check_poisoned()?;
+        let (batch, recs) = {
+            let mut p = self.pending.lock();
+            let b = p.open;
+            p.open += 1;
+            (b, std::mem::take(&mut p.records))
+        };
+        match self.write_batch(&mut j, &recs).await {
+            Ok(()) => {
+                j.durable = batch;
+                Ok(())
+            }
+            Err(e) => {
+                self.poison(&format!("journal: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) async fn write_batch(
+        &self,
+        j: &mut Journal,
+        recs: &[Record],
+    ) -> Result<(), BlockError> {
+        if recs.is_empty() {
+            return Ok(());
+        }
+        // The data of newly mapped clusters must be durable before their record.
+        if recs.iter().any(|r| matches!(r, Record::Map { .. })) {
+            self.flush_dev().await?;
+        }
+        let g = &self.geom;
+        let mut rest = recs;
+        while !rest.is_empty() {
+            if j.next_block >= g.journal_blocks {
+                self.checkpoint(j).await?;
+            }
+            let room = (g.journal_blocks - j.next_block).min(META_IO / BLOCK) as usize;
+            let n = rest.len().min(room * RECORDS_PER_BLOCK);
+            let (now, later) = rest.split_at(n);
+            let blocks = now.len().div_ceil(RECORDS_PER_BLOCK);
+            let mut b = zbuf(blocks * BLOCK_USIZE);
+            for (i, (blk, chunk)) in b
+                .chunks_mut(BLOCK_USIZE)
+                .zip(now.chunks(RECORDS_PER_BLOCK))
+                .enumerate()
+            {
+                blk[0..8].copy_from_slice(&JN_MAGIC);
+                blk[8..24].copy_from_slice(&g.uuid);
+                put_u64(blk, 24, j.epoch);
+                put_u64(blk, 32, j.next_block + i as u64);
+                put_u32(blk, 40, chunk.len() as u32);
+                for (k, r) in chunk.iter().enumerate() {
+                    let at = JOURNAL_HDR + k * RECORD_BYTES;
+                    r.encode(&mut blk[at..at + RECORD_BYTES]);
+                }
+                seal(blk);
+            }
+            let at = g.journal_at + j.next_block * BLOCK;
+            let len = b.len() as u64;
+            let (_, r) = self.io(BlockOp::Write { fua: true }, at, len, b).await;
+            r?;
+            j.next_block += blocks as u64;
+            self.apply_durable(now)?;
+            self.counters.commits.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .records
+                .fetch_add(now.len() as u64, Ordering::Relaxed);
+            self.counters
+                .journal_blocks
+                .fetch_add(blocks as u64, Ordering::Relaxed);
+            rest = later;
+        }
+        Ok(())
+    }
+
+    /// Applies records that are durable; clusters they free become allocatable.
+    pub(crate) fn apply_durable(&self, recs: &[Record]) -> Result<(), BlockError> {
+        let mut freed = Vec::new();
+        {
+            let mut st = self.state.lock();
+            for r in recs {
+                match st.apply(r) {
+                    Ok(Some(p)) => freed.push(p),
+                    Ok(None) => {}
+                    Err(e) => {
+                        // A bug, not bad input: memory and journal now disagree.
+                        self.poison(&format!("internal: {e}"));
+                        return Err(io_err(format!("thin pool internal error: {e}")));
+                    }
+                }
+            }
+        }
+        if !freed.is_empty() {
+            let mut a = self.alloc.lock();
+            for p in freed {
+                a.put(p);
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn reserve(&self, n: usize) -> Result<Vec<u32>, BlockError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        self.alloc.lock().take(n).ok_or(BlockError::NoSpace)
+    }
+
+    pub(crate) fn release(&self, clusters: &[u32]) {
+        if clusters.is_empty() {
+            return;
+        }
+        let mut a = self.alloc.lock();
+        for &p in clusters {
+            a.put(p);
+        }
+    }
+}

@@ -1,0 +1,598 @@
+//! Thin provisioning: thin volumes carved out of one pool device.
+//!
+//! A [`ThinPool`] lives on one [`BlockDevice`] (typically a protected
+//! [`Volume`](crate::Volume)). It hands out [`ThinVolume`]s, each itself a
+//! `BlockDevice` whose virtual size may exceed what the pool holds. Space is
+//! taken in clusters (default [`DEFAULT_CLUSTER_BYTES`]) on the first write to
+//! a cluster and given back by Deallocate (Dataset Management) or Write
+//! Zeroes of whole clusters. Unallocated ranges read back as zeroes. A write
+//! that needs a cluster when none is free fails with [`BlockError::NoSpace`]
+//! (the target answers NVMe "Capacity Exceeded") and changes nothing.
+//!
+//! # On-device format
+//!
+//! All integers little-endian; metadata moves in 4 KiB blocks, each with a
+//! CRC32C.
+//!
+//! | where | what |
+//! |---|---|
+//! | block 0 | pool superblock: magic `FLPLTHN1`, version, pool uuid, cluster bytes, cluster count, where each area below starts. Written once, at format. |
+//! | checkpoint A, B | two copies of the whole metadata: a 4 KiB header (magic `FLPLTCP1`, pool uuid, epoch, CRC of the body), then a table of [`MAX_VOLUMES`] volume entries (name, uuid, size, block size; 128 bytes each), then the *owner table*: one u64 per physical cluster, 0 for free or `(slot + 1) << 48 \| virtual cluster`. The copy for epoch `e` is at `e % 2`. |
+//! | journal | 4 KiB blocks (magic `FLPLTJN1`, pool uuid, epoch, block index, records) of 16-byte map records: `Map`/`Unmap` (slot, virtual cluster, physical cluster). |
+//! | data | `cluster count` clusters, the first aligned to the cluster size. |
+//!
+//! The owner table is indexed by physical cluster, so it has a fixed size
+//! (8 bytes per cluster, 8 MiB for a 1 TiB pool of 1 MiB clusters) and no
+//! physical cluster can be in two maps by construction. The per-volume maps
+//! (virtual -> physical) are rebuilt from it in memory at open.
+//!
+//! # Crash safety
+//!
+//! * **Allocation** (first write to a cluster): pick a cluster free in
+//!   memory; write the data and zero the rest of the cluster; flush the pool
+//!   device; append a `Map` record to the journal with FUA; only then update
+//!   the in-memory map and acknowledge. A crash before the journal write
+//!   leaves the cluster free on disk (nothing leaks) and loses only the
+//!   unacknowledged write. The flush before the record means a record never
+//!   names a cluster whose new contents are not durable, so a volume never
+//!   reads another volume's stale data.
+//! * **Free** (Deallocate, Write Zeroes, delete): the `Unmap` record (or the
+//!   checkpoint without the volume) is made durable *before* the cluster
+//!   becomes allocatable again, so a reused cluster is never still owned by
+//!   its old volume after a crash.
+//! * **Journal**: every group commit appends whole new blocks, never
+//!   rewriting one, so a torn write only loses the blocks of the commit in
+//!   flight (their CRC fails, or their epoch or index is wrong). Replay stops
+//!   at the first block that is not the next valid one of the current epoch.
+//! * **Checkpoint**: when the journal is full, at open, at create, delete and
+//!   close, the whole state is written to the *other* checkpoint copy with the
+//!   next epoch, then flushed; from then on the journal starts again at block
+//!   0 in the new epoch, so older blocks no longer replay. A torn checkpoint
+//!   fails its CRC and open uses the older copy and its journal, which is
+//!   still intact because no block of the new epoch is written before the new
+//!   checkpoint is durable. Open always writes a fresh checkpoint, so blocks
+//!   left past a torn commit can never be replayed after later appends.
+//! * The superblock and checkpoints carry the pool uuid, so metadata of an
+//!   earlier pool on the same device is never taken for this one's. Format
+//!   first zeroes block 0, so a format cut short leaves no pool at all.
+//! * A failed metadata write leaves memory ahead of the device; the pool then
+//!   refuses writes (reads go on) until it is reopened, which replays what did
+//!   land.
+//!
+//! # Concurrency
+//!
+//! Each thin volume has a table of async reader-writer locks sharded by
+//! virtual cluster. Reads and writes of an allocated cluster share the lock,
+//! so they run concurrently and a Deallocate (exclusive) cannot free and
+//! reuse a cluster under them. The first write to a cluster takes it
+//! exclusively and checks the map again, so two first writes allocate once.
+//! Map records from all volumes are *group-committed*: one task writes every
+//! record queued while the previous commit was in flight, with one flush and
+//! one journal write for all of them. Lookups of the in-memory map are lock
+//! free (atomics in lazily allocated pages).
+//!
+//! Zero-filling a new cluster (instead of tracking which blocks were written)
+//! keeps the map one entry per cluster; the pool device's Write Zeroes does
+//! the filling, which drives and files can do without moving data.
+//! Volume create and delete write a checkpoint rather than a journal record:
+//! they are rare, and it keeps the journal to one record shape.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use blockdev::{
+    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
+    check_request,
+};
+use futures_util::future::join_all;
+use parking_lot::Mutex;
+use tokio::sync::RwLock;
+
+use crate::superblock::{crc32c, new_uuid, uuid_string};
+
+mod format;
+mod io;
+mod meta_journal;
+mod state;
+
+use format::*;
+pub use io::ThinVolume;
+use state::*;
+
+/// Default allocation unit: 1 MiB, as LVM thin and most arrays use.
+pub const DEFAULT_CLUSTER_BYTES: u64 = 1 << 20;
+/// Thin volumes one pool can hold.
+pub const MAX_VOLUMES: usize = 1024;
+/// Longest thin volume name, in bytes.
+pub const MAX_NAME_BYTES: usize = 64;
+/// Largest number of clusters one thin volume may span (its map's index).
+pub const MAX_VOLUME_CLUSTERS: u64 = 1 << 32;
+
+const BLOCK: u64 = 4096;
+const BLOCK_USIZE: usize = 4096;
+const SB_MAGIC: [u8; 8] = *b"FLPLTHN1";
+const CP_MAGIC: [u8; 8] = *b"FLPLTCP1";
+const JN_MAGIC: [u8; 8] = *b"FLPLTJN1";
+const VERSION: u32 = 1;
+const CRC_AT: usize = BLOCK_USIZE - 4;
+const VOL_ENTRY: usize = 128;
+const VOL_TABLE_BYTES: u64 = (MAX_VOLUMES * VOL_ENTRY) as u64;
+const JOURNAL_HDR: usize = 48;
+const RECORD_BYTES: usize = 16;
+const RECORDS_PER_BLOCK: usize = (CRC_AT - JOURNAL_HDR) / RECORD_BYTES;
+/// No physical cluster (in-memory map entry).
+const NONE: u32 = u32::MAX;
+/// Largest physical cluster count (cluster indexes are u32, NONE excluded).
+const MAX_CLUSTERS: u64 = (u32::MAX - 1) as u64;
+const MAP_PAGE: u64 = 4096;
+const LOCK_SHARDS: usize = 256;
+/// Largest single metadata I/O.
+const META_IO: u64 = 1 << 20;
+/// Clusters freed per commit by one Deallocate.
+const UNMAP_CHUNK: usize = 256;
+const VC_BITS: u32 = 48;
+const VC_MASK: u64 = (1 << VC_BITS) - 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ThinError {
+    #[error(
+        "{device}: no thin pool superblock at block 0 (magic is {magic:02x?}); \
+         create one with ThinPool::format (`flashpool pool create`)"
+    )]
+    NotAPool { device: String, magic: [u8; 8] },
+    #[error("thin pool format version {0} is not supported (this build reads version 1)")]
+    Version(u32),
+    #[error("thin pool metadata is corrupt: {0}")]
+    Corrupt(String),
+    #[error("thin pool: {0}")]
+    Config(String),
+    #[error(
+        "a thin volume named {0:?} already exists in this pool; pick another name or delete it"
+    )]
+    NameTaken(String),
+    #[error("no thin volume named {0:?} in this pool; ThinPool::volumes lists them")]
+    NoSuchVolume(String),
+    #[error("the pool already holds {0} thin volumes, the most it can; delete one first")]
+    TooManyVolumes(usize),
+    #[error(
+        "a thin pool metadata write failed earlier, so the pool refuses changes; \
+         reopen it (ThinPool::open) once the device is healthy"
+    )]
+    Poisoned,
+    #[error("thin pool I/O: {0}")]
+    Io(#[from] BlockError),
+}
+
+/// Space accounting of a pool. `allocated` counts clusters whose map record
+/// is committed; clusters taken by writes still in flight count as free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolUsage {
+    pub capacity_bytes: u64,
+    pub allocated_bytes: u64,
+    pub free_bytes: u64,
+    pub cluster_bytes: u64,
+    pub total_clusters: u64,
+    pub allocated_clusters: u64,
+    pub free_clusters: u64,
+    pub volumes: usize,
+    /// Sum of the thin volumes' virtual sizes (may exceed the capacity).
+    pub provisioned_bytes: u64,
+    /// Bytes of the pool device used by metadata (superblock, checkpoints, journal).
+    pub metadata_bytes: u64,
+}
+
+/// One thin volume as [`ThinPool::volumes`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThinInfo {
+    pub name: String,
+    pub uuid: String,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    /// Allocated clusters times the cluster size.
+    pub allocated_bytes: u64,
+}
+
+/// Metadata traffic, to see what group commit saves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Journal commits (each one flush plus one journal write).
+    pub commits: u64,
+    /// Map records committed.
+    pub records: u64,
+    pub journal_blocks: u64,
+    pub checkpoints: u64,
+}
+
+// ---------------------------------------------------------------- pool
+
+/// A thin pool on one device. Cheap to clone; all clones are the same pool.
+#[derive(Clone)]
+pub struct ThinPool {
+    inner: Arc<PoolInner>,
+}
+
+impl std::fmt::Debug for ThinPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThinPool")
+            .field("uuid", &self.uuid())
+            .field("device", &self.inner.dev.describe())
+            .field("usage", &self.usage())
+            .finish()
+    }
+}
+
+fn check_device(dev: &Arc<dyn BlockDevice>) -> Result<u64, ThinError> {
+    let bs = dev.geometry().block_size;
+    if bs == 0 || !4096u32.is_multiple_of(bs) {
+        return Err(ThinError::Config(format!(
+            "{}: {bs}-byte blocks do not divide 4 KiB; a pool needs a device with 512 or \
+             4096-byte blocks",
+            dev.describe()
+        )));
+    }
+    Ok(u64::from(bs))
+}
+
+impl ThinPool {
+    /// Makes `dev` an empty pool with clusters of `cluster_bytes` (a power of
+    /// two, 4 KiB to 1 GiB; [`DEFAULT_CLUSTER_BYTES`] unless there is a reason).
+    /// Whatever the device held is forgotten.
+    pub async fn format(
+        dev: Arc<dyn BlockDevice>,
+        cluster_bytes: u64,
+    ) -> Result<ThinPool, ThinError> {
+        let dev_bs = check_device(&dev)?;
+        let geom = PoolGeom::plan(dev.geometry().size_bytes(), cluster_bytes, new_uuid())?;
+        let pool = PoolInner::new(dev, dev_bs, geom, State::empty(geom.clusters), 0, 0);
+        // No superblock while the rest is being written: a format cut short
+        // must not leave the old pool half overwritten but openable.
+        pool.write_meta(0, &zbuf(BLOCK_USIZE), false).await?;
+        pool.flush_dev().await?;
+        {
+            let mut j = pool.journal.lock().await;
+            pool.checkpoint(&mut j).await?;
+        }
+        pool.write_meta(0, &geom.encode(), true).await?;
+        pool.flush_dev().await?;
+        tracing::info!(
+            "formatted thin pool {} on {}: {} clusters of {} KiB",
+            uuid_string(&geom.uuid),
+            pool.dev.describe(),
+            geom.clusters,
+            geom.cluster_bytes >> 10
+        );
+        Ok(ThinPool {
+            inner: Arc::new(pool),
+        })
+    }
+
+    /// Whether `dev` holds a thin pool superblock (valid magic and checksum).
+    pub async fn is_pool(dev: &Arc<dyn BlockDevice>) -> bool {
+        if check_device(dev).is_err() || dev.geometry().size_bytes() < BLOCK {
+            return false;
+        }
+        let b = read_block0(dev).await;
+        b.is_ok_and(|b| b[0..8] == SB_MAGIC && sealed(&b))
+    }
+
+    /// Opens the pool on `dev`: reads the newest valid checkpoint, replays
+    /// the journal, and writes a fresh checkpoint. Fails with
+    /// [`ThinError::NotAPool`] on a device that was never formatted.
+    pub async fn open(dev: Arc<dyn BlockDevice>) -> Result<ThinPool, ThinError> {
+        let dev_bs = check_device(&dev)?;
+        let device = dev.describe();
+        let size = dev.geometry().size_bytes();
+        if size < BLOCK {
+            return Err(ThinError::NotAPool {
+                device,
+                magic: [0; 8],
+            });
+        }
+        let b0 = read_block0(&dev).await?;
+        let geom = PoolGeom::decode(&b0, &device)?;
+        if size < geom.device_bytes {
+            return Err(ThinError::Config(format!(
+                "{device} holds {size} bytes but the pool on it was formatted for {} bytes; \
+                 is it the right device?",
+                geom.device_bytes
+            )));
+        }
+        let pool = PoolInner::new(dev, dev_bs, geom, State::empty(geom.clusters), 0, 0);
+        let (epoch, state) = pool.load_checkpoint().await?;
+        *pool.state.lock() = state;
+        let next_block = pool.replay(epoch).await?;
+        {
+            let st = pool.state.lock();
+            let mut a = pool.alloc.lock();
+            for (p, &code) in st.owner.iter().enumerate() {
+                if code != 0 {
+                    a.mark(p as u32);
+                }
+            }
+        }
+        let mut j = pool.journal.lock().await;
+        j.epoch = epoch;
+        j.next_block = next_block;
+        pool.checkpoint(&mut j).await?;
+        drop(j);
+        let pool = ThinPool {
+            inner: Arc::new(pool),
+        };
+        let u = pool.usage();
+        tracing::info!(
+            "opened thin pool {} on {}: {} volumes, {} of {} clusters allocated \
+             (checkpoint {epoch} + {next_block} journal blocks)",
+            pool.uuid(),
+            pool.inner.dev.describe(),
+            u.volumes,
+            u.allocated_clusters,
+            u.total_clusters
+        );
+        Ok(pool)
+    }
+
+    /// Creates a thin volume of `size_bytes` (may exceed the pool's capacity)
+    /// with `block_size`-byte blocks (4096 or 512, no smaller than the pool
+    /// device's). The name must be unique in the pool.
+    pub async fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+    ) -> Result<ThinVolume, ThinError> {
+        let p = &self.inner;
+        validate_volume(
+            name,
+            size_bytes,
+            block_size,
+            p.geom.cluster_bytes,
+            p.dev_bs as u32,
+        )?;
+        let mut j = p.journal.lock().await;
+        p.check_poisoned().map_err(|_| ThinError::Poisoned)?;
+        let vol = {
+            let mut st = p.state.lock();
+            if st.names.contains_key(name) {
+                return Err(ThinError::NameTaken(name.to_string()));
+            }
+            let slot = st
+                .slots
+                .iter()
+                .position(|s| s.is_none())
+                .ok_or(ThinError::TooManyVolumes(MAX_VOLUMES))?;
+            let meta = VolMeta {
+                name: name.to_string(),
+                uuid: new_uuid(),
+                size_bytes,
+                block_size,
+            };
+            let vol = Arc::new(VolInner::new(slot as u16, meta, p.geom.cluster_bytes));
+            st.add_volume(vol.clone());
+            vol
+        };
+        p.checkpoint(&mut j).await?;
+        tracing::info!(
+            "thin pool {}: created volume {name} ({size_bytes} bytes)",
+            self.uuid()
+        );
+        Ok(ThinVolume {
+            pool: p.clone(),
+            vol,
+        })
+    }
+
+    /// A handle on the thin volume called `name`.
+    pub fn volume(&self, name: &str) -> Option<ThinVolume> {
+        let st = self.inner.state.lock();
+        let slot = *st.names.get(name)?;
+        let vol = st.slots[usize::from(slot)].clone()?;
+        Some(ThinVolume {
+            pool: self.inner.clone(),
+            vol,
+        })
+    }
+
+    /// All thin volumes, by name.
+    pub fn volumes(&self) -> Vec<ThinInfo> {
+        let cb = self.inner.geom.cluster_bytes;
+        let st = self.inner.state.lock();
+        let mut out: Vec<ThinInfo> = st.slots.iter().flatten().map(|v| info(v, cb)).collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Deletes the thin volume `name` and frees its clusters. I/O in flight
+    /// on it finishes first; later I/O through its handles fails.
+    pub async fn delete_volume(&self, name: &str) -> Result<(), ThinError> {
+        let p = &self.inner;
+        let vol = self
+            .volume(name)
+            .ok_or_else(|| ThinError::NoSuchVolume(name.to_string()))?
+            .vol;
+        p.check_poisoned().map_err(|_| ThinError::Poisoned)?;
+        vol.deleted.store(true, Ordering::Release);
+        // Wait out the I/O that holds a cluster lock (in ascending order, as
+        // Deallocate takes several).
+        let mut guards = Vec::with_capacity(LOCK_SHARDS);
+        for l in vol.locks.iter() {
+            guards.push(l.write().await);
+        }
+        let mut j = p.journal.lock().await;
+        if let Err(e) = p.check_poisoned() {
+            vol.deleted.store(false, Ordering::Release);
+            return Err(e.into());
+        }
+        let freed: Vec<u32> = {
+            let mut st = p.state.lock();
+            // A delete that raced this one may have removed it (and a create
+            // may have reused the slot or the name) while this one waited.
+            let same = st.slots[usize::from(vol.slot)]
+                .as_ref()
+                .is_some_and(|v| Arc::ptr_eq(v, &vol));
+            if !same {
+                return Err(ThinError::NoSuchVolume(name.to_string()));
+            }
+            let freed: Vec<u32> = vol
+                .map
+                .mapped(0, vol.vclusters)
+                .into_iter()
+                .map(|(_, c)| c)
+                .collect();
+            for &c in &freed {
+                st.owner[c as usize] = 0;
+            }
+            st.allocated -= freed.len() as u64;
+            st.names.remove(name);
+            st.slots[usize::from(vol.slot)] = None;
+            freed
+        };
+        p.checkpoint(&mut j).await?;
+        {
+            let mut a = p.alloc.lock();
+            for &c in &freed {
+                a.put(c);
+            }
+        }
+        drop(j);
+        drop(guards);
+        tracing::info!(
+            "thin pool {}: deleted volume {name}, freed {} clusters",
+            self.uuid(),
+            freed.len()
+        );
+        Ok(())
+    }
+
+    pub fn usage(&self) -> PoolUsage {
+        let g = &self.inner.geom;
+        let st = self.inner.state.lock();
+        let vols: Vec<_> = st.slots.iter().flatten().collect();
+        PoolUsage {
+            capacity_bytes: g.capacity(),
+            allocated_bytes: st.allocated * g.cluster_bytes,
+            free_bytes: (g.clusters - st.allocated) * g.cluster_bytes,
+            cluster_bytes: g.cluster_bytes,
+            total_clusters: g.clusters,
+            allocated_clusters: st.allocated,
+            free_clusters: g.clusters - st.allocated,
+            volumes: vols.len(),
+            provisioned_bytes: vols.iter().map(|v| v.meta.size_bytes).sum(),
+            metadata_bytes: g.data_at,
+        }
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let c = &self.inner.counters;
+        PoolStats {
+            commits: c.commits.load(Ordering::Relaxed),
+            records: c.records.load(Ordering::Relaxed),
+            journal_blocks: c.journal_blocks.load(Ordering::Relaxed),
+            checkpoints: c.checkpoints.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn uuid(&self) -> String {
+        uuid_string(&self.inner.geom.uuid)
+    }
+
+    pub fn cluster_bytes(&self) -> u64 {
+        self.inner.geom.cluster_bytes
+    }
+
+    pub fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.inner.dev
+    }
+
+    /// Writes a checkpoint and flushes the device, so the next open replays
+    /// nothing. The pool stays usable; the device is not shut down (its owner
+    /// does that, e.g. `Volume::close` then `shutdown`).
+    pub async fn close(&self) -> Result<(), ThinError> {
+        let p = &self.inner;
+        let mut j = p.journal.lock().await;
+        p.check_poisoned().map_err(|_| ThinError::Poisoned)?;
+        p.checkpoint(&mut j).await?;
+        Ok(())
+    }
+
+    /// Cross-checks the in-memory metadata: every map entry owned by its
+    /// volume in the owner table and the other way round, no physical cluster
+    /// in two maps, counts and the free bitmap agreeing. Call it with no I/O
+    /// in flight (a write allocating a cluster holds one the bitmap counts).
+    pub fn check(&self) -> Result<(), String> {
+        let g = &self.inner.geom;
+        let st = self.inner.state.lock();
+        let a = self.inner.alloc.lock();
+        let mut seen = vec![false; g.clusters as usize];
+        let mut total = 0u64;
+        for (slot, vol) in st.slots.iter().enumerate() {
+            let Some(vol) = vol else { continue };
+            if st.names.get(&vol.meta.name) != Some(&(slot as u16)) {
+                return Err(format!("volume {} not in the name index", vol.meta.name));
+            }
+            let mapped = vol.map.mapped(0, vol.vclusters);
+            for &(vc, p) in &mapped {
+                if std::mem::replace(&mut seen[p as usize], true) {
+                    return Err(format!("cluster {p} is in two maps"));
+                }
+                if st.owner[p as usize] != owner_code(slot as u16, vc) {
+                    return Err(format!(
+                        "volume {} maps {vc} to {p}, whose owner entry is {:#x}",
+                        vol.meta.name, st.owner[p as usize]
+                    ));
+                }
+            }
+            let n = mapped.len() as u64;
+            if vol.allocated.load(Ordering::Relaxed) != n {
+                return Err(format!(
+                    "volume {} counts {} clusters but maps {n}",
+                    vol.meta.name,
+                    vol.allocated.load(Ordering::Relaxed)
+                ));
+            }
+            total += n;
+        }
+        for (p, &code) in st.owner.iter().enumerate() {
+            if (code != 0) != seen[p] {
+                return Err(format!("cluster {p}: owner entry {code:#x} but in no map"));
+            }
+            let taken = a.bits[p / 64] & (1 << (p % 64)) != 0;
+            if taken != seen[p] {
+                return Err(format!(
+                    "cluster {p}: free bitmap says taken = {taken}, maps say {}",
+                    seen[p]
+                ));
+            }
+        }
+        if total != st.allocated || a.used != total {
+            return Err(format!(
+                "maps hold {total} clusters, pool counts {}, bitmap {}",
+                st.allocated, a.used
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn info(v: &VolInner, cluster_bytes: u64) -> ThinInfo {
+    ThinInfo {
+        name: v.meta.name.clone(),
+        uuid: uuid_string(&v.meta.uuid),
+        size_bytes: v.meta.size_bytes,
+        block_size: v.meta.block_size,
+        allocated_bytes: v.allocated.load(Ordering::Relaxed) * cluster_bytes,
+    }
+}
+
+async fn read_block0(dev: &Arc<dyn BlockDevice>) -> Result<AlignedBuf, BlockError> {
+    let bs = u64::from(dev.geometry().block_size);
+    let done = dev
+        .submit(IoRequest {
+            op: BlockOp::Read,
+            lba: 0,
+            blocks: (BLOCK / bs) as u32,
+            buf: zbuf(BLOCK_USIZE),
+        })
+        .await;
+    done.result.map(|()| done.buf)
+}

@@ -1,0 +1,268 @@
+//! The pool in memory: cluster maps, volumes, the cluster allocator, and
+//! the shared state the metadata journal and the I/O path work on.
+
+use super::*;
+
+/// Virtual -> physical cluster map of one thin volume: pages of atomics,
+/// allocated on first use, so lookups take no lock and an empty volume of
+/// any size costs 16 bytes per 4096 clusters.
+pub(crate) struct ClusterMap {
+    pub(crate) pages: Box<[OnceLock<Box<[AtomicU32]>>]>,
+}
+
+impl ClusterMap {
+    pub(crate) fn new(vclusters: u64) -> ClusterMap {
+        let n = vclusters.div_ceil(MAP_PAGE) as usize;
+        ClusterMap {
+            pages: (0..n).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    pub(crate) fn get(&self, vc: u64) -> Option<u32> {
+        let page = self.pages.get((vc / MAP_PAGE) as usize)?.get()?;
+        let p = page[(vc % MAP_PAGE) as usize].load(Ordering::Acquire);
+        (p != NONE).then_some(p)
+    }
+
+    pub(crate) fn set(&self, vc: u64, p: u32) {
+        let page = self.pages[(vc / MAP_PAGE) as usize]
+            .get_or_init(|| (0..MAP_PAGE).map(|_| AtomicU32::new(NONE)).collect());
+        page[(vc % MAP_PAGE) as usize].store(p, Ordering::Release);
+    }
+
+    /// Allocated (virtual, physical) pairs with `lo <= virtual < hi`.
+    pub(crate) fn mapped(&self, lo: u64, hi: u64) -> Vec<(u64, u32)> {
+        let mut out = Vec::new();
+        let mut vc = lo;
+        while vc < hi {
+            let page_end = ((vc / MAP_PAGE + 1) * MAP_PAGE).min(hi);
+            match self
+                .pages
+                .get((vc / MAP_PAGE) as usize)
+                .and_then(|p| p.get())
+            {
+                None => {}
+                Some(page) => {
+                    for v in vc..page_end {
+                        let p = page[(v % MAP_PAGE) as usize].load(Ordering::Acquire);
+                        if p != NONE {
+                            out.push((v, p));
+                        }
+                    }
+                }
+            }
+            vc = page_end;
+        }
+        out
+    }
+}
+
+/// One thin volume's in-memory state, shared by its handles and the pool.
+pub(crate) struct VolInner {
+    pub(crate) slot: u16,
+    pub(crate) meta: VolMeta,
+    pub(crate) vclusters: u64,
+    pub(crate) map: ClusterMap,
+    pub(crate) locks: Box<[RwLock<()>]>,
+    pub(crate) deleted: AtomicBool,
+    /// Committed allocated clusters.
+    pub(crate) allocated: AtomicU64,
+}
+
+impl VolInner {
+    pub(crate) fn new(slot: u16, meta: VolMeta, cluster_bytes: u64) -> VolInner {
+        let vclusters = meta.size_bytes.div_ceil(cluster_bytes);
+        VolInner {
+            slot,
+            vclusters,
+            map: ClusterMap::new(vclusters),
+            locks: (0..LOCK_SHARDS).map(|_| RwLock::new(())).collect(),
+            deleted: AtomicBool::new(false),
+            allocated: AtomicU64::new(0),
+            meta,
+        }
+    }
+
+    pub(crate) fn lock(&self, vc: u64) -> &RwLock<()> {
+        &self.locks[vc as usize % LOCK_SHARDS]
+    }
+
+    pub(crate) fn check_live(&self) -> Result<(), BlockError> {
+        if self.deleted.load(Ordering::Acquire) {
+            Err(io_err(format!(
+                "thin volume {} was deleted",
+                self.meta.name
+            )))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The committed metadata: exactly what checkpoint plus journal on the
+/// device say. Changed only by the task holding the journal lock.
+pub(crate) struct State {
+    pub(crate) owner: Vec<u64>,
+    pub(crate) slots: Vec<Option<Arc<VolInner>>>,
+    pub(crate) names: HashMap<String, u16>,
+    pub(crate) allocated: u64,
+}
+
+impl State {
+    pub(crate) fn empty(clusters: u64) -> State {
+        State {
+            owner: vec![0; clusters as usize],
+            slots: vec![None; MAX_VOLUMES],
+            names: HashMap::new(),
+            allocated: 0,
+        }
+    }
+
+    pub(crate) fn add_volume(&mut self, vol: Arc<VolInner>) {
+        self.names.insert(vol.meta.name.clone(), vol.slot);
+        let slot = usize::from(vol.slot);
+        self.slots[slot] = Some(vol);
+    }
+
+    pub(crate) fn vol(&self, slot: u16) -> Result<&Arc<VolInner>, String> {
+        self.slots
+            .get(usize::from(slot))
+            .and_then(|s| s.as_ref())
+            .ok_or_else(|| format!("record names volume slot {slot}, which is not in use"))
+    }
+
+    /// Applies one record; returns the physical cluster it freed.
+    pub(crate) fn apply(&mut self, r: &Record) -> Result<Option<u32>, String> {
+        match *r {
+            Record::Map { slot, vc, p } => {
+                let vol = self.vol(slot)?;
+                let owner = self.owner.get(p as usize).copied();
+                if owner != Some(0) || vc >= vol.vclusters || vol.map.get(vc).is_some() {
+                    return Err(format!(
+                        "{r:?}: cluster owner {owner:?}, volume has {} clusters, maps it to {:?}",
+                        vol.vclusters,
+                        vol.map.get(vc)
+                    ));
+                }
+                vol.map.set(vc, p);
+                vol.allocated.fetch_add(1, Ordering::Relaxed);
+                self.owner[p as usize] = owner_code(slot, vc);
+                self.allocated += 1;
+                Ok(None)
+            }
+            Record::Unmap { slot, vc, p } => {
+                let vol = self.vol(slot)?;
+                let owner = self.owner.get(p as usize).copied();
+                if owner != Some(owner_code(slot, vc)) || vol.map.get(vc) != Some(p) {
+                    return Err(format!(
+                        "{r:?}: cluster owner {owner:?}, volume maps it to {:?}",
+                        vol.map.get(vc)
+                    ));
+                }
+                vol.map.set(vc, NONE);
+                vol.allocated.fetch_sub(1, Ordering::Relaxed);
+                self.owner[p as usize] = 0;
+                self.allocated -= 1;
+                Ok(Some(p))
+            }
+        }
+    }
+}
+
+/// Free-cluster bitmap for allocation: a set bit is a cluster that is
+/// allocated, being allocated, or freed but not yet durably so.
+pub(crate) struct Alloc {
+    pub(crate) bits: Vec<u64>,
+    pub(crate) total: u64,
+    pub(crate) used: u64,
+    pub(crate) hint: usize,
+}
+
+impl Alloc {
+    pub(crate) fn new(total: u64) -> Alloc {
+        let words = total.div_ceil(64).max(1) as usize;
+        let mut bits = vec![0u64; words];
+        // Bits past the end read as taken, so the scan needs no bound check.
+        for p in total..words as u64 * 64 {
+            bits[(p / 64) as usize] |= 1 << (p % 64);
+        }
+        Alloc {
+            bits,
+            total,
+            used: 0,
+            hint: 0,
+        }
+    }
+
+    pub(crate) fn mark(&mut self, p: u32) {
+        self.bits[p as usize / 64] |= 1 << (p % 64);
+        self.used += 1;
+    }
+
+    /// Takes `n` free clusters, or none if fewer are free. Scans on from the
+    /// last allocation, so a sequential writer gets contiguous clusters.
+    pub(crate) fn take(&mut self, n: usize) -> Option<Vec<u32>> {
+        if self.total - self.used < n as u64 {
+            return None;
+        }
+        let mut out = Vec::with_capacity(n);
+        let mut w = self.hint;
+        loop {
+            let mut free = !self.bits[w];
+            while free != 0 && out.len() < n {
+                let b = free.trailing_zeros();
+                free &= free - 1;
+                self.bits[w] |= 1 << b;
+                out.push((w * 64) as u32 + b);
+            }
+            if out.len() == n {
+                break;
+            }
+            w = (w + 1) % self.bits.len();
+        }
+        self.hint = w;
+        self.used += n as u64;
+        Some(out)
+    }
+
+    pub(crate) fn put(&mut self, p: u32) {
+        let (w, b) = (p as usize / 64, p % 64);
+        debug_assert!(self.bits[w] & (1 << b) != 0, "cluster {p} freed twice");
+        self.bits[w] &= !(1 << b);
+        self.used -= 1;
+    }
+}
+
+pub(crate) struct Pending {
+    pub(crate) records: Vec<Record>,
+    /// The batch that records queued now will be committed in.
+    pub(crate) open: u64,
+}
+
+/// Journal position; its async mutex serialises commits and checkpoints.
+pub(crate) struct Journal {
+    pub(crate) epoch: u64,
+    pub(crate) next_block: u64,
+    /// Last batch that is durable.
+    pub(crate) durable: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) commits: AtomicU64,
+    pub(crate) records: AtomicU64,
+    pub(crate) journal_blocks: AtomicU64,
+    pub(crate) checkpoints: AtomicU64,
+}
+
+pub(crate) struct PoolInner {
+    pub(crate) dev: Arc<dyn BlockDevice>,
+    pub(crate) dev_bs: u64,
+    pub(crate) geom: PoolGeom,
+    pub(crate) state: Mutex<State>,
+    pub(crate) alloc: Mutex<Alloc>,
+    pub(crate) pending: Mutex<Pending>,
+    pub(crate) journal: tokio::sync::Mutex<Journal>,
+    pub(crate) poisoned: AtomicBool,
+    pub(crate) counters: Counters,
+}

@@ -1,0 +1,445 @@
+//! Building a volume: `create` on fresh members, `assemble` from members'
+//! superblocks after a restart (journal replay, then bitmap resync).
+
+use super::*;
+
+impl Volume {
+    /// Builds a new volume on `members`, writing fresh superblocks and an empty
+    /// intent bitmap. Unless `assume_clean`, parity is computed for every stripe.
+    pub async fn create(
+        members: Vec<Arc<dyn BlockDevice>>,
+        cfg: VolumeConfig,
+    ) -> Result<Volume, VolumeError> {
+        let bs = cfg.block_size;
+        if bs != 512 && bs != 4096 {
+            return Err(VolumeError::Config(format!(
+                "block_size = {bs} is not supported; use 4096 or 512"
+            )));
+        }
+        if cfg.strip_bytes == 0
+            || !cfg.strip_bytes.is_power_of_two()
+            || !cfg.strip_bytes.is_multiple_of(bs)
+        {
+            return Err(VolumeError::Config(format!(
+                "strip_bytes = {} is not a power of two multiple of the {bs} B block; use e.g. 65536",
+                cfg.strip_bytes
+            )));
+        }
+        if cfg.meta_bytes < 2 * SB_BYTES as u64 || !cfg.meta_bytes.is_multiple_of(SB_BYTES as u64) {
+            return Err(VolumeError::Config(format!(
+                "meta_bytes = {} must be a multiple of 4096 and at least 8192; use 1048576",
+                cfg.meta_bytes
+            )));
+        }
+        let mut data_blocks = Vec::with_capacity(members.len());
+        for (i, d) in members.iter().enumerate() {
+            if let Some(j) = members[..i].iter().position(|o| Arc::ptr_eq(o, d)) {
+                return Err(VolumeError::Config(format!(
+                    "member {i} is the same device as member {j}; give each position its own device"
+                )));
+            }
+            let g = d.geometry();
+            if !bs.is_multiple_of(g.block_size) {
+                return Err(VolumeError::Config(format!(
+                    "member {i} has {} B blocks, which do not divide the volume's {bs} B blocks; \
+                     use block_size = {}",
+                    g.block_size, g.block_size
+                )));
+            }
+            if g.size_bytes() <= cfg.meta_bytes {
+                return Err(VolumeError::Config(format!(
+                    "member {i} holds {} bytes, no more than the {} bytes of metadata; use a larger member",
+                    g.size_bytes(),
+                    cfg.meta_bytes
+                )));
+            }
+            data_blocks.push((g.size_bytes() - cfg.meta_bytes) / u64::from(bs));
+        }
+        let layout = Layout::new(cfg.layout, u64::from(cfg.strip_bytes / bs), &data_blocks)?;
+        let mut bitmap_bytes = cfg.meta_bytes - SB_BYTES as u64;
+        let mut journal_bytes = 0;
+        if cfg.write_journal && journal_wanted(&layout) {
+            // The bitmap (at least one block) leaves room for a journal slot;
+            // without one, Inner::new warns that degraded writes have a hole.
+            let slot = Journal::slot_bytes(layout.parity_columns(), u64::from(cfg.strip_bytes));
+            if cfg.meta_bytes >= (SB_BYTES + BITMAP_BLOCK) as u64 + slot {
+                bitmap_bytes -= slot;
+                journal_bytes = slot;
+            }
+        }
+        // Then room for the device-kept records at the end of the metadata
+        // area, where there is some after a bitmap block and a journal slot
+        // (without it the volume keeps no records, `keeps_records` is false).
+        let records_at = if cfg.meta_bytes
+            >= (SB_BYTES + BITMAP_BLOCK) as u64 + journal_bytes + records::AREA_BYTES
+        {
+            bitmap_bytes -= records::AREA_BYTES;
+            cfg.meta_bytes - records::AREA_BYTES
+        } else {
+            0
+        };
+        let wanted = (cfg.region_bytes / u64::from(cfg.strip_bytes))
+            .max(1)
+            .next_power_of_two();
+        let region_stripes =
+            IntentLog::region_stripes_for(layout.stripes().max(1), bitmap_bytes).max(wanted);
+        let states = vec![MemberState::Active; members.len()];
+        let inner = Inner::new(
+            layout,
+            new_uuid(),
+            cfg.block_size,
+            cfg.strip_bytes,
+            cfg.meta_bytes,
+            region_stripes,
+            data_blocks,
+            members,
+            states,
+            0,
+            cfg.intent_log,
+            cfg.write_journal,
+            records_at,
+        )?;
+        let vol = Volume {
+            inner: Arc::new(inner),
+        };
+        // Empty bitmaps first, so a crash before the superblock lands leaves no
+        // half-made volume that assembles.
+        vol.inner.members.write().name = cfg.name.clone();
+        vol.inner.write_bitmap_all_zero().await?;
+        vol.inner.wipe_journal().await;
+        vol.inner.persist_superblock(true).await;
+        if !cfg.assume_clean && vol.inner.parity.code != Code::None {
+            for s in 0..vol.inner.layout.stripes() {
+                vol.inner
+                    .sync_stripe(s, true)
+                    .await
+                    .map_err(|e| VolumeError::Rebuild(format!("initial sync: {e}")))?;
+            }
+        }
+        tracing::info!("created {}", vol.describe());
+        Ok(vol)
+    }
+
+    /// Reassembles a volume from its members alone (in any order), resyncs
+    /// every region the intent bitmaps mark dirty, and marks the volume open.
+    /// Members that cannot be read count as failed; members of another
+    /// volume, or stale ones, are refused with an error naming them.
+    pub async fn assemble(members: Vec<Arc<dyn BlockDevice>>) -> Result<Volume, VolumeError> {
+        Self::assemble_with(members, true, true).await
+    }
+
+    /// The tests' negative controls: `intent_log: false` keeps no bitmap and
+    /// resyncs nothing; `write_journal: false` journals and replays nothing.
+    pub(crate) async fn assemble_with(
+        members: Vec<Arc<dyn BlockDevice>>,
+        intent_log: bool,
+        write_journal: bool,
+    ) -> Result<Volume, VolumeError> {
+        let reads = join_all(members.iter().map(|d| async move {
+            let (buf, r) = dev_io(d, BlockOp::Read, 0, SB_BYTES, abuf(SB_BYTES)).await;
+            r.map(|_| buf)
+        }))
+        .await;
+        let mut sbs: Vec<Option<Superblock>> = Vec::with_capacity(members.len());
+        for (i, r) in reads.into_iter().enumerate() {
+            match r {
+                Ok(buf) => match Superblock::decode(&buf) {
+                    Ok(sb) => sbs.push(Some(sb)),
+                    Err(source) => return Err(VolumeError::NoSuperblock { index: i, source }),
+                },
+                Err(e) => {
+                    tracing::warn!(
+                        "member {i}: superblock unreadable ({e}); treating it as failed"
+                    );
+                    sbs.push(None);
+                }
+            }
+        }
+        let newest = sbs
+            .iter()
+            .flatten()
+            .max_by_key(|sb| sb.generation)
+            .cloned()
+            .ok_or_else(|| VolumeError::Config("no member has a readable superblock".into()))?;
+        let n = newest.members.len();
+        let mut slot: Vec<Option<usize>> = vec![None; n];
+        for (i, sb) in sbs.iter().enumerate() {
+            let Some(sb) = sb else { continue };
+            if sb.uuid != newest.uuid {
+                return Err(VolumeError::Mismatch {
+                    index: i,
+                    detail: format!(
+                        "it belongs to volume {}, the others to {}",
+                        uuid_string(&sb.uuid),
+                        uuid_string(&newest.uuid)
+                    ),
+                });
+            }
+            if !sb.same_shape(&newest) {
+                return Err(VolumeError::Mismatch {
+                    index: i,
+                    detail: format!(
+                        "its layout ({} of {} members, {} B strips) differs from the volume's ({} of {}, {} B)",
+                        sb.kind,
+                        sb.members.len(),
+                        sb.strip_bytes,
+                        newest.kind,
+                        n,
+                        newest.strip_bytes
+                    ),
+                });
+            }
+            let p = usize::from(sb.position);
+            if let Some(other) = slot[p] {
+                return Err(VolumeError::Mismatch {
+                    index: i,
+                    detail: format!("it claims position {p}, as member {other} does"),
+                });
+            }
+            slot[p] = Some(i);
+        }
+        let mut devs: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(n);
+        let mut states = Vec::with_capacity(n);
+        let template = members[slot
+            .iter()
+            .flatten()
+            .copied()
+            .next()
+            .expect("newest exists")]
+        .geometry();
+        for (p, entry) in newest.members.iter().enumerate() {
+            match slot[p] {
+                Some(i) => {
+                    let sb = sbs[i].as_ref().expect("slotted members have superblocks");
+                    let state = entry.state;
+                    if state != MemberState::Failed && sb.generation + 1 < newest.generation {
+                        return Err(VolumeError::Stale {
+                            index: i,
+                            position: p,
+                            member_generation: sb.generation,
+                            volume_generation: newest.generation,
+                        });
+                    }
+                    if state == MemberState::Failed {
+                        tracing::warn!("member {i} (position {p}) is marked failed; not using it");
+                    } else if sb.generation < newest.generation {
+                        // One behind: the last superblock update was cut short.
+                        tracing::info!(
+                            "member {i} (position {p}) is at generation {} of {}; taking the newer superblock",
+                            sb.generation,
+                            newest.generation
+                        );
+                    }
+                    devs.push(members[i].clone());
+                    states.push(state);
+                }
+                None => {
+                    if entry.state != MemberState::Failed {
+                        tracing::warn!("member at position {p} is missing; running degraded");
+                    }
+                    devs.push(Arc::new(MissingDevice(template)) as Arc<dyn BlockDevice>);
+                    states.push(MemberState::Failed);
+                }
+            }
+        }
+        let failed: Vec<usize> = (0..n)
+            .filter(|&p| states[p] == MemberState::Failed)
+            .collect();
+        let data_blocks: Vec<u64> = newest.members.iter().map(|e| e.data_blocks).collect();
+        let layout = Layout::new(
+            newest.kind,
+            u64::from(newest.strip_bytes / newest.block_size),
+            &data_blocks,
+        )?;
+        if failed.len() > layout.parity_columns() {
+            return Err(VolumeError::TooManyFailed {
+                failed: failed.len(),
+                which: failed,
+                layout: newest.kind,
+                tolerated: layout.parity_columns(),
+            });
+        }
+        let inner = Inner::new(
+            layout,
+            newest.uuid,
+            newest.block_size,
+            newest.strip_bytes,
+            newest.meta_bytes,
+            newest.region_stripes,
+            data_blocks,
+            devs,
+            states,
+            newest.generation,
+            intent_log,
+            write_journal,
+            newest.records_at,
+        )?;
+        let vol = Volume {
+            inner: Arc::new(inner),
+        };
+        {
+            let mut m = vol.inner.members.write();
+            m.version += 1;
+            m.name = newest.name.clone();
+            // What a failed member missed is on the bitmap since it failed
+            // (the superblocks say when), or, for one found missing now that
+            // was in use until the last run, since now.
+            for (p, entry) in newest.members.iter().enumerate() {
+                m.failed_at[p] = if !vol.inner.use_intent || m.states[p] != MemberState::Failed {
+                    0
+                } else if entry.state == MemberState::Failed {
+                    entry.failed_at
+                } else {
+                    newest.generation.max(1)
+                };
+            }
+            if m.states.iter().any(|s| *s != MemberState::Active) {
+                vol.inner.hold_bitmap(true);
+            }
+        }
+        if vol.inner.intent.held() {
+            // What the failed or returning members missed, kept on the
+            // others' bitmaps: adopt it before anything reads or writes, so
+            // a re-added member is known stale where it is (also for the
+            // journal replay) and no bitmap write clears it.
+            let merged = vol.inner.read_bitmaps().await;
+            vol.inner.intent.load(&merged);
+            let mut m = vol.inner.members.write();
+            if m.states
+                .iter()
+                .any(|s| matches!(s, MemberState::Resyncing { .. }))
+            {
+                m.stale = Some(Arc::new(StaleRegions {
+                    region_stripes: vol.inner.intent.region_stripes,
+                    bits: vol.inner.intent.set_bits(),
+                }));
+                m.changed();
+            }
+        }
+        // Journal first: the bitmap resync cannot fix stripes missing data.
+        vol.inner.replay_journal().await?;
+        if intent_log {
+            vol.inner.resync_dirty_regions().await?;
+        }
+        vol.inner.load_records().await;
+        vol.inner.persist_superblock(true).await;
+        tracing::info!("assembled {}", vol.describe());
+        Ok(vol)
+    }
+}
+
+impl Inner {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        layout: Layout,
+        uuid: [u8; 16],
+        block_size: u32,
+        strip_bytes: u32,
+        meta_bytes: u64,
+        region_stripes: u64,
+        data_blocks: Vec<u64>,
+        devs: Vec<Arc<dyn BlockDevice>>,
+        states: Vec<MemberState>,
+        generation: u64,
+        use_intent: bool,
+        use_journal: bool,
+        records_at: u64,
+    ) -> Result<Inner, VolumeError> {
+        let parity = Parity::new(layout.data_columns(), layout.parity_columns())?;
+        let intent = IntentLog::new(layout.stripes().max(1), region_stripes.max(1));
+        if (SB_BYTES + intent.bytes()) as u64 > meta_bytes {
+            return Err(VolumeError::Config(format!(
+                "the intent bitmap needs {} bytes but meta_bytes = {meta_bytes}",
+                intent.bytes() + SB_BYTES
+            )));
+        }
+        let start = (SB_BYTES + intent.bytes()) as u64;
+        if records_at != 0 && records_at < start {
+            return Err(VolumeError::Config(format!(
+                "the record area at {records_at} overlaps the intent bitmap, which ends at {start}"
+            )));
+        }
+        // The journal takes what the superblock and bitmap leave of the
+        // metadata area up to the record area (all of it in volumes made
+        // before records), so its place follows from the superblock alone.
+        let journal_end = if records_at != 0 {
+            records_at
+        } else {
+            meta_bytes
+        };
+        let slot = Journal::slot_bytes(layout.parity_columns(), u64::from(strip_bytes));
+        let slots = if journal_wanted(&layout) {
+            ((journal_end - start) / slot) as usize
+        } else {
+            0
+        };
+        // A volume made before records adopts the end of its metadata area
+        // when the journal slots (counted even where the journal is off, as
+        // a later assembly turns it on) leave that much unused: nothing ever
+        // wrote there.
+        let records_at = if records_at == 0
+            && meta_bytes - (start + slots as u64 * slot) >= records::AREA_BYTES
+        {
+            meta_bytes - records::AREA_BYTES
+        } else {
+            records_at
+        };
+        let journal = if use_journal && journal_wanted(&layout) {
+            if slots == 0 {
+                tracing::warn!(
+                    "meta_bytes = {meta_bytes} leaves no room for a write-journal slot of {slot} \
+                     bytes (4 KiB + {} strips); a crash during a degraded partial-stripe write can \
+                     corrupt the missing member's data; use meta_bytes >= {} for new volumes",
+                    layout.parity_columns(),
+                    (SB_BYTES + BITMAP_BLOCK) as u64 + slot
+                );
+                None
+            } else {
+                Some(Journal::new(start, slot, slots, layout.members()))
+            }
+        } else {
+            None
+        };
+        let fence = Arc::new(Fence::default());
+        let n = devs.len();
+        let devs = devs
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| FencedMember::wrap(d, i, &fence))
+            .collect();
+        Ok(Inner {
+            parity,
+            uuid,
+            bs: u64::from(block_size),
+            strip_bytes,
+            meta_bytes,
+            data_blocks,
+            members: RwLock::new(Members {
+                devs,
+                states,
+                generation,
+                version: 0,
+                persisted_version: 0,
+                clean: false,
+                name: String::new(),
+                failed_at: vec![0; n],
+                stale: None,
+                snapshot: None,
+            }),
+            sb_lock: tokio::sync::Mutex::new(()),
+            locks: (0..LOCK_SHARDS)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+            intent,
+            use_intent: use_intent && layout.parity_columns() > 0,
+            intent_clear_ms: AtomicU64::new(INTENT_CLEAR_AGE.as_millis() as u64),
+            stats: Stats::default(),
+            rebuild: RebuildState::default(),
+            journal,
+            records_at,
+            records: parking_lot::Mutex::new(RecordState::default()),
+            fence,
+            layout,
+        })
+    }
+}

@@ -1,0 +1,157 @@
+//! Self-fencing. A member that answers Reservation Conflict means another
+//! node preempted this node's reservation: this node no longer owns the
+//! volume. Marking the member failed and running degraded would let two
+//! owners write, so the volume fences itself instead: from then on every
+//! I/O, the retries of requests in flight, rebuild, resync and every
+//! metadata write fail with [`BlockError::Fenced`], and nothing more is
+//! submitted to any member.
+//!
+//! The check sits where every member I/O passes: each member is wrapped in a
+//! [`FencedMember`] that refuses I/O once the fence is up and raises it when
+//! the member answers Reservation Conflict. I/Os already submitted to other
+//! members when the fence goes up still complete (they cannot be recalled);
+//! their requests are not acknowledged as successful.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use blockdev::{
+    BlockDevice, BlockError, Geometry, IoDone, IoFuture, IoRequest, RecordKind as DevRecordKind,
+};
+
+/// Whether the volume is fenced, and why.
+#[derive(Default)]
+pub(crate) struct Fence {
+    on: AtomicBool,
+    reason: parking_lot::Mutex<Option<String>>,
+}
+
+impl Fence {
+    pub(crate) fn is_set(&self) -> bool {
+        self.on.load(Ordering::Acquire)
+    }
+
+    /// Raises the fence; the first reason given is kept. Returns true when
+    /// this call raised it.
+    pub(crate) fn set(&self, reason: String) -> bool {
+        let mut r = self.reason.lock();
+        if r.is_some() {
+            return false;
+        }
+        tracing::error!("volume fenced: {reason}; no further I/O reaches any member");
+        *r = Some(reason);
+        self.on.store(true, Ordering::Release);
+        true
+    }
+
+    pub(crate) fn reason(&self) -> Option<String> {
+        self.reason.lock().clone()
+    }
+
+    /// The error every I/O answers once fenced.
+    pub(crate) fn error(&self) -> BlockError {
+        BlockError::Fenced(self.reason().unwrap_or_else(|| "volume fenced".into()))
+    }
+}
+
+/// A member as the volume uses it: refused once the fence is up; a
+/// Reservation Conflict raises the fence.
+pub(crate) struct FencedMember {
+    pub(crate) dev: Arc<dyn BlockDevice>,
+    pub(crate) index: usize,
+    pub(crate) fence: Arc<Fence>,
+}
+
+impl FencedMember {
+    pub(crate) fn wrap(
+        dev: Arc<dyn BlockDevice>,
+        index: usize,
+        fence: &Arc<Fence>,
+    ) -> Arc<dyn BlockDevice> {
+        Arc::new(FencedMember {
+            dev,
+            index,
+            fence: fence.clone(),
+        })
+    }
+
+    fn check(fence: &Fence, index: usize, describe: &str, mut d: IoDone) -> IoDone {
+        if let Err(BlockError::ReservationConflict(why)) = &d.result {
+            fence.set(format!(
+                "member {index} ({describe}) answered reservation conflict ({why}): another node \
+                 took the volume over"
+            ));
+            d.result = Err(fence.error());
+        }
+        d
+    }
+}
+
+impl BlockDevice for FencedMember {
+    fn geometry(&self) -> Geometry {
+        self.dev.geometry()
+    }
+
+    fn submit(&self, req: IoRequest) -> IoFuture {
+        if self.fence.is_set() {
+            return IoFuture::ready(req.buf, Err(self.fence.error()));
+        }
+        match self.dev.submit(req) {
+            IoFuture::Ready(Some(d)) => IoFuture::Ready(Some(Self::check(
+                &self.fence,
+                self.index,
+                &self.dev.describe(),
+                d,
+            ))),
+            IoFuture::Ready(None) => IoFuture::Ready(None),
+            IoFuture::Pending(f) => {
+                let fence = self.fence.clone();
+                let index = self.index;
+                let dev = self.dev.clone();
+                IoFuture::Pending(Box::pin(async move {
+                    let d = f.await;
+                    if matches!(d.result, Err(BlockError::ReservationConflict(_))) {
+                        Self::check(&fence, index, &dev.describe(), d)
+                    } else {
+                        d
+                    }
+                }))
+            }
+        }
+    }
+
+    fn prefetch(&self, lba: u64, blocks: u32) {
+        self.dev.prefetch(lba, blocks)
+    }
+
+    fn deallocate_reads_zeroes(&self) -> bool {
+        self.dev.deallocate_reads_zeroes()
+    }
+
+    fn allocated_blocks(&self) -> Option<u64> {
+        self.dev.allocated_blocks()
+    }
+
+    fn describe(&self) -> String {
+        self.dev.describe()
+    }
+
+    fn shutdown(&self) -> Result<(), BlockError> {
+        self.dev.shutdown()
+    }
+
+    fn keeps_records(&self) -> bool {
+        self.dev.keeps_records()
+    }
+
+    fn load_record(&self, kind: DevRecordKind) -> Result<Option<Vec<u8>>, BlockError> {
+        self.dev.load_record(kind)
+    }
+
+    fn store_record(&self, kind: DevRecordKind, data: &[u8]) -> Result<(), BlockError> {
+        if self.fence.is_set() {
+            return Err(self.fence.error());
+        }
+        self.dev.store_record(kind, data)
+    }
+}

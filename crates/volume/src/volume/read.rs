@@ -1,0 +1,174 @@
+//! Reads: straight from the member when it holds the data, else the
+//! stripe's missing columns reconstructed from the others (degraded read).
+
+use super::*;
+
+impl Inner {
+    pub(crate) async fn read(&self, lba: u64, blocks: u64, mut buf: AlignedBuf) -> IoDone {
+        let exts = self.layout.extents(lba, blocks);
+        // One strip, healthy: the member reads straight into the caller's buffer.
+        if exts.len() == 1 {
+            let e = exts[0];
+            let view = self.view();
+            if let Some(member) = self.read_member(&view, &e) {
+                let len = (e.blocks * self.bs) as usize;
+                let (b, r) = dev_io(
+                    &view.devs[member],
+                    BlockOp::Read,
+                    self.data_byte(e.member_lba),
+                    len,
+                    buf,
+                )
+                .await;
+                buf = b;
+                match r {
+                    Ok(()) => {
+                        return IoDone {
+                            buf,
+                            result: Ok(()),
+                        };
+                    }
+                    Err(e) if !self.redundant() => {
+                        return IoDone {
+                            buf,
+                            result: Err(e),
+                        };
+                    }
+                    Err(_) => self.mark_failed(member),
+                }
+            }
+        }
+        let total = (blocks * self.bs) as usize;
+        let mut rest: &mut [u8] = &mut buf[..total];
+        let mut futs = Vec::new();
+        for group in exts.chunk_by(|a, b| a.stripe == b.stripe) {
+            let bytes = (group.iter().map(|e| e.blocks).sum::<u64>() * self.bs) as usize;
+            let (head, tail) = rest.split_at_mut(bytes);
+            rest = tail;
+            futs.push(self.read_stripe(group, head));
+        }
+        let result = join_all(futs).await.into_iter().collect::<Result<(), _>>();
+        IoDone { buf, result }
+    }
+
+    /// The member to read an extent from when it can be read directly.
+    pub(crate) fn read_member(&self, view: &View, e: &Extent) -> Option<usize> {
+        if self.parity.code == Code::Mirror {
+            // Spread reads of a mirror over its copies.
+            let n = self.layout.members();
+            return (0..n)
+                .map(|i| (e.stripe as usize + i) % n)
+                .find(|&mbr| view.avail(mbr, e.stripe));
+        }
+        if !self.redundant() || view.avail(e.member, e.stripe) {
+            Some(e.member)
+        } else {
+            None
+        }
+    }
+
+    pub(crate) async fn read_stripe(
+        &self,
+        exts: &[Extent],
+        out: &mut [u8],
+    ) -> Result<(), BlockError> {
+        let stripe = exts[0].stripe;
+        let base = exts[0].offset;
+        for _attempt in 0..=self.layout.members() {
+            if self.fence.is_set() {
+                return Err(self.fence.error());
+            }
+            let view = self.view();
+            let direct: Option<Vec<usize>> =
+                exts.iter().map(|e| self.read_member(&view, e)).collect();
+            if let Some(members) = direct {
+                let mut reads = Batch::with_capacity(exts.len());
+                for (e, &mbr) in exts.iter().zip(&members) {
+                    self.submit_read(&mut reads, &view, mbr, e.member_lba, e.blocks);
+                }
+                match reads.finish().await {
+                    Ok(bufs) => {
+                        for (e, b) in exts.iter().zip(bufs) {
+                            let at = ((e.offset - base) * self.bs) as usize;
+                            out[at..at + b.len()].copy_from_slice(&b);
+                            recycle(b);
+                        }
+                        return Ok(());
+                    }
+                    Err(OpError::Members(failed)) if self.redundant() => {
+                        failed.iter().for_each(|&f| self.mark_failed(f));
+                        continue;
+                    }
+                    Err(OpError::Members(failed)) => return Err(self.failed_error(failed)),
+                    Err(OpError::Fatal(e)) => return Err(e),
+                }
+            }
+            // Degraded: rebuild the missing columns from the others, under the
+            // stripe lock so a concurrent write cannot mix old and new.
+            let _g = self.stripe_lock(stripe).lock().await;
+            let view = self.view();
+            self.stats.degraded_reads.fetch_add(1, Ordering::Relaxed);
+            let lo = exts.iter().map(|e| e.row).min().expect("non-empty");
+            let hi = exts
+                .iter()
+                .map(|e| e.row + e.blocks)
+                .max()
+                .expect("non-empty");
+            match self.read_reconstructed(&view, stripe, lo, hi).await {
+                Ok(cols) => {
+                    for e in exts {
+                        let at = ((e.offset - base) * self.bs) as usize;
+                        let len = (e.blocks * self.bs) as usize;
+                        let from = ((e.row - lo) * self.bs) as usize;
+                        out[at..at + len].copy_from_slice(&cols[e.col][from..from + len]);
+                    }
+                    cols.into_iter().for_each(recycle);
+                    return Ok(());
+                }
+                Err(OpError::Members(failed)) => {
+                    failed.iter().for_each(|&f| self.mark_failed(f));
+                }
+                Err(OpError::Fatal(e)) => return Err(e),
+            }
+        }
+        Err(self.too_many_failed(&self.view()))
+    }
+
+    /// The k data columns of rows `lo..hi` of `stripe`, read or reconstructed
+    /// from just the columns needed, followed by m buffers of the parity's
+    /// size whose contents are unspecified. The caller holds the stripe lock.
+    pub(crate) async fn read_reconstructed(
+        &self,
+        view: &View,
+        stripe: u64,
+        lo: u64,
+        hi: u64,
+    ) -> Result<Vec<AlignedBuf>, OpError> {
+        let n = self.layout.members();
+        let len = ((hi - lo) * self.bs) as usize;
+        let present: Vec<bool> = (0..n)
+            .map(|c| view.avail(self.layout.column_member(stripe, c), stripe))
+            .collect();
+        if present.iter().filter(|&&p| !p).count() > self.parity.m {
+            return Err(OpError::Fatal(self.too_many_failed(view)));
+        }
+        let read = self.parity.sources(&present);
+        let lba = self.layout.strip_lba(stripe, lo);
+        let res = join_all((0..n).map(|c| {
+            let mbr = self.layout.column_member(stripe, c);
+            let want = read[c];
+            async move {
+                if want {
+                    self.col_read(view, mbr, lba, hi - lo).await
+                } else {
+                    Ok(abuf(len))
+                }
+            }
+        }))
+        .await;
+        let mut cols = collect_failed(res)?;
+        let mut refs: Vec<&mut [u8]> = cols.iter_mut().map(|b| &mut b[..]).collect();
+        self.parity.reconstruct_data(&mut refs, &read)?;
+        Ok(cols)
+    }
+}

@@ -1,0 +1,292 @@
+//! Re-add (md's `--re-add`): a failed member comes back (a drive that was
+//! unreachable for a while, a member missing at assembly) and only the
+//! regions written while it was away are resynced, not the whole member.
+//!
+//! What it missed is the intent bitmap: from the moment a member fails (or
+//! is found missing at assembly) until every member is Active again, no bit
+//! is cleared (`Inner::hold_bitmap`). Bits reach the surviving members' disks
+//! (FUA) before the data write they cover, so after any crash the OR of the
+//! survivors' bitmaps still covers every region written since the failure;
+//! the superblocks record the generation at which the member failed with
+//! the bitmap kept (`failed_at`). A separate per-member map would need its
+//! own crash-safe updates on every degraded write; the held bitmap costs
+//! nothing more than what a degraded write already does, at the price of
+//! resyncing, on re-add, regions written while the bits were held for
+//! another reason (a superset: safe).
+//!
+//! The re-added member is `Resyncing { checkpoint }`: it serves stripes
+//! below the checkpoint and every stripe of a region outside the stale set;
+//! reads of the rest reconstruct from the others and writes there skip it.
+//! `Volume::rebuild` then resyncs the stale stripes in order, moving the
+//! checkpoint (kept in the superblocks, so a restart resumes), and marks it
+//! Active; once all members are, the bits are cleared again.
+
+use super::*;
+
+/// What [`Volume::re_add`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReAddReport {
+    pub index: usize,
+    /// The stale-region record was missing or unusable, so the member is
+    /// rebuilt in full (state Rebuilding), as after `replace_member`.
+    pub full_rebuild: bool,
+    /// Why a full rebuild, when it is one.
+    pub reason: Option<String>,
+    /// Intent-bitmap regions to resync (0 with a full rebuild).
+    pub stale_regions: u64,
+    /// Stripes in them, the work `rebuild` has to do.
+    pub stale_stripes: u64,
+}
+
+impl Volume {
+    /// Puts a failed member's own device back at `index`. The device must
+    /// carry this volume's superblock for position `index`, at a generation
+    /// not newer than the volume's; otherwise it is refused and nothing
+    /// changes. It then serves the regions not written while it was away,
+    /// and [`Volume::rebuild`] (or [`Volume::start_rebuild`]) resyncs only
+    /// the stale ones from the other members and marks it Active. When the
+    /// record of what it missed is unusable (the volume runs without an
+    /// intent bitmap, it failed before this build kept the bitmap, or the
+    /// device is older than its failure), the device is taken for a full
+    /// rebuild instead, which the report says.
+    pub async fn re_add(
+        &self,
+        index: usize,
+        dev: Arc<dyn BlockDevice>,
+    ) -> Result<ReAddReport, VolumeError> {
+        let inner = &self.inner;
+        if inner.fence.is_set() {
+            return Err(VolumeError::Fenced(inner.fence.error().to_string()));
+        }
+        // Through the fence from the start: a fence raised meanwhile stops
+        // the writes below too.
+        let dev = FencedMember::wrap(dev, index, &inner.fence);
+        let n = inner.layout.members();
+        let refuse = |reason: String| VolumeError::ReAddRefused { index, reason };
+        if index >= n {
+            return Err(refuse(format!("the volume has {n} members")));
+        }
+        if !inner.redundant() {
+            return Err(refuse(format!(
+                "{} has no redundancy to resync a member from",
+                inner.layout.kind()
+            )));
+        }
+        let (state, failed_at, generation) = {
+            let m = inner.members.read();
+            (m.states[index], m.failed_at[index], m.generation)
+        };
+        if state != MemberState::Failed {
+            return Err(refuse(format!(
+                "member {index} is {state:?}, not failed; only a failed member can be re-added"
+            )));
+        }
+        let g = dev.geometry();
+        let need = inner.meta_bytes + inner.layout.member_blocks(index) * inner.bs;
+        if g.size_bytes() < need || !(inner.bs as u32).is_multiple_of(g.block_size) {
+            return Err(refuse(format!(
+                "the device holds {} bytes in {} B blocks; member {index} needs {need} bytes in \
+                 blocks that divide {}",
+                g.size_bytes(),
+                g.block_size,
+                inner.bs
+            )));
+        }
+        let (buf, r) = dev_io(&dev, BlockOp::Read, 0, SB_BYTES, abuf(SB_BYTES)).await;
+        r.map_err(|source| VolumeError::MemberIo { index, source })?;
+        let sb = Superblock::decode(&buf).map_err(|e| {
+            refuse(format!(
+                "the device has no readable superblock ({e}); use replace_member for a new device"
+            ))
+        })?;
+        recycle(buf);
+        if sb.uuid != inner.uuid {
+            return Err(refuse(format!(
+                "the device belongs to volume {}, not {}",
+                uuid_string(&sb.uuid),
+                uuid_string(&inner.uuid)
+            )));
+        }
+        if usize::from(sb.position) != index {
+            return Err(refuse(format!(
+                "the device is member {} of this volume, not {index}",
+                sb.position
+            )));
+        }
+        if sb.generation > generation {
+            return Err(refuse(format!(
+                "the device is at generation {} but the volume at {generation}: it was written \
+                 after this node last updated the volume (another owner?)",
+                sb.generation
+            )));
+        }
+        if sb.block_size as u64 != inner.bs
+            || sb.strip_bytes != inner.strip_bytes
+            || sb.meta_bytes != inner.meta_bytes
+            || sb.region_stripes != inner.intent.region_stripes
+            || sb.members.len() != n
+        {
+            return Err(refuse(
+                "the device's superblock describes another shape of this volume".into(),
+            ));
+        }
+        // The record of what it missed is usable when the bitmap has been
+        // held since it failed and it is no older than that failure (one
+        // generation behind: its last superblock write may have been the
+        // one that failed).
+        let why_full = if !inner.use_intent || !inner.intent.held() {
+            Some("the volume keeps no intent bitmap of what the member missed".to_string())
+        } else if failed_at == 0 {
+            Some(
+                "the superblocks do not say since when the bitmap was kept for this member \
+                 (it failed under an older build, or without a bitmap)"
+                    .to_string(),
+            )
+        } else if sb.generation + 1 < failed_at {
+            Some(format!(
+                "the device is at generation {} but the member failed at generation {failed_at}: \
+                 it is an older copy that missed more than the bitmap records",
+                sb.generation
+            ))
+        } else {
+            None
+        };
+        // Its old journal records must never be replayed over newer data;
+        // its record area takes the current record.
+        inner.prepare_member(index, &dev).await?;
+        if let Some(reason) = why_full {
+            tracing::warn!("re-add of member {index}: {reason}; rebuilding it in full");
+            inner.wipe_bitmap(index, &dev).await?;
+            {
+                let mut m = inner.members.write();
+                m.devs[index] = dev;
+                m.states[index] = MemberState::Rebuilding { checkpoint: 0 };
+                m.failed_at[index] = 0;
+                m.changed();
+                m.version += 1;
+            }
+            inner.persist_superblock(true).await;
+            return Ok(ReAddReport {
+                index,
+                full_rebuild: true,
+                reason: Some(reason),
+                stale_regions: 0,
+                stale_stripes: 0,
+            });
+        }
+        let stale = Arc::new(StaleRegions {
+            region_stripes: inner.intent.region_stripes,
+            bits: inner.intent.set_bits(),
+        });
+        let (regions, stripes) = inner.stale_count(&stale);
+        {
+            let mut m = inner.members.write();
+            m.devs[index] = dev;
+            m.states[index] = MemberState::Resyncing { checkpoint: 0 };
+            m.stale = Some(merge_stale(m.stale.take(), stale));
+            m.changed();
+            m.version += 1;
+        }
+        inner.persist_superblock(true).await;
+        if inner.fence.is_set() {
+            return Err(VolumeError::Fenced(inner.fence.error().to_string()));
+        }
+        tracing::info!(
+            "member {index} re-added: {regions} stale regions ({stripes} stripes) to resync"
+        );
+        Ok(ReAddReport {
+            index,
+            full_rebuild: false,
+            reason: None,
+            stale_regions: regions,
+            stale_stripes: stripes,
+        })
+    }
+}
+
+/// Two members re-added at different times: either may be stale in either
+/// set (a superset is safe).
+fn merge_stale(old: Option<Arc<StaleRegions>>, new: Arc<StaleRegions>) -> Arc<StaleRegions> {
+    match old {
+        None => new,
+        Some(o) => Arc::new(StaleRegions {
+            region_stripes: new.region_stripes,
+            bits: new
+                .bits
+                .iter()
+                .zip(o.bits.iter().chain(std::iter::repeat(&0)))
+                .map(|(a, b)| a | b)
+                .collect(),
+        }),
+    }
+}
+
+impl Inner {
+    /// Regions and stripes in a stale set.
+    pub(crate) fn stale_count(&self, stale: &StaleRegions) -> (u64, u64) {
+        let stripes = self.layout.stripes();
+        let mut regions = 0;
+        let mut count = 0;
+        for r in 0..self.intent.regions {
+            if stale.stale(r * stale.region_stripes) {
+                regions += 1;
+                let first = r * stale.region_stripes;
+                count += (first + stale.region_stripes).min(stripes) - first;
+            }
+        }
+        (regions, count)
+    }
+
+    /// Zeroes a returning member's journal and writes the current record
+    /// into its record area (as a replacement gets them).
+    pub(crate) async fn prepare_member(
+        &self,
+        index: usize,
+        dev: &Arc<dyn BlockDevice>,
+    ) -> Result<(), VolumeError> {
+        if let Some(j) = &self.journal {
+            let bytes = j.bytes() as usize;
+            let (_, r) = dev_io(
+                dev,
+                BlockOp::Write { fua: true },
+                j.start,
+                bytes,
+                zbuf(bytes),
+            )
+            .await;
+            r.map_err(|source| VolumeError::MemberIo { index, source })?;
+        }
+        if self.records_at != 0 {
+            let area = self.record_area_image();
+            let b = abuf_from(&area);
+            let (_, r) = dev_io(
+                dev,
+                BlockOp::Write { fua: true },
+                self.records_at,
+                area.len(),
+                b,
+            )
+            .await;
+            r.map_err(|source| VolumeError::MemberIo { index, source })?;
+        }
+        Ok(())
+    }
+
+    /// Zeroes a member's intent bitmap.
+    pub(crate) async fn wipe_bitmap(
+        &self,
+        index: usize,
+        dev: &Arc<dyn BlockDevice>,
+    ) -> Result<(), VolumeError> {
+        let bytes = self.intent.bytes();
+        let (_, r) = dev_io(
+            dev,
+            BlockOp::Write { fua: true },
+            SB_BYTES as u64,
+            bytes,
+            zbuf(bytes),
+        )
+        .await;
+        r.map_err(|source| VolumeError::MemberIo { index, source })
+    }
+}

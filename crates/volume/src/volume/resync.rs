@@ -1,0 +1,192 @@
+//! Parity checks: one stripe (`sync_stripe`), the whole volume (scrub), and
+//! the regions the intent bitmaps mark dirty after a crash.
+
+use super::*;
+
+impl Volume {
+    /// Checks every stripe's parity against its data; with `repair`, rewrites
+    /// parity that disagrees.
+    pub async fn scrub(&self, repair: bool) -> ScrubReport {
+        let mut rep = ScrubReport::default();
+        if self.inner.parity.code == Code::None {
+            return rep;
+        }
+        for s in 0..self.inner.layout.stripes() {
+            match self.inner.sync_stripe(s, repair).await {
+                Ok(Some(true)) => rep.stripes_checked += 1,
+                Ok(Some(false)) => {
+                    rep.stripes_checked += 1;
+                    rep.inconsistent_count += 1;
+                    if rep.inconsistent.len() < 1000 {
+                        rep.inconsistent.push(s);
+                    }
+                    if repair {
+                        rep.repaired += 1;
+                    }
+                }
+                Ok(None) | Err(_) => rep.skipped += 1,
+            }
+        }
+        rep
+    }
+}
+
+impl Inner {
+    /// Recomputes parity of every stripe in a region marked dirty on any member.
+    pub(crate) async fn resync_dirty_regions(&self) -> Result<(), VolumeError> {
+        if !self.redundant() {
+            return Ok(());
+        }
+        let merged = self.read_bitmaps().await;
+        let regions = self.intent.dirty_regions(&merged);
+        if !regions.is_empty() {
+            tracing::info!("resyncing {} dirty regions", regions.len());
+        }
+        let mut unsynced = 0u64;
+        for r in &regions {
+            let first = r * self.intent.region_stripes;
+            let last = (first + self.intent.region_stripes).min(self.layout.stripes());
+            for s in first..last {
+                match self.sync_stripe(s, true).await {
+                    Ok(Some(_)) => {
+                        self.stats.resynced.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(None) => unsynced += 1,
+                    Err(e) => {
+                        return Err(VolumeError::Rebuild(format!("resync of stripe {s}: {e}")));
+                    }
+                }
+            }
+        }
+        if unsynced > 0 {
+            tracing::warn!(
+                "{unsynced} dirty stripes could not be resynced because a data member is missing; \
+                 their parity may disagree with data written before the crash"
+            );
+        }
+        if self.intent.held() {
+            // A member is failed, being rebuilt or re-added: the bits are
+            // the record of what it missed; keep them (in memory too, or
+            // the next bitmap write would clear them on disk).
+            self.intent.load(&merged);
+        } else if !regions.is_empty() {
+            self.write_bitmap_all_zero().await?;
+        }
+        Ok(())
+    }
+
+    /// Checks one stripe's parity; with `repair` rewrites it when it differs.
+    /// Ok(None) when a data column is unavailable, Ok(Some(consistent)) otherwise.
+    pub async fn sync_stripe(&self, stripe: u64, repair: bool) -> Result<Option<bool>, BlockError> {
+        let _g = self.stripe_lock(stripe).lock().await;
+        let (k, m) = (self.parity.k, self.parity.m);
+        let rows = self.layout.strip_blocks();
+        for _attempt in 0..=self.layout.members() {
+            if self.fence.is_set() {
+                return Err(self.fence.error());
+            }
+            let view = self.view();
+            // A mirror checks its copies against the first readable one.
+            let order: Vec<usize> = if self.parity.code == Code::Mirror {
+                let Some(first) =
+                    (0..k + m).find(|&c| view.avail(self.layout.column_member(stripe, c), stripe))
+                else {
+                    return Ok(None);
+                };
+                std::iter::once(first)
+                    .chain((0..k + m).filter(|&c| c != first))
+                    .collect()
+            } else {
+                (0..k + m).collect()
+            };
+            let member = |c: usize| self.layout.column_member(stripe, order[c]);
+            if (0..k).any(|d| !view.avail(member(d), stripe)) {
+                return Ok(None);
+            }
+            let lba = self.layout.strip_lba(stripe, 0);
+            let res = join_all((0..k + m).map(|c| {
+                let want = view.avail(member(c), stripe);
+                let view = &view;
+                async move {
+                    if want {
+                        self.col_read(view, member(c), lba, rows).await.map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                }
+            }))
+            .await;
+            let cols = match collect_failed(res) {
+                Ok(c) => c,
+                Err(OpError::Members(f)) => {
+                    f.iter().for_each(|&i| self.mark_failed(i));
+                    continue;
+                }
+                Err(OpError::Fatal(e)) => return Err(e),
+            };
+            let len = (rows * self.bs) as usize;
+            let mut fresh: Vec<AlignedBuf> = (0..m).map(|_| abuf(len)).collect();
+            {
+                let drefs: Vec<&[u8]> = cols[..k]
+                    .iter()
+                    .map(|c| &c.as_ref().expect("data present")[..])
+                    .collect();
+                let mut prefs: Vec<&mut [u8]> = fresh.iter_mut().map(|b| &mut b[..]).collect();
+                self.parity
+                    .encode(&drefs, &mut prefs)
+                    .map_err(|e| io_err(e.to_string()))?;
+            }
+            let bad: Vec<usize> = (0..m)
+                .filter(|&j| {
+                    cols[k + j]
+                        .as_ref()
+                        .is_some_and(|old| old[..] != fresh[j][..])
+                })
+                .collect();
+            if bad.is_empty() || !repair {
+                return Ok(Some(bad.is_empty()));
+            }
+            let res = join_all(
+                fresh
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(j, _)| bad.contains(j))
+                    .map(|(j, p)| self.col_write(&view, member(k + j), lba, p, true)),
+            )
+            .await;
+            match collect_failed(res) {
+                Ok(_) => return Ok(Some(false)),
+                Err(OpError::Members(f)) => f.iter().for_each(|&i| self.mark_failed(i)),
+                Err(OpError::Fatal(e)) => return Err(e),
+            }
+        }
+        Err(self.too_many_failed(&self.view()))
+    }
+
+    /// The OR of every present member's intent bitmap (a member whose
+    /// bitmap cannot be read is marked failed).
+    pub(crate) async fn read_bitmaps(&self) -> Vec<u8> {
+        let view = self.view();
+        let bytes = self.intent.bytes();
+        let mut merged = vec![0u8; bytes];
+        for i in (0..view.devs.len()).filter(|&i| view.present(i)) {
+            let (buf, r) = dev_io(
+                &view.devs[i],
+                BlockOp::Read,
+                SB_BYTES as u64,
+                bytes,
+                abuf(bytes),
+            )
+            .await;
+            match r {
+                Ok(()) => {
+                    for (a, b) in merged.iter_mut().zip(buf.iter()) {
+                        *a |= *b;
+                    }
+                }
+                Err(_) => self.mark_failed(i),
+            }
+        }
+        merged
+    }
+}
