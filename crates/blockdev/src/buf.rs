@@ -165,7 +165,8 @@ impl AlignedBuf {
     /// read-only view.
     pub fn split_mut(self, ranges: &[Range<usize>]) -> (SplitBuf, Vec<AlignedBuf>) {
         self.check_writable("split_mut");
-        let mut sorted: Vec<&Range<usize>> = ranges.iter().collect();
+        // Empty windows alias nothing.
+        let mut sorted: Vec<&Range<usize>> = ranges.iter().filter(|r| !r.is_empty()).collect();
         sorted.sort_unstable_by_key(|r| r.start);
         for w in sorted.windows(2) {
             assert!(
@@ -492,6 +493,17 @@ mod tests {
     fn view_set_len_beyond_window_panics() {
         let s = filled(4096).share();
         s.view(0..512).set_len(513);
+    }
+
+    #[test]
+    fn empty_windows_overlap_nothing() {
+        let (h, views) = filled(8192).split_mut(&[0..4096, 0..0, 4096..4096]);
+        assert_eq!(
+            views.iter().map(|v| v.len()).collect::<Vec<_>>(),
+            [4096, 0, 0]
+        );
+        drop(views);
+        assert!(h.try_unwrap().is_ok());
     }
 
     #[test]
