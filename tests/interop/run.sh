@@ -117,7 +117,8 @@ PTPL_CHECKS="resv-ptpl-restart"
 # tests/cluster/lib.sh (cluster-up, one per fault step, cluster-teardown)
 CLUSTER_GUEST_CHECKS="cluster-connect cluster-fio-r6 cluster-fio-ec cluster-dmesg"
 # reverse direction: flashpool bench (host) -> guest kernel nvmet-tcp; results printed by the host
-REV_CHECKS="host-connect-identify host-verify-nodigest host-verify-digest host-r2t-large host-data-on-ramdisk"
+REV_CHECKS="host-connect-identify host-verify-nodigest host-verify-digest host-r2t-large host-remote-verify
+  host-remote-reconnect host-remote-no-resv host-data-on-ramdisk"
 
 ts() { date +%s.%N; }
 el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
@@ -986,7 +987,37 @@ if [ "$REV" = 1 ]; then
   ln -s $S $P/subsystems/$NQN_REV || log "configfs: linking $NQN_REV to port 1 failed"
   log "nvmet: port 1 $(cat $P/addr_trtype) $(cat $P/addr_traddr):$(cat $P/addr_trsvcid), $NQN_REV ns 1 $(cat $S/namespaces/1/device_path) enable=$(cat $S/namespaces/1/enable), /dev/ram0 $(( $(cat /sys/block/ram0/size) / 2048 )) MiB"
   dmesg | grep -E 'nvmet' | tail -n 3 | sed 's/^/  dmesg: /'
-  wait_host rev-target-ready $REV_WAIT
+  # wait_host rev-target-ready, and meanwhile carry out the host's "FLAP ID SECONDS"
+  # requests (host-remote-reconnect): the port link of $NQN_REV goes away (nvmet deletes its
+  # controllers, their TCP connections close; a port left with no subsystem stops
+  # listening) and comes back SECONDS later; "@@HOST-ACK flap-ID" once it is back.
+  rev_wait() {
+    local ncpid i id secs flapped=" "
+    rm -f /tmp/ctl; : > /tmp/ctl
+    nc -l -p 5555 >> /tmp/ctl 2>/dev/null & ncpid=$!
+    sleep 0.3
+    echo "@@HOST rev-target-ready"
+    i=0; HOSTSAYS=""
+    while [ $i -lt $(($1*5)) ]; do
+      if grep -q "^DONE rev-target-ready" /tmp/ctl; then HOSTSAYS=$(grep "^DONE rev-target-ready" /tmp/ctl | head -n1); break; fi
+      for id in $(sed -n 's/^FLAP \([0-9][0-9]*\) [0-9.][0-9.]*$/\1/p' /tmp/ctl); do
+        case "$flapped" in *" $id "*) continue;; esac
+        flapped="$flapped$id "
+        secs=$(sed -n "s/^FLAP $id \([0-9.][0-9.]*\)\$/\1/p" /tmp/ctl | head -n1)
+        rm $P/subsystems/$NQN_REV && log "flap $id: $NQN_REV unlinked from port 1 for $secs s"
+        sleep "$secs"
+        ln -s $S $P/subsystems/$NQN_REV && log "flap $id: $NQN_REV linked to port 1 again"
+        echo "@@HOST-ACK flap-$id"
+      done
+      if ! kill -0 $ncpid 2>/dev/null; then nc -l -p 5555 >> /tmp/ctl 2>/dev/null & ncpid=$!; fi
+      sleep 0.2; i=$((i+1))
+    done
+    kill $ncpid 2>/dev/null
+    log "host says: ${HOSTSAYS:-nothing (timeout ${1}s)}"
+    echo "@@HOST-ACK rev-target-ready"
+    case "$HOSTSAYS" in "DONE rev-target-ready ok"*) return 0;; esac; return 1
+  }
+  rev_wait $REV_WAIT
   set -- $HOSTSAYS; off=${4:-0}; len=${5:-0}; mapfail=${6#mapfail=}
   # commands the host sent over the target's transfer limit on purpose (host-r2t-large probe)
   c=$(dmesg | grep -cE 'nvmet_tcp: queue [0-9]+: failed to map data')
@@ -1329,6 +1360,58 @@ run_reverse() {
   fi
   hres host-r2t-large $ok "$note"
 
+  # 4b. --engine remote: the jobs share one RemoteDevice (the path a volume takes to a
+  # remote drive: queues on their own runtime, keep-alive, timeouts, reconnect)
+  local rdet resv
+  ok=FAIL; rev_pair remote 0x4e3073 $((4 << 20)) 60 randwrite --bs 4k --qd 8 --jobs 2 --engine remote && ok=PASS
+  rdet=$(bench_detail remote-write)
+  [[ "$rdet" == *"engine remote: 2 queues shared by 2 jobs"* ]] || { ok=FAIL; PAIR_DETAIL="$PAIR_DETAIL; not 2 queues of the remote engine: ${rdet:-no detail}"; }
+  resv=$(echo "$rdet" | sed -n 's/.*reservations \(supported\|not supported\);.*/\1/p')
+  hres host-remote-verify $ok "randwrite+read 4k qd8, 2 jobs on one RemoteDevice, 4 MiB: $PAIR_DETAIL; target reservations (ONCS): ${resv:-unknown}"
+
+  # 4c. the link drops during a remote-engine run and comes back: the guest unlinks the
+  # subsystem from its nvmet port for 1.5 s ("FLAP" on the control channel); the device
+  # reconnects and retries the I/O that failed, so the run ends without an I/O error or a
+  # verify mismatch, and with more than one connection made
+  local fpid frc=0 fi=0 acked=no conns fv
+  rev_bench remote-flap 60 --engine remote --jobs 2 --queues 2 --rw randrw --bs 4k --qd 8 \
+      --size 4M --runtime 8s --fail-after 20s --verify > "$RUN/rev-remote-flap.out" 2>&1 & fpid=$!
+  sleep 2.5
+  while [ $fi -lt 12 ] && kill -0 "$QPID" 2>/dev/null; do
+    send_ctl "FLAP 1 1.5"
+    has_marker "@@HOST-ACK flap-1" && { acked=yes; break; }
+    sleep 0.5; fi=$((fi+1))
+  done
+  wait "$fpid" || frc=$?
+  cat "$RUN/rev-remote-flap.out"
+  fv=$(verify_counts remote-flap)
+  conns=$(bench_detail remote-flap | sed -n 's/.*; \([0-9][0-9]*\) connections\{0,1\} made$/\1/p')
+  ok=FAIL
+  note="randrw 4k qd8 2 jobs 8 s --verify, link flap 1.5 s (guest acked: $acked): exit $frc, $fv, connections made: ${conns:-?}"
+  if [ $frc -eq 0 ] && [[ "$fv" == *" mismatches=0" ]] && [[ "$fv" != "checked=0 "* ]] && [ "${conns:-0}" -ge 2 ]; then ok=PASS
+  elif [ $frc -eq 0 ] && [ "${conns:-0}" -lt 2 ]; then note="$note: no reconnect happened (did the flap reach the link?)"
+  elif [ $frc -ne 0 ]; then note="$note: $(grep -a -m1 -iE 'error|failed' "$RUN/rev-remote-flap.txt" | sed 's/^flashpool: //')"; fi
+  hres host-remote-reconnect $ok "$note"
+
+  # 4d. (flashpool mode) the node takes the guest's namespace as a remote volume member:
+  # with no reservations at the target (Linux 6.1's nvmet) it must refuse before writing
+  # anything, with an error that names the URL and the reason (docs/config.md)
+  if [[ " $REV_CHECKS " == *" host-remote-no-resv "* ]]; then
+    local rurl="tcp://127.0.0.1:$REV_PORT/$NQN_REV?nsid=1" vrc=0 vout
+    timeout 60 "$BIN" volume create rev-resv --layout concat --drives "$rurl" --api "127.0.0.1:$API_PORT" \
+        > "$RUN/cli-rev-resv.txt" 2>&1 || vrc=$?
+    vout=$(grep -v '^$' "$RUN/cli-rev-resv.txt" | tr '\n' ' ')
+    say "flashpool volume create rev-resv --drives $rurl: exit $vrc: $vout"
+    ok=FAIL; note="target reservations (ONCS): ${resv:-unknown}; volume create on it: exit $vrc: $vout"
+    if [ "$resv" = "not supported" ]; then
+      [ $vrc -ne 0 ] && [[ "$vout" == *"$rurl: the target does not support reservations"* ]] && ok=PASS
+    elif [ "$resv" = supported ] && [ $vrc -eq 0 ]; then
+      ok=PASS; note="$note (the target has reservations: the volume was made, now deleted)"
+      timeout 60 "$BIN" volume delete rev-resv --api "127.0.0.1:$API_PORT" >> "$RUN/cli-rev-resv.txt" 2>&1 || true
+    fi
+    hres host-remote-no-resv $ok "$note"
+  fi
+
   # 5. a sequential verified write whose bytes are predictable (tests/interop/fpv1_stamp.py,
   # checked against the bench itself on a local file first); the guest hashes /dev/ram0
   local dsize=$((2 << 20)) dseed=0x0da7a5 wrc=0 lrc=0 exp="" mirror=no lsha msha g
@@ -1455,6 +1538,8 @@ do_run() {
     elif ! command -v python3 > /dev/null; then rev_note="python3 missing (needed for the JSON summaries)"
     else rev=1; fi
   else rev=1; fi     # flashpool mode: they count (and fail if BENCH_BIN cannot run)
+  # host-remote-no-resv asks the flashpool node (its API) to use the guest's drive: flashpool mode only
+  [ "$mode" = flashpool ] && [ "$MOCK" != 1 ] || REV_CHECKS=${REV_CHECKS/ host-remote-no-resv/}
   # reservations: flashpool only (Linux 6.1's nvmet has none); PTPL only if the build has it
   local expect_ver=0x10300     # the self-test and mock targets are Linux 6.1's nvmet (VS 1.3)
   if [ $mode = flashpool ] && [ "$MOCK" != 1 ]; then

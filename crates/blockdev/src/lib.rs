@@ -15,7 +15,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-pub use buf::AlignedBuf;
+pub use buf::{AlignedBuf, SharedBuf, SplitBuf, VIEW_ALIGN};
 pub use file::{FileDevice, FileOptions};
 pub use mem::MemDevice;
 pub use null::NullDevice;

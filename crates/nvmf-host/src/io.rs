@@ -249,9 +249,11 @@ impl IoQueue {
         }
     }
 
+    /// Keeps `b` for the slice methods; a view of a shared buffer (whose
+    /// memory is its parent's) is dropped instead.
     fn pool_put(&self, b: AlignedBuf) {
         let mut p = self.pool.lock();
-        if p.len() < POOL_KEEP && b.capacity() > 0 {
+        if p.len() < POOL_KEEP && b.capacity() > 0 && !b.is_view() {
             p.push(b);
         }
     }

@@ -31,9 +31,11 @@ impl BufPool {
         b
     }
 
+    /// Keeps `buf` for reuse. A view of a shared buffer is dropped instead:
+    /// its memory belongs to its parent, which another I/O may still use.
     pub fn put(&mut self, buf: AlignedBuf) {
         let cap = buf.capacity();
-        if !cap.is_power_of_two() {
+        if buf.is_view() || !cap.is_power_of_two() {
             return;
         }
         let c = class_of(cap);
@@ -68,5 +70,20 @@ mod tests {
         let big = p.get(4 << 20);
         assert_eq!(big.len(), 4 << 20);
         p.put(big);
+    }
+
+    #[test]
+    fn refuses_views() {
+        let mut p = BufPool::new(1 << 20);
+        let mut b = AlignedBuf::new(16384);
+        b.set_len(16384);
+        let s = b.share();
+        // A 4 KiB (power-of-two) view would fit class 0 if it were kept.
+        p.put(s.view(4096..8192));
+        let (h, views) = AlignedBuf::new(8192).split_mut(&[0..4096, 4096..8192]);
+        views.into_iter().for_each(|v| p.put(v));
+        assert!(p.classes.iter().all(Vec::is_empty));
+        assert!(s.try_unwrap().is_ok() && h.try_unwrap().is_ok());
+        assert!(!p.get(4096).is_view());
     }
 }

@@ -1554,3 +1554,4 @@ fn records_follow_every_member_replacement() {
 
 mod fence;
 mod readd;
+mod zerocopy;

@@ -21,13 +21,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice};
+use nvmf_host::remote::{RemoteDevice, RemoteOptions};
 use nvmf_host::{Controller, HostOptions};
 use tokio::sync::{mpsc, watch};
 
 use backend::{DevIo, JobIo, TcpIo};
 use engine::{JobPlan, JobResult, Live, Shared, VerifyCounts};
 pub use report::Matrix;
-pub use spec::{Rw, Target, Workload};
+pub use spec::{Engine, Rw, Target, Workload};
 pub use stats::Summary;
 use stats::{Cpu, Rates, VerifySummary};
 
@@ -112,6 +113,18 @@ pub struct BenchArgs {
     /// sleeping (saves the wake-up of an idle CPU; burns the bench CPU while it polls).
     #[arg(long, default_value_t = 0)]
     poll_us: u32,
+    /// tcp: how the jobs reach the target: `queue`, one I/O queue per job on the job's own
+    /// thread; `remote`, one shared RemoteDevice (the path volumes take to remote drives:
+    /// queues on its own runtime, keep-alive, timeouts, reconnect with one retry).
+    #[arg(long, value_enum, default_value = "queue")]
+    engine: Engine,
+    /// --engine remote: I/O queues (TCP connections) of the shared device [default: --jobs].
+    #[arg(long)]
+    queues: Option<u32>,
+    /// --engine remote: unreachable this long, the device fails its I/O [default: 2s, as a
+    /// volume's remote member]; a run rides out a shorter outage (reconnect, one retry).
+    #[arg(long, value_name = "DURATION")]
+    fail_after: Option<String>,
     /// tcp: host NQN to connect as (default: /etc/nvme/hostnqn or one derived from the machine id).
     #[arg(long)]
     hostnqn: Option<String>,
@@ -155,6 +168,7 @@ impl BenchArgs {
         if self.rate_iops == Some(0) {
             bail!("--rate-iops must be above zero (leave it out for no limit)");
         }
+        let (queues, fail_after) = self.engine_options()?;
         let seed = match &self.seed {
             Some(s) => {
                 let t = s.trim();
@@ -200,9 +214,59 @@ impl BenchArgs {
             data_digest: self.data_digest,
             hostnqn: self.hostnqn.clone(),
             poll_us: self.poll_us,
+            engine: self.engine,
+            queues,
+            fail_after,
             prefill: self.prefill,
             progress: !self.quiet,
         })
+    }
+}
+
+impl BenchArgs {
+    /// `--queues` and `--fail-after`, and the options the engine does not take.
+    fn engine_options(&self) -> Result<(Option<u32>, Option<Duration>)> {
+        match self.engine {
+            Engine::Queue => {
+                for (given, opt) in [
+                    (self.queues.is_some(), "--queues"),
+                    (self.fail_after.is_some(), "--fail-after"),
+                ] {
+                    if given {
+                        bail!(
+                            "{opt} is for --engine remote; the default queue engine opens one \
+                             I/O queue per job (--jobs) and has no reconnect"
+                        );
+                    }
+                }
+                Ok((None, None))
+            }
+            Engine::Remote => {
+                if self.poll_us > 0 {
+                    bail!(
+                        "--poll-us {} is per-job socket polling of the queue engine; with \
+                         --engine remote the device's queues run on its own runtime and do not \
+                         poll: leave --poll-us out (or use --engine queue)",
+                        self.poll_us
+                    );
+                }
+                if let Some(q) = self.queues
+                    && !(1..=256).contains(&q)
+                {
+                    bail!("--queues {q} is out of range; use 1 to 256");
+                }
+                let fail_after = self
+                    .fail_after
+                    .as_deref()
+                    .map(spec::parse_duration)
+                    .transpose()
+                    .context("--fail-after")?;
+                if fail_after.is_some_and(|d| d.is_zero()) {
+                    bail!("--fail-after must be above zero");
+                }
+                Ok((self.queues, fail_after))
+            }
+        }
     }
 }
 
@@ -226,6 +290,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .context("give --target, or --compare A B ... --matrix seeds")?,
     )?;
     let w = args.workload_for(false)?;
+    if w.engine == Engine::Remote && !matches!(target, Target::Tcp { .. }) {
+        bail!(
+            "--engine remote is for tcp:// targets ({target} is local: its jobs already share one \
+             BlockDevice)"
+        );
+    }
     let summary = run_workload(&target, &w)?;
     print!("{}", summary.render());
     let _ = std::io::stdout().flush();
@@ -249,8 +319,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
 /// The target, opened.
 enum Opened {
-    Tcp { ctrl: Arc<Controller>, nsid: u32 },
+    Tcp {
+        ctrl: Arc<Controller>,
+        nsid: u32,
+    },
     Dev(Arc<dyn BlockDevice>),
+    /// `--engine remote`: the jobs share it as a `BlockDevice`.
+    Remote(Arc<RemoteDevice>),
 }
 
 struct Device {
@@ -288,6 +363,11 @@ pub fn run_workload(target: &Target, w: &Workload) -> Result<Summary> {
             }
         }
         Opened::Dev(d) => {
+            if let Err(e) = d.shutdown() {
+                tracing::warn!("closing {target}: {e}");
+            }
+        }
+        Opened::Remote(d) => {
             if let Err(e) = d.shutdown() {
                 tracing::warn!("closing {target}: {e}");
             }
@@ -334,6 +414,9 @@ async fn open(target: &Target, w: &Workload) -> Result<Device> {
     // Local devices: 4 KiB blocks when the I/O size allows (O_DIRECT on 4Kn drives), else 512.
     let local_bs = if w.bs.is_multiple_of(4096) { 4096 } else { 512 };
     match target {
+        Target::Tcp { addr, nqn, nsid } if w.engine == Engine::Remote => {
+            open_remote(target, w, *addr, nqn, *nsid).await
+        }
         Target::Tcp { addr, nqn, nsid } => {
             let mut o = HostOptions {
                 hdr_digest: w.hdr_digest,
@@ -424,6 +507,76 @@ async fn open(target: &Target, w: &Workload) -> Result<Device> {
     }
 }
 
+/// `--engine remote`: one `RemoteDevice` for all jobs, with the options a
+/// volume's remote member gets unless the command line says otherwise.
+async fn open_remote(
+    target: &Target,
+    w: &Workload,
+    addr: std::net::SocketAddr,
+    nqn: &str,
+    nsid: Option<u32>,
+) -> Result<Device> {
+    let queues = w.queues.unwrap_or(w.jobs);
+    let mut o = RemoteOptions {
+        io_queues: queues.min(u32::from(u16::MAX)) as u16,
+        ..RemoteOptions::default()
+    };
+    // Every job's I/Os at once fit in the queues (more would wait for a slot);
+    // the connect clamps this to what the target takes (CAP.MQES).
+    let depth = (w.qd * w.jobs)
+        .div_ceil(queues)
+        .clamp(2, u32::from(u16::MAX));
+    o.host.queue_depth = (depth as u16).max(o.host.queue_depth);
+    o.host.hdr_digest = w.hdr_digest;
+    o.host.data_digest = w.data_digest;
+    if let Some(h) = &w.hostnqn {
+        o.host.hostnqn = h.clone();
+    }
+    if let Some(f) = w.fail_after {
+        o.fail_after = f;
+    }
+    let fail_after = o.fail_after;
+    let url = format!("tcp://{addr}/{nqn}?nsid={}", nsid.unwrap_or(1));
+    let dev = RemoteDevice::connect(&url, o)
+        .await
+        .with_context(|| format!("{target}: --engine remote"))?;
+    if (dev.io_queues() as u32) < queues {
+        bail!(
+            "{target}: the target grants {} I/O queues, --engine remote asked for {queues}; lower \
+             --queues (or --jobs), or raise the target's transport.max_io_queues",
+            dev.io_queues()
+        );
+    }
+    let g = dev.geometry();
+    let detail = format!(
+        "{} (engine remote: {} queues shared by {} jobs, {} B LBAs, {}; digests header {} data {}; \
+         reservations {}; fail after {:?})",
+        dev.describe(),
+        dev.io_queues(),
+        w.jobs,
+        g.block_size,
+        spec::human_bytes(g.num_blocks * u64::from(g.block_size)),
+        onoff(w.hdr_digest),
+        onoff(w.data_digest),
+        if dev.supports_reservations() {
+            "supported"
+        } else {
+            "not supported"
+        },
+        fail_after,
+    );
+    Ok(Device {
+        lba_size: g.block_size,
+        num_blocks: g.num_blocks,
+        detail,
+        opened: Opened::Remote(Arc::new(dev)),
+    })
+}
+
+fn onoff(b: bool) -> &'static str {
+    if b { "on" } else { "off" }
+}
+
 fn local(dev: Arc<dyn BlockDevice>) -> Device {
     let g = dev.geometry();
     Device {
@@ -508,6 +661,7 @@ async fn drive(d: &Device, target: &Target, w: &Workload) -> Result<Summary> {
                 qid: (j + 1) as u16,
             },
             Opened::Dev(dev) => Source::Dev(dev.clone()),
+            Opened::Remote(dev) => Source::Dev(dev.clone()),
         };
         let (shared, start_rx, tx) = (shared.clone(), start_rx.clone(), tx.clone());
         let h = std::thread::Builder::new()
@@ -650,6 +804,13 @@ async fn drive(d: &Device, target: &Target, w: &Workload) -> Result<Summary> {
             // Described now: a RAM device tells how much it holds after the run.
             Opened::Dev(dev) => dev.describe(),
             Opened::Tcp { .. } => d.detail.clone(),
+            // What the link went through: a run that rode out an outage says so.
+            Opened::Remote(dev) => format!(
+                "{}; {} connection{} made",
+                d.detail,
+                dev.connects(),
+                if dev.connects() == 1 { "" } else { "s" }
+            ),
         },
         workload: w.clone(),
         elapsed_s: elapsed,
@@ -857,6 +1018,18 @@ mod tests {
 
     fn server() -> (Server, Target) {
         let dev = Arc::new(MemDevice::new(16 << 20, 512).unwrap());
+        let (s, addr) = server_on(dev, "127.0.0.1:0".parse().unwrap());
+        let target =
+            Target::parse(&format!("tcp://{addr}/nqn.2026-01.io.flashpool:benchtest")).unwrap();
+        (s, target)
+    }
+
+    /// A target serving `dev` on `addr`; the same `dev` again gives the same namespace
+    /// (data and NGUID), as a restarted node would.
+    fn server_on(
+        dev: Arc<MemDevice>,
+        addr: std::net::SocketAddr,
+    ) -> (Server, std::net::SocketAddr) {
         let sub = Subsystem::new(
             "nqn.2026-01.io.flashpool:benchtest".into(),
             "BT1".into(),
@@ -872,15 +1045,13 @@ mod tests {
         let s = Server::start(
             t,
             &[ListenerConfig {
-                addr: "127.0.0.1:0".parse().unwrap(),
+                addr,
                 kind: ListenerKind::Io,
             }],
         )
         .unwrap();
         let addr = s.local_addrs()[0].0;
-        let target =
-            Target::parse(&format!("tcp://{addr}/nqn.2026-01.io.flashpool:benchtest")).unwrap();
-        (s, target)
+        (s, addr)
     }
 
     #[test]
@@ -918,6 +1089,161 @@ mod tests {
         let s = run_workload(&target, &Workload { seed: 7, ..read }).unwrap();
         assert!(s.verify_failed(), "{}", s.render());
         assert!(s.render().contains("expected 0x7"), "{}", s.render());
+        srv.shutdown();
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn refusal(args: &[&str]) -> String {
+        use clap::Parser;
+        let a = Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
+            .unwrap()
+            .bench;
+        match a.workload_for(false) {
+            Err(e) => e.to_string(),
+            Ok(_) => run(a).unwrap_err().to_string(),
+        }
+    }
+
+    #[test]
+    fn remote_engine_options_are_checked() {
+        let tcp = ["--target", "tcp://127.0.0.1:9/nqn.2026-01.io.flashpool:x"];
+        let with = |extra: &[&str]| refusal(&[&tcp[..], extra].concat());
+        let e = with(&["--engine", "remote", "--poll-us", "50"]);
+        assert!(
+            e.contains("--poll-us 50") && e.contains("--engine remote"),
+            "{e}"
+        );
+        for opt in [["--queues", "2"], ["--fail-after", "5s"]] {
+            let e = with(&opt);
+            assert!(e.contains(opt[0]) && e.contains("--engine remote"), "{e}");
+        }
+        let e = with(&["--engine", "remote", "--queues", "0"]);
+        assert!(e.contains("--queues 0"), "{e}");
+        let e = with(&["--engine", "remote", "--fail-after", "0s"]);
+        assert!(e.contains("--fail-after"), "{e}");
+        let e = refusal(&["--target", "mem:1M", "--engine", "remote"]);
+        assert!(e.contains("tcp://") && e.contains("mem:1 MiB"), "{e}");
+        // The default engine and its workload are what they were.
+        let w = {
+            use clap::Parser;
+            Cli::try_parse_from(["bench", tcp[0], tcp[1]])
+                .unwrap()
+                .bench
+        }
+        .workload_for(false)
+        .unwrap();
+        assert_eq!(
+            (w.engine, w.queues, w.fail_after, w.poll_us),
+            (Engine::Queue, None, None, 0)
+        );
+    }
+
+    #[test]
+    fn remote_engine_writes_what_the_queue_engine_reads() {
+        let (srv, target) = server();
+        // Three jobs share one RemoteDevice with two queues; 8 KiB I/Os (R2T path).
+        let write = Workload {
+            rw: Rw::Write,
+            bs: 8192,
+            jobs: 3,
+            engine: Engine::Remote,
+            queues: Some(2),
+            runtime: None,
+            size: Some(3 << 20),
+            ..quick(Rw::Write)
+        };
+        let s = run_workload(&target, &write).unwrap();
+        let v = s.verify.as_ref().unwrap();
+        assert_eq!(s.all.ios, 384, "{}", s.render());
+        assert_eq!(
+            (v.readback_blocks, v.mismatches),
+            (6144, 0),
+            "{}",
+            s.render()
+        );
+        assert!(
+            s.target_detail.contains("2 queues shared by 3 jobs")
+                && s.target_detail.contains("reservations supported")
+                && s.target_detail.ends_with("1 connection made"),
+            "{}",
+            s.target_detail
+        );
+        assert!(s.render().contains("(engine remote)"), "{}", s.render());
+        // The per-job queue engine reads the same blocks back, and the other way round.
+        let read = Workload {
+            rw: Rw::Read,
+            seed_given: true,
+            jobs: 3,
+            runtime: None,
+            size: Some(3 << 20),
+            ..quick(Rw::Read)
+        };
+        let s = run_workload(&target, &read).unwrap();
+        let v = s.verify.as_ref().unwrap();
+        assert_eq!(
+            (v.checked_blocks, v.mismatches),
+            (6144, 0),
+            "{}",
+            s.render()
+        );
+        assert!(!s.render().contains("engine"), "{}", s.render());
+        let s = run_workload(
+            &target,
+            &Workload {
+                engine: Engine::Remote,
+                ..read
+            },
+        )
+        .unwrap();
+        let v = s.verify.as_ref().unwrap();
+        assert_eq!(
+            (v.checked_blocks, v.mismatches),
+            (6144, 0),
+            "{}",
+            s.render()
+        );
+        srv.shutdown();
+    }
+
+    #[test]
+    fn remote_engine_rides_out_a_target_restart() {
+        let dev = Arc::new(MemDevice::new(16 << 20, 512).unwrap());
+        let (srv, addr) = server_on(dev.clone(), "127.0.0.1:0".parse().unwrap());
+        let target =
+            Target::parse(&format!("tcp://{addr}/nqn.2026-01.io.flashpool:benchtest")).unwrap();
+        let w = Workload {
+            rw: Rw::Randrw,
+            jobs: 2,
+            engine: Engine::Remote,
+            fail_after: Some(Duration::from_secs(20)),
+            runtime: Some(Duration::from_secs(3)),
+            size: Some(4 << 20),
+            ..quick(Rw::Randrw)
+        };
+        let run = std::thread::spawn(move || run_workload(&target, &w));
+        // The target goes away for a moment in the middle of the run, and comes back
+        // on the same address with the same namespace.
+        std::thread::sleep(Duration::from_millis(1000));
+        srv.shutdown();
+        std::thread::sleep(Duration::from_millis(300));
+        let (srv, _) = server_on(dev, addr);
+        let s = run.join().unwrap().unwrap();
+        let v = s.verify.as_ref().unwrap();
+        assert!(
+            v.mismatches == 0 && v.checked_blocks > 0 && v.readback_blocks > 0,
+            "{}",
+            s.render()
+        );
+        assert!(
+            !s.target_detail.ends_with(" 1 connection made"),
+            "no reconnect: {}",
+            s.target_detail
+        );
         srv.shutdown();
     }
 }

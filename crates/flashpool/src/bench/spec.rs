@@ -128,6 +128,28 @@ impl Rw {
     }
 }
 
+/// How the jobs reach a `tcp://` target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// One NVMe/TCP I/O queue per job, connected and polled on the job's own thread.
+    #[default]
+    Queue,
+    /// One `nvmf_host::remote::RemoteDevice` shared by the jobs (its queues on
+    /// its own runtime, keep-alive, timeouts, reconnect): the path a volume
+    /// takes to a remote drive.
+    Remote,
+}
+
+impl Engine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Queue => "queue",
+            Engine::Remote => "remote",
+        }
+    }
+}
+
 /// How to load the target.
 #[derive(Debug, Clone, Serialize)]
 pub struct Workload {
@@ -163,6 +185,13 @@ pub struct Workload {
     pub hostnqn: Option<String>,
     /// Host-side adaptive polling window, microseconds.
     pub poll_us: u32,
+    /// How the jobs reach a tcp:// target.
+    pub engine: Engine,
+    /// `Engine::Remote`: I/O queues of the shared device; `None`: one per job.
+    pub queues: Option<u32>,
+    /// `Engine::Remote`: unreachable this long, I/O fails; `None`: the device's default.
+    #[serde(serialize_with = "ser_opt_secs")]
+    pub fail_after: Option<Duration>,
     /// Write the region once before the run (local targets).
     pub prefill: bool,
     /// Print the progress line each second.
@@ -190,6 +219,9 @@ impl Default for Workload {
             data_digest: false,
             hostnqn: None,
             poll_us: 0,
+            engine: Engine::Queue,
+            queues: None,
+            fail_after: None,
             prefill: false,
             progress: false,
         }

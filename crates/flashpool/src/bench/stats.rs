@@ -173,7 +173,7 @@ impl Summary {
         };
         let _ = writeln!(
             s,
-            "{} {}{}, qd {}, {} job{}, {dur}{} on {}",
+            "{} {}{}, qd {}, {} job{}, {dur}{} on {}{}",
             w.rw.name(),
             human_bytes(u64::from(w.bs)),
             if w.rw == super::spec::Rw::Randrw {
@@ -190,6 +190,11 @@ impl Summary {
                 format!(" after {:.1} s ramp", w.ramp.as_secs_f64())
             },
             self.target,
+            if w.engine == super::spec::Engine::Queue {
+                String::new()
+            } else {
+                format!(" (engine {})", w.engine.name())
+            },
         );
         let _ = writeln!(s, "  target   {}", self.target_detail);
         let line = |s: &mut String, name: &str, r: &Rates| {

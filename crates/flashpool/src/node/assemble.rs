@@ -63,6 +63,15 @@ impl Node {
     /// Assembles the volume on `req.drives` (opening the remote ones), e.g.
     /// on a node that takes over a volume whose owner died.
     pub async fn assemble_volume(self: &Arc<Self>, req: AssembleVolume) -> NodeResult<VolumeInfo> {
+        let drives = req.drives.clone();
+        self.undo_remotes_on_err(&drives, self.assemble_volume_inner(req))
+            .await
+    }
+
+    async fn assemble_volume_inner(
+        self: &Arc<Self>,
+        req: AssembleVolume,
+    ) -> NodeResult<VolumeInfo> {
         let mut st = self.state.lock().await;
         self.open_named_remotes(&mut st, &req.drives).await?;
         for d in &req.drives {

@@ -472,6 +472,12 @@ impl Node {
     }
 
     pub async fn create_volume(self: &Arc<Self>, req: CreateVolume) -> NodeResult<VolumeInfo> {
+        let drives = req.drives.clone();
+        self.undo_remotes_on_err(&drives, self.create_volume_inner(req))
+            .await
+    }
+
+    async fn create_volume_inner(self: &Arc<Self>, req: CreateVolume) -> NodeResult<VolumeInfo> {
         check_name("volume", &req.name)?;
         if req.pool.is_some() {
             return self.create_thin(req).await;
@@ -949,6 +955,15 @@ impl Node {
     /// Puts drive `with` in the place of `name` in its volume and starts the
     /// rebuild. A drive that has not failed yet is failed first.
     pub async fn replace_drive(self: &Arc<Self>, name: &str, with: &str) -> NodeResult<VolumeInfo> {
+        self.undo_remotes_on_err(&[with.to_string()], self.replace_drive_inner(name, with))
+            .await
+    }
+
+    async fn replace_drive_inner(
+        self: &Arc<Self>,
+        name: &str,
+        with: &str,
+    ) -> NodeResult<VolumeInfo> {
         let mut st = self.state.lock().await;
         if !st.drives.contains_key(name) {
             return Err(no_drive(name));

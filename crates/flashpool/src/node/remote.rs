@@ -92,6 +92,40 @@ impl Node {
         Ok(())
     }
 
+    /// Runs `op`, a request that may open the remote drives in `names`. If
+    /// it fails, the ones it opened and no volume uses are closed and
+    /// forgotten again: a refused request changes nothing.
+    pub(crate) async fn undo_remotes_on_err<T>(
+        &self,
+        names: &[String],
+        op: impl std::future::Future<Output = NodeResult<T>>,
+    ) -> NodeResult<T> {
+        let before: std::collections::HashSet<String> =
+            self.state.lock().await.drives.keys().cloned().collect();
+        let out = op.await;
+        if out.is_err() {
+            let mut st = self.state.lock().await;
+            let opened: Vec<String> = names
+                .iter()
+                .filter(|n| !before.contains(*n) && st.user_of(n).is_none())
+                .filter(|n| st.drives.get(*n).is_some_and(|d| d.remote.is_some()))
+                .cloned()
+                .collect();
+            for n in &opened {
+                if let Some(d) = st.drives.remove(n) {
+                    let _ = d.dev.shutdown();
+                    tracing::info!("drive {n}: closed again (the request failed)");
+                }
+            }
+            if !opened.is_empty()
+                && let Err(e) = self.save_remote_drives(&st)
+            {
+                tracing::warn!("{e}");
+            }
+        }
+        out
+    }
+
     fn remote_drives_file(&self) -> Option<std::path::PathBuf> {
         self.exports_file
             .as_ref()

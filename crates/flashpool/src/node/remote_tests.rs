@@ -393,6 +393,10 @@ async fn assembling_another_nodes_volume_needs_a_takeover() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("reserved by another node"), "{e}");
+    assert!(
+        b.drives().await.is_empty(),
+        "the refused request left remote drives open"
+    );
     write(&*served(&a), 6, 2).await.expect("A still owns it");
     b.assemble_volume(AssembleVolume {
         drives,

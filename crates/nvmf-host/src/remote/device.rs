@@ -6,9 +6,12 @@ use blockdev::{
     AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
     check_request,
 };
-use nvme_wire::reservation::{AcquireAction, RegisterAction, ReleaseAction, ResvType, cptpl};
+use nvme_wire::reservation::{
+    AcquireAction, ONCS_RESERVATIONS, RegisterAction, ReleaseAction, ResvType, cptpl,
+};
 use nvme_wire::status::{
-    SC_CAP_EXCEEDED, SC_INVALID_FIELD, SC_LBA_RANGE, SC_RESERVATION_CONFLICT, SCT_GENERIC, Status,
+    SC_CAP_EXCEEDED, SC_INVALID_FIELD, SC_INVALID_OPCODE, SC_LBA_RANGE, SC_RESERVATION_CONFLICT,
+    SCT_GENERIC, Status,
 };
 use tokio::sync::watch;
 
@@ -25,6 +28,8 @@ pub struct RemoteDevice {
     geo: Geometry,
     dealloc_zeroes: bool,
     queues: usize,
+    /// Identify Controller ONCS lists the reservation commands.
+    resv_supported: bool,
 }
 
 impl RemoteDevice {
@@ -49,6 +54,7 @@ impl RemoteDevice {
             },
             dealloc_zeroes: s.ns.deallocate_reads_zeroes(),
             queues: s.queues.len(),
+            resv_supported: s.ctrl.info().oncs & ONCS_RESERVATIONS != 0,
             link,
         })
     }
@@ -79,6 +85,20 @@ impl RemoteDevice {
     /// How many associations were made so far (1 after connect; each reconnect adds one).
     pub fn connects(&self) -> u64 {
         self.link.current().map_or(0, |s| s.generation)
+    }
+
+    /// I/O queues (connections) the device uses: the ones asked for, or
+    /// fewer if the target granted fewer.
+    pub fn io_queues(&self) -> usize {
+        self.queues
+    }
+
+    /// Whether the target lists the reservation commands (Identify
+    /// Controller ONCS bit 5). Without them [`RemoteDevice::register`] and
+    /// the other reservation calls fail, and the drive cannot be a fenced
+    /// volume member.
+    pub fn supports_reservations(&self) -> bool {
+        self.resv_supported
     }
 
     /// The identity the namespace was attached with.
@@ -194,11 +214,23 @@ impl RemoteDevice {
         F: FnOnce(Arc<IoQueue>) -> Fut,
         Fut: std::future::Future<Output = Result<(), HostError>>,
     {
+        if !self.resv_supported {
+            return Err(no_reservations(
+                &self.link.url,
+                "its Identify Controller does not list them: ONCS bit 5 is clear",
+            ));
+        }
         let s = self.link.session(0).await?;
         let r = f(s.pick().clone()).await;
         r.map_err(|e| {
             if e.is_transport() {
                 self.link.report_broken(s.generation, &e);
+            }
+            if e.status() == Some(Status::generic(SC_INVALID_OPCODE)) {
+                return no_reservations(
+                    &self.link.url,
+                    &format!("it answered a reservation command with {e}"),
+                );
             }
             status_error(&self.link.url, &e, 0, 0, self.geo.num_blocks)
         })
@@ -375,6 +407,15 @@ async fn exec(
     }
 }
 
+/// The error of a reservation call on a target without reservations.
+fn no_reservations(url: &RemoteUrl, why: &str) -> BlockError {
+    BlockError::Config(format!(
+        "remote {url}: the target does not support reservations ({why}); a drive it exports \
+         cannot be a fenced volume member (an owner could not fence a deposed one): export it \
+         from a target with NVMe reservations, e.g. a flashpool node"
+    ))
+}
+
 /// A status the controller answered with, as the `BlockError` a volume acts on.
 fn status_error(
     url: &RemoteUrl,
@@ -394,5 +435,24 @@ fn status_error(
         },
         Some(s) if s.sct == SCT_GENERIC && s.sc == SC_CAP_EXCEEDED => BlockError::NoSpace,
         _ => BlockError::Io(std::io::Error::other(format!("remote {url}: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_target_without_reservations_is_named_with_what_to_do() {
+        let url =
+            RemoteUrl::parse("tcp://10.0.2.2:4420/nqn.2014-08.org.example:n1?nsid=1").unwrap();
+        let e = no_reservations(&url, "ONCS bit 5 is clear").to_string();
+        for want in [
+            "remote tcp://10.0.2.2:4420/nqn.2014-08.org.example:n1?nsid=1",
+            "the target does not support reservations (ONCS bit 5 is clear)",
+            "cannot be a fenced volume member",
+        ] {
+            assert!(e.contains(want), "{e}");
+        }
     }
 }

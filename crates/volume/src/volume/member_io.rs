@@ -31,10 +31,12 @@ pub(crate) fn abuf(len: usize) -> AlignedBuf {
     b
 }
 
-/// Returns a buffer to this thread's pool.
+/// Returns a buffer to this thread's pool. Views of a shared buffer (the
+/// host's data, lent to members) are dropped instead: their memory is the
+/// parent's.
 pub(crate) fn recycle(buf: AlignedBuf) {
     let cap = buf.capacity();
-    if !cap.is_power_of_two() || cap > POOL_MAX_CLASS {
+    if buf.is_view() || !cap.is_power_of_two() || cap > POOL_MAX_CLASS {
         return;
     }
     POOL.with(|p| {
@@ -219,6 +221,28 @@ impl Inner {
             self.data_byte(member_lba),
             len,
             abuf(len),
+        );
+    }
+
+    /// Starts a read into `buf` (all of its `len`) at `member_lba` of a
+    /// member's data area: a writable view of the caller's buffer, so the
+    /// data lands in place.
+    pub(crate) fn submit_read_into(
+        &self,
+        b: &mut Batch,
+        view: &View,
+        member: usize,
+        member_lba: u64,
+        buf: AlignedBuf,
+    ) {
+        let len = buf.len();
+        b.submit(
+            view,
+            member,
+            BlockOp::Read,
+            self.data_byte(member_lba),
+            len,
+            buf,
         );
     }
 

@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use blockdev::{
-    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
-    check_request,
+    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest, SharedBuf,
+    SplitBuf, check_request,
 };
 use futures_util::future::join_all;
 use parking_lot::RwLock;
@@ -530,8 +530,14 @@ impl Inner {
         match op {
             BlockOp::Read => self.read(lba, u64::from(blocks), buf).await,
             BlockOp::Write { fua } => {
-                let r = self.write(lba, u64::from(blocks), &buf, fua).await;
-                IoDone { buf, result: r }
+                // Members get views of the host's buffer; it comes back whole
+                // once they have all returned them.
+                let shared = buf.share();
+                let r = self.write(lba, u64::from(blocks), &shared, fua).await;
+                IoDone {
+                    buf: write::unshare(shared),
+                    result: r,
+                }
             }
             BlockOp::Flush => IoDone {
                 buf,

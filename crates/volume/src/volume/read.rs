@@ -3,6 +3,19 @@
 
 use super::*;
 
+/// The caller's buffer back from [`AlignedBuf::split_mut`] once every
+/// member has returned its view. Should a view outlive its read (no backend
+/// keeps one), the bytes cannot be trusted: a fresh buffer of the same size
+/// and an I/O error come back instead.
+fn unsplit(held: SplitBuf, len: usize, cap: usize) -> Result<AlignedBuf, (AlignedBuf, BlockError)> {
+    held.try_unwrap().map_err(|h| {
+        tracing::error!("{} views of a read buffer outlived the read", h.views());
+        let mut b = AlignedBuf::new(cap);
+        b.set_len(len);
+        (b, io_err("a member kept the read buffer".into()))
+    })
+}
+
 impl Inner {
     pub(crate) async fn read(&self, lba: u64, blocks: u64, mut buf: AlignedBuf) -> IoDone {
         let exts = self.layout.extents(lba, blocks);
@@ -38,17 +51,40 @@ impl Inner {
                 }
             }
         }
-        let total = (blocks * self.bs) as usize;
-        let mut rest: &mut [u8] = &mut buf[..total];
-        let mut futs = Vec::new();
-        for group in exts.chunk_by(|a, b| a.stripe == b.stripe) {
-            let bytes = (group.iter().map(|e| e.blocks).sum::<u64>() * self.bs) as usize;
-            let (head, tail) = rest.split_at_mut(bytes);
-            rest = tail;
-            futs.push(self.read_stripe(group, head));
+        let groups: Vec<&[Extent]> = exts.chunk_by(|a, b| a.stripe == b.stripe).collect();
+        if let [group] = groups[..] {
+            // One stripe: no split, no join.
+            let (buf, result) = self.read_stripe(group, buf).await;
+            return IoDone { buf, result };
         }
-        let result = join_all(futs).await.into_iter().collect::<Result<(), _>>();
-        IoDone { buf, result }
+        // Each stripe lands in its own writable view of the caller's buffer.
+        let mut ranges = Vec::with_capacity(groups.len());
+        let mut at = 0;
+        for group in &groups {
+            let bytes = (group.iter().map(|e| e.blocks).sum::<u64>() * self.bs) as usize;
+            ranges.push(at..at + bytes);
+            at += bytes;
+        }
+        let (len, cap) = (buf.len(), buf.capacity());
+        let (held, views) = buf.split_mut(&ranges);
+        let futs = groups
+            .iter()
+            .zip(views)
+            .map(|(group, out)| self.read_stripe(group, out));
+        let mut result = Ok(());
+        for (view, r) in join_all(futs).await {
+            drop(view);
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        match unsplit(held, len, cap) {
+            Ok(buf) => IoDone { buf, result },
+            Err((buf, e)) => IoDone {
+                buf,
+                result: Err(e),
+            },
+        }
     }
 
     /// The member to read an extent from when it can be read directly.
@@ -67,40 +103,55 @@ impl Inner {
         }
     }
 
+    /// Reads the extents of one stripe into `out` (their bytes back to
+    /// back) and gives it back. Healthy members read straight into writable
+    /// views of `out`; degraded reads reconstruct into buffers of their own
+    /// and copy.
     pub(crate) async fn read_stripe(
         &self,
         exts: &[Extent],
-        out: &mut [u8],
-    ) -> Result<(), BlockError> {
+        mut out: AlignedBuf,
+    ) -> (AlignedBuf, Result<(), BlockError>) {
         let stripe = exts[0].stripe;
         let base = exts[0].offset;
         for _attempt in 0..=self.layout.members() {
             if self.fence.is_set() {
-                return Err(self.fence.error());
+                return (out, Err(self.fence.error()));
             }
             let view = self.view();
             let direct: Option<Vec<usize>> =
                 exts.iter().map(|e| self.read_member(&view, e)).collect();
             if let Some(members) = direct {
+                let ranges: Vec<std::ops::Range<usize>> = exts
+                    .iter()
+                    .map(|e| {
+                        let at = ((e.offset - base) * self.bs) as usize;
+                        at..at + (e.blocks * self.bs) as usize
+                    })
+                    .collect();
+                let (len, cap) = (out.len(), out.capacity());
+                let (held, views) = out.split_mut(&ranges);
                 let mut reads = Batch::with_capacity(exts.len());
-                for (e, &mbr) in exts.iter().zip(&members) {
-                    self.submit_read(&mut reads, &view, mbr, e.member_lba, e.blocks);
+                for ((e, &mbr), v) in exts.iter().zip(&members).zip(views) {
+                    self.submit_read_into(&mut reads, &view, mbr, e.member_lba, v);
                 }
-                match reads.finish().await {
-                    Ok(bufs) => {
-                        for (e, b) in exts.iter().zip(bufs) {
-                            let at = ((e.offset - base) * self.bs) as usize;
-                            out[at..at + b.len()].copy_from_slice(&b);
-                            recycle(b);
-                        }
-                        return Ok(());
-                    }
+                // The views come back in the results; dropping them (on
+                // success or failure) is what lets `unsplit` succeed.
+                let r = reads.finish().await.map(drop);
+                out = match unsplit(held, len, cap) {
+                    Ok(b) => b,
+                    Err((b, e)) => return (b, Err(e)),
+                };
+                match r {
+                    Ok(()) => return (out, Ok(())),
                     Err(OpError::Members(failed)) if self.redundant() => {
                         failed.iter().for_each(|&f| self.mark_failed(f));
                         continue;
                     }
-                    Err(OpError::Members(failed)) => return Err(self.failed_error(failed)),
-                    Err(OpError::Fatal(e)) => return Err(e),
+                    Err(OpError::Members(failed)) => {
+                        return (out, Err(self.failed_error(failed)));
+                    }
+                    Err(OpError::Fatal(e)) => return (out, Err(e)),
                 }
             }
             // Degraded: rebuild the missing columns from the others, under the
@@ -123,15 +174,16 @@ impl Inner {
                         out[at..at + len].copy_from_slice(&cols[e.col][from..from + len]);
                     }
                     cols.into_iter().for_each(recycle);
-                    return Ok(());
+                    return (out, Ok(()));
                 }
                 Err(OpError::Members(failed)) => {
                     failed.iter().for_each(|&f| self.mark_failed(f));
                 }
-                Err(OpError::Fatal(e)) => return Err(e),
+                Err(OpError::Fatal(e)) => return (out, Err(e)),
             }
         }
-        Err(self.too_many_failed(&self.view()))
+        let e = self.too_many_failed(&self.view());
+        (out, Err(e))
     }
 
     /// The k data columns of rows `lo..hi` of `stripe`, read or reconstructed

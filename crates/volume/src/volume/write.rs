@@ -11,20 +11,77 @@ pub(crate) struct Touch {
     src: usize,
 }
 
+/// The data of a write (or of one stripe of it): a window of the host's
+/// buffer, shared so that members are handed read-only views of it instead
+/// of copies (DESIGN.md 3, "zero extra copies").
+#[derive(Clone, Copy)]
+pub(crate) struct Src<'a> {
+    buf: &'a SharedBuf,
+    at: usize,
+    len: usize,
+}
+
+impl<'a> Src<'a> {
+    /// The first `len` bytes of `buf`.
+    pub(crate) fn new(buf: &'a SharedBuf, len: usize) -> Src<'a> {
+        assert!(
+            len <= buf.len(),
+            "write of {len} bytes from a {} byte buffer",
+            buf.len()
+        );
+        Src { buf, at: 0, len }
+    }
+    /// Bytes `off..off + len` of this window, as a window.
+    fn sub(&self, off: usize, len: usize) -> Src<'a> {
+        assert!(off + len <= self.len);
+        Src {
+            buf: self.buf,
+            at: self.at + off,
+            len,
+        }
+    }
+    fn bytes(&self) -> &'a [u8] {
+        &self.buf[self.at..self.at + self.len]
+    }
+    /// A read-only view of bytes `off..off + len` (block-aligned), for a
+    /// member write.
+    fn view(&self, off: usize, len: usize) -> AlignedBuf {
+        assert!(off + len <= self.len);
+        self.buf.view(self.at + off..self.at + off + len)
+    }
+}
+
+/// The host's buffer back from [`AlignedBuf::share`] once every member has
+/// returned its view. A view kept past the I/O (no backend does) would cost
+/// a copy here, not a wrong answer.
+pub(crate) fn unshare(shared: SharedBuf) -> AlignedBuf {
+    shared.try_unwrap().unwrap_or_else(|s| {
+        tracing::warn!(
+            "{} views of a write buffer outlived the write; copying",
+            s.views()
+        );
+        let mut b = AlignedBuf::new(s.len());
+        b.set_len(s.len());
+        b.copy_from_slice(&s);
+        b
+    })
+}
+
 impl Inner {
     pub(crate) async fn write(
         &self,
         lba: u64,
         blocks: u64,
-        src: &AlignedBuf,
+        src: &SharedBuf,
         fua: bool,
     ) -> Result<(), BlockError> {
         let exts = self.layout.extents(lba, blocks);
+        let src = Src::new(src, (blocks * self.bs) as usize);
         if !self.redundant() {
             let view = self.view();
             let res = join_all(exts.iter().map(|e| {
                 let at = (e.offset * self.bs) as usize;
-                let b = abuf_from(&src[at..at + (e.blocks * self.bs) as usize]);
+                let b = src.view(at, (e.blocks * self.bs) as usize);
                 self.col_write(&view, e.member, e.member_lba, b, fua)
             }))
             .await;
@@ -36,15 +93,14 @@ impl Inner {
         }
         if exts[0].stripe == exts[exts.len() - 1].stripe {
             // One stripe (most requests): no join.
-            let len = (blocks * self.bs) as usize;
-            self.write_stripe(&exts, &src[..len], fua).await?;
+            self.write_stripe(&exts, src, fua).await?;
         } else {
             let futs = exts
                 .chunk_by(|a, b| a.stripe == b.stripe)
                 .map(|group| {
                     let at = (group[0].offset * self.bs) as usize;
                     let len = (group.iter().map(|e| e.blocks).sum::<u64>() * self.bs) as usize;
-                    self.write_stripe(group, &src[at..at + len], fua)
+                    self.write_stripe(group, src.sub(at, len), fua)
                 })
                 .collect::<Vec<_>>();
             let r: Result<(), BlockError> = join_all(futs).await.into_iter().collect();
@@ -59,7 +115,7 @@ impl Inner {
     pub(crate) async fn write_stripe(
         &self,
         exts: &[Extent],
-        src: &[u8],
+        src: Src<'_>,
         fua: bool,
     ) -> Result<(), BlockError> {
         let stripe = exts[0].stripe;
@@ -96,7 +152,7 @@ impl Inner {
         &self,
         view: &View,
         exts: &[Extent],
-        src: &[u8],
+        src: Src<'_>,
         fua: bool,
     ) -> Result<(), OpError> {
         let stripe = exts[0].stripe;
@@ -133,7 +189,9 @@ impl Inner {
                 src: ((e.offset - base) * bs) as usize,
             });
         }
-        let new_data = |t: &Touch| &src[t.src..t.src + ((t.hi - t.lo) * bs) as usize];
+        let new_data = |t: &Touch| &src.bytes()[t.src..t.src + ((t.hi - t.lo) * bs) as usize];
+        // What members write: views of the host's buffer, not copies.
+        let new_view = |t: &Touch| src.view(t.src, ((t.hi - t.lo) * bs) as usize);
         if missing > 0 {
             self.stats.degraded_writes.fetch_add(1, Ordering::Relaxed);
         }
@@ -142,7 +200,8 @@ impl Inner {
             let t = touch[0].expect("a mirror write touches column 0");
             let mut writes = Batch::with_capacity(n);
             for c in (0..n).filter(|&c| avail[c]) {
-                let b = abuf_from(new_data(&t));
+                // Every copy gets a view of the same bytes.
+                let b = new_view(&t);
                 self.submit_write(&mut writes, view, member(c), lba, b, fua);
             }
             return writes.finish_writes().await;
@@ -157,7 +216,7 @@ impl Inner {
             for (d, t) in touch.iter().enumerate() {
                 if let Some(t) = t {
                     let at = self.layout.strip_lba(stripe, t.lo);
-                    let b = abuf_from(new_data(t));
+                    let b = new_view(t);
                     self.submit_write(&mut writes, view, member(d), at, b, fua);
                 }
             }
@@ -186,7 +245,10 @@ impl Inner {
             }
         }
 
-        // Both ways below end with all k data columns of rows lo..hi in hand.
+        // Both ways below end with every data column of rows lo..hi in hand:
+        // a column this write covers is its slice of the host's buffer, any
+        // other is a buffer of its old rows with the new ones copied in
+        // (parity needs whole columns). Parity goes to new buffers.
         let mut cols: Vec<AlignedBuf> = if rcw_ok {
             // Reconstruct-write: read what this write leaves alone.
             let mut spans = Vec::new();
@@ -206,7 +268,16 @@ impl Inner {
             } else {
                 reads.finish().await?
             };
-            let mut cols: Vec<AlignedBuf> = (0..n).map(|_| abuf(len)).collect();
+            // No buffer for covered columns (empty() allocates nothing).
+            let mut cols: Vec<AlignedBuf> = (0..n)
+                .map(|c| {
+                    if c < k && covered(c) {
+                        AlignedBuf::empty()
+                    } else {
+                        abuf(len)
+                    }
+                })
+                .collect();
             for (&(d, a), b) in spans.iter().zip(got) {
                 let at = ((a - lo) * bs) as usize;
                 cols[d][at..at + b.len()].copy_from_slice(&b);
@@ -215,28 +286,27 @@ impl Inner {
             cols
         } else {
             // A missing column keeps rows this write does not cover: rebuild it.
+            // (Its covered columns' old contents are read and not used.)
             self.read_reconstructed(view, stripe, lo, hi).await?
         };
-        if self.parity.code == Code::Xor && (0..k).all(covered) {
-            // Full stripe: copy each column's new data in and fold it into
-            // the parity in one pass over the source.
-            let (data, par) = cols.split_at_mut(k);
-            let mut drefs: Vec<&mut [u8]> = data.iter_mut().map(|b| &mut b[..]).collect();
-            let srcs: Vec<&[u8]> = touch
-                .iter()
-                .map(|t| new_data(t.as_ref().expect("covered")))
-                .collect();
-            crate::parity::copy_xor(&mut drefs, &srcs, &mut par[0]);
-        } else {
-            for d in 0..k {
-                if let Some(t) = touch[d] {
-                    let at = ((t.lo - lo) * bs) as usize;
-                    let nd = new_data(&t);
-                    cols[d][at..at + nd.len()].copy_from_slice(nd);
-                }
+        for d in 0..k {
+            if let Some(t) = touch[d]
+                && !covered(d)
+            {
+                let at = ((t.lo - lo) * bs) as usize;
+                let nd = new_data(&t);
+                cols[d][at..at + nd.len()].copy_from_slice(nd);
             }
+        }
+        {
             let (data, par) = cols.split_at_mut(k);
-            let drefs: Vec<&[u8]> = data.iter().map(|b| &b[..]).collect();
+            let data = &*data;
+            let drefs: Vec<&[u8]> = (0..k)
+                .map(|d| match touch[d] {
+                    Some(t) if covered(d) => new_data(&t),
+                    _ => &data[d][..],
+                })
+                .collect();
             let mut prefs: Vec<&mut [u8]> = par.iter_mut().map(|b| &mut b[..]).collect();
             self.parity.encode(&drefs, &mut prefs)?;
         }
@@ -246,7 +316,10 @@ impl Inner {
             let ranges = (0..k).filter(|&d| avail[d]).map(|d| (d, lo, hi)).collect();
             let payload: Vec<(usize, &[u8])> = (0..k)
                 .filter(|&d| !avail[d])
-                .map(|d| (d, &cols[d][..]))
+                .map(|d| match touch[d] {
+                    Some(t) if covered(d) => (d, new_data(&t)),
+                    _ => (d, &cols[d][..]),
+                })
                 .collect();
             self.journal_record(
                 view,
@@ -264,28 +337,22 @@ impl Inner {
         };
         let mut writes = Batch::with_capacity(n);
         for (c, col) in cols.into_iter().enumerate() {
-            if !avail[c] {
-                recycle(col);
-                continue;
-            }
             if c >= k {
-                self.submit_write(&mut writes, view, member(c), lba, col, fua);
+                if avail[c] {
+                    self.submit_write(&mut writes, view, member(c), lba, col, fua);
+                } else {
+                    recycle(col);
+                }
                 continue;
             }
-            let Some(t) = touch[c] else {
-                recycle(col);
-                continue;
-            };
-            let b = if covered(c) {
-                col
-            } else {
-                let at = ((t.lo - lo) * bs) as usize;
-                let b = abuf_from(&col[at..at + ((t.hi - t.lo) * bs) as usize]);
-                recycle(col);
-                b
-            };
-            let at = self.layout.strip_lba(stripe, t.lo);
-            self.submit_write(&mut writes, view, member(c), at, b, fua);
+            // Data goes out as views of the host's buffer, whole column or not.
+            recycle(col);
+            if let Some(t) = touch[c]
+                && avail[c]
+            {
+                let at = self.layout.strip_lba(stripe, t.lo);
+                self.submit_write(&mut writes, view, member(c), at, new_view(&t), fua);
+            }
         }
         writes.finish_writes().await
     }
@@ -344,7 +411,7 @@ impl Inner {
         hi: u64,
         touch: &[Option<Touch>],
         avail: &[bool],
-        src: &[u8],
+        src: Src<'_>,
         fua: bool,
     ) -> Result<(), OpError> {
         let (k, m) = (self.parity.k, self.parity.m);
@@ -358,7 +425,7 @@ impl Inner {
                 .enumerate()
                 .filter_map(|(d, t)| t.map(|t| (d, t)))
         };
-        let new_data = |t: &Touch| &src[t.src..t.src + ((t.hi - t.lo) * bs) as usize];
+        let new_data = |t: &Touch| &src.bytes()[t.src..t.src + ((t.hi - t.lo) * bs) as usize];
         // Old data of the touched rows, then old parity.
         let nt = touched().count();
         let mut reads = Batch::with_capacity(nt + m);
@@ -422,7 +489,8 @@ impl Inner {
         let mut writes = Batch::with_capacity(nt + m);
         for (d, t) in touched() {
             let at = self.layout.strip_lba(stripe, t.lo);
-            let b = abuf_from(new_data(&t));
+            // A view of the host's buffer, not a copy.
+            let b = src.view(t.src, ((t.hi - t.lo) * bs) as usize);
             self.submit_write(&mut writes, view, member(d), at, b, fua);
         }
         for (i, p) in bufs.into_iter().enumerate() {
@@ -527,7 +595,8 @@ impl Inner {
         }
         // Parity must cover the zeroes too: write them through the stripe engine.
         let piece = (ZERO_PIECE_BYTES / self.bs).max(1);
-        let zeroes = zbuf((piece.min(blocks) * self.bs) as usize);
+        // One buffer of zeroes, lent as views to every piece's members.
+        let zeroes = zbuf((piece.min(blocks) * self.bs) as usize).share();
         let mut at = lba;
         while at < lba + blocks {
             let n = piece.min(lba + blocks - at);

@@ -294,6 +294,8 @@ pub fn measure(
         // The target's CPU is only meaningful for a target in another process.
         if !matches!(target, Target::Tcp { .. }) {
             w_base.target_pid = None;
+            // --engine picks how tcp:// targets are reached; a local one is a BlockDevice anyway.
+            w_base.engine = super::Engine::Queue;
         }
         // A RAM device is new in each cell, so it is filled in each reading cell;
         // a file or a remote namespace keeps its data, so one pass up front does.
