@@ -30,7 +30,13 @@ fpc_result() { echo "RESULT $1 $2${3:+ ($3)}"; RESULTS="$RESULTS$1 $2
 "; }
 port_busy() { (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
 free_port() { local p=$1; while port_busy "$p"; do p=$((p + 1)); done; echo "$p"; }
-trap 'fpc_cleanup' EXIT
+LOAD_PIDS=""
+on_exit() {   # the load loops (subshells of this script) first, then the nodes and the network
+  touch "$FPC_DIR/load-stop" 2> /dev/null
+  [ -n "$LOAD_PIDS" ] && kill $LOAD_PIDS 2> /dev/null
+  fpc_cleanup
+}
+trap on_exit EXIT
 trap 'exit 130' INT TERM
 
 # bench ARGS: flashpool bench, quiet, with a timeout; output in $FPC_DIR/bench-<tag>.txt
@@ -166,9 +172,10 @@ do_host() {
   done
   load 1 r6 & local l1=$!
   load 2 ec & local l2=$!
+  LOAD_PIDS="$l1 $l2"
   sleep 3
   for s in $FPC_STEPS; do fpc_scenario_step "$s"; sleep 2; done
-  touch "$FPC_DIR/load-stop"; wait $l1 $l2
+  touch "$FPC_DIR/load-stop"; wait $l1 $l2; LOAD_PIDS=""
   for s in r6:1 ec:2; do
     set -- $(cat "$FPC_DIR/load-${s%:*}.count" 2> /dev/null || echo 0 -1)
     ok=FAIL; [ "$1" -ge 1 ] && [ "$2" = 0 ] && ok=PASS
