@@ -27,6 +27,10 @@ ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-5s}
 RAMP=${RAMP:-1s}
 RR_LAYOUT=${RR_LAYOUT:-raid6}
+# STRIP: per-member strip of the volumes (default: the volume default, 64KiB); BS: the
+# sequential write size (default 128k). STRIP=32KiB with NODES=5 (raid5 4+1) or NODES=6
+# (raid6/ec 4+2) makes every 128 KiB write one full stripe.
+STRIP=${STRIP:-}
 OUT=${OUT:-/tmp/flashpool-cluster}
 FPC_BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/flashpool}
 case $FPC_BIN in /*) ;; *) FPC_BIN=$ROOT/$FPC_BIN;; esac
@@ -56,7 +60,7 @@ bench() {
   timeout 300 "$FPC_BIN" bench --target "$tgt" -q --json "$OUT/$name.json" "$@" > "$OUT/$name.txt" 2>&1 \
     || { echo "FAILED $name: $(tail -n 2 "$OUT/$name.txt" | tr '\n' ' ')"; return 1; }
 }
-SEQ="--rw write --bs 128k --qd 16 --runtime $RUNTIME --ramp $RAMP"
+SEQ="--rw write --bs ${BS:-128k} --qd 16 --runtime $RUNTIME --ramp $RAMP"
 RR="--rw randread --bs 4k --qd 32 --runtime $RUNTIME --ramp $RAMP"
 cli() { timeout 600 "$FPC_BIN" "$@" --api "127.0.0.1:$API"; }
 drives() { local p=$1 i l=""; for i in $(seq 1 "$NODES"); do l="$l,$(printf "$p" "$i")"; done; echo "${l#,}"; }
@@ -87,7 +91,7 @@ done
 N=$NODES
 vol() {   # NAME LAYOUT DRIVES: create + export as nsid 1, ROUNDS x seq write, delete
   local name=$1 layout=$2 dl=$3 r t0=$(date +%s)
-  cli volume create "$name" --layout "$layout" --drives "$dl" --export "$NQN" --nsid 1 > "$OUT/create-$name.txt" 2>&1 \
+  cli volume create "$name" --layout "$layout" --drives "$dl" ${STRIP:+--strip "$STRIP"} --export "$NQN" --nsid 1 > "$OUT/create-$name.txt" 2>&1 \
     || { echo "FAILED volume create $name: $(tail -n 2 "$OUT/create-$name.txt" | tr '\n' ' ')"; return 1; }
   say "$name ($layout on $dl) created in $(($(date +%s) - t0)) s"
   for r in $(seq 1 "$ROUNDS"); do bench "$name-r$r" "tcp://127.0.0.1:$IO/$NQN?nsid=1" $SEQ --target-pid "$OPID"; done
