@@ -58,35 +58,10 @@ impl Volume {
         )
         .await;
         r.map_err(|source| VolumeError::MemberIo { index, source })?;
-        // And whatever journal it carried, for the same reason.
-        if let Some(j) = &inner.journal {
-            let bytes = j.bytes() as usize;
-            let (_, r) = dev_io(
-                &dev,
-                BlockOp::Write { fua: true },
-                j.start,
-                bytes,
-                zbuf(bytes),
-            )
-            .await;
-            r.map_err(|source| VolumeError::MemberIo { index, source })?;
-        }
-        // The device-kept record, so that it survives every member being
+        // And whatever journal it carried, for the same reason; then the
+        // device-kept record, so that it survives every member being
         // replaced in turn (and no stale slot of an earlier life remains).
-        if inner.records_at != 0 {
-            let area = inner.record_area_image();
-            let mut b = zbuf(area.len());
-            b.copy_from_slice(&area);
-            let (_, r) = dev_io(
-                &dev,
-                BlockOp::Write { fua: true },
-                inner.records_at,
-                area.len(),
-                b,
-            )
-            .await;
-            r.map_err(|source| VolumeError::MemberIo { index, source })?;
-        }
+        inner.prepare_member(index, &dev).await?;
         {
             let mut m = inner.members.write();
             m.devs[index] = dev;
