@@ -995,7 +995,13 @@ mod tests {
 
     #[test]
     fn mem_randrw_verifies_and_reads_back() {
-        let s = run_workload(&Target::Mem(8 << 20), &quick(Rw::Randrw)).unwrap();
+        // Long enough that a loaded machine still reads back blocks written
+        // in the same run (300 ms once checked none under a load of 8).
+        let w = Workload {
+            runtime: Some(Duration::from_secs(1)),
+            ..quick(Rw::Randrw)
+        };
+        let s = run_workload(&Target::Mem(8 << 20), &w).unwrap();
         let v = s.verify.as_ref().unwrap();
         assert_eq!(v.mismatches, 0, "{}", s.render());
         assert!(
