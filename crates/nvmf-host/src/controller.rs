@@ -89,34 +89,41 @@ pub fn default_host_identity() -> (String, [u8; 16]) {
             .ok()
             .map(|s| s.trim().to_string())
     };
-    let uuid_bytes = |s: &str| -> Option<[u8; 16]> {
-        let hex: String = s.chars().filter(|c| *c != '-').collect();
-        if hex.len() != 32 {
-            return None;
-        }
-        let mut out = [0u8; 16];
-        for (i, b) in out.iter_mut().enumerate() {
-            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-        }
-        Some(out)
-    };
     let seed = read("/etc/machine-id")
         .or_else(|| read("/proc/sys/kernel/hostname"))
         .unwrap_or_else(|| "flashpool".into());
-    let mut id = [0u8; 16];
-    let a = fnv(seed.as_bytes(), 1).to_be_bytes();
-    let b = fnv(seed.as_bytes(), 2).to_be_bytes();
-    id[..8].copy_from_slice(&a);
-    id[8..].copy_from_slice(&b);
-    id[6] = (id[6] & 0x0F) | 0x80;
-    id[8] = (id[8] & 0x3F) | 0x80;
-    if let Some(h) = read("/etc/nvme/hostid").as_deref().and_then(uuid_bytes) {
+    let mut id = host_id_from(&seed);
+    if let Some(h) = read("/etc/nvme/hostid").as_deref().and_then(parse_uuid) {
         id = h;
     }
     let nqn = read("/etc/nvme/hostnqn")
         .filter(|n| n.starts_with("nqn.") && n.len() <= NQN_MAX_LEN)
         .unwrap_or_else(|| format!("nqn.2014-08.org.nvmexpress:uuid:{}", uuid_string(&id)));
     (nqn, id)
+}
+
+/// A host ID (UUID-shaped) derived from `seed`: the same seed gives the same
+/// ID on every run, so a host keeps its reservations.
+pub fn host_id_from(seed: &str) -> [u8; 16] {
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&fnv(seed.as_bytes(), 1).to_be_bytes());
+    id[8..].copy_from_slice(&fnv(seed.as_bytes(), 2).to_be_bytes());
+    id[6] = (id[6] & 0x0F) | 0x80;
+    id[8] = (id[8] & 0x3F) | 0x80;
+    id
+}
+
+/// A UUID in text (with or without dashes) as 16 bytes.
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: String = s.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 fn fnv(bytes: &[u8], seed: u64) -> u64 {

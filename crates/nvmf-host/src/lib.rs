@@ -32,7 +32,9 @@ mod queue;
 pub mod remote;
 mod resv;
 
-pub use controller::{ADMIN_QUEUE_DEPTH, Controller, HostOptions, default_host_identity};
+pub use controller::{
+    ADMIN_QUEUE_DEPTH, Controller, HostOptions, default_host_identity, host_id_from, parse_uuid,
+};
 pub use discovery::{discover, discover_with};
 pub use error::{CmdStatus, HostError, Result, fes_name, status_name};
 pub use identify::{ControllerInfo, NamespaceInfo};

@@ -115,32 +115,7 @@ pub fn drive_nqn(node: &str, drive: &str) -> String {
 /// A stable 16-byte identity from a text: the same node name gives the same
 /// host ID on every start, so its reservations stay its own.
 pub fn stable_id(text: &str) -> [u8; 16] {
-    let fnv = |seed: u64| {
-        let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed.wrapping_mul(0x100_0000_01b3);
-        for &b in text.as_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x100_0000_01b3);
-        }
-        h
-    };
-    let mut id = [0u8; 16];
-    id[..8].copy_from_slice(&fnv(1).to_be_bytes());
-    id[8..].copy_from_slice(&fnv(2).to_be_bytes());
-    id[6] = (id[6] & 0x0F) | 0x80; // a UUID shape (variant bits), as hosts expect
-    id[8] = (id[8] & 0x3F) | 0x80;
-    id
-}
-
-fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s.chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
+    nvmf_host::host_id_from(text)
 }
 
 fn hostname() -> String {
@@ -163,7 +138,7 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
         .unwrap_or_else(|| node_host_nqn(&node_name));
     super::check_nqn("node.host_nqn", &host_nqn)?;
     let host_id = match &n.host_id {
-        Some(s) => parse_uuid(s).ok_or_else(|| {
+        Some(s) => nvmf_host::parse_uuid(s).ok_or_else(|| {
             anyhow::anyhow!(
                 "config: node.host_id = {s:?} is not a UUID; use 32 hex digits, e.g. \"5f7d6a3c-1b2e-4c8d-9a0b-112233445566\""
             )

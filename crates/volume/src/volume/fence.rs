@@ -75,11 +75,13 @@ impl FencedMember {
         })
     }
 
-    fn check(fence: &Fence, index: usize, describe: &str, mut d: IoDone) -> IoDone {
+    /// Only a conflict costs anything here: `describe` is asked for then.
+    fn check(fence: &Fence, index: usize, dev: &dyn BlockDevice, mut d: IoDone) -> IoDone {
         if let Err(BlockError::ReservationConflict(why)) = &d.result {
             fence.set(format!(
-                "member {index} ({describe}) answered reservation conflict ({why}): another node \
-                 took the volume over"
+                "member {index} ({}) answered reservation conflict ({why}): another node \
+                 took the volume over",
+                dev.describe()
             ));
             d.result = Err(fence.error());
         }
@@ -97,24 +99,16 @@ impl BlockDevice for FencedMember {
             return IoFuture::ready(req.buf, Err(self.fence.error()));
         }
         match self.dev.submit(req) {
-            IoFuture::Ready(Some(d)) => IoFuture::Ready(Some(Self::check(
-                &self.fence,
-                self.index,
-                &self.dev.describe(),
-                d,
-            ))),
+            IoFuture::Ready(Some(d)) => {
+                IoFuture::Ready(Some(Self::check(&self.fence, self.index, &*self.dev, d)))
+            }
             IoFuture::Ready(None) => IoFuture::Ready(None),
             IoFuture::Pending(f) => {
                 let fence = self.fence.clone();
                 let index = self.index;
                 let dev = self.dev.clone();
                 IoFuture::Pending(Box::pin(async move {
-                    let d = f.await;
-                    if matches!(d.result, Err(BlockError::ReservationConflict(_))) {
-                        Self::check(&fence, index, &dev.describe(), d)
-                    } else {
-                        d
-                    }
+                    Self::check(&fence, index, &*dev, f.await)
                 }))
             }
         }
