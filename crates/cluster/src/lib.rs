@@ -1,0 +1,252 @@
+//! Cluster state in etcd (DESIGN.md section 6): node sessions under leases,
+//! controller-ID slots, volume specs, owners guarded by epochs, hand-offs,
+//! drain marks, and a fast process-death signal between nodes.
+//!
+//! This is the only crate that talks to etcd. Every key lives under
+//! `/flashpool/<cluster>/`:
+//!
+//! | key                     | value            | lease        |
+//! |-------------------------|------------------|--------------|
+//! | `nodes/<name>`          | [`NodeRecord`]   | node's       |
+//! | `slots/<k>`             | node name        | node's       |
+//! | `volumes/<v>/spec`      | [`VolumeSpec`]   | none         |
+//! | `volumes/<v>/owner`     | [`Owner`]        | owner's      |
+//! | `volumes/<v>/epoch`     | last owner epoch | none         |
+//! | `volumes/<v>/state`     | [`VolumeState`]  | none         |
+//! | `volumes/<v>/handoff`   | [`Handoff`]      | none         |
+//! | `drain/<name>`          | `true`           | none         |
+
+mod liveness;
+mod session;
+pub mod testing;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use liveness::{LivenessListener, PeerGone, watch_peer_death};
+pub use session::Session;
+
+/// Highest controller-ID slot (63 slots of 1024 IDs each fit below 0xFFEF).
+pub const MAX_SLOT: u16 = 62;
+/// ANA group IDs handed out by [`Session::free_ana_group`].
+pub const ANA_GROUPS: std::ops::RangeInclusive<u32> = 1..=128;
+
+/// How a node reaches etcd and how long its lease lives.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub endpoints: Vec<String>,
+    pub cluster: String,
+    pub node: String,
+    /// Lease TTL; etcd TTLs are whole seconds: rounded up, at least 1 s.
+    pub lease_ttl: Duration,
+    /// How often the keep-alive task refreshes the lease.
+    pub keepalive_every: Duration,
+    /// Subtracted from the lease's expiry to get the self-fencing deadline.
+    pub fence_margin: Duration,
+}
+
+impl ClusterConfig {
+    /// A config with the defaults: TTL 2 s, keep-alive every TTL/5, margin TTL/4.
+    pub fn new(endpoints: Vec<String>, cluster: &str, node: &str) -> Self {
+        Self::with_ttl(endpoints, cluster, node, Duration::from_secs(2))
+    }
+
+    /// A config with the given TTL and the derived defaults (keep-alive TTL/5, margin TTL/4).
+    pub fn with_ttl(endpoints: Vec<String>, cluster: &str, node: &str, ttl: Duration) -> Self {
+        ClusterConfig {
+            endpoints,
+            cluster: cluster.to_string(),
+            node: node.to_string(),
+            lease_ttl: ttl,
+            keepalive_every: ttl / 5,
+            fence_margin: ttl / 4,
+        }
+    }
+
+    /// The TTL asked of etcd, in whole seconds (rounded up, at least 1).
+    pub fn ttl_secs(&self) -> i64 {
+        let s = self.lease_ttl.as_secs() + u64::from(self.lease_ttl.subsec_nanos() > 0);
+        s.max(1) as i64
+    }
+
+    /// `/flashpool/<cluster>/`
+    pub fn prefix(&self) -> String {
+        format!("/flashpool/{}/", self.cluster)
+    }
+}
+
+/// An NVMe/TCP transport address.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Portal {
+    pub traddr: String,
+    pub trsvcid: String,
+}
+
+/// What a node publishes under `nodes/<name>` while its lease lives.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct NodeRecord {
+    pub name: String,
+    pub portals: Vec<Portal>,
+    pub discovery: Vec<Portal>,
+    pub api: Option<String>,
+    /// host:port of the node's liveness listener.
+    pub liveness: Option<String>,
+    pub host_nqn: String,
+    pub host_id: String,
+    /// Controller-ID slot; filled by [`Session::join`].
+    #[serde(default)]
+    pub slot: u16,
+    /// Lease ID; filled by [`Session::join`].
+    #[serde(default)]
+    pub lease: i64,
+}
+
+/// A volume's immutable description (`volumes/<v>/spec`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct VolumeSpec {
+    pub name: String,
+    pub uuid: String,
+    pub nqn: String,
+    pub nsid: u32,
+    pub ana_group: u32,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    /// Member drive URLs.
+    pub drives: Vec<String>,
+    pub layout: String,
+    /// Host NQNs allowed; empty = any host.
+    pub hosts: Vec<String>,
+    pub serial: String,
+    pub model: String,
+}
+
+/// `volumes/<v>/owner`: which node serves the volume, and since which epoch.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub node: String,
+    pub epoch: u64,
+}
+
+/// `volumes/<v>/state`, written only by the owner of `epoch`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct VolumeState {
+    pub epoch: u64,
+    pub generation: u64,
+    pub members: Vec<String>,
+    pub note: String,
+}
+
+/// `volumes/<v>/handoff`: the owner of `epoch` is asked to hand the volume to `to`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Handoff {
+    pub to: String,
+    /// The owner epoch it applies to.
+    pub epoch: u64,
+}
+
+/// A decoded change under the cluster prefix.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClusterEvent {
+    NodeUp(NodeRecord),
+    NodeDown(String),
+    SpecPut(VolumeSpec),
+    SpecDeleted(String),
+    OwnerSet(String, Owner),
+    OwnerGone(String),
+    HandoffSet(String, Handoff),
+    HandoffCleared(String),
+    Drain(String, bool),
+    /// The watch was restarted: events may have been missed, re-read everything.
+    Resync,
+}
+
+/// Whether this node's lease can still be trusted.
+#[derive(Debug, Clone)]
+pub enum LeaseHealth {
+    /// Trust it until `valid_until` (monotonic) unless refreshed.
+    Live { valid_until: std::time::Instant },
+    /// The session is dead for good: fence, then join again.
+    Lost(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("etcd: {0}")]
+    Etcd(String),
+    #[error("volume {volume}: not owned by this node at epoch {epoch} (deposed): fence and re-read the owner")]
+    Deposed { volume: String, epoch: u64 },
+    #[error("volume {volume}: has no owner")]
+    NotOwned { volume: String },
+    #[error("volume {0} already exists: pick another name or delete it first")]
+    VolumeExists(String),
+    #[error("node name {0} is in use by another live node: pick another name or wait for its lease to expire")]
+    NodeNameInUse(String),
+    #[error("no free controller-ID slot (0..={MAX_SLOT} all taken by live nodes)")]
+    NoFreeSlot,
+    #[error("no free ANA group (1..=128 all used by volume specs)")]
+    NoFreeAnaGroup,
+    #[error("cannot decode etcd key {key}: {err}")]
+    Decode { key: String, err: String },
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
+}
+
+/// Orders `nodes` by highest-random-weight for `volume` (first = preferred).
+/// The hash is FNV-1a with a fixed finaliser: the same on every node and run.
+pub fn rendezvous<'a>(volume: &str, nodes: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut v: Vec<(u64, &'a str)> = nodes.into_iter().map(|n| (hrw_weight(volume, n), n)).collect();
+    v.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    v.dedup_by(|a, b| a.1 == b.1);
+    v.into_iter().map(|(_, n)| n).collect()
+}
+
+fn hrw_weight(volume: &str, node: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in volume.bytes().chain([0xff]).chain(node.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // splitmix64 finaliser: FNV's low bits alone mix poorly for short names.
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up() {
+        let mut c = ClusterConfig::new(vec![], "c", "n");
+        assert_eq!(c.ttl_secs(), 2);
+        assert_eq!(c.keepalive_every, Duration::from_millis(400));
+        assert_eq!(c.fence_margin, Duration::from_millis(500));
+        c.lease_ttl = Duration::from_millis(1500);
+        assert_eq!(c.ttl_secs(), 2);
+        c.lease_ttl = Duration::from_millis(10);
+        assert_eq!(c.ttl_secs(), 1);
+    }
+
+    #[test]
+    fn rendezvous_is_stable_and_spreads() {
+        let nodes = ["a", "b", "c", "d"];
+        let o1 = rendezvous("vol1", nodes);
+        assert_eq!(o1, rendezvous("vol1", nodes.iter().rev().copied()));
+        assert_eq!(o1.len(), 4);
+        // removing a non-first node keeps the first
+        let rest: Vec<&str> = nodes.iter().copied().filter(|n| *n != o1[1]).collect();
+        assert_eq!(rendezvous("vol1", rest)[0], o1[0]);
+        let mut firsts = std::collections::HashMap::new();
+        for i in 0..400 {
+            *firsts.entry(rendezvous(&format!("v{i}"), nodes)[0]).or_insert(0) += 1;
+        }
+        for n in nodes {
+            let c = firsts.get(n).copied().unwrap_or(0);
+            assert!((50..=150).contains(&c), "{n} first {c} times of 400");
+        }
+    }
+}
