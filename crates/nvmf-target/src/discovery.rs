@@ -52,6 +52,36 @@ pub fn discovery_log(target: &Target, hostnqn: &str, local_ip: Option<IpAddr>) -
             }
         }
     }
+    let nlisteners = listeners.len();
+    drop(listeners);
+    // Cluster-wide subsystems on the other nodes' portals: a host that
+    // discovers through any node learns every path.
+    let peers = target.peer_portals();
+    let cluster: Vec<_> = target
+        .subsystems()
+        .iter()
+        .filter(|s| s.cluster_wide() && s.host_allowed(hostnqn))
+        .cloned()
+        .collect();
+    for (i, p) in peers.iter().enumerate() {
+        let adrfam = match p.traddr.parse::<IpAddr>() {
+            Ok(IpAddr::V6(_)) => discovery::ADRFAM_IPV6,
+            _ => discovery::ADRFAM_IPV4,
+        };
+        for s in &cluster {
+            entries.push(Entry {
+                adrfam,
+                subtype: discovery::SUBTYPE_NVME,
+                treq: discovery::TREQ_DISABLE_SQFLOW,
+                portid: (nlisteners + i + 1) as u16,
+                cntlid: nvme_wire::fabrics::CNTLID_DYNAMIC,
+                asqsz: ADMIN_SQ_SIZE,
+                trsvcid: p.trsvcid.clone(),
+                subnqn: s.nqn.clone(),
+                traddr: p.traddr.clone(),
+            });
+        }
+    }
     let mut b = vec![0u8; discovery::log_len(entries.len())];
     discovery::encode_log(target.discovery_genctr(), &entries, &mut b);
     b
