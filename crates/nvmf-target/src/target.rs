@@ -415,6 +415,111 @@ mod tests {
         assert!(t.remove_subsystem("nqn.a:drive").is_err());
     }
 
+    fn io_ctrl(t: &Target, sub: &Arc<Subsystem>) -> Option<Arc<Controller>> {
+        t.add_controller(|id| {
+            Controller::new(id, CtrlKind::Io(sub.clone()), "h".into(), [0; 16], 0, 32, 4)
+        })
+    }
+
+    #[test]
+    fn controller_ids_come_from_the_range() {
+        let s = Arc::new(Subsystem::new(
+            "nqn.a:s".into(),
+            "S".into(),
+            "M".into(),
+            true,
+            Vec::new(),
+            vec![ns(1)],
+        ));
+        let t = Target::new(TransportConfig::default(), vec![s.clone()]);
+        for (min, max) in [(0, 5), (6, 5), (1, 0xFFF0), (0xFFF0, 0xFFFF)] {
+            assert_eq!(
+                t.set_cntlid_range(min, max),
+                Err(CntlidRangeError { min, max })
+            );
+        }
+        assert_eq!(
+            io_ctrl(&t, &s).unwrap().cntlid,
+            1,
+            "default range starts at 1"
+        );
+        t.set_cntlid_range(0x100, 0x102).unwrap();
+        let ids: Vec<u16> = (0..3).map(|_| io_ctrl(&t, &s).unwrap().cntlid).collect();
+        assert_eq!(ids, [0x100, 0x101, 0x102]);
+        // Full: Connect gets Controller Busy (see fabrics::connect_admin).
+        assert!(io_ctrl(&t, &s).is_none());
+        // A freed ID is reused; allocation wraps and skips IDs in use.
+        let c = t.controller(0x101).unwrap();
+        t.remove_controller(&c, FreeReason::HostDisconnected);
+        assert_eq!(io_ctrl(&t, &s).unwrap().cntlid, 0x101);
+        let c = t.controller(0x100).unwrap();
+        t.remove_controller(&c, FreeReason::HostDisconnected);
+        assert_eq!(io_ctrl(&t, &s).unwrap().cntlid, 0x100);
+        // The top of the space is usable.
+        t.set_cntlid_range(MAX_CNTLID, MAX_CNTLID).unwrap();
+        assert_eq!(io_ctrl(&t, &s).unwrap().cntlid, MAX_CNTLID);
+        assert!(io_ctrl(&t, &s).is_none());
+    }
+
+    #[test]
+    fn discovery_changes_notify_discovery_controllers() {
+        let s = Arc::new(Subsystem::new(
+            "nqn.a:s".into(),
+            "S".into(),
+            "M".into(),
+            true,
+            Vec::new(),
+            vec![ns(1)],
+        ));
+        let t = Target::new(TransportConfig::default(), vec![s.clone()]);
+        let disc = |aec: u32| {
+            let c = t
+                .add_controller(|id| {
+                    Controller::new(id, CtrlKind::Discovery, "h".into(), [0; 16], 0, 32, 4)
+                })
+                .unwrap();
+            c.state.lock().async_event_config = aec;
+            c
+        };
+        let on = disc(nvme_wire::identify::OAES_DISC_LOG_CHANGE);
+        let off = disc(0);
+        let io = io_ctrl(&t, &s).unwrap();
+        io.state.lock().async_event_config = u32::MAX;
+        let events = |c: &Controller| -> Vec<AsyncEvent> {
+            c.state.lock().pending_events.drain(..).collect()
+        };
+        let peer = |a: &str| PeerPortal {
+            traddr: a.into(),
+            trsvcid: "4420".into(),
+        };
+        let g0 = t.discovery_genctr();
+        t.set_peer_portals(vec![peer("10.0.0.2"), peer("10.0.0.3")]);
+        assert_eq!(t.discovery_genctr(), g0 + 1);
+        assert_eq!(events(&on), [AsyncEvent::DISC_CHANGE]);
+        assert!(events(&off).is_empty());
+        assert!(events(&io).is_empty());
+        // The same set in another order: no change.
+        t.set_peer_portals(vec![peer("10.0.0.3"), peer("10.0.0.2"), peer("10.0.0.2")]);
+        assert_eq!(t.discovery_genctr(), g0 + 1);
+        // Masked until the log is read with RAE clear.
+        t.set_peer_portals(vec![peer("10.0.0.3")]);
+        assert_eq!(t.discovery_genctr(), g0 + 2);
+        assert!(events(&on).is_empty());
+        on.unmask_notice(nvme_wire::identify::OAES_DISC_LOG_CHANGE);
+        t.set_cluster_wide("nqn.a:s", true).unwrap();
+        assert!(s.cluster_wide());
+        assert_eq!(t.discovery_genctr(), g0 + 3);
+        assert_eq!(events(&on), [AsyncEvent::DISC_CHANGE]);
+        t.set_cluster_wide("nqn.a:s", true).unwrap();
+        assert_eq!(t.discovery_genctr(), g0 + 3);
+        assert!(t.set_cluster_wide("nqn.a:none", true).is_err());
+        // Subsystems coming and going are changes too.
+        on.unmask_notice(nvme_wire::identify::OAES_DISC_LOG_CHANGE);
+        t.remove_subsystem("nqn.a:s").unwrap();
+        assert_eq!(t.discovery_genctr(), g0 + 4);
+        assert_eq!(events(&on), [AsyncEvent::DISC_CHANGE]);
+    }
+
     #[test]
     fn runtime_namespaces_reach_controllers_as_events() {
         let sub = Arc::new(Subsystem::new(
