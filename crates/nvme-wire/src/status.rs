@@ -104,6 +104,8 @@ pub const SC_WRITE_FAULT: u8 = 0x80;
 pub const SC_UNRECOVERED_READ: u8 = 0x81;
 
 // Path Related Status (SCT 3h).
+/// Asymmetric Access Persistent Loss: the namespace is gone from this controller for good.
+pub const SC_ANA_PERSISTENT_LOSS: u8 = 0x01;
 /// Asymmetric Access Inaccessible: this controller cannot reach the namespace now.
 pub const SC_ANA_INACCESSIBLE: u8 = 0x02;
 /// Asymmetric Access Transition.

@@ -213,7 +213,7 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                 subnqn: ctrl.subnqn(),
                 in_capsule_data: t.in_capsule_data,
                 ana: io.then_some((
-                    crate::ana::ANATT,
+                    cx.target.ana.anatt(),
                     crate::ana::ANACAP,
                     crate::ana::MAX_GROUPS,
                     crate::ana::MAX_GROUPS,
@@ -316,6 +316,9 @@ fn get_log_page(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
     let page: Vec<u8> = if ctrl.is_discovery() {
         match g.lid {
             lid::DISCOVERY => {
+                if !g.rae {
+                    ctrl.unmask_notice(identify::OAES_DISC_LOG_CHANGE);
+                }
                 crate::discovery::discovery_log(cx.target, &ctrl.hostnqn, cx.local_ip)
             }
             _ => return done(Status::cmd_specific(status::SC_INVALID_LOG_PAGE)),
@@ -412,7 +415,11 @@ fn get_log_page(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                 crate::resv_cmd::notification_log(ctrl, g.rae)
             }
             lid::ANA => {
-                crate::ana::ana_log(&ctrl.namespaces(), g.lsp & log_page::ana::LSP_RGO != 0)
+                if !g.rae {
+                    ctrl.unmask_notice(identify::OAES_ANA_CHANGE);
+                }
+                let rgo = g.lsp & log_page::ana::LSP_RGO != 0;
+                cx.target.ana.log(&ctrl.namespaces(), rgo)
             }
             _ => return done(Status::cmd_specific(status::SC_INVALID_LOG_PAGE)),
         }

@@ -399,6 +399,10 @@ fn queues_aec_kato_profile_and_interrupts() {
 
     assert_eq!(set_feat(&t, &c, fid::KATO, 5000).0, Status::SUCCESS);
     assert_eq!(get_feat(&t, &c, fid::KATO, sel::CURRENT, 0), ok(5000));
+    // A 1 s KATO (the multipath setups' floor) is taken as is.
+    assert_eq!(set_feat(&t, &c, fid::KATO, 1000).0, Status::SUCCESS);
+    assert_eq!(c.kato_ms(), 1000);
+    assert_eq!(set_feat(&t, &c, fid::KATO, 5000).0, Status::SUCCESS);
     assert_eq!(get_feat(&t, &c, fid::KATO, sel::DEFAULT, 0), ok(0));
 
     assert_eq!(

@@ -1,33 +1,187 @@
-//! Asymmetric Namespace Access. A single node serves every namespace from one
-//! group in the optimized state; the cluster layer will move groups between
-//! nodes by changing the state reported here.
+//! Asymmetric Namespace Access. Every namespace belongs to one ANA group
+//! (1..=MAX_GROUPS); the group's state lives in the Target, so all
+//! controllers of all subsystems see one state per group. The cluster layer
+//! gives each volume its own group and reports it Optimized on the owner
+//! node and Inaccessible elsewhere; the Linux host's native multipath then
+//! sends I/O only to the owner.
+//!
+//! The I/O path reads a group's state with one relaxed load from a fixed
+//! table: no lock, no allocation.
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use nvme_wire::log_page::ana;
+use nvme_wire::status::{self, Status};
 
 use crate::subsystem::Namespace;
 
 pub const DEFAULT_GROUP: u32 = 1;
-/// Groups a controller may report (ANAGRPMAX, NANAGRPID).
-pub const MAX_GROUPS: u32 = 1;
-/// ANA transition time in seconds.
+/// Groups a controller may report (ANAGRPMAX, NANAGRPID). The Linux host
+/// sizes its ANA log buffer as 16 + NANAGRPID * 32 + NN * 4 bytes (NN =
+/// MAX_NSID when MNAN is 0) and turns ANA off when that exceeds MDTS: 8208
+/// bytes here, so ANA needs a max transfer of 16 KiB or more (1 MiB default).
+pub const MAX_GROUPS: u32 = 128;
+/// Default ANA transition time in seconds.
 pub const ANATT: u8 = 10;
 /// ANACAP: reports optimized, non-optimized, inaccessible, persistent loss,
 /// change; ANAGRPID does not change while attached (bit 6).
 pub const ANACAP: u8 = 0x1F | (1 << 6);
 
-/// Builds the ANA log for `namespaces`; `rgo` leaves out the NSID lists.
-pub fn ana_log(namespaces: &[Namespace], rgo: bool) -> Vec<u8> {
-    let nsids: Vec<u32> = namespaces
-        .iter()
-        .filter(|n| n.ana_group == DEFAULT_GROUP)
-        .map(|n| n.nsid)
-        .collect();
-    let groups = [ana::Group {
-        grpid: DEFAULT_GROUP,
-        state: ana::STATE_OPTIMIZED,
-        nsids: &nsids,
-    }];
-    let mut b = vec![0u8; ana::log_len(&groups, rgo)];
-    ana::encode(1, &groups, rgo, &mut b);
-    b
+/// The ANA log the Linux host reads at most (see `MAX_GROUPS`).
+pub const fn host_ana_log_len() -> usize {
+    ana::HEADER_LEN + MAX_GROUPS as usize * ana::DESC_LEN + crate::subsystem::MAX_NSID as usize * 4
 }
+
+/// An ANA group's state, as the ANA log and the I/O path report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnaState {
+    Optimized,
+    NonOptimized,
+    Inaccessible,
+    PersistentLoss,
+    Change,
+}
+
+impl AnaState {
+    /// The ANA log's state value.
+    pub const fn to_wire(self) -> u8 {
+        match self {
+            AnaState::Optimized => ana::STATE_OPTIMIZED,
+            AnaState::NonOptimized => ana::STATE_NON_OPTIMIZED,
+            AnaState::Inaccessible => ana::STATE_INACCESSIBLE,
+            AnaState::PersistentLoss => ana::STATE_PERSISTENT_LOSS,
+            AnaState::Change => ana::STATE_CHANGE,
+        }
+    }
+
+    pub const fn from_wire(v: u8) -> Option<AnaState> {
+        Some(match v {
+            ana::STATE_OPTIMIZED => AnaState::Optimized,
+            ana::STATE_NON_OPTIMIZED => AnaState::NonOptimized,
+            ana::STATE_INACCESSIBLE => AnaState::Inaccessible,
+            ana::STATE_PERSISTENT_LOSS => AnaState::PersistentLoss,
+            ana::STATE_CHANGE => AnaState::Change,
+            _ => return None,
+        })
+    }
+
+    /// The path status an I/O command gets in this state; None: it runs.
+    pub const fn io_status(self) -> Option<Status> {
+        match self {
+            AnaState::Optimized | AnaState::NonOptimized => None,
+            AnaState::Inaccessible => Some(Status::path(status::SC_ANA_INACCESSIBLE)),
+            AnaState::PersistentLoss => Some(Status::path(status::SC_ANA_PERSISTENT_LOSS)),
+            AnaState::Change => Some(Status::path(status::SC_ANA_TRANSITION)),
+        }
+    }
+}
+
+/// Every group's state (indexed by ANAGRPID; slot 0 unused), the ANA log
+/// change count, and ANATT.
+pub struct AnaGroups {
+    states: [AtomicU8; MAX_GROUPS as usize + 1],
+    change_count: AtomicU64,
+    anatt: AtomicU8,
+}
+
+impl Default for AnaGroups {
+    fn default() -> Self {
+        AnaGroups {
+            states: std::array::from_fn(|_| AtomicU8::new(ana::STATE_OPTIMIZED)),
+            change_count: AtomicU64::new(0),
+            anatt: AtomicU8::new(ANATT),
+        }
+    }
+}
+
+impl AnaGroups {
+    pub fn valid_group(grpid: u32) -> bool {
+        (1..=MAX_GROUPS).contains(&grpid)
+    }
+
+    /// The I/O path's check: one relaxed load. A group outside the table
+    /// (a namespace built by hand) counts as Optimized, as before groups.
+    #[inline]
+    pub fn io_gate(&self, grpid: u32) -> Result<(), Status> {
+        let Some(s) = self.states.get(grpid as usize) else {
+            return Ok(());
+        };
+        let v = s.load(Ordering::Relaxed);
+        if v <= ana::STATE_NON_OPTIMIZED {
+            return Ok(());
+        }
+        match AnaState::from_wire(v).and_then(AnaState::io_status) {
+            Some(st) => Err(st),
+            None => Ok(()),
+        }
+    }
+
+    pub fn state(&self, grpid: u32) -> AnaState {
+        self.states
+            .get(grpid as usize)
+            .and_then(|s| AnaState::from_wire(s.load(Ordering::Relaxed)))
+            .unwrap_or(AnaState::Optimized)
+    }
+
+    /// Sets a group's state; true when it changed (the change count moved).
+    pub(crate) fn set(&self, grpid: u32, state: AnaState) -> bool {
+        if !Self::valid_group(grpid) {
+            return false;
+        }
+        let old = self.states[grpid as usize].swap(state.to_wire(), Ordering::AcqRel);
+        if old == state.to_wire() {
+            return false;
+        }
+        self.change_count.fetch_add(1, Ordering::AcqRel);
+        true
+    }
+
+    /// The ANA log's Change Count: bumped by every state change.
+    pub fn change_count(&self) -> u64 {
+        self.change_count.load(Ordering::Acquire)
+    }
+
+    pub fn anatt(&self) -> u8 {
+        self.anatt.load(Ordering::Relaxed)
+    }
+
+    /// ANATT 0 would make the Linux host time a transition out at once.
+    pub(crate) fn set_anatt(&self, secs: u8) {
+        self.anatt.store(secs.max(1), Ordering::Relaxed);
+    }
+
+    /// Builds the ANA log for a controller whose subsystem has `namespaces`:
+    /// one descriptor per group they use, in group order; `rgo` leaves out
+    /// the NSID lists.
+    pub fn log(&self, namespaces: &[Namespace], rgo: bool) -> Vec<u8> {
+        let mut grpids: Vec<u32> = namespaces.iter().map(|n| n.ana_group).collect();
+        grpids.sort_unstable();
+        grpids.dedup();
+        let nsids: Vec<Vec<u32>> = grpids
+            .iter()
+            .map(|g| {
+                namespaces
+                    .iter()
+                    .filter(|n| n.ana_group == *g)
+                    .map(|n| n.nsid)
+                    .collect()
+            })
+            .collect();
+        let groups: Vec<ana::Group<'_>> = grpids
+            .iter()
+            .zip(&nsids)
+            .map(|(&grpid, nsids)| ana::Group {
+                grpid,
+                state: self.state(grpid).to_wire(),
+                nsids,
+            })
+            .collect();
+        let mut b = vec![0u8; ana::log_len(&groups, rgo)];
+        ana::encode(self.change_count(), &groups, rgo, &mut b);
+        b
+    }
+}
+
+#[cfg(test)]
+#[path = "ana_tests.rs"]
+mod tests;

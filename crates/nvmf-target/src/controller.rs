@@ -140,6 +140,9 @@ pub struct CtrlState {
     /// A reservation AEN went out (or is queued) and the host has not yet
     /// read log page 80h with RAE cleared: no further one until it does.
     pub resv_aen_masked: bool,
+    /// Notices (by their Async Event Configuration bit) sent and masked
+    /// until the host reads their log page with RAE cleared.
+    pub notices_masked: u32,
 }
 
 pub struct Controller {
@@ -201,6 +204,7 @@ impl Controller {
                 resv_log_count: 0,
                 resv_masks: HashMap::new(),
                 resv_aen_masked: false,
+                notices_masked: 0,
             }),
             stats: Mutex::new(Vec::new()),
             kill: watch::channel(None).0,
@@ -346,6 +350,26 @@ impl Controller {
         s.pending_events.push_back(AsyncEvent::RESV_LOG);
         drop(s);
         self.event_notify.notify_one();
+    }
+
+    /// Queues notice `ev` when the host enabled it (Async Event
+    /// Configuration bit `aec_bit`) and it is not masked: once sent, the
+    /// notice stays masked until its log page is read with RAE cleared
+    /// (`unmask_notice`), so a burst of changes is one event.
+    pub fn queue_notice(&self, ev: AsyncEvent, aec_bit: u32) {
+        let mut s = self.state.lock();
+        if s.async_event_config & aec_bit == 0 || s.notices_masked & aec_bit != 0 {
+            return;
+        }
+        s.notices_masked |= aec_bit;
+        s.pending_events.push_back(ev);
+        drop(s);
+        self.event_notify.notify_one();
+    }
+
+    /// The host read the notice's log page with RAE cleared.
+    pub fn unmask_notice(&self, aec_bit: u32) {
+        self.state.lock().notices_masked &= !aec_bit;
     }
 
     /// Records a namespace added or removed at run time in the Changed

@@ -52,6 +52,36 @@ pub fn discovery_log(target: &Target, hostnqn: &str, local_ip: Option<IpAddr>) -
             }
         }
     }
+    let nlisteners = listeners.len();
+    drop(listeners);
+    // Cluster-wide subsystems on the other nodes' portals: a host that
+    // discovers through any node learns every path.
+    let peers = target.peer_portals();
+    let cluster: Vec<_> = target
+        .subsystems()
+        .iter()
+        .filter(|s| s.cluster_wide() && s.host_allowed(hostnqn))
+        .cloned()
+        .collect();
+    for (i, p) in peers.iter().enumerate() {
+        let adrfam = match p.traddr.parse::<IpAddr>() {
+            Ok(IpAddr::V6(_)) => discovery::ADRFAM_IPV6,
+            _ => discovery::ADRFAM_IPV4,
+        };
+        for s in &cluster {
+            entries.push(Entry {
+                adrfam,
+                subtype: discovery::SUBTYPE_NVME,
+                treq: discovery::TREQ_DISABLE_SQFLOW,
+                portid: (nlisteners + i + 1) as u16,
+                cntlid: nvme_wire::fabrics::CNTLID_DYNAMIC,
+                asqsz: ADMIN_SQ_SIZE,
+                trsvcid: p.trsvcid.clone(),
+                subnqn: s.nqn.clone(),
+                traddr: p.traddr.clone(),
+            });
+        }
+    }
     let mut b = vec![0u8; discovery::log_len(entries.len())];
     discovery::encode_log(target.discovery_genctr(), &entries, &mut b);
     b
@@ -109,5 +139,57 @@ mod tests {
         );
         let log = discovery_log(&t, "nqn.h:1", None);
         assert_eq!(log.len(), discovery::log_len(3));
+    }
+
+    #[test]
+    fn cluster_wide_subsystems_are_listed_on_peer_portals() {
+        let t = Target::new(
+            TransportConfig::default(),
+            vec![
+                subsystem("nqn.a:vol", &[]),
+                subsystem("nqn.a:local", &[]),
+                subsystem("nqn.a:closed", &["nqn.h:1"]),
+            ],
+        );
+        t.subsystem("nqn.a:vol").unwrap().set_cluster_wide(true);
+        t.subsystem("nqn.a:closed").unwrap().set_cluster_wide(true);
+        *t.listeners.write() = vec![ListenerConfig {
+            addr: "10.0.0.1:4420".parse().unwrap(),
+            kind: ListenerKind::Io,
+        }];
+        t.set_peer_portals(vec![
+            crate::PeerPortal {
+                traddr: "10.0.0.2".into(),
+                trsvcid: "4420".into(),
+            },
+            crate::PeerPortal {
+                traddr: "fd00::3".into(),
+                trsvcid: "4421".into(),
+            },
+        ]);
+        let entries = |hostnqn: &str| {
+            let log = discovery_log(&t, hostnqn, None);
+            let n = u64::from_le_bytes(log[8..16].try_into().unwrap()) as usize;
+            assert_eq!(log.len(), discovery::log_len(n));
+            (0..n)
+                .map(|i| Entry::decode(&log[1024 * (i + 1)..]).unwrap())
+                .map(|e| (e.subnqn, e.traddr, e.trsvcid, e.adrfam, e.portid))
+                .collect::<Vec<_>>()
+        };
+        let v4 = discovery::ADRFAM_IPV4;
+        let v6 = discovery::ADRFAM_IPV6;
+        let e = |n: &str, a: &str, s: &str, f: u8, p: u16| (n.into(), a.into(), s.into(), f, p);
+        // Local listener: every allowed subsystem; peers: the cluster-wide ones.
+        assert_eq!(
+            entries("nqn.h:2"),
+            [
+                e("nqn.a:vol", "10.0.0.1", "4420", v4, 1),
+                e("nqn.a:local", "10.0.0.1", "4420", v4, 1),
+                e("nqn.a:vol", "10.0.0.2", "4420", v4, 2),
+                e("nqn.a:vol", "fd00::3", "4421", v6, 3),
+            ]
+        );
+        // Host access applies on peers too.
+        assert_eq!(entries("nqn.h:1").len(), 7);
     }
 }

@@ -8,6 +8,7 @@ use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoDone, IoFuture, I
 use nvme_wire::sqe::{DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN, DsmRange, Sqe, io_opc};
 use nvme_wire::status::{self, Status};
 
+use crate::ana::AnaGroups;
 use crate::resv_cmd::ResvCmd;
 
 use crate::subsystem::Namespace;
@@ -39,6 +40,14 @@ pub enum IoPlan {
 }
 
 impl IoPlan {
+    /// Write, Write Zeroes, Dataset Management: the commands the stale
+    /// write audit counts (see `NsReservations::check_write`).
+    pub fn modifies_data(&self) -> bool {
+        matches!(
+            self,
+            IoPlan::Write { .. } | IoPlan::WriteZeroes { .. } | IoPlan::Dsm { .. }
+        )
+    }
     /// Bytes the host sends (write data, DSM ranges).
     pub fn host_to_ctrl_len(&self, block_size: u32) -> u32 {
         match *self {
@@ -73,8 +82,22 @@ fn reject(sc: u8, lba: u64) -> IoReject {
     }
 }
 
-/// Validates an I/O command against its namespace and the transfer limit.
+impl crate::Target {
+    /// `plan` with this target's ANA states and transfer limit.
+    #[inline]
+    pub(crate) fn plan_io<'a>(
+        &self,
+        namespaces: &'a [Namespace],
+        sqe: &Sqe,
+    ) -> Result<(&'a Namespace, IoPlan), IoReject> {
+        plan(&self.ana, namespaces, sqe, self.transport.max_transfer)
+    }
+}
+
+/// Validates an I/O command against its namespace, the namespace's ANA
+/// group state, and the transfer limit.
 pub fn plan<'a>(
+    ana: &AnaGroups,
     namespaces: &'a [Namespace],
     sqe: &Sqe,
     max_transfer: u32,
@@ -94,6 +117,10 @@ pub fn plan<'a>(
     let Some(ns) = crate::subsystem::find_namespace(namespaces, sqe.nsid) else {
         return Err(reject(status::SC_INVALID_NS, 0));
     };
+    // Before any other check, as nvmet: a host must retry on another path
+    // whatever else is wrong with the command here.
+    ana.io_gate(ns.ana_group)
+        .map_err(|status| IoReject { status, lba: 0 })?;
     let range = |lba: u64, blocks: u32| -> Result<(), IoReject> {
         match lba.checked_add(u64::from(blocks)) {
             Some(end) if end <= ns.num_blocks => Ok(()),
@@ -135,6 +162,12 @@ pub fn plan<'a>(
         },
     };
     Ok((ns, plan))
+}
+
+/// Tells namespace instances apart: the address of their shared
+/// reservation state, made once per `Namespace::new`.
+pub(crate) fn ns_instance(ns: &Namespace) -> usize {
+    Arc::as_ptr(&ns.resv) as usize
 }
 
 /// Decodes and checks DSM ranges against the namespace.
@@ -229,7 +262,8 @@ mod tests {
     #[test]
     fn checks_nsid_range_and_mdts() {
         let n = ns();
-        let p = |s: &Sqe| plan(&n, s, 64 * 1024).map(|(_, p)| p);
+        let ana = AnaGroups::default();
+        let p = |s: &Sqe| plan(&ana, &n, s, 64 * 1024).map(|(_, p)| p);
         assert_eq!(
             p(&rw(io_opc::READ, 1, 0, 8)),
             Ok(IoPlan::Read { lba: 0, blocks: 8 })

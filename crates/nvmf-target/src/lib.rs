@@ -24,10 +24,11 @@ pub mod subsystem;
 mod target;
 pub mod tcp;
 
+pub use ana::AnaState;
 pub use config::{ListenerConfig, ListenerKind, TransportConfig};
 pub use controller::{Controller, FreeReason};
 pub use subsystem::{Namespace, NamespaceError, Subsystem};
-pub use target::Target;
+pub use target::{CntlidRangeError, PeerPortal, Target};
 pub use tcp::{Server, StartError};
 
 /// PCI vendor id (Identify Controller VID and SSVID). We have none assigned by

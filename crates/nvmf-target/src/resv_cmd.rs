@@ -14,7 +14,7 @@
 //! completed.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use blockdev::{BlockDevice, RecordKind};
 use nvme_wire::reservation::{
@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 
 use crate::Target;
 use crate::controller::{Controller, QueueStats};
-use crate::reservation::{Access, HostId, HostRef, Outcome, ReservationState};
+use crate::reservation::{Access, HostId, HostRef, NotificationKind, Outcome, ReservationState};
 use crate::subsystem::Namespace;
 
 /// One namespace's reservations, shared by every snapshot of it.
@@ -40,6 +40,14 @@ pub struct NsReservations {
     reserved: AtomicBool,
     /// Whether the device keeps the PTPL record (RESCAP bit 0).
     persistent: bool,
+    /// Hosts whose registration a Preempt (or Preempt and Abort) removed and
+    /// that have not registered again: fenced hosts, whose writes must not land.
+    preempted: Mutex<Vec<HostId>>,
+    /// Mirrors `!preempted.is_empty()` for the I/O path.
+    any_preempted: AtomicBool,
+    /// Writes accepted from `preempted` hosts: an audit that stays 0 unless
+    /// fencing regressed (or the reservation type lets them write).
+    stale_writes: AtomicU64,
 }
 
 impl NsReservations {
@@ -66,7 +74,52 @@ impl NsReservations {
             reserved: AtomicBool::new(state.is_reserved()),
             state: Mutex::new(state),
             persistent,
+            preempted: Mutex::new(Vec::new()),
+            any_preempted: AtomicBool::new(false),
+            stale_writes: AtomicU64::new(0),
         }
+    }
+
+    /// The check for a command about to write the device; `audited` (Write,
+    /// Write Zeroes, DSM) counts it in `stale_writes` when it is accepted
+    /// from a preempted host.
+    #[inline]
+    pub fn check_write(&self, hostid: &HostId, audited: bool) -> Result<(), Status> {
+        self.check(hostid, Access::Write)?;
+        if audited
+            && self.any_preempted.load(Ordering::SeqCst)
+            && self.preempted.lock().contains(hostid)
+        {
+            self.stale_writes.fetch_add(1, Ordering::Relaxed);
+            let id: String = hostid.iter().map(|b| format!("{b:02x}")).collect();
+            tracing::warn!("write accepted from preempted host {id} (stale write audit)");
+        }
+        Ok(())
+    }
+
+    /// Writes accepted from preempted hosts on this namespace.
+    pub fn stale_writes(&self) -> u64 {
+        self.stale_writes.load(Ordering::Relaxed)
+    }
+
+    /// Hosts a Preempt removed and that have not registered since.
+    pub fn preempted_hosts(&self) -> Vec<HostId> {
+        self.preempted.lock().clone()
+    }
+
+    /// Keeps the preempted set after a command: victims of a Preempt join
+    /// it, a host that registers leaves it.
+    fn track_preempted(&self, out: &Outcome, registered: Option<&HostId>) {
+        let mut p = self.preempted.lock();
+        for (h, kind) in &out.notify {
+            if *kind == NotificationKind::RegistrationPreempted && !p.contains(h) {
+                p.push(*h);
+            }
+        }
+        if let Some(h) = registered {
+            p.retain(|x| x != h);
+        }
+        self.any_preempted.store(!p.is_empty(), Ordering::SeqCst);
     }
 
     /// Whether registrations can persist through power loss here.
@@ -207,15 +260,20 @@ pub fn execute(
         }
         ResvCmd::Register(c) => {
             let d = RegisterData::decode(data).map_err(|_| bad_data())?;
-            resv.apply(dev, |s| {
+            let out = resv.apply(dev, |s| {
                 s.register(&me, c.rrega, c.iekey, d.crkey, d.nrkey, c.cptpl)
-            })?
+            })?;
+            let registered = resv.state.lock().is_registered(&me.hostid);
+            resv.track_preempted(&out, registered.then_some(&me.hostid));
+            out
         }
         ResvCmd::Acquire(c) => {
             let d = AcquireData::decode(data).map_err(|_| bad_data())?;
-            resv.apply(dev, |s| {
+            let out = resv.apply(dev, |s| {
                 s.acquire(&me, c.racqa, c.iekey, c.rtype, d.crkey, d.prkey)
-            })?
+            })?;
+            resv.track_preempted(&out, None);
+            out
         }
         ResvCmd::Release(c) => {
             let d = ReleaseData::decode(data).map_err(|_| bad_data())?;

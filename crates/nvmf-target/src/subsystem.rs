@@ -6,7 +6,7 @@
 //! command), so the I/O path takes no lock.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use blockdev::BlockDevice;
 use parking_lot::RwLock;
@@ -44,6 +44,18 @@ impl Namespace {
             dev,
         }
     }
+
+    /// The same namespace in ANA group `grpid` (1..=`ana::MAX_GROUPS`).
+    pub fn with_ana_group(mut self, grpid: u32) -> Result<Self, NamespaceError> {
+        if !crate::ana::AnaGroups::valid_group(grpid) {
+            return Err(NamespaceError::AnaGroupOutOfRange {
+                grpid,
+                max: crate::ana::MAX_GROUPS,
+            });
+        }
+        self.ana_group = grpid;
+        Ok(self)
+    }
 }
 
 pub struct Subsystem {
@@ -55,6 +67,9 @@ pub struct Subsystem {
     /// Sorted by NSID.
     namespaces: RwLock<Arc<[Namespace]>>,
     ns_version: AtomicU64,
+    /// Served by every node of the cluster: the discovery log lists it on
+    /// the peer portals too.
+    cluster_wide: AtomicBool,
 }
 
 /// Why a namespace could not be added or removed.
@@ -70,6 +85,8 @@ pub enum NamespaceError {
     NoSuchSubsystem(String),
     #[error("subsystem {0} exists already")]
     SubsystemExists(String),
+    #[error("ANA group {grpid} is out of range; use 1 to {max}")]
+    AnaGroupOutOfRange { grpid: u32, max: u32 },
 }
 
 impl Subsystem {
@@ -91,7 +108,19 @@ impl Subsystem {
             hosts,
             namespaces: RwLock::new(namespaces.into()),
             ns_version: AtomicU64::new(0),
+            cluster_wide: AtomicBool::new(false),
         }
+    }
+
+    pub fn cluster_wide(&self) -> bool {
+        self.cluster_wide.load(Ordering::Relaxed)
+    }
+
+    /// Marks the subsystem cluster-wide; returns the previous value. On a
+    /// running target use `Target::set_cluster_wide`, which also tells
+    /// discovery controllers.
+    pub fn set_cluster_wide(&self, on: bool) -> bool {
+        self.cluster_wide.swap(on, Ordering::Relaxed)
     }
 
     /// The current namespaces, sorted by NSID.

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::ana::{AnaGroups, AnaState};
 use crate::config::{ListenerConfig, TransportConfig};
-use crate::controller::{Controller, FreeReason, QueueStats};
+use crate::controller::{AsyncEvent, Controller, FreeReason, QueueStats};
 use crate::subsystem::{Namespace, NamespaceError, Subsystem};
 
 pub struct Target {
@@ -22,9 +23,38 @@ pub struct Target {
     /// from `controllers`: a controller leaves that map when its admin queue
     /// closes, while its I/O queues may still have writes on the devices.
     queues: Mutex<Vec<QueueEntry>>,
-    next_cntlid: Mutex<u16>,
+    /// The next dynamic controller ID to try and the range IDs come from.
+    cntlids: Mutex<CntlidAlloc>,
     /// Discovery log generation counter, bumped when subsystems come or go.
     discovery_genctr: AtomicU64,
+    /// ANA group states (the I/O path reads them), change count, ANATT.
+    pub(crate) ana: AnaGroups,
+    /// Other nodes' I/O portals, listed for cluster-wide subsystems.
+    peer_portals: RwLock<Vec<PeerPortal>>,
+}
+
+/// Another node's I/O portal: where a host reaches a cluster-wide
+/// subsystem besides this node's own listeners.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PeerPortal {
+    pub traddr: String,
+    pub trsvcid: String,
+}
+
+struct CntlidAlloc {
+    next: u16,
+    min: u16,
+    max: u16,
+}
+
+/// A controller ID range that cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "controller ID range {min}..={max} is invalid; use 1 <= min <= max <= 65519 (0xFFEF), disjoint per node"
+)]
+pub struct CntlidRangeError {
+    pub min: u16,
+    pub max: u16,
 }
 
 struct QueueEntry {
@@ -38,14 +68,29 @@ const MAX_CNTLID: u16 = 0xFFEF;
 
 impl Target {
     pub fn new(transport: TransportConfig, subsystems: Vec<Arc<Subsystem>>) -> Self {
+        if (transport.max_transfer as usize) < crate::ana::host_ana_log_len() {
+            // The Linux host would turn ANA (and so multipath failover) off.
+            tracing::warn!(
+                "max transfer {} B is below the {} B ANA log a Linux host reads in one command; \
+                 it will disable ANA: use 16 KiB or more",
+                transport.max_transfer,
+                crate::ana::host_ana_log_len()
+            );
+        }
         Target {
             transport,
             subsystems: RwLock::new(subsystems.into()),
             listeners: RwLock::new(Vec::new()),
             controllers: Mutex::new(HashMap::new()),
             queues: Mutex::new(Vec::new()),
-            next_cntlid: Mutex::new(1),
+            cntlids: Mutex::new(CntlidAlloc {
+                next: 1,
+                min: 1,
+                max: MAX_CNTLID,
+            }),
             discovery_genctr: AtomicU64::new(1),
+            ana: AnaGroups::default(),
+            peer_portals: RwLock::new(Vec::new()),
         }
     }
 
@@ -76,7 +121,8 @@ impl Target {
         let mut v: Vec<_> = w.iter().cloned().collect();
         v.push(sub);
         *w = v.into();
-        self.discovery_genctr.fetch_add(1, Ordering::Relaxed);
+        drop(w);
+        self.discovery_changed();
         Ok(())
     }
 
@@ -94,12 +140,126 @@ impl Target {
             *w = v.into();
             sub
         };
-        self.discovery_genctr.fetch_add(1, Ordering::Relaxed);
+        self.discovery_changed();
         let ctrls: Vec<_> = self.controllers.lock().values().cloned().collect();
         for c in ctrls.iter().filter(|c| c.subnqn() == nqn) {
             self.remove_controller(c, FreeReason::Shutdown);
         }
         Ok(sub)
+    }
+
+    /// The discovery log changed: a new generation, and the Discovery Log
+    /// Change notice to every discovery controller that enabled it.
+    fn discovery_changed(&self) {
+        self.discovery_genctr.fetch_add(1, Ordering::Relaxed);
+        let ctrls: Vec<_> = self.controllers.lock().values().cloned().collect();
+        for c in ctrls.iter().filter(|c| c.is_discovery()) {
+            c.queue_notice(
+                AsyncEvent::DISC_CHANGE,
+                nvme_wire::identify::OAES_DISC_LOG_CHANGE,
+            );
+        }
+    }
+
+    /// Sets the other nodes' I/O portals. Cluster-wide subsystems are
+    /// listed on each of them too; a different set is a discovery log change.
+    pub fn set_peer_portals(&self, mut portals: Vec<PeerPortal>) {
+        portals.sort();
+        portals.dedup();
+        {
+            let mut w = self.peer_portals.write();
+            if *w == portals {
+                return;
+            }
+            *w = portals;
+        }
+        self.discovery_changed();
+    }
+
+    pub fn peer_portals(&self) -> Vec<PeerPortal> {
+        self.peer_portals.read().clone()
+    }
+
+    /// Marks subsystem `nqn` cluster-wide (listed on the peer portals too);
+    /// a change is a discovery log change when there are peers.
+    pub fn set_cluster_wide(&self, nqn: &str, on: bool) -> Result<(), NamespaceError> {
+        let sub = self
+            .subsystem(nqn)
+            .ok_or_else(|| NamespaceError::NoSuchSubsystem(nqn.to_string()))?;
+        if sub.set_cluster_wide(on) != on && !self.peer_portals.read().is_empty() {
+            self.discovery_changed();
+        }
+        Ok(())
+    }
+
+    /// Sets ANA group `grpid`'s state for every subsystem. A change bumps the
+    /// ANA log change count and sends the ANA Change notice to the live
+    /// controllers of the subsystems with a namespace in the group; the same
+    /// state again does nothing. A group outside 1..=MAX_GROUPS is ignored.
+    pub fn set_ana_state(&self, grpid: u32, state: AnaState) {
+        if !AnaGroups::valid_group(grpid) {
+            tracing::warn!(
+                "ANA group {grpid} is out of range 1..={}; state {state:?} ignored",
+                crate::ana::MAX_GROUPS
+            );
+            return;
+        }
+        if !self.ana.set(grpid, state) {
+            return;
+        }
+        tracing::info!("ANA group {grpid} is now {state:?}");
+        let subs = self.subsystems();
+        let in_group = |nqn: &str| {
+            subs.iter()
+                .filter(|s| s.nqn == nqn)
+                .any(|s| s.namespaces().iter().any(|n| n.ana_group == grpid))
+        };
+        let ctrls: Vec<_> = self.controllers.lock().values().cloned().collect();
+        for c in ctrls
+            .iter()
+            .filter(|c| !c.is_discovery() && in_group(c.subnqn()))
+        {
+            c.queue_notice(AsyncEvent::ANA_CHANGE, nvme_wire::identify::OAES_ANA_CHANGE);
+        }
+    }
+
+    /// Group `grpid`'s state (Optimized until set).
+    pub fn ana_state(&self, grpid: u32) -> AnaState {
+        self.ana.state(grpid)
+    }
+
+    /// ANA Transition Time reported in Identify Controller (default 10 s;
+    /// 0 is taken as 1).
+    pub fn set_anatt(&self, secs: u8) {
+        self.ana.set_anatt(secs);
+    }
+
+    /// Dynamic controller IDs come from `min..=max` only (nodes serving one
+    /// subsystem need disjoint ranges: the Linux host refuses a second
+    /// controller with an ID it already has in the subsystem).
+    pub fn set_cntlid_range(&self, min: u16, max: u16) -> Result<(), CntlidRangeError> {
+        if min == 0 || min > max || max > MAX_CNTLID {
+            return Err(CntlidRangeError { min, max });
+        }
+        let mut a = self.cntlids.lock();
+        a.min = min;
+        a.max = max;
+        a.next = a.next.clamp(min, max);
+        Ok(())
+    }
+
+    /// Writes accepted from hosts whose registration a Preempt removed, on
+    /// every namespace of every subsystem (see `NsReservations::stale_writes`).
+    pub fn stale_write_audit(&self) -> u64 {
+        let mut n = 0;
+        for s in self.subsystems().iter() {
+            n += s
+                .namespaces()
+                .iter()
+                .map(|ns| ns.resv.stale_writes())
+                .sum::<u64>();
+        }
+        n
     }
 
     /// Adds a namespace to a subsystem while hosts are connected; their
@@ -132,14 +292,15 @@ impl Target {
         }
     }
 
-    /// Allocates a controller ID and registers the controller built with it.
-    /// Returns None when all IDs are in use.
+    /// Allocates a controller ID from the range (skipping IDs in use,
+    /// wrapping) and registers the controller built with it. Returns None
+    /// when all IDs of the range are in use.
     pub fn add_controller(&self, make: impl FnOnce(u16) -> Controller) -> Option<Arc<Controller>> {
         let mut map = self.controllers.lock();
-        let mut next = self.next_cntlid.lock();
-        for _ in 0..MAX_CNTLID {
-            let id = *next;
-            *next = if id >= MAX_CNTLID { 1 } else { id + 1 };
+        let mut a = self.cntlids.lock();
+        for _ in 0..=(a.max - a.min) {
+            let id = a.next;
+            a.next = if id >= a.max { a.min } else { id + 1 };
             if let std::collections::hash_map::Entry::Vacant(slot) = map.entry(id) {
                 let c = Arc::new(make(id));
                 slot.insert(c.clone());
@@ -261,6 +422,111 @@ mod tests {
         assert!(c.killed().is_some(), "its controllers end with it");
         assert_eq!(t.controller_count(), 0);
         assert!(t.remove_subsystem("nqn.a:drive").is_err());
+    }
+
+    fn io_ctrl(t: &Target, sub: &Arc<Subsystem>) -> Option<Arc<Controller>> {
+        t.add_controller(|id| {
+            Controller::new(id, CtrlKind::Io(sub.clone()), "h".into(), [0; 16], 0, 32, 4)
+        })
+    }
+
+    #[test]
+    fn controller_ids_come_from_the_range() {
+        let s = Arc::new(Subsystem::new(
+            "nqn.a:s".into(),
+            "S".into(),
+            "M".into(),
+            true,
+            Vec::new(),
+            vec![ns(1)],
+        ));
+        let t = Target::new(TransportConfig::default(), vec![s.clone()]);
+        for (min, max) in [(0, 5), (6, 5), (1, 0xFFF0), (0xFFF0, 0xFFFF)] {
+            assert_eq!(
+                t.set_cntlid_range(min, max),
+                Err(CntlidRangeError { min, max })
+            );
+        }
+        assert_eq!(
+            io_ctrl(&t, &s).unwrap().cntlid,
+            1,
+            "default range starts at 1"
+        );
+        t.set_cntlid_range(0x100, 0x102).unwrap();
+        let ids: Vec<u16> = (0..3).map(|_| io_ctrl(&t, &s).unwrap().cntlid).collect();
+        assert_eq!(ids, [0x100, 0x101, 0x102]);
+        // Full: Connect gets Controller Busy (see fabrics::connect_admin).
+        assert!(io_ctrl(&t, &s).is_none());
+        // A freed ID is reused; allocation wraps and skips IDs in use.
+        let c = t.controller(0x101).unwrap();
+        t.remove_controller(&c, FreeReason::HostDisconnected);
+        assert_eq!(io_ctrl(&t, &s).unwrap().cntlid, 0x101);
+        let c = t.controller(0x100).unwrap();
+        t.remove_controller(&c, FreeReason::HostDisconnected);
+        assert_eq!(io_ctrl(&t, &s).unwrap().cntlid, 0x100);
+        // The top of the space is usable.
+        t.set_cntlid_range(MAX_CNTLID, MAX_CNTLID).unwrap();
+        assert_eq!(io_ctrl(&t, &s).unwrap().cntlid, MAX_CNTLID);
+        assert!(io_ctrl(&t, &s).is_none());
+    }
+
+    #[test]
+    fn discovery_changes_notify_discovery_controllers() {
+        let s = Arc::new(Subsystem::new(
+            "nqn.a:s".into(),
+            "S".into(),
+            "M".into(),
+            true,
+            Vec::new(),
+            vec![ns(1)],
+        ));
+        let t = Target::new(TransportConfig::default(), vec![s.clone()]);
+        let disc = |aec: u32| {
+            let c = t
+                .add_controller(|id| {
+                    Controller::new(id, CtrlKind::Discovery, "h".into(), [0; 16], 0, 32, 4)
+                })
+                .unwrap();
+            c.state.lock().async_event_config = aec;
+            c
+        };
+        let on = disc(nvme_wire::identify::OAES_DISC_LOG_CHANGE);
+        let off = disc(0);
+        let io = io_ctrl(&t, &s).unwrap();
+        io.state.lock().async_event_config = u32::MAX;
+        let events = |c: &Controller| -> Vec<AsyncEvent> {
+            c.state.lock().pending_events.drain(..).collect()
+        };
+        let peer = |a: &str| PeerPortal {
+            traddr: a.into(),
+            trsvcid: "4420".into(),
+        };
+        let g0 = t.discovery_genctr();
+        t.set_peer_portals(vec![peer("10.0.0.2"), peer("10.0.0.3")]);
+        assert_eq!(t.discovery_genctr(), g0 + 1);
+        assert_eq!(events(&on), [AsyncEvent::DISC_CHANGE]);
+        assert!(events(&off).is_empty());
+        assert!(events(&io).is_empty());
+        // The same set in another order: no change.
+        t.set_peer_portals(vec![peer("10.0.0.3"), peer("10.0.0.2"), peer("10.0.0.2")]);
+        assert_eq!(t.discovery_genctr(), g0 + 1);
+        // Masked until the log is read with RAE clear.
+        t.set_peer_portals(vec![peer("10.0.0.3")]);
+        assert_eq!(t.discovery_genctr(), g0 + 2);
+        assert!(events(&on).is_empty());
+        on.unmask_notice(nvme_wire::identify::OAES_DISC_LOG_CHANGE);
+        t.set_cluster_wide("nqn.a:s", true).unwrap();
+        assert!(s.cluster_wide());
+        assert_eq!(t.discovery_genctr(), g0 + 3);
+        assert_eq!(events(&on), [AsyncEvent::DISC_CHANGE]);
+        t.set_cluster_wide("nqn.a:s", true).unwrap();
+        assert_eq!(t.discovery_genctr(), g0 + 3);
+        assert!(t.set_cluster_wide("nqn.a:none", true).is_err());
+        // Subsystems coming and going are changes too.
+        on.unmask_notice(nvme_wire::identify::OAES_DISC_LOG_CHANGE);
+        t.remove_subsystem("nqn.a:s").unwrap();
+        assert_eq!(t.discovery_genctr(), g0 + 4);
+        assert_eq!(events(&on), [AsyncEvent::DISC_CHANGE]);
     }
 
     #[test]

@@ -36,7 +36,7 @@ use crate::bufpool::BufPool;
 use crate::config::ADMIN_IN_CAPSULE_DATA;
 use crate::controller::{AER_LIMIT, Controller, FreeReason, QueueStats};
 use crate::fabrics;
-use crate::io::{self, IoPlan, IoReject};
+use crate::io::{self, IoPlan, IoReject, ns_instance};
 use crate::reservation::Access;
 use crate::resv_cmd;
 use crate::subsystem::{Namespace, find_namespace};
@@ -45,8 +45,8 @@ use sgl::{Sgl, check_sgl};
 /// Transient Transport Error (generic status 0x22): host data arrived with a
 /// bad data digest; the host may retry.
 pub const SC_TRANSIENT_TRANSPORT: u8 = 0x22;
-/// How often I/O queues refresh the controller's keep-alive clock.
-const TOUCH_EVERY: Duration = Duration::from_millis(500);
+/// How often I/O queues refresh the keep-alive clock: small next to a 1 s KATO.
+const TOUCH_EVERY: Duration = Duration::from_millis(100);
 
 /// What a transport does for the core. Calls come in the order the host
 /// must see their effects (read data before its completion).
@@ -664,8 +664,10 @@ impl QueueCore {
             return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t);
         }
         let sqe = self.slots[usize::from(i)].sqe;
-        let planned = io::plan(&b.namespaces, &sqe, self.target.transport.max_transfer).and_then(
-            |(ns, plan)| {
+        let planned = self
+            .target
+            .plan_io(&b.namespaces, &sqe)
+            .and_then(|(ns, plan)| {
                 // Refused before any data moves; writes are checked again
                 // when they reach the device (see `execute_io`).
                 if let Some(access) = Access::of_io_opcode(sqe.opcode) {
@@ -674,8 +676,7 @@ impl QueueCore {
                         .map_err(|status| IoReject { status, lba: 0 })?;
                 }
                 Ok((ns.nsid, ns_instance(ns), ns.block_size, plan))
-            },
-        );
+            });
         let (nsid, inst, bs, plan) = match planned {
             Ok(p) => p,
             Err(rej) => return self.complete_lba(i, rej.status, rej.lba, t),
@@ -736,7 +737,7 @@ impl QueueCore {
             // reservation after this check waits for this write.
             b.stats.writes_started.fetch_add(1, SeqCst);
             self.slots[usize::from(i)].counted_write = true;
-            if let Err(st) = ns.resv.check(&b.ctrl.hostid, Access::Write) {
+            if let Err(st) = ns.resv.check_write(&b.ctrl.hostid, plan.modifies_data()) {
                 self.pool.put(buf);
                 return self.complete(i, st, 0, 0, t);
             }
@@ -825,10 +826,4 @@ impl QueueCore {
             }
         }
     }
-}
-
-/// Tells namespace instances apart: the address of their shared
-/// reservation state, made once per `Namespace::new`.
-fn ns_instance(ns: &Namespace) -> usize {
-    Arc::as_ptr(&ns.resv) as usize
 }

@@ -386,3 +386,103 @@ fn reservation_aen_is_masked_until_the_log_is_read() {
     assert_eq!(page.unwrap()[9], 1, "one more available");
     assert_eq!(ctrl.state.lock().pending_events.len(), 1);
 }
+
+impl Host {
+    /// Write Zeroes or Dataset Management (deallocate LBA 0..8): no host
+    /// data for the first, one range for the second.
+    fn zeroes_or_dsm(&mut self, dsm: bool) -> (u8, u8) {
+        if !dsm {
+            let mut s = Sqe::new(io_opc::WRITE_ZEROES, 7);
+            s.nsid = 1;
+            return self.cmd(&s, &[]);
+        }
+        let mut s = Sqe::new(io_opc::DATASET_MANAGEMENT, 7);
+        s.nsid = 1;
+        s.cdw11 = nvme_wire::sqe::DSM_ATTR_DEALLOCATE;
+        let mut range = [0u8; 16];
+        nvme_wire::sqe::DsmRange {
+            attributes: 0,
+            nlb: 8,
+            slba: 0,
+        }
+        .encode(&mut range);
+        self.cmd(&in_capsule(s, 16), &range)
+    }
+}
+
+/// The fencing audit: writes of a host a Preempt removed are refused while
+/// a Write Exclusive reservation stands (the count stays 0); once nothing
+/// is reserved they are accepted, and each accepted one counts until the
+/// host registers again.
+#[test]
+fn stale_write_audit_counts_accepted_writes_of_preempted_hosts() {
+    let t = target();
+    let ns = t.subsystems()[0].namespace(1).unwrap();
+    let mut a = host(&t, A);
+    let mut b = host(&t, B);
+    assert_eq!(a.register(0, 0, 0xA1), OK);
+    assert_eq!(b.register(0, 0, 0xB2), OK);
+    assert_eq!(a.acquire(0, 1, 0xA1, 0), OK);
+    assert_eq!(a.write(), OK);
+    // B takes over: Preempt and Abort of A's key.
+    assert_eq!(b.acquire(2, 1, 0xB2, 0xA1), OK);
+    assert_eq!(ns.resv.preempted_hosts(), [A]);
+    assert_eq!(a.write(), CONFLICT);
+    assert_eq!(a.zeroes_or_dsm(false), CONFLICT);
+    assert_eq!(a.zeroes_or_dsm(true), CONFLICT);
+    assert_eq!(b.write(), OK);
+    assert_eq!(t.stale_write_audit(), 0, "fenced: nothing of A landed");
+
+    // Test only: B releases, nothing is reserved, so A's writes are
+    // accepted again; the audit sees each of them (not B's, not reads).
+    assert_eq!(b.release(0, 1, 0xB2), OK);
+    assert_eq!(a.write(), OK);
+    assert_eq!(a.zeroes_or_dsm(false), OK);
+    assert_eq!(a.zeroes_or_dsm(true), OK);
+    assert_eq!(a.read(), OK);
+    assert_eq!(b.write(), OK);
+    assert_eq!(ns.resv.stale_writes(), 3);
+    assert_eq!(t.stale_write_audit(), 3);
+
+    // A registers again: no longer a preempted host.
+    assert_eq!(a.register(0, 0, 0xA3), OK);
+    assert!(ns.resv.preempted_hosts().is_empty());
+    assert_eq!(a.write(), OK);
+    assert_eq!(t.stale_write_audit(), 3);
+
+    // A plain Preempt puts it back in the set; B's reservation fences it.
+    assert_eq!(b.acquire(0, 1, 0xB2, 0), OK);
+    assert_eq!(b.acquire(1, 1, 0xB2, 0xA3), OK);
+    assert_eq!(ns.resv.preempted_hosts(), [A]);
+    assert_eq!(a.write(), CONFLICT);
+    assert_eq!(t.stale_write_audit(), 3);
+}
+
+/// An Inaccessible group through the core: every I/O command, reservation
+/// commands too, ends with the path status and moves no data.
+#[test]
+fn io_on_an_inaccessible_group_gets_the_ana_status() {
+    use crate::AnaState;
+    let t = target();
+    let mut a = host(&t, A);
+    assert_eq!(a.register(0, 0, 0xA1), OK);
+    let path = |sc| (status::SCT_PATH, sc);
+    t.set_ana_state(1, AnaState::Inaccessible);
+    assert_eq!(a.write(), path(status::SC_ANA_INACCESSIBLE));
+    assert_eq!(a.zeroes_or_dsm(true), path(status::SC_ANA_INACCESSIBLE));
+    assert_eq!(a.register(0, 0, 0xA1), path(status::SC_ANA_INACCESSIBLE));
+    let mut s = Sqe::new(io_opc::READ, 5);
+    s.nsid = 1;
+    a.io.on_command(&xfer(s, 512), &[], true, &mut a.rec);
+    drain(&mut a.io, &mut a.rec);
+    assert!(!a.rec.ev.iter().any(|e| matches!(e, Ev::Data { .. })));
+    let c = a.rec.take_resps()[0];
+    assert_eq!((c.status.sct, c.status.sc, c.status.dnr), (3, 2, false));
+    t.set_ana_state(1, AnaState::Change);
+    assert_eq!(a.write(), path(status::SC_ANA_TRANSITION));
+    t.set_ana_state(1, AnaState::PersistentLoss);
+    assert_eq!(a.write(), path(status::SC_ANA_PERSISTENT_LOSS));
+    t.set_ana_state(1, AnaState::NonOptimized);
+    assert_eq!(a.write(), OK);
+    assert_eq!(a.read(), OK);
+}
