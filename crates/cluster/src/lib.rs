@@ -192,7 +192,8 @@ pub enum ClusterError {
     NoFreeAnaGroup,
     #[error("cannot decode etcd key {key}: {err}")]
     Decode { key: String, err: String },
-    #[error("lease lost: {0}")]
+    /// etcd no longer knows this session's lease (expired or revoked).
+    #[error("this node's etcd lease is gone ({0}): fence and join again")]
     LeaseLost(String),
 }
 

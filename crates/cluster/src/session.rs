@@ -51,6 +51,12 @@ impl Drop for Inner {
 }
 
 fn etcd_err(cfg: &ClusterConfig, what: &str, e: etcd_client::Error) -> ClusterError {
+    if let etcd_client::Error::GRpcStatus(s) = &e
+        && s.code() == tonic::Code::NotFound
+        && s.message().contains("lease")
+    {
+        return ClusterError::LeaseLost(format!("{what}: {}", s.message()));
+    }
     ClusterError::Etcd(format!(
         "{what} (endpoints {}): {e}",
         cfg.endpoints.join(",")
@@ -658,7 +664,9 @@ impl Session {
             .collect())
     }
 
-    /// Decoded changes under the cluster prefix (one watch per session).
+    /// Decoded changes under the cluster prefix (one watch per session,
+    /// started at join). A receiver that falls more than 1024 events behind
+    /// gets `RecvError::Lagged`: treat it like [`ClusterEvent::Resync`].
     pub fn events(&self) -> broadcast::Receiver<ClusterEvent> {
         self.inner.events.subscribe()
     }

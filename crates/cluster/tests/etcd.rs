@@ -394,6 +394,12 @@ async fn lease_loss_is_reported_by_the_deadline_and_owner_keys_vanish() {
         .await,
         Err(ClusterError::Deposed { .. })
     ));
+    // the dead session cannot claim: its lease is gone
+    b.create_spec(&spec("w", 2)).await.unwrap();
+    match a.claim("w").await {
+        Err(ClusterError::LeaseLost(m)) => eprintln!("claim on a lost session: {m}"),
+        r => panic!("expected LeaseLost, got {r:?}"),
+    }
     // the node can join again with a new session
     let a2 = join(&eps, "a").await;
     assert_eq!(a2.claim("v").await.unwrap().unwrap().epoch, 2);
