@@ -30,8 +30,8 @@ fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   say "apt-get install (test dependencies)"
   apt-get update -qq >/dev/null 2>&1 || true
-  apt-get install -y -qq --no-install-recommends qemu-system-x86 nvme-cli busybox-static cpio kmod fio libisal-dev \
-    python3 fonts-dejavu-core iproute2 >/dev/null 2>&1 || say "apt-get install failed; continuing with what is installed"
+  apt-get install -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends qemu-system-x86 nvme-cli busybox-static cpio kmod fio libisal-dev \
+    python3 fonts-dejavu-core iproute2 etcd-server etcd-client protobuf-compiler >/dev/null 2>&1 || say "apt-get install failed; continuing with what is installed"
 fi
 
 # ---- 1. formatting and lints

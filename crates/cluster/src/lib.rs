@@ -174,13 +174,17 @@ pub enum LeaseHealth {
 pub enum ClusterError {
     #[error("etcd: {0}")]
     Etcd(String),
-    #[error("volume {volume}: not owned by this node at epoch {epoch} (deposed): fence and re-read the owner")]
+    #[error(
+        "volume {volume}: not owned by this node at epoch {epoch} (deposed): fence and re-read the owner"
+    )]
     Deposed { volume: String, epoch: u64 },
     #[error("volume {volume}: has no owner")]
     NotOwned { volume: String },
     #[error("volume {0} already exists: pick another name or delete it first")]
     VolumeExists(String),
-    #[error("node name {0} is in use by another live node: pick another name or wait for its lease to expire")]
+    #[error(
+        "node name {0} is in use by another live node: pick another name or wait for its lease to expire"
+    )]
     NodeNameInUse(String),
     #[error("no free controller-ID slot (0..={MAX_SLOT} all taken by live nodes)")]
     NoFreeSlot,
@@ -188,14 +192,18 @@ pub enum ClusterError {
     NoFreeAnaGroup,
     #[error("cannot decode etcd key {key}: {err}")]
     Decode { key: String, err: String },
-    #[error("lease lost: {0}")]
+    /// etcd no longer knows this session's lease (expired or revoked).
+    #[error("this node's etcd lease is gone ({0}): fence and join again")]
     LeaseLost(String),
 }
 
 /// Orders `nodes` by highest-random-weight for `volume` (first = preferred).
 /// The hash is FNV-1a with a fixed finaliser: the same on every node and run.
 pub fn rendezvous<'a>(volume: &str, nodes: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
-    let mut v: Vec<(u64, &'a str)> = nodes.into_iter().map(|n| (hrw_weight(volume, n), n)).collect();
+    let mut v: Vec<(u64, &'a str)> = nodes
+        .into_iter()
+        .map(|n| (hrw_weight(volume, n), n))
+        .collect();
     v.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
     v.dedup_by(|a, b| a.1 == b.1);
     v.into_iter().map(|(_, n)| n).collect()
@@ -242,7 +250,9 @@ mod tests {
         assert_eq!(rendezvous("vol1", rest)[0], o1[0]);
         let mut firsts = std::collections::HashMap::new();
         for i in 0..400 {
-            *firsts.entry(rendezvous(&format!("v{i}"), nodes)[0]).or_insert(0) += 1;
+            *firsts
+                .entry(rendezvous(&format!("v{i}"), nodes)[0])
+                .or_insert(0) += 1;
         }
         for n in nodes {
             let c = firsts.get(n).copied().unwrap_or(0);

@@ -80,13 +80,23 @@ pub async fn watch_peer_death(addr: &str) -> PeerGone {
         let mut buf = [0u8; 64];
         while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
         drop(s);
-        match tokio::time::timeout(REFUSED_WITHIN, TcpStream::connect(addr)).await {
-            Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                tracing::info!(peer = addr, "peer process is gone (connection ended, port refuses)");
-                return PeerGone { addr: addr.to_string() };
+        // A dying process can still complete a handshake for a moment after
+        // its connections end: keep trying for the whole window.
+        let window = tokio::time::Instant::now() + REFUSED_WITHIN;
+        while let Ok(r) = tokio::time::timeout_at(window, TcpStream::connect(addr)).await {
+            match r {
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    tracing::info!(
+                        peer = addr,
+                        "peer process is gone (connection ended, port refuses)"
+                    );
+                    return PeerGone {
+                        addr: addr.to_string(),
+                    };
+                }
+                // accepted or another error: not proof of death (yet)
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
             }
-            // accepted again, timed out or another error: not proof of death
-            _ => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     }
 }

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,
-    PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
+    TxnOp, TxnOpResponse, WatchOptions,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -51,7 +51,16 @@ impl Drop for Inner {
 }
 
 fn etcd_err(cfg: &ClusterConfig, what: &str, e: etcd_client::Error) -> ClusterError {
-    ClusterError::Etcd(format!("{what} (endpoints {}): {e}", cfg.endpoints.join(",")))
+    if let etcd_client::Error::GRpcStatus(s) = &e
+        && s.code() == tonic::Code::NotFound
+        && s.message().contains("lease")
+    {
+        return ClusterError::LeaseLost(format!("{what}: {}", s.message()));
+    }
+    ClusterError::Etcd(format!(
+        "{what} (endpoints {}): {e}",
+        cfg.endpoints.join(",")
+    ))
 }
 
 /// Errors worth retrying: the request may not have reached a leader.
@@ -61,7 +70,11 @@ fn transient(e: &etcd_client::Error) -> bool {
         E::TransportError(_) | E::IoError(_) => true,
         E::GRpcStatus(s) => matches!(
             s.code(),
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown | tonic::Code::Internal
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
+                | tonic::Code::Unknown
+                | tonic::Code::Internal
         ),
         _ => false,
     }
@@ -103,7 +116,6 @@ impl Session {
         let prefix = cfg.prefix();
         rec.name = cfg.node.clone();
 
-        let sent = Instant::now();
         let granted = retry(&cfg, "lease grant", || {
             let mut c = client.clone();
             let ttl = cfg.ttl_secs();
@@ -112,8 +124,6 @@ impl Session {
         .await?;
         let lease = granted.id();
         let ttl_granted = Duration::from_secs(granted.ttl().max(1) as u64);
-        // The grant counts as the first acknowledged keep-alive.
-        let valid_until = sent + ttl_granted.saturating_sub(cfg.fence_margin);
         let abandon = |client: &Client| {
             let mut c = client.clone();
             async move {
@@ -154,8 +164,16 @@ impl Session {
                     Compare::version(node_key.clone(), CompareOp::Equal, 0),
                 ])
                 .and_then([
-                    TxnOp::put(slot_key.clone(), cfg.node.clone(), Some(PutOptions::new().with_lease(lease))),
-                    TxnOp::put(node_key.clone(), encode(&rec), Some(PutOptions::new().with_lease(lease))),
+                    TxnOp::put(
+                        slot_key.clone(),
+                        cfg.node.clone(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                    TxnOp::put(
+                        node_key.clone(),
+                        encode(&rec),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
                 ])
                 .or_else([TxnOp::get(node_key.clone(), None)]);
             let resp = match retry(&cfg, "join txn", || {
@@ -185,6 +203,39 @@ impl Session {
             }
             // the slot was taken under us: read again
         };
+        // The steps above may have waited out a leader election: refresh
+        // the lease now so the fencing deadline starts from a fresh ack.
+        let sent = Instant::now();
+        let refreshed = tokio::time::timeout(ttl_granted.saturating_sub(cfg.fence_margin), async {
+            let mut lc = client.lease_client();
+            loop {
+                match lc.keep_alive(lease).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) if transient(&e) => tokio::time::sleep(Duration::from_millis(25)).await,
+                    Err(e) => return Err(e),
+                }
+            }
+        })
+        .await;
+        match refreshed {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                abandon(&client).await;
+                return Err(etcd_err(
+                    &cfg,
+                    &format!("keep-alive of new lease {lease:x}"),
+                    e,
+                ));
+            }
+            Err(_) => {
+                abandon(&client).await;
+                return Err(ClusterError::Etcd(format!(
+                    "keep-alive of new lease {lease:x} unanswered (endpoints {})",
+                    cfg.endpoints.join(",")
+                )));
+            }
+        }
+        let valid_until = sent + ttl_granted.saturating_sub(cfg.fence_margin);
         tracing::info!(node = %cfg.node, slot, lease, "joined cluster {}", cfg.cluster);
 
         let (health_tx, _) = watch::channel(LeaseHealth::Live { valid_until });
@@ -217,7 +268,9 @@ impl Session {
             tokio::spawn(watch_task(client, prefix, events)),
         ];
         *inner.tasks.lock().unwrap() = tasks;
-        Ok(Session { inner: Arc::new(inner) })
+        Ok(Session {
+            inner: Arc::new(inner),
+        })
     }
 
     pub fn node(&self) -> &str {
@@ -324,7 +377,9 @@ impl Session {
     /// Seconds left on `lease`; `None` if it has expired or never existed.
     pub async fn lease_ttl_left(&self, lease: i64) -> Result<Option<i64>, ClusterError> {
         let r = self
-            .op("lease time-to-live", |mut c| async move { c.lease_time_to_live(lease, None).await })
+            .op("lease time-to-live", |mut c| async move {
+                c.lease_time_to_live(lease, None).await
+            })
             .await?;
         Ok((r.ttl() >= 0).then_some(r.ttl()))
     }
@@ -345,8 +400,14 @@ impl Session {
                 tracing::warn!(node = name, lease, "revoked node's lease");
                 Ok(true)
             }
-            Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("not found") => Ok(false),
-            Err(e) => Err(etcd_err(&self.inner.cfg, &format!("revoke lease {lease} of node {name}"), e)),
+            Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("not found") => {
+                Ok(false)
+            }
+            Err(e) => Err(etcd_err(
+                &self.inner.cfg,
+                &format!("revoke lease {lease} of node {name}"),
+                e,
+            )),
         }
     }
 
@@ -355,17 +416,9 @@ impl Session {
         let key = self.vkey(&spec.name, "spec");
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.clone(), encode(spec), None)])
-            .or_else([TxnOp::get(key.clone(), None)]);
+            .and_then([TxnOp::put(key.clone(), encode(spec), None)]);
         let r = self.txn(&format!("create {key}"), txn).await?;
         if r.succeeded() {
-            return Ok(());
-        }
-        // A retried request that went through the first time finds its own spec.
-        if let Some(kv) = txn_gets(&r).into_iter().flatten().next()
-            && decode::<VolumeSpec>(&kv).ok().as_ref() == Some(spec)
-            && kv.version() == 1
-        {
             return Ok(());
         }
         Err(ClusterError::VolumeExists(spec.name.clone()))
@@ -381,34 +434,59 @@ impl Session {
     }
 
     pub async fn spec(&self, vol: &str) -> Result<Option<VolumeSpec>, ClusterError> {
-        self.get_one(&self.vkey(vol, "spec")).await?.as_ref().map(decode).transpose()
+        self.get_one(&self.vkey(vol, "spec"))
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()
     }
 
     /// Deletes the volume's keys (spec, owner, state, handoff, epoch), only
     /// while this node owns it at `epoch`.
     pub async fn delete_volume(&self, vol: &str, epoch: u64) -> Result<(), ClusterError> {
-        let me = Owner { node: self.node().to_string(), epoch };
+        let me = Owner {
+            node: self.node().to_string(),
+            epoch,
+        };
         let txn = Txn::new()
-            .when([Compare::value(self.vkey(vol, "owner"), CompareOp::Equal, encode(&me))])
+            .when([Compare::value(
+                self.vkey(vol, "owner"),
+                CompareOp::Equal,
+                encode(&me),
+            )])
             .and_then(
                 ["spec", "owner", "state", "handoff", "epoch"]
                     .map(|leaf| TxnOp::delete(self.vkey(vol, leaf), None)),
             );
-        if self.txn(&format!("delete volume {vol}"), txn).await?.succeeded() {
+        if self
+            .txn(&format!("delete volume {vol}"), txn)
+            .await?
+            .succeeded()
+        {
             Ok(())
         } else {
-            Err(ClusterError::Deposed { volume: vol.to_string(), epoch })
+            Err(ClusterError::Deposed {
+                volume: vol.to_string(),
+                epoch,
+            })
         }
     }
 
     /// Lowest ANA group in 1..=128 that no spec uses.
     pub async fn free_ana_group(&self) -> Result<u32, ClusterError> {
         let used: Vec<u32> = self.specs().await?.iter().map(|s| s.ana_group).collect();
-        ANA_GROUPS.into_iter().find(|g| !used.contains(g)).ok_or(ClusterError::NoFreeAnaGroup)
+        ANA_GROUPS
+            .into_iter()
+            .find(|g| !used.contains(g))
+            .ok_or(ClusterError::NoFreeAnaGroup)
     }
 
     pub async fn owner(&self, vol: &str) -> Result<Option<Owner>, ClusterError> {
-        self.get_one(&self.vkey(vol, "owner")).await?.as_ref().map(decode).transpose()
+        self.get_one(&self.vkey(vol, "owner"))
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()
     }
 
     /// Tries to become the owner of `vol` at epoch = last epoch + 1. `Some`
@@ -418,7 +496,10 @@ impl Session {
         let owner_key = self.vkey(vol, "owner");
         let epoch_key = self.vkey(vol, "epoch");
         loop {
-            let read = Txn::new().and_then([TxnOp::get(owner_key.clone(), None), TxnOp::get(epoch_key.clone(), None)]);
+            let read = Txn::new().and_then([
+                TxnOp::get(owner_key.clone(), None),
+                TxnOp::get(epoch_key.clone(), None),
+            ]);
             let r = self.txn(&format!("read {owner_key}"), read).await?;
             let gets = txn_gets(&r);
             if let Some(kv) = gets.first().and_then(|g| g.first()) {
@@ -429,17 +510,28 @@ impl Session {
                 Some(kv) => (decode::<u64>(kv)?, kv.mod_revision()),
                 None => (0, 0),
             };
-            let me = Owner { node: self.node().to_string(), epoch: epoch + 1 };
+            let me = Owner {
+                node: self.node().to_string(),
+                epoch: epoch + 1,
+            };
             let txn = Txn::new()
                 .when([
                     Compare::version(owner_key.clone(), CompareOp::Equal, 0),
                     Compare::mod_revision(epoch_key.clone(), CompareOp::Equal, rev),
                 ])
                 .and_then([
-                    TxnOp::put(owner_key.clone(), encode(&me), Some(PutOptions::new().with_lease(self.inner.lease))),
+                    TxnOp::put(
+                        owner_key.clone(),
+                        encode(&me),
+                        Some(PutOptions::new().with_lease(self.inner.lease)),
+                    ),
                     TxnOp::put(epoch_key.clone(), encode(&me.epoch), None),
                 ]);
-            if self.txn(&format!("claim {owner_key}"), txn).await?.succeeded() {
+            if self
+                .txn(&format!("claim {owner_key}"), txn)
+                .await?
+                .succeeded()
+            {
                 tracing::info!(volume = vol, epoch = me.epoch, "claimed volume");
                 return Ok(Some(me));
             }
@@ -449,7 +541,10 @@ impl Session {
     /// Deletes the owner key iff it is this node at `epoch`.
     pub async fn release(&self, vol: &str, epoch: u64) -> Result<bool, ClusterError> {
         let key = self.vkey(vol, "owner");
-        let me = Owner { node: self.node().to_string(), epoch };
+        let me = Owner {
+            node: self.node().to_string(),
+            epoch,
+        };
         let txn = Txn::new()
             .when([Compare::value(key.clone(), CompareOp::Equal, encode(&me))])
             .and_then([TxnOp::delete(key.clone(), None)]);
@@ -458,19 +553,37 @@ impl Session {
 
     /// Writes the volume state, only while this node owns it at `st.epoch`.
     pub async fn put_state(&self, vol: &str, st: &VolumeState) -> Result<(), ClusterError> {
-        let me = Owner { node: self.node().to_string(), epoch: st.epoch };
+        let me = Owner {
+            node: self.node().to_string(),
+            epoch: st.epoch,
+        };
         let txn = Txn::new()
-            .when([Compare::value(self.vkey(vol, "owner"), CompareOp::Equal, encode(&me))])
+            .when([Compare::value(
+                self.vkey(vol, "owner"),
+                CompareOp::Equal,
+                encode(&me),
+            )])
             .and_then([TxnOp::put(self.vkey(vol, "state"), encode(st), None)]);
-        if self.txn(&format!("put state of {vol}"), txn).await?.succeeded() {
+        if self
+            .txn(&format!("put state of {vol}"), txn)
+            .await?
+            .succeeded()
+        {
             Ok(())
         } else {
-            Err(ClusterError::Deposed { volume: vol.to_string(), epoch: st.epoch })
+            Err(ClusterError::Deposed {
+                volume: vol.to_string(),
+                epoch: st.epoch,
+            })
         }
     }
 
     pub async fn state(&self, vol: &str) -> Result<Option<VolumeState>, ClusterError> {
-        self.get_one(&self.vkey(vol, "state")).await?.as_ref().map(decode).transpose()
+        self.get_one(&self.vkey(vol, "state"))
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()
     }
 
     /// Asks the owner of `h.epoch` to hand the volume over; `Deposed` if the
@@ -479,23 +592,40 @@ impl Session {
         let owner_key = self.vkey(vol, "owner");
         loop {
             let Some(kv) = self.get_one(&owner_key).await? else {
-                return Err(ClusterError::NotOwned { volume: vol.to_string() });
+                return Err(ClusterError::NotOwned {
+                    volume: vol.to_string(),
+                });
             };
             let o: Owner = decode(&kv)?;
             if o.epoch != h.epoch {
-                return Err(ClusterError::Deposed { volume: vol.to_string(), epoch: h.epoch });
+                return Err(ClusterError::Deposed {
+                    volume: vol.to_string(),
+                    epoch: h.epoch,
+                });
             }
             let txn = Txn::new()
-                .when([Compare::mod_revision(owner_key.clone(), CompareOp::Equal, kv.mod_revision())])
+                .when([Compare::mod_revision(
+                    owner_key.clone(),
+                    CompareOp::Equal,
+                    kv.mod_revision(),
+                )])
                 .and_then([TxnOp::put(self.vkey(vol, "handoff"), encode(h), None)]);
-            if self.txn(&format!("set handoff of {vol}"), txn).await?.succeeded() {
+            if self
+                .txn(&format!("set handoff of {vol}"), txn)
+                .await?
+                .succeeded()
+            {
                 return Ok(());
             }
         }
     }
 
     pub async fn handoff(&self, vol: &str) -> Result<Option<Handoff>, ClusterError> {
-        self.get_one(&self.vkey(vol, "handoff")).await?.as_ref().map(decode).transpose()
+        self.get_one(&self.vkey(vol, "handoff"))
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()
     }
 
     pub async fn clear_handoff(&self, vol: &str) -> Result<(), ClusterError> {
@@ -534,7 +664,9 @@ impl Session {
             .collect())
     }
 
-    /// Decoded changes under the cluster prefix (one watch per session).
+    /// Decoded changes under the cluster prefix (one watch per session,
+    /// started at join). A receiver that falls more than 1024 events behind
+    /// gets `RecvError::Lagged`: treat it like [`ClusterEvent::Resync`].
     pub fn events(&self) -> broadcast::Receiver<ClusterEvent> {
         self.inner.events.subscribe()
     }
@@ -545,7 +677,9 @@ impl Session {
         for t in self.inner.tasks.lock().unwrap().drain(..) {
             t.abort();
         }
-        self.inner.health.send_replace(LeaseHealth::Lost("left the cluster".into()));
+        self.inner
+            .health
+            .send_replace(LeaseHealth::Lost("left the cluster".into()));
         let mut c = self.inner.client.clone();
         if let Err(e) = c.lease_revoke(self.inner.lease).await {
             tracing::warn!(lease = self.inner.lease, "revoking own lease on leave: {e}");
@@ -636,7 +770,10 @@ impl KeepAlive {
     /// Records an acknowledged keep-alive sent at `sent` granting `ttl_s`.
     fn acked(&self, sent: Instant, ttl_s: i64) -> bool {
         if ttl_s <= 0 {
-            set_lost(&self.health, format!("etcd says lease {:x} is gone (TTL 0)", self.lease));
+            set_lost(
+                &self.health,
+                format!("etcd says lease {:x} is gone (TTL 0)", self.lease),
+            );
             return false;
         }
         let until = sent + Duration::from_secs(ttl_s as u64).saturating_sub(self.margin);
@@ -651,7 +788,8 @@ impl KeepAlive {
     }
 
     async fn run(self) {
-        let mut stream: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
+        let mut stream: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> =
+            None;
         let mut next = Instant::now() + self.every;
         // One attempt waits at most this long before trying another stream
         // (possibly another member).
@@ -659,8 +797,15 @@ impl KeepAlive {
         loop {
             tokio::time::sleep_until(next.into()).await;
             next = (next + self.every).max(Instant::now());
-            let Some(deadline) = self.deadline() else { return };
-            let paused = { self.pause_until.lock().unwrap().is_some_and(|t| Instant::now() < t) };
+            let Some(deadline) = self.deadline() else {
+                return;
+            };
+            let paused = {
+                self.pause_until
+                    .lock()
+                    .unwrap()
+                    .is_some_and(|t| Instant::now() < t)
+            };
             if paused {
                 stream = None;
                 continue;
@@ -672,8 +817,9 @@ impl KeepAlive {
                     let r = match stream.as_mut() {
                         Some((keeper, s)) => match keeper.keep_alive().await {
                             Ok(()) => s.message().await.and_then(|m| {
-                                m.map(|m| m.ttl())
-                                    .ok_or_else(|| etcd_client::Error::LeaseKeepAliveError("stream ended".into()))
+                                m.map(|m| m.ttl()).ok_or_else(|| {
+                                    etcd_client::Error::LeaseKeepAliveError("stream ended".into())
+                                })
                             }),
                             Err(e) => Err(e),
                         },
@@ -685,10 +831,22 @@ impl KeepAlive {
                                     stream = Some(pair);
                                     Ok(self.ttl.as_secs() as i64)
                                 }
-                                Err(etcd_client::Error::LeaseKeepAliveError(m)) if m.contains("not found") => Ok(0),
+                                Err(etcd_client::Error::LeaseKeepAliveError(m))
+                                    if m.contains("not found") =>
+                                {
+                                    Ok(0)
+                                }
                                 Err(e) => Err(e),
                             }
                         }
+                    };
+                    let r = match r {
+                        Err(etcd_client::Error::GRpcStatus(s))
+                            if s.code() == tonic::Code::NotFound =>
+                        {
+                            Ok(0)
+                        }
+                        r => r,
                     };
                     match r {
                         Ok(ttl) => return (sent, ttl),
@@ -708,7 +866,10 @@ impl KeepAlive {
                     }
                 }
                 Err(_) => {
-                    tracing::debug!(lease = self.lease, "keep-alive unanswered after {attempt_for:?}; new stream");
+                    tracing::debug!(
+                        lease = self.lease,
+                        "keep-alive unanswered after {attempt_for:?}; new stream"
+                    );
                     stream = None;
                     next = Instant::now();
                 }
@@ -759,7 +920,10 @@ async fn watch_task(client: Client, prefix: String, events: broadcast::Sender<Cl
     let mut first = true;
     loop {
         let mut wc = client.watch_client();
-        let (watcher, mut stream) = match wc.watch(prefix.clone(), Some(WatchOptions::new().with_prefix())).await {
+        let (watcher, mut stream) = match wc
+            .watch(prefix.clone(), Some(WatchOptions::new().with_prefix()))
+            .await
+        {
             Ok(p) => p,
             Err(e) => {
                 tracing::debug!("watch {prefix}: {e}; retrying");

@@ -1,0 +1,547 @@
+//! Against a real etcd (`apt-get install etcd-server`).
+
+use std::time::{Duration, Instant};
+
+use cluster::testing::{EtcdCluster, EtcdServer, etcd_available};
+use cluster::{
+    ClusterConfig, ClusterError, ClusterEvent, Handoff, LeaseHealth, NodeRecord, Session,
+    VolumeSpec, VolumeState,
+};
+use tokio::sync::broadcast;
+
+fn rec(name: &str) -> NodeRecord {
+    NodeRecord {
+        name: name.into(),
+        portals: vec![cluster::Portal {
+            traddr: "127.0.0.1".into(),
+            trsvcid: "4420".into(),
+        }],
+        discovery: vec![],
+        api: None,
+        liveness: None,
+        host_nqn: format!("nqn.2014-08.org.nvmexpress:uuid:{name}"),
+        host_id: name.into(),
+        slot: 0,
+        lease: 0,
+    }
+}
+
+fn spec(name: &str, ana_group: u32) -> VolumeSpec {
+    VolumeSpec {
+        name: name.into(),
+        uuid: "00000000-0000-0000-0000-000000000001".into(),
+        nqn: format!("nqn.2024-01.io.flashpool:{name}"),
+        nsid: 1,
+        ana_group,
+        size_bytes: 1 << 30,
+        block_size: 4096,
+        drives: vec!["nvme://a/1".into()],
+        layout: "raid1".into(),
+        hosts: vec![],
+        serial: "S1".into(),
+        model: "flashpool".into(),
+    }
+}
+
+async fn join(eps: &[String], name: &str) -> Session {
+    Session::join(ClusterConfig::new(eps.to_vec(), "t", name), rec(name))
+        .await
+        .unwrap()
+}
+
+async fn next_event(
+    rx: &mut broadcast::Receiver<ClusterEvent>,
+    want: impl Fn(&ClusterEvent) -> bool,
+    within: Duration,
+) -> ClusterEvent {
+    tokio::time::timeout(within, async {
+        loop {
+            let e = rx.recv().await.unwrap();
+            if want(&e) {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("event did not arrive in time")
+}
+
+macro_rules! etcd {
+    () => {{
+        if !etcd_available() {
+            return;
+        }
+        EtcdServer::start().unwrap()
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_gives_distinct_slots_and_refuses_a_live_name() {
+    let etcd = etcd!();
+    let eps = vec![etcd.endpoint()];
+    let a = join(&eps, "a").await;
+    let b = join(&eps, "b").await;
+    let c = join(&eps, "c").await;
+    let mut slots = vec![a.slot(), b.slot(), c.slot()];
+    slots.sort();
+    assert_eq!(slots, [0, 1, 2]);
+    assert_eq!(
+        a.cntlid_range()
+            .0
+            .max(b.cntlid_range().0)
+            .max(c.cntlid_range().0),
+        2048
+    );
+    assert!(a.is_valid());
+    let nodes = a.nodes().await.unwrap();
+    assert_eq!(nodes.len(), 3);
+    assert!(nodes.iter().all(|n| n.lease != 0));
+    assert!(
+        a.lease_ttl_left(b.lease_id())
+            .await
+            .unwrap()
+            .is_some_and(|t| t >= 1)
+    );
+
+    match Session::join(ClusterConfig::new(eps.clone(), "t", "b"), rec("b")).await {
+        Err(ClusterError::NodeNameInUse(n)) => assert_eq!(n, "b"),
+        Err(e) => panic!("expected NodeNameInUse, got {e}"),
+        Ok(_) => panic!("expected NodeNameInUse, joined"),
+    }
+    // a freed slot is reused
+    let bs = b.slot();
+    b.leave().await;
+    assert!(!b.is_valid());
+    let d = join(&eps, "d").await;
+    assert_eq!(d.slot(), bs);
+    assert_eq!(a.lease_ttl_left(b.lease_id()).await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_race_has_one_winner_and_revoke_frees_the_volume() {
+    let etcd = etcd!();
+    let eps = vec![etcd.endpoint()];
+    let mut sessions = Vec::new();
+    for i in 0..8 {
+        sessions.push(join(&eps, &format!("n{i}")).await);
+    }
+    let watcher = join(&eps, "w").await;
+    let mut ev = watcher.events();
+    watcher.create_spec(&spec("v1", 1)).await.unwrap();
+    assert!(matches!(
+        watcher.create_spec(&spec("v1", 1)).await,
+        Err(ClusterError::VolumeExists(_))
+    ));
+    assert_eq!(watcher.free_ana_group().await.unwrap(), 2);
+
+    let results = futures_join(sessions.iter().map(|s| {
+        let s = s.clone();
+        async move { s.claim("v1").await }
+    }))
+    .await;
+    let winners: Vec<_> = results
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.as_ref().unwrap().clone().map(|o| (i, o)))
+        .collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    let (wi, owner) = winners[0].clone();
+    assert_eq!(owner.epoch, 1);
+    assert_eq!(owner.node, format!("n{wi}"));
+    assert_eq!(watcher.owner("v1").await.unwrap(), Some(owner.clone()));
+    // the winner claiming again keeps it; a loser gets None
+    assert_eq!(sessions[wi].claim("v1").await.unwrap(), Some(owner.clone()));
+    assert_eq!(sessions[(wi + 1) % 8].claim("v1").await.unwrap(), None);
+
+    // revoke the winner's lease: owner key goes, OwnerGone arrives, next claim is epoch 2
+    assert!(watcher.revoke_node(&owner.node).await.unwrap());
+    // both come from one revision, in either order
+    let (mut owner_gone, mut node_down) = (false, false);
+    while !(owner_gone && node_down) {
+        let e = next_event(
+            &mut ev,
+            |e| matches!(e, ClusterEvent::OwnerGone(_) | ClusterEvent::NodeDown(_)),
+            Duration::from_secs(2),
+        )
+        .await;
+        owner_gone |= e == ClusterEvent::OwnerGone("v1".into());
+        node_down |= e == ClusterEvent::NodeDown(owner.node.clone());
+    }
+    assert_eq!(watcher.owner("v1").await.unwrap(), None);
+    let other = &sessions[(wi + 1) % 8];
+    let o2 = other.claim("v1").await.unwrap().unwrap();
+    assert_eq!(o2.epoch, 2);
+    assert!(matches!(
+        next_event(&mut ev, |e| matches!(e, ClusterEvent::OwnerSet(..)), Duration::from_secs(2)).await,
+        ClusterEvent::OwnerSet(v, o) if v == "v1" && o == o2
+    ));
+}
+
+async fn futures_join<F: std::future::Future + Send + 'static>(
+    fs: impl Iterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let hs: Vec<_> = fs.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in hs {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_and_handoff_are_guarded_by_the_epoch() {
+    let etcd = etcd!();
+    let eps = vec![etcd.endpoint()];
+    let a = join(&eps, "a").await;
+    let b = join(&eps, "b").await;
+    a.create_spec(&spec("v", 1)).await.unwrap();
+    assert!(matches!(
+        a.set_handoff(
+            "v",
+            &Handoff {
+                to: "b".into(),
+                epoch: 1
+            }
+        )
+        .await,
+        Err(ClusterError::NotOwned { .. })
+    ));
+    let o = a.claim("v").await.unwrap().unwrap();
+    let st = VolumeState {
+        epoch: o.epoch,
+        generation: 7,
+        members: vec!["m".into()],
+        note: "ok".into(),
+    };
+    a.put_state("v", &st).await.unwrap();
+    assert_eq!(b.state("v").await.unwrap(), Some(st.clone()));
+    // b is not the owner
+    assert!(matches!(
+        b.put_state("v", &st).await,
+        Err(ClusterError::Deposed { .. })
+    ));
+    // a moves on: release, b claims epoch 2, a's stale epoch is refused
+    assert!(!a.release("v", o.epoch + 1).await.unwrap());
+    assert!(a.release("v", o.epoch).await.unwrap());
+    let o2 = b.claim("v").await.unwrap().unwrap();
+    assert_eq!(o2.epoch, 2);
+    match a.put_state("v", &st).await {
+        Err(ClusterError::Deposed { volume, epoch }) => {
+            assert_eq!((volume.as_str(), epoch), ("v", 1))
+        }
+        r => panic!("expected Deposed, got {r:?}"),
+    }
+    // handoff only for the current epoch
+    let mut ev = a.events();
+    assert!(matches!(
+        a.set_handoff(
+            "v",
+            &Handoff {
+                to: "a".into(),
+                epoch: 1
+            }
+        )
+        .await,
+        Err(ClusterError::Deposed { .. })
+    ));
+    let h = Handoff {
+        to: "a".into(),
+        epoch: 2,
+    };
+    a.set_handoff("v", &h).await.unwrap();
+    assert_eq!(b.handoff("v").await.unwrap(), Some(h.clone()));
+    next_event(
+        &mut ev,
+        |e| *e == ClusterEvent::HandoffSet("v".into(), h.clone()),
+        Duration::from_secs(2),
+    )
+    .await;
+    b.clear_handoff("v").await.unwrap();
+    next_event(
+        &mut ev,
+        |e| *e == ClusterEvent::HandoffCleared("v".into()),
+        Duration::from_secs(2),
+    )
+    .await;
+    assert_eq!(a.handoff("v").await.unwrap(), None);
+    // delete is guarded too
+    assert!(matches!(
+        a.delete_volume("v", 2).await,
+        Err(ClusterError::Deposed { .. })
+    ));
+    b.delete_volume("v", 2).await.unwrap();
+    assert_eq!(a.spec("v").await.unwrap(), None);
+    assert_eq!(a.owner("v").await.unwrap(), None);
+    assert_eq!(a.state("v").await.unwrap(), None);
+    next_event(
+        &mut ev,
+        |e| *e == ClusterEvent::SpecDeleted("v".into()),
+        Duration::from_secs(2),
+    )
+    .await;
+    // drain marks
+    a.set_drain("b", true).await.unwrap();
+    assert_eq!(a.draining().await.unwrap(), ["b"]);
+    next_event(
+        &mut ev,
+        |e| *e == ClusterEvent::Drain("b".into(), true),
+        Duration::from_secs(2),
+    )
+    .await;
+    a.set_drain("b", false).await.unwrap();
+    assert!(a.draining().await.unwrap().is_empty());
+    next_event(
+        &mut ev,
+        |e| *e == ClusterEvent::Drain("b".into(), false),
+        Duration::from_secs(2),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_reports_nodes_and_specs() {
+    let etcd = etcd!();
+    let eps = vec![etcd.endpoint()];
+    let a = join(&eps, "a").await;
+    let mut ev = a.events();
+    let b = join(&eps, "b").await;
+    match next_event(
+        &mut ev,
+        |e| matches!(e, ClusterEvent::NodeUp(_)),
+        Duration::from_secs(2),
+    )
+    .await
+    {
+        ClusterEvent::NodeUp(r) => {
+            assert_eq!(
+                (r.name.as_str(), r.slot, r.lease),
+                ("b", b.slot(), b.lease_id())
+            );
+            assert_eq!(r.portals, rec("b").portals);
+        }
+        e => panic!("{e:?}"),
+    }
+    b.create_spec(&spec("v9", 3)).await.unwrap();
+    assert_eq!(
+        next_event(
+            &mut ev,
+            |e| matches!(e, ClusterEvent::SpecPut(_)),
+            Duration::from_secs(2)
+        )
+        .await,
+        ClusterEvent::SpecPut(spec("v9", 3))
+    );
+    assert_eq!(a.specs().await.unwrap(), [spec("v9", 3)]);
+    assert_eq!(a.free_ana_group().await.unwrap(), 1);
+    b.leave().await;
+    next_event(
+        &mut ev,
+        |e| *e == ClusterEvent::NodeDown("b".into()),
+        Duration::from_secs(2),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_loss_is_reported_by_the_deadline_and_owner_keys_vanish() {
+    let etcd = etcd!();
+    let eps = vec![etcd.endpoint()];
+    let a = join(&eps, "a").await;
+    let b = join(&eps, "b").await;
+    let mut ev = b.events();
+    a.create_spec(&spec("v", 1)).await.unwrap();
+    let o = a.claim("v").await.unwrap().unwrap();
+    // keep-alives run: after two TTLs it is still live
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(a.is_valid());
+    let mut health = a.health();
+    let t0 = Instant::now();
+    let before = a.valid_until().unwrap();
+    a.pause_keepalive_for_test(Duration::from_secs(30));
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        health.wait_for(|h| matches!(h, LeaseHealth::Lost(_))),
+    )
+    .await
+    .expect("health did not turn Lost within the TTL")
+    .unwrap();
+    let lost_after = t0.elapsed();
+    assert!(Instant::now() >= before, "lost before the deadline");
+    assert!(!a.is_valid());
+    assert_eq!(a.valid_until(), None);
+    eprintln!("lease lost {lost_after:?} after keep-alives stopped");
+    // the owner key goes with the lease (etcd expiry or the watchdog's revoke)
+    next_event(
+        &mut ev,
+        |e| *e == ClusterEvent::OwnerGone("v".into()),
+        Duration::from_secs(3),
+    )
+    .await;
+    assert_eq!(b.owner("v").await.unwrap(), None);
+    assert!(matches!(
+        a.put_state(
+            "v",
+            &VolumeState {
+                epoch: o.epoch,
+                generation: 1,
+                members: vec![],
+                note: String::new()
+            }
+        )
+        .await,
+        Err(ClusterError::Deposed { .. })
+    ));
+    // the dead session cannot claim: its lease is gone
+    b.create_spec(&spec("w", 2)).await.unwrap();
+    match a.claim("w").await {
+        Err(ClusterError::LeaseLost(m)) => eprintln!("claim on a lost session: {m}"),
+        r => panic!("expected LeaseLost, got {r:?}"),
+    }
+    // the node can join again with a new session
+    let a2 = join(&eps, "a").await;
+    assert_eq!(a2.claim("v").await.unwrap().unwrap().epoch, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_survive_losing_the_leader() {
+    if !etcd_available() {
+        return;
+    }
+    let mut etcd = EtcdCluster::start().unwrap();
+    let eps = etcd.endpoints();
+    let a = join(&eps, "a").await;
+    let b = join(&eps, "b").await;
+    a.create_spec(&spec("va", 1)).await.unwrap();
+    b.create_spec(&spec("vb", 2)).await.unwrap();
+    let oa = a.claim("va").await.unwrap().unwrap();
+    let ob = b.claim("vb").await.unwrap().unwrap();
+    let mut ha = a.health();
+    let mut hb = b.health();
+    let mut ev = a.events();
+    let stream = |s: Session, vol: &'static str, epoch: u64| {
+        tokio::spawn(async move {
+            let mut ok = 0u64;
+            let mut last_err = None;
+            let end = Instant::now() + Duration::from_secs(4);
+            while Instant::now() < end {
+                let st = VolumeState {
+                    epoch,
+                    generation: ok,
+                    members: vec![],
+                    note: String::new(),
+                };
+                match s.put_state(vol, &st).await {
+                    Ok(()) => ok += 1,
+                    Err(e) => last_err = Some(e.to_string()),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (ok, last_err)
+        })
+    };
+    let ta = stream(a.clone(), "va", oa.epoch);
+    let tb = stream(b.clone(), "vb", ob.epoch);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let leader = etcd.leader_index().expect("a leader");
+    let killed_at = Instant::now();
+    let mut hlog = a.health();
+    let logger = tokio::spawn(async move {
+        let mut gaps = Vec::new();
+        let mut last = Instant::now();
+        while hlog.changed().await.is_ok() {
+            let h = hlog.borrow_and_update().clone();
+            gaps.push(format!(
+                "{:?}:{}",
+                last.elapsed(),
+                matches!(h, LeaseHealth::Live { .. })
+            ));
+            last = Instant::now();
+            if killed_at.elapsed() > Duration::from_secs(3) {
+                break;
+            }
+        }
+        gaps
+    });
+    etcd.kill(leader);
+    // a new leader appears, and claims work through it
+    let c = loop {
+        if let Ok(c) = Session::join(ClusterConfig::new(eps.clone(), "t", "c"), rec("c")).await {
+            break c;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(5),
+            "no new leader"
+        );
+    };
+    c.create_spec(&spec("vc", 3)).await.unwrap();
+    assert_eq!(c.claim("vc").await.unwrap().unwrap().epoch, 1);
+    if let Ok(Ok(g)) = tokio::time::timeout(Duration::from_secs(1), logger).await {
+        eprintln!("health updates of a (gap:live): {g:?}");
+    }
+    let (oka, ea) = ta.await.unwrap();
+    let (okb, eb) = tb.await.unwrap();
+    eprintln!(
+        "put_state during leader loss: a {oka} ok (last error {ea:?}), b {okb} ok (last error {eb:?}); new leader {:?}",
+        etcd.leader_index()
+    );
+    for (h, n) in [(&mut ha, "a"), (&mut hb, "b")] {
+        assert!(
+            matches!(&*h.borrow_and_update(), LeaseHealth::Live { .. }),
+            "{n}: {:?}",
+            *h.borrow()
+        );
+    }
+    assert!(a.is_valid() && b.is_valid());
+    // both still own their volumes and can write
+    let st = VolumeState {
+        epoch: oa.epoch,
+        generation: 999,
+        members: vec![],
+        note: "after".into(),
+    };
+    a.put_state("va", &st).await.unwrap();
+    assert_eq!(b.state("va").await.unwrap(), Some(st));
+    assert_eq!(b.owner("vb").await.unwrap(), Some(ob));
+    tokio::task::block_in_place(|| etcd.restart(leader)).unwrap();
+    assert!(a.is_valid() && b.is_valid());
+    // a rolling restart breaks every member's streams: the watch comes back
+    // with Resync, the leases stay live
+    for i in 0..3 {
+        etcd.kill(i);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::task::block_in_place(|| etcd.restart(i)).unwrap();
+    }
+    next_event(
+        &mut ev,
+        |e| *e == ClusterEvent::Resync,
+        Duration::from_secs(2),
+    )
+    .await;
+    assert!(
+        a.is_valid() && b.is_valid(),
+        "{:?} {:?}",
+        a.health().borrow().clone(),
+        b.health().borrow().clone()
+    );
+    a.put_state(
+        "va",
+        &VolumeState {
+            epoch: oa.epoch,
+            generation: 1000,
+            members: vec![],
+            note: String::new(),
+        },
+    )
+    .await
+    .unwrap();
+    a.set_drain("x", true).await.unwrap();
+    next_event(
+        &mut ev,
+        |e| *e == ClusterEvent::Drain("x".into(), true),
+        Duration::from_secs(2),
+    )
+    .await;
+}
