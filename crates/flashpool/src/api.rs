@@ -11,16 +11,41 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use crate::agent::{Agent, MoveRequest};
 use crate::node::{
     AssembleVolume, CreateVolume, ExportDriveRequest, ExportRequest, Node, NodeError,
 };
+
+/// What the handlers reach: the node, and in cluster mode its agent.
+#[derive(Clone)]
+pub struct App {
+    pub node: Arc<Node>,
+    pub agent: Option<Arc<Agent>>,
+}
+
+impl FromRef<App> for Arc<Node> {
+    fn from_ref(a: &App) -> Arc<Node> {
+        a.node.clone()
+    }
+}
+
+impl App {
+    fn agent(&self) -> Result<&Arc<Agent>, ApiError> {
+        self.agent.as_ref().ok_or_else(|| {
+            ApiError(
+                StatusCode::CONFLICT,
+                "this node is not in a cluster ([cluster] in its TOML)".into(),
+            )
+        })
+    }
+}
 
 /// `{"error": "..."}` with its status.
 struct ApiError(StatusCode, String);
@@ -66,8 +91,14 @@ struct ReplaceBody {
     with: String,
 }
 
-pub fn router(node: Arc<Node>) -> Router {
+pub fn router(app: App) -> Router {
     Router::new()
+        .route("/v1/audit", get(audit))
+        .route("/v1/cluster", get(cluster_status))
+        .route("/v1/cluster/probe/{name}", post(cluster_probe))
+        .route("/v1/volumes/{name}/move", post(move_volume))
+        .route("/v1/nodes/{name}/drain", post(drain_node))
+        .route("/v1/nodes/{name}/undrain", post(undrain_node))
         .route("/v1/drives", get(drives))
         .route("/v1/drives/{name}", get(drive))
         .route("/v1/drives/{name}/fail", post(fail_drive))
@@ -88,7 +119,7 @@ pub fn router(node: Arc<Node>) -> Router {
                 "no such API call; see docs/api.md".into(),
             )
         })
-        .with_state(node)
+        .with_state(app)
 }
 
 async fn drives(State(n): State<Arc<Node>>) -> ApiResult {
@@ -126,17 +157,46 @@ async fn assemble_volume(State(n): State<Arc<Node>>, b: Bytes) -> ApiResult {
 async fn volumes(State(n): State<Arc<Node>>) -> ApiResult {
     ok(n.volumes().await)
 }
-async fn create_volume(State(n): State<Arc<Node>>, b: Bytes) -> ApiResult {
+async fn create_volume(State(a): State<App>, b: Bytes) -> ApiResult {
     let req: CreateVolume = body(&b)?;
-    let info = n.create_volume(req).await?;
+    let info = match &a.agent {
+        Some(ag) if req.pool.is_none() => ag.create(req).await?,
+        _ => a.node.create_volume(req).await?,
+    };
     Ok((StatusCode::CREATED, axum::Json(info)).into_response())
 }
 async fn volume(State(n): State<Arc<Node>>, Path(name): Path<String>) -> ApiResult {
     ok(n.volume(&name).await?)
 }
-async fn delete_volume(State(n): State<Arc<Node>>, Path(name): Path<String>) -> ApiResult {
-    n.delete_volume(&name).await?;
+async fn delete_volume(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
+    let in_cluster = match &a.agent {
+        Some(ag) => ag.delete(&name).await?.is_some(),
+        None => false,
+    };
+    if !in_cluster {
+        a.node.delete_volume(&name).await?;
+    }
     ok(serde_json::json!({ "deleted": name }))
+}
+async fn audit(State(n): State<Arc<Node>>) -> ApiResult {
+    ok(serde_json::json!({ "stale_writes": n.stale_write_audit() }))
+}
+async fn cluster_status(State(a): State<App>) -> ApiResult {
+    ok(a.agent()?.status().await?)
+}
+async fn cluster_probe(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
+    a.agent()?.probe(&name).await?;
+    ok(serde_json::json!({ "volume": name, "reachable": true }))
+}
+async fn move_volume(State(a): State<App>, Path(name): Path<String>, b: Bytes) -> ApiResult {
+    let r: MoveRequest = body(&b)?;
+    ok(a.agent()?.move_volume(&name, &r.to).await?)
+}
+async fn drain_node(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
+    ok(a.agent()?.drain(&name, true).await?)
+}
+async fn undrain_node(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
+    ok(a.agent()?.drain(&name, false).await?)
 }
 async fn export(State(n): State<Arc<Node>>, Path(name): Path<String>, b: Bytes) -> ApiResult {
     let x: ExportRequest = body(&b)?;
@@ -153,7 +213,7 @@ async fn rebuild_status(State(n): State<Arc<Node>>, Path(name): Path<String>) ->
 }
 
 /// Binds the API on `addr` and serves it on `rt` until the process ends.
-pub fn start(rt: &tokio::runtime::Runtime, node: Arc<Node>, addr: &str) -> Result<SocketAddr> {
+pub fn start(rt: &tokio::runtime::Runtime, app: App, addr: &str) -> Result<SocketAddr> {
     let sa: SocketAddr = addr.parse().with_context(|| {
         format!("config: api.address = {addr:?} is not ADDR:PORT; use e.g. \"127.0.0.1:9410\"")
     })?;
@@ -170,7 +230,7 @@ pub fn start(rt: &tokio::runtime::Runtime, node: Arc<Node>, addr: &str) -> Resul
             )
         })?;
     let bound = listener.local_addr()?;
-    let app = router(node);
+    let app = router(app);
     rt.spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!("management API stopped: {e}");

@@ -13,10 +13,10 @@ use crate::units::human_bytes;
 pub struct ApiArgs {
     /// Management API of the node (ADDR:PORT).
     #[arg(long, global = true, env = "FLASHPOOL_API", default_value = DEFAULT_API_ADDRESS)]
-    api: String,
+    pub(crate) api: String,
     /// Print the API's JSON answer instead of a table.
     #[arg(long, global = true)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -91,6 +91,13 @@ pub enum VolumeCmd {
         #[arg(long, requires = "export")]
         nsid: Option<u32>,
     },
+    /// Move a cluster volume to another node (planned: the host's I/O pauses, nothing fails).
+    Move {
+        name: String,
+        /// The node that takes it over.
+        #[arg(long)]
+        to: String,
+    },
     /// Rebuild progress and ETA.
     RebuildStatus {
         name: String,
@@ -123,13 +130,13 @@ pub enum DriveCmd {
     Unexport { name: String },
 }
 
-struct Client {
+pub(crate) struct Client {
     base: String,
     agent: ureq::Agent,
 }
 
 impl Client {
-    fn new(api: &str) -> Client {
+    pub(crate) fn new(api: &str) -> Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(3600)))
@@ -142,7 +149,7 @@ impl Client {
     }
 
     /// One call; an error answer becomes an error carrying the API's message.
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+    pub(crate) fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
         let url = format!("{}{path}", self.base);
         let sent = match (method, body) {
             ("GET", _) => self.agent.get(&url).call(),
@@ -252,6 +259,25 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
                 b["export"] = json!({ "nqn": nqn, "nsid": nsid });
             }
             c.call("POST", "/volumes/assemble", Some(b))?
+        }
+        VolumeCmd::Move { name, to } => {
+            let v = c.call(
+                "POST",
+                &format!("/volumes/{name}/move"),
+                Some(json!({ "to": to })),
+            )?;
+            if api.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!(
+                    "volume {name}: moved from {} to {} (epoch {}) in {} ms",
+                    v["from"].as_str().unwrap_or("?"),
+                    v["to"].as_str().unwrap_or("?"),
+                    v["epoch"],
+                    v["took_ms"]
+                );
+            }
+            return Ok(());
         }
         VolumeCmd::RebuildStatus { name, wait } => {
             return rebuild_status(&c, &name, wait, api.json);

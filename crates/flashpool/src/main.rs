@@ -1,8 +1,10 @@
 //! flashpool: disaggregated flash over NVMe/TCP.
 
+mod agent;
 mod api;
 mod bench;
 mod cli;
+mod cluster_cli;
 mod config;
 mod node;
 mod serve;
@@ -49,6 +51,20 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cli::DriveCmd,
     },
+    /// The cluster a node belongs to (through its management API).
+    Cluster {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(subcommand)]
+        cmd: cluster_cli::ClusterCmd,
+    },
+    /// Cluster nodes: drain one before maintenance.
+    Node {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(subcommand)]
+        cmd: cluster_cli::NodeCmd,
+    },
     /// Load a target and measure it: tcp://ADDR:PORT/NQN, file:PATH (io_uring, O_DIRECT) or mem:SIZE.
     Bench(Box<bench::BenchArgs>),
 }
@@ -60,6 +76,8 @@ fn main() {
         Cmd::Bench(args) => bench::run(*args),
         Cmd::Volume { api, cmd } => cli::volume(api, cmd),
         Cmd::Drive { api, cmd } => cli::drive(api, cmd),
+        Cmd::Cluster { api, cmd } => cluster_cli::cluster(api, cmd),
+        Cmd::Node { api, cmd } => cluster_cli::node(api, cmd),
     };
     if let Err(e) = r {
         eprintln!("flashpool: error: {e:#}");

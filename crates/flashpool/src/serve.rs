@@ -81,15 +81,40 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         .map(|d| (d.name.clone(), d.export_hosts.clone()))
         .collect();
     rt.block_on(node.restore_drive_exports(&drive_exports))?;
+    let agent = match &cfg.cluster {
+        Some(c) => {
+            let m = config::membership::membership(c, &built.listeners)?;
+            let api = cfg.api.enabled.then(|| cfg.api.address.clone());
+            Some(rt.block_on(crate::agent::Agent::join(
+                node.clone(),
+                target.clone(),
+                m,
+                api,
+            ))?)
+        }
+        None => None,
+    };
     let server = Server::start(target.clone(), &built.listeners)?;
     let api = if cfg.api.enabled {
-        Some(crate::api::start(&rt, node.clone(), &cfg.api.address)?)
+        let app = crate::api::App {
+            node: node.clone(),
+            agent: agent.clone(),
+        };
+        Some(crate::api::start(&rt, app, &cfg.api.address)?)
     } else {
         None
     };
+    if let Some(a) = &agent {
+        let _in_rt = rt.enter();
+        a.spawn();
+    }
     print_banner(&server, &origin, api, &rt, &node);
     if let Some(sig) = signals.forever().next() {
         tracing::info!("signal {sig}: stopping (in-flight I/O completes, files are flushed)");
+    }
+    if let Some(a) = &agent {
+        // The others take over at once: the lease is revoked, not left to expire.
+        rt.block_on(a.leave());
     }
     server.shutdown();
     rt.block_on(node.shutdown());

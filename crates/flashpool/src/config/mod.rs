@@ -12,7 +12,9 @@ use nvmf_target::{ListenerConfig, ListenerKind, Namespace, Subsystem, TransportC
 use serde::Deserialize;
 
 pub mod cluster;
+pub mod membership;
 pub use cluster::{Cluster, PeerSection, RemoteSection};
+pub use membership::{ClusterSection, Membership};
 
 #[cfg(test)]
 pub const DEFAULT_NQN: &str = "nqn.2026-01.io.flashpool:default";
@@ -38,6 +40,8 @@ pub struct NodeConfig {
     pub peer: Vec<PeerSection>,
     #[serde(default)]
     pub remote: RemoteSection,
+    /// Cluster mode (etcd); absent: the node runs alone.
+    pub cluster: Option<ClusterSection>,
 }
 
 /// The management API (HTTP + JSON). Local only by default.
@@ -580,7 +584,7 @@ fn transport(cfg: &NodeConfig) -> Result<TransportConfig> {
     })
 }
 
-fn listeners(cfg: &NodeConfig) -> Result<Vec<ListenerConfig>> {
+pub fn listeners(cfg: &NodeConfig) -> Result<Vec<ListenerConfig>> {
     if cfg.listener.is_empty() {
         return Ok(vec![
             ListenerConfig {

@@ -10,9 +10,10 @@ mod assemble;
 mod drive;
 mod export;
 mod ops;
+mod owned;
 mod remote;
 #[cfg(test)]
-mod remote_tests;
+pub(crate) mod remote_tests;
 #[cfg(test)]
 mod tests;
 
@@ -28,7 +29,9 @@ use volume::thin::{ThinPool, ThinVolume};
 pub use assemble::AssembleVolume;
 pub use drive::{Drive, DriveSpec};
 pub use export::{DriveExport, ExportDriveRequest};
-pub use ops::{CreateVolume, ExportRequest, check_name, parse_layout};
+pub use ops::{
+    CreateVolume, ExportRequest, VolumeInfo, check_name, parse_layout, volume_namespace,
+};
 
 /// An operation's failure, with the HTTP status the API answers with.
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +164,9 @@ pub struct Node {
     exports_file: Option<std::path::PathBuf>,
     /// This node as other nodes know it, and its peers.
     cluster: std::sync::OnceLock<crate::config::Cluster>,
+    /// Cluster mode: etcd says which volumes the node runs, so remote drives
+    /// opened for them are not remembered in the state directory.
+    etcd_managed: std::sync::atomic::AtomicBool,
 }
 
 impl Node {
@@ -170,7 +176,18 @@ impl Node {
             target: std::sync::OnceLock::new(),
             exports_file: dir.map(|d| d.join("exports.json")),
             cluster: std::sync::OnceLock::new(),
+            etcd_managed: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Cluster mode: etcd, not the state directory, says what the node runs.
+    pub fn set_etcd_managed(&self) {
+        self.etcd_managed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn etcd_managed(&self) -> bool {
+        self.etcd_managed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sets the node's identity and peers (from the TOML); before any use.

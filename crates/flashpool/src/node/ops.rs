@@ -325,11 +325,17 @@ impl NodeState {
 
 impl VolumeEntry {
     fn namespace(&self, nsid: u32) -> Namespace {
-        let id = uuid_bytes(&self.uuid());
-        let mut nguid = id;
-        nguid[0] ^= 0x5A;
-        Namespace::new(nsid, self.device(), id, nguid)
+        volume_namespace(nsid, self.device(), &self.uuid())
     }
+}
+
+/// A volume's namespace: its UUID and NGUID come from the volume's UUID, so
+/// every node that serves it (cluster mode) reports the same identity.
+pub fn volume_namespace(nsid: u32, dev: Arc<dyn BlockDevice>, uuid: &str) -> Namespace {
+    let id = uuid_bytes(uuid);
+    let mut nguid = id;
+    nguid[0] ^= 0x5A;
+    Namespace::new(nsid, dev, id, nguid)
 }
 
 impl NodeState {

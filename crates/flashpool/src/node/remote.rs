@@ -139,6 +139,9 @@ impl Node {
         let Some(path) = self.remote_drives_file() else {
             return Ok(());
         };
+        if self.etcd_managed() {
+            return Ok(());
+        }
         let list: std::collections::BTreeMap<&str, String> = st
             .drives
             .iter()

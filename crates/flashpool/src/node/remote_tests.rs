@@ -53,16 +53,16 @@ impl BlockDevice for Counting {
 
 /// A node that exports `n` RAM drives, and can be stopped and started again
 /// on the same port with the same drives (a node process killed and restarted).
-struct Enclosure {
-    name: String,
+pub(crate) struct Enclosure {
+    pub(crate) name: String,
     drives: Vec<Arc<Counting>>,
     hosts: Vec<String>,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     server: Option<Server>,
 }
 
 impl Enclosure {
-    fn new(name: &str, n: usize, hosts: &[String]) -> Enclosure {
+    pub(crate) fn new(name: &str, n: usize, hosts: &[String]) -> Enclosure {
         let drives = (0..n)
             .map(|_| {
                 Arc::new(Counting {
@@ -113,7 +113,7 @@ impl Enclosure {
         self.server = Some(server);
     }
 
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(s) = self.server.take() {
             s.shutdown();
         }
@@ -139,7 +139,7 @@ impl Drop for Enclosure {
     }
 }
 
-fn settings() -> RemoteSettings {
+pub(crate) fn settings() -> RemoteSettings {
     RemoteSettings {
         fail_after: Duration::from_millis(1500),
         io_timeout: Duration::from_secs(3),

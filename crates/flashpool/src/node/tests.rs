@@ -320,9 +320,12 @@ async fn the_api_answers_json_with_status_codes() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        axum::serve(listener, crate::api::router(node))
-            .await
-            .unwrap()
+        axum::serve(
+            listener,
+            crate::api::router(crate::api::App { node, agent: None }),
+        )
+        .await
+        .unwrap()
     });
     let call = move |method: &'static str, path: &'static str, body: Option<&'static str>| {
         tokio::task::spawn_blocking(move || {

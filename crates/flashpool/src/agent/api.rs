@@ -1,0 +1,491 @@
+//! The cluster's management calls: status, create and delete of cluster
+//! volumes, planned moves, drains, and the reachability probe a move asks
+//! of its target node first. Each call validates everything before it
+//! changes anything: a refused call changes nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cluster::{ClusterError, Handoff, Session, VolumeSpec, VolumeState};
+use nvmf_target::AnaState;
+use serde::{Deserialize, Serialize};
+
+use super::{Agent, Served};
+use crate::node::{CreateVolume, NodeError, NodeResult, VolumeInfo};
+
+#[derive(Debug, Serialize)]
+pub struct NodeStatus {
+    pub name: String,
+    pub slot: u16,
+    pub lease: String,
+    pub ttl_left_s: Option<i64>,
+    pub draining: bool,
+    pub portals: Vec<String>,
+    pub api: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VolumeStatus {
+    pub name: String,
+    pub owner: Option<String>,
+    pub epoch: Option<u64>,
+    pub generation: Option<u64>,
+    /// optimal, degraded, rebuilding (as its owner last recorded), or unowned.
+    pub state: String,
+    pub handoff: Option<String>,
+    pub nqn: String,
+    pub nsid: u32,
+    pub ana_group: u32,
+    pub drives: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClusterStatus {
+    pub cluster: String,
+    pub node: String,
+    pub nodes: Vec<NodeStatus>,
+    pub volumes: Vec<VolumeStatus>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoveRequest {
+    pub to: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MoveResult {
+    pub volume: String,
+    pub from: String,
+    pub to: String,
+    pub epoch: u64,
+    pub took_ms: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DrainResult {
+    pub node: String,
+    pub draining: bool,
+    /// Volumes it still owns (none once a drain is done).
+    pub owns: Vec<String>,
+}
+
+fn etcd(e: ClusterError) -> NodeError {
+    match e {
+        ClusterError::Deposed { .. } => NodeError::Conflict(format!(
+            "{e}; the volume changed owner meanwhile, nothing was done; look again"
+        )),
+        ClusterError::VolumeExists(_) => NodeError::Conflict(e.to_string()),
+        _ => NodeError::Internal(format!("cluster state (etcd): {e}")),
+    }
+}
+
+/// A volume's state in one word from the member states its owner recorded.
+fn state_word(st: &VolumeState) -> &'static str {
+    if st.members.iter().all(|m| m == "active") {
+        "optimal"
+    } else if st
+        .members
+        .iter()
+        .any(|m| m == "rebuilding" || m == "resyncing")
+    {
+        "rebuilding"
+    } else {
+        "degraded"
+    }
+}
+
+impl Agent {
+    pub async fn status(&self) -> NodeResult<ClusterStatus> {
+        let s = self.session();
+        let nodes = s.nodes().await.map_err(etcd)?;
+        let draining = s.draining().await.map_err(etcd)?;
+        let mut ns = Vec::new();
+        for n in nodes {
+            ns.push(NodeStatus {
+                ttl_left_s: s.lease_ttl_left(n.lease).await.ok().flatten(),
+                draining: draining.contains(&n.name),
+                portals: n
+                    .portals
+                    .iter()
+                    .map(|p| format!("{}:{}", p.traddr, p.trsvcid))
+                    .collect(),
+                name: n.name,
+                slot: n.slot,
+                lease: format!("{:#x}", n.lease),
+                api: n.api,
+            });
+        }
+        let mut vs = Vec::new();
+        for spec in s.specs().await.map_err(etcd)? {
+            let owner = s.owner(&spec.name).await.map_err(etcd)?;
+            let st = s.state(&spec.name).await.map_err(etcd)?;
+            let handoff = s.handoff(&spec.name).await.map_err(etcd)?;
+            let state = match (&owner, &st) {
+                (None, _) => "unowned".to_string(),
+                (Some(_), Some(st)) => state_word(st).to_string(),
+                (Some(_), None) => "unknown".to_string(),
+            };
+            vs.push(VolumeStatus {
+                owner: owner.as_ref().map(|o| o.node.clone()),
+                epoch: owner.as_ref().map(|o| o.epoch),
+                generation: st.as_ref().map(|s| s.generation),
+                state,
+                handoff: handoff.map(|h| h.to),
+                nqn: spec.nqn,
+                nsid: spec.nsid,
+                ana_group: spec.ana_group,
+                drives: spec.drives,
+                name: spec.name,
+            });
+        }
+        Ok(ClusterStatus {
+            cluster: self.m.name.clone(),
+            node: self.name().to_string(),
+            nodes: ns,
+            volumes: vs,
+        })
+    }
+
+    /// `POST /v1/volumes` in cluster mode: a volume on remote drives, owned
+    /// by this node and served by every node.
+    pub async fn create(self: &Arc<Self>, mut req: CreateVolume) -> NodeResult<VolumeInfo> {
+        let Some(x) = req.export.take() else {
+            return Err(NodeError::BadRequest(
+                "a cluster volume is served by every node: give it --export NQN --nsid N".into(),
+            ));
+        };
+        if req.pool.is_some() || req.thin_pool {
+            return Err(NodeError::BadRequest(
+                "thin pools are not cluster volumes yet; make them on a node without [cluster]"
+                    .into(),
+            ));
+        }
+        crate::node::check_name("volume", &req.name)?;
+        let mut urls = Vec::new();
+        for d in &req.drives {
+            urls.push(self.node.cluster().resolve(d).map_err(|e| {
+                NodeError::BadRequest(format!("{e} (cluster volumes use remote drives only)"))
+            })?);
+        }
+        let s = self.session();
+        if s.spec(&req.name).await.map_err(etcd)?.is_some() {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {} exists already",
+                req.name
+            )));
+        }
+        for spec in s.specs().await.map_err(etcd)? {
+            if spec.nqn == x.nqn && spec.nsid == x.nsid {
+                return Err(NodeError::Conflict(format!(
+                    "nsid {} of {} serves cluster volume {} already; pick another nsid",
+                    x.nsid, x.nqn, spec.name
+                )));
+            }
+        }
+        if let Some(sub) = self.target.subsystem(&x.nqn)
+            && !sub.cluster_wide()
+        {
+            return Err(NodeError::Conflict(format!(
+                "subsystem {} is this node's own ([[subsystem]] in its TOML); cluster volumes need a subsystem of their own",
+                x.nqn
+            )));
+        }
+        let ana_group = s.free_ana_group().await.map_err(etcd)?;
+        let Some(owner) = s.claim(&req.name).await.map_err(etcd)? else {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {} is being made by another node",
+                req.name
+            )));
+        };
+        let name = req.name.clone();
+        let info = match self.node.create_volume(req).await {
+            Ok(i) => i,
+            Err(e) => {
+                let _ = s.release(&name, owner.epoch).await;
+                return Err(e);
+            }
+        };
+        let spec = VolumeSpec {
+            name: name.clone(),
+            uuid: info.uuid.clone(),
+            nqn: x.nqn.clone(),
+            nsid: x.nsid,
+            ana_group,
+            size_bytes: info.size_bytes,
+            block_size: info.block_size,
+            drives: urls,
+            layout: info.layout.clone(),
+            hosts: Vec::new(),
+            serial: serial_of(&info.uuid),
+            model: "flashpool cluster volume".into(),
+        };
+        // Served here before etcd tells the others, owned before it is seen.
+        let mut served = self.served.lock().await;
+        let undo = async |why: String| {
+            self.node.drop_fenced(&name, &why).await;
+            let _ = s.release(&name, owner.epoch).await;
+            NodeError::Internal(why)
+        };
+        let sw = match self.serve_standby(&spec) {
+            Ok(sw) => sw,
+            Err(e) => return Err(undo(format!("serving {name}: {e}")).await),
+        };
+        if let Err(e) = s.create_spec(&spec).await {
+            self.unserve(&spec);
+            return Err(undo(format!("recording {name} in etcd: {e}")).await);
+        }
+        let dev = self
+            .node
+            .volume_device(&name)
+            .await
+            .ok_or_else(|| NodeError::Internal(format!("volume {name} vanished")))?;
+        sw.activate(dev);
+        self.owned
+            .lock()
+            .expect("not poisoned")
+            .insert(name.clone(), (ana_group, sw.clone()));
+        served.insert(
+            name.clone(),
+            Served {
+                spec,
+                switch: sw,
+                epoch: Some(owner.epoch),
+            },
+        );
+        self.target.set_ana_state(ana_group, AnaState::Optimized);
+        let st = VolumeState {
+            epoch: owner.epoch,
+            generation: info.generation,
+            members: info.members.iter().map(|m| m.state.clone()).collect(),
+            note: format!("created on {}", self.name()),
+        };
+        let _ = s.put_state(&name, &st).await;
+        tracing::info!(
+            "cluster volume {name}: created, owned here at epoch {}, nsid {} of {} (ANA group {ana_group})",
+            owner.epoch,
+            x.nsid,
+            x.nqn
+        );
+        drop(served);
+        self.node.volume(&name).await
+    }
+
+    /// `DELETE /v1/volumes/{name}` of a cluster volume, on its owner.
+    pub async fn delete(&self, name: &str) -> NodeResult<Option<()>> {
+        let s = self.session();
+        if s.spec(name).await.map_err(etcd)?.is_none() {
+            return Ok(None);
+        }
+        let mut served = self.served.lock().await;
+        let Some(sv) = served.get_mut(name) else {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {name} is not served here yet; retry"
+            )));
+        };
+        let Some(epoch) = sv.epoch else {
+            let owner = s.owner(name).await.map_err(etcd)?;
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {name} is owned by {}; delete it through that node's API",
+                owner
+                    .map(|o| o.node)
+                    .unwrap_or_else(|| "no node right now".into())
+            )));
+        };
+        self.target
+            .set_ana_state(sv.spec.ana_group, AnaState::Inaccessible);
+        sv.switch.deactivate();
+        sv.switch.drain(Duration::from_secs(5)).await;
+        self.owned.lock().expect("not poisoned").remove(name);
+        self.node.delete_volume(name).await?;
+        s.delete_volume(name, epoch).await.map_err(etcd)?;
+        let sv = served.remove(name).expect("found");
+        self.unserve(&sv.spec);
+        Ok(Some(()))
+    }
+
+    /// `POST /v1/volumes/{name}/move`: a planned move to node `to`.
+    pub async fn move_volume(&self, name: &str, to: &str) -> NodeResult<MoveResult> {
+        let s = self.session();
+        let spec = s
+            .spec(name)
+            .await
+            .map_err(etcd)?
+            .ok_or_else(|| NodeError::NotFound(format!("no cluster volume {name}")))?;
+        let owner = s.owner(name).await.map_err(etcd)?.ok_or_else(|| {
+            NodeError::Conflict(format!(
+                "cluster volume {name} has no owner right now (a takeover is under way); retry"
+            ))
+        })?;
+        if owner.node == to {
+            return Err(NodeError::Conflict(format!(
+                "node {to} owns {name} already"
+            )));
+        }
+        let nodes = s.nodes().await.map_err(etcd)?;
+        let Some(target) = nodes.iter().find(|n| n.name == to) else {
+            return Err(NodeError::BadRequest(format!(
+                "node {to} is not in the cluster (live nodes: {})",
+                nodes
+                    .iter()
+                    .map(|n| n.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        };
+        if s.draining().await.map_err(etcd)?.iter().any(|d| d == to) {
+            return Err(NodeError::Conflict(format!(
+                "node {to} is draining; undrain it first (flashpool node undrain {to})"
+            )));
+        }
+        self.ask_probe(target, &spec).await?;
+        let t0 = Instant::now();
+        s.set_handoff(
+            name,
+            &Handoff {
+                to: to.to_string(),
+                epoch: owner.epoch,
+            },
+        )
+        .await
+        .map_err(etcd)?;
+        let end = t0 + Duration::from_secs(15);
+        loop {
+            if let Some(o) = s.owner(name).await.map_err(etcd)?
+                && o.node == to
+            {
+                return Ok(MoveResult {
+                    volume: name.to_string(),
+                    from: owner.node,
+                    to: to.to_string(),
+                    epoch: o.epoch,
+                    took_ms: t0.elapsed().as_millis() as u64,
+                });
+            }
+            if Instant::now() > end {
+                return Err(NodeError::Internal(format!(
+                    "the move of {name} to {to} did not finish in 15 s; see `flashpool cluster status` and both nodes' logs"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Asks node `n` whether it reaches every member of `spec`.
+    async fn ask_probe(&self, n: &cluster::NodeRecord, spec: &VolumeSpec) -> NodeResult<()> {
+        if n.name == self.name() {
+            return probe(spec).await;
+        }
+        let Some(api) = n.api.clone() else {
+            return Err(NodeError::Conflict(format!(
+                "node {} has no management API to ask whether it reaches the members",
+                n.name
+            )));
+        };
+        let vol = spec.name.clone();
+        let who = n.name.clone();
+        tokio::task::spawn_blocking(move || {
+            let url = format!("http://{api}/v1/cluster/probe/{vol}");
+            let agent = ureq::Agent::config_builder()
+                .timeout_global(Some(Duration::from_secs(5)))
+                .http_status_as_error(false)
+                .build()
+                .new_agent();
+            let mut r = agent.post(&url).send_empty().map_err(|e| {
+                NodeError::Conflict(format!("node {who} ({api}) does not answer: {e}"))
+            })?;
+            if r.status().is_success() {
+                return Ok(());
+            }
+            let v: serde_json::Value = r.body_mut().read_json().unwrap_or_default();
+            Err(NodeError::Conflict(format!(
+                "node {who} cannot serve {vol}: {}; nothing changed",
+                v["error"].as_str().unwrap_or("no reason given")
+            )))
+        })
+        .await
+        .map_err(|e| NodeError::Internal(e.to_string()))?
+    }
+
+    /// `POST /v1/cluster/probe/{name}`: whether this node reaches every member.
+    pub async fn probe(&self, name: &str) -> NodeResult<()> {
+        let spec = self
+            .session()
+            .spec(name)
+            .await
+            .map_err(etcd)?
+            .ok_or_else(|| NodeError::NotFound(format!("no cluster volume {name}")))?;
+        probe(&spec).await
+    }
+
+    /// `POST /v1/nodes/{node}/drain` (or undrain): waits until it owns nothing.
+    pub async fn drain(&self, node: &str, on: bool) -> NodeResult<DrainResult> {
+        let s = self.session();
+        let nodes = s.nodes().await.map_err(etcd)?;
+        if on && !nodes.iter().any(|n| n.name == node) {
+            return Err(NodeError::NotFound(format!(
+                "node {node} is not in the cluster"
+            )));
+        }
+        if on && nodes.len() < 2 {
+            return Err(NodeError::Conflict(format!(
+                "node {node} is the only node; there is nowhere to move its volumes"
+            )));
+        }
+        s.set_drain(node, on).await.map_err(etcd)?;
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let owns = owned_by(&s, node).await.map_err(etcd)?;
+            if !on || owns.is_empty() || Instant::now() > end {
+                return Ok(DrainResult {
+                    node: node.to_string(),
+                    draining: on,
+                    owns,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn owned_by(s: &Session, node: &str) -> Result<Vec<String>, ClusterError> {
+    let mut v = Vec::new();
+    for spec in s.specs().await? {
+        if s.owner(&spec.name).await?.is_some_and(|o| o.node == node) {
+            v.push(spec.name);
+        }
+    }
+    Ok(v)
+}
+
+/// Whether every member's node accepts a TCP connection from here.
+async fn probe(spec: &VolumeSpec) -> NodeResult<()> {
+    for url in &spec.drives {
+        let addr = url
+            .strip_prefix("tcp://")
+            .and_then(|r| r.split('/').next())
+            .unwrap_or(url);
+        let c = tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr))
+            .await;
+        match c {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                return Err(NodeError::Conflict(format!(
+                    "member {url} is unreachable: {e}"
+                )));
+            }
+            Err(_) => {
+                return Err(NodeError::Conflict(format!(
+                    "member {url} is unreachable: no answer in 1 s"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A 20-character serial number from the volume's UUID, the same on every node.
+fn serial_of(uuid: &str) -> String {
+    let hex: String = uuid.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+    format!("FPC{}", &hex[..hex.len().min(17)]).to_uppercase()
+}

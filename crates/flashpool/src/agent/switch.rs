@@ -1,0 +1,199 @@
+//! The namespace a cluster volume is served through on every node. On the
+//! owner it passes I/O to the volume; elsewhere (and on an owner whose lease
+//! ran out) it refuses I/O with an ANA path error, so the host retries on
+//! another path. The namespace itself never changes, so the host sees the
+//! same NSID, NGUID and size on every path and through every takeover.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use blockdev::{BlockDevice, BlockError, Geometry, IoFuture, IoRequest};
+
+/// The ownership lease as the I/O path sees it: a monotonic deadline past
+/// which this node must not write, whatever etcd says later.
+pub struct LeaseClock {
+    base: Instant,
+    /// Nanoseconds after `base`; 0: not valid.
+    until_ns: AtomicU64,
+}
+
+impl LeaseClock {
+    pub fn new() -> Arc<Self> {
+        Arc::new(LeaseClock {
+            base: Instant::now(),
+            until_ns: AtomicU64::new(0),
+        })
+    }
+
+    pub fn set(&self, until: Option<Instant>) {
+        let ns = until
+            .map(|u| u.saturating_duration_since(self.base).as_nanos().max(1) as u64)
+            .unwrap_or(0);
+        self.until_ns.store(ns, Ordering::Release);
+    }
+
+    pub fn valid(&self) -> bool {
+        let until = self.until_ns.load(Ordering::Acquire);
+        until != 0 && (self.base.elapsed().as_nanos() as u64) < until
+    }
+}
+
+pub struct SwitchDevice {
+    geometry: Geometry,
+    name: String,
+    active: ArcSwapOption<Arc<dyn BlockDevice>>,
+    lease: Arc<LeaseClock>,
+    inflight: Arc<AtomicUsize>,
+}
+
+impl SwitchDevice {
+    pub fn new(name: &str, geometry: Geometry, lease: Arc<LeaseClock>) -> Arc<Self> {
+        Arc::new(SwitchDevice {
+            geometry,
+            name: name.to_string(),
+            active: ArcSwapOption::empty(),
+            lease,
+            inflight: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// Serves `dev` (this node owns the volume now).
+    pub fn activate(&self, dev: Arc<dyn BlockDevice>) {
+        self.active.store(Some(Arc::new(dev)));
+    }
+
+    /// Stops passing I/O on; commands already passed on complete.
+    pub fn deactivate(&self) {
+        self.active.store(None);
+    }
+
+    /// Waits until every command passed on has completed, at most `limit`;
+    /// false if some are still running.
+    pub async fn drain(&self, limit: Duration) -> bool {
+        let end = Instant::now() + limit;
+        while self.inflight.load(Ordering::Acquire) > 0 {
+            if Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
+    }
+}
+
+/// Counts a passed-on command until it completes (or is dropped).
+struct Inflight(Arc<AtomicUsize>);
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl BlockDevice for SwitchDevice {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn submit(&self, req: IoRequest) -> IoFuture {
+        let guard = self.active.load();
+        let Some(dev) = guard.as_ref() else {
+            return IoFuture::ready(
+                req.buf,
+                Err(BlockError::Fenced(format!(
+                    "volume {} is not owned by this node",
+                    self.name
+                ))),
+            );
+        };
+        // The lease is checked per command: a node frozen past its lease
+        // (SIGSTOP, a stalled VM) must not write when it wakes, even before
+        // its lease watcher has run.
+        if !self.lease.valid() {
+            return IoFuture::ready(
+                req.buf,
+                Err(BlockError::Fenced(format!(
+                    "volume {}: this node's ownership lease ran out",
+                    self.name
+                ))),
+            );
+        }
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        let count = Inflight(self.inflight.clone());
+        match dev.submit(req) {
+            IoFuture::Ready(done) => {
+                drop(count);
+                IoFuture::Ready(done)
+            }
+            IoFuture::Pending(fut) => IoFuture::Pending(Box::pin(async move {
+                let done = fut.await;
+                drop(count);
+                done
+            })),
+        }
+    }
+
+    fn deallocate_reads_zeroes(&self) -> bool {
+        self.active
+            .load()
+            .as_ref()
+            .is_some_and(|d| d.deallocate_reads_zeroes())
+    }
+
+    fn describe(&self) -> String {
+        match self.active.load().as_ref() {
+            Some(d) => format!(
+                "cluster volume {} (owned here): {}",
+                self.name,
+                d.describe()
+            ),
+            None => format!(
+                "cluster volume {} (standby: owned by another node)",
+                self.name
+            ),
+        }
+    }
+
+    fn shutdown(&self) -> Result<(), BlockError> {
+        // The volume below belongs to the node, which closes it.
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockdev::{AlignedBuf, BlockOp, MemDevice};
+
+    fn read(d: &SwitchDevice) -> Result<(), BlockError> {
+        let mut buf = AlignedBuf::new(4096);
+        buf.set_len(4096);
+        blockdev::block_on(d.submit(IoRequest {
+            op: BlockOp::Read,
+            lba: 0,
+            blocks: 1,
+            buf,
+        }))
+        .result
+    }
+
+    #[test]
+    fn passes_io_only_while_active_and_leased() {
+        let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 20, 4096).unwrap());
+        let clock = LeaseClock::new();
+        let s = SwitchDevice::new("v", mem.geometry(), clock.clone());
+        assert!(matches!(read(&s), Err(BlockError::Fenced(_))));
+        s.activate(mem);
+        assert!(matches!(read(&s), Err(BlockError::Fenced(m)) if m.contains("lease")));
+        clock.set(Some(Instant::now() + Duration::from_secs(5)));
+        assert!(read(&s).is_ok());
+        clock.set(Some(Instant::now() - Duration::from_millis(1)));
+        assert!(matches!(read(&s), Err(BlockError::Fenced(m)) if m.contains("lease")));
+        clock.set(Some(Instant::now() + Duration::from_secs(5)));
+        s.deactivate();
+        assert!(matches!(read(&s), Err(BlockError::Fenced(m)) if m.contains("not owned")));
+        assert_eq!(s.inflight.load(Ordering::Relaxed), 0);
+    }
+}

@@ -1,0 +1,191 @@
+//! Two cluster nodes in one process, a real etcd, and an enclosure that
+//! exports RAM drives over NVMe/TCP on loopback: create, planned move, and
+//! takeover from a node whose lease is gone (it must fence itself).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoRequest};
+use cluster::testing::EtcdServer;
+use nvmf_target::{AnaState, Target, TransportConfig};
+
+use super::Agent;
+use crate::config::Membership;
+use crate::config::cluster::{Cluster, Peer, node_host_nqn, stable_id};
+use crate::node::remote_tests::{Enclosure, settings};
+use crate::node::{CreateVolume, ExportRequest, Node, NodeState};
+
+const NQN: &str = "nqn.2026-01.io.flashpool:cluster-test";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn member(name: &str, enc: &Enclosure, etcd: &str) -> (Arc<Agent>, Arc<Target>) {
+    let node = Node::with_state_dir(NodeState::default(), None);
+    let host_nqn = node_host_nqn(name);
+    node.set_cluster(Cluster {
+        node_name: name.into(),
+        host_id: stable_id(&host_nqn),
+        host_nqn,
+        peers: vec![Peer {
+            name: enc.name.clone(),
+            addr: enc.addr,
+            host_nqn: node_host_nqn(&enc.name),
+        }],
+        remote: settings(),
+    });
+    let target = Arc::new(Target::new(TransportConfig::default(), Vec::new()));
+    node.attach_target(target.clone());
+    let m = Membership {
+        name: "t".into(),
+        etcd: vec![etcd.to_string()],
+        lease_ttl: Duration::from_secs(2),
+        io: vec![format!("127.0.0.1:{}", free_port()).parse().unwrap()],
+        discovery: Vec::new(),
+        liveness: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+    };
+    let api = format!("127.0.0.1:{}", free_port());
+    let a = Agent::join(node.clone(), target.clone(), m, Some(api.clone()))
+        .await
+        .unwrap();
+    a.spawn();
+    let listener = tokio::net::TcpListener::bind(&api).await.unwrap();
+    let app = crate::api::router(crate::api::App {
+        node,
+        agent: Some(a.clone()),
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (a, target)
+}
+
+async fn wait(what: &str, secs: u64, mut ok: impl AsyncFnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !ok().await {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn ns_dev(t: &Target) -> Option<Arc<dyn BlockDevice>> {
+    Some(t.subsystem(NQN)?.namespace(1)?.dev.clone())
+}
+
+async fn io(dev: &Arc<dyn BlockDevice>, write: Option<u8>) -> Result<Vec<u8>, BlockError> {
+    let mut buf = AlignedBuf::new(16384);
+    buf.set_len(16384);
+    let op = match write {
+        Some(b) => {
+            buf.fill(b);
+            BlockOp::Write { fua: false }
+        }
+        None => BlockOp::Read,
+    };
+    let done = dev
+        .submit(IoRequest {
+            op,
+            lba: 8,
+            blocks: 4,
+            buf,
+        })
+        .await;
+    done.result.map(|_| done.buf[..16384].to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_move_and_take_over() {
+    if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
+        return;
+    }
+    let etcd = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
+    let enc = Enclosure::new("e1", 3, &[node_host_nqn("a"), node_host_nqn("b")]);
+    let (a, ta) = member("a", &enc, &etcd.endpoint()).await;
+    let (b, tb) = member("b", &enc, &etcd.endpoint()).await;
+
+    // Created on a: a owns it, b serves the same namespace on standby.
+    let info = a
+        .create(CreateVolume {
+            name: "v".into(),
+            layout: Some("raid5".into()),
+            drives: vec!["e1:d0".into(), "e1:d1".into(), "e1:d2".into()],
+            thin_pool: false,
+            cluster: None,
+            pool: None,
+            size: None,
+            strip: None,
+            block_size: None,
+            rebuild_rate: None,
+            export: Some(ExportRequest {
+                nqn: NQN.into(),
+                nsid: 1,
+            }),
+        })
+        .await
+        .unwrap();
+    let st = a.status().await.unwrap();
+    let g = st.volumes[0].ana_group;
+    assert_eq!(st.volumes[0].owner.as_deref(), Some("a"));
+    assert_eq!(ta.ana_state(g), AnaState::Optimized);
+    wait("b to serve v on standby", 10, async || {
+        ns_dev(&tb).is_some()
+    })
+    .await;
+    assert_eq!(tb.ana_state(g), AnaState::Inaccessible);
+    let (na, nb) = (ns_dev(&ta).unwrap(), ns_dev(&tb).unwrap());
+    assert_eq!(
+        ta.subsystem(NQN).unwrap().namespace(1).unwrap().nguid,
+        tb.subsystem(NQN).unwrap().namespace(1).unwrap().nguid,
+        "the same NGUID on every node"
+    );
+    assert_eq!(info.name, "v");
+    io(&na, Some(0xA1)).await.unwrap();
+    assert!(matches!(io(&nb, None).await, Err(BlockError::Fenced(_))));
+
+    // A move that cannot work is refused and changes nothing.
+    assert!(a.move_volume("v", "nobody").await.is_err());
+    assert!(a.move_volume("v", "a").await.is_err());
+    assert_eq!(a.status().await.unwrap().volumes[0].epoch, Some(1));
+
+    // Planned move to b: the data moves with it.
+    let m = a.move_volume("v", "b").await.unwrap();
+    assert_eq!((m.from.as_str(), m.to.as_str(), m.epoch), ("a", "b", 2));
+    wait("b optimized", 10, async || {
+        tb.ana_state(g) == AnaState::Optimized
+    })
+    .await;
+    assert_eq!(ta.ana_state(g), AnaState::Inaccessible);
+    assert_eq!(io(&nb, None).await.unwrap(), vec![0xA1; 16384]);
+    assert!(io(&na, None).await.is_err());
+    io(&nb, Some(0xB2)).await.unwrap();
+
+    // b's lease is revoked behind its back (as a peer does when b's process
+    // looks dead): a takes over and preempts b; b fences itself.
+    assert!(a.session().revoke_node("b").await.unwrap());
+    wait("a to take over", 10, async || {
+        ta.ana_state(g) == AnaState::Optimized
+    })
+    .await;
+    let st = a.status().await.unwrap();
+    assert_eq!(st.volumes[0].owner.as_deref(), Some("a"));
+    assert_eq!(st.volumes[0].epoch, Some(3));
+    assert_eq!(io(&na, None).await.unwrap(), vec![0xB2; 16384]);
+    assert!(matches!(io(&nb, None).await, Err(BlockError::Fenced(_))));
+    wait("b to step down", 10, async || {
+        tb.ana_state(g) == AnaState::Inaccessible
+    })
+    .await;
+    // b joins again as a standby node.
+    wait("b back in the cluster", 15, async || {
+        a.status()
+            .await
+            .map(|s| s.nodes.len() == 2)
+            .unwrap_or(false)
+    })
+    .await;
+    a.leave().await;
+    b.leave().await;
+}

@@ -1,0 +1,86 @@
+//! What cluster mode needs of the node: the device of a volume it owns, and
+//! the two ways of letting a volume go. A deposed or fenced owner drops it
+//! without writing a byte; a planned move closes it cleanly first, so that
+//! the next owner assembles it clean.
+
+use std::sync::Arc;
+
+use blockdev::BlockDevice;
+
+use super::{Node, NodeError, NodeResult, NodeState};
+
+impl Node {
+    /// The device a namespace of volume `name` serves, if the node runs it.
+    pub async fn volume_device(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
+        self.state
+            .lock()
+            .await
+            .volumes
+            .get(name)
+            .map(|e| e.device())
+    }
+
+    /// Member writes this node's target accepted from hosts whose
+    /// registration another host had preempted (must stay 0).
+    pub fn stale_write_audit(&self) -> u64 {
+        self.target().map(|t| t.stale_write_audit()).unwrap_or(0)
+    }
+
+    /// Whether the node's volume `name` fenced itself (a member answered
+    /// Reservation Conflict: another node took it over).
+    pub async fn volume_fenced(&self, name: &str) -> Option<String> {
+        let st = self.state.lock().await;
+        let v = st.volumes.get(name)?.on_drives()?;
+        v.is_fenced().then(|| v.fence_reason().unwrap_or_default())
+    }
+
+    /// Lets go of volume `name` without writing anything: fences it (its
+    /// queued and future I/O fail with a path error), forgets it and closes
+    /// its remote drives. The reservations stay as they are: the next owner
+    /// preempts them.
+    pub async fn drop_fenced(&self, name: &str, why: &str) {
+        let mut st = self.state.lock().await;
+        let Some(e) = st.volumes.remove(name) else {
+            return;
+        };
+        if let Some(v) = e.on_drives() {
+            v.fence(why);
+        }
+        close_remotes(&mut st, &e.drives);
+        tracing::warn!("volume {name}: let go without writing ({why})");
+    }
+
+    /// Lets go of volume `name` for a planned move: makes it durable and
+    /// clean, gives up the reservations, forgets it and closes its remote
+    /// drives. The caller has stopped new I/O and waited for the rest.
+    pub async fn hand_over(&self, name: &str) -> NodeResult<()> {
+        let mut st = self.state.lock().await;
+        let Some(e) = st.volumes.get(name) else {
+            return Err(NodeError::NotFound(format!(
+                "no volume {name} on this node"
+            )));
+        };
+        if let Some(v) = e.on_drives() {
+            v.close()
+                .await
+                .map_err(|err| NodeError::Internal(format!("volume {name}: close: {err}")))?;
+        }
+        let drives = e.drives.clone();
+        self.unclaim(&st, &drives).await;
+        st.volumes.remove(name);
+        close_remotes(&mut st, &drives);
+        tracing::info!("volume {name}: handed over (clean, reservations released)");
+        Ok(())
+    }
+}
+
+/// Closes and forgets the remote drives among `names`.
+fn close_remotes(st: &mut NodeState, names: &[String]) {
+    for n in names {
+        if st.drives.get(n).is_some_and(|d| d.remote.is_some())
+            && let Some(d) = st.drives.remove(n)
+        {
+            let _ = d.dev.shutdown();
+        }
+    }
+}
