@@ -489,3 +489,61 @@ fn serial_of(uuid: &str) -> String {
     let hex: String = uuid.chars().filter(|c| c.is_ascii_hexdigit()).collect();
     format!("FPC{}", &hex[..hex.len().min(17)]).to_uppercase()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(drives: Vec<String>) -> VolumeSpec {
+        VolumeSpec {
+            name: "v".into(),
+            uuid: "00112233-4455-6677-8899-aabbccddeeff".into(),
+            nqn: "nqn.x:y".into(),
+            nsid: 1,
+            ana_group: 1,
+            size_bytes: 1 << 20,
+            block_size: 4096,
+            drives,
+            layout: "raid1".into(),
+            hosts: Vec::new(),
+            serial: serial_of("00112233-4455-6677-8899-aabbccddeeff"),
+            model: "m".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn probe_names_the_unreachable_member() {
+        let open = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (a, b) = (open.local_addr().unwrap(), closed.local_addr().unwrap());
+        drop(closed);
+        let good = format!("tcp://{a}/nqn.x:d0?nsid=1");
+        let bad = format!("tcp://{b}/nqn.x:d1?nsid=1");
+        probe(&spec(vec![good.clone()])).await.unwrap();
+        let e = probe(&spec(vec![good, bad.clone()])).await.unwrap_err();
+        assert!(
+            matches!(&e, NodeError::Conflict(m) if m.contains(&bad)),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn serial_is_stable_and_short() {
+        let s = serial_of("1ca673a0-4e20-4fab-9dc7-072456c184c6");
+        assert_eq!(s, "FPC1CA673A04E204FAB9");
+        assert!(s.len() <= 20);
+    }
+
+    #[test]
+    fn state_word_from_member_states() {
+        let st = |m: &[&str]| VolumeState {
+            epoch: 1,
+            generation: 1,
+            members: m.iter().map(|s| s.to_string()).collect(),
+            note: String::new(),
+        };
+        assert_eq!(state_word(&st(&["active", "active"])), "optimal");
+        assert_eq!(state_word(&st(&["active", "failed"])), "degraded");
+        assert_eq!(state_word(&st(&["active", "resyncing"])), "rebuilding");
+    }
+}

@@ -477,7 +477,7 @@ pub fn node_specs(
 pub fn build(cfg: &NodeConfig, volumes: VolumeResolver<'_>) -> Result<Built> {
     let transport = transport(cfg)?;
     let listeners = listeners(cfg)?;
-    if cfg.subsystem.is_empty() && !cfg.drive.iter().any(|d| d.export) {
+    if cfg.subsystem.is_empty() && !cfg.drive.iter().any(|d| d.export) && cfg.cluster.is_none() {
         bail!(
             "config: no [[subsystem]] defined; add one with an nqn and at least one [[subsystem.namespace]]"
         );
