@@ -1555,3 +1555,37 @@ fn records_follow_every_member_replacement() {
 mod fence;
 mod readd;
 mod zerocopy;
+
+/// A host's discard of the whole device (mkfs does one) on a redundant
+/// layout: one Deallocate far larger than a stripe, 512 B blocks.
+#[test]
+fn whole_device_deallocate() {
+    block_on(async {
+        for (n, kind) in [
+            (5, LayoutKind::Raid6),
+            (4, LayoutKind::Raid5),
+            (2, LayoutKind::Raid1),
+        ] {
+            let rig = Rig::with_block_size(n, 64, 512);
+            let vol = Volume::create(rig.members(), cfg(kind)).await.unwrap();
+            let total = vol.geometry().num_blocks;
+            vwrite(&vol, 0, &vec![9u8; (total * 512) as usize])
+                .await
+                .unwrap();
+            for op in [BlockOp::Deallocate, BlockOp::WriteZeroes] {
+                let done = vol
+                    .submit(IoRequest {
+                        op,
+                        lba: 0,
+                        blocks: total as u32,
+                        buf: buf_with(&[0u8; 4096]),
+                    })
+                    .await;
+                done.result
+                    .unwrap_or_else(|e| panic!("{kind:?} {op:?}: {e}"));
+            }
+            let got = vread(&vol, 0, total).await;
+            assert!(got.iter().all(|&b| b == 0), "{kind:?}");
+        }
+    });
+}
