@@ -154,8 +154,14 @@ async fn assemble_volume(State(n): State<Arc<Node>>, b: Bytes) -> ApiResult {
     let r: AssembleVolume = body(&b)?;
     ok(n.assemble_volume(r).await?)
 }
-async fn volumes(State(n): State<Arc<Node>>) -> ApiResult {
-    ok(n.volumes().await)
+async fn volumes(State(a): State<App>) -> ApiResult {
+    let mut vs = a.node.volumes().await;
+    if let Some(ag) = &a.agent {
+        for v in &mut vs {
+            ag.annotate(v).await;
+        }
+    }
+    ok(vs)
 }
 async fn create_volume(State(a): State<App>, b: Bytes) -> ApiResult {
     let req: CreateVolume = body(&b)?;
@@ -165,8 +171,12 @@ async fn create_volume(State(a): State<App>, b: Bytes) -> ApiResult {
     };
     Ok((StatusCode::CREATED, axum::Json(info)).into_response())
 }
-async fn volume(State(n): State<Arc<Node>>, Path(name): Path<String>) -> ApiResult {
-    ok(n.volume(&name).await?)
+async fn volume(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
+    let mut v = a.node.volume(&name).await?;
+    if let Some(ag) = &a.agent {
+        ag.annotate(&mut v).await;
+    }
+    ok(v)
 }
 async fn delete_volume(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
     let in_cluster = match &a.agent {

@@ -96,6 +96,20 @@ fn state_word(st: &VolumeState) -> &'static str {
 }
 
 impl Agent {
+    /// Fills in how a cluster volume is exported: the agent serves it
+    /// through its switch device, not through the node's own export.
+    pub async fn annotate(&self, v: &mut VolumeInfo) {
+        if v.export.is_none()
+            && let Some(sv) = self.served.lock().await.get(&v.name)
+        {
+            v.export = Some(crate::node::Export {
+                nqn: sv.spec.nqn.clone(),
+                nsid: sv.spec.nsid,
+                from_config: false,
+            });
+        }
+    }
+
     pub async fn status(&self) -> NodeResult<ClusterStatus> {
         let s = self.session();
         let nodes = s.nodes().await.map_err(etcd)?;

@@ -142,6 +142,11 @@ async fn create_move_and_take_over() {
         "the same NGUID on every node"
     );
     assert_eq!(info.name, "v");
+    let mut shown = info;
+    shown.export = None;
+    a.annotate(&mut shown).await;
+    let x = shown.export.expect("a cluster volume shows its export");
+    assert_eq!((x.nqn.as_str(), x.nsid), (NQN, 1));
     io(&na, Some(0xA1)).await.unwrap();
     assert!(matches!(io(&nb, None).await, Err(BlockError::Fenced(_))));
 
