@@ -159,7 +159,9 @@ mod tests {
         let ls = [l("10.0.0.5:4420", ListenerKind::Io)];
         let err = |t: &str| membership(&sec(t), &ls).unwrap_err().to_string();
         assert!(err("name = \"c\"\netcd = []\n").contains("cluster.etcd"));
-        assert!(err("name = \"c\"\netcd = [\"x:1\"]\nlease_ttl_ms = 10\n").contains("lease_ttl_ms"));
+        assert!(
+            err("name = \"c\"\netcd = [\"x:1\"]\nlease_ttl_ms = 10\n").contains("lease_ttl_ms")
+        );
         assert!(
             err("name = \"c\"\netcd = [\"x:1\"]\nliveness = \"nope\"\n")
                 .contains("cluster.liveness")
