@@ -240,7 +240,15 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             return Ok(());
         }
         VolumeCmd::Show { name } => c.call("GET", &format!("/volumes/{name}"), None)?,
-        VolumeCmd::Delete { name } => c.call("DELETE", &format!("/volumes/{name}"), None)?,
+        VolumeCmd::Delete { name } => {
+            let v = c.call("DELETE", &format!("/volumes/{name}"), None)?;
+            if api.json {
+                outln!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                outln!("volume {}: deleted", v["deleted"].as_str().unwrap_or(&name));
+            }
+            return Ok(());
+        }
         VolumeCmd::Export { name, nqn, nsid } => c.call(
             "POST",
             &format!("/volumes/{name}/export"),
@@ -284,7 +292,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             return rebuild_status(&c, &name, wait, api.json);
         }
     };
-    if api.json || v.get("deleted").is_some() {
+    if api.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_volume(&v);

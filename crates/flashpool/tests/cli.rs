@@ -265,3 +265,19 @@ fn serve_keeps_serving_when_stdout_is_closed() {
     let err = s.stop();
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn volume_delete_prints_a_line_and_json_only_with_json() {
+    let s = Server::start("delete", false);
+    run(s.cli(&[
+        "volume", "create", "v1", "--layout", "raid1", "--drives", "d0,d1",
+    ]));
+    let (o, _) = run(s.cli(&["volume", "delete", "v1"]));
+    assert_eq!(o, "volume v1: deleted\n");
+    run(s.cli(&[
+        "volume", "create", "v2", "--layout", "raid1", "--drives", "d1,d2",
+    ]));
+    let (o, _) = run(s.cli(&["volume", "delete", "v2", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&o).expect("--json prints JSON");
+    assert_eq!(v["deleted"], "v2", "{o}");
+}
