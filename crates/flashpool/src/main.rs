@@ -9,6 +9,7 @@ mod bench;
 mod cli;
 mod cluster_cli;
 mod config;
+mod echo;
 mod node;
 mod output;
 mod serve;
