@@ -137,8 +137,9 @@ pub struct NodeSection {
     /// sleeps (adaptive polling): an idle target still costs no CPU.
     #[serde(default = "default_poll_us")]
     pub poll_us: u32,
-    /// Where the node keeps what the API changed (exports.json). Without
-    /// it, exports made through the API last until the node stops.
+    /// Where the node keeps what the API changed (exports.json,
+    /// drive-exports.json, remote-drives.json; docs/config.md). Without it,
+    /// those changes last until the node stops.
     pub state_dir: Option<PathBuf>,
     /// This node's name among its peers (default: the hostname).
     pub name: Option<String>,
@@ -983,6 +984,53 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.drive[0].size.unwrap().bytes(), 4096);
         assert_eq!(cfg.transport.max_transfer.unwrap().bytes(), 128 << 10);
+    }
+
+    /// Every key the parser takes is in docs/config.md, as `key = ...` in an
+    /// example or as `` `key` `` in a table or the text.
+    #[test]
+    fn docs_config_md_names_every_key() {
+        let doc = include_str!("../../../../docs/config.md");
+        let sections = [
+            ("", ""),
+            ("node", "[node]"),
+            ("transport", "[transport]"),
+            ("listener", "[[listener]]"),
+            ("subsystem", "[[subsystem]]"),
+            (
+                "subsystem.namespace",
+                "[[subsystem]]\n[[subsystem.namespace]]",
+            ),
+            ("api", "[api]"),
+            ("drive", "[[drive]]"),
+            ("volume", "[[volume]]"),
+            ("peer", "[[peer]]"),
+            ("remote", "[remote]"),
+            ("cluster", "[cluster]"),
+        ];
+        let mut missing = Vec::new();
+        for (section, header) in sections {
+            // The parser lists the keys a section takes when it meets one it does not.
+            let e = err(&format!("{header}\nzz_no_such_key = 1\n"));
+            let (_, list) = e
+                .split_once("expected ")
+                .unwrap_or_else(|| panic!("{section}: {e}"));
+            let list = list.trim_start_matches("one of ").replace(" or ", ", ");
+            for key in list.split(", ").map(|k| k.trim_matches('`')) {
+                let documented = if section.is_empty() {
+                    doc.contains(&format!("[{key}]")) || doc.contains(&format!("[[{key}]]"))
+                } else {
+                    doc.contains(&format!("\n{key} ="))
+                        || doc.contains(&format!("# {key} ="))
+                        || doc.contains(&format!("`{key}`"))
+                        || doc.contains(&format!("[[{section}.{key}]]"))
+                };
+                if !documented {
+                    missing.push(format!("{section}.{key}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "not in docs/config.md: {missing:?}");
     }
 
     #[test]
