@@ -20,9 +20,34 @@ impl fmt::Display for Echo<'_> {
     }
 }
 
+/// Characters of a whole error message the API sends back at most.
+pub const MAX_MESSAGE_CHARS: usize = 4096;
+
+/// A message cut to [`MAX_MESSAGE_CHARS`]: the backstop for input that
+/// reaches a message through a path [`Echo`] does not guard (a parser's
+/// own error quoting the value, a list of names).
+pub fn bounded(msg: String) -> String {
+    match msg.char_indices().nth(MAX_MESSAGE_CHARS) {
+        None => msg,
+        Some((cut, _)) => format!("{}… (message cut; {} bytes)", &msg[..cut], msg.len()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_messages_are_bounded() {
+        assert_eq!(bounded("short".into()), "short");
+        let m = bounded("m".repeat(1 << 20));
+        assert!(m.len() < MAX_MESSAGE_CHARS + 50, "{}", m.len());
+        assert!(
+            m.ends_with("… (message cut; 1048576 bytes)"),
+            "{}",
+            &m[m.len() - 60..]
+        );
+    }
 
     #[test]
     fn short_input_is_quoted_whole() {
