@@ -29,9 +29,10 @@ if ! command -v cargo >/dev/null; then
 fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   say "apt-get install (test dependencies)"
-  apt-get update -qq >/dev/null 2>&1 || true
-  apt-get install -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends qemu-system-x86 nvme-cli busybox-static cpio kmod fio libisal-dev \
-    python3 fonts-dejavu-core iproute2 etcd-server etcd-client protobuf-compiler >/dev/null 2>&1 || say "apt-get install failed; continuing with what is installed"
+  # Quiet on success; a failed update or install shows apt's own error (logs in $LOG).
+  scripts/apt-install.sh "$LOG" qemu-system-x86 nvme-cli busybox-static cpio kmod fio libisal-dev \
+    python3 fonts-dejavu-core iproute2 etcd-server etcd-client protobuf-compiler ||
+    say "apt-get install failed (above); continuing with what is installed"
 fi
 
 # ---- 1. formatting and lints
@@ -42,6 +43,13 @@ if cargo clippy --workspace --all-targets -- -D warnings >"$LOG/clippy.txt" 2>&1
   pass "cargo clippy"
 else
   tail -n 30 "$LOG/clippy.txt"; fail "cargo clippy (see $LOG/clippy.txt)"
+fi
+
+say "scripts/apt-install.test.sh"
+if scripts/apt-install.test.sh >"$LOG/apt-install-test.txt" 2>&1; then
+  pass "apt-install.sh (fake apt-get)"
+else
+  cat "$LOG/apt-install-test.txt"; fail "apt-install.sh (see $LOG/apt-install-test.txt)"
 fi
 
 # ---- 2. unit, property and raw-TCP fault tests

@@ -1,8 +1,9 @@
 //! The management API: HTTP + JSON, on 127.0.0.1 by default (it has no
 //! authentication, so it belongs on a local or management address only).
 //! Every answer is JSON; an error is `{"error": "..."}` with a status code
-//! that says whose fault it was (400 bad request, 404 unknown name, 409
-//! conflicts with the node's state, 500 the node's own failure).
+//! that says whose fault it was (400 bad request, 404 unknown name or call,
+//! 405 a method the call does not take, 409 conflicts with the node's
+//! state, 413 a body over [`BODY_LIMIT`], 500 the node's own failure).
 //! `docs/api.md` lists the calls.
 
 use std::net::SocketAddr;
@@ -10,9 +11,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{FromRef, Path, State};
-use axum::http::StatusCode;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, FromRef, Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -64,7 +66,8 @@ impl From<NodeError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, axum::Json(serde_json::json!({ "error": self.1 }))).into_response()
+        let msg = crate::echo::bounded(self.1);
+        (self.0, axum::Json(serde_json::json!({ "error": msg }))).into_response()
     }
 }
 
@@ -91,8 +94,65 @@ struct ReplaceBody {
     with: String,
 }
 
+/// The largest request body the API takes (axum's default, named so that
+/// the error can say it).
+pub const BODY_LIMIT: usize = 2 << 20;
+
+/// What axum answers by itself is plain text or empty: 405 for a method a
+/// route does not take, 413 for a body over the limit, 400/415/422 from an
+/// extractor. This rewraps every such answer as `{"error": ...}`, keeping
+/// its status and headers (the `Allow` of a 405).
+async fn json_errors(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let path = crate::echo::Echo(&path);
+    let msg = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let allow = parts
+                .headers
+                .get(header::ALLOW)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            format!("{path} does not take {method}; it takes {allow} (see docs/api.md)")
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => format!(
+            "the request body is larger than {} ({BODY_LIMIT} bytes), the most this API takes; \
+             bodies are small JSON objects (see docs/api.md)",
+            crate::units::human_bytes(BODY_LIMIT as u64)
+        ),
+        _ if text.trim().is_empty() => format!(
+            "{method} {path}: {}",
+            status.canonical_reason().unwrap_or("error")
+        ),
+        _ => format!("{method} {path}: {}; see docs/api.md", text.trim()),
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(
+        parts,
+        Body::from(serde_json::json!({ "error": msg }).to_string()),
+    )
+}
+
 pub fn router(app: App) -> Router {
-    Router::new()
+    let calls = Router::new()
         .route("/v1/audit", get(audit))
         .route("/v1/cluster", get(cluster_status))
         .route("/v1/cluster/probe/{name}", post(cluster_probe))
@@ -119,7 +179,13 @@ pub fn router(app: App) -> Router {
                 "no such API call; see docs/api.md".into(),
             )
         })
-        .with_state(app)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(app);
+    // Around the whole router, not each route: a route's 405 gets its
+    // `Allow` header outside the route's own layers.
+    Router::new()
+        .fallback_service(calls)
+        .layer(middleware::from_fn(json_errors))
 }
 
 async fn drives(State(n): State<Arc<Node>>) -> ApiResult {
@@ -248,4 +314,197 @@ pub fn start(rt: &tokio::runtime::Runtime, app: App, addr: &str) -> Result<Socke
     });
     tracing::info!("management API on http://{bound}/v1/");
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+
+    use axum::Json;
+
+    use super::*;
+    use crate::node::NodeState;
+
+    /// Serves `r` on a free loopback port, on its own runtime thread.
+    fn serve(r: Router) -> SocketAddr {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        std_listener.set_nonblocking(true).unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::from_std(std_listener).unwrap();
+                axum::serve(l, r).await.unwrap();
+            });
+        });
+        addr
+    }
+
+    fn node_api() -> SocketAddr {
+        let node = Node::with_state_dir(NodeState::default(), None);
+        serve(router(App { node, agent: None }))
+    }
+
+    struct Answer {
+        status: u16,
+        headers: String,
+        json: serde_json::Value,
+    }
+
+    /// One HTTP/1.1 request, as a client that speaks raw HTTP sends it; the
+    /// body is written on another thread while the answer is read, as the
+    /// server may answer before it has read the body.
+    fn http(addr: SocketAddr, head: &str, body: Vec<u8>) -> Answer {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let req = format!(
+            "{head} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let writer = std::thread::spawn(move || {
+            let _ = w.write_all(&body);
+        });
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => raw.extend_from_slice(&buf[..n]),
+                // The server may close while the body is still coming:
+                // what it answered was read first.
+                Err(_) if !raw.is_empty() => break,
+                Err(e) => panic!("{head}: {e}"),
+            }
+        }
+        let _ = s.shutdown(std::net::Shutdown::Both);
+        writer.join().unwrap();
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (headers, body) = text.split_once("\r\n\r\n").expect("a whole answer");
+        let status = headers[9..12].parse().unwrap();
+        let json = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("{head}: answer is not JSON ({e}): {text}"));
+        Answer {
+            status,
+            headers: headers.to_ascii_lowercase(),
+            json,
+        }
+    }
+
+    fn error_of(a: &Answer) -> &str {
+        let obj = a.json.as_object().expect("an object");
+        assert_eq!(obj.len(), 1, "only \"error\": {}", a.json);
+        a.json["error"].as_str().expect("error is a string")
+    }
+
+    #[test]
+    fn an_unknown_method_is_405_json_with_allow() {
+        let api = node_api();
+        let a = http(api, "PUT /v1/volumes/v1", b"{}".to_vec());
+        assert_eq!(a.status, 405);
+        assert!(
+            a.headers.contains("content-type: application/json"),
+            "{}",
+            a.headers
+        );
+        let allow = a
+            .headers
+            .lines()
+            .find_map(|l| l.strip_prefix("allow: "))
+            .expect("an Allow header");
+        assert!(allow.contains("get") && allow.contains("delete"), "{allow}");
+        let e = error_of(&a);
+        assert!(e.contains("does not take PUT") && e.contains("GET"), "{e}");
+        let a = http(api, "PATCH /v1/volumes", Vec::new());
+        assert_eq!(a.status, 405);
+        assert!(error_of(&a).contains("POST"), "{}", a.json);
+    }
+
+    #[test]
+    fn an_unknown_call_is_404_json() {
+        let a = http(node_api(), "GET /v1/nothing/here", Vec::new());
+        assert_eq!(a.status, 404);
+        assert!(error_of(&a).contains("no such API call"), "{}", a.json);
+    }
+
+    #[test]
+    fn a_body_over_the_limit_is_413_json() {
+        let api = node_api();
+        let body = format!("{{\"name\": \"{}\"}}", "x".repeat(3 << 20)).into_bytes();
+        let a = http(api, "POST /v1/volumes", body);
+        assert_eq!(a.status, 413);
+        assert!(error_of(&a).contains("2.0 MiB"), "{}", a.json);
+    }
+
+    #[test]
+    fn a_bad_path_is_400_json() {
+        // Not UTF-8 once percent-decoded: the Path extractor refuses it.
+        let a = http(node_api(), "GET /v1/volumes/%FF", Vec::new());
+        assert_eq!(a.status, 400);
+        error_of(&a);
+    }
+
+    /// The same layer turns the `Json` extractor's own answers into JSON
+    /// (the node's calls parse bodies themselves, so any future route that
+    /// uses the extractor is covered too).
+    #[test]
+    fn json_extractor_rejections_are_json() {
+        let r = Router::new()
+            .route(
+                "/v1/echo",
+                post(|Json(v): Json<serde_json::Value>| async move { Json(v) }),
+            )
+            .layer(middleware::from_fn(json_errors));
+        let api = serve(r);
+        // No Content-Type: 415.
+        let a = http(api, "POST /v1/echo", b"{}".to_vec());
+        assert_eq!(a.status, 415);
+        assert!(error_of(&a).contains("Content-Type"), "{}", a.json);
+        // Broken JSON: 400.
+        let mut s = TcpStream::connect(api).unwrap();
+        let body = "{not json";
+        write!(
+            s,
+            "POST /v1/echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+        let v: serde_json::Value =
+            serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap();
+        assert!(v["error"].as_str().unwrap().contains("JSON"), "{v}");
+    }
+
+    #[test]
+    fn a_huge_name_is_not_echoed_whole() {
+        let api = node_api();
+        let huge = "n".repeat(1_500_000);
+        let body = format!(r#"{{"name": "{huge}", "layout": "raid1", "drives": ["a", "b"]}}"#);
+        let a = http(api, "POST /v1/volumes", body.into_bytes());
+        assert_eq!(a.status, 400);
+        let e = error_of(&a);
+        assert!(e.len() < 400, "{} bytes", e.len());
+        assert!(e.contains("… (1500000 bytes)"), "{e}");
+        // A value quoted by the JSON parser itself is cut too.
+        let body = format!(r#"{{"name": "v", "block_size": "{huge}"}}"#);
+        let a = http(api, "POST /v1/volumes", body.into_bytes());
+        assert_eq!(a.status, 400);
+        let e = error_of(&a);
+        assert!(e.len() < 5000, "{} bytes", e.len());
+        assert!(e.contains("message cut"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_body_on_a_node_call_is_400_json() {
+        let a = http(node_api(), "POST /v1/volumes", b"{not json".to_vec());
+        assert_eq!(a.status, 400);
+        assert!(error_of(&a).contains("request body"), "{}", a.json);
+    }
 }

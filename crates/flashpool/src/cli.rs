@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use crate::config::DEFAULT_API_ADDRESS;
+use crate::output::outln;
 use crate::units::human_bytes;
 
 #[derive(clap::Args, Debug)]
@@ -232,14 +233,22 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::List => {
             let v = c.call("GET", "/volumes", None)?;
             if api.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 print_volume_table(&v);
             }
             return Ok(());
         }
         VolumeCmd::Show { name } => c.call("GET", &format!("/volumes/{name}"), None)?,
-        VolumeCmd::Delete { name } => c.call("DELETE", &format!("/volumes/{name}"), None)?,
+        VolumeCmd::Delete { name } => {
+            let v = c.call("DELETE", &format!("/volumes/{name}"), None)?;
+            if api.json {
+                outln!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                outln!("volume {}: deleted", v["deleted"].as_str().unwrap_or(&name));
+            }
+            return Ok(());
+        }
         VolumeCmd::Export { name, nqn, nsid } => c.call(
             "POST",
             &format!("/volumes/{name}/export"),
@@ -267,9 +276,9 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
                 Some(json!({ "to": to })),
             )?;
             if api.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                println!(
+                outln!(
                     "volume {name}: moved from {} to {} (epoch {}) in {} ms",
                     v["from"].as_str().unwrap_or("?"),
                     v["to"].as_str().unwrap_or("?"),
@@ -283,8 +292,8 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             return rebuild_status(&c, &name, wait, api.json);
         }
     };
-    if api.json || v.get("deleted").is_some() {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+    if api.json {
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_volume(&v);
     }
@@ -309,7 +318,7 @@ pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
                 Some(json!({ "with": with })),
             )?;
             if api.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 print_volume(&v);
             }
@@ -317,16 +326,20 @@ pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
         }
     };
     if api.json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let rows = match &v {
         Value::Array(a) => a.clone(),
         one => vec![one.clone()],
     };
-    println!(
+    outln!(
         "{:<12} {:<7} {:>10} {:<8} {:<12} device",
-        "DRIVE", "BACKEND", "SIZE", "STATE", "VOLUME"
+        "DRIVE",
+        "BACKEND",
+        "SIZE",
+        "STATE",
+        "VOLUME"
     );
     let note = |d: &Value| -> String {
         let mut s = String::new();
@@ -343,7 +356,7 @@ pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
             (Some(v), Some(p)) => format!("{v}[{p}]"),
             _ => "-".into(),
         };
-        println!(
+        outln!(
             "{:<12} {:<7} {:>10} {:<8} {:<12} {}{}",
             d["name"].as_str().unwrap_or("?"),
             d["backend"].as_str().unwrap_or("?"),
@@ -369,9 +382,13 @@ fn export_text(v: &Value) -> String {
 }
 
 fn print_volume_table(v: &Value) {
-    println!(
+    outln!(
         "{:<14} {:<8} {:>10} {:<10} {:<24} exported as",
-        "VOLUME", "LAYOUT", "SIZE", "STATE", "DRIVES"
+        "VOLUME",
+        "LAYOUT",
+        "SIZE",
+        "STATE",
+        "DRIVES"
     );
     for x in v.as_array().into_iter().flatten() {
         let drives: Vec<&str> = x["members"]
@@ -380,7 +397,7 @@ fn print_volume_table(v: &Value) {
             .flatten()
             .map(|m| m["drive"].as_str().unwrap_or("?"))
             .collect();
-        println!(
+        outln!(
             "{:<14} {:<8} {:>10} {:<10} {:<24} {}",
             x["name"].as_str().unwrap_or("?"),
             x["layout"].as_str().unwrap_or("?"),
@@ -393,12 +410,12 @@ fn print_volume_table(v: &Value) {
 }
 
 fn print_volume(v: &Value) {
-    println!(
+    outln!(
         "volume {} ({})",
         v["name"].as_str().unwrap_or("?"),
         v["uuid"].as_str().unwrap_or("?")
     );
-    println!(
+    outln!(
         "  {} {}, {} B blocks, {} strips, {}, generation {}",
         v["layout"].as_str().unwrap_or("?"),
         human_bytes(v["size_bytes"].as_u64().unwrap_or(0)),
@@ -407,9 +424,9 @@ fn print_volume(v: &Value) {
         v["state"].as_str().unwrap_or("?"),
         v["generation"].as_u64().unwrap_or(0)
     );
-    println!("  exported as: {}", export_text(v));
+    outln!("  exported as: {}", export_text(v));
     if let Some(p) = v["pool"].as_str() {
-        println!(
+        outln!(
             "  thin, in pool {p}: {} of {} allocated",
             human_bytes(v["allocated_bytes"].as_u64().unwrap_or(0)),
             human_bytes(v["size_bytes"].as_u64().unwrap_or(0))
@@ -417,7 +434,7 @@ fn print_volume(v: &Value) {
     }
     if let Some(p) = v["thin_pool"].as_object() {
         let g = |k: &str| human_bytes(p[k].as_u64().unwrap_or(0));
-        println!(
+        outln!(
             "  thin pool: {} allocated, {} free of {}, {} provisioned to {} thin volume(s), {} clusters",
             g("allocated_bytes"),
             g("free_bytes"),
@@ -428,7 +445,7 @@ fn print_volume(v: &Value) {
         );
     }
     for m in v["members"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "  member {:>2}: {:<12} {}",
             m["position"].as_u64().unwrap_or(0),
             m["drive"].as_str().unwrap_or("?"),
@@ -443,7 +460,7 @@ fn print_rebuild(r: &Value) {
         let eta = r["eta_secs"]
             .as_f64()
             .map_or("?".to_string(), |s| format!("{s:.0}s"));
-        println!(
+        outln!(
             "  rebuild: {:.1}% ({} of {} stripes), {:.1} MB/s, ETA {eta}",
             r["percent"].as_f64().unwrap_or(0.0),
             r["done_stripes"].as_u64().unwrap_or(0),
@@ -451,9 +468,9 @@ fn print_rebuild(r: &Value) {
             r["mb_per_sec"].as_f64().unwrap_or(0.0)
         );
     } else if let Some(e) = r["last_error"].as_str() {
-        println!("  rebuild: failed: {e}");
+        outln!("  rebuild: failed: {e}");
     } else {
-        println!("  rebuild: not running");
+        outln!("  rebuild: not running");
     }
 }
 
@@ -464,12 +481,13 @@ fn rebuild_status(c: &Client, name: &str, wait: bool, as_json: bool) -> Result<(
         let running = v["rebuild"]["running"].as_bool() == Some(true)
             || matches!(v["state"].as_str(), Some("rebuilding" | "resyncing"));
         if as_json {
-            println!("{}", serde_json::to_string(&v)?);
+            outln!("{}", serde_json::to_string(&v)?);
         } else {
-            println!("volume {name}: {}", v["state"].as_str().unwrap_or("?"));
+            outln!("volume {name}: {}", v["state"].as_str().unwrap_or("?"));
             print_rebuild(&v["rebuild"]);
         }
-        if !wait || !running {
+        // Nobody reads the progress any more (`| head`): stop waiting.
+        if !wait || !running || crate::output::reader_gone() {
             if let Some(e) = v["rebuild"]["last_error"].as_str() {
                 bail!("volume {name}: the last rebuild failed: {e}");
             }

@@ -5,6 +5,7 @@ use anyhow::Result;
 use serde_json::Value;
 
 use crate::cli::{ApiArgs, Client};
+use crate::output::outln;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum ClusterCmd {
@@ -25,18 +26,22 @@ pub fn cluster(api: ApiArgs, cmd: ClusterCmd) -> Result<()> {
     let ClusterCmd::Status = cmd;
     let v = c.call("GET", "/cluster", None)?;
     if api.json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let s = |x: &Value| x.as_str().unwrap_or("-").to_string();
-    println!(
+    outln!(
         "cluster {} (asked node {})",
         s(&v["cluster"]),
         s(&v["node"])
     );
-    println!(
+    outln!(
         "{:<10} {:>4} {:<18} {:>6} {:<8} portals",
-        "NODE", "SLOT", "LEASE", "TTL", "DRAIN"
+        "NODE",
+        "SLOT",
+        "LEASE",
+        "TTL",
+        "DRAIN"
     );
     for n in v["nodes"].as_array().into_iter().flatten() {
         let portals: Vec<String> = n["portals"]
@@ -45,7 +50,7 @@ pub fn cluster(api: ApiArgs, cmd: ClusterCmd) -> Result<()> {
             .flatten()
             .map(&s)
             .collect();
-        println!(
+        outln!(
             "{:<10} {:>4} {:<18} {:>6} {:<8} {}",
             s(&n["name"]),
             n["slot"],
@@ -62,13 +67,18 @@ pub fn cluster(api: ApiArgs, cmd: ClusterCmd) -> Result<()> {
             portals.join(",")
         );
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:<12} {:<10} {:>6} {:>5} {:<10} {:<10} namespace",
-        "VOLUME", "OWNER", "EPOCH", "GEN", "STATE", "HANDOFF"
+        "VOLUME",
+        "OWNER",
+        "EPOCH",
+        "GEN",
+        "STATE",
+        "HANDOFF"
     );
     for x in v["volumes"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "{:<12} {:<10} {:>6} {:>5} {:<10} {:<10} {} nsid {} (ANA group {})",
             s(&x["name"]),
             s(&x["owner"]),
@@ -98,7 +108,7 @@ pub fn node(api: ApiArgs, cmd: NodeCmd) -> Result<()> {
     };
     let v = c.call("POST", &format!("/nodes/{node}/{verb}"), None)?;
     if api.json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let owns: Vec<&str> = v["owns"]
@@ -108,9 +118,9 @@ pub fn node(api: ApiArgs, cmd: NodeCmd) -> Result<()> {
         .filter_map(|x| x.as_str())
         .collect();
     match (verb, owns.is_empty()) {
-        ("undrain", _) => println!("node {node}: may own volumes again"),
-        (_, true) => println!("node {node}: drained, it owns no volume"),
-        (_, false) => println!(
+        ("undrain", _) => outln!("node {node}: may own volumes again"),
+        (_, true) => outln!("node {node}: drained, it owns no volume"),
+        (_, false) => outln!(
             "node {node}: draining, still owns {} (see flashpool cluster status)",
             owns.join(", ")
         ),

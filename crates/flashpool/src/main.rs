@@ -1,12 +1,17 @@
 //! flashpool: disaggregated flash over NVMe/TCP.
 
+// Standard output goes through `output::outln!`: `println!` panics on a closed pipe.
+#![deny(clippy::print_stdout)]
+
 mod agent;
 mod api;
 mod bench;
 mod cli;
 mod cluster_cli;
 mod config;
+mod echo;
 mod node;
+mod output;
 mod serve;
 mod units;
 
@@ -80,7 +85,12 @@ fn main() {
         Cmd::Node { api, cmd } => cluster_cli::node(api, cmd),
     };
     if let Err(e) = r {
-        eprintln!("flashpool: error: {e:#}");
+        // Not eprintln!: it panics when stderr is closed too.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "flashpool: error: {e:#}");
+        std::process::exit(1);
+    }
+    if output::failed() {
         std::process::exit(1);
     }
 }

@@ -12,6 +12,7 @@ use signal_hook::iterator::Signals;
 
 use crate::config;
 use crate::node::{Node, NodeState};
+use crate::output::outln;
 
 pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     let (cfg, origin) = config::load(path)?;
@@ -30,7 +31,7 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
                     as Arc<dyn BlockDevice>
             })
         })?;
-        println!(
+        outln!(
             "config {origin}: OK ({} subsystems, {} drives, {} volumes)",
             built.subsystems.len(),
             drive_specs.len(),
@@ -141,7 +142,7 @@ fn print_banner(
     node: &Arc<Node>,
 ) {
     let t = server.target();
-    println!(
+    outln!(
         "flashpool {} serving NVMe/TCP ({origin})",
         env!("CARGO_PKG_VERSION")
     );
@@ -151,13 +152,13 @@ fn print_banner(
         } else {
             format!("hosts {}", s.hosts.join(", "))
         };
-        println!("  subsystem {} (serial {}, {who})", s.nqn, s.serial);
+        outln!("  subsystem {} (serial {}, {who})", s.nqn, s.serial);
         for ns in s.namespaces().iter() {
-            println!("    nsid {}: {}", ns.nsid, ns.dev.describe());
+            outln!("    nsid {}: {}", ns.nsid, ns.dev.describe());
         }
     }
     for v in rt.block_on(node.volumes()) {
-        println!(
+        outln!(
             "  volume {}: {} {}, {} on drives {}",
             v.name,
             v.layout,
@@ -171,7 +172,7 @@ fn print_banner(
         );
     }
     if let Some(a) = api {
-        println!("  management API: http://{a}/v1/ (flashpool volume list --api {a})");
+        outln!("  management API: http://{a}/v1/ (flashpool volume list --api {a})");
     }
     let host_addr = |a: std::net::SocketAddr| {
         if a.ip().is_unspecified() {
@@ -180,11 +181,11 @@ fn print_banner(
             a.ip().to_string()
         }
     };
-    println!("Attach a Linux host (nvme-cli):");
-    println!("  modprobe nvme-tcp");
+    outln!("Attach a Linux host (nvme-cli):");
+    outln!("  modprobe nvme-tcp");
     for (a, k) in server.local_addrs() {
         if *k == ListenerKind::Discovery {
-            println!(
+            outln!(
                 "  nvme discover -t tcp -a {} -s {}",
                 host_addr(*a),
                 a.port()
@@ -197,7 +198,7 @@ fn print_banner(
         .find(|(_, k)| *k == ListenerKind::Io)
     {
         for s in t.subsystems().iter() {
-            println!(
+            outln!(
                 "  nvme connect -t tcp -a {} -s {} -n {}",
                 host_addr(*a),
                 a.port(),
@@ -205,6 +206,4 @@ fn print_banner(
             );
         }
     }
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
 }

@@ -5,37 +5,78 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use crate::echo::Echo;
+
 /// "4k", "128KiB", "1G", "4096", "1.5M" (binary units).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let (n, unit) = split_number(s).with_context(|| {
-        format!("size {s:?} is not a number with an optional unit (k, M, G, T)")
-    })?;
+    let s_ = Echo(s);
+    size_bytes(s).map_err(|e| match e {
+        SizeError::NotANumber => {
+            anyhow::anyhow!("size {s_} is not a number with an optional unit (k, M, G, T)")
+        }
+        SizeError::UnknownUnit(u) => anyhow::anyhow!(
+            "size {s_} has an unknown unit {}; use k, M, G or T (binary)",
+            Echo(&u)
+        ),
+        SizeError::NotWhole => anyhow::anyhow!("size {s_} is not a whole number of bytes"),
+    })
+}
+
+/// What is wrong with a size, for callers that word the message themselves.
+#[derive(Debug, PartialEq)]
+pub enum SizeError {
+    NotANumber,
+    UnknownUnit(String),
+    NotWhole,
+}
+
+impl std::fmt::Display for SizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SizeError::NotANumber => f.write_str("not a number with an optional unit"),
+            SizeError::UnknownUnit(u) => write!(f, "unknown unit {}", Echo(u)),
+            SizeError::NotWhole => f.write_str("not a whole number of bytes"),
+        }
+    }
+}
+
+/// [`parse_size`] with the reason as a value.
+pub fn size_bytes(s: &str) -> Result<u64, SizeError> {
+    let (n, unit) = split_number(s).ok_or(SizeError::NotANumber)?;
     let mult: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" | "kb" => 1 << 10,
         "m" | "mib" | "mb" => 1 << 20,
         "g" | "gib" | "gb" => 1 << 30,
         "t" | "tib" | "tb" => 1 << 40,
-        u => bail!("size {s:?} has an unknown unit {u:?}; use k, M, G or T (binary)"),
+        _ => return Err(SizeError::UnknownUnit(unit.to_string())),
     };
     let v = n * mult as f64;
     if v.fract() != 0.0 || v > u64::MAX as f64 {
-        bail!("size {s:?} is not a whole number of bytes");
+        return Err(SizeError::NotWhole);
     }
     Ok(v as u64)
 }
 
 /// "10s", "500ms", "2m", "1.5s", "30" (seconds).
 pub fn parse_duration(s: &str) -> Result<Duration> {
-    let (n, unit) = split_number(s)
-        .with_context(|| format!("duration {s:?} is not a number with a unit (ms, s, m, h)"))?;
+    let (n, unit) = split_number(s).with_context(|| {
+        format!(
+            "duration {} is not a number with a unit (ms, s, m, h)",
+            Echo(s)
+        )
+    })?;
     let secs = match unit {
         "" | "s" => n,
         "ms" => n / 1000.0,
         "us" => n / 1e6,
         "m" | "min" => n * 60.0,
         "h" => n * 3600.0,
-        u => bail!("duration {s:?} has an unknown unit {u:?}; use ms, s, m or h"),
+        u => bail!(
+            "duration {} has an unknown unit {}; use ms, s, m or h",
+            Echo(s),
+            Echo(u)
+        ),
     };
     Ok(Duration::from_secs_f64(secs))
 }

@@ -4,8 +4,9 @@
 //! different codes, so parity bytes cannot match; what must match is
 //! recovery: for random shapes, data and erasures, both restore exactly the
 //! original data. ISA-L is loaded at run time (Debian `libisal-dev` or
-//! `libisal2`), so the build does not depend on it; without it the test says
-//! so and passes.
+//! `libisal2`), so the build does not depend on it; without it the test
+//! fails, naming the package, unless `FLASHPOOL_SKIP_ISAL=1` says to skip
+//! the oracle (a missing oracle must not pass as a checked one).
 
 use std::ffi::{CStr, c_void};
 
@@ -110,10 +111,43 @@ impl Isal {
     }
 }
 
+/// Set to 1 to run the tests without ISA-L (the oracle check is skipped).
+const SKIP_VAR: &str = "FLASHPOOL_SKIP_ISAL";
+
+/// The oracle if it loaded; else a skip if `skip` (the value of
+/// [`SKIP_VAR`]) is "1", or the error that fails the test.
+fn oracle_or_skip<T>(loaded: Option<T>, skip: Option<&str>) -> Result<Option<T>, String> {
+    match (loaded, skip) {
+        (Some(o), _) => Ok(Some(o)),
+        (None, Some("1")) => Ok(None),
+        (None, _) => Err(format!(
+            "ISA-L (libisal.so.2) not found, so the Reed-Solomon oracle check cannot run: \
+             install it (Debian: apt-get install libisal-dev, or libisal2), or set {SKIP_VAR}=1 \
+             to skip this check knowingly"
+        )),
+    }
+}
+
+#[test]
+fn a_missing_isal_fails_unless_skipped_knowingly() {
+    let e = oracle_or_skip::<()>(None, None).unwrap_err();
+    assert!(
+        e.contains("libisal-dev") && e.contains("FLASHPOOL_SKIP_ISAL=1"),
+        "{e}"
+    );
+    assert!(oracle_or_skip::<()>(None, Some("0")).is_err());
+    assert!(oracle_or_skip::<()>(None, Some("")).is_err());
+    assert_eq!(oracle_or_skip::<()>(None, Some("1")), Ok(None));
+    assert_eq!(oracle_or_skip(Some(7), None), Ok(Some(7)));
+    assert_eq!(oracle_or_skip(Some(7), Some("1")), Ok(Some(7)));
+}
+
 #[test]
 fn recovery_matches_isal() {
-    let Some(isal) = load() else {
-        eprintln!("ISA-L (libisal.so.2) not found; skipping the oracle check");
+    let skip = std::env::var(SKIP_VAR).ok();
+    let Some(isal) = oracle_or_skip(load(), skip.as_deref()).unwrap_or_else(|e| panic!("{e}"))
+    else {
+        eprintln!("ISA-L not found and {SKIP_VAR}=1: the oracle check is skipped");
         return;
     };
     let mut rng = Rng::new(0x15A1);

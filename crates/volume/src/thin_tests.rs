@@ -441,6 +441,24 @@ fn open_refuses_a_device_without_a_pool() {
 }
 
 #[test]
+fn a_huge_name_is_not_echoed_whole() {
+    let m = mem(4 << 20);
+    block_on(async {
+        let pool = ThinPool::format(dev(&m), CB).await.unwrap();
+        let huge = "n".repeat(1_500_000);
+        let e = pool.create_volume(&huge, 1 << 20, 4096).await.unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.len() < 300, "{} bytes", msg.len());
+        assert!(
+            msg.contains(&format!("\"{}\"… (1500000 bytes)", "n".repeat(64))),
+            "{msg}"
+        );
+        let e = pool.delete_volume(&huge).await.unwrap_err();
+        assert!(e.to_string().len() < 300, "{} bytes", e.to_string().len());
+    });
+}
+
+#[test]
 fn names_create_and_delete() {
     let m = mem(4 << 20);
     block_on(async {

@@ -32,6 +32,8 @@ pub use spec::{Engine, Rw, Target, Workload};
 pub use stats::Summary;
 use stats::{Cpu, Rates, VerifySummary};
 
+use crate::output::out;
+
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// What to load: tcp://ADDR:PORT/NQN[?nsid=N], file:PATH (io_uring, O_DIRECT) or mem:SIZE (in process).
@@ -297,8 +299,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         );
     }
     let summary = run_workload(&target, &w)?;
-    print!("{}", summary.render());
-    let _ = std::io::stdout().flush();
+    out!("{}", summary.render());
     if let Some(p) = &args.json {
         summary.write_json(p)?;
     }

@@ -229,12 +229,15 @@ impl Cluster {
         }
         let Some((peer, drive)) = name.split_once(':') else {
             return Err(format!(
-                "drive {name:?} is not remote: a remote drive is PEER:DRIVE or tcp://ADDR:PORT/NQN?nsid=N"
+                "drive {} is not remote: a remote drive is PEER:DRIVE or tcp://ADDR:PORT/NQN?nsid=N",
+                crate::echo::Echo(name)
             ));
         };
         let p = self.peers.iter().find(|p| p.name == peer).ok_or_else(|| {
             format!(
-                "drive {name:?}: no [[peer]] named {peer:?} in the node's TOML; declare it with its address"
+                "drive {}: no [[peer]] named {} in the node's TOML; declare it with its address",
+                crate::echo::Echo(name),
+                crate::echo::Echo(peer)
             )
         })?;
         Ok(format!(

@@ -137,8 +137,9 @@ pub struct NodeSection {
     /// sleeps (adaptive polling): an idle target still costs no CPU.
     #[serde(default = "default_poll_us")]
     pub poll_us: u32,
-    /// Where the node keeps what the API changed (exports.json). Without
-    /// it, exports made through the API last until the node stops.
+    /// Where the node keeps what the API changed (exports.json,
+    /// drive-exports.json, remote-drives.json; docs/config.md). Without it,
+    /// those changes last until the node stops.
     pub state_dir: Option<PathBuf>,
     /// This node's name among its peers (default: the hostname).
     pub name: Option<String>,
@@ -172,27 +173,62 @@ fn info() -> String {
 }
 
 /// A byte size: an integer, or a string like "1GiB", "512KiB", "4096".
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(untagged)]
-pub enum Size {
-    Bytes(u64),
-    Text(#[serde(deserialize_with = "parse_size_de")] u64),
-}
+#[derive(Debug, Clone, Copy)]
+pub struct Size(u64);
 
 impl Size {
     pub fn bytes(self) -> u64 {
-        match self {
-            Size::Bytes(b) | Size::Text(b) => b,
-        }
+        self.0
     }
 }
 
-fn parse_size_de<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    let s = String::deserialize(d)?;
-    parse_size(&s).map_err(serde::de::Error::custom)
+/// The fix every size error ends with.
+const SIZE_HINT: &str = "use e.g. 64MiB, 10GiB or a byte count";
+
+/// By hand rather than `#[serde(untagged)]`, whose error ("data did not
+/// match any variant") names neither the value nor the fix; [`load`] adds
+/// the key.
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Size, D::Error> {
+        struct SizeVisitor;
+        impl serde::de::Visitor<'_> for SizeVisitor {
+            type Value = Size;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "a size; {SIZE_HINT}")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Size, E> {
+                Ok(Size(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Size, E> {
+                u64::try_from(v).map(Size).map_err(|_| {
+                    E::custom(format_args!("{v} is not a size (negative); {SIZE_HINT}"))
+                })
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Size, E> {
+                Err(E::custom(format_args!(
+                    "{v} is not a size (bytes are whole; quote sizes with a fraction, e.g. \"1.5GiB\"); {SIZE_HINT}"
+                )))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Size, E> {
+                use crate::units::SizeError;
+                crate::units::size_bytes(s).map(Size).map_err(|e| match e {
+                    SizeError::NotANumber => E::custom(format_args!(
+                        "{} is not a size; {SIZE_HINT}",
+                        crate::echo::Echo(s)
+                    )),
+                    e => E::custom(format_args!(
+                        "{} is not a size ({e}); {SIZE_HINT}",
+                        crate::echo::Echo(s)
+                    )),
+                })
+            }
+        }
+        d.deserialize_any(SizeVisitor)
+    }
 }
 
 /// Parses "1GiB", "128KiB", "4096", "1G" (binary units).
+#[cfg(test)]
 pub fn parse_size(s: &str) -> Result<u64, String> {
     crate::units::parse_size(s).map_err(|e| e.to_string())
 }
@@ -302,9 +338,73 @@ pub fn load(path: Option<&Path>) -> Result<(NodeConfig, String)> {
         ),
         None => (EMBEDDED_DEFAULT.to_string(), "embedded default".to_string()),
     };
-    let cfg: NodeConfig =
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("config {origin}: {e}"))?;
+    let cfg = parse(&text, &origin)?;
     Ok((cfg, origin))
+}
+
+/// Parses the TOML; a value of the wrong kind is reported with its line and
+/// key, the array entry named by its own name (`drive "d0": size: ...`).
+pub fn parse(text: &str, origin: &str) -> Result<NodeConfig> {
+    // A syntax error: toml's own message shows the line and a caret.
+    let de =
+        toml::Deserializer::parse(text).map_err(|e| anyhow::anyhow!("config {origin}: {e}"))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let line = e
+            .inner()
+            .span()
+            .map(|s| format!(", line {}", 1 + text[..s.start].matches('\n').count()))
+            .unwrap_or_default();
+        let key = key_of(text, e.path());
+        let key = if key.is_empty() {
+            key
+        } else {
+            format!(" {key}:")
+        };
+        anyhow::anyhow!("config {origin}{line}:{key} {}", e.inner().message())
+    })
+}
+
+/// `drive[0].size` as people know it: `drive "d0": size`, `subsystem
+/// "nqn...": namespace nsid 1: size`, `transport.max_transfer`.
+fn key_of(text: &str, path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    // The syntax is valid (the typed parse got this far), so this parses.
+    let mut at: Option<toml::Value> = toml::from_str::<toml::Table>(text)
+        .ok()
+        .map(toml::Value::Table);
+    let mut out = String::new();
+    let mut last_key = "";
+    for seg in path.iter() {
+        match seg {
+            Segment::Map { key } => {
+                if !out.is_empty() && !out.ends_with(": ") {
+                    out.push('.');
+                }
+                out.push_str(key);
+                at = at.and_then(|v| v.get(key.as_str()).cloned());
+                last_key = key;
+            }
+            Segment::Seq { index } => {
+                at = at.and_then(|v| v.get(*index).cloned());
+                // The entry's name stands for the array's key and index.
+                if !last_key.is_empty() && out.ends_with(last_key) {
+                    out.truncate(out.len() - last_key.len());
+                }
+                let field = |k: &str| at.as_ref().and_then(|v| v.get(k)).cloned();
+                match (field("name"), field("nqn"), field("nsid")) {
+                    (Some(toml::Value::String(n)), _, _) | (_, Some(toml::Value::String(n)), _) => {
+                        out += &format!("{last_key} {}", crate::echo::Echo(&n));
+                    }
+                    (_, _, Some(toml::Value::Integer(n))) => out += &format!("{last_key} nsid {n}"),
+                    _ => out += &format!("{last_key}[{index}]"),
+                }
+                out.push_str(": ");
+                last_key = "";
+            }
+            Segment::Enum { .. } | Segment::Unknown => {}
+        }
+    }
+    out.trim_end_matches(": ").to_string()
 }
 
 /// Everything `serve` needs, validated.
@@ -829,7 +929,7 @@ mod tests {
     use super::*;
 
     fn err(text: &str) -> String {
-        let cfg: Result<NodeConfig, _> = toml::from_str(text);
+        let cfg = parse(text, "t.toml");
         match cfg {
             Err(e) => e.to_string(),
             Ok(c) => match build(&c, &|_, _, _| None) {
@@ -840,6 +940,106 @@ mod tests {
     }
 
     const NS: &str = "[[subsystem.namespace]]\nnsid = 1\nbackend = \"mem\"\nsize = \"1MiB\"\n";
+
+    #[test]
+    fn a_bad_size_names_its_key_value_and_fix() {
+        let text = "[[drive]]\nname = \"d0\"\nbackend = \"mem\"\nsize = \"64MiB\"\n\n\
+                    [[drive]]\nname = \"d1\"\nbackend = \"mem\"\nsize = \"12 XB\"\n";
+        let e = err(text);
+        assert_eq!(
+            e,
+            "config t.toml, line 9: drive \"d1\": size: \"12 XB\" is not a size \
+             (unknown unit \"XB\"); use e.g. 64MiB, 10GiB or a byte count"
+        );
+        let e = err("[transport]\nmax_transfer = \"lots\"\n");
+        assert_eq!(
+            e,
+            "config t.toml, line 2: transport.max_transfer: \"lots\" is not a size; \
+             use e.g. 64MiB, 10GiB or a byte count"
+        );
+        let e = err(&format!(
+            "[[subsystem]]\nnqn = \"nqn.2026-01.io.flashpool:a\"\nallow_any_host = true\n{NS}\
+             [[subsystem.namespace]]\nnsid = 2\nbackend = \"mem\"\nsize = -4096\n"
+        ));
+        assert!(
+            e.contains("subsystem \"nqn.2026-01.io.flashpool:a\": namespace nsid 2: size: -4096 is not a size (negative); use e.g. 64MiB"),
+            "{e}"
+        );
+        let e = err("[[volume]]\nname = \"v\"\nstrip = 1.5\n");
+        assert!(e.contains("volume \"v\": strip: 1.5 is not a size"), "{e}");
+        let e = err("[[volume]]\nname = \"v\"\nstrip = \"0.3k\"\n");
+        assert!(e.contains("(not a whole number of bytes)"), "{e}");
+        // An entry without a name is known by its position.
+        let e = err("[[drive]]\nbackend = \"mem\"\nsize = true\n");
+        assert!(
+            e.contains("drive[0]: size: invalid type: boolean `true`, expected a size"),
+            "{e}"
+        );
+        // Sizes as integers and as text still parse.
+        let cfg = parse(
+            "[[drive]]\nname = \"d\"\nbackend = \"mem\"\nsize = 4096\n\
+                         [transport]\nmax_transfer = \"128KiB\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(cfg.drive[0].size.unwrap().bytes(), 4096);
+        assert_eq!(cfg.transport.max_transfer.unwrap().bytes(), 128 << 10);
+    }
+
+    /// Every key the parser takes is in docs/config.md, as `key = ...` in an
+    /// example or as `` `key` `` in a table or the text.
+    #[test]
+    fn docs_config_md_names_every_key() {
+        let doc = include_str!("../../../../docs/config.md");
+        let sections = [
+            ("", ""),
+            ("node", "[node]"),
+            ("transport", "[transport]"),
+            ("listener", "[[listener]]"),
+            ("subsystem", "[[subsystem]]"),
+            (
+                "subsystem.namespace",
+                "[[subsystem]]\n[[subsystem.namespace]]",
+            ),
+            ("api", "[api]"),
+            ("drive", "[[drive]]"),
+            ("volume", "[[volume]]"),
+            ("peer", "[[peer]]"),
+            ("remote", "[remote]"),
+            ("cluster", "[cluster]"),
+        ];
+        let mut missing = Vec::new();
+        for (section, header) in sections {
+            // The parser lists the keys a section takes when it meets one it does not.
+            let e = err(&format!("{header}\nzz_no_such_key = 1\n"));
+            let (_, list) = e
+                .split_once("expected ")
+                .unwrap_or_else(|| panic!("{section}: {e}"));
+            let list = list.trim_start_matches("one of ").replace(" or ", ", ");
+            for key in list.split(", ").map(|k| k.trim_matches('`')) {
+                let documented = if section.is_empty() {
+                    doc.contains(&format!("[{key}]")) || doc.contains(&format!("[[{key}]]"))
+                } else {
+                    doc.contains(&format!("\n{key} ="))
+                        || doc.contains(&format!("# {key} ="))
+                        || doc.contains(&format!("`{key}`"))
+                        || doc.contains(&format!("[[{section}.{key}]]"))
+                };
+                if !documented {
+                    missing.push(format!("{section}.{key}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "not in docs/config.md: {missing:?}");
+    }
+
+    #[test]
+    fn a_huge_bad_value_is_not_echoed_whole() {
+        let big = "9".repeat(100_000) + "XB";
+        let e = err(&format!("[[volume]]\nname = \"v\"\nstrip = \"{big}\"\n"));
+        assert!(e.len() < 400, "{} bytes: {}", e.len(), &e[..400]);
+        assert!(e.contains("… (100002 bytes)"), "{e}");
+    }
 
     #[test]
     fn embedded_default_builds() {

@@ -77,7 +77,8 @@ impl Node {
         for d in &req.drives {
             if !st.drives.contains_key(d) {
                 return Err(NodeError::BadRequest(format!(
-                    "drive {d} does not exist; list the drives with `flashpool drive list`"
+                    "drive {} does not exist; list the drives with `flashpool drive list`",
+                    crate::echo::Echo(d)
                 )));
             }
             if let Some((v, _)) = st.user_of(d) {

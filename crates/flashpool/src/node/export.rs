@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Drive, Node, NodeError, NodeResult, NodeState};
 use crate::config::cluster::drive_nqn;
+use crate::echo::Echo;
 
 /// How a drive is exported.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,7 +102,8 @@ impl NodeState {
     fn check_exportable(&self, name: &str) -> NodeResult<&Drive> {
         let d = self.drives.get(name).ok_or_else(|| {
             NodeError::NotFound(format!(
-                "drive {name} does not exist; list the drives with `flashpool drive list`"
+                "drive {} does not exist; list the drives with `flashpool drive list`",
+                Echo(name)
             ))
         })?;
         if d.remote.is_some() {
@@ -154,7 +156,8 @@ impl Node {
         for h in &hosts {
             if !h.starts_with("nqn.") || h.len() > 223 {
                 return Err(NodeError::BadRequest(format!(
-                    "host {h:?} is not a valid host NQN (nqn...., at most 223 bytes)"
+                    "host {} is not a valid host NQN (nqn...., at most 223 bytes)",
+                    Echo(h)
                 )));
             }
         }
@@ -185,7 +188,7 @@ impl Node {
         let d = st
             .drives
             .get_mut(name)
-            .ok_or_else(|| NodeError::NotFound(format!("drive {name} does not exist")))?;
+            .ok_or_else(|| NodeError::NotFound(format!("drive {} does not exist", Echo(name))))?;
         let Some(x) = d.export.clone() else {
             return Err(NodeError::Conflict(format!("drive {name} is not exported")));
         };

@@ -12,6 +12,8 @@ use volume::superblock::MAX_NAME_BYTES;
 use volume::thin::{DEFAULT_CLUSTER_BYTES, ThinError, ThinPool};
 use volume::{LayoutKind, MemberState, RebuildOptions, Volume, VolumeConfig};
 
+use crate::echo::Echo;
+
 use super::{Backing, Export, Node, NodeError, NodeResult, NodeState, VolumeEntry, wipe_head};
 
 /// `POST /v1/volumes`.
@@ -138,7 +140,8 @@ pub struct DriveInfo {
 pub fn parse_layout(s: &str) -> NodeResult<LayoutKind> {
     let bad = || {
         NodeError::BadRequest(format!(
-            "layout {s:?} is unknown; use concat, raid0, raid1, raid5, raid6 or ecK+M (e.g. ec8+2)"
+            "layout {} is unknown; use concat, raid0, raid1, raid5, raid6 or ecK+M (e.g. ec8+2)",
+            Echo(s)
         ))
     };
     Ok(match s {
@@ -172,13 +175,14 @@ pub fn check_name(what: &str, name: &str) -> NodeResult<()> {
         Ok(())
     } else {
         Err(NodeError::BadRequest(format!(
-            "{what} name {name:?} is not valid: use 1 to {MAX_NAME_BYTES} letters, digits, '.', '_' or '-', starting with a letter or digit"
+            "{what} name {} is not valid: use 1 to {MAX_NAME_BYTES} letters, digits, '.', '_' or '-', starting with a letter or digit",
+            Echo(name)
         )))
     }
 }
 
 fn size_arg(what: &str, s: &str) -> NodeResult<u64> {
-    crate::units::parse_size(s).map_err(|e| NodeError::BadRequest(format!("{what} {s:?}: {e}")))
+    crate::units::parse_size(s).map_err(|e| NodeError::BadRequest(format!("{what}: {e}")))
 }
 
 fn uuid_bytes(uuid: &str) -> [u8; 16] {
@@ -376,12 +380,14 @@ impl NodeState {
         for (i, n) in names.iter().enumerate() {
             if names[..i].contains(n) {
                 return Err(NodeError::BadRequest(format!(
-                    "drive {n} is listed twice; give each position its own drive"
+                    "drive {} is listed twice; give each position its own drive",
+                    Echo(n)
                 )));
             }
             let d = self.drives.get(n).ok_or_else(|| {
                 NodeError::BadRequest(format!(
-                    "drive {n} does not exist; list the drives with `flashpool drive list`"
+                    "drive {} does not exist; list the drives with `flashpool drive list`",
+                    Echo(n)
                 ))
             })?;
             if let Some((v, p)) = self.user_of(n) {
@@ -524,7 +530,7 @@ impl Node {
         if let Some(s) = &req.strip {
             let b = size_arg("strip", s)?;
             cfg.strip_bytes = u32::try_from(b).map_err(|_| {
-                NodeError::BadRequest(format!("strip {s:?} is too large; use e.g. 64KiB"))
+                NodeError::BadRequest(format!("strip {} is too large; use e.g. 64KiB", Echo(s)))
             })?;
         }
         if let Some(bs) = req.block_size {
@@ -625,12 +631,14 @@ impl Node {
         let pool = match st.volumes.get(&pool_name) {
             None => {
                 return Err(NodeError::BadRequest(format!(
-                    "pool {pool_name} does not exist; create a volume with thin_pool (--thin-pool) first"
+                    "pool {} does not exist; create a volume with thin_pool (--thin-pool) first",
+                    Echo(&pool_name)
                 )));
             }
             Some(e) => e.thin_pool().cloned().ok_or_else(|| {
                 NodeError::BadRequest(format!(
-                    "volume {pool_name} is not a thin pool; create one with thin_pool (--thin-pool)"
+                    "volume {} is not a thin pool; create one with thin_pool (--thin-pool)",
+                    Echo(&pool_name)
                 ))
             })?,
         };
@@ -680,7 +688,7 @@ impl Node {
         let sub = t.subsystem(&x.nqn).ok_or_else(|| {
             NodeError::BadRequest(format!(
                 "no subsystem {}; declare it in the node's TOML ([[subsystem]])",
-                x.nqn
+                Echo(&x.nqn)
             ))
         })?;
         if sub.namespace(x.nsid).is_some() {
@@ -1091,13 +1099,15 @@ impl Node {
 fn find_volume<'a>(st: &'a mut NodeState, name: &str) -> NodeResult<&'a mut VolumeEntry> {
     st.volumes.get_mut(name).ok_or_else(|| {
         NodeError::NotFound(format!(
-            "no volume {name}; list them with `flashpool volume list`"
+            "no volume {}; list them with `flashpool volume list`",
+            Echo(name)
         ))
     })
 }
 
 fn no_drive(name: &str) -> NodeError {
     NodeError::NotFound(format!(
-        "no drive {name}; list them with `flashpool drive list`"
+        "no drive {}; list them with `flashpool drive list`",
+        Echo(name)
     ))
 }

@@ -57,7 +57,8 @@ impl Node {
         let mut st = self.state.lock().await;
         let Some(e) = st.volumes.get(name) else {
             return Err(NodeError::NotFound(format!(
-                "no volume {name} on this node"
+                "no volume {} on this node",
+                crate::echo::Echo(name)
             )));
         };
         if let Some(v) = e.on_drives() {

@@ -149,7 +149,7 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
         .await);
     assert!(e.contains("layout \"raid7\" is unknown"), "{e}");
     let e = err(node.create_volume(req("v", "raid1", &["d0", "d9"])).await);
-    assert!(e.contains("drive d9 does not exist"), "{e}");
+    assert!(e.contains("drive \"d9\" does not exist"), "{e}");
     let e = err(node.create_volume(req("v", "raid1", &["d0", "d0"])).await);
     assert!(e.contains("listed twice"), "{e}");
     let e = err(node
@@ -314,6 +314,74 @@ async fn volumes_come_back_from_their_drives_after_a_restart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A 1.5 MB name (or layout, size, host NQN) comes back as its first 64
+/// characters and its length, wherever it is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_input_is_not_echoed_whole_in_errors() {
+    let node = mem_node(3, 16 * MIB);
+    let huge = "n".repeat(1_500_000);
+    let cut = format!("\"{}\"… (1500000 bytes)", "n".repeat(64));
+    let check = |what: &str, e: String| {
+        assert!(e.len() < 400, "{what}: {} bytes: {}", e.len(), &e[..400]);
+        assert!(e.contains(&cut), "{what}: {e}");
+    };
+    let e = node.create_volume(req(&huge, "raid1", &["d0", "d1"])).await;
+    check("volume name", e.unwrap_err().to_string());
+    let e = node.create_volume(req("v", &huge, &["d0", "d1"])).await;
+    check("layout", e.unwrap_err().to_string());
+    let e = node.create_volume(req("v", "raid1", &["d0", &huge])).await;
+    check("unknown drive", e.unwrap_err().to_string());
+    let e = node.create_volume(req("v", "raid1", &[&huge, &huge])).await;
+    check("drive listed twice", e.unwrap_err().to_string());
+    let mut r = req("v", "raid1", &["d0", "d1"]);
+    r.strip = Some(huge.clone());
+    check(
+        "strip",
+        node.create_volume(r).await.unwrap_err().to_string(),
+    );
+    let mut thin = req("t", "raid1", &[]);
+    thin.layout = None;
+    thin.pool = Some(huge.clone());
+    thin.size = Some("1MiB".into());
+    check(
+        "pool",
+        node.create_volume(thin).await.unwrap_err().to_string(),
+    );
+    check("volume", node.volume(&huge).await.unwrap_err().to_string());
+    check("drive", node.drive(&huge).await.unwrap_err().to_string());
+    check(
+        "delete",
+        node.delete_volume(&huge).await.unwrap_err().to_string(),
+    );
+    let e = node
+        .export_drive(
+            "d2",
+            ExportDriveRequest {
+                hosts: vec![format!("nqn.{huge}")],
+            },
+            false,
+        )
+        .await;
+    let e = e.unwrap_err().to_string();
+    assert!(
+        e.len() < 400 && e.contains("… (1500004 bytes)"),
+        "{}",
+        &e[..400]
+    );
+    check(
+        "export",
+        node.export_drive(&huge, Default::default(), false)
+            .await
+            .unwrap_err()
+            .to_string(),
+    );
+    check(
+        "unexport",
+        node.unexport_drive(&huge).await.unwrap_err().to_string(),
+    );
+    node.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_answers_json_with_status_codes() {
     let node = mem_node(3, 16 * MIB);
@@ -467,7 +535,7 @@ async fn thin_volumes_in_a_raid5_pool_run_out_of_space_cleanly() {
         .create_volume(thin_req("t", "d3", "1GiB"))
         .await
         .unwrap_err();
-    assert!(e.to_string().contains("pool d3 does not exist"), "{e}");
+    assert!(e.to_string().contains("pool \"d3\" does not exist"), "{e}");
     node.create_volume(req("plain", "raid0", &["d3"]))
         .await
         .unwrap();

@@ -224,8 +224,9 @@ pub(crate) fn validate_volume(
     let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.:".contains(c);
     if name.is_empty() || name.len() > MAX_NAME_BYTES || !name.chars().all(ok_char) {
         return Err(ThinError::Config(format!(
-            "thin volume name {name:?} must be 1 to {MAX_NAME_BYTES} characters of \
-             A-Z a-z 0-9 - _ . :"
+            "thin volume name {} must be 1 to {MAX_NAME_BYTES} characters of \
+             A-Z a-z 0-9 - _ . :",
+            super::shown(name)
         )));
     }
     if block_size != 512 && block_size != 4096 {

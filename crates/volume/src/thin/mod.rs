@@ -148,10 +148,14 @@ pub enum ThinError {
     #[error("thin pool: {0}")]
     Config(String),
     #[error(
-        "a thin volume named {0:?} already exists in this pool; pick another name or delete it"
+        "a thin volume named {} already exists in this pool; pick another name or delete it",
+        shown(.0)
     )]
     NameTaken(String),
-    #[error("no thin volume named {0:?} in this pool; ThinPool::volumes lists them")]
+    #[error(
+        "no thin volume named {} in this pool; ThinPool::volumes lists them",
+        shown(.0)
+    )]
     NoSuchVolume(String),
     #[error("the pool already holds {0} thin volumes, the most it can; delete one first")]
     TooManyVolumes(usize),
@@ -595,4 +599,13 @@ async fn read_block0(dev: &Arc<dyn BlockDevice>) -> Result<AlignedBuf, BlockErro
         })
         .await;
     done.result.map(|()| done.buf)
+}
+
+/// A name as error messages quote it: whole when short, else its first 64
+/// characters and its length, so that a huge name does not come back whole.
+pub(crate) fn shown(name: &str) -> String {
+    match name.char_indices().nth(64) {
+        None => format!("{name:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &name[..cut], name.len()),
+    }
 }

@@ -22,6 +22,7 @@ use serde::Serialize;
 use super::spec::{Rw, Target, Workload, human_bytes};
 use super::stats::{Summary, fmt_thousands};
 use super::{BenchArgs, run_workload};
+use crate::output::{out, outln};
 
 /// Which set of workloads `--matrix` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -241,10 +242,10 @@ pub(super) fn run(args: &BenchArgs, matrix: Matrix) -> Result<()> {
         .with_context(|| format!("--report {}: cannot create the directory", dir.display()))?;
     let report = measure(matrix, &targets, &base, args.sweep_steps, args.prefill)?;
     let files = write(&report, &dir)?;
-    print!("{}", markdown::results_table(&report));
-    println!();
+    out!("{}", markdown::results_table(&report));
+    outln!();
     for f in &files {
-        println!("wrote {}", f.display());
+        outln!("wrote {}", f.display());
     }
     let failed = report.failures();
     if !failed.is_empty() {
