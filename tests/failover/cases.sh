@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034   # sourced by run.sh, which reads what is set here
 # tests/failover/cases.sh -- the host side of tests/failover/run.sh (sourced): bringing the
 # cluster up, each fault, each case's checks and timeline, the final checks, the teardown.
 # Every function is bounded in time; none exits the script.
@@ -39,16 +40,16 @@ fo_up() {
   else
     leader=$(fpc_etcd_leader)
     rm -f "$FPC_DIR"/e*-d*.img; rm -rf "$FPC_DIR"/state-*
-    for i in $(seq 1 $NENC); do fpc_enclosure_toml "$i" "d0:file:$DRIVE_SIZE" > "$FPC_DIR/e$i.toml"; done
-    for i in $(seq 1 $NENC); do fpc_start_enclosure "$i" || { d="enclosure e$i did not start (see $(fpc_log "e$i"))"; break; }; done
+    for i in $(seq 1 "$NENC"); do fpc_enclosure_toml "$i" "d0:file:$DRIVE_SIZE" > "$FPC_DIR/e$i.toml"; done
+    for i in $(seq 1 "$NENC"); do fpc_start_enclosure "$i" || { d="enclosure e$i did not start (see $(fpc_log "e$i"))"; break; }; done
   fi
   if [ -z "$d" ]; then
-    for i in 1 2 3; do fpc_ctl_toml "$i" $NENC > "$FPC_DIR/c$i.toml"; done
+    for i in 1 2 3; do fpc_ctl_toml "$i" "$NENC" > "$FPC_DIR/c$i.toml"; done
     for i in 1 2 3; do fpc_start_ctl "$i" || { d="controller c$i did not start (see $(fpc_log "c$i"))"; break; }; done
   fi
   [ -z "$d" ] && ! wait_nodes "c1 c2 c3" 30 && d="cluster status lists '$(fpc_cluster_nodes)', not c1 c2 c3"
   if [ -z "$d" ]; then
-    drives=$(seq 1 $NENC | sed 's/.*/e&:d0/' | paste -sd,)
+    drives=$(seq 1 "$NENC" | sed 's/.*/e&:d0/' | paste -sd,)
     fpc_ccli 1 volume create "$VOL" --layout raid6 --drives "$drives" --export "$NQN" --nsid 1 > "$RUN/create.txt" 2>&1 \
       || d="flashpool volume create: $(tail -n 2 "$RUN/create.txt" | tr '\n' ' ')"
   fi
@@ -100,6 +101,7 @@ fo_prep() {
 # F_VICTIM (the node hit), F_WANT (the owner the case expects, if one)
 fo_fault() {
   local tag=$1 name=${1%%#*} o=$OWNER0 oi=${OWNER0#c} t out rc p a b pa pb l nl w i
+  # shellcheck disable=SC2034   # F_VICTIM: for a reader of the state (the last fault's target)
   F_DETAIL=""; F_VICTIM=$o; F_WANT=""; T_FAULT=$EPOCHREALTIME
   case $name in
     planned-move)
@@ -133,7 +135,7 @@ fo_fault() {
       # the owner dies while both other nodes are frozen past the lease TTL; they wake in
       # the same instant, both with their leases gone and the volume unowned: they rejoin
       # and race for it
-      set -- $(others "$o"); a=$1; b=$2; pa=$(fpc_pid_of "$a"); pb=$(fpc_pid_of "$b")
+      read -r a b <<< "$(others "$o" | tr '\n' ' ')"; pa=$(fpc_pid_of "$a"); pb=$(fpc_pid_of "$b")
       kill -STOP "$pa" "$pb"; T_FAULT=$EPOCHREALTIME; fpc_kill "$o"
       hev "$tag: SIGSTOP $a and $b, kill -9 $o (the owner)"
       sleep "$RACE_FREEZE_S"; kill -CONT "$pa" "$pb"; hev "$tag: SIGCONT $a and $b together ($RACE_FREEZE_S s frozen)"
@@ -207,7 +209,7 @@ fo_check() {
   [ "$(kv failed "$g")" = 0 ] || why="$why $(kv failed "$g") fio round(s) failed;"
   [ "$(kv verr "$g")" = 0 ] || why="$why $(kv verr "$g") verify error lines;"
   [ "$(kv ioerr "$g")" = 0 ] || why="$why $(kv ioerr "$g") I/O error lines in the guest kernel log;"
-  fpc_audit_stale $NENC; stale=$FPC_STALE; [ "$stale" = 0 ] || why="$why stale writes: $FPC_AUDIT;"
+  fpc_audit_stale "$NENC"; stale=$FPC_STALE; [ "$stale" = 0 ] || why="$why stale writes: $FPC_AUDIT;"
   [ -n "$F_FAULT_ERR" ] && why="$why the fault step failed;"
   [ -n "$why" ] && ok=FAIL
   tk=$(takeover "$now" "$T_FAULT")
@@ -223,11 +225,11 @@ case_gap() {
 }
 # case_timeline TAG: every side's lines from PRE_S+1 s before the fault to now
 case_timeline() {
-  local args=() i
-  for i in 1 2 3; do args+=(--node "c$i=$(fpc_log "c$i")"); done
-  for i in $(seq 1 "$FPC_ETCD_N"); do args+=(--etcd "m$i=$(fpc_log "etcd-$i")"); done
+  local targs=() i
+  for i in 1 2 3; do targs+=(--node "c$i=$(fpc_log "c$i")"); done
+  for i in $(seq 1 "$FPC_ETCD_N"); do targs+=(--etcd "m$i=$(fpc_log "etcd-$i")"); done
   python3 "$HERE/timeline.py" --t0 "$T_FAULT" --from "$(awk -v t="$T_FAULT" -v p="$PRE_S" 'BEGIN{printf "%.6f", t - p - 1}')" \
-    --to "$EPOCHREALTIME" --events "$RUN/events.log" --serial "$RUN/serial.log" "${args[@]}" \
+    --to "$EPOCHREALTIME" --events "$RUN/events.log" --serial "$RUN/serial.log" "${targs[@]}" \
     --title "$1: $F_DETAIL" >> "$RUN/timeline.txt" 2>&1
   echo >> "$RUN/timeline.txt"
 }
@@ -242,7 +244,7 @@ fo_final() {
   run=$(fpc_running "$VOL"); [ "$run" = "$now" ] || why="$why runs on '$run';"
   [ "$(kv nopt "$g")" = 1 ] && [ "$(kv opt "$g")" = "$ip" ] || why="$why guest: optimized $(kv opt "$g");"
   hres final-one-owner "$([ -z "$why" ] && echo PASS || echo FAIL)" "${why:+$why }owner $now epoch $FPC_EPOCH; views: $views; runs on: $run; guest paths: $(kv paths "$g")"
-  fpc_audit_stale $NENC; local arc=$?; stale=$FPC_STALE
+  fpc_audit_stale "$NENC"; local arc=$?; stale=$FPC_STALE
   hres final-stale-writes "$([ "$stale" = 0 ] && [ $arc = 0 ] && echo PASS || echo FAIL)" "GET /v1/audit stale_writes, every node: $FPC_AUDIT"
   [ -z "$why" ] && [ "$stale" = 0 ]
 }
@@ -253,7 +255,7 @@ fo_teardown() {
   local n d="" ok=PASS p
   [ -d "$FPC_DIR/pids" ] || return 0
   [ -f "$(fpc_pidf c1)" ] || [ -f "$(fpc_log c1)" ] || return 0   # fo-up never ran
-  for n in c1 c2 c3 $(seq 1 $NENC | sed 's/^/e/'); do
+  for n in c1 c2 c3 $(seq 1 "$NENC" | sed 's/^/e/'); do
     p=$(fpc_pid_of "$n")
     if ! fpc_pid_alive "$p"; then ok=FAIL; d="$d $n not running;"; continue; fi
     kill -CONT "$p" 2> /dev/null

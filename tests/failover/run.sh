@@ -63,6 +63,7 @@ el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
 say() { echo "[host $(date +%T)] $*"; }
 . "$ROOT/tests/interop/guest.sh"
 . "$ROOT/tests/cluster/lib.sh"
+# shellcheck source=tests/failover/cases.sh
 . "$HERE/cases.sh"
 
 # ---------------------------------------------------------------- build
@@ -167,7 +168,7 @@ do_run() {
   if [ "$accel" = kvm ]; then cpu="-accel kvm -cpu host"; else cpu="-accel tcg,thread=multi -cpu max"; fi
   local append="console=ttyS0 panic=-1 quiet fp_nqn=$NQN fp_port=$FPC_PORT fp_kato=$KATO"
   append="$append fp_ctrls=$(fpc_cip 1),$(fpc_cip 2),$(fpc_cip 3) fp_names=c1,c2,c3"
-  append="$append fp_cases=$(echo $CASES | tr ' ' ,) fp_runs=$RUNS fp_hostnqn=$HOSTNQN fp_hostid=$hostuuid"
+  append="$append fp_cases=$(echo "$CASES" | tr ' ' ,) fp_runs=$RUNS fp_hostnqn=$HOSTNQN fp_hostid=$hostuuid"
   append="$append fp_bs=$BS fp_qd=$QD fp_region=$REGION_MB fp_pre=$PRE_S fp_post=$POST_S fp_fs=$FS"
   say "accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) cases: $CASES (x$RUNS); KATO $KATO s, lease $LEASE_MS ms; logs in $RUN"
   # shellcheck disable=SC2086   # $cpu: several options
