@@ -38,7 +38,7 @@ fi
 # stalls.txt lines ("TAG clat_ms=N gap_ms=M PASS")
 python3 - "$FROM" << 'EOF'
 import re, statistics, sys
-rows = {}
+rows, last = {}, {}
 for line in open(sys.argv[1], errors="replace"):
     m = re.match(r"^RESULT (\S+) (PASS|FAIL) .*clat max (\d+) ms, longest I/O gap (\d+|\?) ms", line)
     if m:
@@ -48,6 +48,8 @@ for line in open(sys.argv[1], errors="replace"):
         if not m:
             continue
         tag, clat, gap, ok = m.groups()
+    last[tag] = (clat, gap, ok)   # a RESULT line is printed twice (progress, summary)
+for tag, (clat, gap, ok) in last.items():
     case = tag.split("#")[0]
     r = rows.setdefault(case, {"clat": [], "gap": [], "fail": 0})
     if clat not in ("", "?"):

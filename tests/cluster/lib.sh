@@ -568,9 +568,9 @@ fpc_etcd_leader() {
     fpc_etcdctl --endpoints="$(fpc_etcd_client "$i")" endpoint status -w json 2> /dev/null | python3 -c '
 import json, sys
 for e in json.load(sys.stdin):
-    s = e["Status"]
-    if s["header"]["member_id"] == s["leader"]:
-        print(e["Endpoint"])' | grep -x "$(fpc_etcd_client "$i")" > /dev/null && { echo "$i"; return 0; }
+    s = e.get("Status", {})   # no "leader" while an election is on
+    if s.get("leader") and s.get("header", {}).get("member_id") == s["leader"]:
+        print(e["Endpoint"])' 2> /dev/null | grep -x "$(fpc_etcd_client "$i")" > /dev/null && { echo "$i"; return 0; }
   done
   return 1
 }

@@ -29,7 +29,7 @@
 #   LEASE_MS=2000 (the nodes' lease_ttl_ms), STOP_S=3 (the frozen owner stays stopped this
 #   long after the takeover), CUT_S=3 (same for the cut link), RACE_FREEZE_S=3.5,
 #   ETCD_DOWN_S=2, PRE_S=2 / POST_S=4 (I/O before the fault, after the host is done),
-#   BS=16k QD=16 REGION_MB=16 (fio), FS=1 (ext4 on the volume's upper part through loop0,
+#   BS=16k QD=16 REGION_MB=16 (fio), GAP_MS=250 (shorter I/O gaps count as 0), FS=1 (ext4 on the volume's upper part through loop0,
 #   written during the faults, e2fsck at the end), DRIVE_SIZE=64MiB, GUEST_MEM=1024,
 #   GUEST_CPUS=2, ACCEL=auto|tcg|kvm, RUN_TIMEOUT=1800, STUCK_S=420 (no guest output this
 #   long: the run is stuck, QEMU is killed), CTL_PORT=15655, FLASHPOOL_BIN,
@@ -50,7 +50,7 @@ ALL_CASES="planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-lead
 CASES=$(echo "${CASES:-$ALL_CASES}" | tr , ' ')
 RUNS=${RUNS:-1}; KATO=${KATO:-1}; LEASE_MS=${LEASE_MS:-2000}
 STOP_S=${STOP_S:-3}; CUT_S=${CUT_S:-3}; RACE_FREEZE_S=${RACE_FREEZE_S:-3.5}; ETCD_DOWN_S=${ETCD_DOWN_S:-2}
-PRE_S=${PRE_S:-2}; POST_S=${POST_S:-4}; BS=${BS:-16k}; QD=${QD:-16}; REGION_MB=${REGION_MB:-16}; FS=${FS:-1}
+GAP_MS=${GAP_MS:-250}; PRE_S=${PRE_S:-2}; POST_S=${POST_S:-4}; BS=${BS:-16k}; QD=${QD:-16}; REGION_MB=${REGION_MB:-16}; FS=${FS:-1}
 DRIVE_SIZE=${DRIVE_SIZE:-64MiB}; GUEST_MEM=${GUEST_MEM:-1024}; GUEST_CPUS=${GUEST_CPUS:-2}
 ACCEL=${ACCEL:-auto}; RUN_TIMEOUT=${RUN_TIMEOUT:-1800}; STUCK_S=${STUCK_S:-420}
 VOL=vol; NQN=nqn.2026-01.io.flashpool:failover; NENC=6
@@ -169,7 +169,7 @@ do_run() {
   local append="console=ttyS0 panic=-1 quiet fp_nqn=$NQN fp_port=$FPC_PORT fp_kato=$KATO"
   append="$append fp_ctrls=$(fpc_cip 1),$(fpc_cip 2),$(fpc_cip 3) fp_names=c1,c2,c3"
   append="$append fp_cases=$(echo "$CASES" | tr ' ' ,) fp_runs=$RUNS fp_hostnqn=$HOSTNQN fp_hostid=$hostuuid"
-  append="$append fp_bs=$BS fp_qd=$QD fp_region=$REGION_MB fp_pre=$PRE_S fp_post=$POST_S fp_fs=$FS"
+  append="$append fp_bs=$BS fp_qd=$QD fp_region=$REGION_MB fp_pre=$PRE_S fp_post=$POST_S fp_fs=$FS fp_gap=$GAP_MS"
   say "accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) cases: $CASES (x$RUNS); KATO $KATO s, lease $LEASE_MS ms; logs in $RUN"
   # shellcheck disable=SC2086   # $cpu: several options
   timeout -s KILL "$RUN_TIMEOUT" qemu-system-x86_64 $cpu -m "$GUEST_MEM" -smp "$GUEST_CPUS" \
