@@ -7,7 +7,9 @@
 #
 #   scripts/test-all.sh             # everything
 #   SKIP_INTEROP=1 scripts/test-all.sh
-#   SKIP_CLUSTER=1 scripts/test-all.sh   (no network namespaces: also CLUSTER=0 for interop)
+#   SKIP_CLUSTER=1 scripts/test-all.sh   (no network namespaces: also CLUSTER=0 for interop,
+#                                         and no failover suite)
+#   SKIP_FAILOVER=1 scripts/test-all.sh  (no tests/failover/run.sh)
 #   FUZZ_SECONDS=20 scripts/test-all.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,15 @@ failures=()
 say() { echo "== [$(date +%T)] $*"; }
 pass() { passed=$((passed + ${2:-1})); say "PASS $1"; }
 fail() { failed=$((failed + ${2:-1})); failures+=("$1"); say "FAIL $1"; }
+# count_suite NAME LOG: adds a suite's closing "N passed, N failed" line to the totals
+count_suite() {
+  local line p f
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$2" | tail -n 1)
+  if [ -z "$line" ]; then fail "$1 did not complete (see $2)"; return; fi
+  p=${line%% passed*}; f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')
+  passed=$((passed + p))
+  if [ "$f" -gt 0 ]; then fail "$1: $f check(s)" "$f"; fi
+}
 
 # ---- set-up: toolchains and packages
 export DEBIAN_FRONTEND=noninteractive
@@ -82,14 +93,7 @@ if [ "${SKIP_INTEROP:-0}" != 1 ]; then
   say "interop suite (QEMU guest, Linux nvme-tcp host)"
   [ "${SKIP_CLUSTER:-0}" = 1 ] && export CLUSTER=0
   tests/interop/run.sh all 2>&1 | tee "$LOG/interop.txt" | grep -E 'RESULT|passed, .* failed|harness' || true
-  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$LOG/interop.txt" | tail -n 1)
-  if [ -n "$line" ]; then
-    ip=${line%% passed*}; if_=$(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')
-    passed=$((passed + ip))
-    if [ "$if_" -gt 0 ]; then fail "interop: $if_ check(s)" "$if_"; fi
-  else
-    fail "interop suite did not complete (see $LOG/interop.txt)"
-  fi
+  count_suite interop "$LOG/interop.txt"
 fi
 
 # ---- 5. cluster harness: enclosure nodes in network namespaces (root); the cluster scenario
@@ -98,14 +102,16 @@ fi
 if [ "${SKIP_CLUSTER:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
   say "cluster plumbing (network namespaces, kill/restart, link down, loss)"
   tests/cluster/run.sh plumbing 2>&1 | tee "$LOG/cluster.txt" | grep -E 'RESULT|passed, .* failed|cannot' || true
-  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$LOG/cluster.txt" | tail -n 1)
-  if [ -n "$line" ]; then
-    cp=${line%% passed*}; cf=$(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')
-    passed=$((passed + cp))
-    if [ "$cf" -gt 0 ]; then fail "cluster plumbing: $cf check(s)" "$cf"; fi
-  else
-    fail "cluster plumbing did not complete (see $LOG/cluster.txt)"
-  fi
+  count_suite "cluster plumbing" "$LOG/cluster.txt"
+fi
+
+# ---- 6. cluster failover: etcd, three controller nodes in cluster mode, the Linux kernel
+# host with native multipath in the QEMU guest; fio verify while owners are moved, killed,
+# frozen and cut, and the etcd leader is killed (tests/failover/README.md)
+if [ "${SKIP_CLUSTER:-0}" != 1 ] && [ "${SKIP_FAILOVER:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
+  say "cluster failover suite (etcd, 3 controller nodes, QEMU guest on native multipath)"
+  tests/failover/run.sh all 2>&1 | tee "$LOG/failover.txt" | grep -E 'RESULT|passed, .* failed|cannot' || true
+  count_suite "cluster failover" "$LOG/failover.txt"
 fi
 
 echo

@@ -1,6 +1,7 @@
 # tests/cluster/lib.sh -- several `flashpool serve` nodes on one machine, each an
 # "enclosure" in its own Linux network namespace. Sourced (bash) by tests/cluster/run.sh,
-# tests/interop/run.sh (its cluster phase) and docs/bench/cluster-raid.sh.
+# tests/interop/run.sh (its cluster phase), tests/failover/run.sh (cluster mode: etcd and
+# controller nodes, at the end of this file) and docs/bench/cluster-raid.sh.
 #
 # Plumbing (root needed): bridge $FPC_BR = 10.77.0.1/24 in the root namespace; enclosure i
 # (1..9) is namespace $FPC_PREFIX-e<i> with eth0 = 10.77.0.(10+i)/24, the other end of a
@@ -21,6 +22,7 @@ FPC_BR_IP=$FPC_NET.1
 FPC_PORT=${FPC_PORT:-4420}
 FPC_NODE_NQN=nqn.2026-01.io.flashpool:node        # :<name> = a node's host NQN
 FPC_DRIVE_NQN=nqn.2026-01.io.flashpool:drive      # :<node>:<drive> = an exported drive
+FPC_ETCD_DIR=${FPC_ETCD_DIR:-/dev/shm/$FPC_PREFIX-etcd}   # etcd data (tmpfs: no fsync stalls)
 export PATH="$PATH:/usr/sbin:/sbin"
 
 fpc_say() { echo "[cluster $(date +%T)] $*"; }
@@ -53,8 +55,9 @@ fpc_cleanup() {
     for f in "$FPC_DIR"/pids/*.pid; do
       [ -e "$f" ] || continue
       p=$(cat "$f" 2> /dev/null || true)
-      # only if it still is a flashpool process (the pid may have been reused since)
-      if [ -n "$p" ] && grep -qa flashpool "/proc/$p/cmdline" 2> /dev/null; then
+      # only if it still is one of ours (the pid may have been reused since): flashpool or
+      # etcd (the failover suite's members)
+      if [ -n "$p" ] && grep -qaE 'flashpool|etcd' "/proc/$p/cmdline" 2> /dev/null; then
         kill -KILL "$p" 2> /dev/null; { wait "$p"; } 2> /dev/null
       fi
       rm -f "$f"
@@ -69,6 +72,7 @@ fpc_cleanup() {
     ip link del "$f" 2> /dev/null || true
   done
   ip link del "$FPC_BR" 2> /dev/null || true
+  rm -rf "$FPC_ETCD_DIR"
 }
 
 # fpc_net_up N: bridge + N enclosure namespaces (after a cleanup of leftovers)
@@ -113,10 +117,17 @@ fpc_wait_reach() {
   done
 }
 
+# the host NQNs an enclosure exports its drives to: $FPC_EXPORT_HOSTS (names, default
+# "owner"; the failover suite's controllers are "c1 c2 c3"), as a TOML list
+fpc_export_hosts() {
+  local n l=""
+  for n in ${FPC_EXPORT_HOSTS:-owner}; do l="$l, \"$FPC_NODE_NQN:$n\""; done
+  echo "${l#, }"
+}
 # fpc_enclosure_toml I DRIVES [MODE]: the TOML of enclosure e<I>, listening on its address.
 # DRIVES: "d0:file:64MiB d1:mem:256MiB ..." (file drives live in $FPC_DIR/e<I>-<d>.img and
-# survive a restart). MODE "export" (default): JBOF drives, `export = true`, allowed host
-# the owner; MODE "subsys": no cluster keys, each drive a plain [[subsystem]]
+# survive a restart). MODE "export" (default): JBOF drives, `export = true`, allowed hosts
+# those of fpc_export_hosts; MODE "subsys": no cluster keys, each drive a plain [[subsystem]]
 # nqn.2026-01.io.flashpool:plumb:e<I>:<d> (any host) -- what the binary understood before
 # node identity and drive export landed; the plumbing test uses it.
 fpc_enclosure_toml() {
@@ -132,7 +143,7 @@ fpc_enclosure_toml() {
     if [ "$mode" = export ]; then
       printf '[[drive]]\nname = "%s"\nbackend = "%s"\nsize = "%s"\n' "$name" "$backend" "$size"
       [ "$backend" = file ] && printf 'path = "%s"\ncreate = true\n' "$FPC_DIR/e$i-$name.img"
-      printf 'export = true\nexport_hosts = ["%s:owner"]\n\n' "$FPC_NODE_NQN"
+      printf 'export = true\nexport_hosts = [%s]\n\n' "$(fpc_export_hosts)"
     else
       printf '[[subsystem]]\nnqn = "nqn.2026-01.io.flashpool:plumb:e%s:%s"\nallow_any_host = true\n\n' "$i" "$name"
       printf '[[subsystem.namespace]]\nnsid = 1\nbackend = "%s"\nsize = "%s"\n' "$backend" "$size"
@@ -163,7 +174,7 @@ fpc_start_node() {
       fpc_say "$name: flashpool exited during start-up:"; tail -n +"$from" "$log" | tail -n 15 | sed 's/^/    /'
       return 1
     fi
-    tail -n +"$from" "$log" | grep -q "listening on $listen" && return 0
+    tail -n +"$from" "$log" | grep "listening on $listen" > /dev/null && return 0
     sleep 0.1; i=$((i + 1))
   done
   fpc_say "$name: no 'listening on $listen' within 15 s"; tail -n +"$from" "$log" | tail -n 15 | sed 's/^/    /'
@@ -484,4 +495,202 @@ fpc_scenario_down() {
   ip link show "$FPC_BR" > /dev/null 2>&1 && { ok=FAIL; d="$d bridge $FPC_BR left;"; }
   [ "$left" = 0 ] || { ok=FAIL; d="$d $left namespaces left;"; }
   fpc_result cluster-teardown $ok "$d namespaces, veths and bridge removed"
+}
+
+# ================================================================ cluster mode (tests/failover)
+# etcd members 1..N run in the root namespace on the bridge address (a namespace cannot reach
+# the root namespace's 127.0.0.1), client port FPC_ETCD_BASE+10*i, peer port +1, data on
+# tmpfs ($FPC_ETCD_DIR); short heartbeat and election timeouts as docs/cluster.md advises.
+# Controller ("cluster") nodes c1..c3 run `flashpool serve` with [cluster] in namespace
+# slots 7..9 (10.77.0.17..19): I/O :4420, discovery :8009, API :9410 on their address; the
+# enclosures e1..e6 export their drives to them (FPC_EXPORT_HOSTS="c1 c2 c3").
+FPC_ETCD_BASE=${FPC_ETCD_BASE:-12300}
+FPC_ETCD_N=${FPC_ETCD_N:-0}
+FPC_CLUSTER=${FPC_CLUSTER:-fpc}
+FPC_LEASE_MS=${FPC_LEASE_MS:-2000}
+FPC_DISC_PORT=${FPC_DISC_PORT:-8009}
+FPC_API_PORT=${FPC_API_PORT:-9410}
+fpc_etcd_client() { echo "http://$FPC_BR_IP:$((FPC_ETCD_BASE + 10 * $1))"; }
+fpc_etcd_peer() { echo "http://$FPC_BR_IP:$((FPC_ETCD_BASE + 10 * $1 + 1))"; }
+# fpc_etcd_endpoints: the client URLs of every member, comma separated
+fpc_etcd_endpoints() {
+  local i l=""
+  for i in $(seq 1 "$FPC_ETCD_N"); do l="$l,$(fpc_etcd_client "$i")"; done
+  echo "${l#,}"
+}
+fpc_etcdctl() { ETCDCTL_API=3 timeout 10 etcdctl --dial-timeout=2s --command-timeout=3s "$@"; }
+# fpc_etcd_healthy I: member I answers as healthy (it is part of a cluster with a leader)
+fpc_etcd_healthy() { fpc_etcdctl --endpoints="$(fpc_etcd_client "$1")" endpoint health > /dev/null 2>&1; }
+# fpc_etcd_start I [NOWAIT]: start member I (a member with a data dir rejoins with it), pid
+# file etcd-I; waits up to 30 s until it is healthy unless NOWAIT
+fpc_etcd_start() {
+  local i=$1 n ic="" log
+  for n in $(seq 1 "$FPC_ETCD_N"); do ic="$ic,m$n=$(fpc_etcd_peer "$n")"; done
+  mkdir -p "$FPC_ETCD_DIR" "$FPC_DIR/pids"
+  log=$(fpc_log "etcd-$i")
+  echo "=== start $(date +%T.%N) ===" >> "$log"
+  etcd --name "m$i" --data-dir "$FPC_ETCD_DIR/m$i" \
+    --listen-client-urls "$(fpc_etcd_client "$i")" --advertise-client-urls "$(fpc_etcd_client "$i")" \
+    --listen-peer-urls "$(fpc_etcd_peer "$i")" --initial-advertise-peer-urls "$(fpc_etcd_peer "$i")" \
+    --initial-cluster "${ic#,}" --initial-cluster-state new --initial-cluster-token "$FPC_PREFIX-failover" \
+    --heartbeat-interval 50 --election-timeout 300 >> "$log" 2>&1 &
+  echo $! > "$(fpc_pidf "etcd-$i")"
+  [ -n "${2:-}" ] && return 0
+  fpc_etcd_wait "$i" 30
+}
+# fpc_etcd_wait I SECONDS: until member I is healthy
+fpc_etcd_wait() {
+  local end=$(($(date +%s) + $2))
+  until fpc_etcd_healthy "$1"; do
+    fpc_pid_alive "$(fpc_pid_of "etcd-$1")" || { fpc_say "etcd m$1 exited: $(tail -n 3 "$(fpc_log "etcd-$1")" | tr '\n' ' ')"; return 1; }
+    [ "$(date +%s)" -lt "$end" ] || { fpc_say "etcd m$1 not healthy within $2 s"; return 1; }
+    sleep 0.3
+  done
+}
+# fpc_etcd_up N: a fresh N-member cluster (the bridge must be up: fpc_net_up)
+fpc_etcd_up() {
+  local i
+  command -v etcd > /dev/null || { fpc_say "no etcd (apt-get install etcd-server etcd-client)"; return 1; }
+  FPC_ETCD_N=$1
+  fpc_etcd_down
+  rm -rf "$FPC_ETCD_DIR"
+  for i in $(seq 1 "$FPC_ETCD_N"); do fpc_etcd_start "$i" nowait; done   # a member waits for quorum
+  for i in $(seq 1 "$FPC_ETCD_N"); do fpc_etcd_wait "$i" 30 || return 1; done
+}
+# fpc_etcd_kill I: SIGKILL member I
+fpc_etcd_kill() { fpc_kill "etcd-$1"; }
+fpc_etcd_down() { local i; for i in $(seq 1 9); do fpc_kill "etcd-$i" 2> /dev/null; done; return 0; }
+# fpc_etcd_leader: the index of the member that is leader (empty if none answers)
+fpc_etcd_leader() {
+  local i
+  for i in $(seq 1 "$FPC_ETCD_N"); do
+    fpc_pid_alive "$(fpc_pid_of "etcd-$i")" || continue
+    fpc_etcdctl --endpoints="$(fpc_etcd_client "$i")" endpoint status -w json 2> /dev/null | python3 -c '
+import json, sys
+for e in json.load(sys.stdin):
+    s = e.get("Status", {})   # no "leader" while an election is on
+    if s.get("leader") and s.get("header", {}).get("member_id") == s["leader"]:
+        print(e["Endpoint"])' 2> /dev/null | grep -x "$(fpc_etcd_client "$i")" > /dev/null && { echo "$i"; return 0; }
+  done
+  return 1
+}
+
+# ---- controller nodes c1..c3: namespace slots 7..9
+fpc_cslot() { echo $((6 + $1)); }
+fpc_cip() { fpc_ip "$(fpc_cslot "$1")"; }
+fpc_cns() { fpc_ns "$(fpc_cslot "$1")"; }
+fpc_capi() { echo "$(fpc_cip "$1"):$FPC_API_PORT"; }
+# fpc_ctl_toml I N_ENCLOSURES: the TOML of controller c<I>
+fpc_ctl_toml() {
+  local i=$1 n=$2 e ip; ip=$(fpc_cip "$i")
+  cat << EOF2
+# generated by tests/cluster/lib.sh
+[node]
+name = "c$i"
+state_dir = "$FPC_DIR/state-c$i"
+reactors = ${FPC_CTL_REACTORS:-1}
+log = "${FPC_LOG_LEVEL:-info}"
+
+[cluster]
+name = "$FPC_CLUSTER"
+etcd = [$(fpc_etcd_endpoints | sed 's/[^,]*/"&"/g; s/,/, /g')]
+lease_ttl_ms = $FPC_LEASE_MS
+
+[[listener]]
+address = "$ip"
+port = $FPC_PORT
+kind = "io"
+
+[[listener]]
+address = "$ip"
+port = $FPC_DISC_PORT
+kind = "discovery"
+
+[api]
+address = "$ip:$FPC_API_PORT"
+EOF2
+  for e in $(seq 1 "$n"); do
+    printf '\n[[peer]]\nname = "e%s"\naddress = "%s:%s"\n' "$e" "$(fpc_ip "$e")" "$FPC_PORT"
+  done
+}
+# fpc_start_ctl I: start c<I> in its namespace (its TOML must exist)
+fpc_start_ctl() { fpc_start_node "c$1" "$(fpc_cip "$1"):$FPC_PORT" "$(fpc_cns "$1")"; }
+# fpc_ccli I ARGS...: `flashpool ARGS --api <c<I>'s API>`
+fpc_ccli() { local i=$1; shift; timeout 60 "$FPC_BIN" "$@" --api "$(fpc_capi "$i")"; }
+# fpc_get URL: the body of a GET (python3: works inside a namespace too), 3 s timeout
+fpc_get() {
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())' "$1" 2> /dev/null
+}
+# fpc_cluster_json [I]: GET /v1/cluster from c<I>, or from the first controller that answers
+fpc_cluster_json() {
+  local i
+  for i in ${1:-1 2 3}; do
+    fpc_pid_alive "$(fpc_pid_of "c$i")" || continue
+    fpc_get "http://$(fpc_capi "$i")/v1/cluster" && return 0
+  done
+  return 1
+}
+# fpc_owner VOL [I]: "OWNER EPOCH STATE" of VOL as c<I> (or any controller) sees it; "- - -"
+fpc_owner() {
+  fpc_cluster_json "${2:-}" | python3 -c '
+import json, sys
+v = [x for x in json.load(sys.stdin)["volumes"] if x["name"] == sys.argv[1]]
+o = v[0] if v else {}
+print(o.get("owner") or "-", o.get("epoch") if o.get("epoch") is not None else "-", o.get("state") or "-")' "$1" 2> /dev/null \
+    || echo "- - -"
+}
+# fpc_cluster_nodes [I]: the live members' names, one line, sorted
+fpc_cluster_nodes() {
+  fpc_cluster_json "${1:-}" | python3 -c '
+import json, sys
+print(" ".join(sorted(n["name"] for n in json.load(sys.stdin)["nodes"])))' 2> /dev/null
+}
+# fpc_wait_owner VOL SECONDS [NOT]: until VOL has an owner (not NOT) whose state is not
+# "unowned"; sets FPC_OWNER, FPC_EPOCH, FPC_VSTATE, FPC_WAITED (s)
+fpc_wait_owner() {
+  local t0 l; t0=$(date +%s.%N)
+  while :; do
+    l=$(fpc_owner "$1"); read -r FPC_OWNER FPC_EPOCH FPC_VSTATE <<< "$l"
+    FPC_WAITED=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+    if [ "$FPC_OWNER" != - ] && [ "$FPC_OWNER" != "${3:-}" ] && [ "$FPC_VSTATE" != unowned ]; then return 0; fi
+    awk -v w="$FPC_WAITED" -v l="$2" 'BEGIN{exit !(w >= l)}' && return 1
+    sleep 0.2
+  done
+}
+# fpc_owner_views VOL: "c1=OWNER/EPOCH c2=... " as each live controller sees it
+fpc_owner_views() {
+  local i l="" o e s
+  for i in 1 2 3; do
+    fpc_pid_alive "$(fpc_pid_of "c$i")" || continue
+    read -r o e s <<< "$(fpc_owner "$1" "$i")"; l="$l c$i=$o/$e"
+  done
+  echo "${l# }"
+}
+# fpc_running VOL: the controllers that run VOL (it is in their GET /v1/volumes: assembled,
+# owned there), space separated
+fpc_running() {
+  local i l=""
+  for i in 1 2 3; do
+    fpc_pid_alive "$(fpc_pid_of "c$i")" || continue
+    fpc_get "http://$(fpc_capi "$i")/v1/volumes" | grep "\"name\":\"$1\"" > /dev/null && l="$l c$i"
+  done
+  echo "${l# }"
+}
+# fpc_audit_stale N_ENCLOSURES: GET /v1/audit on every running node (controllers on their
+# address, enclosures on their namespace's loopback); sets FPC_STALE (the total of
+# stale_writes) and FPC_AUDIT ("c1=0 ... e6=0"; "?" where a node did not answer); status 1
+# if any did not answer
+fpc_audit_stale() {
+  local i n v total=0 rc=0 url; FPC_AUDIT=""; FPC_STALE=0
+  for n in c1 c2 c3 $(seq 1 "$1" | sed 's/^/e/'); do
+    fpc_pid_alive "$(fpc_pid_of "$n")" || continue
+    i=${n#?}
+    if [ "${n%"$i"}" = c ]; then v=$(fpc_get "http://$(fpc_capi "$i")/v1/audit")
+    else url="http://127.0.0.1:9410/v1/audit"; v=$(ip netns exec "$(fpc_ns "$i")" python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())' "$url" 2> /dev/null); fi
+    v=$(echo "$v" | sed -n 's/.*"stale_writes" *: *\([0-9]*\).*/\1/p')
+    if [ -z "$v" ]; then v="?"; rc=1; else total=$((total + v)); fi
+    FPC_AUDIT="$FPC_AUDIT $n=$v"
+  done
+  FPC_AUDIT=${FPC_AUDIT# }; FPC_STALE=$total
+  return $rc
 }

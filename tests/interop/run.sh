@@ -123,87 +123,22 @@ REV_CHECKS="host-connect-identify host-verify-nodigest host-verify-digest host-r
 ts() { date +%s.%N; }
 el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
 say() { echo "[host $(date +%T)] $*"; }
-kver() { ls "$KROOT/lib/modules" 2>/dev/null | head -n1; }
+kver() { guest_kver; }
 
-# ---------------------------------------------------------------- setup
-PKGS="qemu-system-x86 nvme-cli fio busybox-static cpio kmod python3"
-do_setup() {
-  local t0 t kpkg deb missing=""; t0=$(ts)
-  mkdir -p "$CACHE/dl"
-  export DEBIAN_FRONTEND=noninteractive
-  for p in $PKGS; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"
-  done
-  local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo -E"
-  if [ -n "$missing" ]; then
-    t=$(ts); $sudo apt-get update -qq; say "apt-get update: $(el "$t") s"
-    t=$(ts); $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
-    say "apt-get install$missing: $(el "$t") s"
-  else
-    say "packages present: $PKGS"
-  fi
-  if [ "$FORCE" != 1 ] && [ -f "$KROOT/.extracted" ] && [ -n "$(kver)" ] \
-     && [ -f "$KROOT/boot/vmlinuz-$(kver)" ]; then
-    say "kernel cached: $(cat "$KROOT/.extracted")"
-  else
-    kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
-    if [ -z "$kpkg" ]; then
-      $sudo apt-get update -qq
-      kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
-    fi
-    [ -n "$kpkg" ] || { echo "cannot resolve linux-image-amd64 to a kernel package"; exit 1; }
-    deb=$(ls "$CACHE"/dl/"$kpkg"_*.deb 2>/dev/null | head -n1 || true)
-    if [ "$FORCE" = 1 ] || [ -z "$deb" ]; then
-      t=$(ts)
-      (cd "$CACHE/dl" && rm -f linux-image-*.deb && apt-get download -qq "$kpkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
-      deb=$(ls "$CACHE"/dl/"$kpkg"_*.deb 2>/dev/null | head -n1 || true)
-      [ -n "$deb" ] || { echo "apt-get download $kpkg failed"; exit 1; }
-      say "apt-get download $kpkg: $(el "$t") s"
-    fi
-    t=$(ts); rm -rf "$KROOT"; dpkg -x "$deb" "$KROOT"; say "dpkg -x: $(el "$t") s"
-    depmod -b "$KROOT" "$(kver)"            # the .deb ships no modules.dep
-    echo "$kpkg $(dpkg-deb -f "$deb" Version)" > "$KROOT/.extracted"
-  fi
-  {
-    echo "kernel package: $(cat "$KROOT/.extracted")"
-    dpkg-query -W -f='${Package} ${Version}\n' qemu-system-x86 nvme-cli libnvme1 busybox-static fio
-  } > "$CACHE/versions.txt"
-  sed 's/^/  /' "$CACHE/versions.txt"
-  say "setup done in $(el "$t0") s"
-}
-
-# ---------------------------------------------------------------- build
-copy_bin_with_libs() {            # $1 = absolute path of an ELF binary on the host
-  local b=$1 lib
-  install -D -m 0755 "$b" "$IRD$b"
-  ldd "$b" | awk '/=> \//{print $3} /^\t\/lib/{print $1}' | while read -r lib; do
-    [ -e "$IRD$lib" ] || install -D -m 0755 "$(readlink -f "$lib")" "$IRD$lib"
-  done
-}
+# ---------------------------------------------------------------- setup, build
+# (the kernel and the initramfs staging are shared with tests/failover: guest.sh)
+GUEST_CACHE=$CACHE
+. "$HERE/guest.sh"
+do_setup() { guest_setup; }
 
 do_build() {
-  local t0 K m p rel; t0=$(ts); K=$(kver)
-  [ -n "$K" ] || { echo "no kernel under $KROOT: run '$0 setup' first"; exit 1; }
-  rm -rf "$IRD"; mkdir -p "$IRD"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,run,etc/nvme,lib64}
-  install -m 0755 "$(readlink -f "$(command -v busybox)")" "$IRD/bin/busybox"
-  copy_bin_with_libs "$(command -v nvme)"
-  copy_bin_with_libs "$(command -v fio)"
+  local t0; t0=$(ts)
   # modules: dependency order resolved on the host by kmod, loaded by busybox insmod
-  local mods="configfs crc32c_generic crc32c-intel libcrc32c nvme-core nvme-fabrics nvme-tcp
-              nvmet nvmet-tcp brd virtio_pci virtio_net"
-  : > "$IRD/etc/modules.list"
-  for m in $mods; do
-    modprobe -d "$KROOT" -S "$K" --show-depends "$m" 2>/dev/null | awk '$1=="insmod"{print $2}'
-  done | awk '!seen[$0]++' | while read -r p; do
-    rel=${p#"$KROOT/lib/modules/$K/"}
-    install -D -m 0644 "$p" "$IRD/lib/modules/$K/$rel"
-    echo "$rel" >> "$IRD/etc/modules.list"
-  done
-  echo "$K" > "$IRD/etc/kver"
+  guest_stage "$IRD" "configfs crc32c_generic crc32c-intel libcrc32c nvme-core nvme-fabrics nvme-tcp
+              nvmet nvmet-tcp brd virtio_pci virtio_net" "$(command -v nvme)" "$(command -v fio)" || exit 1
   write_guest_init > "$IRD/init"; chmod 0755 "$IRD/init"
-  (cd "$IRD" && find . -print0 | cpio --null -o -H newc --quiet) > "$INITRD.tmp"
-  mv "$INITRD.tmp" "$INITRD"
-  cp "$0" "$CACHE/.built-from"           # run rebuilds when this script changed
+  guest_pack "$IRD" "$INITRD"
+  guest_stamp "$0" "$HERE/guest.sh" > "$CACHE/.built-from"   # run rebuilds when these changed
   say "modules: $(tr '\n' ' ' < "$IRD/etc/modules.list" | sed 's#[^ ]*/##g')"
   say "initramfs $(du -h "$INITRD" | cut -f1) built in $(el "$t0") s"
 }
@@ -1511,7 +1446,7 @@ do_run() {
   local rev=0 rev_done=0 rev_note="" vol=0 cli_done="" cline cname cargs crc resv=0 ptpl=0
   t0=$(ts); K=$(kver)
   [ -n "$K" ] || { echo "no kernel: run '$0 setup' first"; exit 1; }
-  if [ ! -f "$INITRD" ] || ! cmp -s "$0" "$CACHE/.built-from"; then do_build; fi
+  if [ ! -f "$INITRD" ] || ! guest_stamp "$0" "$HERE/guest.sh" | cmp -s - "$CACHE/.built-from"; then do_build; fi
   IO_PORT=$(free_port "${IO_PORT:-14420}")
   DISC_PORT=$(free_port "${DISC_PORT:-18009}")
   [ "$DISC_PORT" = "$IO_PORT" ] && DISC_PORT=$(free_port $((IO_PORT+1)))

@@ -1,0 +1,278 @@
+# shellcheck shell=bash disable=SC2034   # sourced by run.sh, which reads what is set here
+# tests/failover/cases.sh -- the host side of tests/failover/run.sh (sourced): bringing the
+# cluster up, each fault, each case's checks and timeline, the final checks, the teardown.
+# Every function is bounded in time; none exits the script.
+
+# kv KEY ARGS: the value of KEY=value in a marker's arguments
+kv() { echo " $2 " | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n1; }
+# jv KEY JSON: a top-level value of a JSON object
+jv() { echo "$2" | python3 -c 'import json, sys; print(json.load(sys.stdin).get(sys.argv[1], ""))' "$1" 2> /dev/null; }
+next_node() { case $1 in c1) echo c2;; c2) echo c3;; *) echo c1;; esac; }
+others() { local i; for i in 1 2 3; do [ "c$i" = "$1" ] || echo "c$i"; done; }
+utc_of() { date -u -d "@$1" +%Y-%m-%dT%H:%M:%S.%6NZ; }
+# log_since NODE EPOCH: the node's log lines stamped at or after EPOCH
+log_since() { awk -v t="$(utc_of "$2")" '/^[0-9]/ && $1 >= t' "$(fpc_log "$1")" 2> /dev/null; }
+# wait_nodes "c1 c2 c3" SECONDS: until cluster status lists exactly those nodes
+wait_nodes() {
+  local end=$(($(date +%s) + $2))
+  until [ "$(fpc_cluster_nodes)" = "$1" ]; do
+    [ "$(date +%s)" -lt "$end" ] || return 1
+    sleep 0.3
+  done
+}
+# wait_log NODE EPOCH REGEX SECONDS: until a line after EPOCH matches
+wait_log() {
+  local end=$(($(date +%s) + $4))
+  until log_since "$1" "$2" | grep -E "$3" > /dev/null; do
+    [ "$(date +%s)" -lt "$end" ] || return 1
+    sleep 0.2
+  done
+}
+# takeover NODE EPOCH: "epoch N (takeover M ms)" from NODE's log since EPOCH, if any
+takeover() { log_since "$1" "$2" | sed -n 's/.*owned here at epoch \([0-9]*\).*(takeover \([0-9]*\) ms).*/epoch \1, takeover \2 ms/p' | tail -n1; }
+
+# ---------------------------------------------------------------- fo-up
+fo_up() {
+  local t0 i d="" drives size leader
+  t0=$(ts)
+  if ! fpc_net_up 9; then d="network set-up failed"
+  elif ! fpc_etcd_up 3; then d="etcd did not come up (see $FPC_DIR/etcd-*.log)"
+  else
+    leader=$(fpc_etcd_leader)
+    rm -f "$FPC_DIR"/e*-d*.img; rm -rf "$FPC_DIR"/state-*
+    for i in $(seq 1 "$NENC"); do fpc_enclosure_toml "$i" "d0:file:$DRIVE_SIZE" > "$FPC_DIR/e$i.toml"; done
+    for i in $(seq 1 "$NENC"); do fpc_start_enclosure "$i" || { d="enclosure e$i did not start (see $(fpc_log "e$i"))"; break; }; done
+  fi
+  if [ -z "$d" ]; then
+    for i in 1 2 3; do fpc_ctl_toml "$i" "$NENC" > "$FPC_DIR/c$i.toml"; done
+    for i in 1 2 3; do fpc_start_ctl "$i" || { d="controller c$i did not start (see $(fpc_log "c$i"))"; break; }; done
+  fi
+  [ -z "$d" ] && ! wait_nodes "c1 c2 c3" 30 && d="cluster status lists '$(fpc_cluster_nodes)', not c1 c2 c3"
+  if [ -z "$d" ]; then
+    drives=$(seq 1 "$NENC" | sed 's/.*/e&:d0/' | paste -sd,)
+    fpc_ccli 1 volume create "$VOL" --layout raid6 --drives "$drives" --export "$NQN" --nsid 1 > "$RUN/create.txt" 2>&1 \
+      || d="flashpool volume create: $(tail -n 2 "$RUN/create.txt" | tr '\n' ' ')"
+  fi
+  [ -z "$d" ] && ! fpc_wait_owner "$VOL" 30 && d="no owner 30 s after the create ($(fpc_owner "$VOL"))"
+  if [ -z "$d" ]; then
+    for i in 1 2 3; do
+      wait_log "c$i" "$t0" "cluster volume $VOL: (served as nsid 1|created)" 20 || d="$d c$i does not serve $VOL;"
+    done
+  fi
+  OWNER0=${FPC_OWNER:-}; EPOCH0=${FPC_EPOCH:-}
+  if [ -n "$d" ]; then hres fo-up FAIL "$d"; return 1; fi
+  size=$(grep -o 'raid6 [0-9.]* [KMG]iB' "$RUN/create.txt" | head -n1)
+  hres fo-up PASS "etcd 3 members on $FPC_BR_IP (leader m$leader, heartbeat 50 ms, election 300 ms), $NENC enclosures with one $DRIVE_SIZE file drive each, controllers c1..c3 on $(fpc_cip 1)..$(fpc_cip 3) (lease $LEASE_MS ms); volume $VOL ($size, e1..e$NENC:d0) created on c1 as $NQN nsid 1, owner $OWNER0 epoch $EPOCH0, served by c1 c2 c3; $(el "$t0") s"
+}
+
+# ---------------------------------------------------------------- fo-connect
+fo_connected() {
+  local a=$1 ok=PASS ip; ip=$(fpc_cip "${OWNER0#c}")
+  [ "$(kv nctrl "$a")" = 3 ] && [ "$(kv live "$a")" = 3 ] && [ "$(kv nopt "$a")" = 1 ] \
+    && [ "$(kv opt "$a")" = "$ip" ] && [ "$(kv inaccessible "$a")" = 2 ] && [ "$(kv dev "$a")" != none ] || ok=FAIL
+  hres fo-connect $ok "3 controllers in one subsystem, one namespace: the owner's path ($OWNER0, $ip) optimized, two inaccessible; guest: $a"
+  [ $ok = PASS ]
+}
+
+# ---------------------------------------------------------------- before each case
+# every etcd member and node running (a case may leave one dead or frozen), no loss left,
+# every node in cluster status, an owner
+fo_prep() {
+  local i p d=""
+  for i in $(seq 1 "$FPC_ETCD_N"); do
+    fpc_pid_alive "$(fpc_pid_of "etcd-$i")" && continue
+    hev "prep $1: etcd m$i restarted"; fpc_etcd_start "$i" || d="$d etcd m$i did not restart;"
+  done
+  for i in 1 2 3; do
+    fpc_loss_off "$(fpc_cslot "$i")" 2> /dev/null && hev "prep $1: the loss on c$i removed"
+    p=$(fpc_pid_of "c$i")
+    if fpc_pid_alive "$p"; then kill -CONT "$p" 2> /dev/null
+    else hev "prep $1: c$i restarted"; fpc_start_ctl "$i" || d="$d c$i did not restart;"; fi
+  done
+  wait_nodes "c1 c2 c3" 40 || d="$d cluster status lists '$(fpc_cluster_nodes)';"
+  fpc_wait_owner "$VOL" 30 || d="$d no owner;"
+  OWNER0=$FPC_OWNER; EPOCH0=$FPC_EPOCH
+  [ -n "$d" ] && say "prepare $1:$d"
+  [ -z "$d" ]
+}
+
+# ---------------------------------------------------------------- the faults
+# fo_fault TAG: does the fault while the guest's fio runs; sets T_FAULT (epoch), F_DETAIL,
+# F_VICTIM (the node hit), F_WANT (the owner the case expects, if one)
+fo_fault() {
+  local tag=$1 name=${1%%#*} o=$OWNER0 oi=${OWNER0#c} t out rc p a b pa pb l nl w i
+  # shellcheck disable=SC2034   # F_VICTIM: for a reader of the state (the last fault's target)
+  F_DETAIL=""; F_VICTIM=$o; F_WANT=""; T_FAULT=$EPOCHREALTIME
+  case $name in
+    planned-move)
+      t=$(next_node "$o"); F_WANT=$t
+      T_FAULT=$EPOCHREALTIME; hev "$tag: flashpool volume move $VOL --to $t (owner $o)"
+      out=$(fpc_ccli "$oi" volume move "$VOL" --to "$t" --json 2>&1); rc=$?
+      hev "$tag: volume move returned, exit $rc"
+      if [ $rc = 0 ]; then F_DETAIL="volume move --to $t: took_ms $(jv took_ms "$out") (API)"
+      else F_DETAIL="volume move --to $t: exit $rc: $(echo "$out" | tail -n 1)"; return 1; fi;;
+    kill9-owner)
+      T_FAULT=$EPOCHREALTIME; fpc_kill "$o"; hev "$tag: kill -9 $o (the owner)"
+      fpc_wait_owner "$VOL" 30 "$o"; rc=$?
+      hev "$tag: cluster status: owner $FPC_OWNER epoch $FPC_EPOCH"
+      F_DETAIL="kill -9 $o; $FPC_OWNER owns it ${FPC_WAITED} s later (status poll)"; return $rc;;
+    sigstop-owner)
+      p=$(fpc_pid_of "$o")
+      T_FAULT=$EPOCHREALTIME; kill -STOP "$p"; hev "$tag: SIGSTOP $o (pid $p, the owner)"
+      fpc_wait_owner "$VOL" 30 "$o"; rc=$?; w=$FPC_WAITED
+      hev "$tag: cluster status: owner $FPC_OWNER epoch $FPC_EPOCH"
+      sleep "$STOP_S"; kill -CONT "$p"; hev "$tag: SIGCONT $o"
+      F_DETAIL="SIGSTOP $o; $FPC_OWNER owned it after $w s; SIGCONT $STOP_S s later"; return $rc;;
+    cut-owner)
+      T_FAULT=$EPOCHREALTIME
+      if ! fpc_loss_on "$(fpc_cslot "$oi")"; then F_DETAIL="tc on $(fpc_veth "$(fpc_cslot "$oi")") failed"; return 1; fi
+      hev "$tag: $o cut: $FPC_LOSS_HOW"
+      fpc_wait_owner "$VOL" 30 "$o"; rc=$?; w=$FPC_WAITED
+      hev "$tag: cluster status: owner $FPC_OWNER epoch $FPC_EPOCH"
+      sleep "$CUT_S"; fpc_loss_off "$(fpc_cslot "$oi")"; hev "$tag: $o's link restored"
+      F_DETAIL="$FPC_LOSS_HOW; $FPC_OWNER owned it after $w s; restored $CUT_S s later"; return $rc;;
+    claim-race)
+      # the owner dies while both other nodes are frozen past the lease TTL; they wake in
+      # the same instant, both with their leases gone and the volume unowned: they rejoin
+      # and race for it
+      read -r a b <<< "$(others "$o" | tr '\n' ' ')"; pa=$(fpc_pid_of "$a"); pb=$(fpc_pid_of "$b")
+      kill -STOP "$pa" "$pb"; T_FAULT=$EPOCHREALTIME; fpc_kill "$o"
+      hev "$tag: SIGSTOP $a and $b, kill -9 $o (the owner)"
+      sleep "$RACE_FREEZE_S"; kill -CONT "$pa" "$pb"; hev "$tag: SIGCONT $a and $b together ($RACE_FREEZE_S s frozen)"
+      fpc_wait_owner "$VOL" 30 "$o"; rc=$?
+      hev "$tag: cluster status: owner $FPC_OWNER epoch $FPC_EPOCH"
+      F_DETAIL="$a, $b frozen ${RACE_FREEZE_S} s while $o was killed, then woken together; $FPC_OWNER owns it ${FPC_WAITED} s after the wake"
+      return $rc;;
+    etcd-leader-loss)
+      l=$(fpc_etcd_leader); F_VICTIM="m$l"
+      [ -n "$l" ] || { F_DETAIL="no etcd leader found"; return 1; }
+      T_FAULT=$EPOCHREALTIME; fpc_etcd_kill "$l"; hev "$tag: kill -9 etcd m$l (the leader)"
+      i=0; nl=""
+      while [ $i -lt 100 ]; do nl=$(fpc_etcd_leader) && break; sleep 0.1; i=$((i + 1)); done
+      hev "$tag: etcd leader now m${nl:-none}"
+      w=$(awk -v a="$T_FAULT" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}')
+      sleep "$ETCD_DOWN_S"; fpc_etcd_start "$l"; rc=$?; hev "$tag: etcd m$l restarted (exit $rc)"
+      F_DETAIL="kill -9 etcd leader m$l; m${nl:-none} leader ${w} s later; m$l back after ${ETCD_DOWN_S} s"
+      [ -n "$nl" ] && [ $rc = 0 ];;
+    rejoin-rebuild)
+      T_FAULT=$EPOCHREALTIME; fpc_kill "$o"; hev "$tag: kill -9 $o (the owner)"
+      fpc_wait_owner "$VOL" 30 "$o" || { F_DETAIL="no takeover after kill -9 $o"; return 1; }
+      a=$FPC_OWNER; hev "$tag: $a owns it (epoch $FPC_EPOCH); restarting $o"
+      t=$EPOCHREALTIME
+      fpc_start_ctl "$oi" || { F_DETAIL="$o did not restart"; return 1; }
+      wait_nodes "c1 c2 c3" 30 || { F_DETAIL="$o not in cluster status 30 s after its restart"; return 1; }
+      hev "$tag: $o rejoined (cluster status)"
+      # the move back once the guest's path to it is up again (its admin queue reconnected)
+      wait_log "$o" "$t" "controller [0-9]+ created: subsystem $NQN, host $HOSTNQN" 30 \
+        || { F_DETAIL="the guest did not reconnect to $o within 30 s"; return 1; }
+      sleep 0.5; hev "$tag: the guest reconnected to $o; flashpool volume move $VOL --to $o"
+      out=$(fpc_ccli "${a#c}" volume move "$VOL" --to "$o" --json 2>&1); rc=$?
+      hev "$tag: volume move returned, exit $rc"
+      F_WANT=$o
+      F_DETAIL="kill -9 $o, $a took over, $o restarted and rejoined, moved back: $([ $rc = 0 ] && echo "took_ms $(jv took_ms "$out")" || echo "exit $rc: $(echo "$out" | tail -n 1)")"
+      return $rc;;
+  esac
+}
+
+# ---------------------------------------------------------------- after each case
+# fo_check TAG GUEST_FACTS: the case's RESULT
+fo_check() {
+  local tag=$1 g=$2 name=${1%%#*} ok=PASS why="" o=$OWNER0 now views run stale tk gap ip e
+  fpc_wait_owner "$VOL" 30 || why="$why no owner;"
+  now=$FPC_OWNER; e=$FPC_EPOCH
+  case $name in
+    planned-move|rejoin-rebuild)
+      [ "$now" = "$F_WANT" ] || why="$why owner $now, not $F_WANT;"
+      [ "$e" != - ] && [ "$e" -gt "$EPOCH0" ] 2> /dev/null || why="$why epoch $EPOCH0 -> $e did not grow;";;
+    kill9-owner|claim-race)
+      [ "$now" != "$o" ] || why="$why $o still owns it;"
+      [ "$e" != - ] && [ "$e" -gt "$EPOCH0" ] 2> /dev/null || why="$why epoch $EPOCH0 -> $e did not grow;"
+      if [ "$name" = claim-race ]; then   # one claim won, and only one node took it over
+        local n cl="" tk=""
+        for n in $(others "$o"); do
+          cl="$cl$(log_since "$n" "$T_FAULT" | grep -c 'claimed volume volume="'"$VOL"'"' | sed "s/^/ $n:/")"
+          tk="$tk$(log_since "$n" "$T_FAULT" | grep -c "volume $VOL: owned here at epoch" | sed "s/^/ $n:/")"
+        done
+        F_DETAIL="$F_DETAIL; claims won:$cl, takeovers:$tk"
+        [ "$(awk '{ for (i = 1; i <= NF; i++) { split($i, a, ":"); s += a[2] } } END { print s + 0 }' <<< "$tk")" = 1 ] \
+          || why="$why takeovers:$tk (one expected);"
+      fi;;
+    sigstop-owner|cut-owner)
+      [ "$now" != "$o" ] || why="$why $o still owns it;"
+      [ "$e" != - ] && [ "$e" -gt "$EPOCH0" ] 2> /dev/null || why="$why epoch $EPOCH0 -> $e did not grow;"
+      fpc_pid_alive "$(fpc_pid_of "$o")" || why="$why $o died;"
+      log_since "$o" "$T_FAULT" | grep -E 'stepped down|fenced' > /dev/null || why="$why no step-down/fence line in $o's log;"
+      wait_nodes "c1 c2 c3" 30 || why="$why $o did not rejoin (cluster status: $(fpc_cluster_nodes));";;
+    etcd-leader-loss)
+      [ "$now" = "$o" ] && [ "$e" = "$EPOCH0" ] || why="$why ownership changed: $o/$EPOCH0 -> $now/$e;"
+      log_since "$o" "$T_FAULT" | grep -E 'fenced|stepped down|lease was lost' > /dev/null \
+        && why="$why $o fenced itself: $(log_since "$o" "$T_FAULT" | grep -E 'fenced|stepped down|lease was lost' | head -n1 | cut -c1-160);";;
+  esac
+  # exactly one owner: every node agrees, one runs it, the guest has one optimized path
+  views=$(fpc_owner_views "$VOL")
+  [ "$(echo "$views" | tr ' ' '\n' | cut -d= -f2 | sort -u | wc -l)" = 1 ] || why="$why nodes disagree: $views;"
+  run=$(fpc_running "$VOL")
+  [ "$run" = "$now" ] || why="$why runs on '$run', owner $now;"
+  ip=$(fpc_cip "${now#c}")
+  [ "$(kv nopt "$g")" = 1 ] && [ "$(kv opt "$g")" = "$ip" ] || why="$why guest: optimized path(s) $(kv opt "$g") (owner $now is $ip);"
+  [ "$(kv rounds "$g")" -ge 1 ] 2> /dev/null || why="$why no fio round;"
+  [ "$(kv failed "$g")" = 0 ] || why="$why $(kv failed "$g") fio round(s) failed;"
+  [ "$(kv verr "$g")" = 0 ] || why="$why $(kv verr "$g") verify error lines;"
+  [ "$(kv ioerr "$g")" = 0 ] || why="$why $(kv ioerr "$g") I/O error lines in the guest kernel log;"
+  fpc_audit_stale "$NENC"; stale=$FPC_STALE; [ "$stale" = 0 ] || why="$why stale writes: $FPC_AUDIT;"
+  [ -n "$F_FAULT_ERR" ] && why="$why the fault step failed;"
+  [ -n "$why" ] && ok=FAIL
+  tk=$(takeover "$now" "$T_FAULT")
+  gap=$(case_gap "$T_FAULT")
+  hres "$tag" $ok "${why:+$why }$F_DETAIL; owner $o/$EPOCH0 -> $now/$e${tk:+ ($tk)}; host-visible stall: clat max $(kv clat_ms "$g") ms, longest I/O gap ${gap:-?} ms; fio $(kv rounds "$g") rounds randwrite $BS qd$QD crc32c, $(kv failed "$g") failed, $(kv verr "$g") verify errors; guest I/O errors $(kv ioerr "$g"); stale writes $stale"
+  echo "$tag clat_ms=$(kv clat_ms "$g") gap_ms=${gap:-} $ok" >> "$RUN/stalls.txt"
+  case_timeline "$tag"
+  [ $ok = PASS ]
+}
+# case_gap EPOCH: the longest "no completion" gap the guest reported since EPOCH (ms)
+case_gap() {
+  awk -v t="$1" '$1 >= t && $2 == "@@IO" && $3 == "resume" { for (i = 1; i <= NF; i++) if ($i == "after") { v = $(i + 1); if (v + 0 > m) m = v + 0 } } END { print m + 0 }' "$RUN/serial.log"
+}
+# case_timeline TAG: every side's lines from PRE_S+1 s before the fault to now
+case_timeline() {
+  local targs=() i
+  for i in 1 2 3; do targs+=(--node "c$i=$(fpc_log "c$i")"); done
+  for i in $(seq 1 "$FPC_ETCD_N"); do targs+=(--etcd "m$i=$(fpc_log "etcd-$i")"); done
+  python3 "$HERE/timeline.py" --t0 "$T_FAULT" --from "$(awk -v t="$T_FAULT" -v p="$PRE_S" 'BEGIN{printf "%.6f", t - p - 1}')" \
+    --to "$EPOCHREALTIME" --events "$RUN/events.log" --serial "$RUN/serial.log" "${targs[@]}" \
+    --title "$1: $F_DETAIL" >> "$RUN/timeline.txt" 2>&1
+  echo >> "$RUN/timeline.txt"
+}
+
+# ---------------------------------------------------------------- final
+fo_final() {
+  local g=$1 why="" views run now ip stale
+  fpc_wait_owner "$VOL" 30 || why="no owner;"
+  now=$FPC_OWNER; ip=$(fpc_cip "${now#c}")
+  views=$(fpc_owner_views "$VOL")
+  [ "$(echo "$views" | tr ' ' '\n' | cut -d= -f2 | sort -u | wc -l)" = 1 ] || why="$why nodes disagree;"
+  run=$(fpc_running "$VOL"); [ "$run" = "$now" ] || why="$why runs on '$run';"
+  [ "$(kv nopt "$g")" = 1 ] && [ "$(kv opt "$g")" = "$ip" ] || why="$why guest: optimized $(kv opt "$g");"
+  hres final-one-owner "$([ -z "$why" ] && echo PASS || echo FAIL)" "${why:+$why }owner $now epoch $FPC_EPOCH; views: $views; runs on: $run; guest paths: $(kv paths "$g")"
+  fpc_audit_stale "$NENC"; local arc=$?; stale=$FPC_STALE
+  hres final-stale-writes "$([ "$stale" = 0 ] && [ $arc = 0 ] && echo PASS || echo FAIL)" "GET /v1/audit stale_writes, every node: $FPC_AUDIT"
+  [ -z "$why" ] && [ "$stale" = 0 ]
+}
+
+# fo_teardown: every node still running (none crashed: one a case killed on purpose has
+# no pid file any more), no panic in any log, SIGTERM stops each one (controllers first)
+fo_teardown() {
+  local n d="" ok=PASS p
+  [ -d "$FPC_DIR/pids" ] || return 0
+  [ -f "$(fpc_pidf c1)" ] || [ -f "$(fpc_log c1)" ] || return 0   # fo-up never ran
+  for n in c1 c2 c3 $(seq 1 "$NENC" | sed 's/^/e/'); do
+    [ -f "$(fpc_pidf "$n")" ] || { d="$d $n killed by the last case;"; continue; }
+    p=$(fpc_pid_of "$n")
+    if ! fpc_pid_alive "$p"; then ok=FAIL; d="$d $n died (crash?): $(tail -n 2 "$(fpc_log "$n")" | tr '\n' ' ' | cut -c1-200);"; continue; fi
+    kill -CONT "$p" 2> /dev/null
+    fpc_stop "$n" || { ok=FAIL; d="$d $n did not stop on SIGTERM within 15 s;"; }
+  done
+  p=$(grep -l 'panicked' "$FPC_DIR"/[ce][0-9].log 2> /dev/null | tr '\n' ' ')
+  [ -z "$p" ] || { ok=FAIL; d="$d panic in $p;"; }
+  hres fo-teardown $ok "${d:+$d }each node expected to run ran to the end and stopped on SIGTERM; no panic in the node logs"
+}

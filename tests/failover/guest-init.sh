@@ -1,0 +1,301 @@
+#!/bin/busybox sh
+# shellcheck shell=dash disable=SC2039,SC3043,SC2013,SC2002,SC2010,SC2046,SC2086,SC2012,SC2015
+# PID 1 of the failover guest (tests/failover/run.sh copies it into the initramfs as /init).
+# The unmodified Linux NVMe/TCP host with native multipath (nvme_core multipath=Y, Debian's
+# default) connects to every controller node of the cluster; one multipath namespace, one
+# path per node. For each fault case fio writes and verifies (crc32c) on the multipath
+# device while the host, asked by a marker "@@HOST fault:NAME" on ttyS0, does the fault;
+# then "@@HOST check:NAME key=value..." hands the host what the guest saw (fio rounds,
+# verify errors, the largest completion latency, I/O errors in the kernel log, the paths'
+# ANA states) and the host prints the case's RESULT. The host answers a marker through
+# QEMU hostfwd 127.0.0.1:CTL_PORT -> guest:5555 ("DONE ACTION ok|fail ..."), as in
+# tests/interop/run.sh. Kernel log lines (nvme, block errors) are streamed as "@@K ..." and
+# I/O stalls as "@@IO ..." lines; the host stamps every serial line with its arrival time.
+/bin/busybox --install -s
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc; mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev; mount -t tmpfs tmpfs /tmp
+up() { read -r u _ < /proc/uptime; echo "$u"; }
+log() { echo "@@ [$(up)] $*"; }
+finish() { log "guest done"; echo "@@HOST guest-done"; sync; poweroff -f; }
+trap finish EXIT
+K=$(cat /etc/kver)
+
+NQN=""; CTRLS=""; NAMES=""; PORT=4420; KATO=1; CASES=""; RUNS=1; HOSTNQN=""; HOSTID=""
+BS=16k; QD=16; REGION_MB=16; PRE_S=2; POST_S=4; FS=1; ROUND_TMO=180; GAP_MS=250
+for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
+  fp_nqn=*) NQN=$v;; fp_ctrls=*) CTRLS=$v;; fp_names=*) NAMES=$v;; fp_port=*) PORT=$v;;
+  fp_kato=*) KATO=$v;; fp_cases=*) CASES=$v;; fp_runs=*) RUNS=$v;;
+  fp_hostnqn=*) HOSTNQN=$v;; fp_hostid=*) HOSTID=$v;; fp_bs=*) BS=$v;; fp_qd=*) QD=$v;;
+  fp_region=*) REGION_MB=$v;; fp_pre=*) PRE_S=$v;; fp_post=*) POST_S=$v;; fp_fs=*) FS=$v;;
+  fp_gap=*) GAP_MS=$v;;
+esac; done
+log "init start, kernel $(uname -r), cpus $(nproc), controllers $CTRLS ($NAMES) port $PORT, KATO $KATO s"
+
+while read -r m; do
+  out=$(insmod "/lib/modules/$K/$m" 2>&1) || log "insmod failed: $m: $out"
+done < /etc/modules.list
+ip link set lo up
+i=0; while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+ip addr add 10.0.2.15/24 dev eth0; ip link set eth0 up; ip route add default via 10.0.2.2
+echo "$HOSTNQN" > /etc/nvme/hostnqn; echo "$HOSTID" > /etc/nvme/hostid
+log "modules loaded, nvme_core multipath=$(cat /sys/module/nvme_core/parameters/multipath), hostnqn $HOSTNQN"
+# the kernel's own console output could split a marker line: only emergencies go there;
+# the lines the host wants come through /dev/kmsg, one write each
+dmesg -n 1
+# the kernel says when it learns an ANA state only at debug level (multipath.c dev_dbg)
+mount -t debugfs none /sys/kernel/debug 2> /dev/null \
+  && echo 'file drivers/nvme/host/multipath.c +pt' > /sys/kernel/debug/dynamic_debug/control 2> /dev/null \
+  || log "no dynamic debug: ANA state changes will not show in the kernel log"
+( cat /dev/kmsg | while IFS= read -r l; do
+    case $l in " "*) continue;; esac
+    case $l in *nvme*|*"I/O error"*|*blk_update*|*"Buffer I/O"*|*EXT4*|*loop0*|*critical*) echo "@@K $l";; esac
+  done ) &
+
+# ---- host orchestration: the marker, then "DONE ACTION ..." from the host (busybox nc)
+wait_host() {  # ACTION SECONDS [ARGS]
+  local ncpid i
+  rm -f /tmp/ctl; : > /tmp/ctl
+  nc -l -p 5555 > /tmp/ctl 2> /dev/null & ncpid=$!
+  sleep 0.1
+  echo "@@HOST $1${3:+ $3}"
+  i=0; HOSTSAYS=""
+  while [ $i -lt $(($2 * 10)) ]; do
+    if grep -q "^DONE $1 " /tmp/ctl; then HOSTSAYS=$(grep "^DONE $1 " /tmp/ctl | head -n1); break; fi
+    if ! kill -0 $ncpid 2> /dev/null; then nc -l -p 5555 > /tmp/ctl 2> /dev/null & ncpid=$!; fi
+    sleep 0.1; i=$((i+1))
+  done
+  kill $ncpid 2> /dev/null
+  log "host says: ${HOSTSAYS:-nothing (timeout ${2}s)}"
+  echo "@@HOST-ACK $1"
+  case "$HOSTSAYS" in "DONE $1 ok"*) return 0;; esac; return 1
+}
+NPASS=0; NFAIL=0
+res() {
+  if [ "$2" = PASS ]; then NPASS=$((NPASS+1)); else NFAIL=$((NFAIL+1)); fi
+  echo "RESULT $1 $2${3:+ ($3)}"
+}
+
+# ---- the paths: one controller per node, all in one subsystem
+ctrls() {  # "nvmeY ADDR STATE PATH ANA" per controller of $NQN
+  local c n a p
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat "$c/subsysnqn" 2> /dev/null)" = "$NQN" ] || continue
+    n=${c##*/}
+    a=$(sed -n 's/.*traddr=\([^,]*\).*/\1/p' "$c/address" 2> /dev/null)
+    p=$(ls "$c" | grep -E '^nvme[0-9]+c[0-9]+n1$' | head -n1)
+    echo "$n ${a:-?} $(cat "$c/state" 2> /dev/null) ${p:-none} $(cat "$c/$p/ana_state" 2> /dev/null || echo none)"
+  done
+}
+# paths: NLIVE, NOPT (optimized among live controllers), OPT (their addresses), PSUM (all)
+paths() {
+  NLIVE=0; NOPT=0; OPT=""
+  PSUM=$(ctrls | awk '{printf "%s%s:%s/%s", (NR>1?" ":""), $2, $3, $5}')
+  set -- $(ctrls | awk '$3=="live"{l++} $3=="live" && $5=="optimized"{o++; a=a (a?",":"") $2} END{print l+0, o+0, (a?a:"-")}')
+  NLIVE=$1; NOPT=$2; OPT=$3
+}
+# wait_paths SECONDS: until every controller is live and exactly one path is optimized
+wait_paths() {
+  local i=0
+  while [ $i -lt $(($1 * 5)) ]; do
+    paths
+    [ "$NLIVE" = "$NCTRL" ] && [ "$NOPT" = 1 ] && return 0
+    sleep 0.2; i=$((i+1))
+  done
+  return 1
+}
+# the completions on every path (the 6.1 multipath head keeps no I/O statistics)
+iosum() {
+  local s=0 f r w
+  for f in $STATS; do
+    read -r r _ _ _ w _ < "$f" 2> /dev/null || continue
+    s=$((s + r + w))
+  done
+  echo $s
+}
+# iomon: "@@IO resume ..." when I/O completes again after a gap of GAP_MS or more inside
+# one fio round (load() arms it once the round's I/O flows and disarms it at the round's
+# end: the gaps between rounds are fio starting and ending, not stalls); uptime in
+# centiseconds
+iomon() {
+  local prev=-1 c u since=0 now
+  while [ ! -e /tmp/iomon-stop ]; do
+    c=$(iosum); read -r u _ < /proc/uptime; now=${u%.*}${u#*.}
+    if [ "$c" != "$prev" ]; then
+      [ -e /tmp/io-armed ] && [ "$prev" != -1 ] && [ $(( (now - since) * 10 )) -ge "$GAP_MS" ] \
+        && echo "@@IO resume at $u after $(( (now - since) * 10 )) ms without a completion (since $((since / 100)).$((since % 100 / 10))$((since % 10)))"
+      prev=$c; since=$now
+    fi
+    sleep 0.05
+  done
+}
+# the largest clat of a fio JSON output, in ms (reads and writes)
+clat_ms() { awk '/"clat_ns"/{f=1} f && /"max"/{gsub(/[^0-9.]/, "", $3); if ($3 + 0 > m) m = $3 + 0; f=0} END{printf "%d", m / 1000000}' "$1" 2> /dev/null; }
+# fio_round TAG OFFSET_MB SEED [extra args]: one write+verify pass of a region
+fio_round() {
+  local tag=$1 off=$2 seed=$3; shift 3
+  timeout "$ROUND_TMO" fio --name="$tag" --filename="/dev/$DEV" --direct=1 --ioengine=libaio \
+    --iodepth="$QD" --rw=randwrite --bs="$BS" --offset="${off}M" --size="${REGION_MB}M" \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 --randseed="$seed" "$@" \
+    --output-format=json --output="/tmp/fio-$tag.json" > "/tmp/fio-$tag.err" 2>&1
+}
+# load NAME OFFSET_MB SEED0: fio rounds (each with a new seed: a lost write cannot hide behind the
+# same data of an earlier round) until /tmp/load-stop; /tmp/load-NAME.res: rounds failed
+# verify_errors clat_max_ms; /tmp/seed-OFFSET: the seed of the region's last round
+load() {
+  local name=$1 off=$2 seed0=$3 n=0 f=0 ve=0 mx=0 rc c v base fpid
+  while [ ! -e /tmp/load-stop ]; do
+    n=$((n+1)); echo $((seed0 + n)) > "/tmp/seed-$off"
+    # armed once this round's I/O flows (two queue depths completed), disarmed at its end
+    rm -f /tmp/io-armed; base=$(iosum)
+    fio_round "r$n" "$off" $((seed0 + n)) & fpid=$!
+    while kill -0 $fpid 2> /dev/null && [ "$(iosum)" -lt $((base + 2 * QD)) ]; do sleep 0.05; done
+    kill -0 $fpid 2> /dev/null && : > /tmp/io-armed
+    wait $fpid; rc=$?; rm -f /tmp/io-armed
+    c=$(clat_ms "/tmp/fio-r$n.json"); [ "${c:-0}" -gt $mx ] && mx=$c
+    v=$(grep -ciE 'verify|bad magic|crc32c' "/tmp/fio-r$n.err")
+    ve=$((ve + v))
+    if [ $rc != 0 ]; then
+      f=$((f+1)); log "$name round $n FAILED: fio exit $rc, $v verify lines"
+      sed 's/^/  fio: /' "/tmp/fio-r$n.err" | head -n 8
+    else
+      log "$name round $n ok, clat max $c ms"
+    fi
+    cp "/tmp/fio-r$n.json" "/tmp/last-$name.json" 2> /dev/null
+  done
+  echo "$n $f $ve $mx" > "/tmp/load-$name.res"
+}
+# fs_writer PREFIX: small files on the ext4 (through loop0) while a load runs, each one's
+# sha256 in /tmp/fs.sha
+fs_writer() {
+  local n=0
+  while [ ! -e /tmp/load-stop ]; do
+    n=$((n+1))
+    dd if=/dev/urandom of="/mnt/$1-$n" bs=64k count=1 2> /dev/null && timeout 120 sync \
+      && sha256sum "/mnt/$1-$n" >> /tmp/fs.sha
+    sleep 0.5
+  done
+}
+kerr() { dmesg | grep -E 'I/O error|Buffer I/O|blk_update_request|critical (medium|target|nexus|space)'; }
+
+# ================================================================ the run
+wait_host fo-up 600 || { log "no cluster: $HOSTSAYS"; exit 0; }
+
+# ---- connect to every node
+NCTRL=0; i=0
+for a in $(echo "$CTRLS" | tr , ' '); do
+  i=$((i+1))
+  log "nvme connect -t tcp -a $a -s $PORT -n $NQN --ctrl-loss-tmo=-1 --reconnect-delay=1 --keep-alive-tmo=$KATO"
+  timeout 60 nvme connect -t tcp -a "$a" -s "$PORT" -n "$NQN" --ctrl-loss-tmo=-1 --reconnect-delay=1 \
+    --keep-alive-tmo="$KATO" 2>&1 | sed 's/^/  | /'
+  NCTRL=$((NCTRL+1))
+done
+wait_paths 30
+ctrls | sed 's/^/  ctrl /'
+P=$(ctrls | awk '{print $4}' | grep -v none | head -n1)
+DEV=$(echo "$P" | sed 's/c[0-9]*n/n/')
+SUB=$(ls -d /sys/class/nvme-subsystem/*/"$DEV" 2> /dev/null | cut -d/ -f5)
+STATS=$(ctrls | awk '$4!="none"{print "/sys/class/nvme/" $1 "/" $4 "/stat"}')
+SIZE_MB=0; [ -b "/dev/$DEV" ] && SIZE_MB=$(( $(cat "/sys/block/$DEV/size") / 2048 ))
+log "multipath device /dev/$DEV in ${SUB:-?}, $SIZE_MB MiB, iopolicy $(cat "/sys/class/nvme-subsystem/$SUB/iopolicy" 2> /dev/null)"
+ninac=$(ctrls | awk '$5=="inaccessible"' | wc -l)
+paths
+wait_host connected 60 "nctrl=$NCTRL live=$NLIVE opt=$OPT nopt=$NOPT inaccessible=$ninac dev=${DEV:-none} size_mb=$SIZE_MB subsys=${SUB:-none} paths=$(echo "$PSUM" | tr ' ' ,)" \
+  || { log "not connected as expected: no fault cases"; exit 0; }
+
+# ---- a region written before the faults (final-sha256), the filesystem (final-fsck)
+PRE_OFF=0; PRE_MB=4
+dd if=/dev/urandom of=/tmp/pre bs=1M count=$PRE_MB 2> /dev/null
+PRE_SHA=$(sha256sum < /tmp/pre | cut -d' ' -f1)
+timeout 120 dd if=/tmp/pre of="/dev/$DEV" bs=1M seek=$PRE_OFF oflag=direct conv=fsync,notrunc 2>&1 | tail -n 1
+log "pre-fault region: $PRE_MB MiB at $PRE_OFF MiB, sha256 $PRE_SHA"
+FS_OFF=$((REGION_MB * 8 + 8))
+if [ "$FS" = 1 ] && [ "$SIZE_MB" -lt $((FS_OFF + 32)) ]; then FS_NOTE="volume too small ($SIZE_MB MiB) for a filesystem at $FS_OFF MiB"; FS=0; fi
+if [ "$FS" = 1 ]; then
+  # ext4 on a loop device over the volume from FS_OFF MiB (the fio regions lie below).
+  # -b 4096: loop0 has 512-byte sectors over a 4096-byte-block volume; ext4's 1 KiB blocks
+  # (mke2fs's choice for a small fs) make zero-outs the volume refuses as unaligned.
+  # -E nodiscard: a discard on a raid6 cluster volume fails (see tests/failover/README.md)
+  if losetup -o $((FS_OFF * 1048576)) /dev/loop0 "/dev/$DEV" \
+     && timeout 300 /usr/sbin/mke2fs -q -t ext4 -b 4096 -F -E nodiscard /dev/loop0 > /tmp/mkfs.txt 2>&1 \
+     && mkdir -p /mnt && mount -t ext4 /dev/loop0 /mnt; then
+    log "ext4 on /dev/loop0 (/dev/$DEV from $FS_OFF MiB) mounted on /mnt"
+  else
+    FS_NOTE="mke2fs/mount failed: $(tail -n 2 /tmp/mkfs.txt | tr '\n' ' ')"; FS=2
+  fi
+fi
+
+# ---- the fault cases
+IDX=0
+for c in planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild; do
+  IDX=$((IDX+1)); eval "OFF_$(echo $c | tr - _)=$((IDX * REGION_MB))"
+done
+rm -f /tmp/iomon-stop; iomon &
+NRUN=0
+for name in $(echo "$CASES" | tr , ' '); do
+  eval "off=\${OFF_$(echo "$name" | tr - _):-}"
+  [ -n "$off" ] || { log "unknown case $name"; continue; }
+  r=0
+  while [ $r -lt "$RUNS" ]; do
+    r=$((r+1)); tag=$name; [ "$RUNS" -gt 1 ] && tag="$name#$r"
+    log "STEP $tag: prepare (every node up, every path live)"
+    wait_host "prep:$tag" 240 || log "host: prepare $tag: $HOSTSAYS"
+    wait_paths 60 || log "paths not settled before $tag: $PSUM"
+    dmesg -c >> /tmp/dmesg.all
+    rm -f /tmp/load-stop "/tmp/load-$tag.res"; touch /tmp/load-on
+    NRUN=$((NRUN+1))
+    load "$tag" "$off" $((NRUN * 1000)) & lp=$!
+    [ "$FS" = 1 ] && { fs_writer "c$NRUN" & fp=$!; }
+    sleep "$PRE_S"
+    log "STEP $tag: fault (fio randwrite $BS qd$QD crc32c verify rounds on /dev/$DEV at $off MiB)"
+    wait_host "fault:$tag" 300 || log "host: fault $tag: $HOSTSAYS"
+    sleep "$POST_S"
+    touch /tmp/load-stop; wait $lp; [ "$FS" = 1 ] && wait $fp; rm -f /tmp/load-on
+    set -- $(cat "/tmp/load-$tag.res" 2> /dev/null || echo 0 -1 -1 -1)
+    i=0; while [ $i -lt 75 ]; do paths; [ "$NOPT" = 1 ] && break; sleep 0.2; i=$((i+1)); done
+    ioerr=$(kerr | wc -l)
+    kerr | head -n 5 | sed 's/^/  kernel: /'
+    dmesg -c >> /tmp/dmesg.all
+    wait_host "check:$tag" 240 "rounds=$1 failed=$2 verr=$3 clat_ms=$4 ioerr=$ioerr live=$NLIVE nopt=$NOPT opt=$OPT paths=$(echo "$PSUM" | tr ' ' ,)"
+  done
+done
+touch /tmp/iomon-stop
+
+# ---- final checks
+log "STEP final: verify every region, the pre-fault sha256, the kernel log, the filesystem"
+ok=PASS; d=""
+for name in $(echo "$CASES" | tr , ' '); do
+  eval "off=\${OFF_$(echo "$name" | tr - _):-}"
+  [ -n "$off" ] && [ -f "/tmp/seed-$off" ] || continue
+  case " $d " in *" $off:"*) continue;; esac
+  if fio_round "v$off" "$off" "$(cat "/tmp/seed-$off")" --verify_only=1; then d="$d $off:ok"
+  else ok=FAIL; d="$d $off:FAILED"; sed 's/^/  fio: /' "/tmp/fio-v$off.err" | head -n 8; fi
+done
+res final-verify $ok "fio --verify_only crc32c of each case's region (MiB offset:result):${d:- none}"
+h=$(timeout 120 dd if="/dev/$DEV" bs=1M skip=$PRE_OFF count=$PRE_MB iflag=direct 2> /dev/null | sha256sum | cut -d' ' -f1)
+ok=FAIL; [ "$h" = "$PRE_SHA" ] && ok=PASS
+res final-sha256 $ok "$PRE_MB MiB written before the faults: now $h, then $PRE_SHA"
+if [ "$FS" = 1 ]; then
+  ok=PASS; d=""
+  nf=$(wc -l < /tmp/fs.sha 2> /dev/null || echo 0)
+  umount /mnt || { ok=FAIL; d="umount failed; "; }
+  timeout 300 /usr/sbin/e2fsck -fn /dev/loop0 > /tmp/fsck.txt 2>&1; frc=$?
+  tail -n 3 /tmp/fsck.txt | sed 's/^/  | /'
+  [ $frc = 0 ] || { ok=FAIL; d="${d}e2fsck -fn exit $frc; "; }
+  if mount -t ext4 -o ro /dev/loop0 /mnt; then
+    bad=$(sha256sum -c /tmp/fs.sha 2>&1 | grep -vc ': OK$')
+    [ "$bad" = 0 ] || { ok=FAIL; sha256sum -c /tmp/fs.sha 2>&1 | grep -v ': OK$' | head -n 5 | sed 's/^/  | /'; }
+    umount /mnt
+  else ok=FAIL; bad="?"; d="${d}remount failed; "; fi
+  res final-fsck $ok "${d}ext4 (mke2fs -b 4096 -E nodiscard) through loop0: e2fsck -fn exit $frc, $nf files written during the faults, $bad not as written"
+elif [ "$FS" = 2 ]; then
+  res final-fsck FAIL "$FS_NOTE"
+fi
+dmesg -c >> /tmp/dmesg.all
+bad=$(grep -E 'I/O error|Buffer I/O|blk_update_request|critical (medium|target|nexus|space)' /tmp/dmesg.all | grep -c .)
+grep -E 'I/O error|Buffer I/O|blk_update_request|critical' /tmp/dmesg.all | head -n 10 | sed 's/^/  kernel: /'
+ok=FAIL; [ "$bad" = 0 ] && ok=PASS
+res final-dmesg $ok "$bad I/O error lines (I/O error, Buffer I/O, blk_update_request, critical ...) in the guest kernel log of the whole run"
+paths
+wait_host final 240 "live=$NLIVE nopt=$NOPT opt=$OPT paths=$(echo "$PSUM" | tr ' ' ,)${FS_NOTE:+ fsnote=$(echo "$FS_NOTE" | tr ' ' _)}"
+log "guest checks: $NPASS passed, $NFAIL failed"

@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# tests/failover/run.sh -- cluster failover against the unmodified Linux kernel NVMe/TCP host
+# with native multipath, in a QEMU guest (TCG unless KVM works) built from Debian packages
+# like tests/interop/run.sh (tests/interop/guest.sh builds both).
+#
+# The host side (tests/cluster/lib.sh): a 3-member etcd on the bridge address 10.77.0.1,
+# six enclosures e1..e6 (namespaces 10.77.0.11..16) exporting one file drive each to the
+# controller nodes, and three controller nodes c1..c3 (`flashpool serve` with [cluster],
+# namespaces 10.77.0.17..19). A raid6 volume on the six drives is made on c1 and served by
+# every node under one NQN; its owner reports the ANA group optimized, the others
+# inaccessible. The guest reaches the nodes through QEMU's user networking (slirp connects
+# from the root namespace, which has the bridge) and connects to each with
+# --ctrl-loss-tmo=-1 --reconnect-delay=1 --keep-alive-tmo=$KATO: one multipath namespace,
+# three paths. Its /init is tests/failover/guest-init.sh.
+#
+# Each fault case runs fio randwrite + crc32c verify rounds on the multipath device while
+# the host does the fault; its RESULT needs fio exit 0 in every round, no verify error,
+# exactly one owner afterwards (every node agrees, one node runs the volume, the guest sees
+# one optimized path and it is the owner's), no I/O error in the guest's kernel log, the
+# case's own condition, and no stale write on any node (GET /v1/audit). The detail gives
+# the largest completion latency (the host-visible stall); no check fails on latency.
+#
+#   tests/failover/run.sh [all]   setup (apt packages, kernel; cached) + build + run
+#   tests/failover/run.sh setup | build | run
+#
+# Knobs (env): CASES (comma/space list, default all, in this order: planned-move
+#   kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild),
+#   RUNS=1 (each fault case that many times; names get #N), KATO=1 (host keep-alive, s),
+#   LEASE_MS=2000 (the nodes' lease_ttl_ms), STOP_S=3 (the frozen owner stays stopped this
+#   long after the takeover), CUT_S=3 (same for the cut link), RACE_FREEZE_S=3.5,
+#   ETCD_DOWN_S=2, PRE_S=2 / POST_S=4 (I/O before the fault, after the host is done),
+#   BS=16k QD=16 REGION_MB=16 (fio), GAP_MS=250 (shorter I/O gaps count as 0), FS=1 (ext4 on the volume's upper part through loop0,
+#   written during the faults, e2fsck at the end), DRIVE_SIZE=64MiB, GUEST_MEM=1024,
+#   GUEST_CPUS=2, ACCEL=auto|tcg|kvm, RUN_TIMEOUT=1800, STUCK_S=420 (no guest output this
+#   long: the run is stuck, QEMU is killed), CTL_PORT=15655, FLASHPOOL_BIN,
+#   FAILOVER_CACHE (default .cache/failover: initramfs, logs in run/, node state in
+#   cluster/), FLASHPOOL_CACHE (the kernel, shared with the interop suite), FORCE=1.
+# Output: RESULT lines, per-case timelines in $FAILOVER_CACHE/run/timeline.txt, and last
+# "N passed, M failed"; exit 0 only if all passed. Needs root (namespaces).
+set -uo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+BIN=${FLASHPOOL_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/flashpool}
+case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
+GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}
+CACHE=${FAILOVER_CACHE:-$ROOT/.cache/failover}
+IRD=$CACHE/initramfs; INITRD=$CACHE/initrd.img; RUN=$CACHE/run
+ALL_CASES="planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild"
+CASES=$(echo "${CASES:-$ALL_CASES}" | tr , ' ')
+RUNS=${RUNS:-1}; KATO=${KATO:-1}; LEASE_MS=${LEASE_MS:-2000}
+STOP_S=${STOP_S:-3}; CUT_S=${CUT_S:-3}; RACE_FREEZE_S=${RACE_FREEZE_S:-3.5}; ETCD_DOWN_S=${ETCD_DOWN_S:-2}
+GAP_MS=${GAP_MS:-250}; PRE_S=${PRE_S:-2}; POST_S=${POST_S:-4}; BS=${BS:-16k}; QD=${QD:-16}; REGION_MB=${REGION_MB:-16}; FS=${FS:-1}
+DRIVE_SIZE=${DRIVE_SIZE:-64MiB}; GUEST_MEM=${GUEST_MEM:-1024}; GUEST_CPUS=${GUEST_CPUS:-2}
+ACCEL=${ACCEL:-auto}; RUN_TIMEOUT=${RUN_TIMEOUT:-1800}; STUCK_S=${STUCK_S:-420}
+VOL=vol; NQN=nqn.2026-01.io.flashpool:failover; NENC=6
+export FPC_BIN=$BIN FPC_DIR=$CACHE/cluster FPC_LEASE_MS=$LEASE_MS FPC_CLUSTER=failover
+FPC_EXPORT_HOSTS="c1 c2 c3"
+GUEST_MODS="crc32c_generic crc32c-intel nvme-core nvme-fabrics nvme-tcp virtio_pci virtio_net loop ext4"
+
+ts() { date +%s.%N; }
+el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
+say() { echo "[host $(date +%T)] $*"; }
+. "$ROOT/tests/interop/guest.sh"
+. "$ROOT/tests/cluster/lib.sh"
+# shellcheck source=tests/failover/cases.sh
+. "$HERE/cases.sh"
+
+# ---------------------------------------------------------------- build
+do_build() {
+  local t0; t0=$(ts)
+  guest_stage "$IRD" "$GUEST_MODS" "$(command -v nvme)" "$(command -v fio)" \
+    "$(command -v mke2fs)" "$(command -v e2fsck)" || exit 1
+  install -m 0755 "$HERE/guest-init.sh" "$IRD/init"
+  [ -f /etc/mke2fs.conf ] && install -m 0644 /etc/mke2fs.conf "$IRD/etc/mke2fs.conf"   # defines "ext4"
+  guest_pack "$IRD" "$INITRD"
+  guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/guest.sh" > "$CACHE/.built-from"
+  say "modules: $(tr '\n' ' ' < "$IRD/etc/modules.list" | sed 's#[^ ]*/##g')"
+  say "initramfs $(du -h "$INITRD" | cut -f1) built in $(el "$t0") s"
+}
+
+# ---------------------------------------------------------------- run
+pick_accel() {
+  if [ "$ACCEL" != auto ]; then echo "$ACCEL"; return; fi
+  if [ -w /dev/kvm ] && [ ! -d /sys/module/kvm_pvm ] && grep -qE '\b(vmx|svm)\b' /proc/cpuinfo; then
+    echo kvm; else echo tcg; fi
+}
+port_busy() { (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
+free_port() { local p=$1; while port_busy "$p"; do p=$((p + 1)); done; echo "$p"; }
+HR=$RUN/host-results.txt
+hres() { echo "RESULT $1 $2${3:+ ($3)}" | tee -a "$HR"; }
+fpc_result() { hres "$@"; }
+# the guest's serial lines as they came, "EPOCH TEXT" in serial.log (arrival time)
+serial() { cut -d' ' -f2- "$RUN/serial.log" 2> /dev/null || true; }
+stamp_lines() { local l; while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "${l//$'\r'/}"; done; }
+# hev TEXT: a harness event on the timeline clock
+hev() { printf '%s %s\n' "$EPOCHREALTIME" "$*" >> "$RUN/events.log"; say "$*"; }
+send_ctl() { (exec 3<> "/dev/tcp/127.0.0.1/$CTL_PORT" && printf '%s\n' "$1" >&3 && sleep 0.3) 2> /dev/null || true; }
+answer_guest() {  # ACTION "STATUS [PAYLOAD]": repeat until the guest acknowledges (or 30 s)
+  local i=0
+  while [ $i -lt 40 ]; do
+    send_ctl "DONE $1 $2"
+    sleep 0.4
+    serial | grep -axF "@@HOST-ACK $1" > /dev/null && return 0
+    i=$((i + 1))
+  done
+  say "guest did not acknowledge '$1'"
+}
+
+# the QEMU of a crashed earlier run (its pid file, if that pid still is our QEMU)
+kill_old_qemu() {
+  local p; p=$(cat "$CACHE/qemu.pid" 2> /dev/null) || return 0
+  grep -qaF "$INITRD" "/proc/$p/cmdline" 2> /dev/null && { say "killing the QEMU of an earlier run (pid $p)"; kill -KILL "$p"; }
+  rm -f "$CACHE/qemu.pid"
+}
+QPID=""; F_FAULT_ERR=""; OWNER0=""; EPOCH0=""; T_FAULT=$EPOCHREALTIME; F_DETAIL=""
+cleanup() {
+  [ -n "$QPID" ] && { kill "$QPID" 2> /dev/null; wait "$QPID" 2> /dev/null; }
+  QPID=""
+  fpc_etcd_down; fpc_cleanup
+}
+
+# handle ACTION ARGS: one guest request; the answer goes back through the control port
+handle() {
+  local action=$1 args=$2 st=ok pay=""
+  case $action in
+    fo-up) fo_up || st=fail; pay="owner=${OWNER0:-none}";;
+    connected) fo_connected "$args" || st=fail;;
+    prep:*) fo_prep "${action#prep:}" || st=fail; pay="owner=${OWNER0:-none} epoch=${EPOCH0:-none}";;
+    fault:*) F_FAULT_ERR=""; fo_fault "${action#fault:}" || { st=fail; F_FAULT_ERR=1; };;
+    check:*) fo_check "${action#check:}" "$args" || st=fail;;
+    final) fo_final "$args" || st=fail;;
+    *) return 0;;
+  esac
+  answer_guest "$action" "$st${pay:+ $pay}"
+}
+
+do_run() {
+  local t0 K accel cpu tb="" done_t="" last=0 n line action args handled=" " lastout quiet
+  t0=$(ts); K=$(guest_kver)
+  [ -n "$K" ] || { echo "no kernel: run '$0 setup' first"; echo "0 passed, 1 failed"; exit 1; }
+  if [ ! -f "$INITRD" ] || ! guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/guest.sh" | cmp -s - "$CACHE/.built-from"; then
+    do_build
+  fi
+  local expect="fo-up fo-connect" c r
+  for c in $CASES; do
+    case " $ALL_CASES " in *" $c "*) ;; *) echo "unknown case '$c' (cases: $ALL_CASES)"; exit 2;; esac
+    if [ "$RUNS" -gt 1 ]; then for r in $(seq 1 "$RUNS"); do expect="$expect $c#$r"; done
+    else expect="$expect $c"; fi
+  done
+  expect="$expect final-verify final-sha256 $([ "$FS" = 1 ] && echo final-fsck) final-dmesg final-one-owner final-stale-writes fo-teardown"
+  local nexp; nexp=$(echo "$expect" | wc -w)
+  if ! fpc_preflight; then echo "cannot run here: $FPC_WHY"; echo "0 passed, $nexp failed"; exit 1; fi
+  for c in qemu-system-x86_64 etcd etcdctl python3 nvme fio mke2fs; do
+    command -v "$c" > /dev/null || { echo "missing $c: run '$0 setup'"; echo "0 passed, $nexp failed"; exit 1; }
+  done
+  [ -x "$BIN" ] || { echo "no flashpool binary at $BIN (cargo build --release, or FLASHPOOL_BIN)"; echo "0 passed, $nexp failed"; exit 1; }
+  mkdir -p "$FPC_DIR/pids"
+  # a crashed earlier run: its QEMU (pid file), nodes, etcd, namespaces, bridge
+  kill_old_qemu; fpc_etcd_down; fpc_cleanup
+  rm -rf "$RUN"; mkdir -p "$RUN"; : > "$HR"; : > "$RUN/events.log"; : > "$RUN/serial.log"; : > "$RUN/timeline.txt"
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+  CTL_PORT=$(free_port "${CTL_PORT:-15655}")
+  local hostuuid; hostuuid=$(cat /proc/sys/kernel/random/uuid)
+  HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$hostuuid
+  accel=$(pick_accel)
+  if [ "$accel" = kvm ]; then cpu="-accel kvm -cpu host"; else cpu="-accel tcg,thread=multi -cpu max"; fi
+  local append="console=ttyS0 panic=-1 quiet fp_nqn=$NQN fp_port=$FPC_PORT fp_kato=$KATO"
+  append="$append fp_ctrls=$(fpc_cip 1),$(fpc_cip 2),$(fpc_cip 3) fp_names=c1,c2,c3"
+  append="$append fp_cases=$(echo "$CASES" | tr ' ' ,) fp_runs=$RUNS fp_hostnqn=$HOSTNQN fp_hostid=$hostuuid"
+  append="$append fp_bs=$BS fp_qd=$QD fp_region=$REGION_MB fp_pre=$PRE_S fp_post=$POST_S fp_fs=$FS fp_gap=$GAP_MS"
+  say "accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) cases: $CASES (x$RUNS); KATO $KATO s, lease $LEASE_MS ms; logs in $RUN"
+  # shellcheck disable=SC2086   # $cpu: several options
+  timeout -s KILL "$RUN_TIMEOUT" qemu-system-x86_64 $cpu -m "$GUEST_MEM" -smp "$GUEST_CPUS" \
+    -nodefaults -display none -no-reboot -serial stdio -pidfile "$CACHE/qemu.pid" \
+    -kernel "$GUEST_KROOT/boot/vmlinuz-$K" -initrd "$INITRD" -append "$append" \
+    -netdev "user,id=n0,ipv6=off,hostfwd=tcp:127.0.0.1:$CTL_PORT-10.0.2.15:5555" \
+    -device virtio-net-pci,netdev=n0 < /dev/null 2> "$RUN/qemu.stderr" > >(stamp_lines >> "$RUN/serial.log") &
+  QPID=$!   # timeout's; QEMU's own pid is in $CACHE/qemu.pid (for the clean-up after a crash)
+  lastout=$(ts)
+  while kill -0 "$QPID" 2> /dev/null; do
+    [ -z "$tb" ] && serial | grep -a '^@@ .*init start' > /dev/null && { tb=$(el "$t0"); say "guest /init started after $tb s"; }
+    n=$(wc -l < "$RUN/serial.log")
+    if [ "$n" -gt "$last" ]; then
+      lastout=$(ts)
+      tail -n +"$((last + 1))" "$RUN/serial.log" | head -n "$((n - last))" | cut -d' ' -f2- \
+        | grep -aE '^(@@ .*(STEP|FAILED|guest checks)|RESULT )' | sed 's/^@@ /[guest] /; s/^RESULT/[guest] RESULT/'
+      # new requests of the guest, in order
+      while IFS= read -r line; do
+        action=${line#@@HOST }; action=${action%% *}; args=${line#"@@HOST $action"}; args=${args# }
+        case "$handled" in *" $action "*) continue;; esac
+        handled="$handled$action "
+        [ "$action" = guest-done ] && { done_t=$(ts); continue; }
+        handle "$action" "$args"
+        lastout=$(ts)
+      done < <(tail -n +"$((last + 1))" "$RUN/serial.log" | head -n "$((n - last))" | cut -d' ' -f2- | grep -a '^@@HOST [^-]' | grep -av '^@@HOST-ACK')
+      last=$n
+    fi
+    [ -n "$done_t" ] && { say "guest powered off after $(el "$t0") s"; break; }
+    quiet=$(awk -v a="$lastout" -v b="$(ts)" 'BEGIN{printf "%d", b-a}')
+    if [ "$quiet" -ge "$STUCK_S" ]; then say "no guest output for $quiet s: stuck, killing QEMU"; break; fi
+    sleep 0.2
+  done
+  # a guest that powered off at once: its last lines may not have been looked at
+  [ -z "$done_t" ] && serial | grep -ax '@@HOST guest-done' > /dev/null && { done_t=$(ts); say "guest powered off after $(el "$t0") s"; }
+  sleep 1; kill "$QPID" 2> /dev/null; wait "$QPID" 2> /dev/null; QPID=""
+  [ -n "$done_t" ] || say "QEMU ended without the guest-done marker (guest crash, stuck, or RUN_TIMEOUT=$RUN_TIMEOUT)"
+  fo_teardown
+  trap - EXIT
+  fpc_etcd_down; fpc_cleanup
+
+  # ---- report
+  local n_pass=0 n_fail=0 failed=""
+  { serial | grep -a '^RESULT '; cat "$HR"; } > "$RUN/results.txt"
+  for c in $expect; do
+    line=$(grep -aF "RESULT $c " "$RUN/results.txt" | tail -n1)
+    if [[ "$line" == "RESULT $c PASS"* ]]; then n_pass=$((n_pass + 1))
+    else n_fail=$((n_fail + 1)); failed="$failed $c"; [ -n "$line" ] || echo "RESULT $c FAIL (no result: not reached)" >> "$RUN/results.txt"; fi
+  done
+  if [ -n "$failed" ] || [ "${VERBOSE:-0}" = 1 ]; then
+    echo "----- guest serial log ($RUN/serial.log), without kernel lines -----"
+    serial | grep -av '^@@K ' | tail -n 150
+    [ -s "$RUN/qemu.stderr" ] && { echo "----- qemu stderr -----"; cat "$RUN/qemu.stderr"; }
+    for c in c1 c2 c3; do
+      [ -f "$FPC_DIR/$c.log" ] && { echo "----- $FPC_DIR/$c.log (WARN/ERROR, tail) -----"; grep -aE 'WARN|ERROR|panic' "$FPC_DIR/$c.log" | tail -n 25; }
+    done
+  fi
+  echo "----- summary (accel $accel, guest /init at ${tb:-?} s, total $(el "$t0") s; timelines: $RUN/timeline.txt) -----"
+  for c in $expect; do grep -aF "RESULT $c " "$RUN/results.txt" | tail -n1; done
+  [ -n "$failed" ] && echo "failed:$failed"
+  echo "$n_pass passed, $n_fail failed"
+  [ "$n_fail" -eq 0 ]
+}
+
+ACTION=all
+for a in "$@"; do
+  case $a in
+    setup|build|run|all) ACTION=$a;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0;;
+    *) echo "usage: $0 [setup|build|run|all]"; exit 2;;
+  esac
+done
+mkdir -p "$CACHE"
+case $ACTION in
+  setup) guest_setup etcd-server etcd-client e2fsprogs iproute2;;
+  build) do_build;;
+  run) do_run;;
+  all) guest_setup etcd-server etcd-client e2fsprogs iproute2 && do_build && do_run;;
+esac
