@@ -1,7 +1,12 @@
 //! Parity checks: one stripe (`sync_stripe`), the whole volume (scrub), and
 //! the regions the intent bitmaps mark dirty after a crash.
 
+use futures_util::StreamExt;
+
 use super::*;
+
+/// Stripes resynced at once after a crash.
+const RESYNC_PARALLEL: usize = 32;
 
 impl Volume {
     /// Checks every stripe's parity against its data; with `repair`, rewrites
@@ -42,19 +47,26 @@ impl Inner {
         if !regions.is_empty() {
             tracing::info!("resyncing {} dirty regions", regions.len());
         }
-        let mut unsynced = 0u64;
-        for r in &regions {
+        // Stripes are independent (each takes its own stripe lock), so a
+        // region is resynced many stripes at a time: one at a time kept a
+        // takeover after a crash ~1 s per dirty region from serving.
+        let stripes = regions.iter().flat_map(|r| {
             let first = r * self.intent.region_stripes;
-            let last = (first + self.intent.region_stripes).min(self.layout.stripes());
-            for s in first..last {
-                match self.sync_stripe(s, true).await {
-                    Ok(Some(_)) => {
-                        self.stats.resynced.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(None) => unsynced += 1,
-                    Err(e) => {
-                        return Err(VolumeError::Rebuild(format!("resync of stripe {s}: {e}")));
-                    }
+            first..(first + self.intent.region_stripes).min(self.layout.stripes())
+        });
+        let mut results = futures_util::stream::iter(
+            stripes.map(|s| async move { (s, self.sync_stripe(s, true).await) }),
+        )
+        .buffer_unordered(RESYNC_PARALLEL);
+        let mut unsynced = 0u64;
+        while let Some((s, r)) = results.next().await {
+            match r {
+                Ok(Some(_)) => {
+                    self.stats.resynced.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(None) => unsynced += 1,
+                Err(e) => {
+                    return Err(VolumeError::Rebuild(format!("resync of stripe {s}: {e}")));
                 }
             }
         }
