@@ -9,6 +9,7 @@
 //! |-------------------------|------------------|--------------|
 //! | `nodes/<name>`          | [`NodeRecord`]   | node's       |
 //! | `slots/<k>`             | node name        | node's       |
+//! | `slot-home/<name>`      | its last slot    | none         |
 //! | `volumes/<v>/spec`      | [`VolumeSpec`]   | none         |
 //! | `volumes/<v>/owner`     | [`Owner`]        | owner's      |
 //! | `volumes/<v>/epoch`     | last owner epoch | none         |

@@ -101,9 +101,26 @@ fn txn_gets(resp: &etcd_client::TxnResponse) -> Vec<Vec<KeyValue>> {
         .collect()
 }
 
+/// The controller-ID slot a joining node takes: its own home slot when
+/// free, else the lowest free slot that is no other node's home, else the
+/// lowest free slot.
+fn pick_slot(me: &str, taken: &[u16], homes: &[(String, u16)]) -> Option<u16> {
+    let free = |s: &u16| !taken.contains(s);
+    if let Some((_, s)) = homes
+        .iter()
+        .find(|(n, s)| n == me && free(s) && *s <= MAX_SLOT)
+    {
+        return Some(*s);
+    }
+    let homed = |s: &u16| homes.iter().any(|(n, h)| n != me && h == s);
+    (0..=MAX_SLOT)
+        .find(|s| free(s) && !homed(s))
+        .or_else(|| (0..=MAX_SLOT).find(free))
+}
+
 impl Session {
-    /// Joins the cluster: grants a lease, takes the lowest free controller-ID
-    /// slot and publishes `nodes/<name>`, all under the lease; then starts the
+    /// Joins the cluster: grants a lease, takes a free controller-ID
+    /// slot (its home slot when it can, see `pick_slot`) and publishes `nodes/<name>`, all under the lease; then starts the
     /// keep-alive (with its fencing watchdog) and the watch.
     pub async fn join(cfg: ClusterConfig, mut rec: NodeRecord) -> Result<Session, ClusterError> {
         let opts = ConnectOptions::new()
@@ -132,16 +149,29 @@ impl Session {
         };
 
         let node_key = format!("{prefix}nodes/{}", cfg.node);
+        let home_key = format!("{prefix}slot-home/{}", cfg.node);
         let slot = loop {
-            let used = match retry(&cfg, "read slots", || {
-                let mut c = client.clone();
-                let k = format!("{prefix}slots/");
-                async move { c.get(k, Some(GetOptions::new().with_prefix())).await }
-            })
-            .await
-            {
-                Ok(r) => r,
-                Err(e) => {
+            // The slots in use, and every node's home slot (the one it had
+            // last: a host may still hold a dead node's controllers, whose
+            // IDs another node must not hand out again).
+            let read = |k: String| {
+                let client = client.clone();
+                let cfg = cfg.clone();
+                async move {
+                    retry(&cfg, "read slots", || {
+                        let mut c = client.clone();
+                        let k = k.clone();
+                        async move { c.get(k, Some(GetOptions::new().with_prefix())).await }
+                    })
+                    .await
+                }
+            };
+            let (used, homes) = match (
+                read(format!("{prefix}slots/")).await,
+                read(format!("{prefix}slot-home/")).await,
+            ) {
+                (Ok(u), Ok(h)) => (u, h),
+                (Err(e), _) | (_, Err(e)) => {
                     abandon(&client).await;
                     return Err(e);
                 }
@@ -151,7 +181,12 @@ impl Session {
                 .iter()
                 .filter_map(|kv| kv.key_str().ok()?.rsplit('/').next()?.parse().ok())
                 .collect();
-            let Some(slot) = (0..=MAX_SLOT).find(|s| !taken.contains(s)) else {
+            let home_of = |kv: &etcd_client::KeyValue| -> Option<(String, u16)> {
+                let node = kv.key_str().ok()?.rsplit('/').next()?.to_string();
+                Some((node, kv.value_str().ok()?.parse().ok()?))
+            };
+            let homes: Vec<(String, u16)> = homes.kvs().iter().filter_map(home_of).collect();
+            let Some(slot) = pick_slot(&cfg.node, &taken, &homes) else {
                 abandon(&client).await;
                 return Err(ClusterError::NoFreeSlot);
             };
@@ -174,6 +209,7 @@ impl Session {
                         encode(&rec),
                         Some(PutOptions::new().with_lease(lease)),
                     ),
+                    TxnOp::put(home_key.clone(), slot.to_string(), None),
                 ])
                 .or_else([TxnOp::get(node_key.clone(), None)]);
             let resp = match retry(&cfg, "join txn", || {
@@ -962,10 +998,30 @@ async fn watch_task(client: Client, prefix: String, events: broadcast::Sender<Cl
 
 #[cfg(test)]
 mod tests {
+    use crate::MAX_SLOT;
+
     #[test]
     fn cntlid_ranges() {
         assert_eq!(super::cntlid_range(0), (1, 1023));
         assert_eq!(super::cntlid_range(1), (1024, 2047));
         assert_eq!(super::cntlid_range(62), (63488, 64511));
+    }
+
+    #[test]
+    fn a_node_keeps_its_home_slot_and_leaves_others_theirs() {
+        use super::pick_slot;
+        let h = |v: &[(&str, u16)]| -> Vec<(String, u16)> {
+            v.iter().map(|(n, s)| (n.to_string(), *s)).collect()
+        };
+        let homes = h(&[("a", 0), ("b", 1), ("c", 2)]);
+        assert_eq!(pick_slot("b", &[0, 2], &homes), Some(1), "home, free");
+        assert_eq!(pick_slot("d", &[0], &homes), Some(3), "not b's or c's");
+        assert_eq!(pick_slot("b", &[1], &homes), Some(3), "home taken");
+        assert_eq!(pick_slot("x", &[], &[]), Some(0));
+        // every slot is someone's home: the lowest free one, then none
+        let all: Vec<(String, u16)> = (0..=MAX_SLOT).map(|s| (format!("n{s}"), s)).collect();
+        assert_eq!(pick_slot("new", &[0, 1], &all), Some(2));
+        let busy: Vec<u16> = (0..=MAX_SLOT).collect();
+        assert_eq!(pick_slot("new", &busy, &all), None);
     }
 }

@@ -108,13 +108,17 @@ async fn join_gives_distinct_slots_and_refuses_a_live_name() {
         Err(e) => panic!("expected NodeNameInUse, got {e}"),
         Ok(_) => panic!("expected NodeNameInUse, joined"),
     }
-    // a freed slot is reused
+    // a dead node's slot stays its home: a newcomer takes another one (a
+    // host may still hold the dead node's controller IDs), and the node
+    // gets its own back when it returns
     let bs = b.slot();
     b.leave().await;
     assert!(!b.is_valid());
     let d = join(&eps, "d").await;
-    assert_eq!(d.slot(), bs);
+    assert_eq!(d.slot(), 3);
     assert_eq!(a.lease_ttl_left(b.lease_id()).await.unwrap(), None);
+    let b2 = join(&eps, "b").await;
+    assert_eq!(b2.slot(), bs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
