@@ -349,13 +349,26 @@ impl QueueCore {
                     BlockOp::Write { fua: false }
                 };
                 let st = io::status_of(&e, op);
-                tracing::warn!(
-                    "{}: I/O error on nsid {} cid {}: {}",
-                    self.peer,
-                    sqe.nsid,
-                    sqe.cid,
-                    e
-                );
+                if st.sct == status::SCT_PATH {
+                    // Expected while a volume moves or is fenced: the host
+                    // retries on another path; one line per command would
+                    // flood the log during every failover.
+                    tracing::debug!(
+                        "{}: path error on nsid {} cid {}: {}",
+                        self.peer,
+                        sqe.nsid,
+                        sqe.cid,
+                        e
+                    );
+                } else {
+                    tracing::warn!(
+                        "{}: I/O error on nsid {} cid {}: {}",
+                        self.peer,
+                        sqe.nsid,
+                        sqe.cid,
+                        e
+                    );
+                }
                 if st.sct == status::SCT_MEDIA {
                     b.stats.media_errors.fetch_add(1, Relaxed);
                 }

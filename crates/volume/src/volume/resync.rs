@@ -2,6 +2,7 @@
 //! the regions the intent bitmaps mark dirty after a crash.
 
 use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 
 use super::*;
 
@@ -50,16 +51,26 @@ impl Inner {
         // Stripes are independent (each takes its own stripe lock), so a
         // region is resynced many stripes at a time: one at a time kept a
         // takeover after a crash ~1 s per dirty region from serving.
-        let stripes = regions.iter().flat_map(|r| {
-            let first = r * self.intent.region_stripes;
-            first..(first + self.intent.region_stripes).min(self.layout.stripes())
-        });
-        let mut results = futures_util::stream::iter(
-            stripes.map(|s| async move { (s, self.sync_stripe(s, true).await) }),
-        )
-        .buffer_unordered(RESYNC_PARALLEL);
+        let stripes: Vec<u64> = regions
+            .iter()
+            .flat_map(|r| {
+                let first = r * self.intent.region_stripes;
+                first..(first + self.intent.region_stripes).min(self.layout.stripes())
+            })
+            .collect();
+        let mut next = stripes.into_iter();
+        let mut running = FuturesUnordered::new();
         let mut unsynced = 0u64;
-        while let Some((s, r)) = results.next().await {
+        loop {
+            while running.len() < RESYNC_PARALLEL {
+                match next.next() {
+                    Some(s) => running.push(self.resync_stripe(s)),
+                    None => break,
+                }
+            }
+            let Some((s, r)) = running.next().await else {
+                break;
+            };
             match r {
                 Ok(Some(_)) => {
                     self.stats.resynced.fetch_add(1, Ordering::Relaxed);
@@ -85,6 +96,11 @@ impl Inner {
             self.write_bitmap_all_zero().await?;
         }
         Ok(())
+    }
+
+    /// Repairs one stripe's parity (a named future: resync runs many).
+    async fn resync_stripe(&self, s: u64) -> (u64, Result<Option<bool>, BlockError>) {
+        (s, self.sync_stripe(s, true).await)
     }
 
     /// Checks one stripe's parity; with `repair` rewrites it when it differs.
