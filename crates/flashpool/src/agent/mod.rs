@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use cluster::{
-    ClusterConfig, ClusterError, LeaseHealth, LivenessListener, NodeRecord, Portal, Session,
-    VolumeSpec,
+    ClusterConfig, ClusterError, Handoff, LeaseHealth, LivenessListener, NodeRecord, Portal,
+    Session, VolumeSpec,
 };
 use nvmf_target::{AnaState, Subsystem, Target};
 use tokio::sync::Notify;
@@ -68,8 +68,10 @@ pub struct Agent {
     watching: Mutex<HashSet<(String, i64)>>,
     /// When each unowned volume was first seen unowned (claim delays).
     unowned_since: Mutex<HashMap<String, Instant>>,
-    /// When each handoff was first seen (a stale one is ignored).
-    handoff_seen: Mutex<HashMap<String, Instant>>,
+    /// Each volume's handoff as first seen, and when (a stale one is
+    /// ignored). Keyed by the handoff itself: an entry left from an earlier
+    /// move must not make a new handoff look stale.
+    handoff_seen: Mutex<HashMap<String, (Handoff, Instant)>>,
     /// Volumes this node failed to take over, not to be claimed again before.
     cooldown: Mutex<HashMap<String, Instant>>,
     kick: Notify,

@@ -1,7 +1,7 @@
 //! Owning a cluster volume: when to claim it, taking it over, and the two
 //! ways of letting it go (fenced, or handed over cleanly).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -111,7 +111,7 @@ impl Agent {
         let handoff = s.handoff(&name).await?;
         let rank = match &handoff {
             Some(h) if h.to == me => 0,
-            Some(h) if live.contains(&h.to.as_str()) && !self.handoff_stale(&name, now) => {
+            Some(h) if live.contains(&h.to.as_str()) && !self.handoff_stale(&name, h, now) => {
                 return Ok(());
             }
             _ => match rendezvous(&name, eligible(nodes, draining))
@@ -144,10 +144,13 @@ impl Agent {
         Ok(())
     }
 
-    fn handoff_stale(&self, name: &str, now: Instant) -> bool {
-        let mut seen = self.handoff_seen.lock().expect("not poisoned");
-        let t = *seen.entry(name.to_string()).or_insert(now);
-        now.duration_since(t) > HANDOFF_STALE
+    fn handoff_stale(&self, name: &str, h: &Handoff, now: Instant) -> bool {
+        handoff_stale(
+            &mut self.handoff_seen.lock().expect("not poisoned"),
+            name,
+            h,
+            now,
+        )
     }
 
     /// Takes over a volume just claimed at `epoch`: connects to its members,
@@ -277,6 +280,25 @@ impl Agent {
     }
 }
 
+/// Whether `h`, the handoff of `name`, has waited longer than
+/// [`HANDOFF_STALE`] since this node first saw it. `seen` remembers the
+/// handoff itself: an entry left from an earlier move of the volume must
+/// not make a new handoff look stale (a bystander would claim at once).
+fn handoff_stale(
+    seen: &mut HashMap<String, (Handoff, Instant)>,
+    name: &str,
+    h: &Handoff,
+    now: Instant,
+) -> bool {
+    let e = seen
+        .entry(name.to_string())
+        .or_insert_with(|| (h.clone(), now));
+    if e.0 != *h {
+        *e = (h.clone(), now);
+    }
+    now.duration_since(e.1) > HANDOFF_STALE
+}
+
 /// Live nodes that may own volumes (not draining).
 fn eligible<'a>(nodes: &'a [NodeRecord], draining: &HashSet<String>) -> Vec<&'a str> {
     nodes
@@ -284,4 +306,30 @@ fn eligible<'a>(nodes: &'a [NodeRecord], draining: &HashSet<String>) -> Vec<&'a 
         .map(|n| n.name.as_str())
         .filter(|n| !draining.contains(*n))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_handoff_is_not_stale_because_an_old_one_was_seen() {
+        let mut seen = HashMap::new();
+        let t0 = Instant::now();
+        let h = |to: &str, epoch| Handoff {
+            to: to.into(),
+            epoch,
+        };
+        assert!(!handoff_stale(&mut seen, "v", &h("b", 1), t0));
+        // the move to b went through long ago; now one to c, same volume
+        let later = t0 + HANDOFF_STALE * 4;
+        assert!(!handoff_stale(&mut seen, "v", &h("c", 2), later));
+        // the same handoff, unanswered past the limit: stale
+        assert!(handoff_stale(
+            &mut seen,
+            "v",
+            &h("c", 2),
+            later + HANDOFF_STALE + Duration::from_millis(1)
+        ));
+    }
 }
