@@ -1553,6 +1553,7 @@ fn records_follow_every_member_replacement() {
 }
 
 mod fence;
+mod failed;
 mod readd;
 mod zerocopy;
 
