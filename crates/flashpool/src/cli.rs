@@ -112,8 +112,14 @@ pub enum VolumeCmd {
 pub enum DriveCmd {
     /// All drives and what uses them.
     List,
-    /// Mark a drive failed; its volume runs degraded.
-    Fail { name: String },
+    /// Mark a drive failed; its volume runs degraded. Refused when that
+    /// would take the volume beyond its redundancy (data lost), unless --force.
+    Fail {
+        name: String,
+        /// Fail it even if its volume then fails (the error says what is lost).
+        #[arg(long)]
+        force: bool,
+    },
     /// Put drive WITH in the place of NAME in its volume and rebuild onto it.
     Replace {
         name: String,
@@ -304,7 +310,11 @@ pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
     let c = Client::new(&api.api);
     let v = match cmd {
         DriveCmd::List => c.call("GET", "/drives", None)?,
-        DriveCmd::Fail { name } => c.call("POST", &format!("/drives/{name}/fail"), None)?,
+        DriveCmd::Fail { name, force } => c.call(
+            "POST",
+            &format!("/drives/{name}/fail"),
+            force.then(|| json!({ "force": true })),
+        )?,
         DriveCmd::Export { name, hosts } => c.call(
             "POST",
             &format!("/drives/{name}/export"),

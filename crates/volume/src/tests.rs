@@ -1552,8 +1552,8 @@ fn records_follow_every_member_replacement() {
     });
 }
 
-mod fence;
 mod failed;
+mod fence;
 mod readd;
 mod zerocopy;
 

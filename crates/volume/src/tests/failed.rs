@@ -58,11 +58,7 @@ fn a_failed_member_of_raid0_or_concat_gets_no_io_and_fails_what_touches_it() {
             let mut touched = 0;
             for lba in (0..blocks).step_by(piece as usize) {
                 let len = piece.min(blocks - lba);
-                let on_failed = vol
-                    .layout()
-                    .extents(lba, len)
-                    .iter()
-                    .any(|e| e.member == 1);
+                let on_failed = vol.layout().extents(lba, len).iter().any(|e| e.member == 1);
                 let r = try_read(&vol, lba, len).await;
                 let w = vwrite(&vol, lba, &pattern(lba, len, 2)).await;
                 let z = try_zero(&vol, lba, len).await;
@@ -86,7 +82,10 @@ fn a_failed_member_of_raid0_or_concat_gets_no_io_and_fails_what_touches_it() {
             let healthy_writes: u64 = [0, 2].iter().map(|&i| rig.faults[i].stats().writes).sum();
             assert!(vwrite(&vol, 0, &pattern(0, blocks, 3)).await.is_err());
             let after: u64 = [0, 2].iter().map(|&i| rig.faults[i].stats().writes).sum();
-            assert_eq!(healthy_writes, after, "{kind}: a refused write wrote nothing");
+            assert_eq!(
+                healthy_writes, after,
+                "{kind}: a refused write wrote nothing"
+            );
             let s = rig.faults[1].stats();
             assert_eq!(
                 (s.reads, s.writes),
@@ -97,7 +96,8 @@ fn a_failed_member_of_raid0_or_concat_gets_no_io_and_fails_what_touches_it() {
             let states = vol.member_states();
             let e = vol.replace_member(1, spare(&rig)).await.unwrap_err();
             assert!(
-                matches!(e, VolumeError::CannotRebuild(_)) && e.to_string().contains("no redundancy"),
+                matches!(e, VolumeError::CannotRebuild(_))
+                    && e.to_string().contains("no redundancy"),
                 "{e}"
             );
             assert_eq!(vol.member_states(), states);
