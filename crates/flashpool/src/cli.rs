@@ -416,6 +416,9 @@ fn print_volume_table(v: &Value) {
             drives.join(","),
             export_text(x)
         );
+        if let Some(r) = x["reason"].as_str() {
+            outln!("  {r}");
+        }
     }
 }
 
@@ -434,6 +437,9 @@ fn print_volume(v: &Value) {
         v["state"].as_str().unwrap_or("?"),
         v["generation"].as_u64().unwrap_or(0)
     );
+    if let Some(r) = v["reason"].as_str() {
+        outln!("  {}: {r}", v["state"].as_str().unwrap_or("?"));
+    }
     outln!("  exported as: {}", export_text(v));
     if let Some(p) = v["pool"].as_str() {
         outln!(
