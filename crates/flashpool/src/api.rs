@@ -88,6 +88,14 @@ fn body<T: DeserializeOwned>(b: &Bytes) -> Result<T, ApiError> {
     })
 }
 
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FailBody {
+    /// Fail it even when that takes its volume beyond its redundancy.
+    #[serde(default)]
+    force: bool,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReplaceBody {
@@ -194,8 +202,13 @@ async fn drives(State(n): State<Arc<Node>>) -> ApiResult {
 async fn drive(State(n): State<Arc<Node>>, Path(name): Path<String>) -> ApiResult {
     ok(n.drive(&name).await?)
 }
-async fn fail_drive(State(n): State<Arc<Node>>, Path(name): Path<String>) -> ApiResult {
-    ok(n.fail_drive(&name).await?)
+async fn fail_drive(State(n): State<Arc<Node>>, Path(name): Path<String>, b: Bytes) -> ApiResult {
+    let r: FailBody = if b.is_empty() {
+        FailBody::default()
+    } else {
+        body(&b)?
+    };
+    ok(n.fail_drive(&name, r.force).await?)
 }
 async fn replace_drive(
     State(n): State<Arc<Node>>,

@@ -112,8 +112,14 @@ pub enum VolumeCmd {
 pub enum DriveCmd {
     /// All drives and what uses them.
     List,
-    /// Mark a drive failed; its volume runs degraded.
-    Fail { name: String },
+    /// Mark a drive failed; its volume runs degraded. Refused when that
+    /// would take the volume beyond its redundancy (data lost), unless --force.
+    Fail {
+        name: String,
+        /// Fail it even if its volume then fails (the error says what is lost).
+        #[arg(long)]
+        force: bool,
+    },
     /// Put drive WITH in the place of NAME in its volume and rebuild onto it.
     Replace {
         name: String,
@@ -304,7 +310,11 @@ pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
     let c = Client::new(&api.api);
     let v = match cmd {
         DriveCmd::List => c.call("GET", "/drives", None)?,
-        DriveCmd::Fail { name } => c.call("POST", &format!("/drives/{name}/fail"), None)?,
+        DriveCmd::Fail { name, force } => c.call(
+            "POST",
+            &format!("/drives/{name}/fail"),
+            force.then(|| json!({ "force": true })),
+        )?,
         DriveCmd::Export { name, hosts } => c.call(
             "POST",
             &format!("/drives/{name}/export"),
@@ -406,6 +416,9 @@ fn print_volume_table(v: &Value) {
             drives.join(","),
             export_text(x)
         );
+        if let Some(r) = x["reason"].as_str() {
+            outln!("  {r}");
+        }
     }
 }
 
@@ -424,6 +437,9 @@ fn print_volume(v: &Value) {
         v["state"].as_str().unwrap_or("?"),
         v["generation"].as_u64().unwrap_or(0)
     );
+    if let Some(r) = v["reason"].as_str() {
+        outln!("  {}: {r}", v["state"].as_str().unwrap_or("?"));
+    }
     outln!("  exported as: {}", export_text(v));
     if let Some(p) = v["pool"].as_str() {
         outln!(

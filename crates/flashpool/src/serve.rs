@@ -26,10 +26,13 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         // declared volume stands in as a placeholder.
         let declared: HashSet<&str> = volume_specs.iter().map(|v| v.name.as_str()).collect();
         let built = config::build(&cfg, &|v, _, _| {
-            declared.contains(v).then(|| {
-                Arc::new(NullDevice::new(1 << 20, 4096).expect("placeholder"))
-                    as Arc<dyn BlockDevice>
-            })
+            if declared.contains(v) {
+                config::VolumeNamespace::Device(Arc::new(
+                    NullDevice::new(1 << 20, 4096).expect("placeholder"),
+                ) as Arc<dyn BlockDevice>)
+            } else {
+                config::VolumeNamespace::Unknown
+            }
         })?;
         outln!(
             "config {origin}: OK ({} subsystems, {} drives, {} volumes)",
@@ -62,11 +65,10 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     rt.block_on(async {
         node.open_configured_remotes(&drive_specs).await;
         node.assemble_found().await?;
+        // A volume that cannot be assembled or made is entered offline
+        // (listed with its reason, not served): the others still run.
         for v in volume_specs {
-            let name = v.name.clone();
-            node.ensure_volume(v)
-                .await
-                .with_context(|| format!("config: volume {name}"))?;
+            node.ensure_volume_or_offline(v).await;
         }
         anyhow::Ok(())
     })?;

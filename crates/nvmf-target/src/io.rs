@@ -224,12 +224,20 @@ pub fn status_of(err: &BlockError, op: BlockOp) -> Status {
     match err {
         BlockError::OutOfRange { .. } => Status::generic(status::SC_LBA_RANGE),
         BlockError::NoSpace => Status::generic(status::SC_CAP_EXCEEDED),
-        BlockError::Io(_) | BlockError::IdentityChanged(_) | BlockError::TooManyFailed { .. } => {
-            match op {
+        BlockError::Io(_) | BlockError::IdentityChanged(_) => match op {
+            BlockOp::Read => Status::media(status::SC_UNRECOVERED_READ),
+            _ => Status::media(status::SC_WRITE_FAULT),
+        },
+        // A volume beyond its redundancy (it has failed): the same media
+        // errors, with Do Not Retry, as no retry can succeed until an
+        // operator brings members back.
+        BlockError::TooManyFailed { .. } => Status {
+            dnr: true,
+            ..match op {
                 BlockOp::Read => Status::media(status::SC_UNRECOVERED_READ),
                 _ => Status::media(status::SC_WRITE_FAULT),
             }
-        }
+        },
         BlockError::ReservationConflict(_) => Status::generic(status::SC_RESERVATION_CONFLICT),
         // A fenced owner must send the host to another path, never fail its I/O for good.
         BlockError::Fenced(_) => Status::path(status::SC_ANA_INACCESSIBLE),
@@ -257,6 +265,22 @@ mod tests {
         s.cdw11 = (slba >> 32) as u32;
         s.cdw12 = nlb - 1;
         s
+    }
+
+    #[test]
+    fn a_failed_volume_answers_media_errors_without_retry() {
+        let e = BlockError::TooManyFailed {
+            volume: "z".into(),
+            layout: "raid0".into(),
+            failed: vec![1],
+            tolerates: 0,
+        };
+        let r = status_of(&e, BlockOp::Read);
+        assert_eq!((r.sct, r.sc, r.dnr), (2, status::SC_UNRECOVERED_READ, true));
+        let w = status_of(&e, BlockOp::Write { fua: false });
+        assert_eq!((w.sct, w.sc, w.dnr), (2, status::SC_WRITE_FAULT, true));
+        let f = status_of(&e, BlockOp::Flush);
+        assert_eq!((f.sc, f.dnr), (status::SC_WRITE_FAULT, true));
     }
 
     #[test]

@@ -1552,6 +1552,7 @@ fn records_follow_every_member_replacement() {
     });
 }
 
+mod failed;
 mod fence;
 mod readd;
 mod zerocopy;

@@ -414,8 +414,18 @@ pub struct Built {
     pub subsystems: Vec<Arc<Subsystem>>,
 }
 
+/// What a `backend = "volume"` namespace serves.
+pub enum VolumeNamespace {
+    Device(Arc<dyn BlockDevice>),
+    /// The volume exists but is not served (offline): the namespace is
+    /// left out, with this reason in the log; the node starts.
+    NotServed(String),
+    /// No such volume: a configuration error.
+    Unknown,
+}
+
 /// Finds the device of a `backend = "volume"` namespace: (volume, nqn, nsid).
-pub type VolumeResolver<'a> = &'a dyn Fn(&str, &str, u32) -> Option<Arc<dyn BlockDevice>>;
+pub type VolumeResolver<'a> = &'a dyn Fn(&str, &str, u32) -> VolumeNamespace;
 
 /// The drives and volumes of the file, checked for what can be checked
 /// without touching the drives.
@@ -792,11 +802,20 @@ fn subsystem(key: &str, s: &SubsystemSection, volumes: VolumeResolver<'_>) -> Re
                     "config: {nkey}: a volume namespace takes its size from the volume; remove size and path"
                 );
             }
-            volumes(name, &s.nqn, n.nsid).ok_or_else(|| {
-                anyhow::anyhow!(
+            match volumes(name, &s.nqn, n.nsid) {
+                VolumeNamespace::Device(d) => d,
+                VolumeNamespace::NotServed(why) => {
+                    tracing::error!(
+                        "config: {nkey} (nsid {} of {}): not served: {why}",
+                        n.nsid,
+                        s.nqn
+                    );
+                    continue;
+                }
+                VolumeNamespace::Unknown => bail!(
                     "config: {nkey}.volume = {name:?}: no such volume; declare it in [[volume]] (or create it with `flashpool volume create`)"
-                )
-            })?
+                ),
+            }
         } else {
             if n.volume.is_some() {
                 bail!(
@@ -932,7 +951,7 @@ mod tests {
         let cfg = parse(text, "t.toml");
         match cfg {
             Err(e) => e.to_string(),
-            Ok(c) => match build(&c, &|_, _, _| None) {
+            Ok(c) => match build(&c, &|_, _, _| VolumeNamespace::Unknown) {
                 Err(e) => e.to_string(),
                 Ok(_) => "ok".into(),
             },
@@ -1044,7 +1063,7 @@ mod tests {
     #[test]
     fn embedded_default_builds() {
         let (cfg, _) = load(None).unwrap();
-        let b = build(&cfg, &|_, _, _| None).unwrap();
+        let b = build(&cfg, &|_, _, _| VolumeNamespace::Unknown).unwrap();
         assert_eq!(b.subsystems[0].nqn, DEFAULT_NQN);
         assert_eq!(b.subsystems[0].namespaces()[0].num_blocks, (1 << 30) / 512);
         assert_eq!(b.listeners.len(), 2);
@@ -1182,14 +1201,14 @@ mod node_tests {
         let text = "[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n\
                     [[subsystem.namespace]]\nnsid = 1\nbackend = \"volume\"\nvolume = \"nope\"\n";
         let cfg: NodeConfig = toml::from_str(text).unwrap();
-        let e = build(&cfg, &|_, _, _| None)
+        let e = build(&cfg, &|_, _, _| VolumeNamespace::Unknown)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(e.contains("volume = \"nope\": no such volume"), "{e}");
         let empty: NodeConfig =
             toml::from_str("[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n").unwrap();
-        let b = build(&empty, &|_, _, _| None).unwrap();
+        let b = build(&empty, &|_, _, _| VolumeNamespace::Unknown).unwrap();
         assert!(
             b.subsystems[0].namespaces().is_empty(),
             "a subsystem may start empty"

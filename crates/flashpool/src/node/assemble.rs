@@ -9,12 +9,14 @@ use std::sync::Arc;
 
 use blockdev::BlockDevice;
 use serde::Deserialize;
-use volume::superblock::Superblock;
+use volume::superblock::{Superblock, uuid_string};
 use volume::thin::ThinPool;
-use volume::{MemberState, Volume};
+use volume::{Layout, MemberState, Volume};
 
-use super::ops::{ExportRequest, VolumeInfo};
-use super::{Backing, Node, NodeError, NodeResult, NodeState, VolumeEntry, read_head, wipe_head};
+use super::ops::{ExportRequest, VolumeInfo, member_state_name};
+use super::{
+    Backing, Node, NodeError, NodeResult, NodeState, Offline, VolumeEntry, read_head, wipe_head,
+};
 
 /// `POST /v1/volumes/assemble`.
 #[derive(Debug, Clone, Deserialize)]
@@ -32,6 +34,7 @@ pub struct AssembleVolume {
 }
 
 /// Drives of one volume, by position, as their superblocks say.
+#[derive(Clone)]
 struct Found {
     newest: Superblock,
     chosen: BTreeMap<u16, String>,
@@ -41,8 +44,10 @@ impl Node {
     /// At start: reads every drive's superblock, groups drives by volume,
     /// and assembles each volume. A drive that lost its position to a newer
     /// one (it was replaced) is left alone, and wiped, with a warning. A
-    /// volume that cannot be assembled (too many members missing, owned by
-    /// another node) is left out with an error in the log; the others run.
+    /// volume that cannot be assembled (too many members failed or missing,
+    /// members that disagree) is entered `offline` with the reason, in the
+    /// log and the API: listed, deletable, not served; the others run. One
+    /// owned by another node (its remote drives reserved) is left out.
     pub async fn assemble_found(self: &Arc<Self>) -> anyhow::Result<()> {
         let mut st = self.state.lock().await;
         let names: Vec<String> = st
@@ -53,7 +58,7 @@ impl Node {
             .collect();
         for f in group_by_volume(&st, &names).await {
             let name = f.newest.name.clone();
-            if let Err(e) = self.assemble_group(&mut st, f, false).await {
+            if let Err(e) = self.assemble_group(&mut st, f, false, true).await {
                 tracing::error!("volume {name:?}: not assembled: {e}");
             }
         }
@@ -81,7 +86,9 @@ impl Node {
                     crate::echo::Echo(d)
                 )));
             }
-            if let Some((v, _)) = st.user_of(d) {
+            if let Some((v, _)) = st.user_of(d)
+                && st.volumes[v].offline().is_none()
+            {
                 return Err(NodeError::Conflict(format!(
                     "drive {d} is already in volume {v} on this node"
                 )));
@@ -112,7 +119,41 @@ impl Node {
         if let Some(x) = &req.export {
             self.check_export_free(x)?;
         }
-        let name = self.assemble_group(&mut st, f, req.takeover).await?;
+        // The volume's own offline entry gives way to the assembly (and
+        // comes back if it fails); another volume's keeps its drives.
+        let uuid = uuid_string(&f.newest.uuid);
+        let mut offline: Vec<String> = Vec::new();
+        for d in &req.drives {
+            if let Some((v, _)) = st.user_of(d)
+                && !offline.iter().any(|o| o == v)
+            {
+                if st.volumes[v].uuid() != uuid {
+                    return Err(NodeError::Conflict(format!(
+                        "drive {d} is in volume {v} on this node (offline); delete it first"
+                    )));
+                }
+                offline.push(v.to_string());
+            }
+        }
+        let parked: Vec<VolumeEntry> = offline
+            .iter()
+            .filter_map(|v| st.volumes.remove(v))
+            .collect();
+        let name = match self.assemble_group(&mut st, f, req.takeover, false).await {
+            Ok(n) => n,
+            Err(e) => {
+                for p in parked {
+                    st.volumes.insert(p.name.clone(), p);
+                }
+                return Err(e);
+            }
+        };
+        if let Some(p) = parked.first() {
+            if let Some(e) = st.volumes.get_mut(&name) {
+                e.from_config |= p.from_config;
+            }
+            tracing::info!("volume {name}: was offline ({}); now assembled", p.name);
+        }
         if let Some(x) = req.export {
             let e = st.volumes.get_mut(&name).expect("just assembled");
             self.export_entry(e, x)?;
@@ -123,24 +164,54 @@ impl Node {
 
     /// Claims the remote members, assembles, opens a thin pool on it, and
     /// enters the volume; resumes an interrupted rebuild. Returns its name.
+    /// With `offline_on_failure`, a volume that cannot be assembled (or its
+    /// pool opened) is entered offline with the reason (the error still
+    /// comes back).
     async fn assemble_group(
         self: &Arc<Self>,
         st: &mut NodeState,
         f: Found,
         takeover: bool,
+        offline_on_failure: bool,
     ) -> NodeResult<String> {
+        let found = f.clone();
+        let out = self.assemble_group_inner(st, f, takeover).await;
+        if let Err(AssembleError::Volume(e)) = &out
+            && offline_on_failure
+        {
+            let (name, entry) = offline_entry(st, &found, e.to_string());
+            tracing::error!(
+                "volume {name}: offline (not assembled, not served): {}; \
+                 its drives are kept as they are",
+                e
+            );
+            st.volumes.insert(name, entry);
+        }
+        out.map_err(|e| match e {
+            AssembleError::Claim(e) | AssembleError::Volume(e) => e,
+        })
+    }
+
+    async fn assemble_group_inner(
+        self: &Arc<Self>,
+        st: &mut NodeState,
+        f: Found,
+        takeover: bool,
+    ) -> Result<String, AssembleError> {
         let Found { newest, chosen } = f;
         let drive_names: Vec<String> = chosen.values().cloned().collect();
         // Before any write: the superblocks are written at assembly.
-        self.claim(st, &drive_names, takeover).await?;
+        self.claim(st, &drive_names, takeover)
+            .await
+            .map_err(AssembleError::Claim)?;
         let n = newest.members.len();
         let members: Vec<Arc<dyn BlockDevice>> =
             chosen.values().map(|d| st.drives[d].dev.clone()).collect();
         let vol = Volume::assemble(members).await.map_err(|e| {
-            NodeError::Conflict(format!(
+            AssembleError::Volume(NodeError::Conflict(format!(
                 "volume {:?} on drives {drive_names:?}: {e}",
                 newest.name
-            ))
+            )))
         })?;
         let mut name = vol.name();
         if name.is_empty() || st.volumes.contains_key(&name) {
@@ -166,9 +237,11 @@ impl Node {
             .any(|s| matches!(s, MemberState::Rebuilding { .. }));
         let as_dev: Arc<dyn BlockDevice> = Arc::new(vol.clone());
         let pool = if ThinPool::is_pool(&as_dev).await {
-            let p = ThinPool::open(as_dev)
-                .await
-                .map_err(|e| NodeError::Internal(format!("volume {name}: its thin pool: {e}")))?;
+            let p = ThinPool::open(as_dev).await.map_err(|e| {
+                AssembleError::Volume(NodeError::Internal(format!(
+                    "volume {name}: its thin pool: {e}"
+                )))
+            })?;
             for t in p.volumes() {
                 let Some(tv) = p.volume(&t.name) else {
                     continue;
@@ -208,6 +281,59 @@ impl Node {
         }
         Ok(name)
     }
+}
+
+/// Why an assembly failed: the claim of the remote members (another node
+/// owns the volume), or the volume itself.
+enum AssembleError {
+    Claim(NodeError),
+    Volume(NodeError),
+}
+
+/// The offline entry of a volume found on drives that cannot be assembled:
+/// what its newest superblock says, and the drives by position.
+fn offline_entry(st: &NodeState, f: &Found, reason: String) -> (String, VolumeEntry) {
+    let sb = &f.newest;
+    let uuid = uuid_string(&sb.uuid);
+    let mut name = sb.name.clone();
+    if name.is_empty() || st.volumes.contains_key(&name) {
+        name = format!("vol-{}", &uuid[..8]);
+    }
+    let data_blocks: Vec<u64> = sb.members.iter().map(|m| m.data_blocks).collect();
+    let bs = sb.block_size.max(1);
+    let size_bytes = Layout::new(sb.kind, u64::from(sb.strip_bytes / bs), &data_blocks)
+        .map(|l| l.volume_blocks() * u64::from(bs))
+        .unwrap_or(0);
+    let n = sb.members.len();
+    let drives: Vec<String> = (0..n)
+        .map(|p| {
+            f.chosen
+                .get(&(p as u16))
+                .cloned()
+                .unwrap_or_else(|| "-".into())
+        })
+        .collect();
+    let member_states = (0..n)
+        .map(|p| {
+            if f.chosen.contains_key(&(p as u16)) {
+                member_state_name(sb.members[p].state).to_string()
+            } else {
+                "missing".to_string()
+            }
+        })
+        .collect();
+    let o = Offline {
+        reason,
+        uuid,
+        layout: sb.kind.to_string(),
+        size_bytes,
+        block_size: sb.block_size,
+        strip_bytes: u64::from(sb.strip_bytes),
+        generation: sb.generation,
+        member_states,
+    };
+    let entry = VolumeEntry::new(&name, Backing::Offline(o), drives, None);
+    (name, entry)
 }
 
 /// Reads the superblocks of `names` and groups the drives by volume, one

@@ -69,6 +69,27 @@ pub enum Backing {
     Drives { vol: Volume, pool: Option<ThinPool> },
     /// A thin volume in the pool on volume `pool`.
     Thin { pool: String, tv: ThinVolume },
+    /// Not assembled: the node knows of the volume (from its drives'
+    /// superblocks or its TOML) but cannot run it. Listed with the reason,
+    /// deletable, never exported.
+    Offline(Offline),
+}
+
+/// What the node knows of a volume it could not assemble.
+#[derive(Debug, Clone, Default)]
+pub struct Offline {
+    /// Why it is not assembled, as the log says it.
+    pub reason: String,
+    /// From the newest superblock on its drives (empty when none was found).
+    pub uuid: String,
+    pub layout: String,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub strip_bytes: u64,
+    pub generation: u64,
+    /// Per position, as the newest superblock records it: active, failed,
+    /// rebuilding, resyncing, or missing (no drive holds it).
+    pub member_states: Vec<String>,
 }
 
 /// A volume the node runs.
@@ -110,22 +131,32 @@ impl VolumeEntry {
     pub fn on_drives(&self) -> Option<&Volume> {
         match &self.backing {
             Backing::Drives { vol, .. } => Some(vol),
-            Backing::Thin { .. } => None,
+            Backing::Thin { .. } | Backing::Offline(_) => None,
+        }
+    }
+
+    /// Why the volume is not assembled, if it is not.
+    pub fn offline(&self) -> Option<&Offline> {
+        match &self.backing {
+            Backing::Offline(o) => Some(o),
+            _ => None,
         }
     }
 
     pub fn thin_pool(&self) -> Option<&ThinPool> {
         match &self.backing {
             Backing::Drives { pool, .. } => pool.as_ref(),
-            Backing::Thin { .. } => None,
+            Backing::Thin { .. } | Backing::Offline(_) => None,
         }
     }
 
-    /// The device a namespace of this volume serves.
+    /// The device a namespace of this volume serves (an offline volume is
+    /// never exported; its device fails every I/O).
     pub fn device(&self) -> Arc<dyn BlockDevice> {
         match &self.backing {
             Backing::Drives { vol, .. } => Arc::new(ServedVolume(vol.clone(), self.name.clone())),
             Backing::Thin { tv, .. } => Arc::new(tv.clone()),
+            Backing::Offline(o) => Arc::new(OfflineDevice(self.name.clone(), o.clone())),
         }
     }
 
@@ -133,6 +164,7 @@ impl VolumeEntry {
         match &self.backing {
             Backing::Drives { vol, .. } => vol.uuid(),
             Backing::Thin { tv, .. } => tv.uuid(),
+            Backing::Offline(o) => o.uuid.clone(),
         }
     }
 }
@@ -296,6 +328,34 @@ impl BlockDevice for ServedVolume {
     }
     fn store_record(&self, kind: RecordKind, data: &[u8]) -> Result<(), BlockError> {
         self.0.store_record(kind, data)
+    }
+}
+
+/// An offline volume as a device: its size as its superblocks say, and
+/// every I/O failing (as Unrecovered Read Error or Write Fault to a host).
+pub struct OfflineDevice(pub String, pub Offline);
+
+impl BlockDevice for OfflineDevice {
+    fn geometry(&self) -> Geometry {
+        let bs = if self.1.block_size == 0 {
+            4096
+        } else {
+            self.1.block_size
+        };
+        Geometry {
+            block_size: bs,
+            num_blocks: self.1.size_bytes / u64::from(bs),
+        }
+    }
+    fn submit(&self, req: IoRequest) -> IoFuture {
+        let e = std::io::Error::other(format!("volume {} is offline: {}", self.0, self.1.reason));
+        IoFuture::ready(req.buf, Err(BlockError::Io(e)))
+    }
+    fn deallocate_reads_zeroes(&self) -> bool {
+        false
+    }
+    fn describe(&self) -> String {
+        format!("volume {}: offline ({})", self.0, self.1.reason)
     }
 }
 

@@ -14,7 +14,9 @@ use volume::{LayoutKind, MemberState, RebuildOptions, Volume, VolumeConfig};
 
 use crate::echo::Echo;
 
-use super::{Backing, Export, Node, NodeError, NodeResult, NodeState, VolumeEntry, wipe_head};
+use super::{
+    Backing, Export, Node, NodeError, NodeResult, NodeState, Offline, VolumeEntry, wipe_head,
+};
 
 /// `POST /v1/volumes`.
 #[derive(Debug, Clone, Deserialize)]
@@ -64,7 +66,8 @@ pub struct ExportRequest {
 pub struct MemberInfo {
     pub position: usize,
     pub drive: String,
-    /// active, failed, or rebuilding.
+    /// active, failed, rebuilding, or resyncing; for an offline volume
+    /// also missing (no drive holds the position).
     pub state: String,
 }
 
@@ -89,8 +92,13 @@ pub struct VolumeInfo {
     pub size_bytes: u64,
     pub block_size: u32,
     pub strip_bytes: u64,
-    /// optimal, degraded, or rebuilding.
+    /// optimal, degraded, rebuilding, resyncing, failed (more members
+    /// failed or not yet rebuilt than the layout tolerates: I/O that needs
+    /// them fails), or offline (not assembled: not served).
     pub state: String,
+    /// Why the volume is failed or offline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     pub generation: u64,
     pub members: Vec<MemberInfo>,
     pub export: Option<Export>,
@@ -195,7 +203,7 @@ fn uuid_bytes(uuid: &str) -> [u8; 16] {
     out
 }
 
-fn member_state_name(s: MemberState) -> &'static str {
+pub(super) fn member_state_name(s: MemberState) -> &'static str {
     match s {
         MemberState::Active => "active",
         MemberState::Failed => "failed",
@@ -225,7 +233,9 @@ fn rebuild_info(vol: &Volume, last_error: Option<String>) -> RebuildInfo {
 
 fn volume_state(vol: &Volume) -> &'static str {
     let states = vol.member_states();
-    if states.iter().any(|s| matches!(s, MemberState::Failed)) {
+    if vol.is_failed() {
+        "failed"
+    } else if states.iter().any(|s| matches!(s, MemberState::Failed)) {
         "degraded"
     } else if states
         .iter()
@@ -240,6 +250,34 @@ fn volume_state(vol: &Volume) -> &'static str {
     } else {
         "optimal"
     }
+}
+
+/// Why a volume has failed: which members, and what the layout tolerates.
+fn failed_reason(vol: &Volume, drives: &[String]) -> Option<String> {
+    if !vol.is_failed() {
+        return None;
+    }
+    let names: Vec<String> = vol
+        .incomplete_members()
+        .iter()
+        .map(|&p| {
+            let d = drives.get(p).map(String::as_str).unwrap_or("-");
+            format!(
+                "{d} (position {p}, {})",
+                member_state_name(vol.member_states()[p])
+            )
+        })
+        .collect();
+    let l = vol.layout();
+    Some(format!(
+        "{} of {} members do not hold their data ({}), more than the {} {} tolerates: \
+         reads and writes that need them fail (Unrecovered Read Error / Write Fault)",
+        names.len(),
+        l.members(),
+        names.join(", "),
+        l.parity_columns(),
+        l.kind()
+    ))
 }
 
 fn thin_err(e: ThinError) -> NodeError {
@@ -265,6 +303,7 @@ impl NodeState {
             block_size: geo.block_size,
             strip_bytes: 0,
             state: "optimal".into(),
+            reason: None,
             generation: 0,
             members: Vec::new(),
             export: e.export.clone(),
@@ -290,6 +329,7 @@ impl NodeState {
                 info.layout = vol.layout().kind().to_string();
                 info.strip_bytes = vol.layout().strip_blocks() * u64::from(geo.block_size);
                 info.state = volume_state(vol).into();
+                info.reason = failed_reason(vol, &e.drives);
                 info.generation = vol.generation();
                 info.members = states
                     .iter()
@@ -318,9 +358,30 @@ impl NodeState {
             Backing::Thin { pool, tv } => {
                 info.pool = Some(pool.clone());
                 info.allocated_bytes = Some(tv.allocated_bytes());
-                if let Some(vol) = self.volumes.get(pool).and_then(|p| p.on_drives()) {
+                if let Some(pe) = self.volumes.get(pool)
+                    && let Some(vol) = pe.on_drives()
+                {
                     info.state = volume_state(vol).into();
+                    info.reason =
+                        failed_reason(vol, &pe.drives).map(|r| format!("pool {pool}: {r}"));
                 }
+            }
+            Backing::Offline(o) => {
+                info.layout = o.layout.clone();
+                info.strip_bytes = o.strip_bytes;
+                info.state = "offline".into();
+                info.reason = Some(o.reason.clone());
+                info.generation = o.generation;
+                info.members = o
+                    .member_states
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| MemberInfo {
+                        position: i,
+                        drive: e.drives.get(i).cloned().unwrap_or_else(|| "-".into()),
+                        state: s.clone(),
+                    })
+                    .collect();
             }
         }
         Some(info)
@@ -349,11 +410,12 @@ impl NodeState {
         let user = self.user_of(name);
         let state = match (user, d.failed) {
             (Some((v, p)), _) => {
-                let failed = self
-                    .volumes
-                    .get(v)
-                    .and_then(|e| e.on_drives())
-                    .is_some_and(|v| v.member_states()[p] == MemberState::Failed);
+                let failed = self.volumes.get(v).is_some_and(|e| match e.offline() {
+                    Some(o) => o.member_states.get(p).is_some_and(|s| s == "failed"),
+                    None => e
+                        .on_drives()
+                        .is_some_and(|v| v.member_states()[p] == MemberState::Failed),
+                });
                 if failed { "failed" } else { "member" }
             }
             (None, true) => "failed",
@@ -431,6 +493,26 @@ impl Node {
                     e.from_config = true;
                     true
                 }
+                Some(e) if e.offline().is_some() => {
+                    let o = e.offline().expect("checked");
+                    let want = req.layout.clone().unwrap_or_else(|| "thin".into());
+                    if !o.layout.is_empty() && o.layout != want {
+                        anyhow::bail!(
+                            "volume {}: the TOML says layout {want} but its drives hold a {} \
+                             volume (offline: {}); fix the TOML or delete the volume",
+                            req.name,
+                            o.layout,
+                            o.reason
+                        );
+                    }
+                    tracing::error!(
+                        "volume {}: declared in the TOML but offline: {}",
+                        req.name,
+                        o.reason
+                    );
+                    e.from_config = true;
+                    true
+                }
                 Some(e) => {
                     let Some(vol) = e.on_drives() else {
                         anyhow::bail!(
@@ -481,6 +563,40 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// At start, for each `[[volume]]`: [`Node::ensure_volume`], and when
+    /// that fails, the volume is entered offline with the reason (unless
+    /// one of that name runs) and the error logged: one volume never keeps
+    /// the node from starting.
+    pub async fn ensure_volume_or_offline(self: &Arc<Self>, req: CreateVolume) {
+        let name = req.name.clone();
+        let Err(e) = self.ensure_volume(req.clone()).await else {
+            return;
+        };
+        tracing::error!("config: volume {name}: {e:#}");
+        let mut st = self.state.lock().await;
+        if st.volumes.contains_key(&name) {
+            return;
+        }
+        let block_size = req.block_size.unwrap_or(4096);
+        let size_bytes = req
+            .size
+            .as_deref()
+            .and_then(|s| crate::units::parse_size(s).ok())
+            .unwrap_or(0);
+        let o = Offline {
+            reason: format!("{e:#}"),
+            layout: req.layout.clone().unwrap_or_else(|| "thin".into()),
+            size_bytes,
+            block_size,
+            ..Offline::default()
+        };
+        // No drives: they may hold something else, which a delete must not wipe.
+        let mut entry = VolumeEntry::new(&name, Backing::Offline(o), Vec::new(), None);
+        entry.from_config = true;
+        st.volumes.insert(name.clone(), entry);
+        tracing::error!("volume {name}: offline (not made, not served)");
     }
 
     pub async fn create_volume(self: &Arc<Self>, req: CreateVolume) -> NodeResult<VolumeInfo> {
@@ -635,6 +751,12 @@ impl Node {
                     Echo(&pool_name)
                 )));
             }
+            Some(e) if e.offline().is_some() => {
+                return Err(NodeError::Conflict(format!(
+                    "pool {pool_name} is offline: {}",
+                    e.offline().expect("checked").reason
+                )));
+            }
             Some(e) => e.thin_pool().cloned().ok_or_else(|| {
                 NodeError::BadRequest(format!(
                     "volume {} is not a thin pool; create one with thin_pool (--thin-pool)",
@@ -701,6 +823,12 @@ impl Node {
     }
 
     pub(super) fn export_entry(&self, e: &mut VolumeEntry, x: ExportRequest) -> NodeResult<()> {
+        if let Some(o) = e.offline() {
+            return Err(NodeError::Conflict(format!(
+                "volume {} is offline (not assembled: {}); an offline volume is not served",
+                e.name, o.reason
+            )));
+        }
         if e.thin_pool().is_some() {
             return Err(NodeError::Conflict(format!(
                 "volume {} is a thin pool; export its thin volumes instead",
@@ -733,25 +861,32 @@ impl Node {
         Ok(())
     }
 
-    /// The device for a TOML `backend = "volume"` namespace; records the export.
+    /// The device for a TOML `backend = "volume"` namespace; records the
+    /// export. An offline volume's namespace is left out, with an error.
     pub async fn config_namespace(
         &self,
         volume: &str,
         nqn: &str,
         nsid: u32,
-    ) -> Option<Arc<dyn BlockDevice>> {
+    ) -> crate::config::VolumeNamespace {
+        use crate::config::VolumeNamespace;
         let mut st = self.state.lock().await;
-        let e = st.volumes.get_mut(volume)?;
+        let Some(e) = st.volumes.get_mut(volume) else {
+            return VolumeNamespace::Unknown;
+        };
+        if let Some(o) = e.offline() {
+            return VolumeNamespace::NotServed(format!("volume {volume} is offline: {}", o.reason));
+        }
         if e.thin_pool().is_some() {
             tracing::error!("volume {volume} is a thin pool; export its thin volumes instead");
-            return None;
+            return VolumeNamespace::Unknown;
         }
         e.export = Some(Export {
             nqn: nqn.into(),
             nsid,
             from_config: true,
         });
-        Some(e.device())
+        VolumeNamespace::Device(e.device())
     }
 
     pub async fn export(&self, name: &str, x: ExportRequest) -> NodeResult<VolumeInfo> {
@@ -895,6 +1030,25 @@ impl Node {
             return Ok(());
         }
         let e = st.volumes.remove(name).expect("found above");
+        if e.offline().is_some() {
+            // Its drives hold its superblocks (and the data): wiped, they
+            // are free; a missing position has no drive.
+            for d in e.drives.iter().filter(|d| d.as_str() != "-") {
+                if let Some(dr) = st.drives.get(d)
+                    && let Err(err) = wipe_head(&dr.dev).await
+                {
+                    tracing::warn!(
+                        "drive {d}: wiping the superblock of deleted volume {name}: {err}"
+                    );
+                }
+            }
+            self.unclaim(&st, &e.drives).await;
+            tracing::info!(
+                "volume {name} (offline): deleted; drives {:?} are free",
+                e.drives
+            );
+            return Ok(());
+        }
         if let Some(p) = e.thin_pool()
             && let Err(err) = p.close().await
         {
@@ -942,22 +1096,45 @@ impl Node {
     }
 
     /// Marks a drive failed: its volume goes on degraded and the drive is
-    /// not used again until the node restarts.
-    pub async fn fail_drive(&self, name: &str) -> NodeResult<DriveInfo> {
+    /// not used again until the node restarts. Failing a member beyond
+    /// what its volume's layout tolerates (any member of raid0 or concat,
+    /// a second of raid5, ...) loses data: without `force` it is refused
+    /// and nothing changes; with it the volume is `failed`.
+    pub async fn fail_drive(&self, name: &str, force: bool) -> NodeResult<DriveInfo> {
         let mut st = self.state.lock().await;
         if !st.drives.contains_key(name) {
             return Err(no_drive(name));
         }
         if let Some((v, p)) = st.user_of(name) {
             let v = v.to_string();
-            let vol = st.volumes[&v]
-                .on_drives()
-                .expect("drive users are on drives");
+            let e = &st.volumes[&v];
+            if let Some(o) = e.offline() {
+                return Err(NodeError::Conflict(format!(
+                    "drive {name} holds position {p} of volume {v}, which is offline ({}); \
+                     nothing runs on it to fail",
+                    o.reason
+                )));
+            }
+            let vol = e.on_drives().expect("drive users are on drives");
             if vol.member_states()[p] != MemberState::Failed {
+                if let Some(loss) = loss_if_failed(vol, &e.drives, p) {
+                    if !force {
+                        return Err(NodeError::Conflict(format!(
+                            "failing drive {name} would fail volume {v}: {loss}. Nothing was \
+                             changed; to fail it anyway use --force (API: {{\"force\": true}})"
+                        )));
+                    }
+                    tracing::error!(
+                        "drive {name}: failed by the operator with force; volume {v} has failed: {loss}"
+                    );
+                } else {
+                    tracing::warn!(
+                        "drive {name}: failed by the operator; volume {v} runs degraded"
+                    );
+                }
                 vol.fail_member(p)
                     .await
                     .map_err(|err| NodeError::Internal(format!("volume {v}: {err}")))?;
-                tracing::warn!("drive {name}: failed by the operator; volume {v} runs degraded");
             }
         }
         if let Some(d) = st.drives.get_mut(name) {
@@ -987,13 +1164,36 @@ impl Node {
                 "drive {name} is not in any volume; nothing to replace"
             )));
         };
+        if let Some(o) = st.volumes[&v].offline() {
+            return Err(NodeError::Conflict(format!(
+                "volume {v} is offline ({}); a drive of an offline volume cannot be replaced",
+                o.reason
+            )));
+        }
         let with_list = [with.to_string()];
         self.open_named_remotes(&mut st, &with_list).await?;
         let dev = st.claimable(&with_list)?[0].clone();
-        self.claim(&st, &with_list, false).await?;
         let vol = st.volumes[&v]
             .on_drives()
-            .expect("drive users are on drives");
+            .expect("drive users are on drives")
+            .clone();
+        // Everything is checked before anything changes: a refused replace
+        // leaves the drive, the volume and the spare as they were.
+        if vol.is_fenced() {
+            return Err(NodeError::Conflict(format!(
+                "volume {v} is fenced ({}); this node no longer owns it",
+                vol.fence_reason().unwrap_or_default()
+            )));
+        }
+        vol.check_replacement(p, &dev).map_err(|err| match err {
+            volume::VolumeError::CannotRebuild(_) => NodeError::Conflict(format!(
+                "volume {v}: drive {name} cannot be replaced: {err}; nothing was changed"
+            )),
+            _ => NodeError::BadRequest(format!(
+                "volume {v}: drive {with} cannot replace {name}: {err}; nothing was changed"
+            )),
+        })?;
+        self.claim(&st, &with_list, false).await?;
         if vol.member_states()[p] != MemberState::Failed {
             vol.fail_member(p)
                 .await
@@ -1094,6 +1294,44 @@ impl Node {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
+}
+
+/// What failing member `p` of `vol` would lose, if it takes the volume
+/// beyond its layout's tolerance; None if the volume survives it.
+fn loss_if_failed(vol: &Volume, drives: &[String], p: usize) -> Option<String> {
+    let l = vol.layout();
+    let mut gone = vol.incomplete_members();
+    if !gone.contains(&p) {
+        gone.push(p);
+        gone.sort_unstable();
+    }
+    if gone.len() <= l.parity_columns() {
+        return None;
+    }
+    let names: Vec<&str> = gone
+        .iter()
+        .map(|&i| drives.get(i).map(String::as_str).unwrap_or("-"))
+        .collect();
+    let what = if l.parity_columns() == 0 {
+        format!(
+            "{} has no redundancy, so every block on it becomes unreadable and unwritable",
+            l.kind()
+        )
+    } else {
+        format!(
+            "{} of its {} members would be failed or not yet rebuilt ({}), more than the {} \
+             {} tolerates, so the data that needs them becomes unreadable and can no longer \
+             be rebuilt",
+            gone.len(),
+            l.members(),
+            names.join(", "),
+            l.parity_columns(),
+            l.kind()
+        )
+    };
+    Some(format!(
+        "{what}; the volume's I/O that needs them fails (Unrecovered Read Error / Write Fault)"
+    ))
 }
 
 fn find_volume<'a>(st: &'a mut NodeState, name: &str) -> NodeResult<&'a mut VolumeEntry> {

@@ -472,8 +472,8 @@ async fn a_dead_enclosure_fails_its_member_and_is_re_added_when_back() {
     }
     // The re-added members hold the data themselves: fail the other
     // enclosure's drives and read again.
-    a.fail_drive("e2:d0").await.unwrap();
-    a.fail_drive("e2:d1").await.unwrap();
+    a.fail_drive("e2:d0", false).await.unwrap();
+    a.fail_drive("e2:d1", false).await.unwrap();
     for &l in &lbas {
         let got = read(&*dev, l).await.unwrap();
         assert!(got[..] == stamp(l, 2)[..], "LBA {l} after the resync");

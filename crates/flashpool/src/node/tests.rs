@@ -227,11 +227,11 @@ async fn raid6_survives_two_failed_drives_and_rebuilds_onto_spares() {
     let l = lbas(&*dev);
     write_all(&*dev, &l, 11).await;
 
-    node.fail_drive("d1").await.unwrap();
+    node.fail_drive("d1", false).await.unwrap();
     assert_eq!(node.volume("r6").await.unwrap().state, "degraded");
     check_all(&*dev, &l, 11).await;
     write_all(&*dev, &l[..100], 12).await;
-    node.fail_drive("d4").await.unwrap();
+    node.fail_drive("d4", false).await.unwrap();
     check_all(&*dev, &l[..100], 12).await;
     check_all(&*dev, &l[100..], 11).await;
     assert_eq!(node.drive("d4").await.unwrap().state, "failed");
@@ -254,8 +254,8 @@ async fn raid6_survives_two_failed_drives_and_rebuilds_onto_spares() {
     check_all(&*dev, &l[100..], 11).await;
 
     // The rebuilt drives hold the data: fail two of the originals, read again.
-    node.fail_drive("d0").await.unwrap();
-    node.fail_drive("d2").await.unwrap();
+    node.fail_drive("d0", false).await.unwrap();
+    node.fail_drive("d2", false).await.unwrap();
     check_all(&*dev, &l[..100], 12).await;
     check_all(&*dev, &l[100..], 11).await;
 }
@@ -593,7 +593,7 @@ async fn thin_volumes_in_a_raid5_pool_run_out_of_space_cleanly() {
     let e = node.delete_volume("p").await.unwrap_err();
     assert!(e.to_string().contains("thin pool of t"), "{e}");
     // A degraded pool volume shows in its thin volumes' state; data stays.
-    node.fail_drive("d1").await.unwrap();
+    node.fail_drive("d1", false).await.unwrap();
     assert_eq!(node.volume("t").await.unwrap().state, "degraded");
     check_all(&*dev, &written, 31).await;
 
@@ -661,7 +661,313 @@ async fn two_replacements_in_a_row_are_both_rebuilt() {
         .await
         .unwrap();
     assert_eq!(v.state, "optimal", "{v:?}");
-    node.fail_drive("d0").await.unwrap();
-    node.fail_drive("d2").await.unwrap();
+    node.fail_drive("d0", false).await.unwrap();
+    node.fail_drive("d2", false).await.unwrap();
     check_all(&*dev, &l, 51).await;
+}
+
+fn file_specs(dir: &std::path::Path, n: usize, size: u64) -> Vec<DriveSpec> {
+    (0..n)
+        .map(|i| DriveSpec {
+            name: format!("f{i}"),
+            backend: "file".into(),
+            size: Some(size),
+            path: Some(dir.join(format!("f{i}.img"))),
+            create: true,
+            block_size: 4096,
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// Everything the API shows of the node: volumes and drives, as JSON.
+async fn api_state(node: &Node) -> serde_json::Value {
+    serde_json::json!({
+        "volumes": node.volumes().await,
+        "drives": node.drives().await,
+    })
+}
+
+async fn io_result(
+    dev: &dyn BlockDevice,
+    op: BlockOp,
+    lba: u64,
+) -> Result<(), blockdev::BlockError> {
+    let mut buf = AlignedBuf::new(4096);
+    buf.set_len(4096);
+    dev.submit(IoRequest {
+        op,
+        lba,
+        blocks: 1,
+        buf,
+    })
+    .await
+    .result
+}
+
+/// Issue 11, 1 and 2: a raid0 member failed (with force), and a raid5 that
+/// lost two drives. The next start still runs every other volume; the dead
+/// ones come up offline with the reason, are listed, not served, and can be
+/// deleted. Before, the raid0 declared in the TOML was made again, empty,
+/// on its old drives, and the raid5 was not listed at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_always_starts_and_dead_volumes_come_up_offline() {
+    let dir = tempdir();
+    let specs = file_specs(&dir, 7, 8 * MIB);
+    let l;
+    {
+        let node = node_in(&specs, Some(&dir));
+        // As the TOML's [[volume]] would make it.
+        node.ensure_volume_or_offline(req("z0r0", "raid0", &["f0", "f1"]))
+            .await;
+        node.create_volume(req("r5", "raid5", &["f2", "f3", "f4"]))
+            .await
+            .unwrap();
+        let mut keep = req("keep", "raid1", &["f5", "f6"]);
+        keep.export = Some(ns1());
+        node.create_volume(keep).await.unwrap();
+        let dev = served(&node);
+        l = lbas(&*dev);
+        write_all(&*dev, &l, 31).await;
+        node.export(
+            "z0r0",
+            ExportRequest {
+                nqn: NQN.into(),
+                nsid: 2,
+            },
+        )
+        .await
+        .unwrap();
+        let z = node.volume_device("z0r0").await.unwrap();
+        write_all(&*z, &[0, 1, 2, 3], 32).await;
+
+        node.fail_drive("f1", true).await.unwrap();
+        let v = node.volume("z0r0").await.unwrap();
+        assert_eq!(v.state, "failed", "{v:?}");
+        assert!(v.reason.as_deref().unwrap().contains("f1"), "{v:?}");
+        node.fail_drive("f2", false).await.unwrap();
+        node.fail_drive("f3", true).await.unwrap();
+        assert_eq!(node.volume("r5").await.unwrap().state, "failed");
+        node.shutdown().await;
+    }
+    let node = node_in(&specs, Some(&dir));
+    node.assemble_found().await.unwrap();
+    node.ensure_volume_or_offline(req("z0r0", "raid0", &["f0", "f1"]))
+        .await;
+    node.restore_exports().await.unwrap();
+
+    // The healthy volume serves, as before.
+    let keep = node.volume("keep").await.unwrap();
+    assert_eq!(keep.state, "optimal");
+    check_all(&*served(&node), &l, 31).await;
+
+    // The dead ones are listed, offline, with the reason.
+    let z = node.volume("z0r0").await.unwrap();
+    assert_eq!(z.state, "offline", "{z:?}");
+    let why = z.reason.clone().unwrap();
+    assert!(why.contains("raid0 survives only 0"), "{why}");
+    assert!(z.from_config);
+    assert_eq!(z.layout, "raid0");
+    let states: Vec<&str> = z.members.iter().map(|m| m.state.as_str()).collect();
+    assert_eq!(states, ["active", "failed"], "{z:?}");
+    let r5 = node.volume("r5").await.unwrap();
+    assert_eq!(r5.state, "offline", "{r5:?}");
+    assert!(r5.reason.unwrap().contains("raid5 survives only 1"));
+    assert!(r5.size_bytes > 0);
+    assert_eq!(node.drive("f0").await.unwrap().state, "member");
+    assert_eq!(node.drive("f1").await.unwrap().state, "failed");
+
+    // Not served: no namespace 2 came back, and none can be made.
+    let t = node.target().unwrap().subsystem(NQN).unwrap();
+    assert!(
+        t.namespace(2).is_none(),
+        "an offline volume is not exported"
+    );
+    let e = node.export("r5", ns1()).await.unwrap_err();
+    assert!(
+        matches!(e, NodeError::Conflict(_)) && e.to_string().contains("offline"),
+        "{e}"
+    );
+    assert!(matches!(
+        node.config_namespace("z0r0", NQN, 3).await,
+        crate::config::VolumeNamespace::NotServed(_)
+    ));
+    let before = api_state(&node).await;
+    assert!(node.fail_drive("f4", true).await.is_err());
+    assert!(node.replace_drive("f0", "f2").await.is_err());
+    assert_eq!(api_state(&node).await, before, "refusals change nothing");
+    // The one from the TOML is deleted by removing it there; the other now.
+    assert!(node.delete_volume("z0r0").await.is_err());
+    node.delete_volume("r5").await.unwrap();
+    for d in ["f2", "f3", "f4"] {
+        assert_eq!(node.drive(d).await.unwrap().state, "free", "{d}");
+    }
+    node.shutdown().await;
+
+    // Restarted without the TOML entry: it is offline, and deletable.
+    let node = node_in(&specs, Some(&dir));
+    node.assemble_found().await.unwrap();
+    let names: Vec<(String, String)> = node
+        .volumes()
+        .await
+        .into_iter()
+        .map(|v| (v.name, v.state))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("keep".to_string(), "optimal".to_string()),
+            ("z0r0".to_string(), "offline".to_string())
+        ]
+    );
+    node.delete_volume("z0r0").await.unwrap();
+    assert_eq!(node.drive("f0").await.unwrap().state, "free");
+    node.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 11, 2 and 3: `drive fail` on a raid0 (or concat) member beyond the
+/// tolerance is refused without force and changes nothing; with force the
+/// member gets no more I/O, what touches it fails with the volume's error
+/// (Unrecovered Read Error / Write Fault to a host), and the volume says failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_a_member_beyond_tolerance_needs_force_and_then_is_real() {
+    for layout in ["raid0", "concat"] {
+        let node = mem_node(3, 16 * MIB);
+        let mut r = req("v", layout, &["d0", "d1"]);
+        r.export = Some(ns1());
+        node.create_volume(r).await.unwrap();
+        let dev = served(&node);
+        let l = lbas(&*dev);
+        write_all(&*dev, &l, 41).await;
+
+        let before = api_state(&node).await;
+        let e = node.fail_drive("d1", false).await.unwrap_err();
+        assert!(matches!(e, NodeError::Conflict(_)), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("no redundancy") && msg.contains("--force") && msg.contains("Nothing was"),
+            "{msg}"
+        );
+        assert_eq!(
+            api_state(&node).await,
+            before,
+            "{layout}: a refusal changes nothing"
+        );
+        check_all(&*dev, &l, 41).await;
+
+        node.fail_drive("d1", true).await.unwrap();
+        let v = node.volume("v").await.unwrap();
+        assert_eq!(v.state, "failed", "{layout}: {v:?}");
+        assert_eq!(node.drive("d1").await.unwrap().state, "failed");
+        let vol = node.state.lock().await.volumes["v"]
+            .on_drives()
+            .unwrap()
+            .clone();
+        let (mut ok, mut failed) = (0, 0);
+        for &lba in &l {
+            let on_d1 = vol.layout().extents(lba, 1)[0].member == 1;
+            let r = io_result(&*dev, BlockOp::Read, lba).await;
+            let w = io_result(&*dev, BlockOp::Write { fua: false }, lba).await;
+            if on_d1 {
+                failed += 1;
+                for e in [r.unwrap_err(), w.unwrap_err()] {
+                    assert!(
+                        matches!(e, blockdev::BlockError::TooManyFailed { .. }),
+                        "{layout} LBA {lba}: {e}"
+                    );
+                    let st = nvmf_target::io::status_of(&e, BlockOp::Read);
+                    assert_eq!(
+                        (st.sc, st.dnr),
+                        (nvme_wire::status::SC_UNRECOVERED_READ, true)
+                    );
+                }
+            } else {
+                ok += 1;
+                r.unwrap();
+                w.unwrap();
+            }
+        }
+        assert!(ok > 0 && failed > 0, "{layout}: {ok} ok, {failed} failed");
+        // It cannot be rebuilt: a replace is refused and changes nothing.
+        let before = api_state(&node).await;
+        let e = node.replace_drive("d1", "d2").await.unwrap_err();
+        assert!(matches!(e, NodeError::Conflict(_)), "{e}");
+        assert!(e.to_string().contains("no redundancy"), "{e}");
+        assert_eq!(
+            api_state(&node).await,
+            before,
+            "{layout}: a refused replace"
+        );
+        node.shutdown().await;
+    }
+}
+
+/// Issue 11, 3: a replace that is refused (spare too small, a volume that
+/// cannot be rebuilt) leaves the drive, the volume and the spare as they
+/// were; failing a second raid5 member needs force and makes it failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_change_nothing() {
+    let mut specs: Vec<DriveSpec> = (0..5)
+        .map(|i| mem_drive(&format!("d{i}"), 16 * MIB))
+        .collect();
+    specs.push(mem_drive("small", 4 * MIB));
+    let node = node_of(&specs);
+    let mut r = req("r5", "raid5", &["d0", "d1", "d2"]);
+    r.export = Some(ns1());
+    node.create_volume(r).await.unwrap();
+    let dev = served(&node);
+    let l = lbas(&*dev);
+    write_all(&*dev, &l, 61).await;
+
+    // A spare too small: d0 stays active, the volume optimal, small free.
+    let before = api_state(&node).await;
+    let e = node.replace_drive("d0", "small").await.unwrap_err();
+    assert!(matches!(e, NodeError::BadRequest(_)), "{e}");
+    assert!(e.to_string().contains("needs at least"), "{e}");
+    assert_eq!(
+        api_state(&node).await,
+        before,
+        "a refused replace changes nothing"
+    );
+    assert_eq!(node.volume("r5").await.unwrap().state, "optimal");
+
+    // A second failure needs force, and says what is lost.
+    node.fail_drive("d0", false).await.unwrap();
+    assert_eq!(node.volume("r5").await.unwrap().state, "degraded");
+    let before = api_state(&node).await;
+    let e = node.fail_drive("d1", false).await.unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("2 of its 3 members") && msg.contains("d0, d1") && msg.contains("--force"),
+        "{msg}"
+    );
+    assert_eq!(
+        api_state(&node).await,
+        before,
+        "a refused fail changes nothing"
+    );
+    check_all(&*dev, &l, 61).await;
+    // Failing it again is no change, and needs no force.
+    node.fail_drive("d0", false).await.unwrap();
+    assert_eq!(api_state(&node).await, before);
+
+    node.fail_drive("d1", true).await.unwrap();
+    let v = node.volume("r5").await.unwrap();
+    assert_eq!(v.state, "failed", "{v:?}");
+    assert!(v.reason.unwrap().contains("tolerates"));
+
+    // Nothing can be rebuilt now: the replace is refused before it fails
+    // the drive, takes the spare or wipes anything.
+    let before = api_state(&node).await;
+    let e = node.replace_drive("d0", "d3").await.unwrap_err();
+    assert!(matches!(e, NodeError::Conflict(_)), "{e}");
+    assert!(e.to_string().contains("cannot be rebuilt"), "{e}");
+    assert_eq!(
+        api_state(&node).await,
+        before,
+        "a refused replace changes nothing"
+    );
+    assert_eq!(node.drive("d3").await.unwrap().state, "free");
+    node.shutdown().await;
 }

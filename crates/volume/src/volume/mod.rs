@@ -167,6 +167,10 @@ pub enum VolumeError {
     /// `re_add` refused the device; nothing changed.
     #[error("re-add of member {index} refused: {reason}")]
     ReAddRefused { index: usize, reason: String },
+    /// A replacement cannot be rebuilt (no redundancy, or too many other
+    /// members missing); nothing changed.
+    #[error("{0}")]
+    CannotRebuild(String),
 }
 
 /// Counters of what the stripe engine did, for tests and metrics.
@@ -428,8 +432,33 @@ impl Volume {
         }
     }
 
+    /// Positions of the members that do not hold all of their data now:
+    /// failed, being rebuilt (replaced) or being resynced (re-added).
+    pub fn incomplete_members(&self) -> Vec<usize> {
+        self.inner
+            .members
+            .read()
+            .states
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| **s != MemberState::Active)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Whether more members are incomplete than the layout tolerates, so
+    /// that some data can be neither read nor rebuilt: the volume has
+    /// failed. Reads and writes that need a missing member fail with
+    /// [`BlockError::TooManyFailed`]; on raid0 and concat that is every I/O
+    /// touching a failed member.
+    pub fn is_failed(&self) -> bool {
+        self.incomplete_members().len() > self.inner.layout.parity_columns()
+    }
+
     /// Marks a member failed (as `flashpool drive fail` does) and records it
-    /// in the other members' superblocks.
+    /// in the other members' superblocks. On every layout the member gets
+    /// no more I/O; beyond the layout's tolerance the volume has failed
+    /// ([`Volume::is_failed`]).
     pub async fn fail_member(&self, index: usize) -> Result<(), VolumeError> {
         if index >= self.inner.layout.members() {
             return Err(VolumeError::Config(format!(
@@ -651,6 +680,7 @@ impl BlockDevice for Volume {
             .filter(|s| matches!(s, MemberState::Rebuilding { .. }))
             .count();
         let health = match (failed, rebuilding) {
+            _ if self.is_failed() => format!("FAILED, {failed} failed, {rebuilding} rebuilding"),
             (0, 0) => "healthy".to_string(),
             (f, 0) => format!("degraded, {f} failed"),
             (f, r) => format!("degraded, {f} failed, {r} rebuilding"),

@@ -96,11 +96,9 @@ impl Inner {
                 .map(|i| (e.stripe as usize + i) % n)
                 .find(|&mbr| view.avail(mbr, e.stripe));
         }
-        if !self.redundant() || view.avail(e.member, e.stripe) {
-            Some(e.member)
-        } else {
-            None
-        }
+        // A failed member of raid0 or concat is not read either: its
+        // extents fail (see `read_stripe`).
+        view.avail(e.member, e.stripe).then_some(e.member)
     }
 
     /// Reads the extents of one stripe into `out` (their bytes back to
@@ -153,6 +151,10 @@ impl Inner {
                     }
                     Err(OpError::Fatal(e)) => return (out, Err(e)),
                 }
+            }
+            if !self.redundant() {
+                // No redundancy: what the failed member held is gone.
+                return (out, Err(self.too_many_failed(&view)));
             }
             // Degraded: rebuild the missing columns from the others, under the
             // stripe lock so a concurrent write cannot mix old and new.

@@ -18,35 +18,19 @@ impl Volume {
         dev: std::sync::Arc<dyn BlockDevice>,
     ) -> Result<(), VolumeError> {
         let inner = &self.inner;
-        let n = inner.layout.members();
-        if index >= n {
-            return Err(VolumeError::Config(format!(
-                "member {index} does not exist; the volume has {n}"
-            )));
-        }
-        if inner.layout.parity_columns() == 0 {
-            return Err(VolumeError::Config(format!(
-                "{} has no redundancy to rebuild a member from",
-                inner.layout.kind()
-            )));
-        }
-        let state = inner.members.read().states[index];
-        if state != MemberState::Failed {
+        let state = inner
+            .members
+            .read()
+            .states
+            .get(index)
+            .copied()
+            .unwrap_or(MemberState::Failed);
+        if index < inner.layout.members() && state != MemberState::Failed {
             return Err(VolumeError::Config(format!(
                 "member {index} is {state:?}, not failed; fail it first (fail_member) to replace it"
             )));
         }
-        let g = dev.geometry();
-        let need = inner.meta_bytes + inner.layout.member_blocks(index) * inner.bs;
-        if g.size_bytes() < need || !(inner.bs as u32).is_multiple_of(g.block_size) {
-            return Err(VolumeError::Config(format!(
-                "replacement for member {index} holds {} bytes in {} B blocks; it needs at least {need} \
-                 bytes in blocks that divide {}",
-                g.size_bytes(),
-                g.block_size,
-                inner.bs
-            )));
-        }
+        self.check_replacement(index, &dev)?;
         // Clear whatever bitmap the device carried, so it cannot cause resyncs.
         let bytes = inner.intent.bytes();
         let (_, r) = dev_io(
@@ -71,6 +55,59 @@ impl Volume {
         }
         inner.persist_superblock(true).await;
         tracing::info!("member {index} replaced; rebuild pending");
+        Ok(())
+    }
+
+    /// Whether `dev` can replace member `index` and be rebuilt, checked
+    /// before anything changes: the member exists, the layout has
+    /// redundancy, the other members hold enough to rebuild it from
+    /// (members failed, being rebuilt or resynced count as missing), and
+    /// `dev` is large enough. The member itself may still be active (the
+    /// caller fails it first).
+    pub fn check_replacement(
+        &self,
+        index: usize,
+        dev: &std::sync::Arc<dyn BlockDevice>,
+    ) -> Result<(), VolumeError> {
+        let inner = &self.inner;
+        let n = inner.layout.members();
+        let kind = inner.layout.kind();
+        if index >= n {
+            return Err(VolumeError::Config(format!(
+                "member {index} does not exist; the volume has {n}"
+            )));
+        }
+        let m = inner.layout.parity_columns();
+        if m == 0 {
+            return Err(VolumeError::CannotRebuild(format!(
+                "{kind} has no redundancy to rebuild member {index} from: its data is lost. \
+                 Copy what is still readable elsewhere, then delete and re-create the volume"
+            )));
+        }
+        let others: Vec<usize> = self
+            .incomplete_members()
+            .into_iter()
+            .filter(|&i| i != index)
+            .collect();
+        if others.len() >= m {
+            return Err(VolumeError::CannotRebuild(format!(
+                "member {index} cannot be rebuilt: members {others:?} are failed or not yet \
+                 rebuilt too, and {kind} rebuilds a member only while at most {} other members \
+                 are missing. Replace or re-add those first, or copy what is still readable",
+                m - 1
+            )));
+        }
+        let g = dev.geometry();
+        let need = inner.meta_bytes + inner.layout.member_blocks(index) * inner.bs;
+        if g.size_bytes() < need || !(inner.bs as u32).is_multiple_of(g.block_size) {
+            return Err(VolumeError::Config(format!(
+                "replacement for member {index} holds {} bytes in {} B blocks; it needs at least {need} \
+                 bytes in blocks that divide {}; pick a larger drive",
+                g.size_bytes(),
+                g.block_size,
+                inner.bs
+            )));
+        }
         Ok(())
     }
 

@@ -79,6 +79,7 @@ impl Inner {
         let src = Src::new(src, (blocks * self.bs) as usize);
         if !self.redundant() {
             let view = self.view();
+            self.check_present(&view, &exts)?;
             let res = join_all(exts.iter().map(|e| {
                 let at = (e.offset * self.bs) as usize;
                 let b = src.view(at, (e.blocks * self.bs) as usize);
@@ -580,10 +581,27 @@ impl Inner {
         }
     }
 
+    /// Without redundancy: an I/O that touches a failed member fails
+    /// whole, before any member is written.
+    fn check_present(&self, view: &View, exts: &[Extent]) -> Result<(), BlockError> {
+        let mut failed: Vec<usize> = exts
+            .iter()
+            .map(|e| e.member)
+            .filter(|&m| !view.present(m))
+            .collect();
+        if failed.is_empty() {
+            return Ok(());
+        }
+        failed.sort_unstable();
+        failed.dedup();
+        Err(self.failed_error(failed))
+    }
+
     pub(crate) async fn zero(&self, op: BlockOp, lba: u64, blocks: u64) -> Result<(), BlockError> {
         if !self.redundant() {
             let view = self.view();
             let exts = self.layout.extents(lba, blocks);
+            self.check_present(&view, &exts)?;
             let res = join_all(exts.iter().map(|e| {
                 let dev = &view.devs[e.member];
                 let off = self.data_byte(e.member_lba);
