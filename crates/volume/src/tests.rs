@@ -76,6 +76,10 @@ async fn vwrite(vol: &Volume, lba: u64, data: &[u8]) -> Result<(), blockdev::Blo
 }
 
 async fn vread(vol: &Volume, lba: u64, blocks: u64) -> Vec<u8> {
+    try_read(vol, lba, blocks).await.expect("volume read")
+}
+
+async fn try_read(vol: &Volume, lba: u64, blocks: u64) -> Result<Vec<u8>, blockdev::BlockError> {
     let bs = vol.geometry().block_size as usize;
     let mut b = AlignedBuf::new(blocks as usize * bs);
     b.set_len(blocks as usize * bs);
@@ -87,8 +91,7 @@ async fn vread(vol: &Volume, lba: u64, blocks: u64) -> Vec<u8> {
             buf: b,
         })
         .await;
-    done.result.expect("volume read");
-    done.buf.to_vec()
+    done.result.map(|()| done.buf.to_vec())
 }
 
 /// A byte-for-byte copy of what the volume should hold.

@@ -5,21 +5,6 @@
 
 use super::*;
 
-async fn try_read(vol: &Volume, lba: u64, blocks: u64) -> Result<Vec<u8>, blockdev::BlockError> {
-    let bs = vol.geometry().block_size as usize;
-    let mut b = AlignedBuf::new(blocks as usize * bs);
-    b.set_len(blocks as usize * bs);
-    let done = vol
-        .submit(IoRequest {
-            op: BlockOp::Read,
-            lba,
-            blocks: blocks as u32,
-            buf: b,
-        })
-        .await;
-    done.result.map(|()| done.buf.to_vec())
-}
-
 async fn try_zero(vol: &Volume, lba: u64, blocks: u64) -> Result<(), blockdev::BlockError> {
     vol.submit(IoRequest {
         op: BlockOp::WriteZeroes,
