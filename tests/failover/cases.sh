@@ -28,8 +28,23 @@ wait_log() {
     sleep 0.2
   done
 }
-# takeover NODE EPOCH: "epoch N (takeover M ms)" from NODE's log since EPOCH, if any
-takeover() { log_since "$1" "$2" | sed -n 's/.*owned here at epoch \([0-9]*\).*(takeover \([0-9]*\) ms).*/epoch \1, takeover \2 ms/p' | tail -n1; }
+# takeover NODE EPOCH VOL: "epoch N (takeover M ms)" of VOL from NODE's log since EPOCH, if any
+takeover() { log_since "$1" "$2" | sed -n "s/.*volume $3: owned here at epoch \([0-9]*\).*(takeover \([0-9]*\) ms).*/epoch \1, takeover \2 ms/p" | tail -n1; }
+# the volumes of a run: vol, and fsvol unless FS=0
+vols() { echo "$VOL"; [ "$FS" = 0 ] || echo "$FSVOL"; }
+cip() { case $1 in c[1-3]) fpc_cip "${1#c}";; *) echo none;; esac; }
+# one_owner VOL OWNER OPT NOPT: why VOL has not exactly one owner OWNER (nothing if it has):
+# every live node names the same owner and epoch, only OWNER runs it, the guest's only
+# optimized path to it (OPT, NOPT: the guest's optimized addresses, how many) is OWNER's
+one_owner() {
+  local v=$1 now=$2 views run w=""
+  views=$(fpc_owner_views "$v")
+  [ "$(echo "$views" | tr ' ' '\n' | cut -d= -f2 | sort -u | wc -l)" = 1 ] || w="$w $v: nodes disagree: $views;"
+  run=$(fpc_running "$v")
+  [ "$run" = "$now" ] || w="$w $v runs on '$run', owner $now;"
+  [ "$4" = 1 ] && [ "$3" = "$(cip "$now")" ] || w="$w $v: the guest's optimized path(s) $3 (owner $now is $(cip "$now"));"
+  echo "$w"
+}
 
 # ---------------------------------------------------------------- fo-up
 fo_up() {
@@ -40,7 +55,7 @@ fo_up() {
   else
     leader=$(fpc_etcd_leader)
     rm -f "$FPC_DIR"/e*-d*.img; rm -rf "$FPC_DIR"/state-*
-    for i in $(seq 1 "$NENC"); do fpc_enclosure_toml "$i" "d0:file:$DRIVE_SIZE" > "$FPC_DIR/e$i.toml"; done
+    for i in $(seq 1 "$NENC"); do fpc_enclosure_toml "$i" "d0:file:$DRIVE_SIZE d1:file:$DRIVE_SIZE" > "$FPC_DIR/e$i.toml"; done
     for i in $(seq 1 "$NENC"); do fpc_start_enclosure "$i" || { d="enclosure e$i did not start (see $(fpc_log "e$i"))"; break; }; done
   fi
   if [ -z "$d" ]; then
@@ -53,24 +68,44 @@ fo_up() {
     fpc_ccli 1 volume create "$VOL" --layout raid6 --drives "$drives" --export "$NQN" --nsid 1 > "$RUN/create.txt" 2>&1 \
       || d="flashpool volume create: $(tail -n 2 "$RUN/create.txt" | tr '\n' ' ')"
   fi
+  # fsvol: the guest's ext4, nsid 2 of the same subsystem (its own ANA group), on the d1
+  # drives (an ecK+M takes the first K+M enclosures)
+  local fsn=$NENC fsd=""
+  case $FS_LAYOUT in ec*+*) fsn=${FS_LAYOUT#ec}; fsn=$(( ${fsn%+*} + ${fsn#*+} ));; esac
+  if [ -z "$d" ] && [ "$FS" != 0 ]; then
+    fsd=$(seq 1 "$fsn" | sed 's/.*/e&:d1/' | paste -sd,)
+    fpc_ccli 1 volume create "$FSVOL" --layout "$FS_LAYOUT" --drives "$fsd" --export "$NQN" --nsid "$FS_NSID" > "$RUN/create-fs.txt" 2>&1 \
+      || d="flashpool volume create $FSVOL: $(tail -n 2 "$RUN/create-fs.txt" | tr '\n' ' ')"
+  fi
+  if [ -z "$d" ] && [ "$FS" != 0 ]; then
+    fpc_wait_owner "$FSVOL" 30 || d="no owner of $FSVOL 30 s after the create ($(fpc_owner "$FSVOL"))"
+    FS_OWNER0=${FPC_OWNER:-}; FS_EPOCH0=${FPC_EPOCH:-}
+  fi
   [ -z "$d" ] && ! fpc_wait_owner "$VOL" 30 && d="no owner 30 s after the create ($(fpc_owner "$VOL"))"
+  OWNER0=${FPC_OWNER:-}; EPOCH0=${FPC_EPOCH:-}
   if [ -z "$d" ]; then
     for i in 1 2 3; do
       wait_log "c$i" "$t0" "cluster volume $VOL: (served as nsid 1|created)" 20 || d="$d c$i does not serve $VOL;"
+      [ "$FS" = 0 ] || wait_log "c$i" "$t0" "cluster volume $FSVOL: (served as nsid $FS_NSID|created)" 20 || d="$d c$i does not serve $FSVOL;"
     done
   fi
-  OWNER0=${FPC_OWNER:-}; EPOCH0=${FPC_EPOCH:-}
   if [ -n "$d" ]; then hres fo-up FAIL "$d"; return 1; fi
   size=$(grep -o 'raid6 [0-9.]* [KMG]iB' "$RUN/create.txt" | head -n1)
-  hres fo-up PASS "etcd 3 members on $FPC_BR_IP (leader m$leader, heartbeat 50 ms, election 300 ms), $NENC enclosures with one $DRIVE_SIZE file drive each, controllers c1..c3 on $(fpc_cip 1)..$(fpc_cip 3) (lease $LEASE_MS ms); volume $VOL ($size, e1..e$NENC:d0) created on c1 as $NQN nsid 1, owner $OWNER0 epoch $EPOCH0, served by c1 c2 c3; $(el "$t0") s"
+  [ "$FS" = 0 ] || fsd="; volume $FSVOL ($(grep -oE '(raid[0-9]|ec[0-9]+\+[0-9]+) [0-9.]* [KMG]iB' "$RUN/create-fs.txt" | head -n1), e1..e$fsn:d1) on c1 as nsid $FS_NSID, owner $FS_OWNER0 epoch $FS_EPOCH0"
+  hres fo-up PASS "etcd 3 members on $FPC_BR_IP (leader m$leader, heartbeat 50 ms, election 300 ms), $NENC enclosures with two $DRIVE_SIZE file drives each (d0, d1), controllers c1..c3 on $(fpc_cip 1)..$(fpc_cip 3) (lease $LEASE_MS ms); volume $VOL ($size, e1..e$NENC:d0) created on c1 as $NQN nsid 1, owner $OWNER0 epoch $EPOCH0$fsd; served by c1 c2 c3; $(el "$t0") s"
 }
 
 # ---------------------------------------------------------------- fo-connect
 fo_connected() {
-  local a=$1 ok=PASS ip; ip=$(fpc_cip "${OWNER0#c}")
+  local a=$1 ok=PASS ip fsip what="one namespace"; ip=$(cip "$OWNER0"); fsip=$(cip "$FS_OWNER0")
   [ "$(kv nctrl "$a")" = 3 ] && [ "$(kv live "$a")" = 3 ] && [ "$(kv nopt "$a")" = 1 ] \
     && [ "$(kv opt "$a")" = "$ip" ] && [ "$(kv inaccessible "$a")" = 2 ] && [ "$(kv dev "$a")" != none ] || ok=FAIL
-  hres fo-connect $ok "3 controllers in one subsystem, one namespace: the owner's path ($OWNER0, $ip) optimized, two inaccessible; guest: $a"
+  if [ "$FS" != 0 ]; then   # nsid 2 on all three paths too, its own owner's optimized
+    what="two namespaces (nsid 1 $VOL, nsid $FS_NSID $FSVOL), three paths each"
+    [ "$(kv npaths2 "$a")" = 3 ] && [ "$(kv nopt2 "$a")" = 1 ] && [ "$(kv opt2 "$a")" = "$fsip" ] \
+      && [ "$(kv inaccessible2 "$a")" = 2 ] && [ "$(kv dev2 "$a")" != none ] || ok=FAIL
+  fi
+  hres fo-connect $ok "3 controllers in one subsystem, $what: each owner's path ($OWNER0, $ip${FS_OWNER0:+; $FS_OWNER0, $fsip}) optimized, two inaccessible; guest: $a"
   [ $ok = PASS ]
 }
 
@@ -90,6 +125,10 @@ fo_prep() {
     else hev "prep $1: c$i restarted"; fpc_start_ctl "$i" || d="$d c$i did not restart;"; fi
   done
   wait_nodes "c1 c2 c3" 40 || d="$d cluster status lists '$(fpc_cluster_nodes)';"
+  if [ "$FS" != 0 ]; then
+    fpc_wait_owner "$FSVOL" 30 || d="$d no owner of $FSVOL;"
+    FS_OWNER0=$FPC_OWNER; FS_EPOCH0=$FPC_EPOCH
+  fi
   fpc_wait_owner "$VOL" 30 || d="$d no owner;"
   OWNER0=$FPC_OWNER; EPOCH0=$FPC_EPOCH
   [ -n "$d" ] && say "prepare $1:$d"
@@ -177,7 +216,8 @@ fo_fault() {
 # ---------------------------------------------------------------- after each case
 # fo_check TAG GUEST_FACTS: the case's RESULT
 fo_check() {
-  local tag=$1 g=$2 name=${1%%#*} ok=PASS why="" o=$OWNER0 now views run stale tk gap ip e
+  local tag=$1 g=$2 name=${1%%#*} ok=PASS why="" o=$OWNER0 now stale tk gap e n
+  FS_DETAIL=""
   fpc_wait_owner "$VOL" 30 || why="$why no owner;"
   now=$FPC_OWNER; e=$FPC_EPOCH
   case $name in
@@ -188,14 +228,13 @@ fo_check() {
       [ "$now" != "$o" ] || why="$why $o still owns it;"
       [ "$e" != - ] && [ "$e" -gt "$EPOCH0" ] 2> /dev/null || why="$why epoch $EPOCH0 -> $e did not grow;"
       if [ "$name" = claim-race ]; then   # one claim won, and only one node took it over
-        local n cl="" tk=""
+        local cl="" tk=""
         for n in $(others "$o"); do
           cl="$cl$(log_since "$n" "$T_FAULT" | grep -c 'claimed volume volume="'"$VOL"'"' | sed "s/^/ $n:/")"
           tk="$tk$(log_since "$n" "$T_FAULT" | grep -c "volume $VOL: owned here at epoch" | sed "s/^/ $n:/")"
         done
         F_DETAIL="$F_DETAIL; claims won:$cl, takeovers:$tk"
-        [ "$(awk '{ for (i = 1; i <= NF; i++) { split($i, a, ":"); s += a[2] } } END { print s + 0 }' <<< "$tk")" = 1 ] \
-          || why="$why takeovers:$tk (one expected);"
+        [ "$(sum_counts "$tk")" = 1 ] || why="$why takeovers:$tk (one expected);"
       fi;;
     sigstop-owner|cut-owner)
       [ "$now" != "$o" ] || why="$why $o still owns it;"
@@ -205,16 +244,15 @@ fo_check() {
       wait_nodes "c1 c2 c3" 30 || why="$why $o did not rejoin (cluster status: $(fpc_cluster_nodes));";;
     etcd-leader-loss)
       [ "$now" = "$o" ] && [ "$e" = "$EPOCH0" ] || why="$why ownership changed: $o/$EPOCH0 -> $now/$e;"
-      log_since "$o" "$T_FAULT" | grep -E 'fenced|stepped down|lease was lost' > /dev/null \
-        && why="$why $o fenced itself: $(log_since "$o" "$T_FAULT" | grep -E 'fenced|stepped down|lease was lost' | head -n1 | cut -c1-160);";;
+      for n in $(printf '%s\n' "$o" "$FS_OWNER0" | grep . | sort -u); do   # the owners of both volumes
+        log_since "$n" "$T_FAULT" | grep -E 'fenced|stepped down|lease was lost' > /dev/null \
+          && why="$why $n fenced itself: $(log_since "$n" "$T_FAULT" | grep -E 'fenced|stepped down|lease was lost' | head -n1 | cut -c1-160);"
+      done;;
   esac
   # exactly one owner: every node agrees, one runs it, the guest has one optimized path
-  views=$(fpc_owner_views "$VOL")
-  [ "$(echo "$views" | tr ' ' '\n' | cut -d= -f2 | sort -u | wc -l)" = 1 ] || why="$why nodes disagree: $views;"
-  run=$(fpc_running "$VOL")
-  [ "$run" = "$now" ] || why="$why runs on '$run', owner $now;"
-  ip=$(fpc_cip "${now#c}")
-  [ "$(kv nopt "$g")" = 1 ] && [ "$(kv opt "$g")" = "$ip" ] || why="$why guest: optimized path(s) $(kv opt "$g") (owner $now is $ip);"
+  why="$why$(one_owner "$VOL" "$now" "$(kv opt "$g")" "$(kv nopt "$g")")"
+  tk=$(takeover "$now" "$T_FAULT" "$VOL")
+  [ "$FS" != 0 ] && fs_check "$name" "$g"
   [ "$(kv rounds "$g")" -ge 1 ] 2> /dev/null || why="$why no fio round;"
   [ "$(kv failed "$g")" = 0 ] || why="$why $(kv failed "$g") fio round(s) failed;"
   [ "$(kv verr "$g")" = 0 ] || why="$why $(kv verr "$g") verify error lines;"
@@ -222,12 +260,44 @@ fo_check() {
   fpc_audit_stale "$NENC"; stale=$FPC_STALE; [ "$stale" = 0 ] || why="$why stale writes: $FPC_AUDIT;"
   [ -n "$F_FAULT_ERR" ] && why="$why the fault step failed;"
   [ -n "$why" ] && ok=FAIL
-  tk=$(takeover "$now" "$T_FAULT")
   gap=$(case_gap "$T_FAULT")
-  hres "$tag" $ok "${why:+$why }$F_DETAIL; owner $o/$EPOCH0 -> $now/$e${tk:+ ($tk)}; host-visible stall: clat max $(kv clat_ms "$g") ms, longest I/O gap ${gap:-?} ms; fio $(kv rounds "$g") rounds randwrite $BS qd$QD crc32c, $(kv failed "$g") failed, $(kv verr "$g") verify errors; guest I/O errors $(kv ioerr "$g"); stale writes $stale"
+  hres "$tag" $ok "${why:+$why }$F_DETAIL; owner $o/$EPOCH0 -> $now/$e${tk:+ ($tk)}${FS_DETAIL:+; $FS_DETAIL}; host-visible stall: clat max $(kv clat_ms "$g") ms, longest I/O gap ${gap:-?} ms; fio $(kv rounds "$g") rounds randwrite $BS qd$QD crc32c, $(kv failed "$g") failed, $(kv verr "$g") verify errors; guest I/O errors $(kv ioerr "$g"); stale writes $stale"
   echo "$tag clat_ms=$(kv clat_ms "$g") gap_ms=${gap:-} $ok" >> "$RUN/stalls.txt"
   case_timeline "$tag"
   [ $ok = PASS ]
+}
+sum_counts() { awk '{ for (i = 1; i <= NF; i++) { split($i, a, ":"); s += a[2] } } END { print s + 0 }' <<< "$1"; }
+# fs_check NAME GUEST_FACTS (fo_check's locals why, o): fsvol after the case. It moves only
+# if the fault hit its owner (kill, freeze, cut: it was the owner of vol too) or every
+# node (claim-race: all leases lapse); then a node other than the one hit owns it at a
+# higher epoch (once, in claim-race), else the same owner at the same epoch. Then exactly
+# one owner, as for vol, and every file the guest wrote during the case synced. Sets FS_DETAIL.
+fs_check() {
+  local name=$1 g=$2 moved=0 fnow fe ftk="" fc="" n
+  case $name in
+    claim-race) moved=1;;
+    kill9-owner|sigstop-owner|cut-owner|rejoin-rebuild) [ "$FS_OWNER0" = "$o" ] && moved=1;;
+  esac
+  if [ $moved = 1 ]; then
+    fpc_wait_owner "$FSVOL" 30 "$o" || why="$why $FSVOL: no owner other than $o;"
+    fnow=$FPC_OWNER; fe=$FPC_EPOCH
+    [ "$fe" != - ] && [ "$fe" -gt "$FS_EPOCH0" ] 2> /dev/null || why="$why $FSVOL: epoch $FS_EPOCH0 -> $fe did not grow;"
+    ftk=$(takeover "$fnow" "$T_FAULT" "$FSVOL")
+    if [ "$name" = claim-race ]; then
+      for n in $(others "$o"); do
+        fc="$fc$(log_since "$n" "$T_FAULT" | grep -c "volume $FSVOL: owned here at epoch" | sed "s/^/ $n:/")"
+      done
+      ftk="${ftk:+$ftk; }takeovers:$fc"
+      [ "$(sum_counts "$fc")" = 1 ] || why="$why $FSVOL takeovers:$fc (one expected);"
+    fi
+  else
+    fpc_wait_owner "$FSVOL" 30 || why="$why $FSVOL: no owner;"
+    fnow=$FPC_OWNER; fe=$FPC_EPOCH
+    [ "$fnow" = "$FS_OWNER0" ] && [ "$fe" = "$FS_EPOCH0" ] || why="$why $FSVOL moved: $FS_OWNER0/$FS_EPOCH0 -> $fnow/$fe (the fault did not hit its owner);"
+  fi
+  why="$why$(one_owner "$FSVOL" "$fnow" "$(kv opt2 "$g")" "$(kv nopt2 "$g")")"
+  [ "$(kv fsfail "$g")" = 0 ] || why="$why $(kv fsfail "$g") file write/sync(s) on $FSVOL failed;"
+  FS_DETAIL="$FSVOL $FS_OWNER0/$FS_EPOCH0 -> $fnow/$fe${ftk:+ ($ftk)}, ext4 $(kv fsfiles "$g") files written and synced"
 }
 # case_gap EPOCH: the longest "no completion" gap the guest reported since EPOCH (ms)
 case_gap() {
@@ -246,14 +316,17 @@ case_timeline() {
 
 # ---------------------------------------------------------------- final
 fo_final() {
-  local g=$1 why="" views run now ip stale
-  fpc_wait_owner "$VOL" 30 || why="no owner;"
-  now=$FPC_OWNER; ip=$(fpc_cip "${now#c}")
-  views=$(fpc_owner_views "$VOL")
-  [ "$(echo "$views" | tr ' ' '\n' | cut -d= -f2 | sort -u | wc -l)" = 1 ] || why="$why nodes disagree;"
-  run=$(fpc_running "$VOL"); [ "$run" = "$now" ] || why="$why runs on '$run';"
-  [ "$(kv nopt "$g")" = 1 ] && [ "$(kv opt "$g")" = "$ip" ] || why="$why guest: optimized $(kv opt "$g");"
-  hres final-one-owner "$([ -z "$why" ] && echo PASS || echo FAIL)" "${why:+$why }owner $now epoch $FPC_EPOCH; views: $views; runs on: $run; guest paths: $(kv paths "$g")"
+  local g=$1 why="" w v now d="" stale opt nopt
+  for v in $(vols); do
+    w=""
+    fpc_wait_owner "$v" 30 || w=" $v: no owner;"
+    now=$FPC_OWNER
+    if [ "$v" = "$VOL" ]; then opt=$(kv opt "$g"); nopt=$(kv nopt "$g"); else opt=$(kv opt2 "$g"); nopt=$(kv nopt2 "$g"); fi
+    w="$w$(one_owner "$v" "$now" "$opt" "$nopt")"
+    why="$why$w"
+    d="$d; $v: owner $now epoch $FPC_EPOCH, views $(fpc_owner_views "$v"), runs on $(fpc_running "$v"), guest optimized $opt"
+  done
+  hres final-one-owner "$([ -z "$why" ] && echo PASS || echo FAIL)" "${why:+$why; }${d#; }; guest paths: $(kv paths "$g")${FS_OWNER0:+ / $(kv paths2 "$g")}"
   fpc_audit_stale "$NENC"; local arc=$?; stale=$FPC_STALE
   hres final-stale-writes "$([ "$stale" = 0 ] && [ $arc = 0 ] && echo PASS || echo FAIL)" "GET /v1/audit stale_writes, every node: $FPC_AUDIT"
   [ -z "$why" ] && [ "$stale" = 0 ]

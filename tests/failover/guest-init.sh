@@ -2,9 +2,11 @@
 # shellcheck shell=dash disable=SC2039,SC3043,SC2013,SC2002,SC2010,SC2046,SC2086,SC2012,SC2015
 # PID 1 of the failover guest (tests/failover/run.sh copies it into the initramfs as /init).
 # The unmodified Linux NVMe/TCP host with native multipath (nvme_core multipath=Y, Debian's
-# default) connects to every controller node of the cluster; one multipath namespace, one
-# path per node. For each fault case fio writes and verifies (crc32c) on the multipath
-# device while the host, asked by a marker "@@HOST fault:NAME" on ttyS0, does the fault;
+# default) connects to every controller node of the cluster: one subsystem with two
+# multipath namespaces (nsid 1: the cluster volume vol; nsid 2: fsvol, with ext4 on it),
+# one path per node each. For each fault case fio writes and verifies (crc32c) on nsid 1's
+# multipath device, and small files go to the ext4 on nsid 2, while the host, asked by a
+# marker "@@HOST fault:NAME" on ttyS0, does the fault;
 # then "@@HOST check:NAME key=value..." hands the host what the guest saw (fio rounds,
 # verify errors, the largest completion latency, I/O errors in the kernel log, the paths'
 # ANA states) and the host prints the case's RESULT. The host answers a marker through
@@ -22,13 +24,13 @@ trap finish EXIT
 K=$(cat /etc/kver)
 
 NQN=""; CTRLS=""; NAMES=""; PORT=4420; KATO=1; CASES=""; RUNS=1; HOSTNQN=""; HOSTID=""
-BS=16k; QD=16; REGION_MB=16; PRE_S=2; POST_S=4; FS=1; ROUND_TMO=180; GAP_MS=250
+BS=16k; QD=16; REGION_MB=16; PRE_S=2; POST_S=4; FS=1; FS_NSID=2; ROUND_TMO=180; GAP_MS=250
 for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_nqn=*) NQN=$v;; fp_ctrls=*) CTRLS=$v;; fp_names=*) NAMES=$v;; fp_port=*) PORT=$v;;
   fp_kato=*) KATO=$v;; fp_cases=*) CASES=$v;; fp_runs=*) RUNS=$v;;
   fp_hostnqn=*) HOSTNQN=$v;; fp_hostid=*) HOSTID=$v;; fp_bs=*) BS=$v;; fp_qd=*) QD=$v;;
   fp_region=*) REGION_MB=$v;; fp_pre=*) PRE_S=$v;; fp_post=*) POST_S=$v;; fp_fs=*) FS=$v;;
-  fp_gap=*) GAP_MS=$v;;
+  fp_gap=*) GAP_MS=$v;; fp_fsnsid=*) FS_NSID=$v;;
 esac; done
 log "init start, kernel $(uname -r), cpus $(nproc), controllers $CTRLS ($NAMES) port $PORT, KATO $KATO s"
 
@@ -49,7 +51,7 @@ mount -t debugfs none /sys/kernel/debug 2> /dev/null \
   || log "no dynamic debug: ANA state changes will not show in the kernel log"
 ( cat /dev/kmsg | while IFS= read -r l; do
     case $l in " "*) continue;; esac
-    case $l in *nvme*|*"I/O error"*|*blk_update*|*"Buffer I/O"*|*EXT4*|*loop0*|*critical*) echo "@@K $l";; esac
+    case $l in *nvme*|*"I/O error"*|*blk_update*|*"Buffer I/O"*|*EXT4*|*critical*) echo "@@K $l";; esac
   done ) &
 
 # ---- host orchestration: the marker, then "DONE ACTION ..." from the host (busybox nc)
@@ -76,30 +78,47 @@ res() {
   echo "RESULT $1 $2${3:+ ($3)}"
 }
 
-# ---- the paths: one controller per node, all in one subsystem
-ctrls() {  # "nvmeY ADDR STATE PATH ANA" per controller of $NQN
+# ---- the paths: one controller per node, all in one subsystem, a path to each namespace
+# head_of NSID: the multipath device (nvmeSnH) of namespace NSID of $NQN
+head_of() {
+  local d
+  for d in /sys/class/nvme-subsystem/*/nvme*n*; do
+    [ "$(cat "${d%/*}/subsysnqn" 2> /dev/null)" = "$NQN" ] && [ "$(cat "$d/nsid" 2> /dev/null)" = "$1" ] \
+      && { echo "${d##*/}"; return 0; }
+  done
+  return 1
+}
+ctrls() {  # H: "nvmeY ADDR STATE PATH ANA" per controller of $NQN, PATH its path to nvmeSnH
   local c n a p
   for c in /sys/class/nvme/nvme*; do
     [ "$(cat "$c/subsysnqn" 2> /dev/null)" = "$NQN" ] || continue
     n=${c##*/}
     a=$(sed -n 's/.*traddr=\([^,]*\).*/\1/p' "$c/address" 2> /dev/null)
-    p=$(ls "$c" | grep -E '^nvme[0-9]+c[0-9]+n1$' | head -n1)
+    p=$(ls "$c" | grep -E "^nvme[0-9]+c[0-9]+n${1:-1}\$" | head -n1)
     echo "$n ${a:-?} $(cat "$c/state" 2> /dev/null) ${p:-none} $(cat "$c/$p/ana_state" 2> /dev/null || echo none)"
   done
 }
-# paths: NLIVE, NOPT (optimized among live controllers), OPT (their addresses), PSUM (all)
+# paths: for nsid 1 (head H1) NLIVE, NOPT (optimized among live controllers), OPT (their
+# addresses), PSUM (all); for the filesystem's nsid (head H2, if any) NPATHS2 (controllers
+# with a path to it), NOPT2, OPT2, NINAC2 (inaccessible paths), PSUM2
 paths() {
   NLIVE=0; NOPT=0; OPT=""
-  PSUM=$(ctrls | awk '{printf "%s%s:%s/%s", (NR>1?" ":""), $2, $3, $5}')
-  set -- $(ctrls | awk '$3=="live"{l++} $3=="live" && $5=="optimized"{o++; a=a (a?",":"") $2} END{print l+0, o+0, (a?a:"-")}')
+  PSUM=$(ctrls "$H1" | awk '{printf "%s%s:%s/%s", (NR>1?" ":""), $2, $3, $5}')
+  set -- $(ctrls "$H1" | awk '$3=="live"{l++} $3=="live" && $5=="optimized"{o++; a=a (a?",":"") $2} END{print l+0, o+0, (a?a:"-")}')
   NLIVE=$1; NOPT=$2; OPT=$3
+  NPATHS2=0; NOPT2=1; OPT2=-; NINAC2=0; PSUM2=""
+  [ -n "$H2" ] || return 0
+  PSUM2=$(ctrls "$H2" | awk '{printf "%s%s:%s/%s", (NR>1?" ":""), $2, $3, $5}')
+  set -- $(ctrls "$H2" | awk '$4!="none"{n++} $5=="inaccessible"{i++} $3=="live" && $5=="optimized"{o++; a=a (a?",":"") $2} END{print n+0, o+0, (a?a:"-"), i+0}')
+  NPATHS2=$1; NOPT2=$2; OPT2=$3; NINAC2=$4
 }
-# wait_paths SECONDS: until every controller is live and exactly one path is optimized
+# wait_paths SECONDS: until every controller is live and exactly one path to each
+# namespace is optimized
 wait_paths() {
   local i=0
   while [ $i -lt $(($1 * 5)) ]; do
     paths
-    [ "$NLIVE" = "$NCTRL" ] && [ "$NOPT" = 1 ] && return 0
+    [ "$NLIVE" = "$NCTRL" ] && [ "$NOPT" = 1 ] && [ "$NOPT2" = 1 ] && return 0
     sleep 0.2; i=$((i+1))
   done
   return 1
@@ -165,18 +184,21 @@ load() {
   done
   echo "$n $f $ve $mx" > "/tmp/load-$name.res"
 }
-# fs_writer PREFIX: small files on the ext4 (through loop0) while a load runs, each one's
-# sha256 in /tmp/fs.sha
+# fs_writer PREFIX: small files on the ext4 (nsid 2) while a load runs, each one synced and
+# its sha256 in /tmp/fs.sha; /tmp/fs-PREFIX.res: files, failed writes or syncs
 fs_writer() {
-  local n=0
+  local n=0 f=0
   while [ ! -e /tmp/load-stop ]; do
     n=$((n+1))
-    dd if=/dev/urandom of="/mnt/$1-$n" bs=64k count=1 2> /dev/null && timeout 120 sync \
-      && sha256sum "/mnt/$1-$n" >> /tmp/fs.sha
+    if dd if=/dev/urandom of="/mnt/$1-$n" bs=64k count=1 2> /dev/null && timeout 120 sync; then
+      sha256sum "/mnt/$1-$n" >> /tmp/fs.sha
+    else f=$((f+1)); log "file /mnt/$1-$n: write or sync failed (or sync took over 120 s)"; fi
     sleep 0.5
   done
+  echo "$n $f" > "/tmp/fs-$1.res"
 }
-kerr() { dmesg | grep -E 'I/O error|Buffer I/O|blk_update_request|critical (medium|target|nexus|space)'; }
+KERR='I/O error|Buffer I/O|blk_update_request|critical (medium|target|nexus|space)|EXT4-fs error'
+kerr() { dmesg | grep -E "$KERR"; }
 
 # ================================================================ the run
 wait_host fo-up 600 || { log "no cluster: $HOSTSAYS"; exit 0; }
@@ -190,17 +212,25 @@ for a in $(echo "$CTRLS" | tr , ' '); do
     --keep-alive-tmo="$KATO" 2>&1 | sed 's/^/  | /'
   NCTRL=$((NCTRL+1))
 done
+# the multipath devices: nvmeSnH, H the kernel's head instance (not the nsid)
+DEV=""; DEV2=""; i=0
+while [ $i -lt 150 ]; do
+  DEV=$(head_of 1); [ "$FS" = 0 ] || DEV2=$(head_of "$FS_NSID")
+  [ -n "$DEV" ] && { [ "$FS" = 0 ] || [ -n "$DEV2" ]; } && break
+  sleep 0.2; i=$((i+1))
+done
+H1=${DEV##*n}; H2=""; [ -n "$DEV2" ] && H2=${DEV2##*n}
 wait_paths 30
-ctrls | sed 's/^/  ctrl /'
-P=$(ctrls | awk '{print $4}' | grep -v none | head -n1)
-DEV=$(echo "$P" | sed 's/c[0-9]*n/n/')
+ctrls "$H1" | sed 's/^/  ctrl nsid 1: /'
+[ -n "$H2" ] && ctrls "$H2" | sed "s/^/  ctrl nsid $FS_NSID: /"
 SUB=$(ls -d /sys/class/nvme-subsystem/*/"$DEV" 2> /dev/null | cut -d/ -f5)
-STATS=$(ctrls | awk '$4!="none"{print "/sys/class/nvme/" $1 "/" $4 "/stat"}')
+STATS=$(ctrls "$H1" | awk '$4!="none"{print "/sys/class/nvme/" $1 "/" $4 "/stat"}')
 SIZE_MB=0; [ -b "/dev/$DEV" ] && SIZE_MB=$(( $(cat "/sys/block/$DEV/size") / 2048 ))
-log "multipath device /dev/$DEV in ${SUB:-?}, $SIZE_MB MiB, iopolicy $(cat "/sys/class/nvme-subsystem/$SUB/iopolicy" 2> /dev/null)"
-ninac=$(ctrls | awk '$5=="inaccessible"' | wc -l)
+SIZE2_MB=0; [ -b "/dev/$DEV2" ] && SIZE2_MB=$(( $(cat "/sys/block/$DEV2/size") / 2048 ))
+log "multipath devices /dev/${DEV:-none} (nsid 1, $SIZE_MB MiB), /dev/${DEV2:-none} (nsid $FS_NSID, $SIZE2_MB MiB) in ${SUB:-?}, iopolicy $(cat "/sys/class/nvme-subsystem/$SUB/iopolicy" 2> /dev/null)"
+ninac=$(ctrls "$H1" | awk '$5=="inaccessible"' | wc -l)
 paths
-wait_host connected 60 "nctrl=$NCTRL live=$NLIVE opt=$OPT nopt=$NOPT inaccessible=$ninac dev=${DEV:-none} size_mb=$SIZE_MB subsys=${SUB:-none} paths=$(echo "$PSUM" | tr ' ' ,)" \
+wait_host connected 60 "nctrl=$NCTRL live=$NLIVE opt=$OPT nopt=$NOPT inaccessible=$ninac dev=${DEV:-none} size_mb=$SIZE_MB subsys=${SUB:-none} paths=$(echo "$PSUM" | tr ' ' ,) dev2=${DEV2:-none} size2_mb=$SIZE2_MB npaths2=$NPATHS2 opt2=$OPT2 nopt2=$NOPT2 inaccessible2=$NINAC2 paths2=$(echo "$PSUM2" | tr ' ' ,)" \
   || { log "not connected as expected: no fault cases"; exit 0; }
 
 # ---- a region written before the faults (final-sha256), the filesystem (final-fsck)
@@ -209,19 +239,18 @@ dd if=/dev/urandom of=/tmp/pre bs=1M count=$PRE_MB 2> /dev/null
 PRE_SHA=$(sha256sum < /tmp/pre | cut -d' ' -f1)
 timeout 120 dd if=/tmp/pre of="/dev/$DEV" bs=1M seek=$PRE_OFF oflag=direct conv=fsync,notrunc 2>&1 | tail -n 1
 log "pre-fault region: $PRE_MB MiB at $PRE_OFF MiB, sha256 $PRE_SHA"
-FS_OFF=$((REGION_MB * 8 + 8))
-if [ "$FS" = 1 ] && [ "$SIZE_MB" -lt $((FS_OFF + 32)) ]; then FS_NOTE="volume too small ($SIZE_MB MiB) for a filesystem at $FS_OFF MiB"; FS=0; fi
+if [ "$FS" = 1 ] && [ "$SIZE2_MB" -lt 32 ]; then FS_NOTE="no namespace $FS_NSID for the filesystem (/dev/${DEV2:-none}, $SIZE2_MB MiB)"; FS=2; fi
 if [ "$FS" = 1 ]; then
-  # ext4 on a loop device over the volume from FS_OFF MiB (the fio regions lie below).
-  # -b 4096: loop0 has 512-byte sectors over a 4096-byte-block volume; ext4's 1 KiB blocks
-  # (mke2fs's choice for a small fs) make zero-outs the volume refuses as unaligned.
-  # -E nodiscard: a discard on a raid6 cluster volume fails (see tests/failover/README.md)
-  if losetup -o $((FS_OFF * 1048576)) /dev/loop0 "/dev/$DEV" \
-     && timeout 300 /usr/sbin/mke2fs -q -t ext4 -b 4096 -F -E nodiscard /dev/loop0 > /tmp/mkfs.txt 2>&1 \
-     && mkdir -p /mnt && mount -t ext4 /dev/loop0 /mnt; then
-    log "ext4 on /dev/loop0 (/dev/$DEV from $FS_OFF MiB) mounted on /mnt"
+  # ext4 on the whole of nsid 2 (the cluster volume fsvol). -b 4096: the volume's blocks
+  # (mke2fs would pick 1 KiB blocks for a small fs). -E nodiscard, and no discard mount
+  # option: a discard on a redundant volume writes zeroes through the stripe engine (parity
+  # must cover them), the whole volume's worth under TCG (see tests/failover/README.md)
+  t=$(up)
+  if timeout 300 /usr/sbin/mke2fs -q -t ext4 -b 4096 -F -E nodiscard "/dev/$DEV2" > /tmp/mkfs.txt 2>&1 \
+     && mkdir -p /mnt && mount -t ext4 "/dev/$DEV2" /mnt; then
+    log "ext4 on /dev/$DEV2 (nsid $FS_NSID, $SIZE2_MB MiB) mounted on /mnt, mke2fs+mount $(awk -v a="$t" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}') s"
   else
-    FS_NOTE="mke2fs/mount failed: $(tail -n 2 /tmp/mkfs.txt | tr '\n' ' ')"; FS=2
+    FS_NOTE="mke2fs/mount of /dev/$DEV2 failed: $(tail -n 2 /tmp/mkfs.txt | tr '\n' ' ')"; FS=2
   fi
 fi
 
@@ -251,12 +280,13 @@ for name in $(echo "$CASES" | tr , ' '); do
     wait_host "fault:$tag" 300 || log "host: fault $tag: $HOSTSAYS"
     sleep "$POST_S"
     touch /tmp/load-stop; wait $lp; [ "$FS" = 1 ] && wait $fp; rm -f /tmp/load-on
-    set -- $(cat "/tmp/load-$tag.res" 2> /dev/null || echo 0 -1 -1 -1)
-    i=0; while [ $i -lt 75 ]; do paths; [ "$NOPT" = 1 ] && break; sleep 0.2; i=$((i+1)); done
+    fsr="0 0"; [ "$FS" = 1 ] && fsr=$(cat "/tmp/fs-c$NRUN.res" 2> /dev/null || echo "0 -1")
+    set -- $(cat "/tmp/load-$tag.res" 2> /dev/null || echo 0 -1 -1 -1) $fsr
+    i=0; while [ $i -lt 75 ]; do paths; [ "$NOPT" = 1 ] && [ "$NOPT2" = 1 ] && break; sleep 0.2; i=$((i+1)); done
     ioerr=$(kerr | wc -l)
     kerr | head -n 5 | sed 's/^/  kernel: /'
     dmesg -c >> /tmp/dmesg.all
-    wait_host "check:$tag" 240 "rounds=$1 failed=$2 verr=$3 clat_ms=$4 ioerr=$ioerr live=$NLIVE nopt=$NOPT opt=$OPT paths=$(echo "$PSUM" | tr ' ' ,)"
+    wait_host "check:$tag" 240 "rounds=$1 failed=$2 verr=$3 clat_ms=$4 fsfiles=$5 fsfail=$6 ioerr=$ioerr live=$NLIVE nopt=$NOPT opt=$OPT paths=$(echo "$PSUM" | tr ' ' ,) nopt2=$NOPT2 opt2=$OPT2 paths2=$(echo "$PSUM2" | tr ' ' ,)"
   done
 done
 touch /tmp/iomon-stop
@@ -279,23 +309,23 @@ if [ "$FS" = 1 ]; then
   ok=PASS; d=""
   nf=$(wc -l < /tmp/fs.sha 2> /dev/null || echo 0)
   umount /mnt || { ok=FAIL; d="umount failed; "; }
-  timeout 300 /usr/sbin/e2fsck -fn /dev/loop0 > /tmp/fsck.txt 2>&1; frc=$?
+  timeout 300 /usr/sbin/e2fsck -fn "/dev/$DEV2" > /tmp/fsck.txt 2>&1; frc=$?
   tail -n 3 /tmp/fsck.txt | sed 's/^/  | /'
   [ $frc = 0 ] || { ok=FAIL; d="${d}e2fsck -fn exit $frc; "; }
-  if mount -t ext4 -o ro /dev/loop0 /mnt; then
+  if mount -t ext4 -o ro "/dev/$DEV2" /mnt; then
     bad=$(sha256sum -c /tmp/fs.sha 2>&1 | grep -vc ': OK$')
     [ "$bad" = 0 ] || { ok=FAIL; sha256sum -c /tmp/fs.sha 2>&1 | grep -v ': OK$' | head -n 5 | sed 's/^/  | /'; }
     umount /mnt
   else ok=FAIL; bad="?"; d="${d}remount failed; "; fi
-  res final-fsck $ok "${d}ext4 (mke2fs -b 4096 -E nodiscard) through loop0: e2fsck -fn exit $frc, $nf files written during the faults, $bad not as written"
+  res final-fsck $ok "${d}ext4 (mke2fs -b 4096 -E nodiscard) on /dev/$DEV2 (nsid $FS_NSID): e2fsck -fn exit $frc, $nf files written and synced during the faults, $bad not as written"
 elif [ "$FS" = 2 ]; then
   res final-fsck FAIL "$FS_NOTE"
 fi
 dmesg -c >> /tmp/dmesg.all
-bad=$(grep -E 'I/O error|Buffer I/O|blk_update_request|critical (medium|target|nexus|space)' /tmp/dmesg.all | grep -c .)
-grep -E 'I/O error|Buffer I/O|blk_update_request|critical' /tmp/dmesg.all | head -n 10 | sed 's/^/  kernel: /'
+bad=$(grep -E "$KERR" /tmp/dmesg.all | grep -c .)
+grep -E "$KERR" /tmp/dmesg.all | head -n 10 | sed 's/^/  kernel: /'
 ok=FAIL; [ "$bad" = 0 ] && ok=PASS
-res final-dmesg $ok "$bad I/O error lines (I/O error, Buffer I/O, blk_update_request, critical ...) in the guest kernel log of the whole run"
+res final-dmesg $ok "$bad I/O error lines (I/O error, Buffer I/O, blk_update_request, critical ..., EXT4-fs error) in the guest kernel log of the whole run"
 paths
-wait_host final 240 "live=$NLIVE nopt=$NOPT opt=$OPT paths=$(echo "$PSUM" | tr ' ' ,)${FS_NOTE:+ fsnote=$(echo "$FS_NOTE" | tr ' ' _)}"
+wait_host final 240 "live=$NLIVE nopt=$NOPT opt=$OPT paths=$(echo "$PSUM" | tr ' ' ,) nopt2=$NOPT2 opt2=$OPT2 paths2=$(echo "$PSUM2" | tr ' ' ,)${FS_NOTE:+ fsnote=$(echo "$FS_NOTE" | tr ' ' _)}"
 log "guest checks: $NPASS passed, $NFAIL failed"

@@ -6,18 +6,20 @@
 # The host side (tests/cluster/lib.sh): a 3-member etcd on the bridge address 10.77.0.1,
 # six enclosures e1..e6 (namespaces 10.77.0.11..16) exporting one file drive each to the
 # controller nodes, and three controller nodes c1..c3 (`flashpool serve` with [cluster],
-# namespaces 10.77.0.17..19). A raid6 volume on the six drives is made on c1 and served by
-# every node under one NQN; its owner reports the ANA group optimized, the others
-# inaccessible. The guest reaches the nodes through QEMU's user networking (slirp connects
-# from the root namespace, which has the bridge) and connects to each with
-# --ctrl-loss-tmo=-1 --reconnect-delay=1 --keep-alive-tmo=$KATO: one multipath namespace,
-# three paths. Its /init is tests/failover/guest-init.sh.
+# namespaces 10.77.0.17..19). Two volumes are made on c1 and served by every node under one
+# NQN: vol (raid6 on the six d0 drives, nsid 1) and fsvol (FS_LAYOUT on the six d1 drives,
+# nsid 2, the guest's ext4), each in its own ANA group; a volume's owner reports its group
+# optimized, the others inaccessible. The guest reaches the nodes through QEMU's user
+# networking (slirp connects from the root namespace, which has the bridge) and connects to
+# each with --ctrl-loss-tmo=-1 --reconnect-delay=1 --keep-alive-tmo=$KATO: two multipath
+# namespaces, three paths each. Its /init is tests/failover/guest-init.sh.
 #
 # Each fault case runs fio randwrite + crc32c verify rounds on the multipath device while
 # the host does the fault; its RESULT needs fio exit 0 in every round, no verify error,
-# exactly one owner afterwards (every node agrees, one node runs the volume, the guest sees
-# one optimized path and it is the owner's), no I/O error in the guest's kernel log, the
-# case's own condition, and no stale write on any node (GET /v1/audit). The detail gives
+# exactly one owner of each volume afterwards (every node agrees, one node runs it, the guest
+# sees one optimized path to it and it is the owner's), no I/O error in the guest's kernel
+# log, the case's own condition, and no stale write on any node (GET /v1/audit). The faults
+# hit vol's owner; fsvol moves with it only if that node owned it too. The detail gives
 # the largest completion latency (the host-visible stall); no check fails on latency.
 #
 #   tests/failover/run.sh [all]   setup (apt packages, kernel; cached) + build + run
@@ -29,8 +31,9 @@
 #   LEASE_MS=2000 (the nodes' lease_ttl_ms), STOP_S=3 (the frozen owner stays stopped this
 #   long after the takeover), CUT_S=3 (same for the cut link), RACE_FREEZE_S=3.5,
 #   ETCD_DOWN_S=2, PRE_S=2 / POST_S=4 (I/O before the fault, after the host is done),
-#   BS=16k QD=16 REGION_MB=16 (fio), GAP_MS=250 (shorter I/O gaps count as 0), FS=1 (ext4 on the volume's upper part through loop0,
-#   written during the faults, e2fsck at the end), DRIVE_SIZE=64MiB, GUEST_MEM=1024,
+#   BS=16k QD=16 REGION_MB=16 (fio), GAP_MS=250 (shorter I/O gaps count as 0), FS=1 (ext4 on
+#   fsvol, written during the faults, e2fsck at the end), FS_LAYOUT=ec4+2 (fsvol's layout on
+#   e1..e6:d1; raid5, raid6, ecK+M with K+M <= 6), DRIVE_SIZE=64MiB, GUEST_MEM=1024,
 #   GUEST_CPUS=2, ACCEL=auto|tcg|kvm, RUN_TIMEOUT=1800, STUCK_S=420 (no guest output this
 #   long: the run is stuck, QEMU is killed), CTL_PORT=15655, FLASHPOOL_BIN,
 #   FAILOVER_CACHE (default .cache/failover: initramfs, logs in run/, node state in
@@ -53,10 +56,10 @@ STOP_S=${STOP_S:-3}; CUT_S=${CUT_S:-3}; RACE_FREEZE_S=${RACE_FREEZE_S:-3.5}; ETC
 GAP_MS=${GAP_MS:-250}; PRE_S=${PRE_S:-2}; POST_S=${POST_S:-4}; BS=${BS:-16k}; QD=${QD:-16}; REGION_MB=${REGION_MB:-16}; FS=${FS:-1}
 DRIVE_SIZE=${DRIVE_SIZE:-64MiB}; GUEST_MEM=${GUEST_MEM:-1024}; GUEST_CPUS=${GUEST_CPUS:-2}
 ACCEL=${ACCEL:-auto}; RUN_TIMEOUT=${RUN_TIMEOUT:-1800}; STUCK_S=${STUCK_S:-420}
-VOL=vol; NQN=nqn.2026-01.io.flashpool:failover; NENC=6
+VOL=vol; FSVOL=fsvol; FS_NSID=2; FS_LAYOUT=${FS_LAYOUT:-ec4+2}; NQN=nqn.2026-01.io.flashpool:failover; NENC=6
 export FPC_BIN=$BIN FPC_DIR=$CACHE/cluster FPC_LEASE_MS=$LEASE_MS FPC_CLUSTER=failover
 FPC_EXPORT_HOSTS="c1 c2 c3"
-GUEST_MODS="crc32c_generic crc32c-intel nvme-core nvme-fabrics nvme-tcp virtio_pci virtio_net loop ext4"
+GUEST_MODS="crc32c_generic crc32c-intel nvme-core nvme-fabrics nvme-tcp virtio_pci virtio_net ext4"
 
 ts() { date +%s.%N; }
 el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
@@ -113,7 +116,7 @@ kill_old_qemu() {
   grep -qaF "$INITRD" "/proc/$p/cmdline" 2> /dev/null && { say "killing the QEMU of an earlier run (pid $p)"; kill -KILL "$p"; }
   rm -f "$CACHE/qemu.pid"
 }
-QPID=""; F_FAULT_ERR=""; OWNER0=""; EPOCH0=""; T_FAULT=$EPOCHREALTIME; F_DETAIL=""
+QPID=""; F_FAULT_ERR=""; OWNER0=""; EPOCH0=""; FS_OWNER0=""; FS_EPOCH0=""; T_FAULT=$EPOCHREALTIME; F_DETAIL=""
 cleanup() {
   [ -n "$QPID" ] && { kill "$QPID" 2> /dev/null; wait "$QPID" 2> /dev/null; }
   QPID=""
@@ -124,9 +127,9 @@ cleanup() {
 handle() {
   local action=$1 args=$2 st=ok pay=""
   case $action in
-    fo-up) fo_up || st=fail; pay="owner=${OWNER0:-none}";;
+    fo-up) fo_up || st=fail; pay="owner=${OWNER0:-none} fsowner=${FS_OWNER0:-none}";;
     connected) fo_connected "$args" || st=fail;;
-    prep:*) fo_prep "${action#prep:}" || st=fail; pay="owner=${OWNER0:-none} epoch=${EPOCH0:-none}";;
+    prep:*) fo_prep "${action#prep:}" || st=fail; pay="owner=${OWNER0:-none} epoch=${EPOCH0:-none} fsowner=${FS_OWNER0:-none} fsepoch=${FS_EPOCH0:-none}";;
     fault:*) F_FAULT_ERR=""; fo_fault "${action#fault:}" || { st=fail; F_FAULT_ERR=1; };;
     check:*) fo_check "${action#check:}" "$args" || st=fail;;
     final) fo_final "$args" || st=fail;;
@@ -169,7 +172,7 @@ do_run() {
   local append="console=ttyS0 panic=-1 quiet fp_nqn=$NQN fp_port=$FPC_PORT fp_kato=$KATO"
   append="$append fp_ctrls=$(fpc_cip 1),$(fpc_cip 2),$(fpc_cip 3) fp_names=c1,c2,c3"
   append="$append fp_cases=$(echo "$CASES" | tr ' ' ,) fp_runs=$RUNS fp_hostnqn=$HOSTNQN fp_hostid=$hostuuid"
-  append="$append fp_bs=$BS fp_qd=$QD fp_region=$REGION_MB fp_pre=$PRE_S fp_post=$POST_S fp_fs=$FS fp_gap=$GAP_MS"
+  append="$append fp_bs=$BS fp_qd=$QD fp_region=$REGION_MB fp_pre=$PRE_S fp_post=$POST_S fp_fs=$FS fp_fsnsid=$FS_NSID fp_gap=$GAP_MS"
   say "accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) cases: $CASES (x$RUNS); KATO $KATO s, lease $LEASE_MS ms; logs in $RUN"
   # shellcheck disable=SC2086   # $cpu: several options
   timeout -s KILL "$RUN_TIMEOUT" qemu-system-x86_64 $cpu -m "$GUEST_MEM" -smp "$GUEST_CPUS" \
@@ -237,7 +240,7 @@ ACTION=all
 for a in "$@"; do
   case $a in
     setup|build|run|all) ACTION=$a;;
-    -h|--help) sed -n '2,40p' "$0"; exit 0;;
+    -h|--help) sed -n '2,43p' "$0"; exit 0;;
     *) echo "usage: $0 [setup|build|run|all]"; exit 2;;
   esac
 done
