@@ -64,7 +64,12 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     node.set_cluster(cluster);
     rt.block_on(async {
         node.open_configured_remotes(&drive_specs).await;
-        node.assemble_found().await?;
+        let exported: Vec<String> = drive_specs
+            .iter()
+            .filter(|d| d.export)
+            .map(|d| d.name.clone())
+            .collect();
+        node.assemble_found(&exported).await?;
         // A volume that cannot be assembled or made is entered offline
         // (listed with its reason, not served): the others still run.
         for v in volume_specs {

@@ -48,12 +48,17 @@ impl Node {
     /// members that disagree) is entered `offline` with the reason, in the
     /// log and the API: listed, deletable, not served; the others run. One
     /// owned by another node (its remote drives reserved) is left out.
-    pub async fn assemble_found(self: &Arc<Self>) -> anyhow::Result<()> {
+    ///
+    /// `exported` names the drives the TOML exports (JBOF): a volume found
+    /// on them belongs to the node that assembles it over the fabric, not
+    /// to this one, so it is neither assembled nor entered offline here
+    /// (that would keep the drive from being exported).
+    pub async fn assemble_found(self: &Arc<Self>, exported: &[String]) -> anyhow::Result<()> {
         let mut st = self.state.lock().await;
         let names: Vec<String> = st
             .drives
             .iter()
-            .filter(|(_, d)| d.export.is_none())
+            .filter(|(n, d)| d.export.is_none() && !exported.contains(n))
             .map(|(n, _)| n.clone())
             .collect();
         for f in group_by_volume(&st, &names).await {

@@ -496,7 +496,7 @@ async fn an_owner_restart_finds_its_volume_on_remote_drives() {
     }
     let a = owner_in("a", &enc, Some(&dir));
     a.open_configured_remotes(&[]).await;
-    a.assemble_found().await.unwrap();
+    a.assemble_found(&[]).await.unwrap();
     a.restore_exports().await.unwrap();
     let info = a.volume("m").await.unwrap();
     assert_eq!(info.state, "optimal", "{info:?}");

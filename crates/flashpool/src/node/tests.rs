@@ -295,7 +295,7 @@ async fn volumes_come_back_from_their_drives_after_a_restart() {
         node.shutdown().await;
     }
     let node = node_of(&specs);
-    node.assemble_found().await.unwrap();
+    node.assemble_found(&[]).await.unwrap();
     let v = node
         .volume("keep")
         .await
@@ -632,7 +632,7 @@ async fn thin_volumes_come_back_with_their_pool() {
         node.shutdown().await;
     }
     let node = node_of(&specs);
-    node.assemble_found().await.unwrap();
+    node.assemble_found(&[]).await.unwrap();
     let v = node.volume("thin1").await.expect("found in its pool");
     assert_eq!((v.pool.as_deref(), v.size_bytes), (Some("pool"), 1 << 30));
     node.export("thin1", ns1()).await.unwrap();
@@ -751,7 +751,7 @@ async fn a_node_always_starts_and_dead_volumes_come_up_offline() {
         node.shutdown().await;
     }
     let node = node_in(&specs, Some(&dir));
-    node.assemble_found().await.unwrap();
+    node.assemble_found(&[]).await.unwrap();
     node.ensure_volume_or_offline(req("z0r0", "raid0", &["f0", "f1"]))
         .await;
     node.restore_exports().await.unwrap();
@@ -806,7 +806,7 @@ async fn a_node_always_starts_and_dead_volumes_come_up_offline() {
 
     // Restarted without the TOML entry: it is offline, and deletable.
     let node = node_in(&specs, Some(&dir));
-    node.assemble_found().await.unwrap();
+    node.assemble_found(&[]).await.unwrap();
     let names: Vec<(String, String)> = node
         .volumes()
         .await
@@ -970,4 +970,33 @@ async fn refused_requests_change_nothing() {
     );
     assert_eq!(node.drive("d3").await.unwrap().state, "free");
     node.shutdown().await;
+}
+
+/// An enclosure exports drives that are members of another node's volume:
+/// at its start it must not enter that volume (offline) over them, or the
+/// drives could no longer be exported and the enclosure would not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exported_drives_are_not_assembled_into_local_volumes() {
+    let dir = tempdir();
+    let specs = file_specs(&dir, 3, 8 * MIB);
+    {
+        let node = node_in(&specs, Some(&dir));
+        node.create_volume(req("theirs", "raid5", &["f0", "f1", "f2"]))
+            .await
+            .unwrap();
+        node.shutdown().await;
+    }
+    // Only one member is here now, and the TOML exports it.
+    {
+        let node = node_of(&specs[..1]);
+        node.assemble_found(&["f0".to_string()]).await.unwrap();
+        assert!(node.volumes().await.is_empty(), "no volume entered");
+        node.shutdown().await;
+    }
+    // Without the export, the same start enters it offline (it is missing
+    // two of its three members).
+    let node = node_of(&specs[..1]);
+    node.assemble_found(&[]).await.unwrap();
+    let v = node.volume("theirs").await.unwrap();
+    assert_eq!(v.state, "offline", "{v:?}");
 }
