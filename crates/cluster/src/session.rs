@@ -950,16 +950,22 @@ fn decode_event(prefix: &str, ev: &etcd_client::Event) -> Option<ClusterEvent> {
     }
 }
 
-/// One watch on the whole prefix; restarted (with a Resync event) whenever
-/// it fails, since events may have been missed in between.
+/// One watch on the whole prefix; restarted whenever it fails. A restart
+/// resumes after the last revision it delivered, so no event is lost to an
+/// etcd member going away; it still sends Resync (the receiver re-reads
+/// what it needs), and when etcd has compacted that revision away the
+/// watch starts from now.
 async fn watch_task(client: Client, prefix: String, events: broadcast::Sender<ClusterEvent>) {
     let mut first = true;
+    // The next revision to deliver (None: from now).
+    let mut resume: Option<i64> = None;
     loop {
         let mut wc = client.watch_client();
-        let (watcher, mut stream) = match wc
-            .watch(prefix.clone(), Some(WatchOptions::new().with_prefix()))
-            .await
-        {
+        let mut opts = WatchOptions::new().with_prefix();
+        if let Some(r) = resume {
+            opts = opts.with_start_revision(r);
+        }
+        let (watcher, mut stream) = match wc.watch(prefix.clone(), Some(opts)).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::debug!("watch {prefix}: {e}; retrying");
@@ -975,6 +981,10 @@ async fn watch_task(client: Client, prefix: String, events: broadcast::Sender<Cl
             match stream.message().await {
                 Ok(Some(resp)) => {
                     if resp.canceled() {
+                        if resp.compact_revision() > 0 {
+                            // our resume point is gone: from now, after a Resync
+                            resume = None;
+                        }
                         tracing::warn!("watch {prefix} canceled: {}", resp.cancel_reason());
                         break;
                     }
@@ -982,6 +992,13 @@ async fn watch_task(client: Client, prefix: String, events: broadcast::Sender<Cl
                         if let Some(e) = decode_event(&prefix, ev) {
                             let _ = events.send(e);
                         }
+                        if let Some(kv) = ev.kv() {
+                            resume = Some(resume.unwrap_or(0).max(kv.mod_revision() + 1));
+                        }
+                    }
+                    if let Some(h) = resp.header() {
+                        // everything up to the header's revision is delivered
+                        resume = Some(resume.unwrap_or(0).max(h.revision() + 1));
                     }
                 }
                 Ok(None) => break,
