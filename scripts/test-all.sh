@@ -69,7 +69,7 @@ if ! cargo build --release --workspace >"$LOG/build.txt" 2>&1; then
   tail -n 30 "$LOG/build.txt"; fail "cargo build --release"
 fi
 say "cargo test (unit + fault tests)"
-cargo test --release --workspace 2>&1 | tee "$LOG/cargo-test.txt" | grep -E '^test result|FAILED|panicked' || true
+cargo test --release --workspace --no-fail-fast 2>&1 | tee "$LOG/cargo-test.txt" | grep -E '^test result|FAILED|panicked' || true
 t_pass=$(awk '/^test result/ { for (i = 1; i < NF; i++) if ($(i+1) ~ /^passed/) s += $i } END { print s + 0 }' "$LOG/cargo-test.txt")
 t_fail=$(awk '/^test result/ { for (i = 1; i < NF; i++) if ($(i+1) ~ /^failed/) s += $i } END { print s + 0 }' "$LOG/cargo-test.txt")
 if ! grep -q '^test result' "$LOG/cargo-test.txt" || grep -qE '^error(\[|:)' "$LOG/cargo-test.txt"; then
