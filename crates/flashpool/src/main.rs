@@ -10,6 +10,7 @@ mod cli;
 mod cluster_cli;
 mod config;
 mod echo;
+mod events;
 mod node;
 mod output;
 mod serve;

@@ -199,6 +199,8 @@ pub struct Node {
     /// Cluster mode: etcd says which volumes the node runs, so remote drives
     /// opened for them are not remembered in the state directory.
     etcd_managed: std::sync::atomic::AtomicBool,
+    /// What the node reports to operators (`GET /v1/events`).
+    pub events: Arc<crate::events::Events>,
 }
 
 impl Node {
@@ -209,6 +211,7 @@ impl Node {
             exports_file: dir.map(|d| d.join("exports.json")),
             cluster: std::sync::OnceLock::new(),
             etcd_managed: std::sync::atomic::AtomicBool::new(false),
+            events: Arc::default(),
         })
     }
 

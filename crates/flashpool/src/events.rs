@@ -1,0 +1,292 @@
+//! The node's event channel: what an operator watches, as `mdadm --monitor`
+//! reports it. Every event gets a sequence number, is kept in a bounded
+//! ring (so a client that reconnects can ask for what it missed), is sent
+//! to every live subscriber, and goes to the log as one structured line.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::Mutex;
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+/// How many past events the node keeps for clients that (re)connect.
+pub const RING: usize = 1024;
+
+/// What happened. The names are the `kind` field of the JSON form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    DriveFailed,
+    DriveReadded,
+    SpareTaken,
+    RebuildStarted,
+    RebuildFinished,
+    RebuildFailed,
+    VolumeOptimal,
+    VolumeDegraded,
+    VolumeFailed,
+    VolumeOffline,
+    SyncStarted,
+    SyncFinished,
+    ScrubStarted,
+    ScrubFinished,
+    ScrubMismatch,
+    ThinPoolUsage,
+    HostConnected,
+    HostRefused,
+}
+
+impl EventKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::DriveFailed => "drive_failed",
+            EventKind::DriveReadded => "drive_readded",
+            EventKind::SpareTaken => "spare_taken",
+            EventKind::RebuildStarted => "rebuild_started",
+            EventKind::RebuildFinished => "rebuild_finished",
+            EventKind::RebuildFailed => "rebuild_failed",
+            EventKind::VolumeOptimal => "volume_optimal",
+            EventKind::VolumeDegraded => "volume_degraded",
+            EventKind::VolumeFailed => "volume_failed",
+            EventKind::VolumeOffline => "volume_offline",
+            EventKind::SyncStarted => "sync_started",
+            EventKind::SyncFinished => "sync_finished",
+            EventKind::ScrubStarted => "scrub_started",
+            EventKind::ScrubFinished => "scrub_finished",
+            EventKind::ScrubMismatch => "scrub_mismatch",
+            EventKind::ThinPoolUsage => "thin_pool_usage",
+            EventKind::HostConnected => "host_connected",
+            EventKind::HostRefused => "host_refused",
+        }
+    }
+
+    /// How urgent it is: `critical` wants a person now (data at risk),
+    /// `warning` soon, `info` never.
+    pub fn severity(self) -> &'static str {
+        match self {
+            EventKind::VolumeFailed | EventKind::VolumeOffline | EventKind::RebuildFailed => {
+                "critical"
+            }
+            EventKind::DriveFailed
+            | EventKind::VolumeDegraded
+            | EventKind::ScrubMismatch
+            | EventKind::ThinPoolUsage
+            | EventKind::HostRefused => "warning",
+            _ => "info",
+        }
+    }
+}
+
+/// One event, as the API streams it and the log writes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    /// Increases by one per event on this node, from 1 at start.
+    pub seq: u64,
+    /// Wall-clock time, RFC 3339 in UTC.
+    pub time: String,
+    pub kind: EventKind,
+    pub severity: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drive: Option<String>,
+    /// A host NQN (host events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// What a person reads: what happened, and what to do when it matters.
+    pub message: String,
+}
+
+/// An event before the bus numbers it.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    kind: EventKind,
+    volume: Option<String>,
+    drive: Option<String>,
+    host: Option<String>,
+    message: String,
+}
+
+impl NewEvent {
+    pub fn new(kind: EventKind, message: impl Into<String>) -> Self {
+        NewEvent {
+            kind,
+            volume: None,
+            drive: None,
+            host: None,
+            message: message.into(),
+        }
+    }
+    pub fn volume(mut self, v: impl Into<String>) -> Self {
+        self.volume = Some(v.into());
+        self
+    }
+    pub fn drive(mut self, d: impl Into<String>) -> Self {
+        self.drive = Some(d.into());
+        self
+    }
+    pub fn host(mut self, h: impl Into<String>) -> Self {
+        self.host = Some(h.into());
+        self
+    }
+}
+
+/// The bus. Cheap to emit on: a lock around a ring push and a broadcast.
+pub struct Events {
+    inner: Mutex<Ring>,
+    tx: broadcast::Sender<Arc<Event>>,
+}
+
+struct Ring {
+    next_seq: u64,
+    recent: VecDeque<Arc<Event>>,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        let (tx, _) = broadcast::channel(RING);
+        Events {
+            inner: Mutex::new(Ring {
+                next_seq: 1,
+                recent: VecDeque::with_capacity(RING),
+            }),
+            tx,
+        }
+    }
+}
+
+impl Events {
+    /// Numbers, keeps, logs and sends one event; returns it.
+    pub fn emit(&self, e: NewEvent) -> Arc<Event> {
+        let mut ring = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let ev = Arc::new(Event {
+            seq: ring.next_seq,
+            time: now_rfc3339(),
+            kind: e.kind,
+            severity: e.kind.severity(),
+            volume: e.volume,
+            drive: e.drive,
+            host: e.host,
+            message: e.message,
+        });
+        ring.next_seq += 1;
+        if ring.recent.len() == RING {
+            ring.recent.pop_front();
+        }
+        ring.recent.push_back(ev.clone());
+        // Sent under the lock, so that a subscriber that took the ring's
+        // tail under the same lock sees every later event exactly once.
+        let _ = self.tx.send(ev.clone());
+        drop(ring);
+        log(&ev);
+        ev
+    }
+
+    /// The kept events after `since` (all kept when None), and a receiver
+    /// for every later one, with no gap and no repeat between the two.
+    pub fn subscribe(
+        &self,
+        since: Option<u64>,
+    ) -> (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>) {
+        let ring = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let past = ring
+            .recent
+            .iter()
+            .filter(|e| since.is_none_or(|s| e.seq > s))
+            .cloned()
+            .collect();
+        (past, self.tx.subscribe())
+    }
+
+    /// The kept events, oldest first.
+    pub fn recent(&self) -> Vec<Arc<Event>> {
+        self.subscribe(None).0
+    }
+}
+
+/// One structured log line per event: its fields as tracing fields, so
+/// that `log_format = "json"` writes them as JSON keys.
+fn log(e: &Event) {
+    let volume = e.volume.as_deref().unwrap_or("");
+    let drive = e.drive.as_deref().unwrap_or("");
+    let host = e.host.as_deref().unwrap_or("");
+    let kind = e.kind.name();
+    match e.severity {
+        "critical" => {
+            tracing::error!(target: "flashpool::event", seq = e.seq, kind, volume, drive, host, "{}", e.message)
+        }
+        "warning" => {
+            tracing::warn!(target: "flashpool::event", seq = e.seq, kind, volume, drive, host, "{}", e.message)
+        }
+        _ => {
+            tracing::info!(target: "flashpool::event", seq = e.seq, kind, volume, drive, host, "{}", e.message)
+        }
+    }
+}
+
+/// Now as RFC 3339 UTC with milliseconds (civil-from-days, so no date crate
+/// is needed for one format).
+pub fn now_rfc3339() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    rfc3339(d.as_secs() as i64, d.subsec_millis())
+}
+
+fn rfc3339(secs: i64, millis: u32) -> String {
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_known_dates() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(rfc3339(1_795_613_696, 123), "2026-11-25T13:34:56.123Z");
+    }
+
+    #[tokio::test]
+    async fn subscribe_has_no_gap_and_no_repeat() {
+        let ev = Events::default();
+        ev.emit(NewEvent::new(EventKind::DriveFailed, "a").drive("d0"));
+        let (past, mut rx) = ev.subscribe(None);
+        ev.emit(NewEvent::new(EventKind::VolumeDegraded, "b").volume("v"));
+        assert_eq!(past.iter().map(|e| e.seq).collect::<Vec<_>>(), [1]);
+        assert_eq!(rx.recv().await.unwrap().seq, 2);
+        let (past, _) = ev.subscribe(Some(1));
+        assert_eq!(past.iter().map(|e| e.seq).collect::<Vec<_>>(), [2]);
+    }
+
+    #[test]
+    fn ring_keeps_the_newest() {
+        let ev = Events::default();
+        for i in 0..RING + 10 {
+            ev.emit(NewEvent::new(EventKind::HostConnected, format!("{i}")));
+        }
+        let r = ev.recent();
+        assert_eq!(r.len(), RING);
+        assert_eq!(r[0].seq, 11);
+        assert_eq!(r.last().unwrap().seq, (RING + 10) as u64);
+    }
+}
