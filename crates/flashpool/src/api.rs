@@ -161,6 +161,7 @@ async fn json_errors(req: Request, next: Next) -> Response {
 
 pub fn router(app: App) -> Router {
     let calls = Router::new()
+        .route("/metrics", get(metrics))
         .route("/v1/audit", get(audit))
         .route("/v1/cluster", get(cluster_status))
         .route("/v1/cluster/probe/{name}", post(cluster_probe))
@@ -194,6 +195,15 @@ pub fn router(app: App) -> Router {
     Router::new()
         .fallback_service(calls)
         .layer(middleware::from_fn(json_errors))
+}
+
+/// Prometheus text (the one answer that is not JSON; its errors still are).
+async fn metrics(State(n): State<Arc<Node>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, crate::prom::CONTENT_TYPE)],
+        n.metrics().await,
+    )
+        .into_response()
 }
 
 async fn drives(State(n): State<Arc<Node>>) -> ApiResult {

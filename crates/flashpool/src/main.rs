@@ -13,6 +13,7 @@ mod echo;
 mod events;
 mod node;
 mod output;
+mod prom;
 mod serve;
 mod units;
 

@@ -59,6 +59,10 @@ pub struct QueueStats {
     /// it: ever-growing counters, so a busy host cannot starve the wait.
     pub writes_started: AtomicU64,
     pub writes_done: AtomicU64,
+    /// Commands the queue holds now (written on every change; a gauge).
+    pub depth: AtomicU64,
+    /// Command capsules or host data with a bad data digest.
+    pub digest_errors: AtomicU64,
 }
 
 pub const ERROR_LOG_SLOTS: usize = 64;

@@ -20,6 +20,7 @@ pub mod io;
 pub mod queue;
 pub mod reservation;
 pub mod resv_cmd;
+pub mod stats;
 pub mod subsystem;
 mod target;
 pub mod tcp;

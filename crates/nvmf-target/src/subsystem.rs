@@ -12,6 +12,7 @@ use blockdev::BlockDevice;
 use parking_lot::RwLock;
 
 use crate::resv_cmd::NsReservations;
+use crate::stats::NsIoStats;
 
 /// One namespace: a block device with its identifiers. Immutable once built,
 /// so I/O queues read it without locks.
@@ -27,6 +28,8 @@ pub struct Namespace {
     pub ana_group: u32,
     /// Registrations and the reservation; shared by every snapshot.
     pub resv: Arc<NsReservations>,
+    /// I/O counters and latencies, shared by every snapshot.
+    pub stats: Arc<NsIoStats>,
 }
 
 impl Namespace {
@@ -41,6 +44,7 @@ impl Namespace {
             nguid,
             ana_group: crate::ana::DEFAULT_GROUP,
             resv: Arc::new(NsReservations::load(&*dev)),
+            stats: Arc::default(),
             dev,
         }
     }

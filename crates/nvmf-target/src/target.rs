@@ -13,6 +13,8 @@ use crate::subsystem::{Namespace, NamespaceError, Subsystem};
 
 pub struct Target {
     pub transport: TransportConfig,
+    /// Transport counters for metrics.
+    pub counters: crate::stats::TargetCounters,
     /// Swapped whole on change (drive exports come and go at run time);
     /// readers take a snapshot.
     subsystems: RwLock<Arc<[Arc<Subsystem>]>>,
@@ -79,6 +81,7 @@ impl Target {
         }
         Target {
             transport,
+            counters: Default::default(),
             subsystems: RwLock::new(subsystems.into()),
             listeners: RwLock::new(Vec::new()),
             controllers: Mutex::new(HashMap::new()),
@@ -365,6 +368,13 @@ impl Target {
             .iter()
             .map(|c| c.cntlid)
             .collect()
+    }
+
+    /// Every live controller (discovery ones too), by controller ID.
+    pub fn controllers(&self) -> Vec<Arc<Controller>> {
+        let mut v: Vec<_> = self.controllers.lock().values().cloned().collect();
+        v.sort_by_key(|c| c.cntlid);
+        v
     }
 
     pub fn controller_count(&self) -> usize {

@@ -9,6 +9,7 @@
 mod assemble;
 mod drive;
 mod export;
+mod metrics;
 mod ops;
 mod owned;
 mod remote;

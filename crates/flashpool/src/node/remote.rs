@@ -57,10 +57,12 @@ impl Node {
             .await
             .map(Arc::new)
             .map_err(|e| NodeError::Conflict(format!("drive {name} ({url}): {e}")))?;
+        let (metered, io) = super::drive::MeteredDevice::wrap(dev.clone());
         Ok(Drive {
             name: name.to_string(),
             backend: "remote".into(),
-            dev: dev.clone() as Arc<dyn BlockDevice>,
+            dev: metered,
+            io,
             failed: false,
             fresh: false,
             path: None,

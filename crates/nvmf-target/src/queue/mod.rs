@@ -39,6 +39,7 @@ use crate::fabrics;
 use crate::io::{self, IoPlan, IoReject, ns_instance};
 use crate::reservation::Access;
 use crate::resv_cmd;
+use crate::stats::NsIoStats;
 use crate::subsystem::{Namespace, find_namespace};
 use sgl::{Sgl, check_sgl};
 
@@ -99,6 +100,8 @@ struct Slot {
     after: AfterData,
     /// A write counted in `QueueStats::writes_started`; `writes_done` when freed.
     counted_write: bool,
+    /// When an I/O command arrived (for its latency).
+    started: Instant,
 }
 
 /// The queue a connection became by its Connect.
@@ -142,6 +145,7 @@ impl QueueCore {
             sqe: Sqe::new(0, 0),
             after: AfterData::Nothing,
             counted_write: false,
+            started: Instant::now(),
         };
         QueueCore {
             pool: BufPool::new(t.max_transfer),
@@ -248,6 +252,7 @@ impl QueueCore {
     /// an I/O queue frees its QID.
     pub fn close(&mut self, reason: FreeReason) {
         if let Some(b) = self.bound.take() {
+            b.stats.depth.store(0, Relaxed);
             if b.qid == 0 {
                 self.target.remove_controller(&b.ctrl, reason);
             } else {
@@ -271,6 +276,7 @@ impl QueueCore {
                 self.peer,
                 sqe.cid
             );
+            self.note_digest_error();
             let st = Status::generic(SC_TRANSIENT_TRANSPORT).retryable();
             return self.respond(sqe.cid, st, 0, 0, t);
         }
@@ -317,6 +323,7 @@ impl QueueCore {
                 self.peer,
                 s.sqe.cid
             );
+            self.note_digest_error();
             self.pool.put(buf);
             let st = Status::generic(SC_TRANSIENT_TRANSPORT).retryable();
             return self.complete(tag, st, 0, 0, t);
@@ -333,14 +340,36 @@ impl QueueCore {
         }
     }
 
+    fn note_digest_error(&self) {
+        self.target
+            .counters
+            .data_digest_errors
+            .fetch_add(1, Relaxed);
+        if let Some(b) = &self.bound {
+            b.stats.digest_errors.fetch_add(1, Relaxed);
+        }
+    }
+
     /// A device I/O handed out with `wait_io` finished.
     pub fn on_io_done<T: Transport>(&mut self, tag: u16, done: IoDone, t: &mut T) {
         let Some(b) = self.bound.as_ref() else {
             self.pool.put(done.buf);
             return self.free_slot(tag);
         };
-        let sqe = self.slots[usize::from(tag)].sqe;
+        let slot = &self.slots[usize::from(tag)];
+        let sqe = slot.sqe;
         let len = done.buf.len();
+        if matches!(sqe.opcode, io_opc::READ | io_opc::WRITE)
+            && let Some(ns) = find_namespace(&b.namespaces, sqe.nsid)
+        {
+            record_io(
+                &ns.stats,
+                sqe.opcode,
+                slot.started,
+                len,
+                done.result.is_ok(),
+            );
+        }
         match done.result {
             Err(e) => {
                 let op = if sqe.opcode == io_opc::READ {
@@ -428,7 +457,9 @@ impl QueueCore {
             sqe,
             after: AfterData::Nothing,
             counted_write: false,
+            started: self.slots[usize::from(i)].started,
         };
+        self.note_depth();
         Some(i)
     }
 
@@ -446,6 +477,17 @@ impl QueueCore {
         debug_assert!(s.state != SlotState::Free, "slot {i} freed twice");
         s.state = SlotState::Free;
         self.free.push(i);
+        self.note_depth();
+    }
+
+    /// Commands (held AERs included) the queue has now, for the depth gauge:
+    /// a plain store into the queue's own counters.
+    #[inline]
+    fn note_depth(&self) {
+        if let Some(b) = &self.bound {
+            let depth = (self.slots.len() - self.free.len()) as u64;
+            b.stats.depth.store(depth, Relaxed);
+        }
     }
 
     fn respond<T: Transport>(&mut self, cid: u16, st: Status, dw0: u32, dw1: u32, t: &mut T) {
@@ -676,7 +718,9 @@ impl QueueCore {
             // The host reset the controller (CC.EN 1 -> 0): its I/O queues are gone.
             return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t);
         }
-        let sqe = self.slots[usize::from(i)].sqe;
+        let slot = &mut self.slots[usize::from(i)];
+        slot.started = Instant::now();
+        let sqe = slot.sqe;
         let planned = self
             .target
             .plan_io(&b.namespaces, &sqe)
@@ -838,5 +882,28 @@ impl QueueCore {
                 self.complete(i, Status::SUCCESS, 0, 0, t)
             }
         }
+    }
+}
+
+/// Counts a finished Read or Write in its namespace's stats.
+#[inline]
+fn record_io(s: &NsIoStats, opcode: u8, started: Instant, len: usize, ok: bool) {
+    let took = started.elapsed();
+    if opcode == io_opc::READ {
+        if ok {
+            s.reads.fetch_add(1, Relaxed);
+            s.read_bytes.fetch_add(len as u64, Relaxed);
+        } else {
+            s.read_errors.fetch_add(1, Relaxed);
+        }
+        s.read_latency.record(took);
+    } else {
+        if ok {
+            s.writes.fetch_add(1, Relaxed);
+            s.write_bytes.fetch_add(len as u64, Relaxed);
+        } else {
+            s.write_errors.fetch_add(1, Relaxed);
+        }
+        s.write_latency.record(took);
     }
 }

@@ -9,6 +9,7 @@
 //! per loop turn.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -86,9 +87,12 @@ pub(crate) async fn serve(stream: TcpStream, target: Arc<Target>, shutdown: watc
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
+    let counters = target.clone();
+    counters.counters.connections_opened.fetch_add(1, Relaxed);
     let mut conn = Conn::new(stream, target, peer);
     let end = conn.run(shutdown).await;
     conn.finish(end).await;
+    counters.counters.connections_closed.fetch_add(1, Relaxed);
 }
 
 impl Conn {
@@ -343,6 +347,11 @@ impl Conn {
     }
 
     fn fatal(&mut self, e: TermError, offending: Vec<u8>) {
+        let c = &self.target.counters;
+        c.protocol_errors.fetch_add(1, Relaxed);
+        if e.fes == Fes::HeaderDigestError {
+            c.header_digest_errors.fetch_add(1, Relaxed);
+        }
         tracing::warn!(
             "{}: fatal transport error {:?} at header byte {}: sending C2HTermReq",
             self.peer,

@@ -435,6 +435,7 @@ impl Inner {
             intent_clear_ms: AtomicU64::new(INTENT_CLEAR_AGE.as_millis() as u64),
             stats: Stats::default(),
             rebuild: RebuildState::default(),
+            scrub: Default::default(),
             journal,
             records_at,
             records: parking_lot::Mutex::new(RecordState::default()),

@@ -54,6 +54,7 @@ mod resync;
 mod write;
 
 pub use readd::ReAddReport;
+pub use resync::ScrubProgress;
 
 pub(crate) use fence::{Fence, FencedMember};
 pub(crate) use member_io::{
@@ -270,6 +271,7 @@ pub(crate) struct Inner {
     intent_clear_ms: AtomicU64,
     pub stats: Stats,
     pub rebuild: RebuildState,
+    pub(crate) scrub: resync::ScrubState,
     /// The write journal of degraded updates; None for layouts without a
     /// write hole (no parity, mirrors) or when turned off.
     pub journal: Option<Journal>,
