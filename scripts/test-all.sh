@@ -10,6 +10,7 @@
 #   SKIP_CLUSTER=1 scripts/test-all.sh   (no network namespaces: also CLUSTER=0 for interop,
 #                                         and no failover suite)
 #   SKIP_FAILOVER=1 scripts/test-all.sh  (no tests/failover/run.sh)
+#   SKIP_METRICS=1 scripts/test-all.sh   (no tests/metrics/run.sh)
 #   FUZZ_SECONDS=20 scripts/test-all.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +43,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   say "apt-get install (test dependencies)"
   # Quiet on success; a failed update or install shows apt's own error (logs in $LOG).
   scripts/apt-install.sh "$LOG" qemu-system-x86 nvme-cli busybox-static cpio kmod fio libisal-dev \
-    python3 fonts-dejavu-core iproute2 etcd-server etcd-client protobuf-compiler ||
+    python3 fonts-dejavu-core iproute2 etcd-server etcd-client protobuf-compiler prometheus ||
     say "apt-get install failed (above); continuing with what is installed"
 fi
 
@@ -86,6 +87,14 @@ if [ -x fuzz/smoke.sh ] && [ "${SKIP_FUZZ:-0}" != 1 ]; then
   else
     fail "fuzz smoke (see $LOG/fuzz.txt)"
   fi
+fi
+
+# ---- 3b. metrics: GET /metrics of a node on 127.0.0.1 (ports 4620, 4621, 4690) under
+# bench I/O, checked by promtool (Debian's prometheus package) and for the counters that moved
+if [ "${SKIP_METRICS:-0}" != 1 ]; then
+  say "metrics suite (Prometheus endpoint, promtool check metrics)"
+  tests/metrics/run.sh 2>&1 | tee "$LOG/metrics.txt" | grep -E '^FAIL|passed, .* failed' || true
+  count_suite metrics "$LOG/metrics.txt"
 fi
 
 # ---- 4. interop: the Linux kernel NVMe/TCP host in a QEMU guest against flashpool serve

@@ -162,6 +162,15 @@ fn volumes(p: &mut Exposition, st: &NodeState) {
         f.int(&[("volume", &v.name)], v.rebuild.bytes);
     }
 
+    let mut f = p.family(
+        "flashpool_volume_rebuild_progress_ratio",
+        Kind::Gauge,
+        "Done stripes of the current (or last) rebuild over its stripes, 0 to 1.",
+    );
+    for v in infos.iter().filter(|v| !v.members.is_empty()) {
+        f.float(&[("volume", &v.name)], v.rebuild.percent / 100.0);
+    }
+
     let scrubs: Vec<_> = engine
         .iter()
         .map(|(n, v)| (*n, v.scrub_progress()))
