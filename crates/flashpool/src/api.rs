@@ -448,6 +448,33 @@ mod tests {
     }
 
     #[test]
+    fn metrics_are_prometheus_text_and_refuse_post_in_json() {
+        let api = node_api();
+        let mut s = TcpStream::connect(api).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: text/plain; version=0.0.4"),
+            "{head}"
+        );
+        assert!(
+            body.contains("# TYPE flashpool_build_info gauge\n"),
+            "{body}"
+        );
+        let a = http(api, "POST /metrics", Vec::new());
+        assert_eq!(a.status, 405);
+        assert!(error_of(&a).contains("GET"), "{}", a.json);
+    }
+
+    #[test]
     fn an_unknown_call_is_404_json() {
         let a = http(node_api(), "GET /v1/nothing/here", Vec::new());
         assert_eq!(a.status, 404);

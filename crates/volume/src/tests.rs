@@ -200,6 +200,13 @@ fn every_layout_matches_the_model() {
             let rep = vol.scrub(false).await;
             assert_eq!(rep.inconsistent_count, 0, "{kind}: {rep:?}");
             assert_eq!(rep.skipped, 0, "{kind}");
+            // What metrics read: the finished scrub, every stripe done
+            // (none for layouts without parity, which scrub nothing).
+            let p = vol.scrub_progress();
+            assert!(!p.running, "{kind}");
+            assert_eq!(p.done_stripes, rep.stripes_checked, "{kind}");
+            assert_eq!(p.total_stripes, rep.stripes_checked, "{kind}");
+            assert_eq!(p.inconsistent_stripes, 0, "{kind}");
         });
     }
 }

@@ -326,6 +326,15 @@ fn bad_data_digest_is_a_retryable_transient_error() {
     let c = rec.one();
     assert_eq!(sc(&c), (GENERIC, super::SC_TRANSIENT_TRANSPORT));
     assert!(!c.status.dnr);
+    let digest_errors = |core: &QueueCore| {
+        use std::sync::atomic::Ordering::Relaxed;
+        let b = core.bound.as_ref().unwrap();
+        (
+            t.counters.data_digest_errors.load(Relaxed),
+            b.stats.digest_errors.load(Relaxed),
+        )
+    };
+    assert_eq!(digest_errors(&core), (1, 1));
 }
 
 #[test]
@@ -562,6 +571,17 @@ fn write_in_capsule_and_by_r2t_then_read_back() {
     use std::sync::atomic::Ordering::Relaxed;
     assert_eq!(stats.write_cmds.load(Relaxed), 2);
     assert_eq!(stats.read_cmds.load(Relaxed), 1);
+    assert_eq!(stats.depth.load(Relaxed), 0, "every command answered");
+    // The namespace's own counters, as metrics read them.
+    let ns = t.subsystem(NQN).unwrap().namespace(1).unwrap();
+    let s = &ns.stats;
+    assert_eq!(s.writes.load(Relaxed), 2);
+    assert_eq!(s.write_bytes.load(Relaxed), 4096 + 8192);
+    assert_eq!(s.reads.load(Relaxed), 1);
+    assert_eq!(s.read_bytes.load(Relaxed), 24 * 512);
+    assert_eq!(s.read_errors.load(Relaxed), 0);
+    assert_eq!(s.write_latency.snapshot().count, 2);
+    assert_eq!(s.read_latency.snapshot().count, 1);
 }
 
 #[test]
