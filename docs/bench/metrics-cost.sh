@@ -9,6 +9,8 @@
 #   docs/bench/metrics-cost.sh BIN_A BIN_B [ROUNDS]     # prints a table of medians
 #
 # The target runs on CPU 0, the bench on CPU 1 (taskset), as docs/performance.md.
+# Besides IOPS and latency, the target's CPU time per I/O (--target-pid: user +
+# system from /proc/PID/stat), which other load on the machine disturbs less.
 set -euo pipefail
 A=$1; B=$2; ROUNDS=${3:-3}
 OUT=$(mktemp -d /tmp/metrics-cost.XXXXXX)
@@ -67,7 +69,7 @@ run() { # label bin nsid round
   local pid=$!
   for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
   taskset -c 1 "$2" bench --cpus 1 --target "tcp://127.0.0.1:$PORT/$NQN?nsid=$3" --rw randread --bs 4k \
-    --qd 32 --jobs 1 --runtime 5s --ramp 1s --size 256MiB --json "$OUT/$1-$3-$4.json" >/dev/null 2>&1
+    --qd 32 --jobs 1 --runtime 5s --ramp 1s --size 256MiB --target-pid "$pid" --json "$OUT/$1-$3-$4.json" >/dev/null 2>&1
   kill "$pid"; wait "$pid" 2>/dev/null || true
 }
 for r in $(seq 1 "$ROUNDS"); do
@@ -79,8 +81,8 @@ done
 python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, statistics, sys, glob
 out, rounds = sys.argv[1], int(sys.argv[2])
-print("| namespace | A IOPS (runs) | B IOPS (runs) | A p50 / p99 µs | B p50 / p99 µs | B vs A (median IOPS) |")
-print("|---|---|---|---|---|---|")
+print("| namespace | A IOPS (runs) | B IOPS (runs) | A p50 / p99 µs | B p50 / p99 µs | B vs A (median IOPS) | target CPU µs per I/O, A / B (runs) |")
+print("|---|---|---|---|---|---|---|")
 for ns, what in ((1, "RAM namespace"), (2, "RAID 5 volume on 3 RAM drives")):
     row = {}
     for lab in "AB":
@@ -88,9 +90,11 @@ for ns, what in ((1, "RAM namespace"), (2, "RAID 5 volume on 3 RAM drives")):
         iops = [r["all"]["iops"] for r in runs]
         p50 = statistics.median(r["all"]["lat"]["p50_us"] for r in runs)
         p99 = statistics.median(r["all"]["lat"]["p99_us"] for r in runs)
-        row[lab] = (statistics.median(iops), iops, p50, p99)
+        cpu = [r["cpu"]["target_s_per_million_ios"] for r in runs]
+        row[lab] = (statistics.median(iops), iops, p50, p99, statistics.median(cpu), cpu)
     a, b = row["A"], row["B"]
     fmt = lambda x: ", ".join(f"{v/1000:.1f}k" for v in x)
-    print(f"| {what} | {a[0]/1000:.1f}k ({fmt(a[1])}) | {b[0]/1000:.1f}k ({fmt(b[1])}) | {a[2]:.0f} / {a[3]:.0f} | {b[2]:.0f} / {b[3]:.0f} | {100*(b[0]/a[0]-1):+.1f}% |")
+    cpus = lambda x: ", ".join(f"{v:.2f}" for v in x)
+    print(f"| {what} | {a[0]/1000:.1f}k ({fmt(a[1])}) | {b[0]/1000:.1f}k ({fmt(b[1])}) | {a[2]:.0f} / {a[3]:.0f} | {b[2]:.0f} / {b[3]:.0f} | {100*(b[0]/a[0]-1):+.1f}% | {a[4]:.2f} / {b[4]:.2f} ({cpus(a[5])} / {cpus(b[5])}) |")
 PY
 echo "(runs in $OUT)"

@@ -122,12 +122,15 @@ pub struct DriveIoStats {
 pub struct MeteredDevice {
     inner: Arc<dyn BlockDevice>,
     stats: Arc<DriveIoStats>,
+    /// The drive's block size (fixed), so a request's bytes cost no call.
+    block_size: u64,
 }
 
 impl MeteredDevice {
     pub fn wrap(inner: Arc<dyn BlockDevice>) -> (Arc<dyn BlockDevice>, Arc<DriveIoStats>) {
         let stats = Arc::<DriveIoStats>::default();
         let dev = Arc::new(MeteredDevice {
+            block_size: u64::from(inner.geometry().block_size),
             inner,
             stats: stats.clone(),
         });
@@ -141,7 +144,7 @@ impl BlockDevice for MeteredDevice {
     }
     fn submit(&self, req: IoRequest) -> IoFuture {
         let s = &self.stats;
-        let bytes = u64::from(req.blocks) * u64::from(self.inner.geometry().block_size);
+        let bytes = u64::from(req.blocks) * self.block_size;
         match req.op {
             BlockOp::Read => {
                 s.reads.fetch_add(1, Relaxed);
