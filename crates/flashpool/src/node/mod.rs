@@ -8,6 +8,7 @@
 
 mod assemble;
 mod drive;
+mod drive_ops;
 mod export;
 mod ops;
 mod owned;
