@@ -181,6 +181,10 @@ pub fn router(app: App) -> Router {
         .route("/v1/volumes/{name}/export", post(export))
         .route("/v1/volumes/{name}/unexport", post(unexport))
         .route("/v1/volumes/{name}/rebuild", get(rebuild_status))
+        .route("/v1/volumes/{name}/scrub", post(scrub_volume))
+        .route("/v1/volumes/{name}/scrub/stop", post(stop_scrub))
+        .route("/v1/jobs", get(jobs))
+        .route("/v1/jobs/{id}", get(job))
         .fallback(|| async {
             ApiError(
                 StatusCode::NOT_FOUND,
@@ -194,6 +198,34 @@ pub fn router(app: App) -> Router {
     Router::new()
         .fallback_service(calls)
         .layer(middleware::from_fn(json_errors))
+}
+
+async fn scrub_volume(State(n): State<Arc<Node>>, Path(name): Path<String>, b: Bytes) -> ApiResult {
+    let req = if b.is_empty() {
+        crate::node::ScrubRequest::default()
+    } else {
+        body(&b)?
+    };
+    let info = n.scrub_volume(&name, req).await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(info)).into_response())
+}
+
+async fn stop_scrub(State(n): State<Arc<Node>>, Path(name): Path<String>) -> ApiResult {
+    ok(n.stop_scrub(&name).await?)
+}
+
+async fn jobs(State(n): State<Arc<Node>>) -> ApiResult {
+    ok(n.jobs().await)
+}
+
+async fn job(State(n): State<Arc<Node>>, Path(id): Path<String>) -> ApiResult {
+    let id: u64 = id.parse().map_err(|_| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("job id {} is not a number", crate::echo::Echo(&id)),
+        )
+    })?;
+    ok(n.job(id).await?)
 }
 
 async fn drives(State(n): State<Arc<Node>>) -> ApiResult {

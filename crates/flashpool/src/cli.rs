@@ -99,6 +99,8 @@ pub enum VolumeCmd {
         #[arg(long)]
         to: String,
     },
+    /// Check (or with --repair, fix) a volume's parity against its data, as a job.
+    Scrub(crate::jobs_cli::ScrubArgs),
     /// Rebuild progress and ETA.
     RebuildStatus {
         name: String,
@@ -297,6 +299,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::RebuildStatus { name, wait } => {
             return rebuild_status(&c, &name, wait, api.json);
         }
+        VolumeCmd::Scrub(a) => return crate::jobs_cli::scrub(api, a),
     };
     if api.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
@@ -469,6 +472,23 @@ fn print_volume(v: &Value) {
         );
     }
     print_rebuild(&v["rebuild"]);
+    for j in v["jobs"].as_array().into_iter().flatten() {
+        outln!(
+            "  job {} {}: {:.1}%",
+            j["id"],
+            j["kind"].as_str().unwrap_or("?"),
+            j["percent"].as_f64().unwrap_or(0.0)
+        );
+    }
+    if let Some(s) = v["last_scrub"].as_object() {
+        outln!(
+            "  last scrub: {} at {}, {} mismatched, {} repaired",
+            s["state"].as_str().unwrap_or("?"),
+            s.get("finished").and_then(|f| f.as_str()).unwrap_or("?"),
+            s["mismatches"],
+            s["repaired"]
+        );
+    }
 }
 
 fn print_rebuild(r: &Value) {
@@ -476,8 +496,26 @@ fn print_rebuild(r: &Value) {
         let eta = r["eta_secs"]
             .as_f64()
             .map_or("?".to_string(), |s| format!("{s:.0}s"));
+        let names = |k: &str| -> String {
+            let v: Vec<&str> = r[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| d.as_str())
+                .collect();
+            v.join(",")
+        };
+        let (now, queued) = (names("drives"), names("queued_drives"));
+        let mut onto = if now.is_empty() {
+            "starting".to_string()
+        } else {
+            format!("onto {now}")
+        };
+        if !queued.is_empty() {
+            onto += &format!(", then {queued}");
+        }
         outln!(
-            "  rebuild: {:.1}% ({} of {} stripes), {:.1} MB/s, ETA {eta}",
+            "  rebuild {onto}: {:.1}% ({} of {} stripes), {:.1} MB/s, ETA {eta}",
             r["percent"].as_f64().unwrap_or(0.0),
             r["done_stripes"].as_u64().unwrap_or(0),
             r["total_stripes"].as_u64().unwrap_or(0),

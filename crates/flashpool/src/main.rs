@@ -11,6 +11,7 @@ mod cluster_cli;
 mod config;
 mod echo;
 mod events;
+mod jobs_cli;
 mod node;
 mod output;
 mod serve;
@@ -57,6 +58,13 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cli::DriveCmd,
     },
+    /// Background jobs of a running node: initial sync, rebuild, scrub.
+    Job {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(subcommand)]
+        cmd: jobs_cli::JobCmd,
+    },
     /// The cluster a node belongs to (through its management API).
     Cluster {
         #[command(flatten)]
@@ -82,6 +90,7 @@ fn main() {
         Cmd::Bench(args) => bench::run(*args),
         Cmd::Volume { api, cmd } => cli::volume(api, cmd),
         Cmd::Drive { api, cmd } => cli::drive(api, cmd),
+        Cmd::Job { api, cmd } => jobs_cli::job(api, cmd),
         Cmd::Cluster { api, cmd } => cluster_cli::cluster(api, cmd),
         Cmd::Node { api, cmd } => cluster_cli::node(api, cmd),
     };

@@ -50,9 +50,11 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the management runtime")?;
+    let scrub = cfg.scrub.as_ref().map(|s| s.schedule()).transpose()?;
     let mut state = NodeState::default();
     for d in drive_specs.iter().filter(|d| d.backend != "remote") {
-        let drive = d.open().map_err(|e| anyhow::anyhow!("config: {e}"))?;
+        let mut drive = d.open().map_err(|e| anyhow::anyhow!("config: {e}"))?;
+        drive.spare = cfg.drive.iter().any(|s| s.name == d.name && s.spare);
         state.drives.insert(d.name.clone(), drive);
     }
     if let Some(d) = &cfg.node.state_dir {
@@ -115,6 +117,18 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     if let Some(a) = &agent {
         let _in_rt = rt.enter();
         a.spawn();
+    }
+    {
+        let _in_rt = rt.enter();
+        if let Some(s) = scrub {
+            node.spawn_scrub_schedule(s);
+        }
+        if agent.is_none() {
+            // Cluster volumes are on remote drives any node can reach; a
+            // local spare would tie one to this node, so spares are for
+            // nodes that run alone.
+            node.spawn_spare_watch();
+        }
     }
     print_banner(&server, &origin, api, &rt, &node);
     if let Some(sig) = signals.forever().next() {

@@ -38,5 +38,5 @@ pub use thin::{
 };
 pub use volume::{
     DEFAULT_META_BYTES, DEFAULT_REGION_BYTES, DEFAULT_STRIP_BYTES, ReAddReport, ScrubReport,
-    Volume, VolumeConfig, VolumeError, VolumeStats,
+    SyncControl, Volume, VolumeConfig, VolumeError, VolumeStats,
 };

@@ -230,6 +230,9 @@ fn small_blocks_and_initial_sync() {
         };
         let vol = Volume::create(rig.members(), c).await.unwrap();
         assert_eq!(vol.geometry().block_size, 512);
+        assert!(vol.unsynced_regions() > 0, "the sync runs after create");
+        vol.initial_sync(&SyncControl::default()).await.unwrap();
+        assert_eq!(vol.unsynced_regions(), 0);
         assert_eq!(vol.scrub(false).await.inconsistent_count, 0);
         let mut model = Model::new(&vol);
         // The model starts from whatever the volume reads (the junk).
@@ -1558,6 +1561,7 @@ fn records_follow_every_member_replacement() {
 mod failed;
 mod fence;
 mod readd;
+mod sync;
 mod zerocopy;
 
 /// A host's discard of the whole device (mkfs does one) on a redundant

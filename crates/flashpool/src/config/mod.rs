@@ -42,6 +42,8 @@ pub struct NodeConfig {
     pub remote: RemoteSection,
     /// Cluster mode (etcd); absent: the node runs alone.
     pub cluster: Option<ClusterSection>,
+    /// Scheduled scrubs; absent: scrubs run only when asked.
+    pub scrub: Option<ScrubSection>,
 }
 
 /// The management API (HTTP + JSON). Local only by default.
@@ -95,6 +97,46 @@ pub struct DriveSection {
     /// backend = "remote": `tcp://ADDR:PORT/NQN?nsid=N` (default: from the
     /// name `peer:drive` and that `[[peer]]`'s address).
     pub url: Option<String>,
+    /// A hot spare: taken by itself when a member of a redundant volume
+    /// fails (a `spare_taken` event says which).
+    #[serde(default)]
+    pub spare: bool,
+}
+
+/// `[scrub]`: scrub every redundant volume on a schedule.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubSection {
+    /// How long after a volume's last scrub the next one starts, e.g.
+    /// "7d", "24h", "30m".
+    pub interval: String,
+    /// Rewrite parity that disagrees with the data (else only count).
+    #[serde(default)]
+    pub repair: bool,
+    /// Speed limit per second, e.g. "100MiB" (default unlimited).
+    pub rate: Option<Size>,
+}
+
+impl ScrubSection {
+    pub fn schedule(&self) -> anyhow::Result<crate::node::ScrubSchedule> {
+        let interval = humantime::parse_duration(&self.interval).map_err(|e| {
+            anyhow::anyhow!(
+                "config: scrub.interval = {:?}: {e}; use a duration such as \"7d\", \"24h\" or \"30m\"",
+                self.interval
+            )
+        })?;
+        if interval < std::time::Duration::from_secs(1) {
+            anyhow::bail!(
+                "config: scrub.interval = {:?} is shorter than a second; use e.g. \"7d\"",
+                self.interval
+            );
+        }
+        Ok(crate::node::ScrubSchedule {
+            interval,
+            repair: self.repair,
+            rate: self.rate.map(Size::bytes),
+        })
+    }
 }
 
 fn bs4096() -> u32 {
@@ -1026,6 +1068,7 @@ mod tests {
             ("peer", "[[peer]]"),
             ("remote", "[remote]"),
             ("cluster", "[cluster]"),
+            ("scrub", "[scrub]\ninterval = \"1d\""),
         ];
         let mut missing = Vec::new();
         for (section, header) in sections {

@@ -145,6 +145,10 @@ impl Node {
             return;
         };
         if e.rebuild_task {
+            // The running job names the new drive from now on.
+            if let Some(j) = st.jobs.running(name, super::jobs::JobKind::Rebuild) {
+                j.set_drives(e.drives.clone());
+            }
             return;
         }
         e.rebuild_task = true;
@@ -152,10 +156,21 @@ impl Node {
             rate_bytes_per_sec: e.rebuild_rate,
             ..RebuildOptions::default()
         };
+        let job = st.jobs.start(
+            super::jobs::JobKind::Rebuild,
+            name,
+            &vol,
+            false,
+            Arc::default(),
+            e.drives.clone(),
+        );
         let node = self.clone();
         let name = name.to_string();
         tokio::spawn(async move {
             loop {
+                if let Some(e) = node.state.lock().await.volumes.get(&name) {
+                    job.set_drives(e.drives.clone());
+                }
                 let before = vol.member_states();
                 let mut outcome = vol.rebuild(opts.clone()).await.err().map(|e| e.to_string());
                 if outcome.is_none() && vol.member_states() == before {
@@ -168,6 +183,7 @@ impl Node {
                 }
                 let mut st = node.state.lock().await;
                 let Some(e) = st.volumes.get_mut(&name) else {
+                    job.finish(super::jobs::JobState::Stopped, None);
                     return;
                 };
                 e.last_rebuild_error = outcome.clone();
@@ -180,6 +196,13 @@ impl Node {
                     });
                 if !more {
                     e.rebuild_task = false;
+                    job.finish(
+                        match outcome {
+                            None => super::jobs::JobState::Finished,
+                            Some(err) => super::jobs::JobState::Failed(err),
+                        },
+                        None,
+                    );
                     return;
                 }
                 tracing::info!(

@@ -10,11 +10,14 @@ mod assemble;
 mod drive;
 mod drive_ops;
 mod export;
+pub mod jobs;
 mod ops;
 mod owned;
 mod remote;
 #[cfg(test)]
 pub(crate) mod remote_tests;
+mod scrub;
+mod spares;
 #[cfg(test)]
 mod tests;
 
@@ -33,6 +36,7 @@ pub use export::{DriveExport, ExportDriveRequest};
 pub use ops::{
     CreateVolume, ExportRequest, VolumeInfo, check_name, parse_layout, volume_namespace,
 };
+pub use scrub::{ScrubRequest, ScrubSchedule};
 
 /// An operation's failure, with the HTTP status the API answers with.
 #[derive(Debug, thiserror::Error)]
@@ -174,6 +178,8 @@ impl VolumeEntry {
 pub struct NodeState {
     pub drives: BTreeMap<String, Drive>,
     pub volumes: BTreeMap<String, VolumeEntry>,
+    /// Background work (sync, rebuild, scrub); read without the lock too.
+    pub jobs: Arc<jobs::Jobs>,
 }
 
 impl NodeState {

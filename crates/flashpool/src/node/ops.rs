@@ -75,6 +75,10 @@ pub struct MemberInfo {
 pub struct RebuildInfo {
     pub running: bool,
     pub members: Vec<usize>,
+    /// The drives being rebuilt now, and those waiting for the next pass
+    /// (the ETA covers both).
+    pub drives: Vec<String>,
+    pub queued_drives: Vec<String>,
     pub done_stripes: u64,
     pub total_stripes: u64,
     pub percent: f64,
@@ -112,6 +116,12 @@ pub struct VolumeInfo {
     /// Pool volumes: the pool's space.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thin_pool: Option<PoolInfo>,
+    /// The jobs running on it (initial sync, rebuild, scrub).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<super::jobs::JobInfo>,
+    /// How its last scrub (on this node, since it started) ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_scrub: Option<super::jobs::JobInfo>,
 }
 
 #[derive(Debug, Serialize)]
@@ -132,7 +142,7 @@ pub struct DriveInfo {
     pub size_bytes: u64,
     pub block_size: u32,
     pub device: String,
-    /// free, member, or failed.
+    /// free, spare (a free hot spare), member, exported, or failed.
     pub state: String,
     pub volume: Option<String>,
     pub position: Option<usize>,
@@ -212,17 +222,21 @@ pub(super) fn member_state_name(s: MemberState) -> &'static str {
     }
 }
 
-fn rebuild_info(vol: &Volume, last_error: Option<String>) -> RebuildInfo {
+fn rebuild_info(vol: &Volume, drives: &[String], last_error: Option<String>) -> RebuildInfo {
     let p = vol.rebuild_progress();
+    let name = |i: &usize| drives.get(*i).cloned().unwrap_or_else(|| "-".into());
+    let total = p.total_stripes + p.queued_stripes;
     RebuildInfo {
         running: p.running,
         members: p.members.clone(),
+        drives: p.members.iter().map(name).collect(),
+        queued_drives: p.queued_members.iter().map(name).collect(),
         done_stripes: p.done_stripes,
-        total_stripes: p.total_stripes,
-        percent: if p.total_stripes == 0 {
+        total_stripes: total,
+        percent: if total == 0 {
             0.0
         } else {
-            100.0 * p.done_stripes as f64 / p.total_stripes as f64
+            100.0 * p.done_stripes as f64 / total as f64
         },
         bytes: p.bytes,
         mb_per_sec: p.bytes_per_sec / 1e6,
@@ -311,6 +325,8 @@ impl NodeState {
             rebuild: RebuildInfo {
                 running: false,
                 members: Vec::new(),
+                drives: Vec::new(),
+                queued_drives: Vec::new(),
                 done_stripes: 0,
                 total_stripes: 0,
                 percent: 0.0,
@@ -322,6 +338,17 @@ impl NodeState {
             pool: None,
             allocated_bytes: None,
             thin_pool: None,
+            jobs: self
+                .jobs
+                .all()
+                .iter()
+                .filter(|j| j.volume == e.name && j.is_running())
+                .map(|j| j.info())
+                .collect(),
+            last_scrub: self
+                .jobs
+                .last(&e.name, super::jobs::JobKind::Scrub)
+                .map(|j| j.info()),
         };
         match &e.backing {
             Backing::Drives { vol, pool } => {
@@ -329,6 +356,9 @@ impl NodeState {
                 info.layout = vol.layout().kind().to_string();
                 info.strip_bytes = vol.layout().strip_blocks() * u64::from(geo.block_size);
                 info.state = volume_state(vol).into();
+                if info.state == "optimal" && vol.unsynced_regions() > 0 {
+                    info.state = "resyncing".into();
+                }
                 info.reason = failed_reason(vol, &e.drives);
                 info.generation = vol.generation();
                 info.members = states
@@ -340,7 +370,7 @@ impl NodeState {
                         state: member_state_name(*s).into(),
                     })
                     .collect();
-                info.rebuild = rebuild_info(vol, e.last_rebuild_error.clone());
+                info.rebuild = rebuild_info(vol, &e.drives, e.last_rebuild_error.clone());
                 // A rebuild is on its way from the moment a drive is replaced.
                 info.rebuild.running |= e.rebuild_task;
                 if let Some(p) = pool {
@@ -420,6 +450,7 @@ impl NodeState {
             }
             (None, true) => "failed",
             (None, false) if d.export.is_some() => "exported",
+            (None, false) if d.spare => "spare",
             (None, false) => "free",
         };
         Some(DriveInfo {
@@ -698,6 +729,12 @@ impl Node {
             rebuild_rate,
         );
         let info = self.register(&mut st, entry, req.export)?;
+        if let Some(vol) = st.volumes.get(&req.name).and_then(|e| e.on_drives())
+            && vol.unsynced_regions() > 0
+        {
+            let vol = vol.clone();
+            self.spawn_sync(&st, &req.name, &vol);
+        }
         tracing::info!(
             "volume {}: created ({} on {:?})",
             req.name,

@@ -67,6 +67,7 @@ impl Node {
             export: None,
             remote: Some(dev),
             from_config: false,
+            spare: false,
         })
     }
 

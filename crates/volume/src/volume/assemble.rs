@@ -108,7 +108,12 @@ impl Volume {
         vol.inner.write_bitmap_all_zero().await?;
         vol.inner.wipe_journal().await;
         vol.inner.persist_superblock(true).await;
-        if !cfg.assume_clean && vol.inner.parity.code != Code::None {
+        if !cfg.assume_clean && vol.inner.parity.code != Code::None && vol.inner.use_intent {
+            // In the background (`Volume::initial_sync`): every region is
+            // dirty on disk first, so a crash before the sync ends resyncs
+            // the rest at assembly.
+            vol.inner.mark_all_unsynced().await;
+        } else if !cfg.assume_clean && vol.inner.parity.code != Code::None {
             for s in 0..vol.inner.layout.stripes() {
                 vol.inner
                     .sync_stripe(s, true)
@@ -435,6 +440,7 @@ impl Inner {
             intent_clear_ms: AtomicU64::new(INTENT_CLEAR_AGE.as_millis() as u64),
             stats: Stats::default(),
             rebuild: RebuildState::default(),
+            unsynced: parking_lot::Mutex::new(Vec::new()),
             journal,
             records_at,
             records: parking_lot::Mutex::new(RecordState::default()),

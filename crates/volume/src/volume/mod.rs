@@ -51,9 +51,11 @@ mod readd;
 mod rebuild;
 mod replay;
 mod resync;
+mod sync;
 mod write;
 
 pub use readd::ReAddReport;
+pub use sync::SyncControl;
 
 pub(crate) use fence::{Fence, FencedMember};
 pub(crate) use member_io::{
@@ -215,6 +217,8 @@ pub struct ScrubReport {
     pub repaired: u64,
     /// Stripes that could not be checked because a data member is missing.
     pub skipped: u64,
+    /// The pass was stopped before its end.
+    pub cancelled: bool,
 }
 
 /// A protected (or striped, or concatenated) volume over member devices.
@@ -279,6 +283,10 @@ pub(crate) struct Inner {
     records: parking_lot::Mutex<RecordState>,
     /// Raised on a member's Reservation Conflict or by [`Volume::fence`].
     pub(crate) fence: Arc<Fence>,
+    /// Regions whose parity has not been computed since `create` (the
+    /// initial sync runs in the background): each holds one write-intent
+    /// reference, so its bit stays on disk until it is synced.
+    pub(crate) unsynced: parking_lot::Mutex<Vec<u64>>,
 }
 
 #[derive(Default)]

@@ -11,29 +11,9 @@ const RESYNC_PARALLEL: usize = 32;
 
 impl Volume {
     /// Checks every stripe's parity against its data; with `repair`, rewrites
-    /// parity that disagrees.
+    /// parity that disagrees (see [`Volume::scrub_with`]).
     pub async fn scrub(&self, repair: bool) -> ScrubReport {
-        let mut rep = ScrubReport::default();
-        if self.inner.parity.code == Code::None {
-            return rep;
-        }
-        for s in 0..self.inner.layout.stripes() {
-            match self.inner.sync_stripe(s, repair).await {
-                Ok(Some(true)) => rep.stripes_checked += 1,
-                Ok(Some(false)) => {
-                    rep.stripes_checked += 1;
-                    rep.inconsistent_count += 1;
-                    if rep.inconsistent.len() < 1000 {
-                        rep.inconsistent.push(s);
-                    }
-                    if repair {
-                        rep.repaired += 1;
-                    }
-                }
-                Ok(None) | Err(_) => rep.skipped += 1,
-            }
-        }
-        rep
+        self.scrub_with(repair, &SyncControl::default()).await
     }
 }
 
