@@ -130,6 +130,15 @@ impl NewEvent {
         self.host = Some(h.into());
         self
     }
+    pub fn kind(&self) -> EventKind {
+        self.kind
+    }
+    pub fn drive_name(&self) -> Option<&str> {
+        self.drive.as_deref()
+    }
+    pub fn message_text(&self) -> &str {
+        &self.message
+    }
 }
 
 /// The bus. Cheap to emit on: a lock around a ring push and a broadcast.

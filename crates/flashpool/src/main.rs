@@ -11,6 +11,7 @@ mod cluster_cli;
 mod config;
 mod echo;
 mod events;
+mod host_events;
 mod node;
 mod output;
 mod serve;

@@ -81,6 +81,9 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         rt.block_on(node.config_namespace(v, nqn, nsid))
     })?;
     let target = Arc::new(Target::new(built.transport, built.subsystems));
+    target.set_connect_observer(Arc::new(crate::host_events::HostEvents::new(
+        node.events.clone(),
+    )));
     node.attach_target(target.clone());
     rt.block_on(node.restore_exports())?;
     let drive_exports: Vec<(String, Vec<String>)> = drive_specs
@@ -102,6 +105,12 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         }
         None => None,
     };
+    {
+        // From here on, what changes is reported (`GET /v1/events`); the
+        // first sample reports the volumes that start unwell.
+        let _in_rt = rt.enter();
+        crate::node::monitor::spawn(&node);
+    }
     let server = Server::start(target.clone(), &built.listeners)?;
     let api = if cfg.api.enabled {
         let app = crate::api::App {

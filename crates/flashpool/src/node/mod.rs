@@ -9,6 +9,7 @@
 mod assemble;
 mod drive;
 mod export;
+pub mod monitor;
 mod ops;
 mod owned;
 mod remote;
