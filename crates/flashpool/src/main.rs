@@ -72,6 +72,14 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cluster_cli::NodeCmd,
     },
+    /// What the node reports: drives failed, rebuilds, volume states, thin pools filling,
+    /// hosts connected or refused. --follow streams them as `mdadm --monitor` does.
+    Events {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(flatten)]
+        args: cli::EventsArgs,
+    },
     /// Load a target and measure it: tcp://ADDR:PORT/NQN, file:PATH (io_uring, O_DIRECT) or mem:SIZE.
     Bench(Box<bench::BenchArgs>),
 }
@@ -85,6 +93,7 @@ fn main() {
         Cmd::Drive { api, cmd } => cli::drive(api, cmd),
         Cmd::Cluster { api, cmd } => cluster_cli::cluster(api, cmd),
         Cmd::Node { api, cmd } => cluster_cli::node(api, cmd),
+        Cmd::Events { api, args } => cli::events(api, args),
     };
     if let Err(e) = r {
         // Not eprintln!: it panics when stderr is closed too.
