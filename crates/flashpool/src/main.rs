@@ -43,6 +43,9 @@ enum Cmd {
         /// Check the configuration and exit without serving.
         #[arg(long)]
         check: bool,
+        /// Log lines as text or JSON objects (overrides [node] log_format).
+        #[arg(long, value_enum)]
+        log_format: Option<config::LogFormat>,
     },
     /// Volumes of a running node (through its management API).
     Volume {
@@ -87,7 +90,11 @@ enum Cmd {
 fn main() {
     let cli = Cli::parse();
     let r: Result<()> = match cli.cmd {
-        Cmd::Serve { config, check } => serve::run(config.as_deref(), check),
+        Cmd::Serve {
+            config,
+            check,
+            log_format,
+        } => serve::run(config.as_deref(), check, log_format),
         Cmd::Bench(args) => bench::run(*args),
         Cmd::Volume { api, cmd } => cli::volume(api, cmd),
         Cmd::Drive { api, cmd } => cli::drive(api, cmd),

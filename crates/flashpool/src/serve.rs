@@ -14,9 +14,13 @@ use crate::config;
 use crate::node::{Node, NodeState};
 use crate::output::outln;
 
-pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
+pub fn run(
+    path: Option<&Path>,
+    check_only: bool,
+    log_format: Option<config::LogFormat>,
+) -> Result<()> {
     let (cfg, origin) = config::load(path)?;
-    init_logging(&cfg.node.log);
+    init_logging(&cfg.node.log, log_format.unwrap_or(cfg.node.log_format));
     // Signals are blocked from here on, so a SIGTERM during start-up is not lost.
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let (drive_specs, volume_specs) = config::node_specs(&cfg)?;
@@ -139,15 +143,28 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     Ok(())
 }
 
-fn init_logging(level: &str) {
+fn init_logging(level: &str, format: config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
+    let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        config::LogFormat::Text => b
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_target(false)
+            .try_init(),
+        // One object per line: time, level, target (flashpool::event for
+        // events), and the fields (seq, kind, volume, ...) flattened
+        // beside the message, for log shippers.
+        config::LogFormat::Json => b
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_target(true)
+            .try_init(),
+    };
 }
 
 fn print_banner(
