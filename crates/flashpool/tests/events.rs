@@ -422,8 +422,20 @@ fn events_end_to_end() {
     }
     let v = after_restart.expect("the follower got the new run's host_connected");
     assert_eq!(v["host"], GOOD_HOST);
-    let notes: Vec<String> = follow_err.try_iter().collect();
-    let notes = notes.join("\n");
+    // What it said on stderr (read on another thread: it may come in later
+    // than the event on stdout it preceded).
+    let mut notes = String::new();
+    let until = Instant::now() + WAIT;
+    while !["lost", "reconnected", "restarted"]
+        .iter()
+        .all(|w| notes.contains(w))
+        && Instant::now() < until
+    {
+        if let Ok(l) = follow_err.recv_timeout(Duration::from_millis(200)) {
+            notes += &l;
+            notes.push('\n');
+        }
+    }
     assert!(notes.contains("lost"), "{notes}");
     assert!(notes.contains("reconnected"), "{notes}");
     assert!(notes.contains("restarted"), "{notes}");
