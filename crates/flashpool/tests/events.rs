@@ -211,7 +211,7 @@ impl Sse {
             if l.is_empty() {
                 break;
             }
-            ct |= l.to_ascii_lowercase() == "content-type: text/event-stream";
+            ct |= l.eq_ignore_ascii_case("content-type: text/event-stream");
         }
         assert!(ct, "not an event stream");
         Sse { lines }
