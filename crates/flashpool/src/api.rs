@@ -335,7 +335,11 @@ async fn events(
             ),
         )
     })?;
-    let last_event_id = match headers.get("last-event-id") {
+    // An empty one is what a client that saw no event may send: none.
+    let last_event_id = match headers
+        .get("last-event-id")
+        .filter(|v| !v.as_bytes().trim_ascii().is_empty())
+    {
         None => None,
         Some(v) => Some(
             v.to_str()
@@ -834,6 +838,10 @@ mod tests {
         for i in 1..=5 {
             emit(&node, i);
         }
+        // An empty header is none: since= counts.
+        let mut s = Stream::open(api, "?since=4", "Last-Event-ID: \r\n");
+        assert_eq!(s.next().event, "hello");
+        assert_eq!(s.next_seq(), 5);
         // The header wins over since=.
         let mut s = Stream::open(api, "?since=0", "Last-Event-ID: 3\r\n");
         assert_eq!(s.next().event, "hello");
