@@ -553,3 +553,304 @@ fn rebuild_status(c: &Client, name: &str, wait: bool, as_json: bool) -> Result<(
         std::thread::sleep(Duration::from_secs(1));
     }
 }
+
+#[derive(clap::Args, Debug)]
+pub struct EventsArgs {
+    /// Keep streaming new events (reconnecting when the node restarts or
+    /// the connection drops), as `mdadm --monitor` does.
+    #[arg(long, short)]
+    follow: bool,
+    /// Events after this sequence number (0: every event the node keeps).
+    /// Without it: the kept events, or with --follow only new ones.
+    #[arg(long)]
+    since: Option<u64>,
+}
+
+/// `flashpool events`.
+pub fn events(api: ApiArgs, args: EventsArgs) -> Result<()> {
+    if !args.follow {
+        let c = Client::new(&api.api);
+        let q = args
+            .since
+            .map(|s| format!("&since={s}"))
+            .unwrap_or_default();
+        let v = c.call("GET", &format!("/events?follow=false{q}"), None)?;
+        for e in v.as_array().into_iter().flatten() {
+            print_event(e, api.json)?;
+        }
+        return Ok(());
+    }
+    follow_events(&api, args.since)
+}
+
+/// One event: `TIME SEVERITY KIND [volume=V] [drive=D] [host=H] MESSAGE`,
+/// or its JSON on one line.
+fn print_event(e: &Value, as_json: bool) -> Result<()> {
+    if as_json {
+        outln!("{}", serde_json::to_string(e)?);
+        return Ok(());
+    }
+    outln!("{}", event_line(e));
+    Ok(())
+}
+
+fn event_line(e: &Value) -> String {
+    let mut about = String::new();
+    for k in ["volume", "drive", "host"] {
+        if let Some(v) = e[k].as_str() {
+            about += &format!("{k}={v} ");
+        }
+    }
+    format!(
+        "{} {:<8} {:<16} {}{}",
+        e["time"].as_str().unwrap_or("?"),
+        e["severity"].as_str().unwrap_or("?"),
+        e["kind"].as_str().unwrap_or("?"),
+        about,
+        e["message"].as_str().unwrap_or("")
+    )
+}
+
+/// One server-sent message.
+#[derive(Debug, Default, PartialEq)]
+struct SseMessage {
+    id: Option<String>,
+    event: String,
+    data: String,
+}
+
+/// Reads the next message from an event stream; None at its end.
+fn read_sse(r: &mut impl std::io::BufRead) -> std::io::Result<Option<SseMessage>> {
+    let mut m = SseMessage::default();
+    let mut any = false;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line)? == 0 {
+            return Ok(None);
+        }
+        let l = line.trim_end_matches(['\r', '\n']);
+        if l.is_empty() {
+            if any {
+                return Ok(Some(m));
+            }
+            continue;
+        }
+        if l.starts_with(':') {
+            continue; // a keep-alive comment
+        }
+        let (field, value) = l.split_once(':').unwrap_or((l, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        any = true;
+        match field {
+            "id" => m.id = Some(value.to_string()),
+            "event" => m.event = value.to_string(),
+            "data" => {
+                if !m.data.is_empty() {
+                    m.data.push('\n');
+                }
+                m.data.push_str(value);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Where a follow resumes: the node's run and the last number seen in it.
+#[derive(Debug, Default)]
+struct Resume {
+    boot: Option<String>,
+    last: Option<u64>,
+}
+
+/// How long the stream may stay silent (keep-alives come every 15 s)
+/// before the connection counts as lost.
+const EVENTS_SILENCE: Duration = Duration::from_secs(45);
+
+fn follow_events(api: &ApiArgs, since: Option<u64>) -> Result<()> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_connect(Some(Duration::from_secs(5)))
+        .timeout_recv_response(Some(Duration::from_secs(10)))
+        .timeout_per_read(Some(EVENTS_SILENCE))
+        .build()
+        .into();
+    let url = format!("http://{}/v1/events", api.api);
+    let mut at = Resume {
+        boot: None,
+        last: since,
+    };
+    let mut connected_once = false;
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let mut req = agent.get(&url);
+        if let Some(l) = at.last {
+            req = req.header("Last-Event-ID", &l.to_string());
+        }
+        if let Some(b) = &at.boot {
+            req = req.query("boot", b);
+        }
+        let lost = match req.call() {
+            Ok(mut resp) if resp.status().is_success() => {
+                if connected_once {
+                    warn(&format!(
+                        "reconnected to {}; resuming after event {}",
+                        api.api,
+                        at.last.map_or("-".into(), |l| l.to_string())
+                    ));
+                }
+                connected_once = true;
+                backoff = Duration::from_millis(250);
+                let mut r = std::io::BufReader::new(resp.body_mut().as_reader());
+                match stream_events(&mut r, &mut at, api.json) {
+                    Ok(Flow::ReaderGone) => return Ok(()),
+                    Ok(Flow::Ended) => "the node closed the stream".to_string(),
+                    Err(e) => e.to_string(),
+                }
+            }
+            Ok(mut resp) => {
+                let text = resp.body_mut().read_to_string().unwrap_or_default();
+                let msg = serde_json::from_str::<Value>(&text)
+                    .ok()
+                    .and_then(|v| v["error"].as_str().map(String::from))
+                    .unwrap_or(text);
+                bail!("{url}: {}: {msg}", resp.status());
+            }
+            Err(e) if !connected_once => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "cannot reach the management API at {url}: is `flashpool serve` running? \
+                         (set --api or FLASHPOOL_API)"
+                    )
+                });
+            }
+            Err(e) => e.to_string(),
+        };
+        if crate::output::reader_gone() {
+            return Ok(());
+        }
+        warn(&format!(
+            "connection to {} lost ({lost}); reconnecting in {} ms",
+            api.api,
+            backoff.as_millis()
+        ));
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+enum Flow {
+    /// Nobody reads stdout any more (`| head`).
+    ReaderGone,
+    /// The server ended the stream.
+    Ended,
+}
+
+fn stream_events(r: &mut impl std::io::BufRead, at: &mut Resume, as_json: bool) -> Result<Flow> {
+    while let Some(m) = read_sse(r)? {
+        match m.event.as_str() {
+            "hello" => {
+                let v: Value = serde_json::from_str(&m.data).unwrap_or_default();
+                let boot = v["boot"].as_str().map(String::from);
+                if at.boot.is_some() && boot != at.boot {
+                    // The node sends every event it kept in its new run.
+                    warn("the node restarted: its event numbers start again; what it kept follows");
+                    at.last = Some(0);
+                } else if at.last.is_none() {
+                    // A live follow: it resumes after what was newest now.
+                    at.last = v["last_seq"].as_u64();
+                }
+                at.boot = boot;
+            }
+            "lagged" => {
+                let v: Value = serde_json::from_str(&m.data).unwrap_or_default();
+                warn(&format!(
+                    "events were lost: {}",
+                    v["message"].as_str().unwrap_or(&m.data)
+                ));
+            }
+            _ => {
+                let v: Value = serde_json::from_str(&m.data)
+                    .with_context(|| format!("event {:?} is not JSON: {}", m.event, m.data))?;
+                print_event(&v, as_json)?;
+                if let Some(seq) = v["seq"].as_u64() {
+                    at.last = Some(seq);
+                }
+                if crate::output::reader_gone() {
+                    return Ok(Flow::ReaderGone);
+                }
+            }
+        }
+    }
+    Ok(Flow::Ended)
+}
+
+/// A note on stderr (not eprintln!: it panics when stderr is closed).
+fn warn(msg: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "flashpool events: {msg}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_messages_are_read_whole() {
+        let text = ": keep-alive\n\nevent: hello\ndata: {\"boot\":\"b\",\"last_seq\":4}\n\n\
+                    id: 5\nevent: drive_failed\ndata: {\"seq\":5}\n\n: keep-alive\n\n";
+        let mut r = std::io::BufReader::new(text.as_bytes());
+        let m = read_sse(&mut r).unwrap().unwrap();
+        assert_eq!(m.event, "hello");
+        assert_eq!(m.id, None);
+        let m = read_sse(&mut r).unwrap().unwrap();
+        assert_eq!(
+            m,
+            SseMessage {
+                id: Some("5".into()),
+                event: "drive_failed".into(),
+                data: "{\"seq\":5}".into()
+            }
+        );
+        assert_eq!(read_sse(&mut r).unwrap(), None);
+    }
+
+    #[test]
+    fn a_hello_from_a_new_run_resumes_from_its_start() {
+        let mut at = Resume {
+            boot: Some("old".into()),
+            last: Some(40),
+        };
+        let text = "event: hello\ndata: {\"boot\":\"new\",\"last_seq\":3}\n\n";
+        let mut r = std::io::BufReader::new(text.as_bytes());
+        assert!(matches!(
+            stream_events(&mut r, &mut at, true).unwrap(),
+            Flow::Ended
+        ));
+        assert_eq!(at.boot.as_deref(), Some("new"));
+        assert_eq!(at.last, Some(0), "the new run's kept events follow");
+        // A live follow starts after the newest.
+        let mut at = Resume::default();
+        let mut r = std::io::BufReader::new(text.as_bytes());
+        stream_events(&mut r, &mut at, true).unwrap();
+        assert_eq!(at.last, Some(3));
+        // Same run: where the client was stays.
+        let mut at = Resume {
+            boot: Some("new".into()),
+            last: Some(2),
+        };
+        let mut r = std::io::BufReader::new(text.as_bytes());
+        stream_events(&mut r, &mut at, true).unwrap();
+        assert_eq!(at.last, Some(2));
+    }
+
+    #[test]
+    fn an_event_line_names_what_it_is_about() {
+        let e = json!({"seq": 3, "time": "2026-11-25T13:34:56.123Z", "kind": "drive_failed",
+            "severity": "warning", "volume": "v", "drive": "d1", "message": "drive d1 has failed"});
+        assert_eq!(
+            event_line(&e),
+            "2026-11-25T13:34:56.123Z warning  drive_failed     volume=v drive=d1 drive d1 has failed"
+        );
+    }
+}

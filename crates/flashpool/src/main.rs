@@ -11,6 +11,7 @@ mod cluster_cli;
 mod config;
 mod echo;
 mod events;
+mod host_events;
 mod jobs_cli;
 mod node;
 mod output;
@@ -43,6 +44,9 @@ enum Cmd {
         /// Check the configuration and exit without serving.
         #[arg(long)]
         check: bool,
+        /// Log lines as text or JSON objects (overrides [node] log_format).
+        #[arg(long, value_enum)]
+        log_format: Option<config::LogFormat>,
     },
     /// Volumes of a running node (through its management API).
     Volume {
@@ -79,6 +83,14 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cluster_cli::NodeCmd,
     },
+    /// What the node reports: drives failed, rebuilds, volume states, thin pools filling,
+    /// hosts connected or refused. --follow streams them as `mdadm --monitor` does.
+    Events {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(flatten)]
+        args: cli::EventsArgs,
+    },
     /// Load a target and measure it: tcp://ADDR:PORT/NQN, file:PATH (io_uring, O_DIRECT) or mem:SIZE.
     Bench(Box<bench::BenchArgs>),
 }
@@ -86,13 +98,18 @@ enum Cmd {
 fn main() {
     let cli = Cli::parse();
     let r: Result<()> = match cli.cmd {
-        Cmd::Serve { config, check } => serve::run(config.as_deref(), check),
+        Cmd::Serve {
+            config,
+            check,
+            log_format,
+        } => serve::run(config.as_deref(), check, log_format),
         Cmd::Bench(args) => bench::run(*args),
         Cmd::Volume { api, cmd } => cli::volume(api, cmd),
         Cmd::Drive { api, cmd } => cli::drive(api, cmd),
         Cmd::Job { api, cmd } => jobs_cli::job(api, cmd),
         Cmd::Cluster { api, cmd } => cluster_cli::cluster(api, cmd),
         Cmd::Node { api, cmd } => cluster_cli::node(api, cmd),
+        Cmd::Events { api, args } => cli::events(api, args),
     };
     if let Err(e) = r {
         // Not eprintln!: it panics when stderr is closed too.

@@ -14,9 +14,13 @@ use crate::config;
 use crate::node::{Node, NodeState};
 use crate::output::outln;
 
-pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
+pub fn run(
+    path: Option<&Path>,
+    check_only: bool,
+    log_format: Option<config::LogFormat>,
+) -> Result<()> {
     let (cfg, origin) = config::load(path)?;
-    init_logging(&cfg.node.log);
+    init_logging(&cfg.node.log, log_format.unwrap_or(cfg.node.log_format));
     // Signals are blocked from here on, so a SIGTERM during start-up is not lost.
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let (drive_specs, volume_specs) = config::node_specs(&cfg)?;
@@ -83,6 +87,9 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         rt.block_on(node.config_namespace(v, nqn, nsid))
     })?;
     let target = Arc::new(Target::new(built.transport, built.subsystems));
+    target.set_connect_observer(Arc::new(crate::host_events::HostEvents::new(
+        node.events.clone(),
+    )));
     node.attach_target(target.clone());
     rt.block_on(node.restore_exports())?;
     let drive_exports: Vec<(String, Vec<String>)> = drive_specs
@@ -104,6 +111,12 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         }
         None => None,
     };
+    {
+        // From here on, what changes is reported (`GET /v1/events`); the
+        // first sample reports the volumes that start unwell.
+        let _in_rt = rt.enter();
+        crate::node::monitor::spawn(&node);
+    }
     let server = Server::start(target.clone(), &built.listeners)?;
     let api = if cfg.api.enabled {
         let app = crate::api::App {
@@ -144,15 +157,28 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     Ok(())
 }
 
-fn init_logging(level: &str) {
+fn init_logging(level: &str, format: config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
+    let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        config::LogFormat::Text => b
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_target(false)
+            .try_init(),
+        // One object per line: time, level, target (flashpool::event for
+        // events), and the fields (seq, kind, volume, ...) flattened
+        // beside the message, for log shippers.
+        config::LogFormat::Json => b
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_target(true)
+            .try_init(),
+    };
 }
 
 fn print_banner(

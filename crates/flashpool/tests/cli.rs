@@ -222,6 +222,21 @@ fn every_client_command_ends_quietly_when_stdout_is_closed() {
     // What it did, it did: the volume was made and deleted.
     let (o, _) = run(s.cli(&["volume", "list", "--json"]));
     assert_eq!(o.trim(), "[]", "{o}");
+    // The failed and replaced drive left events (the node samples its
+    // state every 250 ms): a follow that replays them sees its reader gone
+    // and ends, as a plain listing does.
+    let start = Instant::now();
+    while run(s.cli(&["events", "--json"])).0.trim().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10), "no events");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for args in [
+        &["events"][..],
+        &["events", "--json"],
+        &["events", "--follow", "--since", "0"],
+    ] {
+        ends_quietly_without_a_reader(s.cli(args), &args.join(" "));
+    }
     let check = {
         let mut c = Command::new(BIN);
         c.args(["serve", "--check", "-c"]).arg(&s.config);

@@ -31,6 +31,8 @@ pub struct Target {
     pub(crate) ana: AnaGroups,
     /// Other nodes' I/O portals, listed for cluster-wide subsystems.
     peer_portals: RwLock<Vec<PeerPortal>>,
+    /// Told of every host connected and Connect refused (operator events).
+    connect_observer: std::sync::OnceLock<Arc<dyn crate::ConnectObserver>>,
 }
 
 /// Another node's I/O portal: where a host reaches a cluster-wide
@@ -91,7 +93,17 @@ impl Target {
             discovery_genctr: AtomicU64::new(1),
             ana: AnaGroups::default(),
             peer_portals: RwLock::new(Vec::new()),
+            connect_observer: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets the observer of Connects (once; a second call is ignored).
+    pub fn set_connect_observer(&self, o: Arc<dyn crate::ConnectObserver>) {
+        let _ = self.connect_observer.set(o);
+    }
+
+    pub(crate) fn connect_observer(&self) -> Option<&Arc<dyn crate::ConnectObserver>> {
+        self.connect_observer.get()
     }
 
     /// The current subsystems.

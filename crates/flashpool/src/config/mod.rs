@@ -175,6 +175,11 @@ pub struct NodeSection {
     pub cpus: Vec<usize>,
     #[serde(default = "info")]
     pub log: String,
+    /// How log lines are written: `text` (default) or `json`, one object
+    /// per line with the event fields as keys (`flashpool serve --log-format`
+    /// overrides it).
+    #[serde(default)]
+    pub log_format: LogFormat,
     /// Microseconds a connection keeps polling after activity before it
     /// sleeps (adaptive polling): an idle target still costs no CPU.
     #[serde(default = "default_poll_us")]
@@ -198,6 +203,7 @@ impl Default for NodeSection {
             reactors: 0,
             cpus: Vec::new(),
             log: info(),
+            log_format: LogFormat::default(),
             poll_us: default_poll_us(),
             state_dir: None,
             name: None,
@@ -205,6 +211,15 @@ impl Default for NodeSection {
             host_id: None,
         }
     }
+}
+
+/// `[node] log_format`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 fn default_poll_us() -> u32 {

@@ -11,6 +11,7 @@ mod drive;
 mod drive_ops;
 mod export;
 pub mod jobs;
+pub mod monitor;
 mod ops;
 mod owned;
 mod remote;
