@@ -146,10 +146,32 @@ impl Node {
     }
 
     fn post(&self, path: &str, body: &str) -> Value {
+        self.call("POST", path, body)
+    }
+
+    /// Waits until no background job (the volume's initial sync) runs.
+    fn wait_jobs(&self) {
+        let until = Instant::now() + WAIT;
+        while Instant::now() < until {
+            let jobs = self.call("GET", "/jobs", "");
+            if jobs
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|j| j["state"] != "running")
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("jobs still run");
+    }
+
+    fn call(&self, method: &str, path: &str, body: &str) -> Value {
         let mut s = TcpStream::connect(&self.api).unwrap();
         write!(
             s,
-            "POST /v1{path} HTTP/1.0\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} /v1{path} HTTP/1.0\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
         .unwrap();
@@ -157,7 +179,7 @@ impl Node {
         s.read_to_string(&mut text).unwrap();
         assert!(
             text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
-            "POST {path}: {text}"
+            "{method} {path}: {text}"
         );
         serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap()
     }
@@ -308,12 +330,17 @@ fn events_end_to_end() {
     let io = free_port();
     let cfg = config(&dir, &api, io);
     let node = Node::start(&cfg, &api, io);
+    // The drives are files, not blank: the raid1 has its initial sync.
+    node.wait_jobs();
 
     let mut sse = Sse::open(&api, "");
     let hello = sse.next();
     assert_eq!(hello.event, "hello");
     let mut seen = hello.data["last_seq"].as_u64().unwrap();
-    assert_eq!(seen, 0, "a healthy node starts with no event");
+    assert_eq!(
+        seen, 2,
+        "a healthy node starts with its sync's two events only"
+    );
 
     let mut follower = Command::new(BIN)
         .args([
