@@ -1557,6 +1557,7 @@ fn records_follow_every_member_replacement() {
 
 mod failed;
 mod fence;
+mod force;
 mod readd;
 mod zerocopy;
 
