@@ -12,6 +12,7 @@ mod drive_ops;
 mod export;
 mod ops;
 mod owned;
+mod recovery;
 mod remote;
 #[cfg(test)]
 pub(crate) mod remote_tests;
@@ -30,6 +31,7 @@ use volume::thin::{ThinPool, ThinVolume};
 pub use assemble::AssembleVolume;
 pub use drive::{Drive, DriveSpec};
 pub use export::{DriveExport, ExportDriveRequest};
+pub use recovery::{AssembleByName, ForcedInfo};
 pub use ops::{
     CreateVolume, ExportRequest, VolumeInfo, check_name, parse_layout, volume_namespace,
 };
@@ -107,6 +109,8 @@ pub struct VolumeEntry {
     pub last_rebuild_error: Option<String>,
     /// A rebuild task runs (or is about to) for this volume.
     pub rebuild_task: bool,
+    /// Forced up by `assemble --force`: what was forced and may be stale.
+    pub forced: Option<ForcedInfo>,
 }
 
 impl VolumeEntry {
@@ -125,6 +129,7 @@ impl VolumeEntry {
             rebuild_rate,
             last_rebuild_error: None,
             rebuild_task: false,
+            forced: None,
         }
     }
 
@@ -205,7 +210,8 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn with_state_dir(state: NodeState, dir: Option<&std::path::Path>) -> Arc<Node> {
+    pub fn with_state_dir(mut state: NodeState, dir: Option<&std::path::Path>) -> Arc<Node> {
+        recovery::load_failed_drives(&mut state, dir);
         Arc::new(Node {
             state: tokio::sync::Mutex::new(state),
             target: std::sync::OnceLock::new(),
