@@ -1000,3 +1000,6 @@ async fn exported_drives_are_not_assembled_into_local_volumes() {
     let v = node.volume("theirs").await.unwrap();
     assert_eq!(v.state, "offline", "{v:?}");
 }
+
+#[path = "recovery_tests.rs"]
+mod recovery_tests;
