@@ -490,7 +490,11 @@ fn print_forced(v: &Value, json: bool) -> Result<()> {
     for r in f["stale_ranges"].as_array().into_iter().flatten().take(32) {
         let at = r["offset_bytes"].as_u64().unwrap_or(0);
         let len = r["len_bytes"].as_u64().unwrap_or(0);
-        outln!("  may be stale: bytes {at}..{} ({})", at + len, human_bytes(len));
+        outln!(
+            "  may be stale: bytes {at}..{} ({})",
+            at + len,
+            human_bytes(len)
+        );
     }
     Ok(())
 }

@@ -218,7 +218,10 @@ fn every_client_command_ends_quietly_when_stdout_is_closed() {
         wait.stdout(Stdio::null());
         wait
     });
-    ends_quietly_without_a_reader(s.cli(&["volume", "delete", "v1", "--force"]), "volume delete v1");
+    ends_quietly_without_a_reader(
+        s.cli(&["volume", "delete", "v1", "--force"]),
+        "volume delete v1",
+    );
     // What it did, it did: the volume was made and deleted.
     let (o, _) = run(s.cli(&["volume", "list", "--json"]));
     assert_eq!(o.trim(), "[]", "{o}");

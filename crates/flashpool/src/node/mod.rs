@@ -31,10 +31,10 @@ use volume::thin::{ThinPool, ThinVolume};
 pub use assemble::AssembleVolume;
 pub use drive::{Drive, DriveSpec};
 pub use export::{DriveExport, ExportDriveRequest};
-pub use recovery::{AssembleByName, ForcedInfo};
 pub use ops::{
     CreateVolume, ExportRequest, VolumeInfo, check_name, parse_layout, volume_namespace,
 };
+pub use recovery::{AssembleByName, ForcedInfo};
 
 /// An operation's failure, with the HTTP status the API answers with.
 #[derive(Debug, thiserror::Error)]

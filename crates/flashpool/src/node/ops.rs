@@ -1144,7 +1144,13 @@ fn data_held(e: &VolumeEntry) -> Option<String> {
     match &e.backing {
         Backing::Thin { tv, .. } => {
             let a = tv.allocated_bytes();
-            (a > 0).then(|| format!("{} written of {}", size(a), size(e.device().geometry().size_bytes())))
+            (a > 0).then(|| {
+                format!(
+                    "{} written of {}",
+                    size(a),
+                    size(e.device().geometry().size_bytes())
+                )
+            })
         }
         Backing::Drives { .. } => Some(format!(
             "{} on drives {}",

@@ -202,10 +202,7 @@ fn read_failed_file(path: &std::path::Path) -> BTreeMap<String, FailedDrive> {
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
         Err(e) => {
-            tracing::error!(
-                "{}: {e}; no drive is marked failed from it",
-                path.display()
-            );
+            tracing::error!("{}: {e}; no drive is marked failed from it", path.display());
             BTreeMap::new()
         }
     }
@@ -222,7 +219,9 @@ pub(super) fn load_failed_drives(st: &mut NodeState, dir: Option<&std::path::Pat
             continue;
         };
         if FailedDrive::of(d) == rec {
-            tracing::warn!("drive {name}: failed before the restart; it stays failed until re-added");
+            tracing::warn!(
+                "drive {name}: failed before the restart; it stays failed until re-added"
+            );
             d.failed = true;
         } else {
             tracing::warn!(
@@ -381,7 +380,9 @@ impl Node {
         let message = if rep.full_rebuild {
             format!(
                 "volume {v}: drive {name} is back at position {p} and is rebuilt in full: {}",
-                rep.reason.as_deref().unwrap_or("no record of what it missed")
+                rep.reason
+                    .as_deref()
+                    .unwrap_or("no record of what it missed")
             )
         } else {
             format!(
@@ -429,7 +430,11 @@ impl Node {
                      again"
                 )));
             }
-            e.drives.iter().filter(|d| d.as_str() != "-").cloned().collect()
+            e.drives
+                .iter()
+                .filter(|d| d.as_str() != "-")
+                .cloned()
+                .collect()
         };
         if drives.is_empty() {
             return Err(NodeError::Conflict(format!(

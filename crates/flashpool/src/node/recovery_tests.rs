@@ -40,11 +40,18 @@ async fn re_add_puts_a_failed_drive_back_and_refusals_change_nothing() {
     let refused = async |name: &str, what: &str| {
         let before = state_of(&node).await;
         let e = node.re_add_drive(name).await.unwrap_err();
-        assert_eq!(state_of(&node).await, before, "{what}: a refusal changes nothing");
+        assert_eq!(
+            state_of(&node).await,
+            before,
+            "{what}: a refusal changes nothing"
+        );
         e
     };
     let e = refused("d0", "active member").await;
-    assert!(matches!(e, NodeError::Conflict(_)) && e.to_string().contains("not failed"), "{e}");
+    assert!(
+        matches!(e, NodeError::Conflict(_)) && e.to_string().contains("not failed"),
+        "{e}"
+    );
     let e = refused("d3", "healthy free drive").await;
     assert!(e.to_string().contains("nothing to re-add"), "{e}");
     let e = refused("nope", "no such drive").await;
@@ -58,9 +65,15 @@ async fn re_add_puts_a_failed_drive_back_and_refusals_change_nothing() {
     write_all(&*dev, &l[..4], 2).await;
     let r = node.re_add_drive("d1").await.unwrap();
     assert_eq!(r.rebuild, "resync", "{r:?}");
-    assert!(r.stale_stripes > 0 && r.message.contains("resyncing"), "{r:?}");
+    assert!(
+        r.stale_stripes > 0 && r.message.contains("resyncing"),
+        "{r:?}"
+    );
     assert_eq!(r.volume.as_deref(), Some("r5"));
-    let v = node.wait_rebuild("r5", Duration::from_secs(30)).await.unwrap();
+    let v = node
+        .wait_rebuild("r5", Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(v.state, "optimal", "{v:?}");
     assert_eq!(node.drive("d1").await.unwrap().state, "member");
     check_all(&*dev, &l[..4], 2).await;
@@ -80,7 +93,10 @@ async fn re_add_puts_a_failed_drive_back_and_refusals_change_nothing() {
     put_head(&node, "d2", &own).await;
     let r = node.re_add_drive("d2").await.unwrap();
     assert_eq!(r.rebuild, "resync", "{r:?}");
-    let v = node.wait_rebuild("r5", Duration::from_secs(30)).await.unwrap();
+    let v = node
+        .wait_rebuild("r5", Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(v.state, "optimal", "{v:?}");
     check_all(&*dev, &l[..4], 2).await;
     node.shutdown().await;
@@ -105,8 +121,16 @@ async fn a_failed_spare_stays_failed_after_a_restart_until_re_added() {
     n2.shutdown().await;
     drop(n2);
     let node = node_in(&specs, Some(&dir));
-    assert_eq!(node.drive("f2").await.unwrap().state, "failed", "kept across the restart");
-    assert!(node.create_volume(req("v", "raid1", &["f1", "f2"])).await.is_err());
+    assert_eq!(
+        node.drive("f2").await.unwrap().state,
+        "failed",
+        "kept across the restart"
+    );
+    assert!(
+        node.create_volume(req("v", "raid1", &["f1", "f2"]))
+            .await
+            .is_err()
+    );
     // Re-added (un-failed): free, and it stays free after a restart.
     let r = node.re_add_drive("f2").await.unwrap();
     assert_eq!(r.state, "free", "{r:?}");
@@ -144,13 +168,20 @@ async fn an_offline_raid5_is_force_assembled_by_name() {
     let v = node.volume("r5").await.unwrap();
     assert_eq!(v.state, "offline", "{v:?}");
     let why = v.reason.unwrap();
-    assert!(why.contains("--force") && why.contains("f2 (position 2"), "{why}");
+    assert!(
+        why.contains("--force") && why.contains("f2 (position 2"),
+        "{why}"
+    );
 
     // Without force: refused, with what force would do; nothing changed.
     let before = state_of(&node).await;
     let e = node.assemble_by_name("r5", false).await.unwrap_err();
     assert!(e.to_string().contains("would take back f2"), "{e}");
-    assert_eq!(state_of(&node).await, before, "a refused assembly changes nothing");
+    assert_eq!(
+        state_of(&node).await,
+        before,
+        "a refused assembly changes nothing"
+    );
     let e = node.assemble_by_name("nope", true).await.unwrap_err();
     assert!(matches!(e, NodeError::NotFound(_)), "{e}");
     assert_eq!(state_of(&node).await, before);
@@ -161,7 +192,10 @@ async fn an_offline_raid5_is_force_assembled_by_name() {
     assert_eq!(f.members.len(), 1, "{f:?}");
     assert_eq!(f.members[0].drive, "f2");
     assert_eq!(f.members[0].was, "failed");
-    assert!(f.members[0].generation < f.members[0].volume_generation, "{f:?}");
+    assert!(
+        f.members[0].generation < f.members[0].volume_generation,
+        "{f:?}"
+    );
     assert_eq!(f.still_failed, vec![1]);
     assert!(f.stale_bytes.unwrap() > 0, "{f:?}");
     assert!(f.message.contains("fsck"), "{}", f.message);
@@ -174,7 +208,10 @@ async fn an_offline_raid5_is_force_assembled_by_name() {
     // f1 comes back through the held bitmap.
     let r = node.re_add_drive("f1").await.unwrap();
     assert_eq!(r.rebuild, "resync", "{r:?}");
-    let v = node.wait_rebuild("r5", Duration::from_secs(30)).await.unwrap();
+    let v = node
+        .wait_rebuild("r5", Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(v.state, "optimal", "{v:?}");
     check_all(&*dev, &l[..8], 6).await;
     node.shutdown().await;
@@ -211,7 +248,11 @@ async fn unexport_under_a_host_and_delete_of_data_need_force() {
             && e.to_string().contains("--force"),
         "{e}"
     );
-    assert_eq!(state_of(&node).await, before, "a refused unexport changes nothing");
+    assert_eq!(
+        state_of(&node).await,
+        before,
+        "a refused unexport changes nothing"
+    );
     assert!(sub.namespace(1).is_some());
     node.unexport("a", true).await.unwrap();
     assert!(sub.namespace(1).is_none());
@@ -224,15 +265,23 @@ async fn unexport_under_a_host_and_delete_of_data_need_force() {
         e.to_string().contains("holds data") && e.to_string().contains("MiB on drives d0, d1"),
         "{e}"
     );
-    assert_eq!(state_of(&node).await, before, "a refused delete changes nothing");
+    assert_eq!(
+        state_of(&node).await,
+        before,
+        "a refused delete changes nothing"
+    );
     node.delete_volume("a", true).await.unwrap();
 
     // A thin volume never written holds nothing; once written it does.
     let mut p = req("p", "raid1", &["d2", "d3"]);
     p.thin_pool = true;
     node.create_volume(p).await.unwrap();
-    node.create_volume(thin_req("t", "p", "8MiB")).await.unwrap();
-    node.create_volume(thin_req("u", "p", "8MiB")).await.unwrap();
+    node.create_volume(thin_req("t", "p", "8MiB"))
+        .await
+        .unwrap();
+    node.create_volume(thin_req("u", "p", "8MiB"))
+        .await
+        .unwrap();
     node.delete_volume("u", false).await.unwrap();
     let t = node.volume_device("t").await.unwrap();
     io(&*t, BlockOp::Write { fua: true }, 0, Some(&stamp(0, 1))).await;

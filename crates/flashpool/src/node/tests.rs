@@ -351,7 +351,10 @@ async fn huge_input_is_not_echoed_whole_in_errors() {
     check("drive", node.drive(&huge).await.unwrap_err().to_string());
     check(
         "delete",
-        node.delete_volume(&huge, true).await.unwrap_err().to_string(),
+        node.delete_volume(&huge, true)
+            .await
+            .unwrap_err()
+            .to_string(),
     );
     let e = node
         .export_drive(

@@ -91,7 +91,11 @@ fn force_brings_back_the_fresher_of_two_failed_members() {
         assert!(!ranges.is_empty(), "{rep:?}");
         // The stale ranges cover the writes made while member 1 was away,
         // and nothing far from them.
-        let stale = |lba: u64| ranges.iter().any(|r| lba >= r.lba && lba < r.lba + r.blocks);
+        let stale = |lba: u64| {
+            ranges
+                .iter()
+                .any(|r| lba >= r.lba && lba < r.lba + r.blocks)
+        };
         assert!(stale(8 * per) && stale(11 * per + per / 2), "{ranges:?}");
         assert!(!stale(0) && !stale(100 * per), "{ranges:?}");
         for r in &ranges {
@@ -123,7 +127,11 @@ fn force_brings_back_the_fresher_of_two_failed_members() {
         let r = vol.re_add(1, rig.faults[1].clone()).await.unwrap();
         assert!(!r.full_rebuild, "{r:?}");
         vol.rebuild(RebuildOptions::default()).await.unwrap();
-        assert!(vol.member_states().iter().all(|s| *s == MemberState::Active));
+        assert!(
+            vol.member_states()
+                .iter()
+                .all(|s| *s == MemberState::Active)
+        );
         model.check(&vol, "after re-add").await;
         assert_eq!(vol.scrub(false).await.inconsistent_count, 0);
     });
@@ -146,7 +154,10 @@ fn force_is_refused_when_too_few_members_can_come_back() {
         };
         assert!(matches!(e, VolumeError::ForceRefused(_)), "{e}");
         assert!(e.to_string().contains("only 0 can be taken back"), "{e}");
-        assert!(before == heads(&rig).await, "a refused forced assembly wrote");
+        assert!(
+            before == heads(&rig).await,
+            "a refused forced assembly wrote"
+        );
     });
 }
 
@@ -160,7 +171,14 @@ fn force_on_a_healthy_volume_forces_nothing() {
         vol.close().await.unwrap();
         drop(vol);
         let (vol, rep) = Volume::assemble_force(rig.members()).await.unwrap();
-        assert!(rep.forced.is_empty() && rep.still_failed.is_empty(), "{rep:?}");
-        assert!(vol.member_states().iter().all(|s| *s == MemberState::Active));
+        assert!(
+            rep.forced.is_empty() && rep.still_failed.is_empty(),
+            "{rep:?}"
+        );
+        assert!(
+            vol.member_states()
+                .iter()
+                .all(|s| *s == MemberState::Active)
+        );
     });
 }

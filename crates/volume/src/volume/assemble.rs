@@ -135,9 +135,11 @@ impl Volume {
         intent_log: bool,
         write_journal: bool,
     ) -> Result<Volume, VolumeError> {
-        Ok(Self::assemble_opts(members, intent_log, write_journal, false)
-            .await?
-            .0)
+        Ok(
+            Self::assemble_opts(members, intent_log, write_journal, false)
+                .await?
+                .0,
+        )
     }
 
     /// With `force`, see [`Volume::assemble_force`] (`force.rs`).

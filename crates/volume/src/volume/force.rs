@@ -109,8 +109,8 @@ pub(crate) fn plan(
     let mut out = 0usize;
     let mut candidates: Vec<ForcedMember> = Vec::new();
     let mut not_candidates: Vec<String> = Vec::new();
-    for p in 0..n {
-        let Some(i) = slot[p] else {
+    for (p, &at) in slot.iter().enumerate().take(n) {
+        let Some(i) = at else {
             out += 1;
             not_candidates.push(format!("position {p} has no device"));
             continue;
