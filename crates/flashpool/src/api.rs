@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, FromRef, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRef, Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -96,6 +96,31 @@ struct FailBody {
     force: bool,
 }
 
+/// `{"force": true}` of the calls that lose data without it (and the
+/// assembly by name).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ForceBody {
+    #[serde(default)]
+    force: bool,
+}
+
+/// `?force=true` (for DELETE, whose body some clients cannot send).
+#[derive(Deserialize, Default)]
+struct ForceQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+fn force_of(b: &Bytes, q: &ForceQuery) -> Result<bool, ApiError> {
+    let r: ForceBody = if b.is_empty() {
+        ForceBody::default()
+    } else {
+        body(b)?
+    };
+    Ok(r.force || q.force)
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReplaceBody {
@@ -172,6 +197,8 @@ pub fn router(app: App) -> Router {
         .route("/v1/drives/{name}", get(drive))
         .route("/v1/drives/{name}/fail", post(fail_drive))
         .route("/v1/drives/{name}/replace", post(replace_drive))
+        .route("/v1/drives/{name}/re-add", post(re_add_drive))
+        .route("/v1/volumes/{name}/assemble", post(assemble_by_name))
         .route(
             "/v1/drives/{name}/export",
             post(export_drive).delete(unexport_drive),
@@ -251,6 +278,24 @@ async fn replace_drive(
     let r: ReplaceBody = body(&b)?;
     ok(n.replace_drive(&name, &r.with).await?)
 }
+async fn re_add_drive(State(n): State<Arc<Node>>, Path(name): Path<String>, b: Bytes) -> ApiResult {
+    if !b.is_empty() {
+        let _: serde::de::IgnoredAny = body(&b)?;
+    }
+    ok(n.re_add_drive(&name).await?)
+}
+async fn assemble_by_name(
+    State(n): State<Arc<Node>>,
+    Path(name): Path<String>,
+    b: Bytes,
+) -> ApiResult {
+    let r: crate::node::AssembleByName = if b.is_empty() {
+        Default::default()
+    } else {
+        body(&b)?
+    };
+    ok(n.assemble_by_name(&name, r.force).await?)
+}
 async fn export_drive(State(n): State<Arc<Node>>, Path(name): Path<String>, b: Bytes) -> ApiResult {
     let r: ExportDriveRequest = if b.is_empty() {
         ExportDriveRequest::default()
@@ -290,13 +335,19 @@ async fn volume(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
     }
     ok(v)
 }
-async fn delete_volume(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
+async fn delete_volume(
+    State(a): State<App>,
+    Path(name): Path<String>,
+    Query(q): Query<ForceQuery>,
+    b: Bytes,
+) -> ApiResult {
+    let force = force_of(&b, &q)?;
     let in_cluster = match &a.agent {
-        Some(ag) => ag.delete(&name).await?.is_some(),
+        Some(ag) => ag.delete(&name, force).await?.is_some(),
         None => false,
     };
     if !in_cluster {
-        a.node.delete_volume(&name).await?;
+        a.node.delete_volume(&name, force).await?;
     }
     ok(serde_json::json!({ "deleted": name }))
 }
@@ -324,8 +375,13 @@ async fn export(State(n): State<Arc<Node>>, Path(name): Path<String>, b: Bytes) 
     let x: ExportRequest = body(&b)?;
     ok(n.export(&name, x).await?)
 }
-async fn unexport(State(n): State<Arc<Node>>, Path(name): Path<String>) -> ApiResult {
-    ok(n.unexport(&name).await?)
+async fn unexport(
+    State(n): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Query(q): Query<ForceQuery>,
+    b: Bytes,
+) -> ApiResult {
+    ok(n.unexport(&name, force_of(&b, &q)?).await?)
 }
 async fn rebuild_status(State(n): State<Arc<Node>>, Path(name): Path<String>) -> ApiResult {
     let v = n.volume(&name).await?;

@@ -64,7 +64,13 @@ pub enum VolumeCmd {
     /// One volume in detail.
     Show { name: String },
     /// Delete a volume that is not exported; its drives become free.
-    Delete { name: String },
+    Delete {
+        name: String,
+        /// Delete it even though it holds data (every volume on drives, a thin
+        /// volume with data): all of it is lost.
+        #[arg(long)]
+        force: bool,
+    },
     /// Serve a volume as namespace NSID of subsystem NQN.
     Export {
         name: String,
@@ -74,13 +80,27 @@ pub enum VolumeCmd {
         nsid: u32,
     },
     /// Stop serving a volume.
-    Unexport { name: String },
+    Unexport {
+        name: String,
+        /// Unexport it even while hosts are connected (their I/O to it fails).
+        #[arg(long)]
+        force: bool,
+    },
     /// Assemble a volume from its drives (local, PEER:DRIVE or tcp:// URLs), e.g. on the
-    /// node that takes over from a dead owner.
+    /// node that takes over from a dead owner; or an offline volume by NAME, from the drives
+    /// the node knows it by.
     Assemble {
+        /// An offline volume of this node (instead of --drives).
+        #[arg(conflicts_with = "drives", required_unless_present = "drives")]
+        name: Option<String>,
         /// The volume's drives, in any order, comma separated.
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(long, value_delimiter = ',')]
         drives: Vec<String>,
+        /// When more members are failed or stale than the layout tolerates, take the
+        /// freshest back as active, just enough to run (mdadm --assemble --force). Blocks
+        /// written while they were away may hold old data: the answer lists the ranges; fsck.
+        #[arg(long)]
+        force: bool,
         /// Preempt the owner's reservation on the remote drives and abort its writes:
         /// only when that node is gone or must be deposed.
         #[arg(long)]
@@ -137,6 +157,9 @@ pub enum DriveCmd {
     },
     /// Stop serving a drive to other nodes; their connections end.
     Unexport { name: String },
+    /// Put a failed drive back: into its volume (resyncing only what it missed, or
+    /// rebuilding it in full when that is unknown), or, in no volume, back to free.
+    ReAdd { name: String },
 }
 
 pub(crate) struct Client {
@@ -248,8 +271,9 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             return Ok(());
         }
         VolumeCmd::Show { name } => c.call("GET", &format!("/volumes/{name}"), None)?,
-        VolumeCmd::Delete { name } => {
-            let v = c.call("DELETE", &format!("/volumes/{name}"), None)?;
+        VolumeCmd::Delete { name, force } => {
+            let q = if force { "?force=true" } else { "" };
+            let v = c.call("DELETE", &format!("/volumes/{name}{q}"), None)?;
             if api.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -262,20 +286,39 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             &format!("/volumes/{name}/export"),
             Some(json!({ "nqn": nqn, "nsid": nsid })),
         )?,
-        VolumeCmd::Unexport { name } => {
-            c.call("POST", &format!("/volumes/{name}/unexport"), None)?
+        VolumeCmd::Unexport { name, force } => c.call(
+            "POST",
+            &format!("/volumes/{name}/unexport"),
+            force.then(|| json!({ "force": true })),
+        )?,
+        VolumeCmd::Assemble {
+            name: Some(name),
+            force,
+            ..
+        } => {
+            let v = c.call(
+                "POST",
+                &format!("/volumes/{name}/assemble"),
+                Some(json!({ "force": force })),
+            )?;
+            print_forced(&v, api.json)?;
+            v
         }
         VolumeCmd::Assemble {
+            name: None,
             drives,
             takeover,
+            force,
             export,
             nsid,
         } => {
-            let mut b = json!({ "drives": drives, "takeover": takeover });
+            let mut b = json!({ "drives": drives, "takeover": takeover, "force": force });
             if let (Some(nqn), Some(nsid)) = (export, nsid) {
                 b["export"] = json!({ "nqn": nqn, "nsid": nsid });
             }
-            c.call("POST", "/volumes/assemble", Some(b))?
+            let v = c.call("POST", "/volumes/assemble", Some(b))?;
+            print_forced(&v, api.json)?;
+            v
         }
         VolumeCmd::Move { name, to } => {
             let v = c.call(
@@ -324,6 +367,15 @@ pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
             Some(json!({ "hosts": hosts })),
         )?,
         DriveCmd::Unexport { name } => c.call("DELETE", &format!("/drives/{name}/export"), None)?,
+        DriveCmd::ReAdd { name } => {
+            let v = c.call("POST", &format!("/drives/{name}/re-add"), None)?;
+            if api.json {
+                outln!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                outln!("{}", v["message"].as_str().unwrap_or("re-added"));
+            }
+            return Ok(());
+        }
         DriveCmd::Replace { name, with } => {
             let v = c.call(
                 "POST",
@@ -423,6 +475,31 @@ fn print_volume_table(v: &Value) {
             outln!("  {r}");
         }
     }
+}
+
+/// A forced assembly's account of what may be stale, before the volume
+/// (on stderr with --json, so the JSON stays one document).
+fn print_forced(v: &Value, json: bool) -> Result<()> {
+    let f = &v["forced"];
+    if f.is_null() {
+        return Ok(());
+    }
+    let msg = f["message"].as_str().unwrap_or("assembled with --force");
+    if json {
+        eprintln!("WARNING: {msg}");
+        return Ok(());
+    }
+    outln!("WARNING: {msg}");
+    for r in f["stale_ranges"].as_array().into_iter().flatten().take(32) {
+        let at = r["offset_bytes"].as_u64().unwrap_or(0);
+        let len = r["len_bytes"].as_u64().unwrap_or(0);
+        outln!(
+            "  may be stale: bytes {at}..{} ({})",
+            at + len,
+            human_bytes(len)
+        );
+    }
+    Ok(())
 }
 
 fn print_volume(v: &Value) {

@@ -379,6 +379,20 @@ impl Target {
             .collect()
     }
 
+    /// The host NQNs with a live I/O controller on subsystem `nqn` (sorted,
+    /// each once): who would lose a namespace removed from it.
+    pub fn hosts_connected(&self, nqn: &str) -> Vec<String> {
+        let map = self.controllers.lock();
+        let mut v: Vec<String> = map
+            .values()
+            .filter(|c| matches!(c.kind, crate::controller::CtrlKind::Io(_)) && c.subnqn() == nqn)
+            .map(|c| c.hostnqn.clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
     pub fn controller_count(&self) -> usize {
         self.controllers.lock().len()
     }

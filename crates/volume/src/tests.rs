@@ -1560,6 +1560,7 @@ fn records_follow_every_member_replacement() {
 
 mod failed;
 mod fence;
+mod force;
 mod readd;
 mod sync;
 mod zerocopy;

@@ -54,6 +54,7 @@ impl Node {
         if let Some(d) = st.drives.get_mut(name) {
             d.failed = true;
         }
+        self.note_failed_drives(&st);
         Ok(st.drive_info(name).expect("exists"))
     }
 
@@ -127,6 +128,7 @@ impl Node {
             // its old position at the next start.
             let _ = wipe_head(&d.dev).await;
         }
+        self.note_failed_drives(&st);
         tracing::info!("volume {v}: drive {with} replaces {name} at position {p}; rebuilding");
         self.spawn_rebuild(&mut st, &v);
         Ok(st.volume_info(&v).expect("exists"))

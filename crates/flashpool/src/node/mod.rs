@@ -14,6 +14,7 @@ pub mod jobs;
 pub mod monitor;
 mod ops;
 mod owned;
+mod recovery;
 mod remote;
 #[cfg(test)]
 pub(crate) mod remote_tests;
@@ -37,6 +38,7 @@ pub use export::{DriveExport, ExportDriveRequest};
 pub use ops::{
     CreateVolume, ExportRequest, VolumeInfo, check_name, parse_layout, volume_namespace,
 };
+pub use recovery::{AssembleByName, ForcedInfo};
 pub use scrub::{ScrubRequest, ScrubSchedule};
 
 /// An operation's failure, with the HTTP status the API answers with.
@@ -112,6 +114,8 @@ pub struct VolumeEntry {
     pub last_rebuild_error: Option<String>,
     /// A rebuild task runs (or is about to) for this volume.
     pub rebuild_task: bool,
+    /// Forced up by `assemble --force`: what was forced and may be stale.
+    pub forced: Option<ForcedInfo>,
 }
 
 impl VolumeEntry {
@@ -130,6 +134,7 @@ impl VolumeEntry {
             rebuild_rate,
             last_rebuild_error: None,
             rebuild_task: false,
+            forced: None,
         }
     }
 
@@ -212,7 +217,8 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn with_state_dir(state: NodeState, dir: Option<&std::path::Path>) -> Arc<Node> {
+    pub fn with_state_dir(mut state: NodeState, dir: Option<&std::path::Path>) -> Arc<Node> {
+        recovery::load_failed_drives(&mut state, dir);
         Arc::new(Node {
             state: tokio::sync::Mutex::new(state),
             target: std::sync::OnceLock::new(),

@@ -122,6 +122,10 @@ pub struct VolumeInfo {
     /// How its last scrub (on this node, since it started) ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_scrub: Option<super::jobs::JobInfo>,
+    /// Assembled with force: which members were forced back and what may
+    /// be stale (until the node restarts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forced: Option<super::ForcedInfo>,
 }
 
 #[derive(Debug, Serialize)]
@@ -349,6 +353,7 @@ impl NodeState {
                 .jobs
                 .last(&e.name, super::jobs::JobKind::Scrub)
                 .map(|j| j.info()),
+            forced: e.forced.clone(),
         };
         match &e.backing {
             Backing::Drives { vol, pool } => {
@@ -996,7 +1001,10 @@ impl Node {
         Ok(())
     }
 
-    pub async fn unexport(&self, name: &str) -> NodeResult<VolumeInfo> {
+    /// Stops serving a volume. Hosts connected to its subsystem lose the
+    /// namespace (their I/O to it fails): without `force` that is refused,
+    /// naming them, and nothing changes.
+    pub async fn unexport(&self, name: &str, force: bool) -> NodeResult<VolumeInfo> {
         let mut st = self.state.lock().await;
         let e = find_volume(&mut st, name)?;
         let Some(x) = e.export.clone() else {
@@ -1004,6 +1012,29 @@ impl Node {
                 "volume {name} is not exported"
             )));
         };
+        let hosts = self.target()?.hosts_connected(&x.nqn);
+        if !hosts.is_empty() {
+            if !force {
+                return Err(NodeError::Conflict(format!(
+                    "volume {name} is nsid {} of {}, to which {} connected ({}): unexporting \
+                     it takes the namespace away under them, and their I/O to it fails (writes \
+                     they have not flushed are lost to them). Nothing was changed; disconnect \
+                     them first (nvme disconnect), or use --force (API: {{\"force\": true}})",
+                    x.nsid,
+                    x.nqn,
+                    if hosts.len() == 1 {
+                        "1 host is".to_string()
+                    } else {
+                        format!("{} hosts are", hosts.len())
+                    },
+                    hosts.join(", ")
+                )));
+            }
+            tracing::warn!(
+                "volume {name}: unexported with force while hosts {hosts:?} are connected to {}",
+                x.nqn
+            );
+        }
         self.target()?
             .remove_namespace(&x.nqn, x.nsid)
             .map_err(|err| NodeError::Internal(err.to_string()))?;
@@ -1023,7 +1054,10 @@ impl Node {
         Ok(st.volume_info(name).expect("exists"))
     }
 
-    pub async fn delete_volume(&self, name: &str) -> NodeResult<()> {
+    /// Deletes a volume. One that holds data (any volume on drives, a thin
+    /// volume with allocated clusters) needs `force`: without it the delete
+    /// is refused, saying what would be lost, and nothing changes.
+    pub async fn delete_volume(&self, name: &str, force: bool) -> NodeResult<()> {
         let mut st = self.state.lock().await;
         let e = find_volume(&mut st, name)?;
         if let Some(x) = &e.export {
@@ -1052,6 +1086,12 @@ impl Node {
                     thins.join(", ")
                 )));
             }
+        }
+        if !force && let Some(what) = data_held(e) {
+            return Err(NodeError::Conflict(format!(
+                "volume {name} holds data ({what}); deleting it loses all of it. Nothing was \
+                 changed; to delete it anyway use --force (API: {{\"force\": true}})"
+            )));
         }
         if let Backing::Thin { pool, .. } = &e.backing {
             let pool = pool.clone();
@@ -1130,6 +1170,40 @@ impl Node {
     pub async fn drive(&self, name: &str) -> NodeResult<DriveInfo> {
         let st = self.state.lock().await;
         st.drive_info(name).ok_or_else(|| no_drive(name))
+    }
+}
+
+/// What a volume holds that a delete would lose, in words; None when it
+/// holds nothing (a thin volume never written). A volume on drives keeps no
+/// record of having been written, so it counts as holding data.
+fn data_held(e: &VolumeEntry) -> Option<String> {
+    let size = |b: u64| crate::units::human_bytes(b);
+    match &e.backing {
+        Backing::Thin { tv, .. } => {
+            let a = tv.allocated_bytes();
+            (a > 0).then(|| {
+                format!(
+                    "{} written of {}",
+                    size(a),
+                    size(e.device().geometry().size_bytes())
+                )
+            })
+        }
+        Backing::Drives { .. } => Some(format!(
+            "{} on drives {}",
+            size(e.device().geometry().size_bytes()),
+            e.drives.join(", ")
+        )),
+        Backing::Offline(o) => Some(format!(
+            "{} on drives {}, offline",
+            size(o.size_bytes),
+            e.drives
+                .iter()
+                .filter(|d| d.as_str() != "-")
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
     }
 }
 

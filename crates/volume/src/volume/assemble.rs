@@ -140,6 +140,20 @@ impl Volume {
         intent_log: bool,
         write_journal: bool,
     ) -> Result<Volume, VolumeError> {
+        Ok(
+            Self::assemble_opts(members, intent_log, write_journal, false)
+                .await?
+                .0,
+        )
+    }
+
+    /// With `force`, see [`Volume::assemble_force`] (`force.rs`).
+    pub(crate) async fn assemble_opts(
+        members: Vec<Arc<dyn BlockDevice>>,
+        intent_log: bool,
+        write_journal: bool,
+        force: bool,
+    ) -> Result<(Volume, Option<force::ForceReport>), VolumeError> {
         let reads = join_all(members.iter().map(|d| async move {
             let (buf, r) = dev_io(d, BlockOp::Read, 0, SB_BYTES, abuf(SB_BYTES)).await;
             r.map(|_| buf)
@@ -203,6 +217,11 @@ impl Volume {
             }
             slot[p] = Some(i);
         }
+        let plan = if force {
+            Some(force::plan(&newest, &sbs, &slot)?)
+        } else {
+            None
+        };
         let mut devs: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(n);
         let mut states = Vec::with_capacity(n);
         let template = members[slot
@@ -216,8 +235,17 @@ impl Volume {
             match slot[p] {
                 Some(i) => {
                     let sb = sbs[i].as_ref().expect("slotted members have superblocks");
-                    let state = entry.state;
-                    if state != MemberState::Failed && sb.generation + 1 < newest.generation {
+                    let mut state = entry.state;
+                    let forced = plan.as_ref().is_some_and(|pl| pl.forces(p));
+                    if forced {
+                        state = MemberState::Active;
+                    } else if plan.as_ref().is_some_and(|pl| pl.left_out.contains(&p)) {
+                        state = MemberState::Failed;
+                    }
+                    if !forced
+                        && state != MemberState::Failed
+                        && sb.generation + 1 < newest.generation
+                    {
                         return Err(VolumeError::Stale {
                             index: i,
                             position: p,
@@ -321,6 +349,10 @@ impl Volume {
                 m.changed();
             }
         }
+        let report = match &plan {
+            Some(plan) => Some(vol.inner.finish_force(plan, &newest).await?),
+            None => None,
+        };
         // Journal first: the bitmap resync cannot fix stripes missing data.
         vol.inner.replay_journal().await?;
         if intent_log {
@@ -329,7 +361,7 @@ impl Volume {
         vol.inner.load_records().await;
         vol.inner.persist_superblock(true).await;
         tracing::info!("assembled {}", vol.describe());
-        Ok(vol)
+        Ok((vol, report))
     }
 }
 

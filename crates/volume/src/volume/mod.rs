@@ -44,6 +44,7 @@ use crate::superblock::{
 
 mod assemble;
 mod fence;
+mod force;
 mod member_io;
 mod meta;
 mod read;
@@ -54,6 +55,7 @@ mod resync;
 mod sync;
 mod write;
 
+pub use force::{ForceReport, ForcedFrom, ForcedMember, StaleRange};
 pub use readd::ReAddReport;
 pub use sync::SyncControl;
 
@@ -169,6 +171,9 @@ pub enum VolumeError {
     /// `re_add` refused the device; nothing changed.
     #[error("re-add of member {index} refused: {reason}")]
     ReAddRefused { index: usize, reason: String },
+    /// A forced assembly cannot bring the volume up; nothing changed.
+    #[error("forced assembly refused: {0}")]
+    ForceRefused(String),
     /// A replacement cannot be rebuilt (no redundancy, or too many other
     /// members missing); nothing changed.
     #[error("{0}")]
