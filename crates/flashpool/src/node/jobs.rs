@@ -255,6 +255,37 @@ impl Jobs {
             .cloned()
     }
 
+    /// Stops the sync and scrub jobs of `volume` (every volume when None)
+    /// and waits until they have ended: a delete or a shutdown must not
+    /// race their writes. (A rebuild ends by itself; a delete refuses it.)
+    pub async fn stop(&self, volume: Option<&str>) {
+        let jobs: Vec<Arc<Job>> = self
+            .list
+            .lock()
+            .iter()
+            .filter(|j| j.is_running() && j.kind != JobKind::Rebuild)
+            .filter(|j| volume.is_none_or(|v| j.volume == v))
+            .cloned()
+            .collect();
+        for j in &jobs {
+            j.ctl.cancel.store(true, Ordering::Relaxed);
+        }
+        for j in &jobs {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while j.is_running() && std::time::Instant::now() < until {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            if j.is_running() {
+                tracing::warn!(
+                    "job {} ({:?} of {}) did not stop within 60 s",
+                    j.id,
+                    j.kind,
+                    j.volume
+                );
+            }
+        }
+    }
+
     /// The newest ended job of `kind` on `volume`.
     pub fn last(&self, volume: &str, kind: JobKind) -> Option<Arc<Job>> {
         self.list

@@ -268,6 +268,9 @@ impl Node {
     /// and releases the drives. Call after the target stopped serving.
     pub async fn shutdown(&self) {
         let st = self.state.lock().await;
+        // A stopped initial sync leaves its regions dirty on disk: the next
+        // start resyncs them.
+        st.jobs.stop(None).await;
         // Pools first: their metadata lands on the volumes below them.
         for v in st.volumes.values() {
             if let Some(p) = v.thin_pool()

@@ -1059,6 +1059,7 @@ impl Node {
     /// is refused, saying what would be lost, and nothing changes.
     pub async fn delete_volume(&self, name: &str, force: bool) -> NodeResult<()> {
         let mut st = self.state.lock().await;
+        let jobs = st.jobs.clone();
         let e = find_volume(&mut st, name)?;
         if let Some(x) = &e.export {
             return Err(NodeError::Conflict(format!(
@@ -1093,6 +1094,8 @@ impl Node {
                  changed; to delete it anyway use --force (API: {{\"force\": true}})"
             )));
         }
+        // Its sync or scrub must not write to drives that are free again.
+        jobs.stop(Some(name)).await;
         if let Backing::Thin { pool, .. } = &e.backing {
             let pool = pool.clone();
             let p = st

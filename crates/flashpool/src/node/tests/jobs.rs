@@ -274,3 +274,22 @@ async fn a_hot_spare_takes_a_failed_members_place() {
     assert_eq!(node.drive("s0").await.unwrap().state, "member");
     assert_eq!(node.drive("small").await.unwrap().state, "spare");
 }
+
+/// A delete must not leave a scrub (or sync) writing to drives that are
+/// free again: it stops the job first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_stops_the_volumes_scrub_first() {
+    let node = mem_node(3, 16 * MIB);
+    node.create_volume(req("r5", "raid5", &["d0", "d1", "d2"]))
+        .await
+        .unwrap();
+    let slow = ScrubRequest {
+        repair: true,
+        rate: Some("1MiB".into()),
+    };
+    let j = node.scrub_volume("r5", slow).await.unwrap();
+    node.delete_volume("r5", true).await.unwrap();
+    let j = node.job(j.id).await.unwrap();
+    assert_eq!(j.state, JobState::Stopped, "{j:?}");
+    assert_eq!(node.drive("d1").await.unwrap().state, "free");
+}
