@@ -150,7 +150,7 @@ fn job_line(j: &Value) -> String {
     }
     format!(
         "{:>4} {:<8} {:<14} {:<9} {:>6.1}% {:>9.1} {:>8}  {}",
-        j["id"],
+        j["id"].as_u64().unwrap_or(0),
         j["kind"].as_str().unwrap_or("?"),
         j["volume"].as_str().unwrap_or("?"),
         j["state"].as_str().unwrap_or("?"),

@@ -175,6 +175,7 @@ impl Node {
                 }
                 let before = vol.member_states();
                 let mut outcome = vol.rebuild(opts.clone()).await.err().map(|e| e.to_string());
+                job.record_rebuild();
                 if outcome.is_none() && vol.member_states() == before {
                     // Nothing moved: another pass would spin.
                     outcome = Some(format!("the rebuild made no progress (members {before:?})"));

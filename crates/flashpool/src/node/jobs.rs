@@ -115,6 +115,16 @@ impl Job {
         *self.drives.lock() = drives;
     }
 
+    /// A rebuild's totals, kept in `ctl` when it ends (the volume's own
+    /// progress describes the next rebuild after that).
+    pub fn record_rebuild(&self) {
+        let p = self.vol.rebuild_progress();
+        let c = &self.ctl;
+        c.done.fetch_add(p.done_stripes, Ordering::Relaxed);
+        c.total.fetch_add(p.total_stripes, Ordering::Relaxed);
+        c.bytes.fetch_add(p.bytes, Ordering::Relaxed);
+    }
+
     /// Marks the job ended (once).
     pub fn finish(&self, state: JobState, report: Option<ScrubReport>) {
         let mut end = self.end.lock();
@@ -164,7 +174,7 @@ impl Job {
             repaired: c.repaired.load(Ordering::Relaxed),
             skipped: c.skipped.load(Ordering::Relaxed),
         };
-        if self.kind == JobKind::Rebuild {
+        if self.kind == JobKind::Rebuild && running {
             let p = self.vol.rebuild_progress();
             let names = self.drives.lock();
             let name = |i: &usize| names.get(*i).cloned().unwrap_or_else(|| format!("#{i}"));
