@@ -299,34 +299,13 @@ fn log(e: &Event) {
     }
 }
 
-/// Now as RFC 3339 UTC with milliseconds (civil-from-days, so no date crate
-/// is needed for one format).
+/// Now as RFC 3339 UTC with milliseconds.
 pub fn now_rfc3339() -> String {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    rfc3339(d.as_secs() as i64, d.subsec_millis())
+    rfc3339(std::time::SystemTime::now())
 }
 
-fn rfc3339(secs: i64, millis: u32) -> String {
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
 }
 
 #[cfg(test)]
@@ -335,9 +314,12 @@ mod tests {
 
     #[test]
     fn rfc3339_known_dates() {
-        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
-        assert_eq!(rfc3339(1_795_613_696, 123), "2026-11-25T13:34:56.123Z");
+        let at = |s: u64, ms: u64| {
+            rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_millis(s * 1000 + ms))
+        };
+        assert_eq!(at(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(at(1_795_613_696, 123), "2026-11-25T13:34:56.123Z");
     }
 
     #[tokio::test]
