@@ -174,12 +174,7 @@ impl Volume {
                 }
             }
         }
-        let newest = sbs
-            .iter()
-            .flatten()
-            .max_by_key(|sb| sb.generation)
-            .cloned()
-            .ok_or_else(|| VolumeError::Config("no member has a readable superblock".into()))?;
+        let newest = newest_superblock(&sbs)?;
         let n = newest.members.len();
         let mut slot: Vec<Option<usize>> = vec![None; n];
         for (i, sb) in sbs.iter().enumerate() {
@@ -480,4 +475,14 @@ impl Inner {
             layout,
         })
     }
+}
+
+/// The superblock with the highest generation: the volume as it was last
+/// recorded.
+pub(crate) fn newest_superblock(sbs: &[Option<Superblock>]) -> Result<Superblock, VolumeError> {
+    sbs.iter()
+        .flatten()
+        .max_by_key(|sb| sb.generation)
+        .cloned()
+        .ok_or_else(|| VolumeError::Config("no member has a readable superblock".into()))
 }

@@ -13,6 +13,7 @@
 //! older than its failure, a stale member the superblocks never marked
 //! failed) the report says that any block may be stale.
 
+use super::assemble::newest_superblock;
 use super::*;
 
 /// Why a member was out of the volume before it was forced back.
@@ -216,12 +217,7 @@ impl Volume {
             let (buf, r) = dev_io(d, BlockOp::Read, 0, SB_BYTES, abuf(SB_BYTES)).await;
             sbs.push(r.ok().and_then(|()| Superblock::decode(&buf).ok()));
         }
-        let newest = sbs
-            .iter()
-            .flatten()
-            .max_by_key(|sb| sb.generation)
-            .cloned()
-            .ok_or_else(|| VolumeError::Config("no member has a readable superblock".into()))?;
+        let newest = newest_superblock(&sbs)?;
         let mut slot: Vec<Option<usize>> = vec![None; newest.members.len()];
         for (i, sb) in sbs.iter().enumerate() {
             if let Some(sb) = sb
