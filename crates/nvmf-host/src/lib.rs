@@ -19,6 +19,7 @@
 //! `discovery.rs` the discovery service, and `remote/` the `BlockDevice` over
 //! a remote namespace ([`remote::RemoteDevice`]).
 
+mod auth;
 mod conn;
 mod controller;
 mod discovery;
@@ -35,6 +36,8 @@ mod resv;
 pub use controller::{
     ADMIN_QUEUE_DEPTH, Controller, HostOptions, default_host_identity, host_id_from, parse_uuid,
 };
+pub use auth::DhchapKeys;
+pub use nvme_wire::auth::dhchap::{DhGroup, HashId, Secret, SecretError};
 pub use discovery::{discover, discover_with};
 pub use error::{CmdStatus, HostError, Result, fes_name, status_name};
 pub use identify::{ControllerInfo, NamespaceInfo};

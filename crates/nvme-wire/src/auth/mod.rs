@@ -42,7 +42,8 @@ pub mod explanation {
     pub const HASH_UNUSABLE: u8 = 0x04;
     pub const DHGROUP_UNUSABLE: u8 = 0x05;
     pub const INCORRECT_PAYLOAD: u8 = 0x06;
-    pub const INCORRECT_PROTOCOL: u8 = 0x07;
+    /// Linux: NVME_AUTH_DHCHAP_FAILURE_INCORRECT_MESSAGE.
+    pub const INCORRECT_MESSAGE: u8 = 0x07;
 }
 
 /// Protocol descriptor AUTHID for DH-HMAC-CHAP.
@@ -194,7 +195,7 @@ pub enum AuthMsg {
 }
 
 /// Why a message did not decode. The controller answers each with a
-/// Failure1 (explanation INCORRECT_PAYLOAD or INCORRECT_PROTOCOL).
+/// Failure1 (explanation INCORRECT_PAYLOAD or INCORRECT_MESSAGE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AuthDecodeError {
     #[error("authentication message of {have} bytes, need {need}")]
