@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 
 use nvme_wire::auth::dhchap::{
-    DhGroup, DhKey, HashId, ResponseCtx, Secret, augmented_challenge, ctrl_response,
-    host_response, macs_equal,
+    DhGroup, DhKey, HashId, ResponseCtx, Secret, augmented_challenge, ctrl_response, host_response,
+    macs_equal,
 };
 use nvme_wire::auth::{
     AUTHID_DHCHAP, AuthCmd, AuthMsg, Failure, Negotiate, ProtocolDesc, REASON_FAILED, Reply,
@@ -80,9 +80,8 @@ impl Exchange<'_> {
             .execute(sqe, DataDir::ToHost, zeroed_buf(RECV_LEN as usize))
             .await;
         self.check(r?, "Authentication Receive")?;
-        let m = AuthMsg::decode(&buf).map_err(|e| {
-            fail(self.addr(), self.qid, format!("controller message: {e}"))
-        })?;
+        let m = AuthMsg::decode(&buf)
+            .map_err(|e| fail(self.addr(), self.qid, format!("controller message: {e}")))?;
         if let AuthMsg::Failure1(f) = &m {
             return Err(fail(
                 self.addr(),
@@ -170,7 +169,10 @@ pub(crate) async fn authenticate(
     .await?;
     let AuthMsg::Challenge(c) = x.receive().await? else {
         return Err(x
-            .give_up(explanation::INCORRECT_MESSAGE, "expected a Challenge".into())
+            .give_up(
+                explanation::INCORRECT_MESSAGE,
+                "expected a Challenge".into(),
+            )
             .await);
     };
     let hash = HashId::from_id(c.hash_id).filter(|h| keys.hashes.contains(h));
@@ -180,7 +182,10 @@ pub(crate) async fn authenticate(
     };
     let group = DhGroup::from_id(c.dh_group).filter(|g| keys.dh_groups.contains(g));
     let Some(group) = group else {
-        let why = format!("the controller chose DH group {:#x}, not offered", c.dh_group);
+        let why = format!(
+            "the controller chose DH group {:#x}, not offered",
+            c.dh_group
+        );
         return Err(x.give_up(explanation::DHGROUP_UNUSABLE, why).await);
     };
     if c.c.len() != hash.len() {
@@ -221,7 +226,10 @@ pub(crate) async fn authenticate(
     let (c2, s2) = match &keys.ctrl_key {
         Some(_) => {
             let s = random(4);
-            (random(hash.len()), u32::from_le_bytes([s[0], s[1], s[2], s[3]]).max(1))
+            (
+                random(hash.len()),
+                u32::from_le_bytes([s[0], s[1], s[2], s[3]]).max(1),
+            )
         }
         None => (vec![0; hash.len()], 0),
     };

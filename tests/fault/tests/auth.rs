@@ -112,7 +112,10 @@ fn commands_before_authentication_are_refused() {
     let mut h = connect(&t);
     // Property Get/Set are Fabrics commands: allowed, as nvmet allows them.
     assert_status(&h.property_get(prop::CAP, true), 0, 0, "Property Get CAP");
-    assert_eq!(identify_status(&mut h), (SCT_CMD_SPECIFIC, SC_AUTH_REQUIRED));
+    assert_eq!(
+        identify_status(&mut h),
+        (SCT_CMD_SPECIFIC, SC_AUTH_REQUIRED)
+    );
     // A good exchange opens the queue.
     let c = challenge(&mut h, 3);
     send(&mut h, &AuthMsg::Reply(good_reply(&c)).encode());
@@ -122,11 +125,14 @@ fn commands_before_authentication_are_refused() {
     healthy.verify();
 }
 
+/// Builds the bad message from the challenge.
+type MakeReply = Box<dyn Fn(&Challenge) -> Vec<u8>>;
+
 #[test]
 fn bad_messages_end_in_failure1() {
     let t = TestTarget::start();
     let mut healthy = t.healthy();
-    let cases: Vec<(&str, Box<dyn Fn(&Challenge) -> Vec<u8>>, u8)> = vec![
+    let cases: Vec<(&str, MakeReply, u8)> = vec![
         (
             "truncated reply",
             Box::new(|c| AuthMsg::Reply(good_reply(c)).encode()[..40].to_vec()),
@@ -225,5 +231,8 @@ fn bad_auth_command_fields_are_invalid_field() {
     let sqe = AuthCmd::dhchap(1 << 20).to_sqe(fctype::AUTH_RECV, cid);
     let (c, _) = h.data_in(sqe, 1 << 20);
     assert!(!c.status.is_success(), "oversized AL refused");
-    assert_eq!(identify_status(&mut h), (SCT_CMD_SPECIFIC, SC_AUTH_REQUIRED));
+    assert_eq!(
+        identify_status(&mut h),
+        (SCT_CMD_SPECIFIC, SC_AUTH_REQUIRED)
+    );
 }

@@ -36,6 +36,7 @@ impl HashId {
         self as u8
     }
     /// Digest length: the HL of the messages.
+    #[allow(clippy::len_without_is_empty)] // a digest length, not a collection
     pub fn len(self) -> usize {
         match self {
             HashId::Sha256 => 32,

@@ -187,7 +187,9 @@ pub enum AuthMsg {
     Challenge(Challenge),
     Reply(Reply),
     Success1(Success1),
-    Success2 { t_id: u16 },
+    Success2 {
+        t_id: u16,
+    },
     /// From the controller.
     Failure1(Failure),
     /// From the host.

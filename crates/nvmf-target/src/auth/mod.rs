@@ -11,8 +11,8 @@
 mod tests;
 
 use nvme_wire::auth::dhchap::{
-    DhGroup, DhKey, HashId, ResponseCtx, Secret, augmented_challenge, ctrl_response,
-    host_response, macs_equal,
+    DhGroup, DhKey, HashId, ResponseCtx, Secret, augmented_challenge, ctrl_response, host_response,
+    macs_equal,
 };
 use nvme_wire::auth::{
     AUTHID_DHCHAP, AuthMsg, Challenge, Failure, REASON_FAILED, SC_C_NONE, Success1, explanation,
@@ -83,7 +83,10 @@ pub enum Event {
     Authenticated,
     /// The transaction failed; `explanation` is the Failure reason code
     /// explanation (Failure1 sent, or Failure2 received).
-    Failed { explanation: u8, why: &'static str },
+    Failed {
+        explanation: u8,
+        why: &'static str,
+    },
 }
 
 /// A Receive asked for less than the message takes (AL too small).
@@ -243,7 +246,10 @@ impl AuthSession {
     fn reply(&mut self, r: &nvme_wire::auth::Reply) -> Event {
         let hl = self.hash.len();
         if r.response.len() != hl {
-            return self.fail(explanation::INCORRECT_PAYLOAD, "HL is not the hash's length");
+            return self.fail(
+                explanation::INCORRECT_PAYLOAD,
+                "HL is not the hash's length",
+            );
         }
         let challenge = if self.group == DhGroup::Null {
             if !r.dhv.is_empty() {
@@ -281,7 +287,10 @@ impl AuthSession {
             },
         );
         if !macs_equal(&want, &r.response) {
-            return self.fail(explanation::FAILED, "host response mismatch (wrong secret?)");
+            return self.fail(
+                explanation::FAILED,
+                "host response mismatch (wrong secret?)",
+            );
         }
         self.s2 = r.seqnum;
         if r.cvalid && r.seqnum != 0 {
@@ -304,7 +313,8 @@ impl AuthSession {
     pub fn on_receive(&mut self, al: usize) -> Result<(Vec<u8>, Event), TooShort> {
         match self.step {
             Step::Challenge => {
-                let need = nvme_wire::auth::CHALLENGE_HDR_LEN + self.hash.len() + self.group.value_len();
+                let need =
+                    nvme_wire::auth::CHALLENGE_HDR_LEN + self.hash.len() + self.group.value_len();
                 if al < need {
                     return Err(TooShort);
                 }
@@ -328,14 +338,22 @@ impl AuthSession {
                     dh_group: self.group.id(),
                     seqnum: self.s1,
                     c: c1,
-                    dhv: self.dh.as_ref().map(|k| k.public.clone()).unwrap_or_default(),
+                    dhv: self
+                        .dh
+                        .as_ref()
+                        .map(|k| k.public.clone())
+                        .unwrap_or_default(),
                 });
                 self.step = Step::Reply;
                 Ok((msg.encode(), Event::Nothing))
             }
             Step::Success1 => {
                 let need = nvme_wire::auth::SUCCESS1_HDR_LEN
-                    + if self.c2.is_some() { self.hash.len() } else { 0 };
+                    + if self.c2.is_some() {
+                        self.hash.len()
+                    } else {
+                        0
+                    };
                 if al < need {
                     return Err(TooShort);
                 }

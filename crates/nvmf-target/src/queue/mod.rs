@@ -25,15 +25,15 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::time::{Duration, Instant};
 
 use blockdev::{AlignedBuf, BlockOp, IoDone, IoFuture, IoRequest};
-use nvme_wire::cqe::Cqe;
 use nvme_wire::auth::{AuthCmd, CONNECT_AUTHREQ_ATR};
+use nvme_wire::cqe::Cqe;
 use nvme_wire::fabrics::{CATTR_DISABLE_SQFLOW, ConnectCmd, PropertyCmd, fctype};
 use nvme_wire::sqe::{FUSE_MASK, Sqe, io_opc};
 use nvme_wire::status::{self, Status};
 
 use crate::Target;
-use crate::auth::{self, AuthSession};
 use crate::admin::{self, AdminCtx, AdminOutcome};
+use crate::auth::{self, AuthSession};
 use crate::bufpool::BufPool;
 use crate::config::ADMIN_IN_CAPSULE_DATA;
 use crate::controller::{AER_LIMIT, Controller, FreeReason, QueueStats};
@@ -613,7 +613,11 @@ impl QueueCore {
                 };
                 self.sqhd = 1 % (cmd.sqsize + 1);
                 let auth = ctrl.subsystem().and_then(|s| s.host_auth(&ctrl.hostnqn));
-                let authreq = if auth.is_some() { CONNECT_AUTHREQ_ATR } else { 0 };
+                let authreq = if auth.is_some() {
+                    CONNECT_AUTHREQ_ATR
+                } else {
+                    0
+                };
                 let stats = ctrl.register_queue_stats();
                 self.target
                     .register_queue(ctrl.hostid, ctrl.subnqn(), &stats);
@@ -625,9 +629,8 @@ impl QueueCore {
                     qid: cmd.qid,
                     namespaces,
                     ns_version,
-                    auth: auth.map(|a| {
-                        AuthSession::new(a, &ctrl.hostnqn, ctrl.subnqn(), auth::os_rng)
-                    }),
+                    auth: auth
+                        .map(|a| AuthSession::new(a, &ctrl.hostnqn, ctrl.subnqn(), auth::os_rng)),
                     ctrl: ctrl.clone(),
                 });
                 tracing::debug!(

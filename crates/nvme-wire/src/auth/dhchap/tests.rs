@@ -15,7 +15,10 @@ fn hex(b: &[u8]) -> String {
 fn secret_representation_round_trips_with_its_crc() {
     let s = "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
     let k = Secret::parse(s).unwrap();
-    assert_eq!(k, Secret::from_key(Some(HashId::Sha256), &(0..32).collect::<Vec<u8>>()).unwrap());
+    assert_eq!(
+        k,
+        Secret::from_key(Some(HashId::Sha256), &(0..32).collect::<Vec<u8>>()).unwrap()
+    );
     assert_eq!(k.to_dhhc(), s);
     assert_eq!(Secret::parse(&format!("  {s}\n")).unwrap(), k);
     assert_eq!(Secret::parse(s.trim_end_matches(':')).unwrap(), k);
