@@ -11,6 +11,7 @@
 
 pub mod admin;
 pub mod ana;
+pub mod auth;
 pub mod bufpool;
 pub mod config;
 pub mod controller;
