@@ -590,6 +590,12 @@ pub fn start(
              to 127.0.0.1 (see docs/config.md, [api])"
         );
     }
+    // The token files are written before the port opens: a client that
+    // sees the port open finds the token already there.
+    let auth = match sa.port() {
+        0 => None,
+        _ => Some(Arc::new(ApiAuth::load(cfg, state_dir, &sa.to_string())?)),
+    };
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(sa))
         .with_context(|| {
@@ -598,7 +604,10 @@ pub fn start(
             )
         })?;
     let bound = listener.local_addr()?;
-    let auth = Arc::new(ApiAuth::load(cfg, state_dir, &bound.to_string())?);
+    let auth = match auth {
+        Some(a) => a,
+        None => Arc::new(ApiAuth::load(cfg, state_dir, &bound.to_string())?),
+    };
     let app = crate::api_auth::secure(router(app), auth.clone());
     let scheme = if tls.is_some() { "https" } else { "http" };
     if let Some(path) = &cfg.unix_socket {
