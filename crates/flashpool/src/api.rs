@@ -625,7 +625,9 @@ pub fn start(
         };
         let _in_rt = rt.enter();
         let l = listen::bind_unix(path, mode)?;
-        let svc = app.clone().into_make_service_with_connect_info::<PeerInfo>();
+        let svc = app
+            .clone()
+            .into_make_service_with_connect_info::<PeerInfo>();
         tracing::info!("management API on unix:{} (mode {mode:o})", path.display());
         rt.spawn(async move {
             if let Err(e) = axum::serve(l, svc).await {

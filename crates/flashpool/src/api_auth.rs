@@ -345,7 +345,10 @@ impl ApiAuth {
         match rt {
             Ok(()) => files.push(runtime),
             Err(e) if !files.is_empty() => {
-                tracing::warn!("management API: {e:#}; the CLI finds the token in {} only with --token-file", files[0].display());
+                tracing::warn!(
+                    "management API: {e:#}; the CLI finds the token in {} only with --token-file",
+                    files[0].display()
+                );
             }
             Err(e) => {
                 return Err(e).context(
@@ -365,7 +368,11 @@ impl ApiAuth {
         Ok(ApiAuth {
             token: RwLock::new(token),
             token_files: files,
-            host_names: cfg.host_names.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            host_names: cfg
+                .host_names
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
             tls: cfg.tls_cert.is_some(),
             failures: Mutex::default(),
         })
@@ -715,7 +722,7 @@ mod tests {
         let p = runtime_token_path("127.0.0.1:9410");
         assert!(p.ends_with("api-127.0.0.1_9410.token"), "{}", p.display());
         let p = runtime_token_path("[::1]:9410");
-        assert!(p.ends_with("api-__1__9410.token"), "{}", p.display());
+        assert!(p.ends_with("api-___1__9410.token"), "{}", p.display());
     }
 }
 
@@ -798,7 +805,9 @@ pub mod listen {
                                 let _ = tx.send((tls, PeerInfo::Tcp { peer, local })).await;
                             }
                             Ok(Err(e)) => tracing::debug!("management API: TLS from {peer}: {e}"),
-                            Err(_) => tracing::debug!("management API: TLS from {peer}: handshake timed out"),
+                            Err(_) => tracing::debug!(
+                                "management API: TLS from {peer}: handshake timed out"
+                            ),
                         }
                     });
                 }
@@ -897,7 +906,10 @@ pub mod listen {
         // SAFETY: as above, restoring the previous mask.
         unsafe { libc::umask(old) };
         let l = l.with_context(|| {
-            format!("config: api.unix_socket = {}: cannot listen there", path.display())
+            format!(
+                "config: api.unix_socket = {}: cannot listen there",
+                path.display()
+            )
         })?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
         Ok(Unix(l))

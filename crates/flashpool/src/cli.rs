@@ -255,7 +255,9 @@ pub(crate) fn api_base(api: &str) -> (String, &str) {
 /// An agent for `--api` (with `--ca-file`'s roots for https).
 pub(crate) fn api_agent(
     api: &ApiArgs,
-    f: impl FnOnce(ureq::config::ConfigBuilder<ureq::typestate::AgentScope>) -> ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
+    f: impl FnOnce(
+        ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
+    ) -> ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
 ) -> Result<ureq::Agent> {
     let mut b = f(ureq::Agent::config_builder().http_status_as_error(false));
     if let Some(ca) = &api.ca_file {

@@ -127,7 +127,10 @@ impl Server {
     /// address unless `headers` has one.
     fn send(&self, head: &str, headers: &[&str], body: &str) -> Answer {
         let mut req = format!("{head} HTTP/1.1\r\nConnection: close\r\n");
-        if !headers.iter().any(|h| h.to_ascii_lowercase().starts_with("host:")) {
+        if !headers
+            .iter()
+            .any(|h| h.to_ascii_lowercase().starts_with("host:"))
+        {
             req += &format!("Host: {}\r\n", self.api);
         }
         for h in headers {
@@ -227,7 +230,11 @@ fn no_credential_or_a_wrong_one_is_401_and_changes_nothing() {
     let before = s.state();
     let a = s.send("POST /v1/volumes", &[JSON], CREATE);
     assert_eq!(a.status, 401, "{}", a.body);
-    assert!(a.headers.contains("www-authenticate: bearer"), "{}", a.headers);
+    assert!(
+        a.headers.contains("www-authenticate: bearer"),
+        "{}",
+        a.headers
+    );
     assert!(a.error().contains("credential"), "{}", a.body);
     let a = s.send("POST /v1/drives/d0/fail", &[], "");
     assert_eq!(a.status, 401);
@@ -265,15 +272,27 @@ fn the_browser_request_of_the_issue_is_refused_and_changes_nothing() {
         CREATE,
     );
     assert!(a.status == 403 || a.status == 401, "{}", a.body);
-    let a = s.send("POST /v1/drives/d0/fail", &["Origin: http://evil.example"], "");
+    let a = s.send(
+        "POST /v1/drives/d0/fail",
+        &["Origin: http://evil.example"],
+        "",
+    );
     assert_eq!(a.status, 403, "{}", a.body);
     // Each check alone refuses it, even with the right token.
-    let a = s.with_token("POST /v1/volumes", &[JSON, "Origin: http://evil.example"], CREATE);
+    let a = s.with_token(
+        "POST /v1/volumes",
+        &[JSON, "Origin: http://evil.example"],
+        CREATE,
+    );
     assert_eq!(a.status, 403, "{}", a.body);
     assert!(a.error().contains("cross-origin"), "{}", a.body);
     let a = s.with_token("POST /v1/volumes", &[JSON, "Origin: null"], CREATE);
     assert_eq!(a.status, 403, "{}", a.body);
-    let a = s.with_token("POST /v1/volumes", &[JSON, "Sec-Fetch-Site: cross-site"], CREATE);
+    let a = s.with_token(
+        "POST /v1/volumes",
+        &[JSON, "Sec-Fetch-Site: cross-site"],
+        CREATE,
+    );
     assert_eq!(a.status, 403, "{}", a.body);
     let a = s.with_token("POST /v1/volumes", &[JSON, &evil_host], CREATE);
     assert_eq!(a.status, 403, "{}", a.body);
@@ -425,7 +444,10 @@ fn off_loopback_without_tls_is_refused_at_start() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("HTTPS only") && err.contains("tls_cert"), "{err}");
+    assert!(
+        err.contains("HTTPS only") && err.contains("tls_cert"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -484,14 +506,50 @@ fn make_certs(dir: &Path) -> bool {
     )
     .unwrap();
     run(&[
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=flashpool test CA",
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=flashpool test CA",
     ]) && run(&[
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
-        "node.key", "-out", "node.csr", "-subj", "/CN=127.0.0.1",
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "node.key",
+        "-out",
+        "node.csr",
+        "-subj",
+        "/CN=127.0.0.1",
     ]) && run(&[
-        "x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "node.pem", "-days", "2", "-extfile", "leaf.ext",
+        "x509",
+        "-req",
+        "-in",
+        "node.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "node.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "leaf.ext",
     ])
 }
 
@@ -513,7 +571,9 @@ fn https_with_a_configured_certificate() {
     let url = format!("https://{}", s.api);
     let ca = dir.join("ca.pem");
     let out = Command::new(BIN)
-        .args(["volume", "create", "v1", "--layout", "raid1", "--drives", "d0,d1"])
+        .args([
+            "volume", "create", "v1", "--layout", "raid1", "--drives", "d0,d1",
+        ])
         .args(["--api", &url, "--ca-file"])
         .arg(&ca)
         .stdin(Stdio::null())
