@@ -438,7 +438,7 @@ impl ApiAuth {
     }
 
     /// Checks 1 to 3 of the module doc: `Err` is the refusal.
-    fn check_request(&self, req: &Request, peer: Option<&PeerInfo>) -> Result<(), Response> {
+    fn check_request(&self, req: &Request, peer: Option<&PeerInfo>) -> Result<(), Refusal> {
         let h = req.headers();
         let local = match peer {
             Some(PeerInfo::Tcp { local, .. }) => Some(*local),
@@ -519,7 +519,7 @@ impl ApiAuth {
     }
 
     /// Check 4: who calls.
-    fn authenticate(&self, h: &HeaderMap, peer: Option<&PeerInfo>) -> Result<Caller, Response> {
+    fn authenticate(&self, h: &HeaderMap, peer: Option<&PeerInfo>) -> Result<Caller, Refusal> {
         let ip = match peer {
             Some(PeerInfo::Unix { uid, .. }) => return Ok(Caller::Unix(*uid)),
             Some(PeerInfo::Tcp { peer, .. }) => Some(peer.ip()),
@@ -537,16 +537,15 @@ impl ApiAuth {
             && let Some(wait) = self.failures.lock().blocked(ip, now)
         {
             let secs = wait.as_secs() + 1;
-            let mut r = refusal(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!(
+            let r = Refusal {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                msg: format!(
                     "too many wrong tokens from {ip}: refused for another {secs} s \
                      (more than {MAX_FAILURES} in {} s)",
                     FAILURE_WINDOW.as_secs()
                 ),
-            );
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+                retry_after: Some(secs),
+            };
             return Err(r);
         }
         let presented = auth
@@ -579,18 +578,41 @@ fn limiter_key_eq(a: IpAddr, b: IpAddr) -> bool {
     canon(a) == canon(b)
 }
 
-fn refusal(status: StatusCode, msg: String) -> Response {
-    let msg = crate::echo::bounded(msg);
-    (status, axum::Json(serde_json::json!({ "error": msg }))).into_response()
+/// A refused request's answer: `{"error": ...}` with its status.
+struct Refusal {
+    status: StatusCode,
+    msg: String,
+    retry_after: Option<u64>,
 }
 
-fn unauthorized(msg: String) -> Response {
-    let mut r = refusal(StatusCode::UNAUTHORIZED, msg);
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"flashpool\""),
-    );
-    r
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let msg = crate::echo::bounded(self.msg);
+        let mut r = (self.status, axum::Json(serde_json::json!({ "error": msg }))).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"flashpool\""),
+            );
+        }
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+fn refusal(status: StatusCode, msg: String) -> Refusal {
+    Refusal {
+        status,
+        msg,
+        retry_after: None,
+    }
+}
+
+fn unauthorized(msg: String) -> Refusal {
+    refusal(StatusCode::UNAUTHORIZED, msg)
 }
 
 /// The middleware: checks, authenticates, then logs each call that may
@@ -613,10 +635,10 @@ async fn guard(State(auth): State<Arc<ApiAuth>>, req: Request, next: Next) -> Re
         Err(r) => {
             tracing::warn!(
                 target: "flashpool::api::audit",
-                %method, path, status = r.status().as_u16(), peer = %who,
+                %method, path, status = r.status.as_u16(), peer = %who,
                 "management API call refused"
             );
-            return r;
+            return r.into_response();
         }
     };
     let read = matches!(method, Method::GET | Method::HEAD);
@@ -643,7 +665,8 @@ async fn rotate(State(auth): State<Arc<ApiAuth>>) -> Response {
         Err(e) => refusal(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("{e:#}; the old token still works"),
-        ),
+        )
+        .into_response(),
     }
 }
 
