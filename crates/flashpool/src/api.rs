@@ -135,7 +135,7 @@ pub const BODY_LIMIT: usize = 2 << 20;
 /// route does not take, 413 for a body over the limit, 400/415/422 from an
 /// extractor. This rewraps every such answer as `{"error": ...}`, keeping
 /// its status and headers (the `Allow` of a 405).
-async fn json_errors(req: Request, next: Next) -> Response {
+pub(crate) async fn json_errors(req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let resp = next.run(req).await;

@@ -672,10 +672,15 @@ async fn rotate(State(auth): State<Arc<ApiAuth>>) -> Response {
 
 /// `router` with the token rotation call, behind [`guard`].
 pub fn secure(router: Router, auth: Arc<ApiAuth>) -> Router {
-    Router::new()
+    let calls = Router::new()
         .route("/v1/api/token/rotate", post(rotate))
         .with_state(auth.clone())
-        .merge(router)
+        .merge(router);
+    // As in `api::router`: around the whole router, so that the rotation
+    // call's 405 is JSON with its `Allow` header.
+    Router::new()
+        .fallback_service(calls)
+        .layer(middleware::from_fn(crate::api::json_errors))
         .layer(middleware::from_fn_with_state(auth, guard))
 }
 

@@ -371,6 +371,10 @@ fn rotation_invalidates_the_old_token_and_the_cli_follows() {
     assert!(!text.contains(&s.token()), "the secret is printed: {text}");
     let new = s.token();
     assert_ne!(old, new);
+    let a = s.with_token("GET /v1/api/token/rotate", &[], "");
+    assert_eq!(a.status, 405);
+    assert!(a.error().contains("POST"), "{}", a.body);
+    assert_eq!(s.token(), new, "a refused rotation changes nothing");
     let a = s.send(
         "GET /v1/volumes",
         &[&format!("Authorization: Bearer {old}")],
