@@ -62,7 +62,7 @@ bench() {
 }
 SEQ="--rw write --bs ${BS:-128k} --qd 16 --runtime $RUNTIME --ramp $RAMP"
 RR="--rw randread --bs 4k --qd 32 --runtime $RUNTIME --ramp $RAMP"
-cli() { timeout 600 "$FPC_BIN" "$@" --api "127.0.0.1:$API"; }
+cli() { timeout 600 "$FPC_BIN" "$@" --api "127.0.0.1:$API" $(fpc_auth); }
 drives() { local p=$1 i l=""; for i in $(seq 1 "$NODES"); do l="$l,$(printf "$p" "$i")"; done; echo "${l#,}"; }
 
 # ---- nodes

@@ -1,5 +1,5 @@
-//! The management API: HTTP + JSON, on 127.0.0.1 by default (it has no
-//! authentication, so it belongs on a local or management address only).
+//! The management API: HTTP + JSON, on 127.0.0.1 by default; HTTPS only
+//! off loopback. Every call needs a credential ([`crate::api_auth`]).
 //! Every answer is JSON; an error is `{"error": "..."}` with a status code
 //! that says whose fault it was (400 bad request, 404 unknown name or call,
 //! 405 a method the call does not take, 409 conflicts with the node's
@@ -135,7 +135,7 @@ pub const BODY_LIMIT: usize = 2 << 20;
 /// route does not take, 413 for a body over the limit, 400/415/422 from an
 /// extractor. This rewraps every such answer as `{"error": ...}`, keeping
 /// its status and headers (the `Allow` of a 405).
-async fn json_errors(req: Request, next: Next) -> Response {
+pub(crate) async fn json_errors(req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let resp = next.run(req).await;
@@ -555,16 +555,47 @@ fn event_stream(
     )
 }
 
-/// Binds the API on `addr` and serves it on `rt` until the process ends.
-pub fn start(rt: &tokio::runtime::Runtime, app: App, addr: &str) -> Result<SocketAddr> {
+/// What [`start`] serves on.
+pub struct Started {
+    /// The TCP address bound (with its scheme: `http://` on loopback only,
+    /// else `https://`).
+    pub addr: SocketAddr,
+    pub url: String,
+    pub auth: Arc<crate::api_auth::ApiAuth>,
+}
+
+/// Binds the API as `[api]` says (HTTPS with `tls_cert`, required off
+/// loopback; the Unix socket with `unix_socket`) behind the checks of
+/// [`crate::api_auth`], and serves it on `rt` until the process ends.
+pub fn start(
+    rt: &tokio::runtime::Runtime,
+    app: App,
+    cfg: &crate::config::ApiSection,
+    state_dir: Option<&std::path::Path>,
+) -> Result<Started> {
+    use crate::api_auth::{ApiAuth, PeerInfo, listen};
+    let addr = &cfg.address;
     let sa: SocketAddr = addr.parse().with_context(|| {
         format!("config: api.address = {addr:?} is not ADDR:PORT; use e.g. \"127.0.0.1:9410\"")
     })?;
-    if !sa.ip().is_loopback() {
-        tracing::warn!(
-            "management API on {sa}: it has no authentication; keep it on a management network"
+    let tls = match (&cfg.tls_cert, &cfg.tls_key) {
+        (Some(c), Some(k)) => Some(listen::server_tls(c, k)?),
+        (None, None) => None,
+        _ => anyhow::bail!("config: [api] tls_cert and tls_key go together; set both or neither"),
+    };
+    if tls.is_none() && !sa.ip().is_loopback() {
+        anyhow::bail!(
+            "config: api.address = {sa} is not a loopback address, and off loopback the management \
+             API is served over HTTPS only: set [api] tls_cert and tls_key (PEM files), or bind it \
+             to 127.0.0.1 (see docs/config.md, [api])"
         );
     }
+    // The token files are written before the port opens: a client that
+    // sees the port open finds the token already there.
+    let auth = match sa.port() {
+        0 => None,
+        _ => Some(Arc::new(ApiAuth::load(cfg, state_dir, &sa.to_string())?)),
+    };
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(sa))
         .with_context(|| {
@@ -573,14 +604,63 @@ pub fn start(rt: &tokio::runtime::Runtime, app: App, addr: &str) -> Result<Socke
             )
         })?;
     let bound = listener.local_addr()?;
-    let app = router(app);
-    rt.spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("management API stopped: {e}");
+    let auth = match auth {
+        Some(a) => a,
+        None => Arc::new(ApiAuth::load(cfg, state_dir, &bound.to_string())?),
+    };
+    let app = crate::api_auth::secure(router(app), auth.clone());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    if let Some(path) = &cfg.unix_socket {
+        let mode = match &cfg.unix_socket_mode {
+            None => 0o600,
+            Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
+                .ok()
+                .filter(|m| *m & !0o777 == 0 && *m & 0o007 == 0)
+                .with_context(|| {
+                    format!(
+                        "config: api.unix_socket_mode = {m:?} is not an octal mode without \
+                         permissions for others, e.g. \"0600\" or \"0660\""
+                    )
+                })?,
+        };
+        let _in_rt = rt.enter();
+        let l = listen::bind_unix(path, mode)?;
+        let svc = app
+            .clone()
+            .into_make_service_with_connect_info::<PeerInfo>();
+        tracing::info!("management API on unix:{} (mode {mode:o})", path.display());
+        rt.spawn(async move {
+            if let Err(e) = axum::serve(l, svc).await {
+                tracing::error!("management API socket stopped: {e}");
+            }
+        });
+    }
+    let svc = app.into_make_service_with_connect_info::<PeerInfo>();
+    match tls {
+        Some(c) => {
+            let _in_rt = rt.enter();
+            let l = listen::Tls::new(listener, c)?;
+            rt.spawn(async move {
+                if let Err(e) = axum::serve(l, svc).await {
+                    tracing::error!("management API stopped: {e}");
+                }
+            });
         }
-    });
-    tracing::info!("management API on http://{bound}/v1/");
-    Ok(bound)
+        None => {
+            rt.spawn(async move {
+                if let Err(e) = axum::serve(listen::Plain(listener), svc).await {
+                    tracing::error!("management API stopped: {e}");
+                }
+            });
+        }
+    }
+    let url = format!("{scheme}://{bound}");
+    tracing::info!("management API on {url}/v1/");
+    Ok(Started {
+        addr: bound,
+        url,
+        auth,
+    })
 }
 
 #[cfg(test)]

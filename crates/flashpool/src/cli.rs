@@ -12,9 +12,16 @@ use crate::units::human_bytes;
 
 #[derive(clap::Args, Debug)]
 pub struct ApiArgs {
-    /// Management API of the node (ADDR:PORT).
+    /// Management API of the node (ADDR:PORT, or https://ADDR:PORT).
     #[arg(long, global = true, env = "FLASHPOOL_API", default_value = DEFAULT_API_ADDRESS)]
     pub(crate) api: String,
+    /// The file with the API token. Default: $FLASHPOOL_TOKEN, else the file the node
+    /// left for this --api address (see docs/api.md, Authentication).
+    #[arg(long, global = true, env = "FLASHPOOL_TOKEN_FILE")]
+    pub(crate) token_file: Option<std::path::PathBuf>,
+    /// CA certificates (PEM) that an https:// --api's certificate is checked against.
+    #[arg(long, global = true, env = "FLASHPOOL_CA_FILE")]
+    pub(crate) ca_file: Option<std::path::PathBuf>,
     /// Print the API's JSON answer instead of a table.
     #[arg(long, global = true)]
     pub(crate) json: bool,
@@ -165,33 +172,122 @@ pub enum DriveCmd {
 pub(crate) struct Client {
     base: String,
     agent: ureq::Agent,
+    token: ApiToken,
+}
+
+/// The API token the CLI sends, and where it found it (for the error that
+/// a refused one gets).
+pub(crate) struct ApiToken {
+    header: Option<String>,
+    from: String,
+}
+
+impl ApiToken {
+    /// `FLASHPOOL_TOKEN`, `--token-file` (`FLASHPOOL_TOKEN_FILE`), then the
+    /// file the node left for this address in the runtime directory.
+    pub(crate) fn find(api: &ApiArgs) -> Result<ApiToken> {
+        let bearer = |t: &str| Some(format!("Bearer {}", t.trim()));
+        if let Ok(t) = std::env::var("FLASHPOOL_TOKEN")
+            && !t.trim().is_empty()
+        {
+            return Ok(ApiToken {
+                header: bearer(&t),
+                from: "FLASHPOOL_TOKEN".into(),
+            });
+        }
+        if let Some(f) = &api.token_file {
+            let t = std::fs::read_to_string(f)
+                .with_context(|| format!("--token-file {}: cannot read it", f.display()))?;
+            return Ok(ApiToken {
+                header: bearer(&t),
+                from: f.display().to_string(),
+            });
+        }
+        let (_, hostport) = api_base(&api.api);
+        let f = crate::api_auth::runtime_token_path(hostport);
+        Ok(match std::fs::read_to_string(&f) {
+            Ok(t) => ApiToken {
+                header: bearer(&t),
+                from: f.display().to_string(),
+            },
+            Err(e) => ApiToken {
+                header: None,
+                from: format!(
+                    "nowhere: not in FLASHPOOL_TOKEN, no --token-file, and {}: {e}",
+                    f.display()
+                ),
+            },
+        })
+    }
+
+    pub(crate) fn apply<B>(&self, r: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.header {
+            Some(h) => r.header("Authorization", h),
+            None => r,
+        }
+    }
+
+    /// What to add to a refusal's message.
+    pub(crate) fn hint(&self, status: u16) -> String {
+        if status == 401 {
+            format!(
+                " (the CLI took the token from {}; set FLASHPOOL_TOKEN or --token-file to the node's \
+                 token file, see docs/api.md, Authentication)",
+                self.from
+            )
+        } else {
+            String::new()
+        }
+    }
+}
+
+/// `http://ADDR:PORT` (or the `https://` given) and `ADDR:PORT` of `--api`.
+pub(crate) fn api_base(api: &str) -> (String, &str) {
+    let api = api.trim_end_matches('/');
+    if let Some(h) = api.strip_prefix("https://") {
+        (format!("https://{h}"), h)
+    } else {
+        let h = api.strip_prefix("http://").unwrap_or(api);
+        (format!("http://{h}"), h)
+    }
+}
+
+/// An agent for `--api` (with `--ca-file`'s roots for https).
+pub(crate) fn api_agent(
+    api: &ApiArgs,
+    f: impl FnOnce(
+        ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
+    ) -> ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
+) -> Result<ureq::Agent> {
+    let mut b = f(ureq::Agent::config_builder().http_status_as_error(false));
+    if let Some(ca) = &api.ca_file {
+        b = b.tls_config(crate::api_auth::tls_config(ca).context("--ca-file")?);
+    }
+    Ok(b.build().into())
 }
 
 impl Client {
-    pub(crate) fn new(api: &str) -> Client {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(3600)))
-            .build()
-            .into();
-        Client {
-            base: format!("http://{api}/v1"),
+    pub(crate) fn new(api: &ApiArgs) -> Result<Client> {
+        let agent = api_agent(api, |b| b.timeout_global(Some(Duration::from_secs(3600))))?;
+        Ok(Client {
+            base: format!("{}/v1", api_base(&api.api).0),
             agent,
-        }
+            token: ApiToken::find(api)?,
+        })
     }
 
     /// One call; an error answer becomes an error carrying the API's message.
     pub(crate) fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
         let url = format!("{}{path}", self.base);
+        let t = &self.token;
         let sent = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
-            ("DELETE", _) => self.agent.delete(&url).call(),
-            (_, Some(b)) => self
-                .agent
-                .post(&url)
+            ("GET", _) => t.apply(self.agent.get(&url)).call(),
+            ("DELETE", _) => t.apply(self.agent.delete(&url)).call(),
+            (_, Some(b)) => t
+                .apply(self.agent.post(&url))
                 .header("Content-Type", "application/json")
                 .send(b.to_string()),
-            (_, None) => self.agent.post(&url).send_empty(),
+            (_, None) => t.apply(self.agent.post(&url)).send_empty(),
         };
         let mut resp = sent.with_context(|| {
             format!(
@@ -209,14 +305,51 @@ impl Client {
         })?;
         if !status.is_success() {
             let msg = v["error"].as_str().unwrap_or(&text);
-            bail!("{msg}");
+            bail!("{msg}{}", self.token.hint(status.as_u16()));
         }
         Ok(v)
     }
 }
 
+#[derive(clap::Subcommand, Debug)]
+pub enum ApiCmd {
+    /// Replace the node's API token: the node writes the new one to its token files
+    /// (mode 0600) and the old one stops working at once.
+    RotateToken,
+}
+
+/// `flashpool api ...`.
+pub fn api(api: ApiArgs, cmd: ApiCmd) -> Result<()> {
+    let c = Client::new(&api)?;
+    match cmd {
+        ApiCmd::RotateToken => {
+            let v = c.call("POST", "/api/token/rotate", None)?;
+            if api.json {
+                outln!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let files: Vec<&str> = v["files"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|f| f.as_str())
+                    .collect();
+                outln!(
+                    "API token rotated: the new one is {} (id), written to {}; the old one no longer works",
+                    v["token_id"].as_str().unwrap_or("?"),
+                    if files.is_empty() {
+                        "no file (the node has none; --json shows the token)".to_string()
+                    } else {
+                        files.join(" and ")
+                    }
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
-    let c = Client::new(&api.api);
+    let c = Client::new(&api)?;
     let v = match cmd {
         VolumeCmd::Create {
             name,
@@ -353,7 +486,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
 }
 
 pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
-    let c = Client::new(&api.api);
+    let c = Client::new(&api)?;
     let v = match cmd {
         DriveCmd::List => c.call("GET", "/drives", None)?,
         DriveCmd::Fail { name, force } => c.call(
@@ -646,7 +779,7 @@ pub struct EventsArgs {
 /// `flashpool events`.
 pub fn events(api: ApiArgs, args: EventsArgs) -> Result<()> {
     if !args.follow {
-        let c = Client::new(&api.api);
+        let c = Client::new(&api)?;
         let q = args
             .since
             .map(|s| format!("&since={s}"))
@@ -745,14 +878,13 @@ struct Resume {
 const EVENTS_SILENCE: Duration = Duration::from_secs(45);
 
 fn follow_events(api: &ApiArgs, since: Option<u64>) -> Result<()> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_connect(Some(Duration::from_secs(5)))
-        .timeout_recv_response(Some(Duration::from_secs(10)))
-        .timeout_per_read(Some(EVENTS_SILENCE))
-        .build()
-        .into();
-    let url = format!("http://{}/v1/events", api.api);
+    let agent = api_agent(api, |b| {
+        b.timeout_connect(Some(Duration::from_secs(5)))
+            .timeout_recv_response(Some(Duration::from_secs(10)))
+            .timeout_per_read(Some(EVENTS_SILENCE))
+    })?;
+    let token = ApiToken::find(api)?;
+    let url = format!("{}/v1/events", api_base(&api.api).0);
     let mut at = Resume {
         boot: None,
         last: since,
@@ -760,7 +892,7 @@ fn follow_events(api: &ApiArgs, since: Option<u64>) -> Result<()> {
     let mut connected_once = false;
     let mut backoff = Duration::from_millis(250);
     loop {
-        let mut req = agent.get(&url);
+        let mut req = token.apply(agent.get(&url));
         if let Some(l) = at.last {
             req = req.header("Last-Event-ID", &l.to_string());
         }
@@ -791,7 +923,11 @@ fn follow_events(api: &ApiArgs, since: Option<u64>) -> Result<()> {
                     .ok()
                     .and_then(|v| v["error"].as_str().map(String::from))
                     .unwrap_or(text);
-                bail!("{url}: {}: {msg}", resp.status());
+                bail!(
+                    "{url}: {}: {msg}{}",
+                    resp.status(),
+                    token.hint(resp.status().as_u16())
+                );
             }
             Err(e) if !connected_once => {
                 return Err(e).with_context(|| {

@@ -39,7 +39,7 @@ pub struct ScrubArgs {
 }
 
 pub fn job(api: ApiArgs, cmd: JobCmd) -> Result<()> {
-    let c = Client::new(&api.api);
+    let c = Client::new(&api)?;
     match cmd {
         JobCmd::List => {
             let v = c.call("GET", "/jobs", None)?;
@@ -67,7 +67,7 @@ pub fn job(api: ApiArgs, cmd: JobCmd) -> Result<()> {
 }
 
 pub fn scrub(api: ApiArgs, a: ScrubArgs) -> Result<()> {
-    let c = Client::new(&api.api);
+    let c = Client::new(&api)?;
     let name = &a.name;
     let v = if a.stop {
         c.call("POST", &format!("/volumes/{name}/scrub/stop"), None)?

@@ -5,6 +5,7 @@
 
 mod agent;
 mod api;
+mod api_auth;
 mod bench;
 mod cli;
 mod cluster_cli;
@@ -91,6 +92,13 @@ enum Cmd {
         #[command(flatten)]
         args: cli::EventsArgs,
     },
+    /// The management API itself: rotate its token.
+    Api {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(subcommand)]
+        cmd: cli::ApiCmd,
+    },
     /// Load a target and measure it: tcp://ADDR:PORT/NQN, file:PATH (io_uring, O_DIRECT) or mem:SIZE.
     Bench(Box<bench::BenchArgs>),
 }
@@ -110,6 +118,7 @@ fn main() {
         Cmd::Cluster { api, cmd } => cluster_cli::cluster(api, cmd),
         Cmd::Node { api, cmd } => cluster_cli::node(api, cmd),
         Cmd::Events { api, args } => cli::events(api, args),
+        Cmd::Api { api, cmd } => cli::api(api, cmd),
     };
     if let Err(e) = r {
         // Not eprintln!: it panics when stderr is closed too.

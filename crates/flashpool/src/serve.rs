@@ -101,7 +101,11 @@ pub fn run(
     let agent = match &cfg.cluster {
         Some(c) => {
             let m = config::membership::membership(c, &built.listeners)?;
-            let api = cfg.api.enabled.then(|| cfg.api.address.clone());
+            // Peers call it by this: with its scheme when it is HTTPS.
+            let api = cfg.api.enabled.then(|| match &cfg.api.tls_cert {
+                Some(_) => format!("https://{}", cfg.api.address),
+                None => cfg.api.address.clone(),
+            });
             Some(rt.block_on(crate::agent::Agent::join(
                 node.clone(),
                 target.clone(),
@@ -123,7 +127,14 @@ pub fn run(
             node: node.clone(),
             agent: agent.clone(),
         };
-        Some(crate::api::start(&rt, app, &cfg.api.address)?)
+        let started = crate::api::start(&rt, app, &cfg.api, cfg.node.state_dir.as_deref())?;
+        if let Some(a) = &agent {
+            a.set_peer_api(Arc::new(crate::api_auth::PeerApi::new(
+                started.auth.clone(),
+                &cfg.api,
+            )?));
+        }
+        Some(started)
     } else {
         None
     };
@@ -184,7 +195,7 @@ fn init_logging(level: &str, format: config::LogFormat) {
 fn print_banner(
     server: &Server,
     origin: &str,
-    api: Option<std::net::SocketAddr>,
+    api: Option<crate::api::Started>,
     rt: &tokio::runtime::Runtime,
     node: &Arc<Node>,
 ) {
@@ -219,7 +230,22 @@ fn print_banner(
         );
     }
     if let Some(a) = api {
-        outln!("  management API: http://{a}/v1/ (flashpool volume list --api {a})");
+        let files: Vec<String> = a
+            .auth
+            .token_files()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let api_arg = if a.url.starts_with("https") {
+            a.url.clone()
+        } else {
+            a.addr.to_string()
+        };
+        outln!(
+            "  management API: {}/v1/ (flashpool volume list --api {api_arg}); token in {}",
+            a.url,
+            files.join(" and ")
+        );
     }
     let host_addr = |a: std::net::SocketAddr| {
         if a.ip().is_unspecified() {

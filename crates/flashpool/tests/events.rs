@@ -30,6 +30,8 @@ fn free_port() -> u16 {
 struct Node {
     child: Child,
     api: String,
+    /// Its API token (`[api] token_file`).
+    token: String,
     io: SocketAddr,
     /// Its stderr lines (the log), read on a thread.
     log: mpsc::Receiver<String>,
@@ -49,6 +51,7 @@ log_format = "json"
 
 [api]
 address = "{api}"
+token_file = "{d}/api-token"
 
 [[listener]]
 address = "127.0.0.1"
@@ -137,9 +140,14 @@ impl Node {
             assert!(start.elapsed() < WAIT, "no API on {api}");
             std::thread::sleep(Duration::from_millis(50));
         }
+        let token = std::fs::read_to_string(config.parent().unwrap().join("api-token"))
+            .expect("the node wrote its API token")
+            .trim()
+            .to_string();
         Node {
             child,
             api: api.to_string(),
+            token,
             io: format!("127.0.0.1:{io}").parse().unwrap(),
             log,
         }
@@ -171,7 +179,14 @@ impl Node {
         let mut s = TcpStream::connect(&self.api).unwrap();
         write!(
             s,
-            "{method} /v1{path} HTTP/1.0\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} /v1{path} HTTP/1.0\r\nHost: {}\r\nAuthorization: Bearer {}\r\n{}Content-Length: {}\r\n\r\n{body}",
+            self.api,
+            self.token,
+            if body.is_empty() {
+                ""
+            } else {
+                "Content-Type: application/json\r\n"
+            },
             body.len()
         )
         .unwrap();
@@ -216,12 +231,12 @@ struct Msg {
 }
 
 impl Sse {
-    fn open(api: &str, extra_headers: &str) -> Sse {
+    fn open(api: &str, token: &str, extra_headers: &str) -> Sse {
         let mut s = TcpStream::connect(api).unwrap();
         s.set_read_timeout(Some(WAIT)).unwrap();
         write!(
             s,
-            "GET /v1/events HTTP/1.0\r\nHost: x\r\n{extra_headers}\r\n"
+            "GET /v1/events HTTP/1.0\r\nHost: {api}\r\nAuthorization: Bearer {token}\r\n{extra_headers}\r\n"
         )
         .unwrap();
         let mut lines = BufReader::new(s).lines();
@@ -333,7 +348,7 @@ fn events_end_to_end() {
     // The drives are files, not blank: the raid1 has its initial sync.
     node.wait_jobs();
 
-    let mut sse = Sse::open(&api, "");
+    let mut sse = Sse::open(&api, &node.token, "");
     let hello = sse.next();
     assert_eq!(hello.event, "hello");
     let mut seen = hello.data["last_seq"].as_u64().unwrap();
@@ -390,7 +405,7 @@ fn events_end_to_end() {
     assert_eq!(started.data["drive"], "s0", "{started:?}");
 
     // Resuming after `mark` with Last-Event-ID: exactly what came after it.
-    let mut again = Sse::open(&api, &format!("Last-Event-ID: {mark}\r\n"));
+    let mut again = Sse::open(&api, &node.token, &format!("Last-Event-ID: {mark}\r\n"));
     let mut resumed = mark;
     let replay = again.until(&mut resumed, "volume_optimal", None);
     assert_eq!(resumed, seen);

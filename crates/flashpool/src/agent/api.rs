@@ -407,14 +407,25 @@ impl Agent {
         };
         let vol = spec.name.clone();
         let who = n.name.clone();
+        let peer_api = self
+            .peer_api
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         tokio::task::spawn_blocking(move || {
-            let url = format!("http://{api}/v1/cluster/probe/{vol}");
-            let agent = ureq::Agent::config_builder()
-                .timeout_global(Some(Duration::from_secs(5)))
-                .http_status_as_error(false)
-                .build()
-                .new_agent();
-            let mut r = agent.post(&url).send_empty().map_err(|e| {
+            let path = format!("/cluster/probe/{vol}");
+            let sent = match &peer_api {
+                Some(p) => p.post(&api, &path),
+                // No API of its own (tests, enabled = false): no token to send.
+                None => ureq::Agent::config_builder()
+                    .timeout_global(Some(Duration::from_secs(5)))
+                    .http_status_as_error(false)
+                    .build()
+                    .new_agent()
+                    .post(&format!("http://{api}/v1{path}"))
+                    .send_empty(),
+            };
+            let mut r = sent.map_err(|e| {
                 NodeError::Conflict(format!("node {who} ({api}) does not answer: {e}"))
             })?;
             if r.status().is_success() {

@@ -54,6 +54,23 @@ pub struct ApiSection {
     pub address: String,
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// The API token's file (mode 0600): read if it is there, else made.
+    /// Default `<state_dir>/api-token`; without either, a new token each
+    /// start, in the runtime file only (docs/api.md, Authentication).
+    pub token_file: Option<PathBuf>,
+    /// HTTPS: certificate chain and key (PEM). Required off loopback.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// The CA (PEM) this node trusts when it calls other nodes' APIs over
+    /// HTTPS; default its own `tls_cert`.
+    pub tls_ca: Option<PathBuf>,
+    /// Names besides the bound address that `Host` may say (DNS names).
+    #[serde(default)]
+    pub host_names: Vec<String>,
+    /// Also serve the API on this Unix socket; who may connect is decided
+    /// by its mode (`unix_socket_mode`, default 0600), not by a token.
+    pub unix_socket: Option<PathBuf>,
+    pub unix_socket_mode: Option<String>,
 }
 
 impl Default for ApiSection {
@@ -61,6 +78,13 @@ impl Default for ApiSection {
         ApiSection {
             address: default_api_address(),
             enabled: true,
+            token_file: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            host_names: Vec::new(),
+            unix_socket: None,
+            unix_socket_mode: None,
         }
     }
 }
