@@ -154,6 +154,10 @@ pub fn run(
             node.spawn_spare_watch();
         }
     }
+    // The CLI's copy of the token goes with the node (the state_dir's stays).
+    let runtime_token = api
+        .as_ref()
+        .map(|a| crate::api_auth::runtime_token_path(&a.addr.to_string()));
     print_banner(&server, &origin, api, &rt, &node);
     if let Some(sig) = signals.forever().next() {
         tracing::info!("signal {sig}: stopping (in-flight I/O completes, files are flushed)");
@@ -164,6 +168,9 @@ pub fn run(
     }
     server.shutdown();
     rt.block_on(node.shutdown());
+    if let Some(p) = runtime_token {
+        let _ = std::fs::remove_file(p);
+    }
     tracing::info!("stopped cleanly");
     Ok(())
 }
