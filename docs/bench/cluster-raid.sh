@@ -62,7 +62,7 @@ bench() {
 }
 SEQ="--rw write --bs ${BS:-128k} --qd 16 --runtime $RUNTIME --ramp $RAMP"
 RR="--rw randread --bs 4k --qd 32 --runtime $RUNTIME --ramp $RAMP"
-cli() { timeout 600 "$FPC_BIN" "$@" --api "127.0.0.1:$API"; }
+cli() { timeout 600 "$FPC_BIN" "$@" --api "127.0.0.1:$API" $(fpc_auth); }
 drives() { local p=$1 i l=""; for i in $(seq 1 "$NODES"); do l="$l,$(printf "$p" "$i")"; done; echo "${l#,}"; }
 
 # ---- nodes
@@ -101,7 +101,7 @@ vol() {   # NAME LAYOUT DRIVES: create + export as nsid 1, ROUNDS x seq write, d
     bench "$name-prefill" "tcp://127.0.0.1:$IO/$NQN?nsid=1" --rw write --bs 128k --qd 16 --size "${mib:-64}MiB"
     for r in $(seq 1 "$ROUNDS"); do bench "$name-rr-r$r" "tcp://127.0.0.1:$IO/$NQN?nsid=1" $RR --target-pid "$OPID"; done
   fi
-  cli volume unexport "$name" > /dev/null 2>&1; cli volume delete "$name" > /dev/null 2>&1 \
+  cli volume unexport "$name" --force > /dev/null 2>&1; cli volume delete "$name" --force > /dev/null 2>&1 \
     || echo "volume delete $name failed: the next volume may not get its drives"
 }
 REMOTE=$(drives 'e%s:d0'); LOCAL=$(drives 'l%s')

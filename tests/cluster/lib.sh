@@ -32,6 +32,38 @@ fpc_veth() { echo "$FPC_PREFIX-v$1"; }
 fpc_pidf() { echo "$FPC_DIR/pids/$1.pid"; }
 fpc_log() { echo "$FPC_DIR/$1.log"; }
 
+# The management API's credentials for a run (docs/api.md, Authentication): one token for
+# every node ($FPC_DIR/api-token, each TOML's [api] token_file; also what nodes send each
+# other), and a CA with one certificate for the controllers' APIs, which listen off loopback
+# and so over HTTPS only. Idempotent; the TOML writers call it.
+fpc_api_auth_init() {
+  mkdir -p "$FPC_DIR"
+  [ -s "$FPC_DIR/api-token" ] || (umask 077
+    python3 -c 'import secrets; print("fpc." + secrets.token_hex(32))' > "$FPC_DIR/api-token")
+  [ -s "$FPC_DIR/api-cert.pem" ] && return 0
+  local sans="IP:127.0.0.1" k
+  for k in $(seq 1 30); do sans="$sans,IP:$FPC_NET.$((10 + k))"; done
+  (cd "$FPC_DIR" && umask 077 \
+    && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout api-ca.key \
+      -out api-ca.pem -days 30 -subj "/CN=flashpool test API CA" \
+    && openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout api-key.pem \
+      -out api.csr -subj "/CN=flashpool test API" \
+    && printf 'basicConstraints=CA:FALSE\nsubjectAltName=%s\n' "$sans" > api.ext \
+    && openssl x509 -req -in api.csr -CA api-ca.pem -CAkey api-ca.key -CAcreateserial \
+      -out api-cert.pem -days 30 -extfile api.ext) > /dev/null 2>&1 \
+    || fpc_say "openssl could not make the API's test certificate in $FPC_DIR"
+}
+# fpc_api_toml ADDR:PORT [tls]: an [api] section with the run's token (and certificate)
+fpc_api_toml() {
+  fpc_api_auth_init
+  printf '[api]\naddress = "%s"\ntoken_file = "%s"\n' "$1" "$FPC_DIR/api-token"
+  [ "${2:-}" = tls ] && printf 'tls_cert = "%s"\ntls_key = "%s"\ntls_ca = "%s"\n' \
+    "$FPC_DIR/api-cert.pem" "$FPC_DIR/api-key.pem" "$FPC_DIR/api-ca.pem"
+  echo
+}
+# fpc_auth: the CLI's arguments for the run's token and CA
+fpc_auth() { echo "--token-file $FPC_DIR/api-token --ca-file $FPC_DIR/api-ca.pem"; }
+
 # fpc_preflight: 0 if this machine can run the plumbing (root, ip, tc, netns, veth, bridge)
 fpc_preflight() {
   FPC_WHY=""
@@ -137,7 +169,7 @@ fpc_enclosure_toml() {
   [ "$mode" = export ] && printf 'name = "e%s"\nstate_dir = "%s"\n' "$i" "$FPC_DIR/state-e$i"
   printf 'reactors = %s\nlog = "%s"\n\n' "${FPC_REACTORS:-1}" "${FPC_LOG_LEVEL:-info}"
   printf '[[listener]]\naddress = "%s"\nport = %s\nkind = "io"\n\n' "$(fpc_ip "$i")" "$FPC_PORT"
-  printf '[api]\naddress = "127.0.0.1:9410"\n\n'     # each namespace has its own loopback
+  fpc_api_toml "127.0.0.1:9410"     # each namespace has its own loopback
   for d in $drives; do
     name=${d%%:*}; backend=$(echo "$d" | cut -d: -f2); size=$(echo "$d" | cut -d: -f3)
     if [ "$mode" = export ]; then
@@ -256,8 +288,7 @@ address = "127.0.0.1"
 port = $disc
 kind = "discovery"
 
-[api]
-address = "127.0.0.1:$api"
+$(fpc_api_toml "127.0.0.1:$api")
 
 [remote]
 fail_after_ms = $fail
@@ -274,12 +305,12 @@ EOF
 }
 
 # fpc_cli API ARGS...: `flashpool ARGS --api 127.0.0.1:API`
-fpc_cli() { local api=$1; shift; timeout 120 "$FPC_BIN" "$@" --api "127.0.0.1:$api"; }
+fpc_cli() { local api=$1; shift; timeout 120 "$FPC_BIN" "$@" --api "127.0.0.1:$api" $(fpc_auth); }
 
 # fpc_members API VOL: one line per member, "POSITION DRIVE STATE", then "volume STATE";
 # nothing (status 1) if the API does not answer
 fpc_members() {
-  timeout 5 "$FPC_BIN" volume show "$2" --json --api "127.0.0.1:$1" 2> /dev/null | python3 -c '
+  timeout 5 "$FPC_BIN" volume show "$2" --json --api "127.0.0.1:$1" $(fpc_auth) 2> /dev/null | python3 -c '
 import json, sys
 v = json.load(sys.stdin)
 for m in v.get("members", []):
@@ -606,8 +637,7 @@ address = "$ip"
 port = $FPC_DISC_PORT
 kind = "discovery"
 
-[api]
-address = "$ip:$FPC_API_PORT"
+$(fpc_api_toml "$ip:$FPC_API_PORT" tls)
 EOF2
   for e in $(seq 1 "$n"); do
     printf '\n[[peer]]\nname = "e%s"\naddress = "%s:%s"\n' "$e" "$(fpc_ip "$e")" "$FPC_PORT"
@@ -616,17 +646,23 @@ EOF2
 # fpc_start_ctl I: start c<I> in its namespace (its TOML must exist)
 fpc_start_ctl() { fpc_start_node "c$1" "$(fpc_cip "$1"):$FPC_PORT" "$(fpc_cns "$1")"; }
 # fpc_ccli I ARGS...: `flashpool ARGS --api <c<I>'s API>`
-fpc_ccli() { local i=$1; shift; timeout 60 "$FPC_BIN" "$@" --api "$(fpc_capi "$i")"; }
-# fpc_get URL: the body of a GET (python3: works inside a namespace too), 3 s timeout
+fpc_ccli() { local i=$1; shift; timeout 60 "$FPC_BIN" "$@" --api "https://$(fpc_capi "$i")" $(fpc_auth); }
+# fpc_get URL: the body of a GET with the run's token (and CA, for https), 3 s timeout
+# (python3: works inside a namespace too)
 fpc_get() {
-  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())' "$1" 2> /dev/null
+  python3 -c 'import sys, ssl, urllib.request
+tok = open(sys.argv[2]).read().strip()
+ctx = ssl.create_default_context(cafile=sys.argv[3]) if sys.argv[1].startswith("https:") else None
+req = urllib.request.Request(sys.argv[1], headers={"Authorization": "Bearer " + tok})
+sys.stdout.write(urllib.request.urlopen(req, timeout=3, context=ctx).read().decode())' \
+    "$1" "$FPC_DIR/api-token" "$FPC_DIR/api-ca.pem" 2> /dev/null
 }
 # fpc_cluster_json [I]: GET /v1/cluster from c<I>, or from the first controller that answers
 fpc_cluster_json() {
   local i
   for i in ${1:-1 2 3}; do
     fpc_pid_alive "$(fpc_pid_of "c$i")" || continue
-    fpc_get "http://$(fpc_capi "$i")/v1/cluster" && return 0
+    fpc_get "https://$(fpc_capi "$i")/v1/cluster" && return 0
   done
   return 1
 }
@@ -672,7 +708,7 @@ fpc_running() {
   local i l=""
   for i in 1 2 3; do
     fpc_pid_alive "$(fpc_pid_of "c$i")" || continue
-    fpc_get "http://$(fpc_capi "$i")/v1/volumes" | grep "\"name\":\"$1\"" > /dev/null && l="$l c$i"
+    fpc_get "https://$(fpc_capi "$i")/v1/volumes" | grep "\"name\":\"$1\"" > /dev/null && l="$l c$i"
   done
   echo "${l# }"
 }
@@ -685,8 +721,8 @@ fpc_audit_stale() {
   for n in c1 c2 c3 $(seq 1 "$1" | sed 's/^/e/'); do
     fpc_pid_alive "$(fpc_pid_of "$n")" || continue
     i=${n#?}
-    if [ "${n%"$i"}" = c ]; then v=$(fpc_get "http://$(fpc_capi "$i")/v1/audit")
-    else url="http://127.0.0.1:9410/v1/audit"; v=$(ip netns exec "$(fpc_ns "$i")" python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())' "$url" 2> /dev/null); fi
+    if [ "${n%"$i"}" = c ]; then v=$(fpc_get "https://$(fpc_capi "$i")/v1/audit")
+    else v=$(ip netns exec "$(fpc_ns "$i")" bash -c "$(declare -f fpc_get); FPC_DIR='$FPC_DIR' fpc_get http://127.0.0.1:9410/v1/audit"); fi
     v=$(echo "$v" | sed -n 's/.*"stale_writes" *: *\([0-9]*\).*/\1/p')
     if [ -z "$v" ]; then v="?"; rc=1; else total=$((total + v)); fi
     FPC_AUDIT="$FPC_AUDIT $n=$v"

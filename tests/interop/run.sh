@@ -823,7 +823,7 @@ if [ "${VOL:-0}" = 1 ]; then
     res ns-add-aen $ok
     step ns-remove-aen "host: volume unexport extra; nsid 2 goes away"
     ok=FAIL
-    if ask_cli r6-ns-remove "volume unexport extra"; then
+    if ask_cli r6-ns-remove "volume unexport extra --force"; then
       i=0; while [ $i -lt 50 ]; do
         ls /sys/class/nvme/$R6C | grep -qE '^nvme[0-9]+(c[0-9]+)?n2$' || { ok=PASS; break; }
         sleep 0.2; i=$((i+1)); done
@@ -1342,7 +1342,7 @@ run_reverse() {
       [ $vrc -ne 0 ] && [[ "$vout" == *"$rurl: the target does not support reservations"* ]] && ok=PASS
     elif [ "$resv" = supported ] && [ $vrc -eq 0 ]; then
       ok=PASS; note="$note (the target has reservations: the volume was made, now deleted)"
-      timeout 60 "$BIN" volume delete rev-resv --api "127.0.0.1:$API_PORT" >> "$RUN/cli-rev-resv.txt" 2>&1 || true
+      timeout 60 "$BIN" volume delete rev-resv --force --api "127.0.0.1:$API_PORT" >> "$RUN/cli-rev-resv.txt" 2>&1 || true
     fi
     hres host-remote-no-resv $ok "$note"
   fi

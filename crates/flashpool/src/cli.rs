@@ -12,9 +12,16 @@ use crate::units::human_bytes;
 
 #[derive(clap::Args, Debug)]
 pub struct ApiArgs {
-    /// Management API of the node (ADDR:PORT).
+    /// Management API of the node (ADDR:PORT, or https://ADDR:PORT).
     #[arg(long, global = true, env = "FLASHPOOL_API", default_value = DEFAULT_API_ADDRESS)]
     pub(crate) api: String,
+    /// The file with the API token. Default: $FLASHPOOL_TOKEN, else the file the node
+    /// left for this --api address (see docs/api.md, Authentication).
+    #[arg(long, global = true, env = "FLASHPOOL_TOKEN_FILE")]
+    pub(crate) token_file: Option<std::path::PathBuf>,
+    /// CA certificates (PEM) that an https:// --api's certificate is checked against.
+    #[arg(long, global = true, env = "FLASHPOOL_CA_FILE")]
+    pub(crate) ca_file: Option<std::path::PathBuf>,
     /// Print the API's JSON answer instead of a table.
     #[arg(long, global = true)]
     pub(crate) json: bool,
@@ -64,7 +71,13 @@ pub enum VolumeCmd {
     /// One volume in detail.
     Show { name: String },
     /// Delete a volume that is not exported; its drives become free.
-    Delete { name: String },
+    Delete {
+        name: String,
+        /// Delete it even though it holds data (every volume on drives, a thin
+        /// volume with data): all of it is lost.
+        #[arg(long)]
+        force: bool,
+    },
     /// Serve a volume as namespace NSID of subsystem NQN.
     Export {
         name: String,
@@ -74,13 +87,27 @@ pub enum VolumeCmd {
         nsid: u32,
     },
     /// Stop serving a volume.
-    Unexport { name: String },
+    Unexport {
+        name: String,
+        /// Unexport it even while hosts are connected (their I/O to it fails).
+        #[arg(long)]
+        force: bool,
+    },
     /// Assemble a volume from its drives (local, PEER:DRIVE or tcp:// URLs), e.g. on the
-    /// node that takes over from a dead owner.
+    /// node that takes over from a dead owner; or an offline volume by NAME, from the drives
+    /// the node knows it by.
     Assemble {
+        /// An offline volume of this node (instead of --drives).
+        #[arg(conflicts_with = "drives", required_unless_present = "drives")]
+        name: Option<String>,
         /// The volume's drives, in any order, comma separated.
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(long, value_delimiter = ',')]
         drives: Vec<String>,
+        /// When more members are failed or stale than the layout tolerates, take the
+        /// freshest back as active, just enough to run (mdadm --assemble --force). Blocks
+        /// written while they were away may hold old data: the answer lists the ranges; fsck.
+        #[arg(long)]
+        force: bool,
         /// Preempt the owner's reservation on the remote drives and abort its writes:
         /// only when that node is gone or must be deposed.
         #[arg(long)]
@@ -99,6 +126,8 @@ pub enum VolumeCmd {
         #[arg(long)]
         to: String,
     },
+    /// Check (or with --repair, fix) a volume's parity against its data, as a job.
+    Scrub(crate::jobs_cli::ScrubArgs),
     /// Rebuild progress and ETA.
     RebuildStatus {
         name: String,
@@ -135,38 +164,130 @@ pub enum DriveCmd {
     },
     /// Stop serving a drive to other nodes; their connections end.
     Unexport { name: String },
+    /// Put a failed drive back: into its volume (resyncing only what it missed, or
+    /// rebuilding it in full when that is unknown), or, in no volume, back to free.
+    ReAdd { name: String },
 }
 
 pub(crate) struct Client {
     base: String,
     agent: ureq::Agent,
+    token: ApiToken,
+}
+
+/// The API token the CLI sends, and where it found it (for the error that
+/// a refused one gets).
+pub(crate) struct ApiToken {
+    header: Option<String>,
+    from: String,
+}
+
+impl ApiToken {
+    /// `FLASHPOOL_TOKEN`, `--token-file` (`FLASHPOOL_TOKEN_FILE`), then the
+    /// file the node left for this address in the runtime directory.
+    pub(crate) fn find(api: &ApiArgs) -> Result<ApiToken> {
+        let bearer = |t: &str| Some(format!("Bearer {}", t.trim()));
+        if let Ok(t) = std::env::var("FLASHPOOL_TOKEN")
+            && !t.trim().is_empty()
+        {
+            return Ok(ApiToken {
+                header: bearer(&t),
+                from: "FLASHPOOL_TOKEN".into(),
+            });
+        }
+        if let Some(f) = &api.token_file {
+            let t = std::fs::read_to_string(f)
+                .with_context(|| format!("--token-file {}: cannot read it", f.display()))?;
+            return Ok(ApiToken {
+                header: bearer(&t),
+                from: f.display().to_string(),
+            });
+        }
+        let (_, hostport) = api_base(&api.api);
+        let f = crate::api_auth::runtime_token_path(hostport);
+        Ok(match std::fs::read_to_string(&f) {
+            Ok(t) => ApiToken {
+                header: bearer(&t),
+                from: f.display().to_string(),
+            },
+            Err(e) => ApiToken {
+                header: None,
+                from: format!(
+                    "nowhere: not in FLASHPOOL_TOKEN, no --token-file, and {}: {e}",
+                    f.display()
+                ),
+            },
+        })
+    }
+
+    pub(crate) fn apply<B>(&self, r: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.header {
+            Some(h) => r.header("Authorization", h),
+            None => r,
+        }
+    }
+
+    /// What to add to a refusal's message.
+    pub(crate) fn hint(&self, status: u16) -> String {
+        if status == 401 {
+            format!(
+                " (the CLI took the token from {}; set FLASHPOOL_TOKEN or --token-file to the node's \
+                 token file, see docs/api.md, Authentication)",
+                self.from
+            )
+        } else {
+            String::new()
+        }
+    }
+}
+
+/// `http://ADDR:PORT` (or the `https://` given) and `ADDR:PORT` of `--api`.
+pub(crate) fn api_base(api: &str) -> (String, &str) {
+    let api = api.trim_end_matches('/');
+    if let Some(h) = api.strip_prefix("https://") {
+        (format!("https://{h}"), h)
+    } else {
+        let h = api.strip_prefix("http://").unwrap_or(api);
+        (format!("http://{h}"), h)
+    }
+}
+
+/// An agent for `--api` (with `--ca-file`'s roots for https).
+pub(crate) fn api_agent(
+    api: &ApiArgs,
+    f: impl FnOnce(
+        ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
+    ) -> ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
+) -> Result<ureq::Agent> {
+    let mut b = f(ureq::Agent::config_builder().http_status_as_error(false));
+    if let Some(ca) = &api.ca_file {
+        b = b.tls_config(crate::api_auth::tls_config(ca).context("--ca-file")?);
+    }
+    Ok(b.build().into())
 }
 
 impl Client {
-    pub(crate) fn new(api: &str) -> Client {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(3600)))
-            .build()
-            .into();
-        Client {
-            base: format!("http://{api}/v1"),
+    pub(crate) fn new(api: &ApiArgs) -> Result<Client> {
+        let agent = api_agent(api, |b| b.timeout_global(Some(Duration::from_secs(3600))))?;
+        Ok(Client {
+            base: format!("{}/v1", api_base(&api.api).0),
             agent,
-        }
+            token: ApiToken::find(api)?,
+        })
     }
 
     /// One call; an error answer becomes an error carrying the API's message.
     pub(crate) fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
         let url = format!("{}{path}", self.base);
+        let t = &self.token;
         let sent = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
-            ("DELETE", _) => self.agent.delete(&url).call(),
-            (_, Some(b)) => self
-                .agent
-                .post(&url)
+            ("GET", _) => t.apply(self.agent.get(&url)).call(),
+            ("DELETE", _) => t.apply(self.agent.delete(&url)).call(),
+            (_, Some(b)) => t
+                .apply(self.agent.post(&url))
                 .header("Content-Type", "application/json")
                 .send(b.to_string()),
-            (_, None) => self.agent.post(&url).send_empty(),
+            (_, None) => t.apply(self.agent.post(&url)).send_empty(),
         };
         let mut resp = sent.with_context(|| {
             format!(
@@ -184,14 +305,51 @@ impl Client {
         })?;
         if !status.is_success() {
             let msg = v["error"].as_str().unwrap_or(&text);
-            bail!("{msg}");
+            bail!("{msg}{}", self.token.hint(status.as_u16()));
         }
         Ok(v)
     }
 }
 
+#[derive(clap::Subcommand, Debug)]
+pub enum ApiCmd {
+    /// Replace the node's API token: the node writes the new one to its token files
+    /// (mode 0600) and the old one stops working at once.
+    RotateToken,
+}
+
+/// `flashpool api ...`.
+pub fn api(api: ApiArgs, cmd: ApiCmd) -> Result<()> {
+    let c = Client::new(&api)?;
+    match cmd {
+        ApiCmd::RotateToken => {
+            let v = c.call("POST", "/api/token/rotate", None)?;
+            if api.json {
+                outln!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let files: Vec<&str> = v["files"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|f| f.as_str())
+                    .collect();
+                outln!(
+                    "API token rotated: the new one is {} (id), written to {}; the old one no longer works",
+                    v["token_id"].as_str().unwrap_or("?"),
+                    if files.is_empty() {
+                        "no file (the node has none; --json shows the token)".to_string()
+                    } else {
+                        files.join(" and ")
+                    }
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
-    let c = Client::new(&api.api);
+    let c = Client::new(&api)?;
     let v = match cmd {
         VolumeCmd::Create {
             name,
@@ -246,8 +404,9 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             return Ok(());
         }
         VolumeCmd::Show { name } => c.call("GET", &format!("/volumes/{name}"), None)?,
-        VolumeCmd::Delete { name } => {
-            let v = c.call("DELETE", &format!("/volumes/{name}"), None)?;
+        VolumeCmd::Delete { name, force } => {
+            let q = if force { "?force=true" } else { "" };
+            let v = c.call("DELETE", &format!("/volumes/{name}{q}"), None)?;
             if api.json {
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -260,20 +419,39 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             &format!("/volumes/{name}/export"),
             Some(json!({ "nqn": nqn, "nsid": nsid })),
         )?,
-        VolumeCmd::Unexport { name } => {
-            c.call("POST", &format!("/volumes/{name}/unexport"), None)?
+        VolumeCmd::Unexport { name, force } => c.call(
+            "POST",
+            &format!("/volumes/{name}/unexport"),
+            force.then(|| json!({ "force": true })),
+        )?,
+        VolumeCmd::Assemble {
+            name: Some(name),
+            force,
+            ..
+        } => {
+            let v = c.call(
+                "POST",
+                &format!("/volumes/{name}/assemble"),
+                Some(json!({ "force": force })),
+            )?;
+            print_forced(&v, api.json)?;
+            v
         }
         VolumeCmd::Assemble {
+            name: None,
             drives,
             takeover,
+            force,
             export,
             nsid,
         } => {
-            let mut b = json!({ "drives": drives, "takeover": takeover });
+            let mut b = json!({ "drives": drives, "takeover": takeover, "force": force });
             if let (Some(nqn), Some(nsid)) = (export, nsid) {
                 b["export"] = json!({ "nqn": nqn, "nsid": nsid });
             }
-            c.call("POST", "/volumes/assemble", Some(b))?
+            let v = c.call("POST", "/volumes/assemble", Some(b))?;
+            print_forced(&v, api.json)?;
+            v
         }
         VolumeCmd::Move { name, to } => {
             let v = c.call(
@@ -297,6 +475,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::RebuildStatus { name, wait } => {
             return rebuild_status(&c, &name, wait, api.json);
         }
+        VolumeCmd::Scrub(a) => return crate::jobs_cli::scrub(api, a),
     };
     if api.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
@@ -307,7 +486,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
 }
 
 pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
-    let c = Client::new(&api.api);
+    let c = Client::new(&api)?;
     let v = match cmd {
         DriveCmd::List => c.call("GET", "/drives", None)?,
         DriveCmd::Fail { name, force } => c.call(
@@ -321,6 +500,15 @@ pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
             Some(json!({ "hosts": hosts })),
         )?,
         DriveCmd::Unexport { name } => c.call("DELETE", &format!("/drives/{name}/export"), None)?,
+        DriveCmd::ReAdd { name } => {
+            let v = c.call("POST", &format!("/drives/{name}/re-add"), None)?;
+            if api.json {
+                outln!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                outln!("{}", v["message"].as_str().unwrap_or("re-added"));
+            }
+            return Ok(());
+        }
         DriveCmd::Replace { name, with } => {
             let v = c.call(
                 "POST",
@@ -422,6 +610,31 @@ fn print_volume_table(v: &Value) {
     }
 }
 
+/// A forced assembly's account of what may be stale, before the volume
+/// (on stderr with --json, so the JSON stays one document).
+fn print_forced(v: &Value, json: bool) -> Result<()> {
+    let f = &v["forced"];
+    if f.is_null() {
+        return Ok(());
+    }
+    let msg = f["message"].as_str().unwrap_or("assembled with --force");
+    if json {
+        eprintln!("WARNING: {msg}");
+        return Ok(());
+    }
+    outln!("WARNING: {msg}");
+    for r in f["stale_ranges"].as_array().into_iter().flatten().take(32) {
+        let at = r["offset_bytes"].as_u64().unwrap_or(0);
+        let len = r["len_bytes"].as_u64().unwrap_or(0);
+        outln!(
+            "  may be stale: bytes {at}..{} ({})",
+            at + len,
+            human_bytes(len)
+        );
+    }
+    Ok(())
+}
+
 fn print_volume(v: &Value) {
     outln!(
         "volume {} ({})",
@@ -469,6 +682,23 @@ fn print_volume(v: &Value) {
         );
     }
     print_rebuild(&v["rebuild"]);
+    for j in v["jobs"].as_array().into_iter().flatten() {
+        outln!(
+            "  job {} {}: {:.1}%",
+            j["id"],
+            j["kind"].as_str().unwrap_or("?"),
+            j["percent"].as_f64().unwrap_or(0.0)
+        );
+    }
+    if let Some(s) = v["last_scrub"].as_object() {
+        outln!(
+            "  last scrub: {} at {}, {} mismatched, {} repaired",
+            s["state"].as_str().unwrap_or("?"),
+            s.get("finished").and_then(|f| f.as_str()).unwrap_or("?"),
+            s["mismatches"],
+            s["repaired"]
+        );
+    }
 }
 
 fn print_rebuild(r: &Value) {
@@ -476,8 +706,26 @@ fn print_rebuild(r: &Value) {
         let eta = r["eta_secs"]
             .as_f64()
             .map_or("?".to_string(), |s| format!("{s:.0}s"));
+        let names = |k: &str| -> String {
+            let v: Vec<&str> = r[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| d.as_str())
+                .collect();
+            v.join(",")
+        };
+        let (now, queued) = (names("drives"), names("queued_drives"));
+        let mut onto = if now.is_empty() {
+            "starting".to_string()
+        } else {
+            format!("onto {now}")
+        };
+        if !queued.is_empty() {
+            onto += &format!(", then {queued}");
+        }
         outln!(
-            "  rebuild: {:.1}% ({} of {} stripes), {:.1} MB/s, ETA {eta}",
+            "  rebuild {onto}: {:.1}% ({} of {} stripes), {:.1} MB/s, ETA {eta}",
             r["percent"].as_f64().unwrap_or(0.0),
             r["done_stripes"].as_u64().unwrap_or(0),
             r["total_stripes"].as_u64().unwrap_or(0),
@@ -513,5 +761,309 @@ fn rebuild_status(c: &Client, name: &str, wait: bool, as_json: bool) -> Result<(
             bail!("volume {name}: still rebuilding after a day; giving up waiting");
         }
         std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EventsArgs {
+    /// Keep streaming new events (reconnecting when the node restarts or
+    /// the connection drops), as `mdadm --monitor` does.
+    #[arg(long, short)]
+    follow: bool,
+    /// Events after this sequence number (0: every event the node keeps).
+    /// Without it: the kept events, or with --follow only new ones.
+    #[arg(long)]
+    since: Option<u64>,
+}
+
+/// `flashpool events`.
+pub fn events(api: ApiArgs, args: EventsArgs) -> Result<()> {
+    if !args.follow {
+        let c = Client::new(&api)?;
+        let q = args
+            .since
+            .map(|s| format!("&since={s}"))
+            .unwrap_or_default();
+        let v = c.call("GET", &format!("/events?follow=false{q}"), None)?;
+        for e in v.as_array().into_iter().flatten() {
+            print_event(e, api.json)?;
+        }
+        return Ok(());
+    }
+    follow_events(&api, args.since)
+}
+
+/// One event: `TIME SEVERITY KIND [volume=V] [drive=D] [host=H] MESSAGE`,
+/// or its JSON on one line.
+fn print_event(e: &Value, as_json: bool) -> Result<()> {
+    if as_json {
+        outln!("{}", serde_json::to_string(e)?);
+        return Ok(());
+    }
+    outln!("{}", event_line(e));
+    Ok(())
+}
+
+fn event_line(e: &Value) -> String {
+    let mut about = String::new();
+    for k in ["volume", "drive", "host"] {
+        if let Some(v) = e[k].as_str() {
+            about += &format!("{k}={v} ");
+        }
+    }
+    format!(
+        "{} {:<8} {:<16} {}{}",
+        e["time"].as_str().unwrap_or("?"),
+        e["severity"].as_str().unwrap_or("?"),
+        e["kind"].as_str().unwrap_or("?"),
+        about,
+        e["message"].as_str().unwrap_or("")
+    )
+}
+
+/// One server-sent message.
+#[derive(Debug, Default, PartialEq)]
+struct SseMessage {
+    id: Option<String>,
+    event: String,
+    data: String,
+}
+
+/// Reads the next message from an event stream; None at its end.
+fn read_sse(r: &mut impl std::io::BufRead) -> std::io::Result<Option<SseMessage>> {
+    let mut m = SseMessage::default();
+    let mut any = false;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line)? == 0 {
+            return Ok(None);
+        }
+        let l = line.trim_end_matches(['\r', '\n']);
+        if l.is_empty() {
+            if any {
+                return Ok(Some(m));
+            }
+            continue;
+        }
+        if l.starts_with(':') {
+            continue; // a keep-alive comment
+        }
+        let (field, value) = l.split_once(':').unwrap_or((l, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        any = true;
+        match field {
+            "id" => m.id = Some(value.to_string()),
+            "event" => m.event = value.to_string(),
+            "data" => {
+                if !m.data.is_empty() {
+                    m.data.push('\n');
+                }
+                m.data.push_str(value);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Where a follow resumes: the node's run and the last number seen in it.
+#[derive(Debug, Default)]
+struct Resume {
+    boot: Option<String>,
+    last: Option<u64>,
+}
+
+/// How long the stream may stay silent (keep-alives come every 15 s)
+/// before the connection counts as lost.
+const EVENTS_SILENCE: Duration = Duration::from_secs(45);
+
+fn follow_events(api: &ApiArgs, since: Option<u64>) -> Result<()> {
+    let agent = api_agent(api, |b| {
+        b.timeout_connect(Some(Duration::from_secs(5)))
+            .timeout_recv_response(Some(Duration::from_secs(10)))
+            .timeout_per_read(Some(EVENTS_SILENCE))
+    })?;
+    let token = ApiToken::find(api)?;
+    let url = format!("{}/v1/events", api_base(&api.api).0);
+    let mut at = Resume {
+        boot: None,
+        last: since,
+    };
+    let mut connected_once = false;
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let mut req = token.apply(agent.get(&url));
+        if let Some(l) = at.last {
+            req = req.header("Last-Event-ID", &l.to_string());
+        }
+        if let Some(b) = &at.boot {
+            req = req.query("boot", b);
+        }
+        let lost = match req.call() {
+            Ok(mut resp) if resp.status().is_success() => {
+                if connected_once {
+                    warn(&format!(
+                        "reconnected to {}; resuming after event {}",
+                        api.api,
+                        at.last.map_or("-".into(), |l| l.to_string())
+                    ));
+                }
+                connected_once = true;
+                backoff = Duration::from_millis(250);
+                let mut r = std::io::BufReader::new(resp.body_mut().as_reader());
+                match stream_events(&mut r, &mut at, api.json) {
+                    Ok(Flow::ReaderGone) => return Ok(()),
+                    Ok(Flow::Ended) => "the node closed the stream".to_string(),
+                    Err(e) => e.to_string(),
+                }
+            }
+            Ok(mut resp) => {
+                let text = resp.body_mut().read_to_string().unwrap_or_default();
+                let msg = serde_json::from_str::<Value>(&text)
+                    .ok()
+                    .and_then(|v| v["error"].as_str().map(String::from))
+                    .unwrap_or(text);
+                bail!(
+                    "{url}: {}: {msg}{}",
+                    resp.status(),
+                    token.hint(resp.status().as_u16())
+                );
+            }
+            Err(e) if !connected_once => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "cannot reach the management API at {url}: is `flashpool serve` running? \
+                         (set --api or FLASHPOOL_API)"
+                    )
+                });
+            }
+            Err(e) => e.to_string(),
+        };
+        if crate::output::reader_gone() {
+            return Ok(());
+        }
+        warn(&format!(
+            "connection to {} lost ({lost}); reconnecting in {} ms",
+            api.api,
+            backoff.as_millis()
+        ));
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+enum Flow {
+    /// Nobody reads stdout any more (`| head`).
+    ReaderGone,
+    /// The server ended the stream.
+    Ended,
+}
+
+fn stream_events(r: &mut impl std::io::BufRead, at: &mut Resume, as_json: bool) -> Result<Flow> {
+    while let Some(m) = read_sse(r)? {
+        match m.event.as_str() {
+            "hello" => {
+                let v: Value = serde_json::from_str(&m.data).unwrap_or_default();
+                let boot = v["boot"].as_str().map(String::from);
+                if at.boot.is_some() && boot != at.boot {
+                    // The node sends every event it kept in its new run.
+                    warn("the node restarted: its event numbers start again; what it kept follows");
+                    at.last = Some(0);
+                } else if at.last.is_none() {
+                    // A live follow: it resumes after what was newest now.
+                    at.last = v["last_seq"].as_u64();
+                }
+                at.boot = boot;
+            }
+            "lagged" => {
+                let v: Value = serde_json::from_str(&m.data).unwrap_or_default();
+                warn(&format!(
+                    "events were lost: {}",
+                    v["message"].as_str().unwrap_or(&m.data)
+                ));
+            }
+            _ => {
+                let v: Value = serde_json::from_str(&m.data)
+                    .with_context(|| format!("event {:?} is not JSON: {}", m.event, m.data))?;
+                print_event(&v, as_json)?;
+                if let Some(seq) = v["seq"].as_u64() {
+                    at.last = Some(seq);
+                }
+                if crate::output::reader_gone() {
+                    return Ok(Flow::ReaderGone);
+                }
+            }
+        }
+    }
+    Ok(Flow::Ended)
+}
+
+/// A note on stderr (not eprintln!: it panics when stderr is closed).
+fn warn(msg: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "flashpool events: {msg}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_messages_are_read_whole() {
+        let text = ": keep-alive\n\nevent: hello\ndata: {\"boot\":\"b\",\"last_seq\":4}\n\n\
+                    id: 5\nevent: drive_failed\ndata: {\"seq\":5}\n\n: keep-alive\n\n";
+        let mut r = std::io::BufReader::new(text.as_bytes());
+        let m = read_sse(&mut r).unwrap().unwrap();
+        assert_eq!(m.event, "hello");
+        assert_eq!(m.id, None);
+        let m = read_sse(&mut r).unwrap().unwrap();
+        assert_eq!(
+            m,
+            SseMessage {
+                id: Some("5".into()),
+                event: "drive_failed".into(),
+                data: "{\"seq\":5}".into()
+            }
+        );
+        assert_eq!(read_sse(&mut r).unwrap(), None);
+    }
+
+    #[test]
+    fn a_hello_from_a_new_run_resumes_from_its_start() {
+        let mut at = Resume {
+            boot: Some("old".into()),
+            last: Some(40),
+        };
+        let text = "event: hello\ndata: {\"boot\":\"new\",\"last_seq\":3}\n\n";
+        let mut r = std::io::BufReader::new(text.as_bytes());
+        assert!(matches!(
+            stream_events(&mut r, &mut at, true).unwrap(),
+            Flow::Ended
+        ));
+        assert_eq!(at.boot.as_deref(), Some("new"));
+        assert_eq!(at.last, Some(0), "the new run's kept events follow");
+        // A live follow starts after the newest.
+        let mut at = Resume::default();
+        let mut r = std::io::BufReader::new(text.as_bytes());
+        stream_events(&mut r, &mut at, true).unwrap();
+        assert_eq!(at.last, Some(3));
+        // Same run: where the client was stays.
+        let mut at = Resume {
+            boot: Some("new".into()),
+            last: Some(2),
+        };
+        let mut r = std::io::BufReader::new(text.as_bytes());
+        stream_events(&mut r, &mut at, true).unwrap();
+        assert_eq!(at.last, Some(2));
+    }
+
+    #[test]
+    fn an_event_line_names_what_it_is_about() {
+        let e = json!({"seq": 3, "time": "2026-11-25T13:34:56.123Z", "kind": "drive_failed",
+            "severity": "warning", "volume": "v", "drive": "d1", "message": "drive d1 has failed"});
+        assert_eq!(
+            event_line(&e),
+            "2026-11-25T13:34:56.123Z warning  drive_failed     volume=v drive=d1 drive d1 has failed"
+        );
     }
 }

@@ -22,7 +22,7 @@ pub enum NodeCmd {
 }
 
 pub fn cluster(api: ApiArgs, cmd: ClusterCmd) -> Result<()> {
-    let c = Client::new(&api.api);
+    let c = Client::new(&api)?;
     let ClusterCmd::Status = cmd;
     let v = c.call("GET", "/cluster", None)?;
     if api.json {
@@ -101,7 +101,7 @@ pub fn cluster(api: ApiArgs, cmd: ClusterCmd) -> Result<()> {
 }
 
 pub fn node(api: ApiArgs, cmd: NodeCmd) -> Result<()> {
-    let c = Client::new(&api.api);
+    let c = Client::new(&api)?;
     let (node, verb) = match &cmd {
         NodeCmd::Drain { node } => (node, "drain"),
         NodeCmd::Undrain { node } => (node, "undrain"),

@@ -130,12 +130,37 @@ impl NewEvent {
         self.host = Some(h.into());
         self
     }
+    pub fn kind(&self) -> EventKind {
+        self.kind
+    }
+    pub fn drive_name(&self) -> Option<&str> {
+        self.drive.as_deref()
+    }
+    pub fn message_text(&self) -> &str {
+        &self.message
+    }
 }
 
 /// The bus. Cheap to emit on: a lock around a ring push and a broadcast.
 pub struct Events {
     inner: Mutex<Ring>,
     tx: broadcast::Sender<Arc<Event>>,
+    /// Names this run of the node: sequence numbers start again at 1 when
+    /// it restarts, so a client's last seen number means something only
+    /// with the run it came from.
+    boot: String,
+}
+
+/// What [`Events::subscribe_after`] finds.
+pub struct Subscription {
+    /// Kept events after the asked number, oldest first.
+    pub past: Vec<Arc<Event>>,
+    /// Every event after `past` (or after `last_seq` when `past` is empty).
+    pub rx: broadcast::Receiver<Arc<Event>>,
+    /// The newest event's number when subscribing (0: none yet).
+    pub last_seq: u64,
+    /// Events after the asked number that are no longer kept: `from..=to`.
+    pub missed: Option<(u64, u64)>,
 }
 
 struct Ring {
@@ -152,8 +177,18 @@ impl Default for Events {
                 recent: VecDeque::with_capacity(RING),
             }),
             tx,
+            boot: boot_id(),
         }
     }
+}
+
+/// This run's name: its start time in milliseconds and the process ID, in hex.
+fn boot_id() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    format!("{ms:x}-{:x}", std::process::id())
 }
 
 impl Events {
@@ -203,6 +238,45 @@ impl Events {
     pub fn recent(&self) -> Vec<Arc<Event>> {
         self.subscribe(None).0
     }
+
+    /// This run of the node (see the field).
+    pub fn boot(&self) -> &str {
+        &self.boot
+    }
+
+    /// Like [`Events::subscribe`] with `Some(since)`, and says which events
+    /// after `since` were dropped from the ring (a client that comes back
+    /// too late, or a subscriber that fell behind). A `since` beyond the
+    /// newest event is from an earlier run of the node: every kept event
+    /// is new to that client, so it gets them all.
+    pub fn subscribe_after(&self, since: u64) -> Subscription {
+        let ring = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let last_seq = ring.next_seq - 1;
+        let since = if since > last_seq { 0 } else { since };
+        let past: Vec<Arc<Event>> = ring
+            .recent
+            .iter()
+            .filter(|e| e.seq > since)
+            .cloned()
+            .collect();
+        let first_kept = past.first().map_or(last_seq + 1, |e| e.seq);
+        let missed = (first_kept > since + 1).then(|| (since + 1, first_kept - 1));
+        Subscription {
+            past,
+            rx: self.tx.subscribe(),
+            last_seq,
+            missed,
+        }
+    }
+
+    /// The newest event's number (0: none yet).
+    pub fn last_seq(&self) -> u64 {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .next_seq
+            - 1
+    }
 }
 
 /// One structured log line per event: its fields as tracing fields, so
@@ -225,34 +299,13 @@ fn log(e: &Event) {
     }
 }
 
-/// Now as RFC 3339 UTC with milliseconds (civil-from-days, so no date crate
-/// is needed for one format).
+/// Now as RFC 3339 UTC with milliseconds.
 pub fn now_rfc3339() -> String {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    rfc3339(d.as_secs() as i64, d.subsec_millis())
+    rfc3339(std::time::SystemTime::now())
 }
 
-fn rfc3339(secs: i64, millis: u32) -> String {
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
 }
 
 #[cfg(test)]
@@ -261,9 +314,12 @@ mod tests {
 
     #[test]
     fn rfc3339_known_dates() {
-        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
-        assert_eq!(rfc3339(1_795_613_696, 123), "2026-11-25T13:34:56.123Z");
+        let at = |s: u64, ms: u64| {
+            rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_millis(s * 1000 + ms))
+        };
+        assert_eq!(at(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(at(1_795_613_696, 123), "2026-11-25T13:34:56.123Z");
     }
 
     #[tokio::test]
@@ -276,6 +332,30 @@ mod tests {
         assert_eq!(rx.recv().await.unwrap().seq, 2);
         let (past, _) = ev.subscribe(Some(1));
         assert_eq!(past.iter().map(|e| e.seq).collect::<Vec<_>>(), [2]);
+    }
+
+    #[test]
+    fn subscribe_after_says_what_was_dropped() {
+        let ev = Events::default();
+        for i in 0..RING + 10 {
+            ev.emit(NewEvent::new(EventKind::HostConnected, format!("{i}")));
+        }
+        let s = ev.subscribe_after(5);
+        assert_eq!(s.missed, Some((6, 10)));
+        assert_eq!(s.past[0].seq, 11);
+        let s = ev.subscribe_after(20);
+        assert_eq!(s.missed, None);
+        assert_eq!(s.past[0].seq, 21);
+        let s = ev.subscribe_after((RING + 10) as u64);
+        assert!(s.past.is_empty() && s.missed.is_none());
+        assert_eq!(s.last_seq, (RING + 10) as u64);
+        // From an earlier run (beyond the newest): all kept, the rest missed.
+        let s = ev.subscribe_after(99_999);
+        assert_eq!(s.past.len(), RING);
+        assert_eq!(s.missed, Some((1, 10)));
+        let fresh = Events::default();
+        let s = fresh.subscribe_after(7);
+        assert!(s.past.is_empty() && s.missed.is_none());
     }
 
     #[test]

@@ -5,12 +5,15 @@
 
 mod agent;
 mod api;
+mod api_auth;
 mod bench;
 mod cli;
 mod cluster_cli;
 mod config;
 mod echo;
 mod events;
+mod host_events;
+mod jobs_cli;
 mod node;
 mod output;
 mod prom;
@@ -43,6 +46,9 @@ enum Cmd {
         /// Check the configuration and exit without serving.
         #[arg(long)]
         check: bool,
+        /// Log lines as text or JSON objects (overrides [node] log_format).
+        #[arg(long, value_enum)]
+        log_format: Option<config::LogFormat>,
     },
     /// Volumes of a running node (through its management API).
     Volume {
@@ -58,6 +64,13 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cli::DriveCmd,
     },
+    /// Background jobs of a running node: initial sync, rebuild, scrub.
+    Job {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(subcommand)]
+        cmd: jobs_cli::JobCmd,
+    },
     /// The cluster a node belongs to (through its management API).
     Cluster {
         #[command(flatten)]
@@ -72,6 +85,21 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cluster_cli::NodeCmd,
     },
+    /// What the node reports: drives failed, rebuilds, volume states, thin pools filling,
+    /// hosts connected or refused. --follow streams them as `mdadm --monitor` does.
+    Events {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(flatten)]
+        args: cli::EventsArgs,
+    },
+    /// The management API itself: rotate its token.
+    Api {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(subcommand)]
+        cmd: cli::ApiCmd,
+    },
     /// Load a target and measure it: tcp://ADDR:PORT/NQN, file:PATH (io_uring, O_DIRECT) or mem:SIZE.
     Bench(Box<bench::BenchArgs>),
 }
@@ -79,12 +107,19 @@ enum Cmd {
 fn main() {
     let cli = Cli::parse();
     let r: Result<()> = match cli.cmd {
-        Cmd::Serve { config, check } => serve::run(config.as_deref(), check),
+        Cmd::Serve {
+            config,
+            check,
+            log_format,
+        } => serve::run(config.as_deref(), check, log_format),
         Cmd::Bench(args) => bench::run(*args),
         Cmd::Volume { api, cmd } => cli::volume(api, cmd),
         Cmd::Drive { api, cmd } => cli::drive(api, cmd),
+        Cmd::Job { api, cmd } => jobs_cli::job(api, cmd),
         Cmd::Cluster { api, cmd } => cluster_cli::cluster(api, cmd),
         Cmd::Node { api, cmd } => cluster_cli::node(api, cmd),
+        Cmd::Events { api, args } => cli::events(api, args),
+        Cmd::Api { api, cmd } => cli::api(api, cmd),
     };
     if let Err(e) = r {
         // Not eprintln!: it panics when stderr is closed too.

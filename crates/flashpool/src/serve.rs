@@ -14,9 +14,13 @@ use crate::config;
 use crate::node::{Node, NodeState};
 use crate::output::outln;
 
-pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
+pub fn run(
+    path: Option<&Path>,
+    check_only: bool,
+    log_format: Option<config::LogFormat>,
+) -> Result<()> {
     let (cfg, origin) = config::load(path)?;
-    init_logging(&cfg.node.log);
+    init_logging(&cfg.node.log, log_format.unwrap_or(cfg.node.log_format));
     // Signals are blocked from here on, so a SIGTERM during start-up is not lost.
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let (drive_specs, volume_specs) = config::node_specs(&cfg)?;
@@ -50,9 +54,11 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the management runtime")?;
+    let scrub = cfg.scrub.as_ref().map(|s| s.schedule()).transpose()?;
     let mut state = NodeState::default();
     for d in drive_specs.iter().filter(|d| d.backend != "remote") {
-        let drive = d.open().map_err(|e| anyhow::anyhow!("config: {e}"))?;
+        let mut drive = d.open().map_err(|e| anyhow::anyhow!("config: {e}"))?;
+        drive.spare = cfg.drive.iter().any(|s| s.name == d.name && s.spare);
         state.drives.insert(d.name.clone(), drive);
     }
     if let Some(d) = &cfg.node.state_dir {
@@ -81,6 +87,9 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         rt.block_on(node.config_namespace(v, nqn, nsid))
     })?;
     let target = Arc::new(Target::new(built.transport, built.subsystems));
+    target.set_connect_observer(Arc::new(crate::host_events::HostEvents::new(
+        node.events.clone(),
+    )));
     node.attach_target(target.clone());
     rt.block_on(node.restore_exports())?;
     let drive_exports: Vec<(String, Vec<String>)> = drive_specs
@@ -92,7 +101,11 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     let agent = match &cfg.cluster {
         Some(c) => {
             let m = config::membership::membership(c, &built.listeners)?;
-            let api = cfg.api.enabled.then(|| cfg.api.address.clone());
+            // Peers call it by this: with its scheme when it is HTTPS.
+            let api = cfg.api.enabled.then(|| match &cfg.api.tls_cert {
+                Some(_) => format!("https://{}", cfg.api.address),
+                None => cfg.api.address.clone(),
+            });
             Some(rt.block_on(crate::agent::Agent::join(
                 node.clone(),
                 target.clone(),
@@ -102,13 +115,26 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         }
         None => None,
     };
+    {
+        // From here on, what changes is reported (`GET /v1/events`); the
+        // first sample reports the volumes that start unwell.
+        let _in_rt = rt.enter();
+        crate::node::monitor::spawn(&node);
+    }
     let server = Server::start(target.clone(), &built.listeners)?;
     let api = if cfg.api.enabled {
         let app = crate::api::App {
             node: node.clone(),
             agent: agent.clone(),
         };
-        Some(crate::api::start(&rt, app, &cfg.api.address)?)
+        let started = crate::api::start(&rt, app, &cfg.api, cfg.node.state_dir.as_deref())?;
+        if let Some(a) = &agent {
+            a.set_peer_api(Arc::new(crate::api_auth::PeerApi::new(
+                started.auth.clone(),
+                &cfg.api,
+            )?));
+        }
+        Some(started)
     } else {
         None
     };
@@ -116,6 +142,22 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
         let _in_rt = rt.enter();
         a.spawn();
     }
+    {
+        let _in_rt = rt.enter();
+        if let Some(s) = scrub {
+            node.spawn_scrub_schedule(s);
+        }
+        if agent.is_none() {
+            // Cluster volumes are on remote drives any node can reach; a
+            // local spare would tie one to this node, so spares are for
+            // nodes that run alone.
+            node.spawn_spare_watch();
+        }
+    }
+    // The CLI's copy of the token goes with the node (the state_dir's stays).
+    let runtime_token = api
+        .as_ref()
+        .map(|a| crate::api_auth::runtime_token_path(&a.addr.to_string()));
     print_banner(&server, &origin, api, &rt, &node);
     if let Some(sig) = signals.forever().next() {
         tracing::info!("signal {sig}: stopping (in-flight I/O completes, files are flushed)");
@@ -126,25 +168,41 @@ pub fn run(path: Option<&Path>, check_only: bool) -> Result<()> {
     }
     server.shutdown();
     rt.block_on(node.shutdown());
+    if let Some(p) = runtime_token {
+        let _ = std::fs::remove_file(p);
+    }
     tracing::info!("stopped cleanly");
     Ok(())
 }
 
-fn init_logging(level: &str) {
+fn init_logging(level: &str, format: config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
+    let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        config::LogFormat::Text => b
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_target(false)
+            .try_init(),
+        // One object per line: time, level, target (flashpool::event for
+        // events), and the fields (seq, kind, volume, ...) flattened
+        // beside the message, for log shippers.
+        config::LogFormat::Json => b
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_target(true)
+            .try_init(),
+    };
 }
 
 fn print_banner(
     server: &Server,
     origin: &str,
-    api: Option<std::net::SocketAddr>,
+    api: Option<crate::api::Started>,
     rt: &tokio::runtime::Runtime,
     node: &Arc<Node>,
 ) {
@@ -179,7 +237,22 @@ fn print_banner(
         );
     }
     if let Some(a) = api {
-        outln!("  management API: http://{a}/v1/ (flashpool volume list --api {a})");
+        let files: Vec<String> = a
+            .auth
+            .token_files()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let api_arg = if a.url.starts_with("https") {
+            a.url.clone()
+        } else {
+            a.addr.to_string()
+        };
+        outln!(
+            "  management API: {}/v1/ (flashpool volume list --api {api_arg}); token in {}",
+            a.url,
+            files.join(" and ")
+        );
     }
     let host_addr = |a: std::net::SocketAddr| {
         if a.ip().is_unspecified() {

@@ -218,10 +218,28 @@ fn every_client_command_ends_quietly_when_stdout_is_closed() {
         wait.stdout(Stdio::null());
         wait
     });
-    ends_quietly_without_a_reader(s.cli(&["volume", "delete", "v1"]), "volume delete v1");
+    ends_quietly_without_a_reader(
+        s.cli(&["volume", "delete", "v1", "--force"]),
+        "volume delete v1",
+    );
     // What it did, it did: the volume was made and deleted.
     let (o, _) = run(s.cli(&["volume", "list", "--json"]));
     assert_eq!(o.trim(), "[]", "{o}");
+    // The failed and replaced drive left events (the node samples its
+    // state every 250 ms): a follow that replays them sees its reader gone
+    // and ends, as a plain listing does.
+    let start = Instant::now();
+    while run(s.cli(&["events", "--json"])).0.trim().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10), "no events");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for args in [
+        &["events"][..],
+        &["events", "--json"],
+        &["events", "--follow", "--since", "0"],
+    ] {
+        ends_quietly_without_a_reader(s.cli(args), &args.join(" "));
+    }
     let check = {
         let mut c = Command::new(BIN);
         c.args(["serve", "--check", "-c"]).arg(&s.config);
@@ -272,12 +290,12 @@ fn volume_delete_prints_a_line_and_json_only_with_json() {
     run(s.cli(&[
         "volume", "create", "v1", "--layout", "raid1", "--drives", "d0,d1",
     ]));
-    let (o, _) = run(s.cli(&["volume", "delete", "v1"]));
+    let (o, _) = run(s.cli(&["volume", "delete", "v1", "--force"]));
     assert_eq!(o, "volume v1: deleted\n");
     run(s.cli(&[
         "volume", "create", "v2", "--layout", "raid1", "--drives", "d1,d2",
     ]));
-    let (o, _) = run(s.cli(&["volume", "delete", "v2", "--json"]));
+    let (o, _) = run(s.cli(&["volume", "delete", "v2", "--force", "--json"]));
     let v: serde_json::Value = serde_json::from_str(&o).expect("--json prints JSON");
     assert_eq!(v["deleted"], "v2", "{o}");
 }

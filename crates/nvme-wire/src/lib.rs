@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod cqe;
 pub mod digest;
 pub mod fabrics;

@@ -98,6 +98,8 @@ pub const SC_CONNECT_CTRL_BUSY: u8 = 0x81;
 pub const SC_CONNECT_INVALID_PARAM: u8 = 0x82;
 pub const SC_CONNECT_RESTART_DISC: u8 = 0x83;
 pub const SC_CONNECT_INVALID_HOST: u8 = 0x84;
+/// Fabrics (SCT 1): the queue has not authenticated yet (DH-HMAC-CHAP).
+pub const SC_AUTH_REQUIRED: u8 = 0x91;
 
 // Media and data integrity errors (SCT 2).
 pub const SC_WRITE_FAULT: u8 = 0x80;

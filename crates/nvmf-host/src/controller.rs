@@ -60,6 +60,9 @@ pub struct HostOptions {
     /// Connect no I/O queue in `connect`; the caller adds each with
     /// [`Controller::add_io_queue`] on the runtime (thread) that will use it.
     pub lazy_io_queues: bool,
+    /// DH-HMAC-CHAP secrets, used when a Connect response asks for
+    /// authentication (AUTHREQ.ATR); without them such a Connect fails.
+    pub dhchap: Option<crate::auth::DhchapKeys>,
 }
 
 impl Default for HostOptions {
@@ -77,6 +80,7 @@ impl Default for HostOptions {
             disable_sqflow: true,
             poll_us: 0,
             lazy_io_queues: false,
+            dhchap: None,
         }
     }
 }
@@ -340,6 +344,24 @@ impl Controller {
     }
 
     /// A connected I/O queue.
+    /// Re-authenticates the admin queue and every connected I/O queue
+    /// (a new DH-HMAC-CHAP transaction on each, as Linux does when its
+    /// secret changes). Fails when no secret is configured.
+    pub async fn reauthenticate(&self) -> Result<()> {
+        let Some(keys) = &self.opts.dhchap else {
+            return Err(HostError::Invalid(
+                "no DH-HMAC-CHAP secret configured (HostOptions::dhchap)".into(),
+            ));
+        };
+        let (host, sub) = (&self.opts.hostnqn, &self.subnqn);
+        crate::auth::authenticate(&self.admin, 0, host, sub, keys).await?;
+        let queues: Vec<_> = self.io_queues.read().iter().flatten().cloned().collect();
+        for q in queues {
+            crate::auth::authenticate(q.queue(), q.qid(), host, sub, keys).await?;
+        }
+        Ok(())
+    }
+
     pub fn io_queue(&self, qid: u16) -> Result<Arc<IoQueue>> {
         let list = self.io_queues.read();
         qid.checked_sub(1)
@@ -650,10 +672,23 @@ async fn fabrics_connect(
         .execute(cmd.to_sqe(0), DataDir::InCapsule, buf_from(&data))
         .await;
     let r = r?;
-    if r.status.is_success() {
-        return Ok(r.dw0 as u16);
+    if !r.status.is_success() {
+        return Err(connect_error(q.params().addr, qid, r, subnqn, &o.hostnqn));
     }
-    Err(connect_error(q.params().addr, qid, r, subnqn, &o.hostnqn))
+    if r.dw0 & nvme_wire::auth::CONNECT_AUTHREQ_ATR != 0 {
+        let Some(keys) = &o.dhchap else {
+            return Err(HostError::Authentication {
+                addr: q.params().addr,
+                qid,
+                why: format!(
+                    "subsystem {subnqn} requires DH-HMAC-CHAP of host {}; configure its secret",
+                    o.hostnqn
+                ),
+            });
+        };
+        crate::auth::authenticate(q, qid, &o.hostnqn, subnqn, keys).await?;
+    }
+    Ok(r.dw0 as u16)
 }
 
 /// Turns a refused Connect into the error that says why.

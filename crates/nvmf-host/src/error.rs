@@ -139,6 +139,13 @@ pub enum HostError {
         subnqn: String,
     },
 
+    #[error("{addr}: DH-HMAC-CHAP authentication of queue {qid} failed: {why}")]
+    Authentication {
+        addr: SocketAddr,
+        qid: u16,
+        why: String,
+    },
+
     #[error("{addr}: Connect refused: Invalid Parameters at {place}")]
     ConnectInvalidParameter { addr: SocketAddr, place: String },
 
@@ -224,7 +231,10 @@ impl HostError {
     /// The connection ended or could not be made (as opposed to a command
     /// the controller answered with a status): a reconnect may help.
     pub fn is_transport(&self) -> bool {
-        !matches!(self, HostError::Status { .. } | HostError::Invalid(_))
+        !matches!(
+            self,
+            HostError::Status { .. } | HostError::Invalid(_) | HostError::Authentication { .. }
+        )
     }
 }
 

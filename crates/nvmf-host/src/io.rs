@@ -39,6 +39,10 @@ impl IoQueue {
         }
     }
 
+    pub(crate) fn queue(&self) -> &Queue {
+        &self.q
+    }
+
     pub fn qid(&self) -> u16 {
         self.qid
     }

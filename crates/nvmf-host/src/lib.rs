@@ -19,6 +19,7 @@
 //! `discovery.rs` the discovery service, and `remote/` the `BlockDevice` over
 //! a remote namespace ([`remote::RemoteDevice`]).
 
+mod auth;
 mod conn;
 mod controller;
 mod discovery;
@@ -32,6 +33,7 @@ mod queue;
 pub mod remote;
 mod resv;
 
+pub use auth::DhchapKeys;
 pub use controller::{
     ADMIN_QUEUE_DEPTH, Controller, HostOptions, default_host_identity, host_id_from, parse_uuid,
 };
@@ -39,6 +41,7 @@ pub use discovery::{discover, discover_with};
 pub use error::{CmdStatus, HostError, Result, fes_name, status_name};
 pub use identify::{ControllerInfo, NamespaceInfo};
 pub use io::{IoQueue, MAX_DSM_RANGES, MAX_NLB, RW_FUA};
+pub use nvme_wire::auth::dhchap::{DhGroup, HashId, Secret, SecretError};
 pub use nvme_wire::fabrics::discovery::Entry as DiscoveryEntry;
 pub use nvme_wire::reservation::{
     AcquireAction, RegisterAction, RegisteredCtrl, ReleaseAction, ResvType, cptpl,

@@ -83,6 +83,17 @@ pub fn connect(
             connect_io(target, cmd, &d)
         }
     });
+    if let (Ok(ctrl), Some(o)) = (&res, target.connect_observer())
+        && cmd.qid == 0
+        && !ctrl.is_discovery()
+    {
+        o.host_connected(&crate::HostConnected {
+            subnqn: ctrl.subnqn().to_string(),
+            hostnqn: ctrl.hostnqn.clone(),
+            cntlid: ctrl.cntlid,
+            peer: peer.to_string(),
+        });
+    }
     if let Err(e) = &res {
         // The NQN fields as sent, even when they did not decode.
         let field = |off: usize| {
@@ -90,7 +101,18 @@ pub fn connect(
             let end = f.iter().position(|&c| c == 0).unwrap_or(f.len());
             String::from_utf8_lossy(&f[..end]).into_owned()
         };
-        if e.status == Status::cmd_specific(status::SC_CONNECT_INVALID_HOST) {
+        let not_allowed = e.status == Status::cmd_specific(status::SC_CONNECT_INVALID_HOST);
+        if let Some(o) = target.connect_observer() {
+            o.host_refused(&crate::HostRefused {
+                subnqn: field(usize::from(CONNECT_DATA_OFF_SUBNQN)),
+                hostnqn: field(usize::from(CONNECT_DATA_OFF_HOSTNQN)),
+                qid: cmd.qid,
+                reason: e.reason,
+                not_allowed,
+                peer: peer.to_string(),
+            });
+        }
+        if not_allowed {
             // The stable line docs/config.md promises to log readers.
             tracing::warn!(
                 "host {} not allowed on {} ({peer}, qid {})",
@@ -280,5 +302,80 @@ pub fn connect_io(
 pub fn release_io_queue(ctrl: &Controller, qid: u16) {
     if let Some(q) = ctrl.state.lock().io_queues.get_mut(usize::from(qid)) {
         *q = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observer::{ConnectObserver, HostConnected, HostRefused};
+    use crate::subsystem::Subsystem;
+    use nvme_wire::fabrics::ConnectData;
+    use parking_lot::Mutex;
+
+    #[derive(Default)]
+    struct Seen {
+        connected: Mutex<Vec<HostConnected>>,
+        refused: Mutex<Vec<HostRefused>>,
+    }
+
+    impl ConnectObserver for Seen {
+        fn host_connected(&self, c: &HostConnected) {
+            self.connected.lock().push(c.clone());
+        }
+        fn host_refused(&self, r: &HostRefused) {
+            self.refused.lock().push(r.clone());
+        }
+    }
+
+    fn data(subnqn: &str, hostnqn: &str) -> [u8; 1024] {
+        ConnectData {
+            hostid: [7; 16],
+            cntlid: CNTLID_DYNAMIC,
+            subnqn: subnqn.into(),
+            hostnqn: hostnqn.into(),
+        }
+        .encode()
+    }
+
+    #[test]
+    fn the_observer_hears_connects_and_refusals() {
+        let sub = Subsystem::new(
+            "nqn.test:s".into(),
+            "S1".into(),
+            "m".into(),
+            false,
+            vec!["nqn.test:good".into()],
+            Vec::new(),
+        );
+        let t = Target::new(Default::default(), vec![Arc::new(sub)]);
+        let seen = Arc::new(Seen::default());
+        t.set_connect_observer(seen.clone());
+        let cmd = ConnectCmd {
+            recfmt: 0,
+            qid: 0,
+            sqsize: 31,
+            cattr: 0,
+            kato_ms: 0,
+        };
+        let c = connect(&t, &cmd, &data("nqn.test:s", "nqn.test:good"), "10.0.0.1:5").unwrap();
+        assert!(connect(&t, &cmd, &data("nqn.test:s", "nqn.test:bad"), "10.0.0.2:6").is_err());
+        // Discovery is not a host attaching: not reported.
+        connect(&t, &cmd, &data(DISCOVERY_NQN, "nqn.test:bad"), "10.0.0.2:7").unwrap();
+        assert_eq!(
+            *seen.connected.lock(),
+            [HostConnected {
+                subnqn: "nqn.test:s".into(),
+                hostnqn: "nqn.test:good".into(),
+                cntlid: c.cntlid,
+                peer: "10.0.0.1:5".into(),
+            }]
+        );
+        let r = seen.refused.lock();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].hostnqn, "nqn.test:bad");
+        assert_eq!(r[0].subnqn, "nqn.test:s");
+        assert!(r[0].not_allowed);
+        assert_eq!(r[0].peer, "10.0.0.2:6");
     }
 }

@@ -11,12 +11,14 @@
 
 pub mod admin;
 pub mod ana;
+pub mod auth;
 pub mod bufpool;
 pub mod config;
 pub mod controller;
 pub mod discovery;
 pub mod fabrics;
 pub mod io;
+pub mod observer;
 pub mod queue;
 pub mod reservation;
 pub mod resv_cmd;
@@ -28,6 +30,7 @@ pub mod tcp;
 pub use ana::AnaState;
 pub use config::{ListenerConfig, ListenerKind, TransportConfig};
 pub use controller::{Controller, FreeReason};
+pub use observer::{ConnectObserver, HostConnected, HostRefused};
 pub use subsystem::{Namespace, NamespaceError, Subsystem};
 pub use target::{CntlidRangeError, PeerPortal, Target};
 pub use tcp::{Server, StartError};

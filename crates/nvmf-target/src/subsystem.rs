@@ -74,6 +74,8 @@ pub struct Subsystem {
     /// Served by every node of the cluster: the discovery log lists it on
     /// the peer portals too.
     cluster_wide: AtomicBool,
+    /// DH-HMAC-CHAP secrets by host NQN: these hosts must authenticate.
+    host_auth: std::collections::HashMap<String, Arc<crate::auth::HostAuth>>,
 }
 
 /// Why a namespace could not be added or removed.
@@ -113,7 +115,18 @@ impl Subsystem {
             namespaces: RwLock::new(namespaces.into()),
             ns_version: AtomicU64::new(0),
             cluster_wide: AtomicBool::new(false),
+            host_auth: Default::default(),
         }
+    }
+
+    /// Requires DH-HMAC-CHAP from `hostnqn` with these secrets.
+    pub fn set_host_auth(&mut self, hostnqn: String, auth: crate::auth::HostAuth) {
+        self.host_auth.insert(hostnqn, Arc::new(auth));
+    }
+
+    /// The secrets `hostnqn` authenticates with, if it must.
+    pub fn host_auth(&self, hostnqn: &str) -> Option<Arc<crate::auth::HostAuth>> {
+        self.host_auth.get(hostnqn).cloned()
     }
 
     pub fn cluster_wide(&self) -> bool {

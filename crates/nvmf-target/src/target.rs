@@ -33,6 +33,8 @@ pub struct Target {
     pub(crate) ana: AnaGroups,
     /// Other nodes' I/O portals, listed for cluster-wide subsystems.
     peer_portals: RwLock<Vec<PeerPortal>>,
+    /// Told of every host connected and Connect refused (operator events).
+    connect_observer: std::sync::OnceLock<Arc<dyn crate::ConnectObserver>>,
 }
 
 /// Another node's I/O portal: where a host reaches a cluster-wide
@@ -94,7 +96,17 @@ impl Target {
             discovery_genctr: AtomicU64::new(1),
             ana: AnaGroups::default(),
             peer_portals: RwLock::new(Vec::new()),
+            connect_observer: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets the observer of Connects (once; a second call is ignored).
+    pub fn set_connect_observer(&self, o: Arc<dyn crate::ConnectObserver>) {
+        let _ = self.connect_observer.set(o);
+    }
+
+    pub(crate) fn connect_observer(&self) -> Option<&Arc<dyn crate::ConnectObserver>> {
+        self.connect_observer.get()
     }
 
     /// The current subsystems.
@@ -374,6 +386,20 @@ impl Target {
     pub fn controllers(&self) -> Vec<Arc<Controller>> {
         let mut v: Vec<_> = self.controllers.lock().values().cloned().collect();
         v.sort_by_key(|c| c.cntlid);
+        v
+    }
+
+    /// The host NQNs with a live I/O controller on subsystem `nqn` (sorted,
+    /// each once): who would lose a namespace removed from it.
+    pub fn hosts_connected(&self, nqn: &str) -> Vec<String> {
+        let map = self.controllers.lock();
+        let mut v: Vec<String> = map
+            .values()
+            .filter(|c| matches!(c.kind, crate::controller::CtrlKind::Io(_)) && c.subnqn() == nqn)
+            .map(|c| c.hostnqn.clone())
+            .collect();
+        v.sort();
+        v.dedup();
         v
     }
 

@@ -37,6 +37,7 @@ pub use thin::{
     DEFAULT_CLUSTER_BYTES, PoolStats, PoolUsage, ThinError, ThinInfo, ThinPool, ThinVolume,
 };
 pub use volume::{
-    DEFAULT_META_BYTES, DEFAULT_REGION_BYTES, DEFAULT_STRIP_BYTES, ReAddReport, ScrubProgress,
-    ScrubReport, Volume, VolumeConfig, VolumeError, VolumeStats,
+    DEFAULT_META_BYTES, DEFAULT_REGION_BYTES, DEFAULT_STRIP_BYTES, ForceReport, ForcedFrom,
+    ForcedMember, ReAddReport, ScrubReport, StaleRange, SyncControl, Volume, VolumeConfig,
+    VolumeError, VolumeStats,
 };

@@ -46,7 +46,12 @@ pub struct RebuildProgress {
     /// Bytes written to new members by this run.
     pub bytes: u64,
     pub bytes_per_sec: f64,
+    /// Time left for this run and every one queued after it.
     pub eta: Option<Duration>,
+    /// Members waiting for the next run (replaced or re-added while this
+    /// one runs, or before the first starts), and their stripes to do.
+    pub queued_members: Vec<usize>,
+    pub queued_stripes: u64,
 }
 
 #[derive(Default)]

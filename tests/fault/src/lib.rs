@@ -82,6 +82,33 @@ fn subsystem(nqn: &str, allow_any_host: bool, hosts: Vec<String>) -> Arc<Subsyst
     ))
 }
 
+/// A subsystem on which `HOST_NQN` must authenticate with [`auth_secret`].
+pub const NQN_AUTH: &str = "nqn.2026-01.io.flashpool:fault-auth";
+
+/// The DH-HMAC-CHAP secret `HOST_NQN` has on `NQN_AUTH`.
+pub fn auth_secret() -> nvme_wire::auth::dhchap::Secret {
+    use nvme_wire::auth::dhchap::{HashId, Secret};
+    Secret::from_key(Some(HashId::Sha256), &[0x5C; 32]).expect("32 bytes")
+}
+
+fn auth_subsystem() -> Arc<Subsystem> {
+    let dev = Arc::new(MemDevice::new(NS_BYTES, BLOCK).expect("mem device"));
+    let ns = Namespace::new(1, dev, [0x33; 16], [0x44; 16]);
+    let mut s = Subsystem::new(
+        NQN_AUTH.into(),
+        "FAULT0002".into(),
+        "flashpool fault".into(),
+        false,
+        vec![HOST_NQN.into()],
+        vec![ns],
+    );
+    s.set_host_auth(
+        HOST_NQN.into(),
+        nvmf_target::auth::HostAuth::new(auth_secret(), None),
+    );
+    Arc::new(s)
+}
+
 /// An in-process target on 127.0.0.1 with an ephemeral port.
 pub struct TestTarget {
     server: Option<Server>,
@@ -98,6 +125,7 @@ impl TestTarget {
         let subs = vec![
             subsystem(NQN_OPEN, true, Vec::new()),
             subsystem(NQN_CLOSED, false, vec![HOST_ALLOWED.into()]),
+            auth_subsystem(),
         ];
         let target = Arc::new(Target::new(transport, subs));
         let server = Server::start(

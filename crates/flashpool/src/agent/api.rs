@@ -286,10 +286,19 @@ impl Agent {
     }
 
     /// `DELETE /v1/volumes/{name}` of a cluster volume, on its owner.
-    pub async fn delete(&self, name: &str) -> NodeResult<Option<()>> {
+    /// Like any volume on drives it holds data: without `force` the delete
+    /// is refused before anything changes.
+    pub async fn delete(&self, name: &str, force: bool) -> NodeResult<Option<()>> {
         let s = self.session();
-        if s.spec(name).await.map_err(etcd)?.is_none() {
+        let Some(spec) = s.spec(name).await.map_err(etcd)? else {
             return Ok(None);
+        };
+        if !force {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {name} holds data (on drives {}); deleting it loses all of it. \
+                 Nothing was changed; to delete it anyway use --force (API: {{\"force\": true}})",
+                spec.drives.join(", ")
+            )));
         }
         let mut served = self.served.lock().await;
         let Some(sv) = served.get_mut(name) else {
@@ -311,7 +320,7 @@ impl Agent {
         sv.switch.deactivate();
         sv.switch.drain(Duration::from_secs(5)).await;
         self.owned.lock().expect("not poisoned").remove(name);
-        self.node.delete_volume(name).await?;
+        self.node.delete_volume(name, true).await?;
         s.delete_volume(name, epoch).await.map_err(etcd)?;
         let sv = served.remove(name).expect("found");
         self.unserve(&sv.spec);
@@ -398,14 +407,25 @@ impl Agent {
         };
         let vol = spec.name.clone();
         let who = n.name.clone();
+        let peer_api = self
+            .peer_api
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         tokio::task::spawn_blocking(move || {
-            let url = format!("http://{api}/v1/cluster/probe/{vol}");
-            let agent = ureq::Agent::config_builder()
-                .timeout_global(Some(Duration::from_secs(5)))
-                .http_status_as_error(false)
-                .build()
-                .new_agent();
-            let mut r = agent.post(&url).send_empty().map_err(|e| {
+            let path = format!("/cluster/probe/{vol}");
+            let sent = match &peer_api {
+                Some(p) => p.post(&api, &path),
+                // No API of its own (tests, enabled = false): no token to send.
+                None => ureq::Agent::config_builder()
+                    .timeout_global(Some(Duration::from_secs(5)))
+                    .http_status_as_error(false)
+                    .build()
+                    .new_agent()
+                    .post(&format!("http://{api}/v1{path}"))
+                    .send_empty(),
+            };
+            let mut r = sent.map_err(|e| {
                 NodeError::Conflict(format!("node {who} ({api}) does not answer: {e}"))
             })?;
             if r.status().is_success() {

@@ -80,6 +80,8 @@ pub struct Agent {
     leaving: std::sync::atomic::AtomicBool,
     rejoined: Notify,
     _liveness: LivenessListener,
+    /// How to call other nodes' APIs (set once this node's API is up).
+    peer_api: Mutex<Option<Arc<crate::api_auth::PeerApi>>>,
 }
 
 /// How long a node waits per rank before claiming an unowned volume, so
@@ -92,6 +94,11 @@ const HANDOFF_STALE: Duration = Duration::from_secs(5);
 const COOLDOWN: Duration = Duration::from_secs(5);
 
 impl Agent {
+    /// Calls to other nodes' APIs go with this node's token (and TLS trust).
+    pub fn set_peer_api(&self, p: Arc<crate::api_auth::PeerApi>) {
+        *self.peer_api.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    }
+
     /// Joins the cluster (waiting for etcd as long as it takes), sets the
     /// target's controller-ID range and ANA transition time. Call before
     /// the target listens.
@@ -159,6 +166,7 @@ impl Agent {
             leaving: std::sync::atomic::AtomicBool::new(false),
             rejoined: Notify::new(),
             _liveness: liveness,
+            peer_api: Mutex::new(None),
         }))
     }
 

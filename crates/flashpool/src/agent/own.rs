@@ -164,6 +164,7 @@ impl Agent {
             drives: sv.spec.drives.clone(),
             takeover: true,
             export: None,
+            force: false,
         };
         let res = match self.node.assemble_volume(req).await {
             Ok(info) if info.name == name => Ok(info),

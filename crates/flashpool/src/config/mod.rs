@@ -42,6 +42,8 @@ pub struct NodeConfig {
     pub remote: RemoteSection,
     /// Cluster mode (etcd); absent: the node runs alone.
     pub cluster: Option<ClusterSection>,
+    /// Scheduled scrubs; absent: scrubs run only when asked.
+    pub scrub: Option<ScrubSection>,
 }
 
 /// The management API (HTTP + JSON). Local only by default.
@@ -52,6 +54,23 @@ pub struct ApiSection {
     pub address: String,
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// The API token's file (mode 0600): read if it is there, else made.
+    /// Default `<state_dir>/api-token`; without either, a new token each
+    /// start, in the runtime file only (docs/api.md, Authentication).
+    pub token_file: Option<PathBuf>,
+    /// HTTPS: certificate chain and key (PEM). Required off loopback.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// The CA (PEM) this node trusts when it calls other nodes' APIs over
+    /// HTTPS; default its own `tls_cert`.
+    pub tls_ca: Option<PathBuf>,
+    /// Names besides the bound address that `Host` may say (DNS names).
+    #[serde(default)]
+    pub host_names: Vec<String>,
+    /// Also serve the API on this Unix socket; who may connect is decided
+    /// by its mode (`unix_socket_mode`, default 0600), not by a token.
+    pub unix_socket: Option<PathBuf>,
+    pub unix_socket_mode: Option<String>,
 }
 
 impl Default for ApiSection {
@@ -59,6 +78,13 @@ impl Default for ApiSection {
         ApiSection {
             address: default_api_address(),
             enabled: true,
+            token_file: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            host_names: Vec::new(),
+            unix_socket: None,
+            unix_socket_mode: None,
         }
     }
 }
@@ -95,6 +121,46 @@ pub struct DriveSection {
     /// backend = "remote": `tcp://ADDR:PORT/NQN?nsid=N` (default: from the
     /// name `peer:drive` and that `[[peer]]`'s address).
     pub url: Option<String>,
+    /// A hot spare: taken by itself when a member of a redundant volume
+    /// fails (a `spare_taken` event says which).
+    #[serde(default)]
+    pub spare: bool,
+}
+
+/// `[scrub]`: scrub every redundant volume on a schedule.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubSection {
+    /// How long after a volume's last scrub the next one starts, e.g.
+    /// "7d", "24h", "30m".
+    pub interval: String,
+    /// Rewrite parity that disagrees with the data (else only count).
+    #[serde(default)]
+    pub repair: bool,
+    /// Speed limit per second, e.g. "100MiB" (default unlimited).
+    pub rate: Option<Size>,
+}
+
+impl ScrubSection {
+    pub fn schedule(&self) -> anyhow::Result<crate::node::ScrubSchedule> {
+        let interval = humantime::parse_duration(&self.interval).map_err(|e| {
+            anyhow::anyhow!(
+                "config: scrub.interval = {:?}: {e}; use a duration such as \"7d\", \"24h\" or \"30m\"",
+                self.interval
+            )
+        })?;
+        if interval < std::time::Duration::from_secs(1) {
+            anyhow::bail!(
+                "config: scrub.interval = {:?} is shorter than a second; use e.g. \"7d\"",
+                self.interval
+            );
+        }
+        Ok(crate::node::ScrubSchedule {
+            interval,
+            repair: self.repair,
+            rate: self.rate.map(Size::bytes),
+        })
+    }
 }
 
 fn bs4096() -> u32 {
@@ -133,6 +199,11 @@ pub struct NodeSection {
     pub cpus: Vec<usize>,
     #[serde(default = "info")]
     pub log: String,
+    /// How log lines are written: `text` (default) or `json`, one object
+    /// per line with the event fields as keys (`flashpool serve --log-format`
+    /// overrides it).
+    #[serde(default)]
+    pub log_format: LogFormat,
     /// Microseconds a connection keeps polling after activity before it
     /// sleeps (adaptive polling): an idle target still costs no CPU.
     #[serde(default = "default_poll_us")]
@@ -156,6 +227,7 @@ impl Default for NodeSection {
             reactors: 0,
             cpus: Vec::new(),
             log: info(),
+            log_format: LogFormat::default(),
             poll_us: default_poll_us(),
             state_dir: None,
             name: None,
@@ -163,6 +235,15 @@ impl Default for NodeSection {
             host_id: None,
         }
     }
+}
+
+/// `[node] log_format`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 fn default_poll_us() -> u32 {
@@ -1026,6 +1107,7 @@ mod tests {
             ("peer", "[[peer]]"),
             ("remote", "[remote]"),
             ("cluster", "[cluster]"),
+            ("scrub", "[scrub]\ninterval = \"1d\""),
         ];
         let mut missing = Vec::new();
         for (section, header) in sections {

@@ -31,6 +31,11 @@ pub struct AssembleVolume {
     /// Serve it at once as this namespace.
     #[serde(default)]
     pub export: Option<ExportRequest>,
+    /// md's `--assemble --force`: when more members are failed or stale
+    /// than the layout tolerates, take the freshest back as active, just
+    /// enough to run; the answer's `forced` says what may be stale.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// Drives of one volume, by position, as their superblocks say.
@@ -38,6 +43,8 @@ pub struct AssembleVolume {
 struct Found {
     newest: Superblock,
     chosen: BTreeMap<u16, String>,
+    /// Assemble with force (`AssembleVolume::force`).
+    force: bool,
 }
 
 impl Node {
@@ -100,6 +107,7 @@ impl Node {
             }
         }
         let mut groups = group_by_volume(&st, &req.drives).await;
+        groups.iter_mut().for_each(|g| g.force = req.force);
         let f = match groups.len() {
             1 => groups.remove(0),
             0 => {
@@ -203,7 +211,11 @@ impl Node {
         f: Found,
         takeover: bool,
     ) -> Result<String, AssembleError> {
-        let Found { newest, chosen } = f;
+        let Found {
+            newest,
+            chosen,
+            force,
+        } = f;
         let drive_names: Vec<String> = chosen.values().cloned().collect();
         // Before any write: the superblocks are written at assembly.
         self.claim(st, &drive_names, takeover)
@@ -212,12 +224,29 @@ impl Node {
         let n = newest.members.len();
         let members: Vec<Arc<dyn BlockDevice>> =
             chosen.values().map(|d| st.drives[d].dev.clone()).collect();
-        let vol = Volume::assemble(members).await.map_err(|e| {
-            AssembleError::Volume(NodeError::Conflict(format!(
-                "volume {:?} on drives {drive_names:?}: {e}",
-                newest.name
-            )))
-        })?;
+        let assembled = if force {
+            Volume::assemble_force(members.clone())
+                .await
+                .map(|(v, r)| (v, Some(r)))
+        } else {
+            Volume::assemble(members.clone()).await.map(|v| (v, None))
+        };
+        let (vol, forced) = match assembled {
+            Ok(v) => v,
+            Err(e) => {
+                let hint = match &e {
+                    volume::VolumeError::TooManyFailed { .. }
+                    | volume::VolumeError::Stale { .. } => {
+                        super::recovery::force_hint(&members, &drive_names).await
+                    }
+                    _ => String::new(),
+                };
+                return Err(AssembleError::Volume(NodeError::Conflict(format!(
+                    "volume {:?} on drives {drive_names:?}: {e}{hint}",
+                    newest.name
+                ))));
+            }
+        };
         let mut name = vol.name();
         if name.is_empty() || st.volumes.contains_key(&name) {
             name = format!("vol-{}", &vol.uuid()[..8]);
@@ -276,10 +305,21 @@ impl Node {
         } else {
             None
         };
-        st.volumes.insert(
-            name.clone(),
-            VolumeEntry::new(&name, Backing::Drives { vol, pool }, drives, None),
-        );
+        let mut entry = VolumeEntry::new(&name, Backing::Drives { vol, pool }, drives, None);
+        if let Some(rep) = forced {
+            let info = super::ForcedInfo::new(&rep, &entry.drives);
+            tracing::warn!("volume {name}: assembled with --force: {}", info.message);
+            for m in &info.members {
+                if let Some(d) = st.drives.get_mut(&m.drive) {
+                    d.failed = false;
+                }
+            }
+            entry.forced = Some(info);
+            st.volumes.insert(name.clone(), entry);
+            self.note_failed_drives(st);
+        } else {
+            st.volumes.insert(name.clone(), entry);
+        }
         if resume {
             tracing::info!("volume {name}: resuming the rebuild that was interrupted");
             self.spawn_rebuild(st, &name);
@@ -381,7 +421,11 @@ async fn group_by_volume(st: &NodeState, names: &[String]) -> Vec<Found> {
             }
             chosen.insert(sb.position, drive.clone());
         }
-        out.push(Found { newest, chosen });
+        out.push(Found {
+            newest,
+            chosen,
+            force: false,
+        });
     }
     out
 }

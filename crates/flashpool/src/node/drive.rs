@@ -46,6 +46,9 @@ pub struct Drive {
     /// Declared in the TOML (else a remote drive opened through the API,
     /// kept in `state_dir/remote-drives.json`).
     pub from_config: bool,
+    /// A hot spare (`spare = true`): taken by itself when a member of a
+    /// redundant volume fails.
+    pub spare: bool,
     /// What went through `dev` (for metrics).
     pub io: Arc<DriveIoStats>,
 }
@@ -98,6 +101,7 @@ impl DriveSpec {
             export: None,
             remote: None,
             from_config: true,
+            spare: false,
         })
     }
 }

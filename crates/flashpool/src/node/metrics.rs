@@ -171,41 +171,89 @@ fn volumes(p: &mut Exposition, st: &NodeState) {
         f.float(&[("volume", &v.name)], v.rebuild.percent / 100.0);
     }
 
-    let scrubs: Vec<_> = engine
-        .iter()
-        .map(|(n, v)| (*n, v.scrub_progress()))
-        .collect();
+    // Initial syncs and scrubs: the node's jobs, the running one or else
+    // the last (series appear once a job of the kind ran on the volume).
+    use super::jobs::{JobInfo, JobKind, JobState};
+    let job_of = |kind: JobKind| -> Vec<(&str, JobInfo)> {
+        engine
+            .iter()
+            .filter_map(|(n, _)| {
+                let j = st.jobs.running(n, kind).or_else(|| st.jobs.last(n, kind))?;
+                Some((*n, j.info()))
+            })
+            .collect()
+    };
+    type JobPick = fn(&JobInfo) -> u64;
+    let running: JobPick = |j| u64::from(j.state == JobState::Running);
+    let done: JobPick = |j| j.done_stripes;
+    let total: JobPick = |j| j.total_stripes;
+    let job_families: [(JobKind, [(&'static str, &'static str, JobPick); 3]); 2] = [
+        (
+            JobKind::Scrub,
+            [
+                (
+                    "flashpool_volume_scrub_running",
+                    "1 while a parity scrub runs on the volume.",
+                    running,
+                ),
+                (
+                    "flashpool_volume_scrub_stripes_done",
+                    "Stripes the current (or last) scrub has checked.",
+                    done,
+                ),
+                (
+                    "flashpool_volume_scrub_stripes",
+                    "Stripes the current (or last) scrub has to check.",
+                    total,
+                ),
+            ],
+        ),
+        (
+            JobKind::Sync,
+            [
+                (
+                    "flashpool_volume_sync_running",
+                    "1 while the initial parity sync of a new volume runs.",
+                    running,
+                ),
+                (
+                    "flashpool_volume_sync_stripes_done",
+                    "Stripes the current (or last) initial sync has done.",
+                    done,
+                ),
+                (
+                    "flashpool_volume_sync_stripes",
+                    "Stripes the current (or last) initial sync has to do.",
+                    total,
+                ),
+            ],
+        ),
+    ];
+    for (kind, fams) in job_families {
+        let jobs = job_of(kind);
+        for (name, help, pick) in fams {
+            let mut f = p.family(name, Kind::Gauge, help);
+            for (v, j) in &jobs {
+                f.int(&[("volume", v)], pick(j));
+            }
+        }
+    }
+    let scrubs = job_of(JobKind::Scrub);
     let mut f = p.family(
-        "flashpool_volume_scrub_running",
+        "flashpool_volume_scrub_mismatched_stripes",
         Kind::Gauge,
-        "1 while a parity scrub runs on the volume.",
+        "Stripes whose parity disagreed with their data in the current (or last) scrub.",
     );
-    for (v, s) in &scrubs {
-        f.int(&[("volume", v)], u64::from(s.running));
+    for (v, j) in &scrubs {
+        f.int(&[("volume", v)], j.mismatches);
     }
     let mut f = p.family(
-        "flashpool_volume_scrub_stripes_done",
+        "flashpool_volume_scrub_repaired_stripes",
         Kind::Gauge,
-        "Stripes the current (or last) scrub has checked.",
+        "Stripes whose parity the current (or last) scrub rewrote.",
     );
-    for (v, s) in &scrubs {
-        f.int(&[("volume", v)], s.done_stripes);
-    }
-    let mut f = p.family(
-        "flashpool_volume_scrub_stripes",
-        Kind::Gauge,
-        "Stripes the current (or last) scrub has to check.",
-    );
-    for (v, s) in &scrubs {
-        f.int(&[("volume", v)], s.total_stripes);
-    }
-    let mut f = p.family(
-        "flashpool_volume_scrub_inconsistent_stripes_total",
-        Kind::Counter,
-        "Stripes whose parity disagreed with their data, found by scrubs since the volume opened.",
-    );
-    for (v, s) in &scrubs {
-        f.int(&[("volume", v)], s.inconsistent_stripes);
+    for (v, j) in &scrubs {
+        f.int(&[("volume", v)], j.repaired);
     }
 
     // Thin provisioning.
@@ -714,6 +762,6 @@ mod tests {
             assert!(seen.insert(name.to_string()), "{name} twice");
         }
         assert!(seen.contains("flashpool_volume_degraded_reads_total"));
-        assert!(seen.contains("flashpool_volume_scrub_stripes"));
+        assert!(seen.contains("flashpool_volume_rebuild_stripes"));
     }
 }

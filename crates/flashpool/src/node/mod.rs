@@ -8,13 +8,19 @@
 
 mod assemble;
 mod drive;
+mod drive_ops;
 mod export;
+pub mod jobs;
 mod metrics;
+pub mod monitor;
 mod ops;
 mod owned;
+mod recovery;
 mod remote;
 #[cfg(test)]
 pub(crate) mod remote_tests;
+mod scrub;
+mod spares;
 #[cfg(test)]
 mod tests;
 
@@ -33,6 +39,8 @@ pub use export::{DriveExport, ExportDriveRequest};
 pub use ops::{
     CreateVolume, ExportRequest, VolumeInfo, check_name, parse_layout, volume_namespace,
 };
+pub use recovery::{AssembleByName, ForcedInfo};
+pub use scrub::{ScrubRequest, ScrubSchedule};
 
 /// An operation's failure, with the HTTP status the API answers with.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +115,8 @@ pub struct VolumeEntry {
     pub last_rebuild_error: Option<String>,
     /// A rebuild task runs (or is about to) for this volume.
     pub rebuild_task: bool,
+    /// Forced up by `assemble --force`: what was forced and may be stale.
+    pub forced: Option<ForcedInfo>,
 }
 
 impl VolumeEntry {
@@ -125,6 +135,7 @@ impl VolumeEntry {
             rebuild_rate,
             last_rebuild_error: None,
             rebuild_task: false,
+            forced: None,
         }
     }
 
@@ -174,6 +185,8 @@ impl VolumeEntry {
 pub struct NodeState {
     pub drives: BTreeMap<String, Drive>,
     pub volumes: BTreeMap<String, VolumeEntry>,
+    /// Background work (sync, rebuild, scrub); read without the lock too.
+    pub jobs: Arc<jobs::Jobs>,
 }
 
 impl NodeState {
@@ -205,7 +218,8 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn with_state_dir(state: NodeState, dir: Option<&std::path::Path>) -> Arc<Node> {
+    pub fn with_state_dir(mut state: NodeState, dir: Option<&std::path::Path>) -> Arc<Node> {
+        recovery::load_failed_drives(&mut state, dir);
         Arc::new(Node {
             state: tokio::sync::Mutex::new(state),
             target: std::sync::OnceLock::new(),
@@ -255,6 +269,9 @@ impl Node {
     /// and releases the drives. Call after the target stopped serving.
     pub async fn shutdown(&self) {
         let st = self.state.lock().await;
+        // A stopped initial sync leaves its regions dirty on disk: the next
+        // start resyncs them.
+        st.jobs.stop(None).await;
         // Pools first: their metadata lands on the volumes below them.
         for v in st.volumes.values() {
             if let Some(p) = v.thin_pool()

@@ -10,7 +10,7 @@ use nvmf_target::{Namespace, NamespaceError};
 use serde::{Deserialize, Serialize};
 use volume::superblock::MAX_NAME_BYTES;
 use volume::thin::{DEFAULT_CLUSTER_BYTES, ThinError, ThinPool};
-use volume::{LayoutKind, MemberState, RebuildOptions, Volume, VolumeConfig};
+use volume::{LayoutKind, MemberState, Volume, VolumeConfig};
 
 use crate::echo::Echo;
 
@@ -75,6 +75,10 @@ pub struct MemberInfo {
 pub struct RebuildInfo {
     pub running: bool,
     pub members: Vec<usize>,
+    /// The drives being rebuilt now, and those waiting for the next pass
+    /// (the ETA covers both).
+    pub drives: Vec<String>,
+    pub queued_drives: Vec<String>,
     pub done_stripes: u64,
     pub total_stripes: u64,
     pub percent: f64,
@@ -112,6 +116,16 @@ pub struct VolumeInfo {
     /// Pool volumes: the pool's space.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thin_pool: Option<PoolInfo>,
+    /// The jobs running on it (initial sync, rebuild, scrub).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<super::jobs::JobInfo>,
+    /// How its last scrub (on this node, since it started) ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_scrub: Option<super::jobs::JobInfo>,
+    /// Assembled with force: which members were forced back and what may
+    /// be stale (until the node restarts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forced: Option<super::ForcedInfo>,
 }
 
 #[derive(Debug, Serialize)]
@@ -132,7 +146,7 @@ pub struct DriveInfo {
     pub size_bytes: u64,
     pub block_size: u32,
     pub device: String,
-    /// free, member, or failed.
+    /// free, spare (a free hot spare), member, exported, or failed.
     pub state: String,
     pub volume: Option<String>,
     pub position: Option<usize>,
@@ -212,17 +226,21 @@ pub(super) fn member_state_name(s: MemberState) -> &'static str {
     }
 }
 
-fn rebuild_info(vol: &Volume, last_error: Option<String>) -> RebuildInfo {
+fn rebuild_info(vol: &Volume, drives: &[String], last_error: Option<String>) -> RebuildInfo {
     let p = vol.rebuild_progress();
+    let name = |i: &usize| drives.get(*i).cloned().unwrap_or_else(|| "-".into());
+    let total = p.total_stripes + p.queued_stripes;
     RebuildInfo {
         running: p.running,
         members: p.members.clone(),
+        drives: p.members.iter().map(name).collect(),
+        queued_drives: p.queued_members.iter().map(name).collect(),
         done_stripes: p.done_stripes,
-        total_stripes: p.total_stripes,
-        percent: if p.total_stripes == 0 {
+        total_stripes: total,
+        percent: if total == 0 {
             0.0
         } else {
-            100.0 * p.done_stripes as f64 / p.total_stripes as f64
+            100.0 * p.done_stripes as f64 / total as f64
         },
         bytes: p.bytes,
         mb_per_sec: p.bytes_per_sec / 1e6,
@@ -311,6 +329,8 @@ impl NodeState {
             rebuild: RebuildInfo {
                 running: false,
                 members: Vec::new(),
+                drives: Vec::new(),
+                queued_drives: Vec::new(),
                 done_stripes: 0,
                 total_stripes: 0,
                 percent: 0.0,
@@ -322,6 +342,18 @@ impl NodeState {
             pool: None,
             allocated_bytes: None,
             thin_pool: None,
+            jobs: self
+                .jobs
+                .all()
+                .iter()
+                .filter(|j| j.volume == e.name && j.is_running())
+                .map(|j| j.info())
+                .collect(),
+            last_scrub: self
+                .jobs
+                .last(&e.name, super::jobs::JobKind::Scrub)
+                .map(|j| j.info()),
+            forced: e.forced.clone(),
         };
         match &e.backing {
             Backing::Drives { vol, pool } => {
@@ -329,6 +361,9 @@ impl NodeState {
                 info.layout = vol.layout().kind().to_string();
                 info.strip_bytes = vol.layout().strip_blocks() * u64::from(geo.block_size);
                 info.state = volume_state(vol).into();
+                if info.state == "optimal" && vol.unsynced_regions() > 0 {
+                    info.state = "resyncing".into();
+                }
                 info.reason = failed_reason(vol, &e.drives);
                 info.generation = vol.generation();
                 info.members = states
@@ -340,7 +375,7 @@ impl NodeState {
                         state: member_state_name(*s).into(),
                     })
                     .collect();
-                info.rebuild = rebuild_info(vol, e.last_rebuild_error.clone());
+                info.rebuild = rebuild_info(vol, &e.drives, e.last_rebuild_error.clone());
                 // A rebuild is on its way from the moment a drive is replaced.
                 info.rebuild.running |= e.rebuild_task;
                 if let Some(p) = pool {
@@ -420,6 +455,7 @@ impl NodeState {
             }
             (None, true) => "failed",
             (None, false) if d.export.is_some() => "exported",
+            (None, false) if d.spare => "spare",
             (None, false) => "free",
         };
         Some(DriveInfo {
@@ -437,7 +473,7 @@ impl NodeState {
     }
 
     /// Checks that `names` are existing, distinct, healthy drives no volume uses.
-    fn claimable(&self, names: &[String]) -> NodeResult<Vec<Arc<dyn BlockDevice>>> {
+    pub(super) fn claimable(&self, names: &[String]) -> NodeResult<Vec<Arc<dyn BlockDevice>>> {
         let mut devs = Vec::with_capacity(names.len());
         for (i, n) in names.iter().enumerate() {
             if names[..i].contains(n) {
@@ -698,6 +734,12 @@ impl Node {
             rebuild_rate,
         );
         let info = self.register(&mut st, entry, req.export)?;
+        if let Some(vol) = st.volumes.get(&req.name).and_then(|e| e.on_drives())
+            && vol.unsynced_regions() > 0
+        {
+            let vol = vol.clone();
+            self.spawn_sync(&st, &req.name, &vol);
+        }
         tracing::info!(
             "volume {}: created ({} on {:?})",
             req.name,
@@ -959,7 +1001,10 @@ impl Node {
         Ok(())
     }
 
-    pub async fn unexport(&self, name: &str) -> NodeResult<VolumeInfo> {
+    /// Stops serving a volume. Hosts connected to its subsystem lose the
+    /// namespace (their I/O to it fails): without `force` that is refused,
+    /// naming them, and nothing changes.
+    pub async fn unexport(&self, name: &str, force: bool) -> NodeResult<VolumeInfo> {
         let mut st = self.state.lock().await;
         let e = find_volume(&mut st, name)?;
         let Some(x) = e.export.clone() else {
@@ -967,6 +1012,29 @@ impl Node {
                 "volume {name} is not exported"
             )));
         };
+        let hosts = self.target()?.hosts_connected(&x.nqn);
+        if !hosts.is_empty() {
+            if !force {
+                return Err(NodeError::Conflict(format!(
+                    "volume {name} is nsid {} of {}, to which {} connected ({}): unexporting \
+                     it takes the namespace away under them, and their I/O to it fails (writes \
+                     they have not flushed are lost to them). Nothing was changed; disconnect \
+                     them first (nvme disconnect), or use --force (API: {{\"force\": true}})",
+                    x.nsid,
+                    x.nqn,
+                    if hosts.len() == 1 {
+                        "1 host is".to_string()
+                    } else {
+                        format!("{} hosts are", hosts.len())
+                    },
+                    hosts.join(", ")
+                )));
+            }
+            tracing::warn!(
+                "volume {name}: unexported with force while hosts {hosts:?} are connected to {}",
+                x.nqn
+            );
+        }
         self.target()?
             .remove_namespace(&x.nqn, x.nsid)
             .map_err(|err| NodeError::Internal(err.to_string()))?;
@@ -986,8 +1054,12 @@ impl Node {
         Ok(st.volume_info(name).expect("exists"))
     }
 
-    pub async fn delete_volume(&self, name: &str) -> NodeResult<()> {
+    /// Deletes a volume. One that holds data (any volume on drives, a thin
+    /// volume with allocated clusters) needs `force`: without it the delete
+    /// is refused, saying what would be lost, and nothing changes.
+    pub async fn delete_volume(&self, name: &str, force: bool) -> NodeResult<()> {
         let mut st = self.state.lock().await;
+        let jobs = st.jobs.clone();
         let e = find_volume(&mut st, name)?;
         if let Some(x) = &e.export {
             return Err(NodeError::Conflict(format!(
@@ -1016,6 +1088,14 @@ impl Node {
                 )));
             }
         }
+        if !force && let Some(what) = data_held(e) {
+            return Err(NodeError::Conflict(format!(
+                "volume {name} holds data ({what}); deleting it loses all of it. Nothing was \
+                 changed; to delete it anyway use --force (API: {{\"force\": true}})"
+            )));
+        }
+        // Its sync or scrub must not write to drives that are free again.
+        jobs.stop(Some(name)).await;
         if let Backing::Thin { pool, .. } = &e.backing {
             let pool = pool.clone();
             let p = st
@@ -1094,247 +1174,46 @@ impl Node {
         let st = self.state.lock().await;
         st.drive_info(name).ok_or_else(|| no_drive(name))
     }
+}
 
-    /// Marks a drive failed: its volume goes on degraded and the drive is
-    /// not used again until the node restarts. Failing a member beyond
-    /// what its volume's layout tolerates (any member of raid0 or concat,
-    /// a second of raid5, ...) loses data: without `force` it is refused
-    /// and nothing changes; with it the volume is `failed`.
-    pub async fn fail_drive(&self, name: &str, force: bool) -> NodeResult<DriveInfo> {
-        let mut st = self.state.lock().await;
-        if !st.drives.contains_key(name) {
-            return Err(no_drive(name));
+/// What a volume holds that a delete would lose, in words; None when it
+/// holds nothing (a thin volume never written). A volume on drives keeps no
+/// record of having been written, so it counts as holding data.
+fn data_held(e: &VolumeEntry) -> Option<String> {
+    let size = |b: u64| crate::units::human_bytes(b);
+    match &e.backing {
+        Backing::Thin { tv, .. } => {
+            let a = tv.allocated_bytes();
+            (a > 0).then(|| {
+                format!(
+                    "{} written of {}",
+                    size(a),
+                    size(e.device().geometry().size_bytes())
+                )
+            })
         }
-        if let Some((v, p)) = st.user_of(name) {
-            let v = v.to_string();
-            let e = &st.volumes[&v];
-            if let Some(o) = e.offline() {
-                return Err(NodeError::Conflict(format!(
-                    "drive {name} holds position {p} of volume {v}, which is offline ({}); \
-                     nothing runs on it to fail",
-                    o.reason
-                )));
-            }
-            let vol = e.on_drives().expect("drive users are on drives");
-            if vol.member_states()[p] != MemberState::Failed {
-                if let Some(loss) = loss_if_failed(vol, &e.drives, p) {
-                    if !force {
-                        return Err(NodeError::Conflict(format!(
-                            "failing drive {name} would fail volume {v}: {loss}. Nothing was \
-                             changed; to fail it anyway use --force (API: {{\"force\": true}})"
-                        )));
-                    }
-                    tracing::error!(
-                        "drive {name}: failed by the operator with force; volume {v} has failed: {loss}"
-                    );
-                } else {
-                    tracing::warn!(
-                        "drive {name}: failed by the operator; volume {v} runs degraded"
-                    );
-                }
-                vol.fail_member(p)
-                    .await
-                    .map_err(|err| NodeError::Internal(format!("volume {v}: {err}")))?;
-            }
-        }
-        if let Some(d) = st.drives.get_mut(name) {
-            d.failed = true;
-        }
-        Ok(st.drive_info(name).expect("exists"))
-    }
-
-    /// Puts drive `with` in the place of `name` in its volume and starts the
-    /// rebuild. A drive that has not failed yet is failed first.
-    pub async fn replace_drive(self: &Arc<Self>, name: &str, with: &str) -> NodeResult<VolumeInfo> {
-        self.undo_remotes_on_err(&[with.to_string()], self.replace_drive_inner(name, with))
-            .await
-    }
-
-    async fn replace_drive_inner(
-        self: &Arc<Self>,
-        name: &str,
-        with: &str,
-    ) -> NodeResult<VolumeInfo> {
-        let mut st = self.state.lock().await;
-        if !st.drives.contains_key(name) {
-            return Err(no_drive(name));
-        }
-        let Some((v, p)) = st.user_of(name).map(|(v, p)| (v.to_string(), p)) else {
-            return Err(NodeError::Conflict(format!(
-                "drive {name} is not in any volume; nothing to replace"
-            )));
-        };
-        if let Some(o) = st.volumes[&v].offline() {
-            return Err(NodeError::Conflict(format!(
-                "volume {v} is offline ({}); a drive of an offline volume cannot be replaced",
-                o.reason
-            )));
-        }
-        let with_list = [with.to_string()];
-        self.open_named_remotes(&mut st, &with_list).await?;
-        let dev = st.claimable(&with_list)?[0].clone();
-        let vol = st.volumes[&v]
-            .on_drives()
-            .expect("drive users are on drives")
-            .clone();
-        // Everything is checked before anything changes: a refused replace
-        // leaves the drive, the volume and the spare as they were.
-        if vol.is_fenced() {
-            return Err(NodeError::Conflict(format!(
-                "volume {v} is fenced ({}); this node no longer owns it",
-                vol.fence_reason().unwrap_or_default()
-            )));
-        }
-        vol.check_replacement(p, &dev).map_err(|err| match err {
-            volume::VolumeError::CannotRebuild(_) => NodeError::Conflict(format!(
-                "volume {v}: drive {name} cannot be replaced: {err}; nothing was changed"
-            )),
-            _ => NodeError::BadRequest(format!(
-                "volume {v}: drive {with} cannot replace {name}: {err}; nothing was changed"
-            )),
-        })?;
-        self.claim(&st, &with_list, false).await?;
-        if vol.member_states()[p] != MemberState::Failed {
-            vol.fail_member(p)
-                .await
-                .map_err(|err| NodeError::Internal(format!("volume {v}: {err}")))?;
-        }
-        vol.replace_member(p, dev)
-            .await
-            .map_err(|err| NodeError::BadRequest(format!("volume {v}: {err}")))?;
-        let e = st.volumes.get_mut(&v).expect("user exists");
-        e.drives[p] = with.to_string();
-        if let Some(d) = st.drives.get_mut(with) {
-            d.fresh = false;
-        }
-        if let Some(d) = st.drives.get_mut(name) {
-            d.failed = true;
-            // Best effort: the old drive may be dead. Wiped, it cannot claim
-            // its old position at the next start.
-            let _ = wipe_head(&d.dev).await;
-        }
-        tracing::info!("volume {v}: drive {with} replaces {name} at position {p}; rebuilding");
-        self.spawn_rebuild(&mut st, &v);
-        Ok(st.volume_info(&v).expect("exists"))
-    }
-
-    /// Starts a volume's rebuild in the background unless one is already
-    /// on its way. The task rebuilds every member in the Rebuilding state and
-    /// looks again when done, under the state lock that `replace_drive` holds,
-    /// so a drive replaced while a rebuild runs is never left behind. Its
-    /// outcome is kept for `rebuild-status`.
-    pub(super) fn spawn_rebuild(self: &Arc<Self>, st: &mut NodeState, name: &str) {
-        let Some(e) = st.volumes.get_mut(name) else {
-            return;
-        };
-        let Some(vol) = e.on_drives().cloned() else {
-            return;
-        };
-        if e.rebuild_task {
-            return;
-        }
-        e.rebuild_task = true;
-        let opts = RebuildOptions {
-            rate_bytes_per_sec: e.rebuild_rate,
-            ..RebuildOptions::default()
-        };
-        let node = self.clone();
-        let name = name.to_string();
-        tokio::spawn(async move {
-            loop {
-                let before = vol.member_states();
-                let mut outcome = vol.rebuild(opts.clone()).await.err().map(|e| e.to_string());
-                if outcome.is_none() && vol.member_states() == before {
-                    // Nothing moved: another pass would spin.
-                    outcome = Some(format!("the rebuild made no progress (members {before:?})"));
-                }
-                match &outcome {
-                    None => tracing::info!("volume {name}: rebuild finished"),
-                    Some(e) => tracing::error!("volume {name}: rebuild failed: {e}"),
-                }
-                let mut st = node.state.lock().await;
-                let Some(e) = st.volumes.get_mut(&name) else {
-                    return;
-                };
-                e.last_rebuild_error = outcome.clone();
-                let more = outcome.is_none()
-                    && vol.member_states().iter().any(|s| {
-                        matches!(
-                            s,
-                            MemberState::Rebuilding { .. } | MemberState::Resyncing { .. }
-                        )
-                    });
-                if !more {
-                    e.rebuild_task = false;
-                    return;
-                }
-                tracing::info!(
-                    "volume {name}: a member was replaced or re-added meanwhile; rebuilding it"
-                );
-            }
-        });
-    }
-
-    /// Waits until no rebuild of `name` runs.
-    #[cfg(test)]
-    pub async fn wait_rebuild(
-        &self,
-        name: &str,
-        timeout: std::time::Duration,
-    ) -> NodeResult<VolumeInfo> {
-        let until = std::time::Instant::now() + timeout;
-        loop {
-            let info = self.volume(name).await?;
-            if !info.rebuild.running {
-                return Ok(info);
-            }
-            if std::time::Instant::now() > until {
-                return Ok(info);
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        Backing::Drives { .. } => Some(format!(
+            "{} on drives {}",
+            size(e.device().geometry().size_bytes()),
+            e.drives.join(", ")
+        )),
+        Backing::Offline(o) => Some(format!(
+            "{} on drives {}, offline",
+            size(o.size_bytes),
+            e.drives
+                .iter()
+                .filter(|d| d.as_str() != "-")
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
     }
 }
 
-/// What failing member `p` of `vol` would lose, if it takes the volume
-/// beyond its layout's tolerance; None if the volume survives it.
-fn loss_if_failed(vol: &Volume, drives: &[String], p: usize) -> Option<String> {
-    let l = vol.layout();
-    let mut gone = vol.incomplete_members();
-    if !gone.contains(&p) {
-        gone.push(p);
-        gone.sort_unstable();
-    }
-    if gone.len() <= l.parity_columns() {
-        return None;
-    }
-    let names: Vec<&str> = gone
-        .iter()
-        .map(|&i| drives.get(i).map(String::as_str).unwrap_or("-"))
-        .collect();
-    let what = if l.parity_columns() == 0 {
-        format!(
-            "{} has no redundancy, so every block on it becomes unreadable and unwritable",
-            l.kind()
-        )
-    } else {
-        format!(
-            "{} of its {} members would be failed or not yet rebuilt ({}), more than the {} \
-             {} tolerates, so the data that needs them becomes unreadable and can no longer \
-             be rebuilt",
-            gone.len(),
-            l.members(),
-            names.join(", "),
-            l.parity_columns(),
-            l.kind()
-        )
-    };
-    Some(format!(
-        "{what}; the volume's I/O that needs them fails (Unrecovered Read Error / Write Fault)"
-    ))
-}
-
-fn find_volume<'a>(st: &'a mut NodeState, name: &str) -> NodeResult<&'a mut VolumeEntry> {
+pub(super) fn find_volume<'a>(
+    st: &'a mut NodeState,
+    name: &str,
+) -> NodeResult<&'a mut VolumeEntry> {
     st.volumes.get_mut(name).ok_or_else(|| {
         NodeError::NotFound(format!(
             "no volume {}; list them with `flashpool volume list`",
@@ -1343,7 +1222,7 @@ fn find_volume<'a>(st: &'a mut NodeState, name: &str) -> NodeResult<&'a mut Volu
     })
 }
 
-fn no_drive(name: &str) -> NodeError {
+pub(super) fn no_drive(name: &str) -> NodeError {
     NodeError::NotFound(format!(
         "no drive {}; list them with `flashpool drive list`",
         Echo(name)

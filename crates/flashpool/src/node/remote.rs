@@ -69,6 +69,7 @@ impl Node {
             export: None,
             remote: Some(dev),
             from_config: false,
+            spare: false,
         })
     }
 
@@ -269,7 +270,8 @@ impl Node {
         }
     }
 
-    /// Re-adds remote drive `name` to its volume if its member failed.
+    /// Re-adds remote drive `name` to its volume if its member failed
+    /// (as `drive re-add` does: [`Node::re_add_member`]).
     async fn re_add_remote(self: &Arc<Self>, name: &str) {
         let mut st = self.state.lock().await;
         let Some((v, p)) = st.user_of(name).map(|(v, p)| (v.to_string(), p)) else {
@@ -281,36 +283,8 @@ impl Node {
         if vol.member_states()[p] != MemberState::Failed || vol.is_fenced() {
             return;
         }
-        let dev = st.drives[name].dev.clone();
-        if let Err(e) = self.claim(&st, &[name.to_string()], false).await {
-            tracing::warn!("volume {v}: drive {name} is back but {e}; not re-added");
-            return;
-        }
-        match vol.re_add(p, dev).await {
-            Ok(rep) => {
-                if rep.full_rebuild {
-                    tracing::warn!(
-                        "volume {v}: drive {name} is back at position {p}, rebuilt in full: {}",
-                        rep.reason
-                            .as_deref()
-                            .unwrap_or("no record of what it missed")
-                    );
-                } else {
-                    tracing::info!(
-                        "volume {v}: drive {name} is back at position {p}; resyncing the {} stripes \
-                         of {} regions written meanwhile",
-                        rep.stale_stripes,
-                        rep.stale_regions
-                    );
-                }
-                if let Some(d) = st.drives.get_mut(name) {
-                    d.failed = false;
-                }
-                self.spawn_rebuild(&mut st, &v);
-            }
-            Err(e) => {
-                tracing::warn!("volume {v}: drive {name} is back but cannot be re-added: {e}")
-            }
+        if let Err(e) = self.re_add_member(&mut st, name).await {
+            tracing::warn!("volume {v}: drive {name} is back but not re-added: {e}");
         }
     }
 }

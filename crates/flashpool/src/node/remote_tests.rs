@@ -353,6 +353,7 @@ async fn a_preempted_owner_writes_nothing_more_and_another_node_assembles_the_vo
         .assemble_volume(AssembleVolume {
             drives: vec!["e1:d2".into(), "e1:d0".into(), "e1:d1".into()],
             takeover: false,
+            force: false,
             export: Some(ExportRequest {
                 nqn: NQN.into(),
                 nsid: 1,
@@ -387,6 +388,7 @@ async fn assembling_another_nodes_volume_needs_a_takeover() {
         .assemble_volume(AssembleVolume {
             drives: drives.clone(),
             takeover: false,
+            force: false,
             export: None,
         })
         .await
@@ -402,6 +404,7 @@ async fn assembling_another_nodes_volume_needs_a_takeover() {
         drives,
         takeover: true,
         export: None,
+        force: false,
     })
     .await
     .unwrap();

@@ -174,7 +174,7 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     assert!(e.contains("already exists"), "{e}");
 
     node.export("a", ns1()).await.unwrap();
-    let e = node.delete_volume("a").await.unwrap_err().to_string();
+    let e = node.delete_volume("a", true).await.unwrap_err().to_string();
     assert!(
         e.contains("is exported as nsid 1") && e.contains("unexport"),
         "{e}"
@@ -197,7 +197,7 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     let e = node.export("b", ns1()).await.unwrap_err();
     assert!(matches!(e, NodeError::Conflict(_)), "{e}");
     assert!(matches!(
-        node.delete_volume("nope").await,
+        node.delete_volume("nope", true).await,
         Err(NodeError::NotFound(_))
     ));
     assert!(matches!(
@@ -209,8 +209,8 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     let dev = served(&node);
     let l = lbas(&*dev);
     write_all(&*dev, &l, 1).await;
-    node.unexport("a").await.unwrap();
-    node.delete_volume("a").await.unwrap();
+    node.unexport("a", false).await.unwrap();
+    node.delete_volume("a", true).await.unwrap();
     let names: Vec<String> = node.volumes().await.into_iter().map(|v| v.name).collect();
     assert_eq!(names, ["b"]);
     let d0 = node.drive("d0").await.unwrap();
@@ -351,7 +351,10 @@ async fn huge_input_is_not_echoed_whole_in_errors() {
     check("drive", node.drive(&huge).await.unwrap_err().to_string());
     check(
         "delete",
-        node.delete_volume(&huge).await.unwrap_err().to_string(),
+        node.delete_volume(&huge, true)
+            .await
+            .unwrap_err()
+            .to_string(),
     );
     let e = node
         .export_drive(
@@ -590,18 +593,18 @@ async fn thin_volumes_in_a_raid5_pool_run_out_of_space_cleanly() {
     assert_eq!(pool.provisioned_bytes, 64 * MIB);
     assert_eq!(pool.volumes, ["t"]);
 
-    let e = node.delete_volume("p").await.unwrap_err();
+    let e = node.delete_volume("p", true).await.unwrap_err();
     assert!(e.to_string().contains("thin pool of t"), "{e}");
     // A degraded pool volume shows in its thin volumes' state; data stays.
     node.fail_drive("d1", false).await.unwrap();
     assert_eq!(node.volume("t").await.unwrap().state, "degraded");
     check_all(&*dev, &written, 31).await;
 
-    node.unexport("t").await.unwrap();
-    node.delete_volume("t").await.unwrap();
+    node.unexport("t", false).await.unwrap();
+    node.delete_volume("t", true).await.unwrap();
     let pool = node.volume("p").await.unwrap().thin_pool.unwrap();
     assert_eq!((pool.allocated_bytes, pool.volumes.len()), (0, 0));
-    node.delete_volume("p").await.unwrap();
+    node.delete_volume("p", true).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -797,10 +800,14 @@ async fn a_node_always_starts_and_dead_volumes_come_up_offline() {
     assert!(node.replace_drive("f0", "f2").await.is_err());
     assert_eq!(api_state(&node).await, before, "refusals change nothing");
     // The one from the TOML is deleted by removing it there; the other now.
-    assert!(node.delete_volume("z0r0").await.is_err());
-    node.delete_volume("r5").await.unwrap();
-    for d in ["f2", "f3", "f4"] {
-        assert_eq!(node.drive(d).await.unwrap().state, "free", "{d}");
+    assert!(node.delete_volume("z0r0", true).await.is_err());
+    node.delete_volume("r5", true).await.unwrap();
+    assert_eq!(node.drive("f4").await.unwrap().state, "free");
+    // Failed by the operator before the restart: they stay failed
+    // (state_dir/failed-drives.json) until re-added.
+    for d in ["f2", "f3"] {
+        assert_eq!(node.drive(d).await.unwrap().state, "failed", "{d}");
+        assert_eq!(node.re_add_drive(d).await.unwrap().state, "free", "{d}");
     }
     node.shutdown().await;
 
@@ -820,7 +827,7 @@ async fn a_node_always_starts_and_dead_volumes_come_up_offline() {
             ("z0r0".to_string(), "offline".to_string())
         ]
     );
-    node.delete_volume("z0r0").await.unwrap();
+    node.delete_volume("z0r0", true).await.unwrap();
     assert_eq!(node.drive("f0").await.unwrap().state, "free");
     node.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -1000,3 +1007,7 @@ async fn exported_drives_are_not_assembled_into_local_volumes() {
     let v = node.volume("theirs").await.unwrap();
     assert_eq!(v.state, "offline", "{v:?}");
 }
+
+mod jobs;
+#[path = "recovery_tests.rs"]
+mod recovery_tests;

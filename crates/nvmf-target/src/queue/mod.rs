@@ -25,6 +25,7 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::time::{Duration, Instant};
 
 use blockdev::{AlignedBuf, BlockOp, IoDone, IoFuture, IoRequest};
+use nvme_wire::auth::{AuthCmd, CONNECT_AUTHREQ_ATR};
 use nvme_wire::cqe::Cqe;
 use nvme_wire::fabrics::{CATTR_DISABLE_SQFLOW, ConnectCmd, PropertyCmd, fctype};
 use nvme_wire::sqe::{FUSE_MASK, Sqe, io_opc};
@@ -32,6 +33,7 @@ use nvme_wire::status::{self, Status};
 
 use crate::Target;
 use crate::admin::{self, AdminCtx, AdminOutcome};
+use crate::auth::{self, AuthSession};
 use crate::bufpool::BufPool;
 use crate::config::ADMIN_IN_CAPSULE_DATA;
 use crate::controller::{AER_LIMIT, Controller, FreeReason, QueueStats};
@@ -46,6 +48,9 @@ use sgl::{Sgl, check_sgl};
 /// Transient Transport Error (generic status 0x22): host data arrived with a
 /// bad data digest; the host may retry.
 pub const SC_TRANSIENT_TRANSPORT: u8 = 0x22;
+/// The longest authentication message taken or given (an ffdhe8192
+/// Reply with SHA-512 is 1168 bytes; Linux hosts read with 4 KiB).
+pub const AUTH_MAX_LEN: u32 = 16384;
 /// How often I/O queues refresh the keep-alive clock: small next to a 1 s KATO.
 const TOUCH_EVERY: Duration = Duration::from_millis(100);
 
@@ -83,6 +88,8 @@ enum SlotState {
 enum AfterData {
     Nothing,
     Connect,
+    /// Authentication Send: hand the message to the queue's `AuthSession`.
+    AuthSend,
     /// By NSID and instance (the address of its reservation state): the
     /// snapshot may be reloaded while data is in flight, and a namespace
     /// removed and added again under the same NSID is another one.
@@ -117,6 +124,8 @@ struct Bound {
     ns_version: u64,
     /// The controller's reset generation when this queue connected.
     reset_gen: u64,
+    /// DH-HMAC-CHAP, when the subsystem requires it of this host.
+    auth: Option<AuthSession>,
 }
 
 pub struct QueueCore {
@@ -297,6 +306,21 @@ impl QueueCore {
         if sqe.is_fabrics() {
             return self.fabrics(slot, sgl, data, t);
         }
+        if let Some(b) = &self.bound
+            && b.auth.as_ref().is_some_and(|a| !a.authenticated())
+        {
+            // As nvmet_check_auth_status: only Fabrics commands until the
+            // queue has authenticated.
+            tracing::debug!(
+                "{}: host {} sent opcode {:#x} on queue {} before authenticating",
+                self.peer,
+                b.ctrl.hostnqn,
+                sqe.opcode,
+                b.qid
+            );
+            let st = Status::cmd_specific(status::SC_AUTH_REQUIRED);
+            return self.complete(slot, st, 0, 0, t);
+        }
         match &self.bound {
             None => self.complete(slot, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t),
             Some(b) if b.qid == 0 => self.admin(slot, sgl, t),
@@ -330,6 +354,7 @@ impl QueueCore {
         }
         match s.after {
             AfterData::Connect => self.do_connect(tag, buf, t),
+            AfterData::AuthSend => self.do_auth_send(tag, buf, t),
             AfterData::Io { nsid, inst, plan } => {
                 self.execute_io(tag, nsid, Some(inst), plan, buf, t)
             }
@@ -605,6 +630,7 @@ impl QueueCore {
                     Err(st) => self.complete(i, st, 0, 0, t),
                 }
             }
+            fctype::AUTH_SEND | fctype::AUTH_RECV => self.auth_cmd(i, sgl, data, t),
             fctype::DISCONNECT => {
                 if self.bound.is_none() {
                     return self.complete(i, seq_error, 0, 0, t);
@@ -628,6 +654,12 @@ impl QueueCore {
                     None => (Arc::from(Vec::new()), 0),
                 };
                 self.sqhd = 1 % (cmd.sqsize + 1);
+                let auth = ctrl.subsystem().and_then(|s| s.host_auth(&ctrl.hostnqn));
+                let authreq = if auth.is_some() {
+                    CONNECT_AUTHREQ_ATR
+                } else {
+                    0
+                };
                 let stats = ctrl.register_queue_stats();
                 self.target
                     .register_queue(ctrl.hostid, ctrl.subnqn(), &stats);
@@ -639,6 +671,8 @@ impl QueueCore {
                     qid: cmd.qid,
                     namespaces,
                     ns_version,
+                    auth: auth
+                        .map(|a| AuthSession::new(a, &ctrl.hostnqn, ctrl.subnqn(), auth::os_rng)),
                     ctrl: ctrl.clone(),
                 });
                 tracing::debug!(
@@ -647,10 +681,90 @@ impl QueueCore {
                     cmd.qid,
                     ctrl.cntlid
                 );
-                self.complete(i, Status::SUCCESS, u32::from(ctrl.cntlid), 0, t);
+                let dw0 = u32::from(ctrl.cntlid) | authreq;
+                self.complete(i, Status::SUCCESS, dw0, 0, t);
             }
             // fabrics::connect logged why.
             Err(e) => self.complete(i, e.status, e.dw0, 0, t),
+        }
+    }
+
+    // ---- Authentication (DH-HMAC-CHAP)
+
+    /// Authentication Send and Receive: checked as nvmet checks them, then
+    /// handed to the queue's `AuthSession`.
+    fn auth_cmd<T: Transport>(&mut self, i: u16, sgl: Sgl, data: &[u8], t: &mut T) {
+        let sqe = self.slots[usize::from(i)].sqe;
+        let Some(b) = self.bound.as_ref() else {
+            return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t);
+        };
+        if b.auth.is_none() {
+            // Nothing to authenticate: this host is not required to.
+            return self.complete(i, Status::generic(status::SC_INVALID_FIELD), 0, 0, t);
+        }
+        let cmd = AuthCmd::from_sqe(&sqe);
+        if cmd.bad_field().is_some() || cmd.len > AUTH_MAX_LEN {
+            return self.complete(i, Status::generic(status::SC_INVALID_FIELD), 0, 0, t);
+        }
+        if sqe.fctype() == fctype::AUTH_SEND {
+            self.slots[usize::from(i)].after = AfterData::AuthSend;
+            if let Some(buf) = self.fetch_host_data(i, sgl, cmd.len, data, t) {
+                self.do_auth_send(i, buf, t);
+            }
+            return;
+        }
+        if sgl.in_capsule {
+            return self.complete(i, Status::generic(status::SC_INVALID_FIELD), 0, 0, t);
+        }
+        if sgl.len != cmd.len {
+            return self.complete(i, Status::generic(status::SC_SGL_INVALID_DATA_LEN), 0, 0, t);
+        }
+        let b = self.bound.as_mut().expect("checked");
+        let a = b.auth.as_mut().expect("checked");
+        match a.on_receive(cmd.len as usize) {
+            Err(auth::TooShort) => {
+                self.complete(i, Status::generic(status::SC_INVALID_FIELD), 0, 0, t)
+            }
+            Ok((msg, ev)) => {
+                let (host, qid) = (b.ctrl.hostnqn.clone(), b.qid);
+                self.log_auth(&host, qid, ev);
+                let mut buf = self.pool.get(cmd.len as usize);
+                buf.fill(0);
+                buf[..msg.len()].copy_from_slice(&msg);
+                let len = buf.len();
+                t.send_data(sqe.cid, buf, len, false);
+                self.complete(i, Status::SUCCESS, 0, 0, t)
+            }
+        }
+    }
+
+    fn do_auth_send<T: Transport>(&mut self, i: u16, buf: AlignedBuf, t: &mut T) {
+        let Some(b) = self.bound.as_mut() else {
+            self.pool.put(buf);
+            return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t);
+        };
+        let ev = b
+            .auth
+            .as_mut()
+            .map_or(auth::Event::Nothing, |a| a.on_send(&buf));
+        let (host, qid) = (b.ctrl.hostnqn.clone(), b.qid);
+        self.pool.put(buf);
+        self.log_auth(&host, qid, ev);
+        self.complete(i, Status::SUCCESS, 0, 0, t)
+    }
+
+    /// One line per outcome, with the host and the reason; never a secret.
+    fn log_auth(&self, host: &str, qid: u16, ev: auth::Event) {
+        match ev {
+            auth::Event::Nothing => {}
+            auth::Event::Authenticated => tracing::debug!(
+                "{}: host {host} authenticated queue {qid} (DH-HMAC-CHAP)",
+                self.peer
+            ),
+            auth::Event::Failed { explanation, why } => tracing::warn!(
+                "{}: authentication refused for host {host} on queue {qid}: {why} (explanation {explanation:#x})",
+                self.peer
+            ),
         }
     }
 

@@ -108,7 +108,12 @@ impl Volume {
         vol.inner.write_bitmap_all_zero().await?;
         vol.inner.wipe_journal().await;
         vol.inner.persist_superblock(true).await;
-        if !cfg.assume_clean && vol.inner.parity.code != Code::None {
+        if !cfg.assume_clean && vol.inner.parity.code != Code::None && vol.inner.use_intent {
+            // In the background (`Volume::initial_sync`): every region is
+            // dirty on disk first, so a crash before the sync ends resyncs
+            // the rest at assembly.
+            vol.inner.mark_all_unsynced().await;
+        } else if !cfg.assume_clean && vol.inner.parity.code != Code::None {
             for s in 0..vol.inner.layout.stripes() {
                 vol.inner
                     .sync_stripe(s, true)
@@ -135,6 +140,20 @@ impl Volume {
         intent_log: bool,
         write_journal: bool,
     ) -> Result<Volume, VolumeError> {
+        Ok(
+            Self::assemble_opts(members, intent_log, write_journal, false)
+                .await?
+                .0,
+        )
+    }
+
+    /// With `force`, see [`Volume::assemble_force`] (`force.rs`).
+    pub(crate) async fn assemble_opts(
+        members: Vec<Arc<dyn BlockDevice>>,
+        intent_log: bool,
+        write_journal: bool,
+        force: bool,
+    ) -> Result<(Volume, Option<force::ForceReport>), VolumeError> {
         let reads = join_all(members.iter().map(|d| async move {
             let (buf, r) = dev_io(d, BlockOp::Read, 0, SB_BYTES, abuf(SB_BYTES)).await;
             r.map(|_| buf)
@@ -155,12 +174,7 @@ impl Volume {
                 }
             }
         }
-        let newest = sbs
-            .iter()
-            .flatten()
-            .max_by_key(|sb| sb.generation)
-            .cloned()
-            .ok_or_else(|| VolumeError::Config("no member has a readable superblock".into()))?;
+        let newest = newest_superblock(&sbs)?;
         let n = newest.members.len();
         let mut slot: Vec<Option<usize>> = vec![None; n];
         for (i, sb) in sbs.iter().enumerate() {
@@ -198,6 +212,11 @@ impl Volume {
             }
             slot[p] = Some(i);
         }
+        let plan = if force {
+            Some(force::plan(&newest, &sbs, &slot)?)
+        } else {
+            None
+        };
         let mut devs: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(n);
         let mut states = Vec::with_capacity(n);
         let template = members[slot
@@ -211,8 +230,17 @@ impl Volume {
             match slot[p] {
                 Some(i) => {
                     let sb = sbs[i].as_ref().expect("slotted members have superblocks");
-                    let state = entry.state;
-                    if state != MemberState::Failed && sb.generation + 1 < newest.generation {
+                    let mut state = entry.state;
+                    let forced = plan.as_ref().is_some_and(|pl| pl.forces(p));
+                    if forced {
+                        state = MemberState::Active;
+                    } else if plan.as_ref().is_some_and(|pl| pl.left_out.contains(&p)) {
+                        state = MemberState::Failed;
+                    }
+                    if !forced
+                        && state != MemberState::Failed
+                        && sb.generation + 1 < newest.generation
+                    {
                         return Err(VolumeError::Stale {
                             index: i,
                             position: p,
@@ -316,6 +344,10 @@ impl Volume {
                 m.changed();
             }
         }
+        let report = match &plan {
+            Some(plan) => Some(vol.inner.finish_force(plan, &newest).await?),
+            None => None,
+        };
         // Journal first: the bitmap resync cannot fix stripes missing data.
         vol.inner.replay_journal().await?;
         if intent_log {
@@ -324,7 +356,7 @@ impl Volume {
         vol.inner.load_records().await;
         vol.inner.persist_superblock(true).await;
         tracing::info!("assembled {}", vol.describe());
-        Ok(vol)
+        Ok((vol, report))
     }
 }
 
@@ -435,7 +467,7 @@ impl Inner {
             intent_clear_ms: AtomicU64::new(INTENT_CLEAR_AGE.as_millis() as u64),
             stats: Stats::default(),
             rebuild: RebuildState::default(),
-            scrub: Default::default(),
+            unsynced: parking_lot::Mutex::new(Vec::new()),
             journal,
             records_at,
             records: parking_lot::Mutex::new(RecordState::default()),
@@ -443,4 +475,14 @@ impl Inner {
             layout,
         })
     }
+}
+
+/// The superblock with the highest generation: the volume as it was last
+/// recorded.
+pub(crate) fn newest_superblock(sbs: &[Option<Superblock>]) -> Result<Superblock, VolumeError> {
+    sbs.iter()
+        .flatten()
+        .max_by_key(|sb| sb.generation)
+        .cloned()
+        .ok_or_else(|| VolumeError::Config("no member has a readable superblock".into()))
 }

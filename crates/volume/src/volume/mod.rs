@@ -44,6 +44,7 @@ use crate::superblock::{
 
 mod assemble;
 mod fence;
+mod force;
 mod member_io;
 mod meta;
 mod read;
@@ -51,10 +52,12 @@ mod readd;
 mod rebuild;
 mod replay;
 mod resync;
+mod sync;
 mod write;
 
+pub use force::{ForceReport, ForcedFrom, ForcedMember, StaleRange};
 pub use readd::ReAddReport;
-pub use resync::ScrubProgress;
+pub use sync::SyncControl;
 
 pub(crate) use fence::{Fence, FencedMember};
 pub(crate) use member_io::{
@@ -168,6 +171,9 @@ pub enum VolumeError {
     /// `re_add` refused the device; nothing changed.
     #[error("re-add of member {index} refused: {reason}")]
     ReAddRefused { index: usize, reason: String },
+    /// A forced assembly cannot bring the volume up; nothing changed.
+    #[error("forced assembly refused: {0}")]
+    ForceRefused(String),
     /// A replacement cannot be rebuilt (no redundancy, or too many other
     /// members missing); nothing changed.
     #[error("{0}")]
@@ -216,6 +222,8 @@ pub struct ScrubReport {
     pub repaired: u64,
     /// Stripes that could not be checked because a data member is missing.
     pub skipped: u64,
+    /// The pass was stopped before its end.
+    pub cancelled: bool,
 }
 
 /// A protected (or striped, or concatenated) volume over member devices.
@@ -271,7 +279,6 @@ pub(crate) struct Inner {
     intent_clear_ms: AtomicU64,
     pub stats: Stats,
     pub rebuild: RebuildState,
-    pub(crate) scrub: resync::ScrubState,
     /// The write journal of degraded updates; None for layouts without a
     /// write hole (no parity, mirrors) or when turned off.
     pub journal: Option<Journal>,
@@ -281,6 +288,10 @@ pub(crate) struct Inner {
     records: parking_lot::Mutex<RecordState>,
     /// Raised on a member's Reservation Conflict or by [`Volume::fence`].
     pub(crate) fence: Arc<Fence>,
+    /// Regions whose parity has not been computed since `create` (the
+    /// initial sync runs in the background): each holds one write-intent
+    /// reference, so its bit stays on disk until it is synced.
+    pub(crate) unsynced: parking_lot::Mutex<Vec<u64>>,
 }
 
 #[derive(Default)]

@@ -236,21 +236,62 @@ impl Volume {
         tokio::spawn(async move { vol.rebuild(opts).await })
     }
 
+    /// What the rebuild has done and has left, including the members that
+    /// wait for the next run: right after a replace, before the run starts,
+    /// this already counts the new member's stripes (not the last run's).
     pub fn rebuild_progress(&self) -> RebuildProgress {
         let st = &self.inner.rebuild;
-        let done = st.done.load(Ordering::SeqCst);
-        let total = st.total.load(Ordering::SeqCst);
-        let bytes = st.bytes.load(Ordering::SeqCst);
         let running = st.running.load(Ordering::SeqCst);
+        let (mut done, mut total, mut bytes) = (
+            st.done.load(Ordering::SeqCst),
+            st.total.load(Ordering::SeqCst),
+            st.bytes.load(Ordering::SeqCst),
+        );
+        let mut members = st.members.lock().clone();
+        if !running {
+            members.clear();
+        }
+        let stripes = self.inner.layout.stripes();
+        let (states, stale) = {
+            let m = self.inner.members.read();
+            (m.states.clone(), m.stale.clone())
+        };
+        let mut queued_members = Vec::new();
+        let mut queued_stripes = 0u64;
+        for (i, s) in states.iter().enumerate() {
+            let left = match *s {
+                MemberState::Rebuilding { checkpoint } => stripes.saturating_sub(checkpoint),
+                MemberState::Resyncing { checkpoint } => match stale.as_deref() {
+                    Some(st) => (checkpoint..stripes).filter(|&x| st.stale(x)).count() as u64,
+                    None => stripes.saturating_sub(checkpoint),
+                },
+                _ => continue,
+            };
+            if !members.contains(&i) {
+                queued_members.push(i);
+                queued_stripes = queued_stripes.max(left);
+            }
+        }
+        if !running && !queued_members.is_empty() {
+            // The last run's counts say nothing of the work queued now.
+            (done, total, bytes) = (0, 0, 0);
+        }
         let elapsed = st.started.lock().map(|t| t.elapsed().as_secs_f64());
-        let bytes_per_sec = elapsed
-            .filter(|&e| e > 0.0)
-            .map_or(0.0, |e| bytes as f64 / e);
-        let members = st.members.lock().clone();
-        let per_stripe =
-            (self.inner.layout.strip_blocks() * self.inner.bs) as f64 * members.len() as f64;
+        let bytes_per_sec = if running {
+            elapsed
+                .filter(|&e| e > 0.0)
+                .map_or(0.0, |e| bytes as f64 / e)
+        } else {
+            0.0
+        };
+        let per_stripe = (self.inner.layout.strip_blocks() * self.inner.bs) as f64;
+        let width = members.len().max(1) as f64;
+        // The next run rebuilds the queued members together, from the
+        // lowest checkpoint: its stripes, at the same per-stripe speed.
         let eta = (running && bytes_per_sec > 0.0).then(|| {
-            Duration::from_secs_f64(total.saturating_sub(done) as f64 * per_stripe / bytes_per_sec)
+            let left = total.saturating_sub(done) as f64 * per_stripe * width
+                + queued_stripes as f64 * per_stripe * queued_members.len() as f64;
+            Duration::from_secs_f64(left / bytes_per_sec)
         });
         RebuildProgress {
             running,
@@ -261,6 +302,8 @@ impl Volume {
             bytes,
             bytes_per_sec,
             eta,
+            queued_members,
+            queued_stripes,
         }
     }
 

@@ -9,71 +9,11 @@ use super::*;
 /// Stripes resynced at once after a crash.
 const RESYNC_PARALLEL: usize = 32;
 
-/// Where a scrub is (for metrics): the last run's stripes, and every
-/// inconsistent stripe any run found.
-#[derive(Debug, Default)]
-pub(crate) struct ScrubState {
-    pub running: std::sync::atomic::AtomicBool,
-    pub done: AtomicU64,
-    pub total: AtomicU64,
-    pub inconsistent: AtomicU64,
-}
-
-/// What [`Volume::scrub_progress`] reads.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ScrubProgress {
-    pub running: bool,
-    /// Stripes the running (or last) scrub has checked, of `total_stripes`.
-    pub done_stripes: u64,
-    pub total_stripes: u64,
-    /// Inconsistent stripes found by every scrub since the volume opened.
-    pub inconsistent_stripes: u64,
-}
-
 impl Volume {
-    pub fn scrub_progress(&self) -> ScrubProgress {
-        let p = &self.inner.scrub;
-        ScrubProgress {
-            running: p.running.load(Ordering::Relaxed),
-            done_stripes: p.done.load(Ordering::Relaxed),
-            total_stripes: p.total.load(Ordering::Relaxed),
-            inconsistent_stripes: p.inconsistent.load(Ordering::Relaxed),
-        }
-    }
-
     /// Checks every stripe's parity against its data; with `repair`, rewrites
-    /// parity that disagrees.
+    /// parity that disagrees (see [`Volume::scrub_with`]).
     pub async fn scrub(&self, repair: bool) -> ScrubReport {
-        let mut rep = ScrubReport::default();
-        if self.inner.parity.code == Code::None {
-            return rep;
-        }
-        let p = &self.inner.scrub;
-        let stripes = self.inner.layout.stripes();
-        p.done.store(0, Ordering::Relaxed);
-        p.total.store(stripes, Ordering::Relaxed);
-        p.running.store(true, Ordering::Relaxed);
-        let _running = crate::rebuild::RunningGuard(&p.running);
-        for s in 0..stripes {
-            p.done.store(s, Ordering::Relaxed);
-            match self.inner.sync_stripe(s, repair).await {
-                Ok(Some(true)) => rep.stripes_checked += 1,
-                Ok(Some(false)) => {
-                    rep.stripes_checked += 1;
-                    rep.inconsistent_count += 1;
-                    p.inconsistent.fetch_add(1, Ordering::Relaxed);
-                    if rep.inconsistent.len() < 1000 {
-                        rep.inconsistent.push(s);
-                    }
-                    if repair {
-                        rep.repaired += 1;
-                    }
-                }
-                Ok(None) | Err(_) => rep.skipped += 1,
-            }
-        }
-        p.done.store(stripes, Ordering::Relaxed);
-        rep
+        self.scrub_with(repair, &SyncControl::default()).await
     }
 }
 

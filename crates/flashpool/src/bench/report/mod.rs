@@ -462,7 +462,7 @@ pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
     ])
 }
 
-/// "2026-11-22 07:30:05 UTC", without a date crate (days to civil date, H. Hinnant).
+/// "2026-11-22 07:30:05 UTC".
 fn utc_now() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -471,22 +471,9 @@ fn utc_now() -> String {
 }
 
 fn utc(secs: u64) -> String {
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    let s = humantime::format_rfc3339_seconds(t).to_string();
+    format!("{} UTC", s.trim_end_matches('Z').replacen('T', " ", 1))
 }
 
 /// The command as typed (words with spaces or quotes quoted for a POSIX shell).

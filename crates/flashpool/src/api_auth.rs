@@ -1,0 +1,1054 @@
+//! Who may call the management API, and from where (issue 12, item 5).
+//!
+//! Every request passes [`guard`] before any handler sees it:
+//! 1. `Host` must name the address the client connected to (or
+//!    `localhost` on loopback, or one of `[api] host_names`): a DNS
+//!    rebinding page cannot reach the API under its own name.
+//! 2. An `Origin` (or `Sec-Fetch-Site`) of another site is refused: a
+//!    browser's cross-site request never gets through.
+//! 3. A write (any method but GET/HEAD) with a body must say
+//!    `Content-Type: application/json`, and no write may say another type:
+//!    the POSTs a browser sends without asking first are all refused.
+//! 4. A credential: `Authorization: Bearer <token>` (compared in constant
+//!    time), or a connection on the Unix socket, whose file permissions
+//!    decide who may connect. An address that presents wrong tokens
+//!    [`MAX_FAILURES`] times within [`FAILURE_WINDOW`] is answered 429 with
+//!    `Retry-After` until the window ends.
+//!
+//! A refused request reaches no handler, so it changes nothing. Every call
+//! that may change something (all but GET/HEAD) is logged after it is
+//! answered, with the caller's address and credential (a token's public id,
+//! a socket peer's uid), never the secret.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use axum::Router;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use parking_lot::{Mutex, RwLock};
+use subtle::ConstantTimeEq;
+
+use crate::config::ApiSection;
+
+/// Wrong tokens an address may present within [`FAILURE_WINDOW`].
+pub const MAX_FAILURES: u32 = 10;
+/// How long failures are counted, and how long an address that had too
+/// many is refused.
+pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+/// Addresses whose failures are remembered at most (bounded memory: when
+/// full, expired entries go first, then the oldest).
+const MAX_TRACKED: usize = 4096;
+
+/// Where a connection came from.
+#[derive(Clone, Debug)]
+pub enum PeerInfo {
+    Tcp { peer: SocketAddr, local: SocketAddr },
+    Unix { uid: Option<u32>, pid: Option<i32> },
+}
+
+impl std::fmt::Display for PeerInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerInfo::Tcp { peer, .. } => write!(f, "{peer}"),
+            PeerInfo::Unix { uid, pid } => {
+                write!(f, "unix socket")?;
+                if let Some(p) = pid {
+                    write!(f, " pid {p}")?;
+                }
+                if let Some(u) = uid {
+                    write!(f, " uid {u}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A secret that opens the API. Its `id` is public (logged); the whole
+/// text is the secret.
+#[derive(Clone)]
+pub struct Token {
+    id: String,
+    text: String,
+}
+
+impl Token {
+    /// A new token: `<id>.<secret>`, an 8-hex-digit id and 256 random bits.
+    pub fn generate() -> Result<Token> {
+        let mut b = [0u8; 36];
+        getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
+        let hex = |s: &[u8]| s.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let id = hex(&b[..4]);
+        Ok(Token {
+            text: format!("{id}.{}", hex(&b[4..])),
+            id,
+        })
+    }
+
+    /// A token as written in a file (the part before a `.` is its id).
+    pub fn parse(text: &str, from: &Path) -> Result<Token> {
+        let text = text.trim();
+        if text.len() < 32 || text.len() > 512 || !text.bytes().all(|c| c.is_ascii_graphic()) {
+            bail!(
+                "{}: not an API token (32 to 512 printable characters, no spaces); \
+                 delete it and the node writes a new one at its next start",
+                from.display()
+            );
+        }
+        let id = match text.split_once('.') {
+            Some((id, _)) if id.len() <= 16 => id.to_string(),
+            _ => "-".to_string(),
+        };
+        Ok(Token {
+            id,
+            text: text.into(),
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn secret(&self) -> &str {
+        &self.text
+    }
+
+    fn matches(&self, presented: &[u8]) -> bool {
+        // The length is not secret; the content is compared in constant time.
+        self.text.len() == presented.len() && bool::from(self.text.as_bytes().ct_eq(presented))
+    }
+}
+
+/// The directory the node leaves its token in for the CLI on the same
+/// machine, by API address: `/run/flashpool` for root, else
+/// `$XDG_RUNTIME_DIR/flashpool`, else `/tmp/flashpool-<uid>`.
+pub fn runtime_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return PathBuf::from("/run/flashpool");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if Path::new(&d).is_absolute() => Path::new(&d).join("flashpool"),
+        _ => PathBuf::from(format!("/tmp/flashpool-{uid}")),
+    }
+}
+
+/// `<runtime_dir>/api-<addr>.token` for API address `addr` (`ADDR:PORT`,
+/// as given to `--api`; `:`, `[` and `]` become `_`).
+pub fn runtime_token_path(addr: &str) -> PathBuf {
+    let name: String = addr
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    runtime_dir().join(format!("api-{name}.token"))
+}
+
+/// Makes `dir` (mode 0700) or checks that the existing one is ours and
+/// that no one else may write in it.
+fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
+        Ok(()) => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot make {}", dir.display())),
+    }
+    let m = std::fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
+        bail!(
+            "{} is not a directory owned by uid {uid} that only it may write to; \
+             remove it, or set [api] token_file",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Writes `text` to `path` with mode 0600, atomically (a temporary file
+/// renamed over it), so that a reader sees the old token or the new one.
+pub fn write_secret_file(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let r = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(format!("{text}\n").as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r.with_context(|| format!("cannot write the API token to {}", path.display()))
+}
+
+/// Reads a token file that only its owner may read.
+pub fn read_secret_file(path: &Path) -> Result<Token> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+    if m.mode() & 0o077 != 0 {
+        bail!(
+            "{}: mode {:o} lets others read the API token; chmod 600 it (and rotate the token: it may be known)",
+            path.display(),
+            m.mode() & 0o777
+        );
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    Token::parse(&text, path)
+}
+
+/// Failed authentications by address (an IPv6 address by its /64).
+#[derive(Default)]
+struct FailureLimiter {
+    by_addr: HashMap<IpAddr, (Instant, u32)>,
+}
+
+fn limiter_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+        v4 => v4,
+    }
+}
+
+impl FailureLimiter {
+    /// How long `ip` is still refused, if it is.
+    fn blocked(&mut self, ip: IpAddr, now: Instant) -> Option<Duration> {
+        let key = limiter_key(ip);
+        let &(first, n) = self.by_addr.get(&key)?;
+        let age = now.duration_since(first);
+        if age >= FAILURE_WINDOW {
+            self.by_addr.remove(&key);
+            return None;
+        }
+        (n >= MAX_FAILURES).then(|| FAILURE_WINDOW - age)
+    }
+
+    fn fail(&mut self, ip: IpAddr, now: Instant) {
+        let key = limiter_key(ip);
+        if !self.by_addr.contains_key(&key) && self.by_addr.len() >= MAX_TRACKED {
+            self.by_addr
+                .retain(|_, (first, _)| now.duration_since(*first) < FAILURE_WINDOW);
+            if self.by_addr.len() >= MAX_TRACKED
+                && let Some(oldest) = self
+                    .by_addr
+                    .iter()
+                    .min_by_key(|(_, (first, _))| *first)
+                    .map(|(k, _)| *k)
+            {
+                self.by_addr.remove(&oldest);
+            }
+        }
+        let e = self.by_addr.entry(key).or_insert((now, 0));
+        if now.duration_since(e.0) >= FAILURE_WINDOW {
+            *e = (now, 0);
+        }
+        e.1 = e.1.saturating_add(1);
+    }
+}
+
+/// The API's credentials and checks (one per node).
+pub struct ApiAuth {
+    token: RwLock<Token>,
+    /// Where the token is written: the persistent file first (if any),
+    /// then the runtime file for the CLI.
+    token_files: Vec<PathBuf>,
+    /// Host names besides the connection's own address.
+    host_names: Vec<String>,
+    tls: bool,
+    failures: Mutex<FailureLimiter>,
+}
+
+/// Who made a call, for the log.
+#[derive(Clone, Debug)]
+pub enum Caller {
+    Token(String),
+    Unix(Option<u32>),
+}
+
+impl std::fmt::Display for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Caller::Token(id) => write!(f, "token {id}"),
+            Caller::Unix(Some(uid)) => write!(f, "unix socket uid {uid}"),
+            Caller::Unix(None) => write!(f, "unix socket, uid unknown"),
+        }
+    }
+}
+
+impl ApiAuth {
+    /// An `ApiAuth` that accepts `token` only, writing nowhere (tests).
+    pub fn with_token(token: Token, tls: bool) -> ApiAuth {
+        ApiAuth {
+            token: RwLock::new(token),
+            token_files: Vec::new(),
+            host_names: Vec::new(),
+            tls,
+            failures: Mutex::default(),
+        }
+    }
+
+    /// Loads the node's token from `[api] token_file` (default
+    /// `<state_dir>/api-token`), generating it there (mode 0600) if it is
+    /// not there yet, and writes it to the runtime file for `bound`.
+    pub fn load(cfg: &ApiSection, state_dir: Option<&Path>, bound: &str) -> Result<ApiAuth> {
+        let persistent = cfg
+            .token_file
+            .clone()
+            .or_else(|| state_dir.map(|d| d.join("api-token")));
+        let runtime = runtime_token_path(bound);
+        let token = match &persistent {
+            Some(p) if p.exists() => read_secret_file(p).context("config: [api] token_file")?,
+            Some(p) => {
+                let t = Token::generate()?;
+                write_secret_file(p, t.secret())?;
+                tracing::info!("management API: new token {} in {}", t.id(), p.display());
+                t
+            }
+            None => Token::generate()?,
+        };
+        let mut files: Vec<PathBuf> = persistent.into_iter().collect();
+        let rt = runtime
+            .parent()
+            .map(private_dir)
+            .unwrap_or(Ok(()))
+            .and_then(|()| write_secret_file(&runtime, token.secret()));
+        match rt {
+            Ok(()) => files.push(runtime),
+            Err(e) if !files.is_empty() => {
+                tracing::warn!(
+                    "management API: {e:#}; the CLI finds the token in {} only with --token-file",
+                    files[0].display()
+                );
+            }
+            Err(e) => {
+                return Err(e).context(
+                    "management API: nowhere to keep its token; set [api] token_file or [node] state_dir",
+                );
+            }
+        }
+        tracing::info!(
+            "management API token {} in {}",
+            token.id(),
+            files
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        );
+        Ok(ApiAuth {
+            token: RwLock::new(token),
+            token_files: files,
+            host_names: cfg
+                .host_names
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+            tls: cfg.tls_cert.is_some(),
+            failures: Mutex::default(),
+        })
+    }
+
+    /// The node's current token (for its calls to other nodes).
+    pub fn token(&self) -> Token {
+        self.token.read().clone()
+    }
+
+    /// A new token, written (atomically) to every token file before it
+    /// takes effect; the old one stops working at once.
+    pub fn rotate(&self) -> Result<Token> {
+        let t = Token::generate()?;
+        if let Some((first, rest)) = self.token_files.split_first() {
+            write_secret_file(first, t.secret())?;
+            for p in rest {
+                if let Err(e) = write_secret_file(p, t.secret()) {
+                    tracing::warn!("management API: {e:#}");
+                }
+            }
+        }
+        *self.token.write() = t.clone();
+        Ok(t)
+    }
+
+    pub fn token_files(&self) -> &[PathBuf] {
+        &self.token_files
+    }
+
+    /// Whether `host` (a `Host` header or an origin's authority) names this
+    /// API as reached over `local`.
+    fn host_ok(&self, host: &str, local: Option<SocketAddr>) -> bool {
+        let host = host.trim().to_ascii_lowercase();
+        let (name, port) = match host.strip_prefix('[') {
+            Some(rest) => match rest.split_once(']') {
+                Some((n, p)) => (n.to_string(), p.strip_prefix(':')),
+                None => return false,
+            },
+            None => match host.rsplit_once(':') {
+                Some((n, p)) => (n.to_string(), Some(p)),
+                None => (host.clone(), None),
+            },
+        };
+        let default_port = if self.tls { 443 } else { 80 };
+        let port: u16 = match port {
+            None => default_port,
+            Some(p) => match p.parse() {
+                Ok(p) => p,
+                Err(_) => return false,
+            },
+        };
+        let Some(local) = local else {
+            return false;
+        };
+        if port != local.port() {
+            return false;
+        }
+        if let Ok(ip) = name.parse::<IpAddr>() {
+            return limiter_key_eq(ip, local.ip());
+        }
+        (name == "localhost" && local.ip().is_loopback()) || self.host_names.contains(&name)
+    }
+
+    /// Checks 1 to 3 of the module doc: `Err` is the refusal.
+    fn check_request(&self, req: &Request, peer: Option<&PeerInfo>) -> Result<(), Refusal> {
+        let h = req.headers();
+        let local = match peer {
+            Some(PeerInfo::Tcp { local, .. }) => Some(*local),
+            _ => None,
+        };
+        let on_socket = matches!(peer, Some(PeerInfo::Unix { .. }));
+        if !on_socket && let Some(host) = h.get(header::HOST) {
+            let s = host.to_str().unwrap_or("");
+            if !self.host_ok(s, local) {
+                return Err(refusal(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "Host {} is not this API's address{}; call it by its address, \
+                         or list the name in [api] host_names",
+                        crate::echo::Echo(&String::from_utf8_lossy(host.as_bytes())),
+                        local.map(|l| format!(" ({l})")).unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+        if let Some(o) = h.get(header::ORIGIN) {
+            let s = o.to_str().unwrap_or("");
+            let authority = s
+                .strip_prefix(if self.tls { "https://" } else { "http://" })
+                .filter(|a| !a.contains('/'));
+            let same = match authority {
+                Some(a) if on_socket => a == "localhost" || a.starts_with("localhost:"),
+                Some(a) => self.host_ok(a, local),
+                None => false,
+            };
+            if !same {
+                return Err(refusal(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "cross-origin request from {} refused: the API takes no calls from web pages",
+                        crate::echo::Echo(&String::from_utf8_lossy(o.as_bytes()))
+                    ),
+                ));
+            }
+        }
+        if let Some(site) = h.get("sec-fetch-site")
+            && !matches!(site.as_bytes(), b"same-origin" | b"none")
+        {
+            return Err(refusal(
+                StatusCode::FORBIDDEN,
+                "cross-site request refused (Sec-Fetch-Site): the API takes no calls from web pages"
+                    .into(),
+            ));
+        }
+        let read = matches!(*req.method(), Method::GET | Method::HEAD);
+        if !read {
+            let ct = h.get(header::CONTENT_TYPE);
+            let json = ct.map(|v| {
+                let s = v.to_str().unwrap_or("");
+                let essence = s.split(';').next().unwrap_or("").trim();
+                essence.eq_ignore_ascii_case("application/json")
+            });
+            let has_body = h.contains_key(header::TRANSFER_ENCODING)
+                || h.get(header::CONTENT_LENGTH)
+                    .is_some_and(|v| v.as_bytes() != b"0");
+            if json == Some(false) || (json.is_none() && has_body) {
+                return Err(refusal(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    format!(
+                        "{} {}: a request body must be JSON, sent with Content-Type: application/json{}",
+                        req.method(),
+                        crate::echo::Echo(req.uri().path()),
+                        ct.map(|v| format!(
+                            " (this one is {})",
+                            crate::echo::Echo(&String::from_utf8_lossy(v.as_bytes()))
+                        ))
+                        .unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Check 4: who calls.
+    fn authenticate(&self, h: &HeaderMap, peer: Option<&PeerInfo>) -> Result<Caller, Refusal> {
+        let ip = match peer {
+            Some(PeerInfo::Unix { uid, .. }) => return Ok(Caller::Unix(*uid)),
+            Some(PeerInfo::Tcp { peer, .. }) => Some(peer.ip()),
+            None => None,
+        };
+        let Some(auth) = h.get(header::AUTHORIZATION) else {
+            return Err(unauthorized(
+                "this call needs a credential: Authorization: Bearer <token>; \
+                 the CLI reads the node's token file by itself (see docs/api.md, Authentication)"
+                    .into(),
+            ));
+        };
+        let now = Instant::now();
+        if let Some(ip) = ip
+            && let Some(wait) = self.failures.lock().blocked(ip, now)
+        {
+            let secs = wait.as_secs() + 1;
+            let r = Refusal {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                msg: format!(
+                    "too many wrong tokens from {ip}: refused for another {secs} s \
+                     (more than {MAX_FAILURES} in {} s)",
+                    FAILURE_WINDOW.as_secs()
+                ),
+                retry_after: Some(secs),
+            };
+            return Err(r);
+        }
+        let presented = auth
+            .as_bytes()
+            .split_at_checked(7)
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"bearer "))
+            .map(|(_, t)| t.trim_ascii());
+        let token = self.token.read().clone();
+        match presented {
+            Some(p) if token.matches(p) => Ok(Caller::Token(token.id)),
+            _ => {
+                if let Some(ip) = ip {
+                    self.failures.lock().fail(ip, now);
+                }
+                Err(unauthorized(
+                    "the API token is not valid (was it rotated? the CLI reads the current one \
+                     from the node's token file; see docs/api.md, Authentication)"
+                        .into(),
+                ))
+            }
+        }
+    }
+}
+
+fn limiter_key_eq(a: IpAddr, b: IpAddr) -> bool {
+    let canon = |ip: IpAddr| match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    canon(a) == canon(b)
+}
+
+/// A refused request's answer: `{"error": ...}` with its status.
+struct Refusal {
+    status: StatusCode,
+    msg: String,
+    retry_after: Option<u64>,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let msg = crate::echo::bounded(self.msg);
+        let mut r = (self.status, axum::Json(serde_json::json!({ "error": msg }))).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"flashpool\""),
+            );
+        }
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+fn refusal(status: StatusCode, msg: String) -> Refusal {
+    Refusal {
+        status,
+        msg,
+        retry_after: None,
+    }
+}
+
+fn unauthorized(msg: String) -> Refusal {
+    refusal(StatusCode::UNAUTHORIZED, msg)
+}
+
+/// The middleware: checks, authenticates, then logs each call that may
+/// change something.
+async fn guard(State(auth): State<Arc<ApiAuth>>, req: Request, next: Next) -> Response {
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<PeerInfo>>()
+        .map(|c| c.0.clone());
+    let who = peer
+        .as_ref()
+        .map_or_else(|| "unknown".to_string(), |p| p.to_string());
+    let method = req.method().clone();
+    let path = crate::echo::Echo(req.uri().path()).to_string();
+    let caller = match auth
+        .check_request(&req, peer.as_ref())
+        .and_then(|()| auth.authenticate(req.headers(), peer.as_ref()))
+    {
+        Ok(c) => c,
+        Err(r) => {
+            tracing::warn!(
+                target: "flashpool::api::audit",
+                %method, path, status = r.status.as_u16(), peer = %who,
+                "management API call refused"
+            );
+            return r.into_response();
+        }
+    };
+    let read = matches!(method, Method::GET | Method::HEAD);
+    let resp = next.run(req).await;
+    if !read {
+        tracing::info!(
+            target: "flashpool::api::audit",
+            %method, path, status = resp.status().as_u16(), peer = %who, caller = %caller,
+            "management API call"
+        );
+    }
+    resp
+}
+
+/// `POST /v1/api/token/rotate`: a new token; the old one stops working.
+async fn rotate(State(auth): State<Arc<ApiAuth>>) -> Response {
+    match auth.rotate() {
+        Ok(t) => axum::Json(serde_json::json!({
+            "token_id": t.id(),
+            "token": t.secret(),
+            "files": auth.token_files(),
+        }))
+        .into_response(),
+        Err(e) => refusal(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{e:#}; the old token still works"),
+        )
+        .into_response(),
+    }
+}
+
+/// `router` with the token rotation call, behind [`guard`].
+pub fn secure(router: Router, auth: Arc<ApiAuth>) -> Router {
+    let calls = Router::new()
+        .route("/v1/api/token/rotate", post(rotate))
+        .with_state(auth.clone())
+        .merge(router);
+    // As in `api::router`: around the whole router, so that the rotation
+    // call's 405 is JSON with its `Allow` header.
+    Router::new()
+        .fallback_service(calls)
+        .layer(middleware::from_fn(crate::api::json_errors))
+        .layer(middleware::from_fn_with_state(auth, guard))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_has_an_id_and_256_bits() {
+        let t = Token::generate().unwrap();
+        assert_eq!(t.id().len(), 8);
+        assert_eq!(t.secret().len(), 8 + 1 + 64);
+        assert!(t.matches(t.secret().as_bytes()));
+        assert!(!t.matches(Token::generate().unwrap().secret().as_bytes()));
+        assert!(!t.matches(&t.secret().as_bytes()[1..]));
+    }
+
+    #[test]
+    fn the_limiter_blocks_after_max_failures_and_forgets_after_the_window() {
+        let mut l = FailureLimiter::default();
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let t0 = Instant::now();
+        for _ in 0..MAX_FAILURES - 1 {
+            l.fail(ip, t0);
+        }
+        assert!(l.blocked(ip, t0).is_none());
+        l.fail(ip, t0);
+        assert!(l.blocked(ip, t0 + Duration::from_secs(1)).is_some());
+        assert!(l.blocked("10.0.0.2".parse().unwrap(), t0).is_none());
+        assert!(l.blocked(ip, t0 + FAILURE_WINDOW).is_none());
+    }
+
+    #[test]
+    fn the_limiter_memory_is_bounded() {
+        let mut l = FailureLimiter::default();
+        let t0 = Instant::now();
+        for i in 0..(MAX_TRACKED as u32 + 100) {
+            l.fail(IpAddr::V4(i.into()), t0 + Duration::from_millis(i as u64));
+        }
+        assert_eq!(l.by_addr.len(), MAX_TRACKED);
+        // IPv6 addresses count by their /64.
+        let a: IpAddr = "2001:db8::1".parse().unwrap();
+        let b: IpAddr = "2001:db8::2".parse().unwrap();
+        assert_eq!(limiter_key(a), limiter_key(b));
+    }
+
+    #[test]
+    fn host_names_the_connection_address() {
+        let a = ApiAuth::with_token(Token::generate().unwrap(), false);
+        let lo: SocketAddr = "127.0.0.1:9410".parse().unwrap();
+        assert!(a.host_ok("127.0.0.1:9410", Some(lo)));
+        assert!(a.host_ok("localhost:9410", Some(lo)));
+        assert!(a.host_ok("LOCALHOST:9410", Some(lo)));
+        assert!(!a.host_ok("127.0.0.1:9411", Some(lo)));
+        assert!(!a.host_ok("evil.example:9410", Some(lo)));
+        assert!(!a.host_ok("127.0.0.1", Some(lo)));
+        assert!(!a.host_ok("127.0.0.2:9410", Some(lo)));
+        let v6: SocketAddr = "[::1]:9410".parse().unwrap();
+        assert!(a.host_ok("[::1]:9410", Some(v6)));
+        assert!(!a.host_ok("[::1:9410", Some(v6)));
+        let off: SocketAddr = "10.1.1.1:9410".parse().unwrap();
+        assert!(!a.host_ok("localhost:9410", Some(off)));
+    }
+
+    #[test]
+    fn runtime_token_path_is_by_address() {
+        let p = runtime_token_path("127.0.0.1:9410");
+        assert!(p.ends_with("api-127.0.0.1_9410.token"), "{}", p.display());
+        let p = runtime_token_path("[::1]:9410");
+        assert!(p.ends_with("api-___1__9410.token"), "{}", p.display());
+    }
+}
+
+/// Listeners that tell [`PeerInfo`] (the plain one, the TLS one and the
+/// Unix socket), for `axum::serve` with connect info.
+pub mod listen {
+    use std::io;
+    use std::net::SocketAddr;
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use anyhow::{Context, Result};
+    use axum::extract::connect_info::Connected;
+    use axum::serve::{IncomingStream, Listener};
+    use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+    use super::PeerInfo;
+
+    /// How long a client has to finish the TLS handshake.
+    const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Handshakes in progress at most; more connections wait.
+    const MAX_HANDSHAKES: usize = 64;
+
+    async fn accept_tcp(l: &TcpListener) -> (TcpStream, SocketAddr, SocketAddr) {
+        loop {
+            match l.accept().await {
+                Ok((s, peer)) => {
+                    let local = s.local_addr().unwrap_or(peer);
+                    return (s, peer, local);
+                }
+                Err(e) => {
+                    tracing::debug!("management API: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    pub struct Plain(pub TcpListener);
+
+    impl Listener for Plain {
+        type Io = TcpStream;
+        type Addr = PeerInfo;
+        async fn accept(&mut self) -> (TcpStream, PeerInfo) {
+            let (s, peer, local) = accept_tcp(&self.0).await;
+            (s, PeerInfo::Tcp { peer, local })
+        }
+        fn local_addr(&self) -> io::Result<PeerInfo> {
+            let a = self.0.local_addr()?;
+            Ok(PeerInfo::Tcp { peer: a, local: a })
+        }
+    }
+
+    /// HTTPS: each connection's handshake runs in its own task (bounded in
+    /// time and number), so one slow client holds up no other.
+    pub struct Tls {
+        rx: tokio::sync::mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, PeerInfo)>,
+        local: SocketAddr,
+    }
+
+    impl Tls {
+        pub fn new(l: TcpListener, cfg: Arc<rustls::ServerConfig>) -> io::Result<Tls> {
+            let local = l.local_addr()?;
+            let (tx, rx) = tokio::sync::mpsc::channel(16);
+            let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+            let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+            tokio::spawn(async move {
+                loop {
+                    let Ok(slot) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let (s, peer, local) = accept_tcp(&l).await;
+                    let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                    tokio::spawn(async move {
+                        let r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(s)).await;
+                        drop(slot);
+                        match r {
+                            Ok(Ok(tls)) => {
+                                let _ = tx.send((tls, PeerInfo::Tcp { peer, local })).await;
+                            }
+                            Ok(Err(e)) => tracing::debug!("management API: TLS from {peer}: {e}"),
+                            Err(_) => tracing::debug!(
+                                "management API: TLS from {peer}: handshake timed out"
+                            ),
+                        }
+                    });
+                }
+            });
+            Ok(Tls { rx, local })
+        }
+    }
+
+    impl Listener for Tls {
+        type Io = tokio_rustls::server::TlsStream<TcpStream>;
+        type Addr = PeerInfo;
+        async fn accept(&mut self) -> (Self::Io, PeerInfo) {
+            match self.rx.recv().await {
+                Some(c) => c,
+                None => std::future::pending().await,
+            }
+        }
+        fn local_addr(&self) -> io::Result<PeerInfo> {
+            Ok(PeerInfo::Tcp {
+                peer: self.local,
+                local: self.local,
+            })
+        }
+    }
+
+    /// The Unix socket: its file mode (0600 or 0660) says who may call.
+    pub struct Unix(pub UnixListener);
+
+    impl Listener for Unix {
+        type Io = UnixStream;
+        type Addr = PeerInfo;
+        async fn accept(&mut self) -> (UnixStream, PeerInfo) {
+            loop {
+                match self.0.accept().await {
+                    Ok((s, _)) => {
+                        let cred = s.peer_cred().ok();
+                        let info = PeerInfo::Unix {
+                            uid: cred.map(|c| c.uid()),
+                            pid: cred.and_then(|c| c.pid()),
+                        };
+                        return (s, info);
+                    }
+                    Err(e) => {
+                        tracing::debug!("management API socket: accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }
+        fn local_addr(&self) -> io::Result<PeerInfo> {
+            Ok(PeerInfo::Unix {
+                uid: None,
+                pid: None,
+            })
+        }
+    }
+
+    impl Connected<IncomingStream<'_, Plain>> for PeerInfo {
+        fn connect_info(s: IncomingStream<'_, Plain>) -> Self {
+            s.remote_addr().clone()
+        }
+    }
+    impl Connected<IncomingStream<'_, Tls>> for PeerInfo {
+        fn connect_info(s: IncomingStream<'_, Tls>) -> Self {
+            s.remote_addr().clone()
+        }
+    }
+    impl Connected<IncomingStream<'_, Unix>> for PeerInfo {
+        fn connect_info(s: IncomingStream<'_, Unix>) -> Self {
+            s.remote_addr().clone()
+        }
+    }
+
+    /// Binds the Unix socket at `path` with `mode` (a stale socket file is
+    /// replaced; anything else there is an error).
+    pub fn bind_unix(path: &Path, mode: u32) -> Result<Unix> {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            if !m.file_type().is_socket() {
+                anyhow::bail!(
+                    "config: api.unix_socket = {}: something that is not a socket is there; remove it or choose another path",
+                    path.display()
+                );
+            }
+            std::fs::remove_file(path)?;
+        }
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)
+                .with_context(|| format!("config: api.unix_socket: cannot make {}", d.display()))?;
+        }
+        // Made with no permission for anyone, then opened up to `mode`:
+        // no one connects before the mode is set.
+        // SAFETY: umask only swaps the process's file mode mask.
+        let old = unsafe { libc::umask(0o777) };
+        let l = UnixListener::bind(path);
+        // SAFETY: as above, restoring the previous mask.
+        unsafe { libc::umask(old) };
+        let l = l.with_context(|| {
+            format!(
+                "config: api.unix_socket = {}: cannot listen there",
+                path.display()
+            )
+        })?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        Ok(Unix(l))
+    }
+
+    /// The server side of `[api] tls_cert` and `tls_key` (PEM files).
+    pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_file_iter(cert)
+            .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "config: api.tls_cert = {}: cannot read a PEM certificate chain: {e}",
+                    cert.display()
+                )
+            })?;
+        if certs.is_empty() {
+            anyhow::bail!(
+                "config: api.tls_cert = {}: no CERTIFICATE in it",
+                cert.display()
+            );
+        }
+        let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+            anyhow::anyhow!(
+                "config: api.tls_key = {}: cannot read a PEM private key: {e}",
+                key.display()
+            )
+        })?;
+        let mut c = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .context("config: api.tls_cert and tls_key do not make a usable certificate")?;
+        c.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(c))
+    }
+
+    /// Trust anchors for a client: the certificates in a PEM file.
+    pub fn client_roots(ca: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
+        use rustls_pki_types::CertificateDer;
+        use rustls_pki_types::pem::PemObject;
+        let v = CertificateDer::pem_file_iter(ca)
+            .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| anyhow::anyhow!("{}: cannot read PEM certificates: {e}", ca.display()))?;
+        if v.is_empty() {
+            anyhow::bail!("{}: no CERTIFICATE in it", ca.display());
+        }
+        Ok(v)
+    }
+}
+
+/// A ureq agent for the API: plain, or HTTPS trusting the certificates in
+/// `ca` (PEM) or, without it, the public web roots.
+pub fn http_agent(ca: Option<&Path>, timeout: Duration) -> Result<ureq::Agent> {
+    let mut b = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(timeout));
+    if let Some(ca) = ca {
+        b = b.tls_config(tls_config(ca)?);
+    }
+    Ok(b.build().into())
+}
+
+/// TLS for a client that trusts the certificates in `ca` (PEM) only.
+pub fn tls_config(ca: &Path) -> Result<ureq::tls::TlsConfig> {
+    let certs: Vec<ureq::tls::Certificate<'static>> = listen::client_roots(ca)?
+        .iter()
+        .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
+        .collect();
+    Ok(ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+        .build())
+}
+
+/// How this node calls other nodes' APIs (`POST /v1/cluster/probe`): with
+/// its own token (a cluster shares one `[api] token_file`), over HTTPS to
+/// an address advertised as `https://...`, trusting `[api] tls_ca` (or the
+/// node's own `tls_cert`).
+pub struct PeerApi {
+    auth: Arc<ApiAuth>,
+    agent: ureq::Agent,
+}
+
+impl PeerApi {
+    pub fn new(auth: Arc<ApiAuth>, cfg: &ApiSection) -> Result<PeerApi> {
+        let ca = cfg.tls_ca.as_deref().or(cfg.tls_cert.as_deref());
+        let agent = http_agent(ca, Duration::from_secs(5)).context("config: [api] tls_ca")?;
+        Ok(PeerApi { auth, agent })
+    }
+
+    /// `POST <api>/v1<path>` with no body; `api` is a peer's advertised
+    /// address (`ADDR:PORT` or `https://ADDR:PORT`).
+    pub fn post(
+        &self,
+        api: &str,
+        path: &str,
+    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+        let url = if api.contains("://") {
+            format!("{api}/v1{path}")
+        } else {
+            format!("http://{api}/v1{path}")
+        };
+        self.agent
+            .post(&url)
+            .header(
+                "Authorization",
+                &format!("Bearer {}", self.auth.token().secret()),
+            )
+            .send_empty()
+    }
+}

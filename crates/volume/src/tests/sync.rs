@@ -1,0 +1,134 @@
+//! The background parity passes: the initial sync after create (while the
+//! volume serves, and across a crash) and a stoppable scrub.
+
+use std::sync::atomic::Ordering;
+
+use super::*;
+
+/// Members full of junk, so that parity must be computed.
+async fn junk_rig(n: usize, stripes: u64) -> Rig {
+    let rig = Rig::new(n, stripes);
+    for (i, m) in rig.mems.iter().enumerate() {
+        let mut junk = vec![0u8; (stripes * u64::from(STRIP)) as usize];
+        Rng::new(100 + i as u64).fill(&mut junk);
+        let done = m
+            .submit(IoRequest {
+                op: BlockOp::Write { fua: false },
+                lba: META / BS,
+                blocks: (junk.len() as u64 / BS) as u32,
+                buf: buf_with(&junk),
+            })
+            .await;
+        done.result.unwrap();
+    }
+    rig
+}
+
+fn unclean(kind: LayoutKind) -> VolumeConfig {
+    VolumeConfig {
+        assume_clean: false,
+        ..cfg(kind)
+    }
+}
+
+#[test]
+fn initial_sync_runs_after_create_while_writes_go_on() {
+    for (kind, n) in [(LayoutKind::Raid5, 4), (LayoutKind::Raid6, 6)] {
+        block_on(async {
+            let rig = junk_rig(n, 32).await;
+            let vol = Volume::create(rig.members(), unclean(kind)).await.unwrap();
+            let regions = vol.unsynced_regions();
+            assert!(regions > 1, "{kind}: {regions}");
+            // Not synced yet: parity disagrees somewhere.
+            assert!(vol.scrub(false).await.inconsistent_count > 0, "{kind}");
+            let mut model = Model::new(&vol);
+            model.data = vread(&vol, 0, model.blocks()).await;
+            let mut rng = Rng::new(5);
+            for _ in 0..30 {
+                random_write(&mut rng, &vol, &mut model).await;
+            }
+            let ctl = SyncControl::default();
+            let rep = vol.initial_sync(&ctl).await.unwrap();
+            assert!(!rep.cancelled);
+            assert_eq!(rep.skipped, 0);
+            assert_eq!(ctl.done.load(Ordering::Relaxed), 32, "{kind}");
+            assert_eq!(ctl.total.load(Ordering::Relaxed), 32);
+            assert_eq!(vol.unsynced_regions(), 0);
+            assert_eq!(vol.scrub(false).await.inconsistent_count, 0, "{kind}");
+            model.check(&vol, "after the initial sync").await;
+            // Parity is real now: a member lost reads back the same data.
+            rig.faults[1].fail_now();
+            model.check(&vol, "degraded after the initial sync").await;
+        });
+    }
+}
+
+#[test]
+fn a_crash_before_the_initial_sync_ends_resyncs_the_rest_at_assembly() {
+    block_on(async {
+        let rig = junk_rig(5, 32).await;
+        let vol = Volume::create(rig.members(), unclean(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        assert!(vol.unsynced_regions() > 0);
+        // A stopped sync syncs nothing and leaves every region dirty.
+        let ctl = SyncControl::default();
+        ctl.cancel.store(true, Ordering::Relaxed);
+        assert!(vol.initial_sync(&ctl).await.unwrap().cancelled);
+        let mut rng = Rng::new(2);
+        let mut model = Model::new(&vol);
+        model.data = vread(&vol, 0, model.blocks()).await;
+        for _ in 0..10 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        // A power cut: no close.
+        drop(vol);
+        let vol = Volume::assemble(rig.members()).await.unwrap();
+        assert_eq!(vol.unsynced_regions(), 0);
+        assert_eq!(vol.scrub(false).await.inconsistent_count, 0);
+        model.check(&vol, "assembled after a cut-short sync").await;
+    });
+}
+
+#[test]
+fn scrub_reports_progress_and_mismatches_and_stops_when_asked() {
+    block_on(async {
+        let rig = Rig::new(4, 16);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        let mut model = Model::new(&vol);
+        let mut rng = Rng::new(9);
+        for _ in 0..20 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        // Rot one strip of member 2 below the volume.
+        let mut junk = vec![0u8; STRIP as usize];
+        rng.fill(&mut junk);
+        let done = rig.mems[2]
+            .submit(IoRequest {
+                op: BlockOp::Write { fua: false },
+                lba: META / BS + 3 * u64::from(STRIP) / BS,
+                blocks: STRIP / BS as u32,
+                buf: buf_with(&junk),
+            })
+            .await;
+        done.result.unwrap();
+        let ctl = SyncControl::default();
+        let rep = vol.scrub_with(false, &ctl).await;
+        assert_eq!(rep.inconsistent, vec![3]);
+        assert_eq!(ctl.mismatches.load(Ordering::Relaxed), 1);
+        assert_eq!(ctl.done.load(Ordering::Relaxed), 16);
+        assert!(!rep.cancelled);
+        // A scrub asked to stop checks nothing more.
+        let stopped = SyncControl::default();
+        stopped.cancel.store(true, Ordering::Relaxed);
+        let rep = vol.scrub_with(true, &stopped).await;
+        assert!(rep.cancelled);
+        assert_eq!(rep.stripes_checked, 0);
+        assert_eq!(vol.scrub(false).await.inconsistent_count, 1, "not repaired");
+        let rep = vol.scrub_with(true, &SyncControl::default()).await;
+        assert_eq!(rep.repaired, 1);
+        assert_eq!(vol.scrub(false).await.inconsistent_count, 0);
+    });
+}
