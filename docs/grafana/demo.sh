@@ -24,6 +24,7 @@ cat >"$RUN/node.toml" <<TOML
 log = "warn"
 [api]
 address = "$API"
+token_file = "$RUN/api-token"
 [[listener]]
 address = "127.0.0.1"
 port = 4640
@@ -62,13 +63,18 @@ volume = "thin1"
 TOML
 "$BIN" serve -c "$RUN/node.toml" >"$RUN/node.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 1 100); do curl -sf "http://$API/metrics" >/dev/null && break; sleep 0.2; done
+# Every API call carries the node's token (docs/api.md, Authentication).
+call() { curl -sf -H "Authorization: Bearer $(cat "$RUN/api-token")" -H 'Content-Type: application/json' "$@"; }
+for _ in $(seq 1 100); do [ -s "$RUN/api-token" ] && call "http://$API/metrics" >/dev/null && break; sleep 0.2; done
 
 cat >"$RUN/prometheus.yml" <<YML
 global:
   scrape_interval: 1s
 scrape_configs:
   - job_name: flashpool
+    authorization:
+      type: Bearer
+      credentials_file: $RUN/api-token
     static_configs:
       - targets: ["$API"]
 YML
@@ -86,10 +92,13 @@ LOAD=$!
 $B --target "$T?nsid=2" --rw randwrite --qd 1 --runtime 40s --rate-iops 4 --size 200MiB >/dev/null || true
 wait "$LOAD" || true
 echo "phase 2: d1 fails; degraded I/O"
-curl -sf -X POST "http://$API/v1/drives/d1/fail" >/dev/null
+call -X POST "http://$API/v1/drives/d1/fail" >/dev/null
 $B --target "$T?nsid=1" --rw randrw --qd 16 --runtime 25s --rate-iops 3000 >/dev/null || true
 echo "phase 3: d1 replaced by spare; rebuild under read load"
-curl -sf -X POST "http://$API/v1/drives/d1/replace" -d '{"with": "spare"}' >/dev/null
+call -X POST "http://$API/v1/drives/d1/replace" -d '{"with": "spare"}' >/dev/null
 $B --target "$T?nsid=1" --rw randread --qd 32 --runtime 40s >/dev/null || true
+echo "phase 4: a scrub of r5 under light load"
+call -X POST "http://$API/v1/volumes/r5/scrub" >/dev/null
+$B --target "$T?nsid=1" --rw randrw --qd 8 --runtime 15s --rate-iops 2000 >/dev/null || true
 sleep 3
-python3 docs/grafana/render.py --prometheus http://127.0.0.1:4695 --minutes 2 --out docs/grafana/dashboard.png
+python3 docs/grafana/render.py --prometheus http://127.0.0.1:4695 --minutes 2.5 --out docs/grafana/dashboard.png

@@ -20,7 +20,7 @@ const VOLUME_STATES: [&str; 6] = [
     "failed",
     "offline",
 ];
-const DRIVE_STATES: [&str; 4] = ["free", "member", "exported", "failed"];
+const DRIVE_STATES: [&str; 5] = ["free", "spare", "member", "exported", "failed"];
 
 impl Node {
     /// The Prometheus text page.
@@ -187,7 +187,9 @@ fn volumes(p: &mut Exposition, st: &NodeState) {
     let running: JobPick = |j| u64::from(j.state == JobState::Running);
     let done: JobPick = |j| j.done_stripes;
     let total: JobPick = |j| j.total_stripes;
-    let job_families: [(JobKind, [(&'static str, &'static str, JobPick); 3]); 2] = [
+    /// A family: its name, help, and what it reads from a job.
+    type JobFamily = (&'static str, &'static str, JobPick);
+    let job_families: [(JobKind, [JobFamily; 3]); 2] = [
         (
             JobKind::Scrub,
             [
@@ -306,7 +308,7 @@ fn drives(p: &mut Exposition, st: &NodeState) {
     let mut f = p.family(
         "flashpool_drive_state",
         Kind::Gauge,
-        "1 for the drive's state (free, member, exported, failed), 0 for the others.",
+        "1 for the drive's state (free, spare, member, exported, failed), 0 for the others.",
     );
     for (i, _) in &infos {
         for s in DRIVE_STATES {
