@@ -86,6 +86,7 @@ NQN_REV=nqn.2026-01.io.flashpool:interop-guest-nvmet   # the guest kernel's targ
 NQN_R6=nqn.2026-01.io.flashpool:interop-raid6          # a raid6 volume on 6 mem drives
 NQN_RESV=nqn.2026-01.io.flashpool:interop-resv         # two guest hosts share its namespace
 NQN_CL=nqn.2026-01.io.flashpool:interop-cluster        # the cluster owner's r6 (nsid 1) and ec (nsid 2)
+NQN_AUTH=nqn.2026-01.io.flashpool:interop-auth         # DH-HMAC-CHAP required (+ -h2, -h3)
 OTHER_HOST=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555
 SERIAL=FPIOP-7731-QEMU
 MODEL=flashpool-interop-model-x7
@@ -116,6 +117,13 @@ PTPL_CHECKS="resv-ptpl-restart"
 # cluster (flashpool, root): the guest's checks; the host's are FPC_CHECKS_HOST in
 # tests/cluster/lib.sh (cluster-up, one per fault step, cluster-teardown)
 CLUSTER_GUEST_CHECKS="cluster-connect cluster-fio-r6 cluster-fio-ec cluster-dmesg"
+# DH-HMAC-CHAP (flashpool, and a guest kernel with CONFIG_NVME_AUTH; else a SKIP line):
+# $NQN_AUTH has require_auth with this guest's host secret (hh 01) and a controller secret;
+# $NQN_AUTH-h2 / -h3 take secrets transformed with SHA-384 / SHA-512 (hh 02, 03). The keys
+# are made on the host (random, DHHC-1 = base64(key || crc32 LE)), files mode 0600.
+# auth-target-log (host): the target log names the refused host and the reason, and holds
+# no secret.
+AUTH_CHECKS="auth-uni auth-bidi auth-hmac2 auth-hmac3 auth-wrong-secret auth-no-secret auth-target-log"
 # reverse direction: flashpool bench (host) -> guest kernel nvmet-tcp; results printed by the host
 REV_CHECKS="host-connect-identify host-verify-nodigest host-verify-digest host-r2t-large host-remote-verify
   host-remote-reconnect host-remote-no-resv host-data-on-ramdisk"
@@ -134,7 +142,10 @@ do_setup() { guest_setup; }
 do_build() {
   local t0; t0=$(ts)
   # modules: dependency order resolved on the host by kmod, loaded by busybox insmod
-  guest_stage "$IRD" "configfs crc32c_generic crc32c-intel libcrc32c nvme-core nvme-fabrics nvme-tcp
+  # (nvme-auth and the crypto it asks for by name: only where the kernel has them as modules;
+  # a module the kernel lacks is left out)
+  guest_stage "$IRD" "configfs crc32c_generic crc32c-intel libcrc32c nvme-auth dh_generic hmac
+              sha256_generic sha512_generic nvme-core nvme-fabrics nvme-tcp
               nvmet nvmet-tcp brd virtio_pci virtio_net" "$(command -v nvme)" "$(command -v fio)" || exit 1
   write_guest_init > "$IRD/init"; chmod 0755 "$IRD/init"
   guest_pack "$IRD" "$INITRD"
@@ -161,7 +172,7 @@ trap finish EXIT
 K=$(cat /etc/kver)
 
 MODE=flashpool; HOSTIP=10.0.2.2; IO=14420; DISC=18009; IOTMO=15; NVMET=0; REV=0; REV_WAIT=300
-RESV=0; PTPL=0; EXPECT_VER=0x10400
+RESV=0; PTPL=0; EXPECT_VER=0x10400; AUTH=0
 for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_mode=*) MODE=$v;; fp_nvmet=*) NVMET=$v;; fp_io=*) IO=$v;; fp_disc=*) DISC=$v;;
   fp_nqn_mem=*) NQN_MEM=$v;; fp_nqn_file=*) NQN_FILE=$v;; fp_nqn_denied=*) NQN_DENIED=$v;;
@@ -172,6 +183,8 @@ for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_vol=*) VOL=$v;; fp_nqn_r6=*) NQN_R6=$v;;
   fp_resv=*) RESV=$v;; fp_nqn_resv=*) NQN_RESV=$v;; fp_resv_size=*) RESV_SIZE=$v;; fp_ptpl=*) PTPL=$v;;
   fp_expect_ver=*) EXPECT_VER=$v;;
+  fp_auth=*) AUTH=$v;; fp_nqn_auth=*) NQN_AUTH=$v;; fp_ak1=*) AUTH_K1=$v;; fp_akc=*) AUTH_KC=$v;;
+  fp_ak2=*) AUTH_K2=$v;; fp_ak3=*) AUTH_K3=$v;;
   fp_cluster=*) CLUSTER=$v;; fp_nqn_cl=*) NQN_CL=$v;; fp_cl_io=*) CL_IO=$v;; fp_cl_steps=*) CL_STEPS=$v;;
 esac; done
 log "init start, kernel $(uname -r), cpus $(nproc), mode $MODE, target $HOSTIP io:$IO discovery:$DISC"
@@ -204,7 +217,7 @@ res() {
 step() { { echo "== step ${STEP:-boot}"; dmesg -c; } >> /tmp/dmesg.all 2>/dev/null; STEP=$1; shift; log "STEP $STEP: $*"; }
 # kernel complaints about NVMe seen so far, outside the steps where they are expected
 kernel_notes() {
-  { cat /tmp/dmesg.all; echo "== step $STEP"; dmesg; } | awk '/^== step /{s=$3; next} s!="denied-host" && s !~ /^resv-/' \
+  { cat /tmp/dmesg.all; echo "== step $STEP"; dmesg; } | awk '/^== step /{s=$3; next} s!="denied-host" && s !~ /^resv-/ && s !~ /^auth-/' \
     | grep -iE 'nvme|nvmet' \
     | grep -iE 'err|fail|invalid|timeout|timed out|ignor|warn|reset|reconnect|unsupported|not supported|mismatch|digest|term|abort|refus' \
     | { if [ -n "$KN_EXPECTED" ]; then grep -vE "$KN_EXPECTED"; else cat; fi; } \
@@ -582,6 +595,41 @@ ok=FAIL
 [ $rc -ne 0 ] && dmesg | grep -qiE 'not allowed|invalid host' && ok=PASS
 grep -qx "$NQN_DENIED" /sys/class/nvme/*/subsysnqn 2>/dev/null && { ok=FAIL; nvdisconnect $NQN_DENIED; }
 res denied-host $ok "nvme connect rc=$rc"
+
+# 13. DH-HMAC-CHAP: $NQN_AUTH requires this host's secret; -h2/-h3 take SHA-384/512 secrets
+if [ "$AUTH" = 1 ]; then
+  auth_io() {  # check nqn [detail]: 1 MiB written and read back on the new controller
+    if write_check $DEV 0 1; then res $1 PASS "$CTRL${3:+, $3}, 1 MiB read back equal"
+    else res $1 FAIL "$CTRL: the data read back differs"; fi
+    nvdisconnect $2
+  }
+  auth_refused() {  # check nqn [secret options]: the connect must fail and leave no controller
+    local c=$1 n=$2 rc ok=FAIL; shift 2
+    timeout 60 nvme connect -t tcp -a $HOSTIP -s $IO -n $n $CONN_OPTS "$@" > /tmp/auth.txt 2>&1; rc=$?
+    sed 's/^/  | /' /tmp/auth.txt
+    dmesg | grep -iE 'nvme|auth' | tail -n 5 | sed 's/^/  dmesg: /'
+    [ $rc -ne 0 ] && ok=PASS
+    grep -qx "$n" /sys/class/nvme/*/subsysnqn 2>/dev/null && { ok=FAIL; nvdisconnect $n; }
+    res $c $ok "nvme connect rc=$rc: $(dmesg | grep -iE 'auth|dhchap' | tail -n1 | sed 's/^\[[^]]*\] //')"
+  }
+  step auth-uni "connect $NQN_AUTH with --dhchap-secret (host secret, hh 01)"
+  if nvconnect $NQN_AUTH --dhchap-secret=$AUTH_K1; then auth_io auth-uni $NQN_AUTH "unidirectional"
+  else res auth-uni FAIL "nvme connect failed"; fi
+  step auth-bidi "connect $NQN_AUTH with --dhchap-secret and --dhchap-ctrl-secret (bidirectional)"
+  if nvconnect $NQN_AUTH --dhchap-secret=$AUTH_K1 --dhchap-ctrl-secret=$AUTH_KC; then
+    auth_io auth-bidi $NQN_AUTH "bidirectional"
+  else res auth-bidi FAIL "nvme connect failed"; fi
+  for h in 2 3; do
+    eval k=\$AUTH_K$h
+    step auth-hmac$h "connect $NQN_AUTH-h$h with a secret transformed by hmac $h (hh 0$h)"
+    if nvconnect $NQN_AUTH-h$h --dhchap-secret=$k; then auth_io auth-hmac$h $NQN_AUTH-h$h "hh 0$h"
+    else res auth-hmac$h FAIL "nvme connect failed"; fi
+  done
+  step auth-wrong-secret "connect $NQN_AUTH with another secret: refused"
+  auth_refused auth-wrong-secret $NQN_AUTH --dhchap-secret=$AUTH_K2
+  step auth-no-secret "connect $NQN_AUTH without a secret: refused"
+  auth_refused auth-no-secret $NQN_AUTH
+fi
 
 # 12. reservations (flashpool only): two hosts share the namespace of $NQN_RESV.
 # Two hosts in one guest: A and B connect with their own host NQN and host ID (the kernel
@@ -1082,6 +1130,8 @@ backend = "mem"
 size = "$((RESV_SIZE >> 20))MiB"
 block_size = 512
 
+$(auth_config)
+
 [api]
 address = "127.0.0.1:$API_PORT"
 
@@ -1106,6 +1156,42 @@ EOF
   for d in d0 d1 d2 d3 d4 d5 s0 s1 e0 e1; do
     printf '\n[[drive]]\nname = "%s"\nbackend = "mem"\nsize = "%s"\n' "$d" \
       "$(case $d in e*) echo 16MiB;; *) echo 32MiB;; esac)" >> "$RUN/target.toml"
+  done
+}
+# dhchap_key HH BYTES: a random DHHC-1 secret (base64 of key || crc32 of key, little-endian)
+dhchap_key() {
+  python3 -c 'import base64,os,sys,zlib; k=os.urandom(int(sys.argv[2]));
+print("DHHC-1:%s:%s:" % (sys.argv[1], base64.b64encode(k + zlib.crc32(k).to_bytes(4, "little")).decode()))' "$1" "$2"
+}
+# the DH-HMAC-CHAP subsystems (only when the auth checks run): keys in $RUN/keys, mode 0600
+auth_config() {
+  [ "${auth:-0}" = 1 ] || return 0
+  local d=$RUN/keys n f
+  mkdir -p "$d"; chmod 700 "$d"
+  ( umask 077
+    dhchap_key 01 32 > "$d/host1"; dhchap_key 01 32 > "$d/ctrl1"
+    dhchap_key 02 48 > "$d/host2"; dhchap_key 03 64 > "$d/host3" )
+  for n in "" -h2 -h3; do
+    case $n in "") f="dhchap_key_file = \"$d/host1\"
+dhchap_ctrl_key_file = \"$d/ctrl1\"";; *) f="dhchap_key_file = \"$d/host${n#-h}\"";; esac
+    cat <<EOF2
+
+[[subsystem]]
+nqn = "$NQN_AUTH$n"
+serial = "$SERIAL"
+model = "$MODEL"
+require_auth = true
+
+[[subsystem.host]]
+nqn = "$HOSTNQN"
+$f
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "mem"
+size = "16MiB"
+block_size = 512
+EOF2
   done
 }
 start_target() {   # returns 0 once both listeners are up
@@ -1481,10 +1567,18 @@ do_run() {
     resv=1; expect_ver=0x10400
     [ -e "$PTPL_READY" ] && ptpl=1
   fi
+  # DH-HMAC-CHAP: flashpool only, and only if the guest kernel has the host side
+  local auth=0 auth_note=""
+  if [ $mode != flashpool ] || [ "$MOCK" = 1 ]; then auth_note="flashpool mode only"
+  elif ! grep -qE '^CONFIG_NVME_AUTH=(y|m)' "$KROOT/boot/config-$K" 2> /dev/null; then
+    auth_note="guest kernel $K is built without CONFIG_NVME_AUTH: nvme-fabrics takes no dhchap_secret"
+  elif ! command -v python3 > /dev/null; then auth_note="python3 missing (it makes the DHHC-1 keys)"
+  else auth=1; fi
   cluster_prepare $mode
   local CL_CHECKS=""; [ "$CL_ON" = 1 ] && CL_CHECKS="$CLUSTER_GUEST_CHECKS $FPC_CHECKS_HOST"
   local expect_all; expect_all=$(echo $GUEST_CHECKS $HOST_CHECKS $VOL_CHECKS $([ $rev = 1 ] && echo $REV_CHECKS) \
-      $([ $resv = 1 ] && echo $RESV_CHECKS) $([ $ptpl = 1 ] && echo $PTPL_CHECKS) $CL_CHECKS | wc -w)
+      $([ $resv = 1 ] && echo $RESV_CHECKS) $([ $ptpl = 1 ] && echo $PTPL_CHECKS) \
+      $([ $auth = 1 ] && echo $AUTH_CHECKS) $CL_CHECKS | wc -w)
   local HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$hostuuid
 
   if [ $mode = flashpool ]; then
@@ -1522,12 +1616,17 @@ do_run() {
   append="$append fp_vol=$vol fp_nqn_r6=$NQN_R6"
   append="$append fp_resv=$resv fp_nqn_resv=$NQN_RESV fp_resv_size=$RESV_SIZE fp_ptpl=$ptpl"
   append="$append fp_expect_ver=$expect_ver"
+  if [ $auth = 1 ]; then
+    append="$append fp_auth=1 fp_nqn_auth=$NQN_AUTH fp_ak1=$(cat "$RUN/keys/host1") fp_akc=$(cat "$RUN/keys/ctrl1")"
+    append="$append fp_ak2=$(cat "$RUN/keys/host2") fp_ak3=$(cat "$RUN/keys/host3")"
+  fi
   if [ "$CL_ON" = 1 ]; then
     append="$append fp_cluster=1 fp_nqn_cl=$NQN_CL fp_cl_io=$CL_IO fp_cl_steps=$(echo $FPC_STEPS | tr ' ' ,)"
   fi
   say "mode=$mode$([ "$MOCK" = 1 ] && echo '(mock target)') accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) ports io=$IO_PORT disc=$DISC_PORT ctl=$CTL_PORT$([ $rev = 1 ] && echo " rev=$REV_PORT")"
   [ $rev = 1 ] || say "reverse-direction checks skipped: $rev_note"
   [ $resv = 1 ] && [ $ptpl = 0 ] && say "SKIP $PTPL_CHECKS: $PTPL_READY does not exist (the target build has no PTPL)"
+  [ $auth = 1 ] || say "SKIP $AUTH_CHECKS: $auth_note"
   if [ "$CL_ON" = 1 ]; then say "cluster phase: owner on 127.0.0.1:$CL_IO (api :$CL_API), state in $FPC_DIR${CL_NOTE:+; cannot run: $CL_NOTE}"
   else say "cluster phase skipped: $CL_NOTE"; fi
   say "guest hostnqn $HOSTNQN; logs in $RUN"
@@ -1632,6 +1731,16 @@ do_run() {
     local dl; dl=$(grep -F "host $HOSTNQN not allowed on $NQN_DENIED" "$RUN/target.log" | head -n1 || true)
     if [ -n "$dl" ]; then hres denied-host-log PASS "$(echo "$dl" | sed 's/.*host nqn/host nqn/')"
     else hres denied-host-log FAIL "no 'host $HOSTNQN not allowed on $NQN_DENIED' in the target log"; fi
+    # 13b. the target logged the refused authentications (host and reason), and no secret
+    if [ $auth = 1 ]; then
+      local al leak=""; al=$(grep -F "authentication refused for host $HOSTNQN" "$RUN/target.log" | head -n1 || true)
+      for f in "$RUN"/keys/*; do
+        grep -qF "$(cut -d: -f3 "$f")" "$RUN/target.log" && leak="$leak ${f##*/}"
+      done
+      if [ -n "$leak" ]; then hres auth-target-log FAIL "the target log holds the secret(s):$leak"
+      elif [ -n "$al" ]; then hres auth-target-log PASS "$(echo "$al" | sed 's/.*authentication refused/authentication refused/')"
+      else hres auth-target-log FAIL "no 'authentication refused for host $HOSTNQN' in the target log"; fi
+    fi
     # the target survived the run
     if [ -n "$TPID" ] && kill -0 "$TPID" 2>/dev/null && port_busy "$IO_PORT" && port_busy "$DISC_PORT"; then
       hres target-alive-after-run PASS "pid $TPID, ports accept"
@@ -1654,6 +1763,7 @@ do_run() {
   [ $vol = 1 ] && all="$all $VOL_CHECKS"
   [ $resv = 1 ] && all="$all $RESV_CHECKS"
   [ $ptpl = 1 ] && all="$all $PTPL_CHECKS"
+  [ $auth = 1 ] && all="$all $AUTH_CHECKS"
   [ $rev = 1 ] && all="$all $REV_CHECKS"
   all="$all $CL_CHECKS"
   serial | grep -a '^RESULT ' > "$RUN/results.txt" || true
@@ -1681,6 +1791,7 @@ do_run() {
   [ $rev = 1 ] || echo "(reverse-direction checks [$REV_CHECKS] skipped, not counted: $rev_note)"
   [ $resv = 1 ] || echo "(reservation checks [$(echo $RESV_CHECKS $PTPL_CHECKS)] apply to flashpool only, not counted)"
   [ $resv = 1 ] && [ $ptpl = 0 ] && echo "SKIP $PTPL_CHECKS (not counted: $PTPL_READY did not exist at the start of the run)"
+  [ $auth = 1 ] || echo "SKIP $AUTH_CHECKS (not counted: $auth_note)"
   [ "$CL_ON" = 1 ] || echo "(cluster checks [$CLUSTER_GUEST_CHECKS cluster-*] skipped, not counted: $CL_NOTE)"
   if [ "$CL_ON" = 1 ] && [ -n "$failed" ]; then
     for c in $FPC_DIR/owner.log $FPC_DIR/e1.log $FPC_DIR/e3.log; do

@@ -36,8 +36,10 @@ async fn member(name: &str, enc: &Enclosure, etcd: &str) -> (Arc<Agent>, Arc<Tar
             name: enc.name.clone(),
             addr: enc.addr,
             host_nqn: node_host_nqn(&enc.name),
+            auth: None,
         }],
         remote: settings(),
+        dhchap: None,
     });
     let target = Arc::new(Target::new(TransportConfig::default(), Vec::new()));
     node.attach_target(target.clone());

@@ -130,6 +130,13 @@ pub struct BenchArgs {
     /// tcp: host NQN to connect as (default: /etc/nvme/hostnqn or one derived from the machine id).
     #[arg(long)]
     hostnqn: Option<String>,
+    /// tcp: authenticate with DH-HMAC-CHAP, with the secret in this file (`DHHC-1:...`, as
+    /// `nvme gen-dhchap-key` prints it; mode 0600), for the host NQN of --hostnqn.
+    #[arg(long, value_name = "FILE")]
+    dhchap_key_file: Option<std::path::PathBuf>,
+    /// tcp: also authenticate the target (bidirectional) with the controller secret in this file.
+    #[arg(long, value_name = "FILE", requires = "dhchap_key_file")]
+    dhchap_ctrl_key_file: Option<std::path::PathBuf>,
     /// file:/mem: write the region once before the run, so that reads return stored data.
     /// With --compare: every target, tcp:// included, is written once before it is read.
     #[arg(long)]
@@ -215,6 +222,24 @@ impl BenchArgs {
             hdr_digest: self.hdr_digest,
             data_digest: self.data_digest,
             hostnqn: self.hostnqn.clone(),
+            dhchap: crate::config::auth::key_pair(
+                "bench",
+                self.dhchap_key_file.as_deref(),
+                self.dhchap_ctrl_key_file.as_deref(),
+            )
+            .map_err(|e| {
+                // The config's wording, with the option's name.
+                anyhow::anyhow!(
+                    "{}",
+                    e.to_string()
+                        .replace("config: bench.dhchap_key_file", "--dhchap-key-file")
+                        .replace(
+                            "config: bench.dhchap_ctrl_key_file",
+                            "--dhchap-ctrl-key-file"
+                        )
+                )
+            })?
+            .map(|(h, c)| nvmf_host::DhchapKeys::new(h, c)),
             poll_us: self.poll_us,
             engine: self.engine,
             queues,
@@ -431,6 +456,7 @@ async fn open(target: &Target, w: &Workload) -> Result<Device> {
             if let Some(h) = &w.hostnqn {
                 o.hostnqn = h.clone();
             }
+            o.dhchap = w.dhchap.clone();
             let ctrl = Controller::connect(*addr, nqn, o).await?;
             if u32::from(ctrl.granted_io_queues()) < w.jobs {
                 bail!(
@@ -533,6 +559,7 @@ async fn open_remote(
     if let Some(h) = &w.hostnqn {
         o.host.hostnqn = h.clone();
     }
+    o.host.dhchap = w.dhchap.clone();
     if let Some(f) = w.fail_after {
         o.fail_after = f;
     }

@@ -183,6 +183,10 @@ pub struct Workload {
     pub hdr_digest: bool,
     pub data_digest: bool,
     pub hostnqn: Option<String>,
+    /// tcp: DH-HMAC-CHAP secrets (reported as "none", "host" or
+    /// "bidirectional", never the keys).
+    #[serde(serialize_with = "ser_dhchap")]
+    pub dhchap: Option<nvmf_host::DhchapKeys>,
     /// Host-side adaptive polling window, microseconds.
     pub poll_us: u32,
     /// How the jobs reach a tcp:// target.
@@ -196,6 +200,17 @@ pub struct Workload {
     pub prefill: bool,
     /// Print the progress line each second.
     pub progress: bool,
+}
+
+fn ser_dhchap<S: serde::Serializer>(
+    k: &Option<nvmf_host::DhchapKeys>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match k {
+        None => "none",
+        Some(k) if k.ctrl_key.is_some() => "bidirectional",
+        Some(_) => "host",
+    })
 }
 
 impl Default for Workload {
@@ -218,6 +233,7 @@ impl Default for Workload {
             hdr_digest: false,
             data_digest: false,
             hostnqn: None,
+            dhchap: None,
             poll_us: 0,
             engine: Engine::Queue,
             queues: None,

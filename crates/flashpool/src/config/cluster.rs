@@ -24,6 +24,12 @@ pub struct PeerSection {
     /// The peer's host NQN, allowed on this node's exported drives
     /// (default `nqn.2026-01.io.flashpool:node:<name>`).
     pub host_nqn: Option<String>,
+    /// The DH-HMAC-CHAP secret the peer must present on this node's
+    /// exported drives (the peer's `[node] dhchap_key_file`).
+    pub dhchap_key_file: Option<std::path::PathBuf>,
+    /// The secret this node's exports prove to the peer (the peer's
+    /// `[node] dhchap_ctrl_key_file`).
+    pub dhchap_ctrl_key_file: Option<std::path::PathBuf>,
 }
 
 /// How remote drives behave when their node goes away.
@@ -84,6 +90,8 @@ pub struct Cluster {
     pub host_id: [u8; 16],
     pub peers: Vec<Peer>,
     pub remote: RemoteSettings,
+    /// The secrets this node presents on other nodes' exports.
+    pub dhchap: Option<nvmf_host::DhchapKeys>,
 }
 
 #[derive(Debug, Clone)]
@@ -91,6 +99,8 @@ pub struct Peer {
     pub name: String,
     pub addr: SocketAddr,
     pub host_nqn: String,
+    /// What the peer must authenticate with on this node's exports.
+    pub auth: Option<nvmf_target::auth::HostAuth>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -145,6 +155,12 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
         })?,
         None => stable_id(&host_nqn),
     };
+    let dhchap = super::auth::key_pair(
+        "node",
+        n.dhchap_key_file.as_deref(),
+        n.dhchap_ctrl_key_file.as_deref(),
+    )?
+    .map(|(h, c)| nvmf_host::DhchapKeys::new(h, c));
     let mut peers = Vec::new();
     let mut seen = HashSet::new();
     for (i, p) in cfg.peer.iter().enumerate() {
@@ -165,10 +181,17 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
         })?;
         let host_nqn = p.host_nqn.clone().unwrap_or_else(|| node_host_nqn(&p.name));
         super::check_nqn(&format!("{key}.host_nqn"), &host_nqn)?;
+        let auth = super::auth::key_pair(
+            &key,
+            p.dhchap_key_file.as_deref(),
+            p.dhchap_ctrl_key_file.as_deref(),
+        )?
+        .map(|(h, c)| nvmf_target::auth::HostAuth::new(h, c));
         peers.push(Peer {
             name: p.name.clone(),
             addr,
             host_nqn,
+            auth,
         });
     }
     let r = &cfg.remote;
@@ -213,6 +236,7 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
             queues: r.queues,
             queue_depth: r.queue_depth,
         },
+        dhchap,
     })
 }
 
@@ -220,6 +244,15 @@ impl Cluster {
     /// Who may connect to this node's exported drives by default.
     pub fn peer_hosts(&self) -> Vec<String> {
         self.peers.iter().map(|p| p.host_nqn.clone()).collect()
+    }
+
+    /// The secrets host `nqn` must authenticate with on this node's
+    /// exported drives: those of the `[[peer]]` with that host NQN.
+    pub fn export_auth(&self, nqn: &str) -> Option<nvmf_target::auth::HostAuth> {
+        self.peers
+            .iter()
+            .find(|p| p.host_nqn == nqn)
+            .and_then(|p| p.auth.clone())
     }
 
     /// The URL of `peer:drive`, or of a `tcp://` URL given as is.

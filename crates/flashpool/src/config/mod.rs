@@ -11,8 +11,10 @@ use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice, NullDevice};
 use nvmf_target::{ListenerConfig, ListenerKind, Namespace, Subsystem, TransportConfig};
 use serde::Deserialize;
 
+pub mod auth;
 pub mod cluster;
 pub mod membership;
+pub use auth::SubsystemHostSection;
 pub use cluster::{Cluster, PeerSection, RemoteSection};
 pub use membership::{ClusterSection, Membership};
 
@@ -219,6 +221,11 @@ pub struct NodeSection {
     pub host_nqn: Option<String>,
     /// Its host ID, a UUID (default: derived from the host NQN, so stable).
     pub host_id: Option<String>,
+    /// The DH-HMAC-CHAP secret this node presents on other nodes' drive
+    /// exports (a file holding `DHHC-1:...`, mode 0600).
+    pub dhchap_key_file: Option<PathBuf>,
+    /// The secret those exports must prove (bidirectional authentication).
+    pub dhchap_ctrl_key_file: Option<PathBuf>,
 }
 
 impl Default for NodeSection {
@@ -233,6 +240,8 @@ impl Default for NodeSection {
             name: None,
             host_nqn: None,
             host_id: None,
+            dhchap_key_file: None,
+            dhchap_ctrl_key_file: None,
         }
     }
 }
@@ -356,6 +365,14 @@ pub struct SubsystemSection {
     pub allow_any_host: bool,
     #[serde(default)]
     pub hosts: Vec<String>,
+    /// Hosts with their DH-HMAC-CHAP key files (`[[subsystem.host]]`);
+    /// each is allowed, as if listed in `hosts`.
+    #[serde(default)]
+    pub host: Vec<SubsystemHostSection>,
+    /// Every host must authenticate: refuses `allow_any_host` and a host
+    /// without `dhchap_key_file`.
+    #[serde(default)]
+    pub require_auth: bool,
     #[serde(default)]
     pub namespace: Vec<NamespaceSection>,
 }
@@ -842,7 +859,7 @@ fn subsystem(key: &str, s: &SubsystemSection, volumes: VolumeResolver<'_>) -> Re
     if model.is_empty() || model.len() > 40 || !model.bytes().all(|c| (0x20..0x7f).contains(&c)) {
         bail!("config: {key}.model = {model:?} must be 1 to 40 printable ASCII characters");
     }
-    if !s.allow_any_host && s.hosts.is_empty() {
+    if !s.allow_any_host && s.hosts.is_empty() && s.host.is_empty() {
         bail!(
             "config: {key} ({}) allows no host: set allow_any_host = true or list host NQNs in hosts",
             s.nqn
@@ -852,6 +869,60 @@ fn subsystem(key: &str, s: &SubsystemSection, volumes: VolumeResolver<'_>) -> Re
         if !h.starts_with("nqn.") || h.len() > 223 {
             bail!(
                 "config: {key}.hosts[{j}] = {h:?} is not a valid host NQN (nqn...., at most 223 bytes)"
+            );
+        }
+    }
+    let mut hosts = s.hosts.clone();
+    let mut auth = Vec::new();
+    let mut seen = HashSet::new();
+    for (j, h) in s.host.iter().enumerate() {
+        let hkey = format!("{key}.host[{j}]");
+        if !h.nqn.starts_with("nqn.") || h.nqn.len() > 223 {
+            bail!(
+                "config: {hkey}.nqn = {:?} is not a valid host NQN (nqn...., at most 223 bytes)",
+                h.nqn
+            );
+        }
+        if !seen.insert(h.nqn.as_str()) {
+            bail!(
+                "config: {hkey}.nqn = {:?} appears twice in [[subsystem.host]] of {}; keep one entry per host",
+                h.nqn,
+                s.nqn
+            );
+        }
+        if !hosts.contains(&h.nqn) {
+            hosts.push(h.nqn.clone());
+        }
+        let pair = auth::key_pair(
+            &hkey,
+            h.dhchap_key_file.as_deref(),
+            h.dhchap_ctrl_key_file.as_deref(),
+        )?;
+        match pair {
+            Some((host_key, ctrl_key)) => auth.push((h.nqn.clone(), host_key, ctrl_key)),
+            None if s.require_auth => bail!(
+                "config: {hkey} ({}): subsystem {} has require_auth = true but this host has no \
+                 dhchap_key_file; give it one or set require_auth = false",
+                h.nqn,
+                s.nqn
+            ),
+            None => {}
+        }
+    }
+    if s.require_auth {
+        if s.allow_any_host {
+            bail!(
+                "config: {key} ({}): require_auth = true and allow_any_host = true conflict \
+                 (an unknown host has no secret); set allow_any_host = false and give each host \
+                 a [[subsystem.host]] with dhchap_key_file",
+                s.nqn
+            );
+        }
+        if let Some(h) = s.hosts.iter().find(|h| !seen.contains(h.as_str())) {
+            bail!(
+                "config: {key} ({}): require_auth = true but host {h:?} in hosts has no secret; \
+                 give it a [[subsystem.host]] with nqn = {h:?} and dhchap_key_file",
+                s.nqn
             );
         }
     }
@@ -916,14 +987,27 @@ fn subsystem(key: &str, s: &SubsystemSection, volumes: VolumeResolver<'_>) -> Re
         namespaces.push(Namespace::new(n.nsid, dev, uuid, nguid));
     }
     namespaces.sort_by_key(|n| n.nsid);
-    Ok(Subsystem::new(
+    let mut sub = Subsystem::new(
         s.nqn.clone(),
         serial,
         model,
         s.allow_any_host,
-        s.hosts.clone(),
+        hosts,
         namespaces,
-    ))
+    );
+    for (nqn, host_key, ctrl_key) in auth {
+        tracing::info!(
+            "subsystem {}: host {nqn} must authenticate (DH-HMAC-CHAP{})",
+            s.nqn,
+            if ctrl_key.is_some() {
+                ", bidirectional"
+            } else {
+                ""
+            }
+        );
+        sub.set_host_auth(nqn, nvmf_target::auth::HostAuth::new(host_key, ctrl_key));
+    }
+    Ok(sub)
 }
 
 fn device(key: &str, n: &NamespaceSection) -> Result<Arc<dyn BlockDevice>> {
@@ -1028,7 +1112,7 @@ fn derived_id(nqn: &str, nsid: u32, seed: u64) -> [u8; 16] {
 mod tests {
     use super::*;
 
-    fn err(text: &str) -> String {
+    pub(super) fn err(text: &str) -> String {
         let cfg = parse(text, "t.toml");
         match cfg {
             Err(e) => e.to_string(),
@@ -1101,6 +1185,7 @@ mod tests {
                 "subsystem.namespace",
                 "[[subsystem]]\n[[subsystem.namespace]]",
             ),
+            ("subsystem.host", "[[subsystem]]\n[[subsystem.host]]"),
             ("api", "[api]"),
             ("drive", "[[drive]]"),
             ("volume", "[[volume]]"),
@@ -1295,5 +1380,74 @@ mod node_tests {
             b.subsystems[0].namespaces().is_empty(),
             "a subsystem may start empty"
         );
+    }
+
+    /// `[[subsystem.host]]` with key files: the host is allowed and must
+    /// authenticate; `require_auth` refuses any way in without a secret.
+    #[test]
+    fn subsystem_hosts_with_key_files() {
+        use super::auth::tests::{KEY1, key_dir, write};
+        let dir = key_dir();
+        let k = write(&dir, "k", KEY1, 0o600);
+        let c = write(
+            &dir,
+            "c",
+            &nvme_wire::auth::dhchap::Secret::from_key(None, &[5; 48])
+                .unwrap()
+                .to_dhhc(),
+            0o400,
+        );
+        let open = write(&dir, "open", KEY1, 0o640);
+        const H1: &str = "nqn.2014-08.org.nvmexpress:uuid:1";
+        const H2: &str = "nqn.2014-08.org.nvmexpress:uuid:2";
+        let sub = |extra: &str| {
+            format!(
+                "[[subsystem]]\nnqn = \"nqn.2026-01.io.flashpool:a\"\n{extra}\n\
+                 [[subsystem.namespace]]\nnsid = 1\nbackend = \"null\"\nsize = 4096\n"
+            )
+        };
+        let host = |nqn: &str, keys: &str| format!("[[subsystem.host]]\nnqn = \"{nqn}\"\n{keys}\n");
+        let keys = format!("dhchap_key_file = {k:?}\ndhchap_ctrl_key_file = {c:?}\n");
+        let text = sub(&format!("hosts = [\"{H2}\"]\n{}", host(H1, &keys)));
+        let b = build(&parse(&text, "t").unwrap(), &|_, _, _| {
+            VolumeNamespace::Unknown
+        })
+        .unwrap();
+        let s = &b.subsystems[0];
+        assert_eq!(s.hosts, [H2, H1]);
+        let a = s.host_auth(H1).expect("H1 must authenticate");
+        assert!(a.ctrl_key.is_some());
+        assert!(
+            s.host_auth(H2).is_none(),
+            "H2 has no key: connects as before"
+        );
+        // A group-readable key file: refused, naming the key and the fix.
+        let e = super::tests::err(&sub(&host(H1, &format!("dhchap_key_file = {open:?}"))));
+        assert!(
+            e.contains("subsystem[0].host[0].dhchap_key_file") && e.contains("chmod 600"),
+            "{e}"
+        );
+        assert!(!e.contains("DHHC"), "{e}");
+        // require_auth: no host without a secret, no allow_any_host.
+        let e = super::tests::err(&sub(&format!(
+            "require_auth = true\nhosts = [\"{H2}\"]\n{}",
+            host(H1, &keys)
+        )));
+        assert!(e.contains("require_auth") && e.contains(H2), "{e}");
+        let e = super::tests::err(&sub(&format!(
+            "require_auth = true\nallow_any_host = true\n{}",
+            host(H1, &keys)
+        )));
+        assert!(e.contains("allow_any_host"), "{e}");
+        let e = super::tests::err(&sub(&format!("require_auth = true\n{}", host(H1, ""))));
+        assert!(e.contains("no dhchap_key_file"), "{e}");
+        assert_eq!(
+            super::tests::err(&sub(&format!("require_auth = true\n{}", host(H1, &keys)))),
+            "ok"
+        );
+        let e = super::tests::err(&sub(&format!("{}{}", host(H1, ""), host(H1, ""))));
+        assert!(e.contains("appears twice"), "{e}");
+        let e = super::tests::err(&sub(&host(H1, &format!("dhchap_ctrl_key_file = {c:?}"))));
+        assert!(e.contains("add dhchap_key_file"), "{e}");
     }
 }

@@ -85,17 +85,25 @@ fn process_start_nanos() -> u128 {
     })
 }
 
-fn drive_subsystem(node: &str, d: &Drive, x: &DriveExport) -> Subsystem {
+fn drive_subsystem(cluster: &crate::config::Cluster, d: &Drive, x: &DriveExport) -> Subsystem {
+    let node = cluster.node_name.as_str();
     let (uuid, nguid) = d.identity(node);
     let serial: String = format!("{node}-{}", d.name).chars().take(20).collect();
-    Subsystem::new(
+    let mut sub = Subsystem::new(
         x.nqn.clone(),
         serial,
         "flashpool drive".into(),
         false,
         x.hosts.clone(),
         vec![Namespace::new(1, d.dev.clone(), uuid, nguid)],
-    )
+    );
+    // A peer with a secret in the TOML must authenticate (DH-HMAC-CHAP).
+    for h in &x.hosts {
+        if let Some(a) = cluster.export_auth(h) {
+            sub.set_host_auth(h.clone(), a);
+        }
+    }
+    sub
 }
 
 impl NodeState {
@@ -167,7 +175,7 @@ impl Node {
             hosts,
             from_config,
         };
-        let sub = drive_subsystem(&node_name, d, &x);
+        let sub = drive_subsystem(self.cluster(), d, &x);
         target
             .add_subsystem(Arc::new(sub))
             .map_err(|e| NodeError::Conflict(format!("drive {name}: {e}")))?;

@@ -34,6 +34,7 @@ impl Node {
         let mut o = RemoteOptions::default();
         o.host.hostnqn = c.host_nqn.clone();
         o.host.hostid = c.host_id;
+        o.host.dhchap = c.dhchap.clone();
         o.kato = std::time::Duration::from_millis(u64::from(r.kato_ms));
         o.io_queues = r.queues;
         o.host.queue_depth = r.queue_depth;

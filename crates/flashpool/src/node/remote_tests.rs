@@ -164,8 +164,10 @@ fn owner_in(name: &str, enc: &Enclosure, dir: Option<&std::path::Path>) -> Arc<N
             name: enc.name.clone(),
             addr: enc.addr,
             host_nqn: node_host_nqn(&enc.name),
+            auth: None,
         }],
         remote: settings(),
+        dhchap: None,
     });
     let sub = Subsystem::new(
         NQN.into(),
@@ -433,6 +435,7 @@ async fn a_dead_enclosure_fails_its_member_and_is_re_added_when_back() {
             name: "e2".into(),
             addr: e2.addr,
             host_nqn: node_host_nqn("e2"),
+            auth: None,
         });
         let n2 = Node::with_state_dir(NodeState::default(), None);
         n2.set_cluster(c);
@@ -505,4 +508,70 @@ async fn an_owner_restart_finds_its_volume_on_remote_drives() {
     assert_eq!(info.state, "optimal", "{info:?}");
     let got = read(&*served(&a), 9).await.unwrap();
     assert!(got[..] == stamp(9, 42)[..]);
+}
+
+/// DH-HMAC-CHAP between nodes, as the TOML sets it up: the enclosure's
+/// `[[peer]]` holds the owner's secrets, so its drive export requires them;
+/// the owner's `[node] dhchap_key_file` (and ctrl key) are presented by its
+/// remote drives. A wrong secret or none is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_drive_authenticates_to_an_export_that_requires_it() {
+    use crate::config::auth::tests::{key_dir, write as write_file};
+    use nvmf_host::Secret;
+    let dir = key_dir();
+    let key = |name: &str, b: u8| {
+        let s = Secret::from_key(None, &[b; 32]).unwrap().to_dhhc();
+        write_file(&dir, name, &s, 0o600)
+    };
+    let (host_key, ctrl_key, wrong) = (key("host", 1), key("ctrl", 2), key("wrong", 3));
+    let cluster_of = |toml: String| {
+        crate::config::cluster::cluster(&crate::config::parse(&toml, "test").unwrap()).unwrap()
+    };
+    // The enclosure: node "e" exports d0 to its peer "a", which must authenticate.
+    let e = super::tests::mem_node(1, DRIVE_BYTES);
+    e.set_cluster(cluster_of(format!(
+        "[node]\nname = \"e\"\n[[peer]]\nname = \"a\"\naddress = \"127.0.0.1:1\"\n\
+         dhchap_key_file = {:?}\ndhchap_ctrl_key_file = {:?}\n",
+        host_key, ctrl_key
+    )));
+    e.export_drive("d0", Default::default(), false)
+        .await
+        .unwrap();
+    let server = Server::start(
+        e.target().unwrap().clone(),
+        &[ListenerConfig {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            kind: ListenerKind::Io,
+        }],
+    )
+    .unwrap();
+    let addr = server.local_addrs()[0].0;
+    let owner = |keys: &str| {
+        let n = Node::with_state_dir(NodeState::default(), None);
+        n.set_cluster(cluster_of(format!(
+            "[node]\nname = \"a\"\n{keys}[[peer]]\nname = \"e\"\naddress = \"{addr}\"\n"
+        )));
+        n
+    };
+    let a = owner(&format!(
+        "dhchap_key_file = {host_key:?}\ndhchap_ctrl_key_file = {ctrl_key:?}\n"
+    ));
+    let d = a.connect_remote("e:d0", None).await.expect("authenticated");
+    write(&*d.dev, 3, 9).await.unwrap();
+    assert_eq!(&read(&*d.dev, 3).await.unwrap()[..], &stamp(3, 9)[..]);
+    // The same host NQN with a wrong secret, or with none, is refused.
+    for keys in [format!("dhchap_key_file = {wrong:?}\n"), String::new()] {
+        let n = owner(&keys);
+        let e = n.connect_remote("e:d0", None).await.err().expect("refused");
+        let e = e.to_string();
+        assert!(e.contains("drive e:d0"), "{e}");
+        assert!(!e.contains("DHHC-1"), "a secret in the error: {e}");
+    }
+    // Bidirectional: an owner that expects another controller secret
+    // refuses the enclosure.
+    let n = owner(&format!(
+        "dhchap_key_file = {host_key:?}\ndhchap_ctrl_key_file = {wrong:?}\n"
+    ));
+    assert!(n.connect_remote("e:d0", None).await.is_err());
+    server.shutdown();
 }

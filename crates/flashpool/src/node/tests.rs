@@ -58,7 +58,7 @@ fn node_in(specs: &[DriveSpec], state_dir: Option<&std::path::Path>) -> Arc<Node
     node
 }
 
-fn mem_node(n: usize, size: u64) -> Arc<Node> {
+pub(super) fn mem_node(n: usize, size: u64) -> Arc<Node> {
     let specs: Vec<_> = (0..n).map(|i| mem_drive(&format!("d{i}"), size)).collect();
     node_of(&specs)
 }
