@@ -765,5 +765,8 @@ mod tests {
         }
         assert!(seen.contains("flashpool_volume_degraded_reads_total"));
         assert!(seen.contains("flashpool_volume_rebuild_stripes"));
+        // Every line is valid exposition syntax, histograms included.
+        crate::prom::check_exposition(&page);
+        assert!(page.contains("# TYPE flashpool_namespace_reads_total counter\n"));
     }
 }
