@@ -7,6 +7,7 @@
 # three RAM drives (those, plus the volume's metered drives).
 #
 #   docs/bench/metrics-cost.sh BIN_A BIN_B [ROUNDS]     # prints a table of medians
+#   BENCH=BIN docs/bench/metrics-cost.sh ...             # one client binary for both
 #
 # The target runs on CPU 0, the bench on CPU 1 (taskset), as docs/performance.md.
 # Besides IOPS and latency, the target's CPU time per I/O (--target-pid: user +
@@ -68,7 +69,7 @@ run() { # label bin nsid round
   taskset -c 0 "$2" serve -c "$OUT/node.toml" >"$OUT/serve-$1-$3-$4.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
-  taskset -c 1 "$2" bench --cpus 1 --target "tcp://127.0.0.1:$PORT/$NQN?nsid=$3" --rw randread --bs 4k \
+  taskset -c 1 "${BENCH:-$2}" bench --cpus 1 --target "tcp://127.0.0.1:$PORT/$NQN?nsid=$3" --rw randread --bs 4k \
     --qd 32 --jobs 1 --runtime 5s --ramp 1s --size 256MiB --target-pid "$pid" --json "$OUT/$1-$3-$4.json" >/dev/null 2>&1
   kill "$pid"; wait "$pid" 2>/dev/null || true
 }
