@@ -4,33 +4,14 @@
 //! change nothing.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flashpool");
+mod common;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "flashpool-auth-test-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use common::{BIN, free_port, scratch};
 
 struct Server {
     child: Child,
@@ -80,7 +61,7 @@ size = "16MiB"
 
 impl Server {
     fn start(tag: &str, extra: &str) -> Server {
-        let dir = scratch(tag);
+        let dir = scratch("auth", tag);
         let api = format!("127.0.0.1:{}", free_port());
         let cfg = dir.join("node.toml");
         std::fs::write(&cfg, config(&api, &dir, extra)).unwrap();
@@ -411,7 +392,7 @@ fn rotation_invalidates_the_old_token_and_the_cli_follows() {
 #[test]
 fn a_token_file_others_may_read_is_refused_at_start() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = scratch("mode");
+    let dir = scratch("auth", "mode");
     let tf = dir.join("token");
     std::fs::write(&tf, "0123456789abcdef0123456789abcdef0123\n").unwrap();
     std::fs::set_permissions(&tf, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -436,7 +417,7 @@ fn a_token_file_others_may_read_is_refused_at_start() {
 
 #[test]
 fn off_loopback_without_tls_is_refused_at_start() {
-    let dir = scratch("offloop");
+    let dir = scratch("auth", "offloop");
     let cfg = dir.join("node.toml");
     let api = format!("0.0.0.0:{}", free_port());
     std::fs::write(&cfg, config(&api, &dir, "")).unwrap();
@@ -457,7 +438,7 @@ fn off_loopback_without_tls_is_refused_at_start() {
 
 #[test]
 fn unix_socket_calls_need_no_token_and_are_logged_with_the_uid() {
-    let dir = scratch("unix");
+    let dir = scratch("auth", "unix");
     let sock = dir.join("api.sock");
     let s = Server::start("unix-srv", &format!("unix_socket = \"{}\"", sock.display()));
     let t0 = Instant::now();
@@ -559,7 +540,7 @@ fn make_certs(dir: &Path) -> bool {
 
 #[test]
 fn https_with_a_configured_certificate() {
-    let dir = scratch("tls");
+    let dir = scratch("auth", "tls");
     if !make_certs(&dir) {
         eprintln!("no openssl: skipped");
         return;

@@ -3,33 +3,14 @@
 //! pipe, or a pipe whose reader has gone (`flashpool drive list | head -1`).
 
 use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flashpool");
+mod common;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "flashpool-cli-test-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use common::{BIN, free_port, scratch};
 
 /// A `flashpool serve` with three 16 MiB RAM drives; killed on drop.
 struct Server {
@@ -42,7 +23,7 @@ struct Server {
 impl Server {
     /// `stdout_closed`: serve with a stdout whose reader has already gone.
     fn start(tag: &str, stdout_closed: bool) -> Server {
-        let dir = scratch(tag);
+        let dir = scratch("cli", tag);
         let api = format!("127.0.0.1:{}", free_port());
         let config = dir.join("node.toml");
         std::fs::write(
@@ -252,7 +233,7 @@ fn every_client_command_ends_quietly_when_stdout_is_closed() {
 
 #[test]
 fn bench_finishes_its_work_when_stdout_is_closed() {
-    let dir = scratch("bench");
+    let dir = scratch("cli", "bench");
     let json = dir.join("summary.json");
     let mut c = Command::new(BIN);
     c.args([

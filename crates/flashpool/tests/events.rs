@@ -5,7 +5,7 @@
 //! Last-Event-ID, a node restart under the follower, and the JSON log.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::sync::mpsc;
@@ -13,19 +13,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_flashpool");
+mod common;
+
+use common::{BIN, free_port, scratch};
 const NQN: &str = "nqn.2026-01.io.flashpool:evtest";
 const GOOD_HOST: &str = "nqn.2026-01.io.test:good-host";
 const BAD_HOST: &str = "nqn.2026-01.io.test:bad-host";
 const WAIT: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Node {
     child: Child,
@@ -332,15 +326,7 @@ fn host_connect(io: SocketAddr, hostnqn: &str) -> Result<(), String> {
 
 #[test]
 fn events_end_to_end() {
-    let dir = std::env::temp_dir().join(format!(
-        "flashpool-events-test-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("events", "e2e");
     let api = format!("127.0.0.1:{}", free_port());
     let io = free_port();
     let cfg = config(&dir, &api, io);
