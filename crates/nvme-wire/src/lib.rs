@@ -16,6 +16,7 @@ pub mod pdu;
 pub mod reservation;
 pub mod sqe;
 pub mod status;
+pub mod tls_psk;
 
 /// Reads a little-endian integer at `off`. Callers check lengths first; these
 /// helpers exist so that every field offset in this crate is written once.
