@@ -25,7 +25,7 @@ impl PskStore for Keys {
 }
 
 fn key(hash: PskHash, seed: u8) -> ConfiguredPsk {
-    let k: Vec<u8> = (0..hash.len() as u8).map(|i| i.wrapping_mul(7) ^ seed).collect();
+    let k: Vec<u8> = (0..hash.key_len() as u8).map(|i| i.wrapping_mul(7) ^ seed).collect();
     ConfiguredPsk::from_key(Some(hash), &k).unwrap()
 }
 

@@ -41,7 +41,7 @@ impl PskHash {
     }
 
     /// Output length of the hash: the length of every PSK derived with it.
-    pub fn len(self) -> usize {
+    pub fn key_len(self) -> usize {
         match self {
             PskHash::Sha256 => 32,
             PskHash::Sha384 => 48,
@@ -154,7 +154,7 @@ impl ConfiguredPsk {
 
     fn check_len(transform: Option<PskHash>, len: usize) -> Result<(), PskError> {
         let ok = match transform {
-            Some(h) => len == h.len(),
+            Some(h) => len == h.key_len(),
             None => len == 32 || len == 48,
         };
         if ok { Ok(()) } else { Err(PskError::Length(len)) }
@@ -319,7 +319,7 @@ impl PskIdentity {
             Some(d) => format!("{:02} {d}", self.hash.id()),
         };
         self.hash
-            .hkdf(retained, "nvme-tls-psk", context.as_bytes(), self.hash.len())
+            .hkdf(retained, "nvme-tls-psk", context.as_bytes(), self.hash.key_len())
     }
 
     /// The TLS PSK for this identity from a configured PSK, after checking
