@@ -42,7 +42,11 @@ fn psk_index() -> Index<Ssl, ClientPsk> {
 }
 
 /// Runs the client handshake on `tcp` with `psk`, within `timeout`.
-pub async fn connect(tcp: TcpStream, psk: ClientPsk, timeout: Duration) -> Result<Stream, TlsError> {
+pub async fn connect(
+    tcp: TcpStream,
+    psk: ClientPsk,
+    timeout: Duration,
+) -> Result<Stream, TlsError> {
     let suite = match psk.hash {
         PskHash::Sha256 => "TLS_AES_128_GCM_SHA256",
         PskHash::Sha384 => "TLS_AES_256_GCM_SHA384",

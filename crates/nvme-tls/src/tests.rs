@@ -25,7 +25,9 @@ impl PskStore for Keys {
 }
 
 fn key(hash: PskHash, seed: u8) -> ConfiguredPsk {
-    let k: Vec<u8> = (0..hash.key_len() as u8).map(|i| i.wrapping_mul(7) ^ seed).collect();
+    let k: Vec<u8> = (0..hash.key_len() as u8)
+        .map(|i| i.wrapping_mul(7) ^ seed)
+        .collect();
     ConfiguredPsk::from_key(Some(hash), &k).unwrap()
 }
 
@@ -105,13 +107,17 @@ async fn try_calls_follow_readiness() {
         std::io::ErrorKind::WouldBlock
     );
     srv.write_all(&[9u8; 40]).await.unwrap();
-    std::future::poll_fn(|cx| c.poll_read_ready(cx)).await.unwrap();
+    std::future::poll_fn(|cx| c.poll_read_ready(cx))
+        .await
+        .unwrap();
     let mut n = 0;
     while n < 40 {
         match c.try_read(&mut b[n..]) {
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::future::poll_fn(|cx| c.poll_read_ready(cx)).await.unwrap();
+                std::future::poll_fn(|cx| c.poll_read_ready(cx))
+                    .await
+                    .unwrap();
             }
             Err(e) => panic!("{e}"),
         }
@@ -140,7 +146,10 @@ async fn wrong_key_unknown_host_and_plain_tcp_are_refused() {
     assert!(c.is_err());
     let (s, c) = pair(&k, ClientPsk::new(&k, "nqn.2014-08.org.other:h", SUB, 0)).await;
     let e = s.err().unwrap().to_string();
-    assert!(e.contains("no TLS PSK for host nqn.2014-08.org.other:h"), "{e}");
+    assert!(
+        e.contains("no TLS PSK for host nqn.2014-08.org.other:h"),
+        "{e}"
+    );
     assert!(c.is_err());
     // a SHA-384 key offered for a SHA-256 configured key
     let (s, c) = pair(&k, ClientPsk::new(&key(PskHash::Sha384, 3), HOST, SUB, 0)).await;
@@ -204,7 +213,11 @@ async fn openssl_s_client_connects_with_the_derived_psk() {
         .expect("the openssl command (Debian package openssl)");
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(b"ping!\n").await.unwrap();
-    let got = tokio::time::timeout(T, srv).await.unwrap().unwrap().unwrap();
+    let got = tokio::time::timeout(T, srv)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(&got, b"ping!\n");
     let mut out = String::new();
     let mut so = child.stdout.take().unwrap();
@@ -234,7 +247,9 @@ async fn openssl_s_server_accepts_our_client() {
         l.local_addr().unwrap().port()
     };
     let mut child = tokio::process::Command::new("openssl")
-        .args(["s_server", "-quiet", "-tls1_3", "-nocert", "-naccept", "1", "-accept"])
+        .args([
+            "s_server", "-quiet", "-tls1_3", "-nocert", "-naccept", "1", "-accept",
+        ])
         .arg(port.to_string())
         .args(["-ciphersuites", "TLS_AES_128_GCM_SHA256", "-psk_identity"])
         .arg(id.encode())
@@ -253,9 +268,13 @@ async fn openssl_s_server_accepts_our_client() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut c = connect(tcp.expect("s_server listens"), ClientPsk::new(&k, HOST, SUB, 0), T)
-        .await
-        .unwrap();
+    let mut c = connect(
+        tcp.expect("s_server listens"),
+        ClientPsk::new(&k, HOST, SUB, 0),
+        T,
+    )
+    .await
+    .unwrap();
     c.write_all(b"from-host\n").await.unwrap();
     let mut so = child.stdout.take().unwrap();
     let mut out = String::new();

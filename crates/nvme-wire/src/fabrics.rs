@@ -203,12 +203,20 @@ pub mod discovery {
     pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
     /// TREQ: secure channel not specified; bit 2: the port supports disabling SQ flow control.
     pub const TREQ_DISABLE_SQFLOW: u8 = 1 << 2;
+    /// TREQ bits 1:0: a secure channel is required / not required.
+    pub const TREQ_REQUIRED: u8 = 1;
+    pub const TREQ_NOT_REQUIRED: u8 = 2;
+    /// TSAS SECTYPE of TCP: no security, or TLS 1.3.
+    pub const SECTYPE_NONE: u8 = 0;
+    pub const SECTYPE_TLS13: u8 = 2;
 
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct Entry {
         pub adrfam: u8,
         pub subtype: u8,
         pub treq: u8,
+        /// TSAS byte 0 for TCP.
+        pub sectype: u8,
         pub portid: u16,
         pub cntlid: u16,
         pub asqsz: u16,
@@ -230,7 +238,7 @@ pub mod discovery {
             put_str(&mut b[32..64], &self.trsvcid, b' ');
             put_str(&mut b[256..512], &self.subnqn, 0);
             put_str(&mut b[512..768], &self.traddr, b' ');
-            // tsas[768..]: TCP security type 0 = none (already zero).
+            b[768] = self.sectype;
         }
 
         pub fn decode(b: &[u8]) -> Result<Self, WireError> {
@@ -242,6 +250,7 @@ pub mod discovery {
                 adrfam: b[1],
                 subtype: b[2],
                 treq: b[3],
+                sectype: b[768],
                 portid: le16(b, 4),
                 cntlid: le16(b, 6),
                 asqsz: le16(b, 8),
@@ -309,7 +318,8 @@ mod tests {
         let e = discovery::Entry {
             adrfam: discovery::ADRFAM_IPV4,
             subtype: discovery::SUBTYPE_NVME,
-            treq: discovery::TREQ_DISABLE_SQFLOW,
+            treq: discovery::TREQ_DISABLE_SQFLOW | discovery::TREQ_REQUIRED,
+            sectype: discovery::SECTYPE_TLS13,
             portid: 1,
             cntlid: CNTLID_DYNAMIC,
             asqsz: 32,

@@ -97,7 +97,9 @@ pub enum PskError {
     Hash,
     #[error("the key is not valid base64")]
     Base64,
-    #[error("the key is {0} bytes; hash 01 takes 32, hash 02 takes 48, 00 either (plus a 4-byte CRC)")]
+    #[error(
+        "the key is {0} bytes; hash 01 takes 32, hash 02 takes 48, 00 either (plus a 4-byte CRC)"
+    )]
     Length(usize),
     #[error("the key's CRC-32 does not match (a typing error?)")]
     Crc,
@@ -126,7 +128,10 @@ impl ConfiguredPsk {
     /// Parses `NVMeTLSkey-1:hh:base64:` as `nvme gen-tls-key` prints it
     /// (surrounding white space and the trailing colon are optional).
     pub fn parse(s: &str) -> Result<ConfiguredPsk, PskError> {
-        let rest = s.trim().strip_prefix("NVMeTLSkey-1:").ok_or(PskError::Prefix)?;
+        let rest = s
+            .trim()
+            .strip_prefix("NVMeTLSkey-1:")
+            .ok_or(PskError::Prefix)?;
         let (hh, b64) = rest.split_once(':').ok_or(PskError::Hash)?;
         let transform = match hh {
             "00" => None,
@@ -157,7 +162,11 @@ impl ConfiguredPsk {
             Some(h) => len == h.key_len(),
             None => len == 32 || len == 48,
         };
-        if ok { Ok(()) } else { Err(PskError::Length(len)) }
+        if ok {
+            Ok(())
+        } else {
+            Err(PskError::Length(len))
+        }
     }
 
     /// A configured PSK from raw key bytes.
@@ -281,7 +290,12 @@ impl PskIdentity {
         };
         let digest = match version {
             0 => None,
-            1 => Some(parts.next().filter(|d| !d.is_empty()).ok_or(IdentityError::Format)?),
+            1 => Some(
+                parts
+                    .next()
+                    .filter(|d| !d.is_empty())
+                    .ok_or(IdentityError::Format)?,
+            ),
             v => return Err(IdentityError::Version(v)),
         };
         if parts.next().is_some() || hostnqn.len() > 223 || subnqn.len() > 223 {
@@ -318,8 +332,12 @@ impl PskIdentity {
             None => self.encode(),
             Some(d) => format!("{:02} {d}", self.hash.id()),
         };
-        self.hash
-            .hkdf(retained, "nvme-tls-psk", context.as_bytes(), self.hash.key_len())
+        self.hash.hkdf(
+            retained,
+            "nvme-tls-psk",
+            context.as_bytes(),
+            self.hash.key_len(),
+        )
     }
 
     /// The TLS PSK for this identity from a configured PSK, after checking

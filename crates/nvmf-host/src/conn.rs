@@ -15,6 +15,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use blockdev::AlignedBuf;
+use nvme_tls::Stream;
 use nvme_wire::cqe::Cqe;
 use nvme_wire::digest::{DIGEST_LEN, DataDigest, crc32c, data_digest_trailer};
 use nvme_wire::pdu::{
@@ -24,7 +25,6 @@ use nvme_wire::pdu::{
 };
 use nvme_wire::sqe::{SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK, SglDesc};
 use nvme_wire::status::Status;
-use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
 use crate::error::HostError;
@@ -110,7 +110,7 @@ impl DataSource for Table {
 
 pub(crate) struct Conn {
     sh: Arc<Shared>,
-    stream: TcpStream,
+    stream: Stream,
     table: Table,
     rx: Box<[u8]>,
     rx_start: usize,
@@ -128,7 +128,7 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub fn new(sh: Arc<Shared>, stream: TcpStream) -> Self {
+    pub fn new(sh: Arc<Shared>, stream: Stream) -> Self {
         let depth = usize::from(sh.p.depth);
         let tick_every =
             (sh.p.timeout / 8).clamp(Duration::from_millis(10), Duration::from_secs(1));

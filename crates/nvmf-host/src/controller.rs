@@ -63,6 +63,26 @@ pub struct HostOptions {
     /// DH-HMAC-CHAP secrets, used when a Connect response asks for
     /// authentication (AUTHREQ.ATR); without them such a Connect fails.
     pub dhchap: Option<crate::auth::DhchapKeys>,
+    /// A configured TLS PSK: every queue then opens a TLS 1.3 channel
+    /// (TP 8011) before its ICReq.
+    pub tls: Option<TlsKey>,
+}
+
+/// The host's configured TLS PSK and the identity version it offers.
+#[derive(Debug, Clone)]
+pub struct TlsKey {
+    pub key: nvme_wire::tls_psk::ConfiguredPsk,
+    /// 0: `NVMe0Rhh <hostnqn> <subnqn>`; 1: the same with the PSK digest.
+    pub identity_version: u8,
+}
+
+fn tls_channel(o: &HostOptions, subnqn: &str) -> Option<crate::queue::TlsChannel> {
+    o.tls.as_ref().map(|t| crate::queue::TlsChannel {
+        key: t.key.clone(),
+        hostnqn: o.hostnqn.clone(),
+        subnqn: subnqn.to_string(),
+        version: t.identity_version,
+    })
 }
 
 impl Default for HostOptions {
@@ -81,6 +101,7 @@ impl Default for HostOptions {
             poll_us: 0,
             lazy_io_queues: false,
             dhchap: None,
+            tls: None,
         }
     }
 }
@@ -185,6 +206,7 @@ impl Controller {
                 timeout: opts.timeout,
                 icd_limit: ADMIN_IN_CAPSULE,
                 poll: Duration::ZERO,
+                tls: tls_channel(&opts, subnqn),
             })
             .await?,
         );
@@ -324,6 +346,7 @@ impl Controller {
             timeout: self.opts.timeout,
             icd_limit: self.info.in_capsule_data(),
             poll: Duration::from_micros(u64::from(self.opts.poll_us)),
+            tls: tls_channel(&self.opts, &self.subnqn),
         })
         .await?;
         let cattr = if self.opts.disable_sqflow {

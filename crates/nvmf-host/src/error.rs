@@ -131,7 +131,8 @@ pub enum HostError {
 
     #[error(
         "{addr}: host {hostnqn} is not allowed on {subnqn} (Connect Invalid Host, SCT 0x1 SC 0x84); \
-         add this host NQN to the subsystem's hosts, or set allow_any_host = true there"
+         add this host NQN to the subsystem's hosts, or set allow_any_host = true there; \
+         a host with a TLS key there must connect over TLS (the target's log says which)"
     )]
     HostNotAllowed {
         addr: SocketAddr,
@@ -193,6 +194,11 @@ pub enum HostError {
 
     #[error("{addr}: connection lost: {msg}")]
     ConnectionLost { addr: SocketAddr, msg: String },
+
+    #[error(
+        "{addr}: no TLS channel: {msg} (does the target have this host's TLS key for this subsystem?)"
+    )]
+    Tls { addr: SocketAddr, msg: String },
 
     #[error("{addr}: queue {qid} is closed ({why})")]
     Closed {

@@ -35,7 +35,8 @@ mod resv;
 
 pub use auth::DhchapKeys;
 pub use controller::{
-    ADMIN_QUEUE_DEPTH, Controller, HostOptions, default_host_identity, host_id_from, parse_uuid,
+    ADMIN_QUEUE_DEPTH, Controller, HostOptions, TlsKey, default_host_identity, host_id_from,
+    parse_uuid,
 };
 pub use discovery::{discover, discover_with};
 pub use error::{CmdStatus, HostError, Result, fes_name, status_name};
@@ -46,5 +47,6 @@ pub use nvme_wire::fabrics::discovery::Entry as DiscoveryEntry;
 pub use nvme_wire::reservation::{
     AcquireAction, RegisterAction, RegisteredCtrl, ReleaseAction, ResvType, cptpl,
 };
+pub use nvme_wire::tls_psk::{ConfiguredPsk, PskError};
 pub use queue::{buf_from, zeroed_buf};
 pub use resv::ReservationStatus;

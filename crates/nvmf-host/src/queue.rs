@@ -15,6 +15,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use blockdev::AlignedBuf;
+use nvme_tls::Stream;
 use nvme_wire::pdu::{
     CH_LEN, CommonHeader, DigestMode, ICRESP_LEN, ICReq, ICResp, PduType, TERMREQ_HLEN,
     TERMREQ_MAX_DATA, TermReq,
@@ -66,6 +67,19 @@ pub(crate) struct QueueParams {
     pub icd_limit: u32,
     /// Keep polling the socket this long after activity before sleeping (0: never poll).
     pub poll: Duration,
+    /// Open a TLS 1.3 channel before the ICReq.
+    pub tls: Option<TlsChannel>,
+}
+
+/// The PSK a queue's TLS channel offers: the host's configured key and the
+/// identity (host and subsystem NQN, version) it is derived for.
+#[derive(Debug, Clone)]
+pub struct TlsChannel {
+    pub key: nvme_wire::tls_psk::ConfiguredPsk,
+    pub hostnqn: String,
+    pub subnqn: String,
+    /// PSK identity version: 0 (`NVMe0R..`) or 1 (with the PSK digest).
+    pub version: u8,
 }
 
 /// What the ICReq/ICResp exchange settled.
@@ -148,7 +162,7 @@ impl Queue {
     /// task runs on the runtime this is called from.
     pub async fn connect(p: QueueParams) -> Result<Queue> {
         let addr = p.addr;
-        let mut stream = match tokio::time::timeout(p.timeout, TcpStream::connect(addr)).await {
+        let stream = match tokio::time::timeout(p.timeout, TcpStream::connect(addr)).await {
             Err(_) => {
                 return Err(HostError::Timeout {
                     addr,
@@ -168,6 +182,18 @@ impl Queue {
             Ok(Ok(s)) => s,
         };
         let _ = stream.set_nodelay(true);
+        let mut stream = match &p.tls {
+            None => Stream::Plain(stream),
+            Some(t) => {
+                let psk = nvme_tls::ClientPsk::new(&t.key, &t.hostnqn, &t.subnqn, t.version);
+                nvme_tls::connect(stream, psk, p.timeout)
+                    .await
+                    .map_err(|e| HostError::Tls {
+                        addr,
+                        msg: e.to_string(),
+                    })?
+            }
+        };
         let want = u8::from(p.hdr_digest) | (u8::from(p.data_digest) << 1);
         let neg = match tokio::time::timeout(p.timeout, initialize(&mut stream, addr, want)).await {
             Err(_) => {
@@ -362,7 +388,7 @@ impl Drop for Wait<'_> {
 }
 
 /// ICReq out, ICResp (or a C2HTermReq) in.
-async fn initialize(stream: &mut TcpStream, addr: SocketAddr, want_dgst: u8) -> Result<Negotiated> {
+async fn initialize(stream: &mut Stream, addr: SocketAddr, want_dgst: u8) -> Result<Negotiated> {
     let lost = |e: std::io::Error| HostError::ConnectionLost {
         addr,
         msg: format!("during connection initialization: {e}"),

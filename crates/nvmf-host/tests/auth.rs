@@ -44,6 +44,7 @@ fn start(auth: HostAuth) -> Server {
         &[ListenerConfig {
             addr: "127.0.0.1:0".parse().unwrap(),
             kind: ListenerKind::Io,
+            tls: nvmf_target::TlsMode::None,
         }],
     )
     .unwrap()

@@ -51,6 +51,7 @@ impl Node {
         let listener = ListenerConfig {
             addr: "127.0.0.1:0".parse().unwrap(),
             kind: ListenerKind::Io,
+            tls: nvmf_target::TlsMode::None,
         };
         Node {
             server: Some(Server::start(target, &[listener]).unwrap()),

@@ -69,10 +69,12 @@ impl Fixture {
                 ListenerConfig {
                     addr: any,
                     kind: ListenerKind::Io,
+                    tls: nvmf_target::TlsMode::None,
                 },
                 ListenerConfig {
                     addr: any,
                     kind: ListenerKind::Discovery,
+                    tls: nvmf_target::TlsMode::None,
                 },
             ],
         )

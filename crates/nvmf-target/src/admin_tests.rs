@@ -476,7 +476,7 @@ fn connect_host_nqn_and_host_id() {
     let t = target();
     let cmd = connect_cmd();
     // An empty host NQN is not an NQN: refused, even on an allow-any-host subsystem.
-    let e = crate::fabrics::connect(&t, &cmd, &connect_data("", [1; 16]), "peer:1")
+    let e = crate::fabrics::connect(&t, &cmd, &connect_data("", [1; 16]), "peer:1", None)
         .err()
         .expect("refused");
     assert_eq!(
@@ -488,6 +488,7 @@ fn connect_host_nqn_and_host_id() {
         crate::fabrics::ipo_iattr(true, nvme_wire::fabrics::CONNECT_DATA_OFF_HOSTNQN)
     );
     // A zero host identifier is accepted, as Linux nvmet does.
-    let c = crate::fabrics::connect(&t, &cmd, &connect_data(HOST, [0; 16]), "peer:1").unwrap();
+    let c =
+        crate::fabrics::connect(&t, &cmd, &connect_data(HOST, [0; 16]), "peer:1", None).unwrap();
     assert_eq!(c.hostid, [0; 16]);
 }

@@ -60,8 +60,23 @@ pub enum ListenerKind {
     Discovery,
 }
 
+/// The listener's secure channel (TP 8011), as the discovery log's TREQ
+/// and TSAS advertise it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// Plain TCP only.
+    #[default]
+    None,
+    /// TLS 1.3 or plain TCP: the first byte of a connection tells them apart
+    /// (a TLS handshake record is 16h, an ICReq 00h).
+    Optional,
+    /// TLS 1.3 only; a connection that does not start a handshake is closed.
+    Required,
+}
+
 #[derive(Debug, Clone)]
 pub struct ListenerConfig {
     pub addr: SocketAddr,
     pub kind: ListenerKind,
+    pub tls: TlsMode,
 }

@@ -7,7 +7,7 @@ use nvme_wire::fabrics::DISCOVERY_NQN;
 use nvme_wire::fabrics::discovery::{self, Entry};
 
 use crate::Target;
-use crate::config::ListenerKind;
+use crate::config::{ListenerKind, TlsMode};
 
 /// Admin queue size hosts should ask for (ASQSZ).
 pub const ADMIN_SQ_SIZE: u16 = 32;
@@ -23,10 +23,16 @@ pub fn discovery_log(target: &Target, hostnqn: &str, local_ip: Option<IpAddr>) -
         } else {
             discovery::ADRFAM_IPV6
         };
+        let (treq, sectype) = match l.tls {
+            TlsMode::None => (0, discovery::SECTYPE_NONE),
+            TlsMode::Optional => (discovery::TREQ_NOT_REQUIRED, discovery::SECTYPE_TLS13),
+            TlsMode::Required => (discovery::TREQ_REQUIRED, discovery::SECTYPE_TLS13),
+        };
         let entry = |subtype, subnqn: &str| Entry {
             adrfam,
             subtype,
-            treq: discovery::TREQ_DISABLE_SQFLOW,
+            treq: discovery::TREQ_DISABLE_SQFLOW | treq,
+            sectype,
             portid: (i + 1) as u16,
             cntlid: nvme_wire::fabrics::CNTLID_DYNAMIC,
             asqsz: ADMIN_SQ_SIZE,
@@ -73,6 +79,7 @@ pub fn discovery_log(target: &Target, hostnqn: &str, local_ip: Option<IpAddr>) -
                 adrfam,
                 subtype: discovery::SUBTYPE_NVME,
                 treq: discovery::TREQ_DISABLE_SQFLOW,
+                sectype: discovery::SECTYPE_NONE,
                 portid: (nlisteners + i + 1) as u16,
                 cntlid: nvme_wire::fabrics::CNTLID_DYNAMIC,
                 asqsz: ADMIN_SQ_SIZE,
@@ -119,10 +126,12 @@ mod tests {
             ListenerConfig {
                 addr: "0.0.0.0:4420".parse().unwrap(),
                 kind: ListenerKind::Io,
+                tls: crate::config::TlsMode::None,
             },
             ListenerConfig {
                 addr: "127.0.0.1:8009".parse().unwrap(),
                 kind: ListenerKind::Discovery,
+                tls: crate::config::TlsMode::None,
             },
         ];
         let log = discovery_log(&t, "nqn.h:2", Some("10.1.2.3".parse().unwrap()));
@@ -156,6 +165,7 @@ mod tests {
         *t.listeners.write() = vec![ListenerConfig {
             addr: "10.0.0.1:4420".parse().unwrap(),
             kind: ListenerKind::Io,
+            tls: crate::config::TlsMode::None,
         }];
         t.set_peer_portals(vec![
             crate::PeerPortal {

@@ -10,6 +10,7 @@ use nvme_wire::fabrics::{
     CONNECT_DATA_OFF_SUBNQN, CONNECT_SQE_OFF_QID, CONNECT_SQE_OFF_SQSIZE,
 };
 use nvme_wire::status::{self, Status};
+use nvme_wire::tls_psk::PskIdentity;
 
 use crate::Target;
 use crate::controller::{Controller, CtrlKind};
@@ -75,8 +76,10 @@ pub fn connect(
     cmd: &ConnectCmd,
     data: &[u8],
     peer: &str,
+    tls: Option<&PskIdentity>,
 ) -> Result<Arc<Controller>, ConnectError> {
     let res = decode_connect_data(data).and_then(|d| {
+        check_channel(target, &d, tls)?;
         if cmd.qid == 0 {
             connect_admin(target, cmd, &d)
         } else {
@@ -101,7 +104,7 @@ pub fn connect(
             let end = f.iter().position(|&c| c == 0).unwrap_or(f.len());
             String::from_utf8_lossy(&f[..end]).into_owned()
         };
-        let not_allowed = e.status == Status::cmd_specific(status::SC_CONNECT_INVALID_HOST);
+        let not_allowed = e.reason == HOST_NOT_ALLOWED;
         if let Some(o) = target.connect_observer() {
             o.host_refused(&crate::HostRefused {
                 subnqn: field(usize::from(CONNECT_DATA_OFF_SUBNQN)),
@@ -118,7 +121,7 @@ pub fn connect(
                 "host {} not allowed on {} ({peer}, qid {})",
                 field(usize::from(CONNECT_DATA_OFF_HOSTNQN)),
                 field(usize::from(CONNECT_DATA_OFF_SUBNQN)),
-                cmd.qid
+                cmd.qid,
             );
             return res;
         }
@@ -134,6 +137,43 @@ pub fn connect(
         );
     }
     res
+}
+
+/// The reason of a Connect refused because the host is not in the list.
+const HOST_NOT_ALLOWED: &str = "host not allowed on this subsystem";
+
+/// The channel must fit the Connect: over TLS, the NQNs of the PSK identity
+/// (a host's PSK opens its own associations only); over plain TCP, no
+/// subsystem that requires TLS of this host.
+fn check_channel(
+    target: &Target,
+    d: &ConnectData,
+    tls: Option<&PskIdentity>,
+) -> Result<(), ConnectError> {
+    let not_allowed = |reason| ConnectError {
+        status: Status::cmd_specific(status::SC_CONNECT_INVALID_HOST),
+        dw0: ipo_iattr(true, CONNECT_DATA_OFF_HOSTNQN),
+        reason,
+    };
+    match tls {
+        Some(id) if id.hostnqn != d.hostnqn => Err(not_allowed(
+            "the host NQN differs from the TLS PSK identity's",
+        )),
+        Some(id) if id.subnqn != d.subnqn => Err(invalid_param(
+            true,
+            CONNECT_DATA_OFF_SUBNQN,
+            "the subsystem NQN differs from the TLS PSK identity's",
+        )),
+        Some(_) => Ok(()),
+        None if d.subnqn != DISCOVERY_NQN
+            && target
+                .subsystem(&d.subnqn)
+                .is_some_and(|s| s.tls_required_for(&d.hostnqn)) =>
+        {
+            Err(not_allowed("this host must connect over TLS"))
+        }
+        None => Ok(()),
+    }
 }
 
 fn check_sqsize(target: &Target, cmd: &ConnectCmd) -> Result<(), ConnectError> {
@@ -182,7 +222,7 @@ pub fn connect_admin(
             return Err(ConnectError {
                 status: Status::cmd_specific(status::SC_CONNECT_INVALID_HOST),
                 dw0: ipo_iattr(true, CONNECT_DATA_OFF_HOSTNQN),
-                reason: "host not allowed on this subsystem",
+                reason: HOST_NOT_ALLOWED,
             });
         }
         CtrlKind::Io(sub.clone())
@@ -358,10 +398,33 @@ mod tests {
             cattr: 0,
             kato_ms: 0,
         };
-        let c = connect(&t, &cmd, &data("nqn.test:s", "nqn.test:good"), "10.0.0.1:5").unwrap();
-        assert!(connect(&t, &cmd, &data("nqn.test:s", "nqn.test:bad"), "10.0.0.2:6").is_err());
+        let c = connect(
+            &t,
+            &cmd,
+            &data("nqn.test:s", "nqn.test:good"),
+            "10.0.0.1:5",
+            None,
+        )
+        .unwrap();
+        assert!(
+            connect(
+                &t,
+                &cmd,
+                &data("nqn.test:s", "nqn.test:bad"),
+                "10.0.0.2:6",
+                None
+            )
+            .is_err()
+        );
         // Discovery is not a host attaching: not reported.
-        connect(&t, &cmd, &data(DISCOVERY_NQN, "nqn.test:bad"), "10.0.0.2:7").unwrap();
+        connect(
+            &t,
+            &cmd,
+            &data(DISCOVERY_NQN, "nqn.test:bad"),
+            "10.0.0.2:7",
+            None,
+        )
+        .unwrap();
         assert_eq!(
             *seen.connected.lock(),
             [HostConnected {
@@ -377,5 +440,85 @@ mod tests {
         assert_eq!(r[0].subnqn, "nqn.test:s");
         assert!(r[0].not_allowed);
         assert_eq!(r[0].peer, "10.0.0.2:6");
+    }
+
+    #[test]
+    fn a_tls_channel_opens_only_its_identitys_association() {
+        use nvme_wire::tls_psk::{ConfiguredPsk, PskHash};
+        let key = ConfiguredPsk::from_key(Some(PskHash::Sha256), &[3; 32]).unwrap();
+        let mut a = Subsystem::new(
+            "nqn.test:a".into(),
+            "A".into(),
+            "m".into(),
+            false,
+            vec!["nqn.test:h".into(), "nqn.test:other".into()],
+            Vec::new(),
+        );
+        a.set_host_tls("nqn.test:h".into(), key.clone());
+        let mut b = Subsystem::new(
+            "nqn.test:b".into(),
+            "B".into(),
+            "m".into(),
+            true,
+            Vec::new(),
+            Vec::new(),
+        );
+        b.set_require_tls(true);
+        let t = Target::new(Default::default(), vec![Arc::new(a), Arc::new(b)]);
+        let cmd = ConnectCmd {
+            recfmt: 0,
+            qid: 0,
+            sqsize: 31,
+            cattr: 0,
+            kato_ms: 0,
+        };
+        let (id_a, _) = key.derive("nqn.test:h", "nqn.test:a", 0);
+        let p = "10.0.0.9:1";
+        // the identity's own association
+        connect(&t, &cmd, &data("nqn.test:a", "nqn.test:h"), p, Some(&id_a)).unwrap();
+        // another host NQN, or another subsystem, on that channel
+        let e = connect(
+            &t,
+            &cmd,
+            &data("nqn.test:a", "nqn.test:other"),
+            p,
+            Some(&id_a),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(
+            e.status,
+            Status::cmd_specific(status::SC_CONNECT_INVALID_HOST)
+        );
+        let e = connect(&t, &cmd, &data("nqn.test:b", "nqn.test:h"), p, Some(&id_a))
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.status,
+            Status::cmd_specific(status::SC_CONNECT_INVALID_PARAM)
+        );
+        // plain TCP: the host with a key is refused, the one without is not;
+        // a require_tls subsystem refuses everyone
+        let e = connect(&t, &cmd, &data("nqn.test:a", "nqn.test:h"), p, None)
+            .err()
+            .unwrap();
+        assert_eq!(e.reason, "this host must connect over TLS");
+        connect(&t, &cmd, &data("nqn.test:a", "nqn.test:other"), p, None).unwrap();
+        let e = connect(&t, &cmd, &data("nqn.test:b", "nqn.test:any"), p, None)
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.status,
+            Status::cmd_specific(status::SC_CONNECT_INVALID_HOST)
+        );
+        // discovery over plain TCP stays open; over TLS with the discovery identity too
+        connect(&t, &cmd, &data(DISCOVERY_NQN, "nqn.test:h"), p, None).unwrap();
+        let (id_d, _) = key.derive("nqn.test:h", DISCOVERY_NQN, 0);
+        connect(&t, &cmd, &data(DISCOVERY_NQN, "nqn.test:h"), p, Some(&id_d)).unwrap();
+        // the PSK lookup: per subsystem, and any of the host's keys for discovery
+        assert_eq!(t.tls_psk("nqn.test:h", "nqn.test:a"), Some(key.clone()));
+        assert_eq!(t.tls_psk("nqn.test:h", DISCOVERY_NQN), Some(key));
+        assert_eq!(t.tls_psk("nqn.test:h", "nqn.test:b"), None);
+        assert_eq!(t.tls_psk("nqn.test:other", "nqn.test:a"), None);
     }
 }

@@ -28,7 +28,7 @@ mod target;
 pub mod tcp;
 
 pub use ana::AnaState;
-pub use config::{ListenerConfig, ListenerKind, TransportConfig};
+pub use config::{ListenerConfig, ListenerKind, TlsMode, TransportConfig};
 pub use controller::{Controller, FreeReason};
 pub use observer::{ConnectObserver, HostConnected, HostRefused};
 pub use subsystem::{Namespace, NamespaceError, Subsystem};

@@ -103,6 +103,10 @@ pub struct TargetCounters {
     pub header_digest_errors: AtomicU64,
     /// Command capsules or host data whose data digest did not match.
     pub data_digest_errors: AtomicU64,
+    /// TLS handshakes that set up a secure channel, and those refused
+    /// (unknown identity, wrong key, not TLS on a TLS-only listener, timeout).
+    pub tls_handshakes: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use blockdev::BlockDevice;
+use nvme_wire::tls_psk::ConfiguredPsk;
 use parking_lot::RwLock;
 
 use crate::resv_cmd::NsReservations;
@@ -76,6 +77,10 @@ pub struct Subsystem {
     cluster_wide: AtomicBool,
     /// DH-HMAC-CHAP secrets by host NQN: these hosts must authenticate.
     host_auth: std::collections::HashMap<String, Arc<crate::auth::HostAuth>>,
+    /// Configured TLS PSKs by host NQN: these hosts must use TLS.
+    host_tls: std::collections::HashMap<String, ConfiguredPsk>,
+    /// Every host must come over TLS.
+    require_tls: bool,
 }
 
 /// Why a namespace could not be added or removed.
@@ -116,7 +121,33 @@ impl Subsystem {
             ns_version: AtomicU64::new(0),
             cluster_wide: AtomicBool::new(false),
             host_auth: Default::default(),
+            host_tls: Default::default(),
+            require_tls: false,
         }
+    }
+
+    /// `hostnqn` must connect over TLS with a PSK derived from `key`.
+    pub fn set_host_tls(&mut self, hostnqn: String, key: ConfiguredPsk) {
+        self.host_tls.insert(hostnqn, key);
+    }
+
+    /// The configured TLS PSK of `hostnqn`, if it has one here.
+    pub fn host_tls(&self, hostnqn: &str) -> Option<&ConfiguredPsk> {
+        self.host_tls.get(hostnqn)
+    }
+
+    /// Every host must connect over TLS.
+    pub fn set_require_tls(&mut self, on: bool) {
+        self.require_tls = on;
+    }
+
+    pub fn require_tls(&self) -> bool {
+        self.require_tls
+    }
+
+    /// Whether `hostnqn` may only connect over TLS.
+    pub fn tls_required_for(&self, hostnqn: &str) -> bool {
+        self.require_tls || self.host_tls.contains_key(hostnqn)
     }
 
     /// Requires DH-HMAC-CHAP from `hostnqn` with these secrets.

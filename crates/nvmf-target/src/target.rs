@@ -122,6 +122,22 @@ impl Target {
             .cloned()
     }
 
+    /// The configured TLS PSK `hostnqn` uses on `subnqn`. For the discovery
+    /// NQN: its key on any subsystem (a host has one retained PSK; the
+    /// identity's subsystem NQN still makes the TLS PSK differ).
+    pub fn tls_psk(
+        &self,
+        hostnqn: &str,
+        subnqn: &str,
+    ) -> Option<nvme_wire::tls_psk::ConfiguredPsk> {
+        let subs = self.subsystems();
+        if subnqn == nvme_wire::fabrics::DISCOVERY_NQN {
+            return subs.iter().find_map(|s| s.host_tls(hostnqn).cloned());
+        }
+        let s = subs.iter().find(|s| s.nqn == subnqn)?;
+        s.host_tls(hostnqn).cloned()
+    }
+
     pub fn discovery_genctr(&self) -> u64 {
         self.discovery_genctr.load(Ordering::Relaxed)
     }

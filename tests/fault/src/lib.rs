@@ -133,6 +133,7 @@ impl TestTarget {
             &[ListenerConfig {
                 addr: "127.0.0.1:0".parse().expect("addr"),
                 kind: ListenerKind::Io,
+                tls: nvmf_target::TlsMode::None,
             }],
         )
         .expect("server starts");

@@ -137,6 +137,15 @@ pub struct BenchArgs {
     /// tcp: also authenticate the target (bidirectional) with the controller secret in this file.
     #[arg(long, value_name = "FILE", requires = "dhchap_key_file")]
     dhchap_ctrl_key_file: Option<std::path::PathBuf>,
+    /// tcp: connect over TLS 1.3 (TP 8011) with the configured PSK in this file
+    /// (`NVMeTLSkey-1:...`, as `nvme gen-tls-key` prints it; mode 0600), for --hostnqn.
+    #[arg(long, value_name = "FILE")]
+    tls_key_file: Option<std::path::PathBuf>,
+    /// tcp: the TLS PSK identity version to offer: 0 (`NVMe0Rhh host sub`) or 1 (with the
+    /// PSK digest).
+    #[arg(long, value_name = "0|1", default_value_t = 0, requires = "tls_key_file",
+          value_parser = clap::value_parser!(u8).range(0..=1))]
+    tls_identity: u8,
     /// file:/mem: write the region once before the run, so that reads return stored data.
     /// With --compare: every target, tcp:// included, is written once before it is read.
     #[arg(long)]
@@ -240,6 +249,18 @@ impl BenchArgs {
                 )
             })?
             .map(|(h, c)| nvmf_host::DhchapKeys::new(h, c)),
+            tls: self
+                .tls_key_file
+                .as_deref()
+                .map(|p| {
+                    crate::config::tls::read_psk("--tls-key-file", p)
+                        .map_err(|e| anyhow::anyhow!("{}", e.to_string().replace("config: ", "")))
+                })
+                .transpose()?
+                .map(|key| nvmf_host::TlsKey {
+                    key,
+                    identity_version: self.tls_identity,
+                }),
             poll_us: self.poll_us,
             engine: self.engine,
             queues,
@@ -457,6 +478,7 @@ async fn open(target: &Target, w: &Workload) -> Result<Device> {
                 o.hostnqn = h.clone();
             }
             o.dhchap = w.dhchap.clone();
+            o.tls = w.tls.clone();
             let ctrl = Controller::connect(*addr, nqn, o).await?;
             if u32::from(ctrl.granted_io_queues()) < w.jobs {
                 bail!(
@@ -560,6 +582,7 @@ async fn open_remote(
         o.host.hostnqn = h.clone();
     }
     o.host.dhchap = w.dhchap.clone();
+    o.host.tls = w.tls.clone();
     if let Some(f) = w.fail_after {
         o.fail_after = f;
     }
@@ -1081,6 +1104,7 @@ mod tests {
             &[ListenerConfig {
                 addr,
                 kind: ListenerKind::Io,
+                tls: nvmf_target::TlsMode::None,
             }],
         )
         .unwrap();

@@ -187,6 +187,10 @@ pub struct Workload {
     /// "bidirectional", never the keys).
     #[serde(serialize_with = "ser_dhchap")]
     pub dhchap: Option<nvmf_host::DhchapKeys>,
+    /// tcp: a TLS 1.3 channel with this configured PSK (reported as "none"
+    /// or the PSK hash and identity version, never the key).
+    #[serde(serialize_with = "ser_tls")]
+    pub tls: Option<nvmf_host::TlsKey>,
     /// Host-side adaptive polling window, microseconds.
     pub poll_us: u32,
     /// How the jobs reach a tcp:// target.
@@ -213,6 +217,17 @@ fn ser_dhchap<S: serde::Serializer>(
     })
 }
 
+fn ser_tls<S: serde::Serializer>(k: &Option<nvmf_host::TlsKey>, s: S) -> Result<S::Ok, S::Error> {
+    match k {
+        None => s.serialize_str("none"),
+        Some(k) => s.serialize_str(&format!(
+            "tls1.3, PSK hash {:02}, identity v{}",
+            k.key.hash().id(),
+            k.identity_version
+        )),
+    }
+}
+
 impl Default for Workload {
     fn default() -> Self {
         Workload {
@@ -234,6 +249,7 @@ impl Default for Workload {
             data_digest: false,
             hostnqn: None,
             dhchap: None,
+            tls: None,
             poll_us: 0,
             engine: Engine::Queue,
             queues: None,

@@ -22,40 +22,20 @@ pub struct SubsystemHostSection {
     /// The controller's secret (bidirectional): the target proves it to a
     /// host that asks (`nvme connect --dhchap-ctrl-secret`).
     pub dhchap_ctrl_key_file: Option<PathBuf>,
+    /// The host's configured TLS PSK (`NVMeTLSkey-1:`): the host must then
+    /// connect over TLS 1.3 (see `config::tls`).
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// Reads and parses the secret in `path`, for the TOML key `key`. Refuses a
 /// file that group or others may read or write (`chmod 600` fixes it).
 pub fn read_secret(key: &str, path: &Path) -> Result<Secret> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(path).map_err(|e| {
-        anyhow::anyhow!(
-            "config: {key} = {:?}: cannot read the key file: {e}; check the path \
-             (make one with `nvme gen-dhchap-key --nqn <hostnqn> > FILE; chmod 600 FILE`)",
-            path.display()
-        )
-    })?;
-    if !meta.is_file() {
-        bail!(
-            "config: {key} = {:?} is not a regular file; give the file that holds the DHHC-1 secret",
-            path.display()
-        );
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        bail!(
-            "config: {key} = {:?}: the key file is accessible by group or others (mode {mode:04o}); \
-             a DH-HMAC-CHAP secret must be private: chmod 600 {}",
-            path.display(),
-            path.display()
-        );
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        anyhow::anyhow!(
-            "config: {key} = {:?}: cannot read the key file: {e}",
-            path.display()
-        )
-    })?;
+    let text = super::keyfile::read_private(
+        key,
+        path,
+        "DH-HMAC-CHAP secret",
+        "nvme gen-dhchap-key --nqn <hostnqn> > FILE",
+    )?;
     Secret::parse(&text).map_err(|e| {
         anyhow::anyhow!(
             "config: {key} = {:?}: not a DH-HMAC-CHAP secret: {e}; \

@@ -119,6 +119,7 @@ mod tests {
         ListenerConfig {
             addr: a.parse().unwrap(),
             kind,
+            tls: nvmf_target::TlsMode::None,
         }
     }
 

@@ -13,7 +13,9 @@ use serde::Deserialize;
 
 pub mod auth;
 pub mod cluster;
+pub mod keyfile;
 pub mod membership;
+pub mod tls;
 pub use auth::SubsystemHostSection;
 pub use cluster::{Cluster, PeerSection, RemoteSection};
 pub use membership::{ClusterSection, Membership};
@@ -349,6 +351,8 @@ pub struct ListenerSection {
     pub port: u16,
     #[serde(default = "io_kind")]
     pub kind: String,
+    /// TLS 1.3 (TP 8011): "none" (default), "optional" or "required".
+    pub tls: Option<String>,
 }
 
 fn io_kind() -> String {
@@ -373,6 +377,9 @@ pub struct SubsystemSection {
     /// without `dhchap_key_file`.
     #[serde(default)]
     pub require_auth: bool,
+    /// Every host must connect over TLS 1.3 (see `config::tls`).
+    #[serde(default)]
+    pub require_tls: bool,
     #[serde(default)]
     pub namespace: Vec<NamespaceSection>,
 }
@@ -685,6 +692,7 @@ pub fn node_specs(
 pub fn build(cfg: &NodeConfig, volumes: VolumeResolver<'_>) -> Result<Built> {
     let transport = transport(cfg)?;
     let listeners = listeners(cfg)?;
+    tls::check(&listeners, &cfg.subsystem)?;
     if cfg.subsystem.is_empty() && !cfg.drive.iter().any(|d| d.export) && cfg.cluster.is_none() {
         bail!(
             "config: no [[subsystem]] defined; add one with an nqn and at least one [[subsystem.namespace]]"
@@ -798,10 +806,12 @@ pub fn listeners(cfg: &NodeConfig) -> Result<Vec<ListenerConfig>> {
             ListenerConfig {
                 addr: "127.0.0.1:4420".parse().expect("addr"),
                 kind: ListenerKind::Io,
+                tls: nvmf_target::TlsMode::None,
             },
             ListenerConfig {
                 addr: "127.0.0.1:8009".parse().expect("addr"),
                 kind: ListenerKind::Discovery,
+                tls: nvmf_target::TlsMode::None,
             },
         ]);
     }
@@ -825,7 +835,8 @@ pub fn listeners(cfg: &NodeConfig) -> Result<Vec<ListenerConfig>> {
         if !seen.insert(addr) {
             bail!("config: listener[{i}] {addr} is listed twice; remove one");
         }
-        out.push(ListenerConfig { addr, kind });
+        let tls = tls::listener_mode(&format!("listener[{i}].tls"), l.tls.as_deref())?;
+        out.push(ListenerConfig { addr, kind, tls });
     }
     Ok(out)
 }
@@ -1007,6 +1018,7 @@ fn subsystem(key: &str, s: &SubsystemSection, volumes: VolumeResolver<'_>) -> Re
         );
         sub.set_host_auth(nqn, nvmf_target::auth::HostAuth::new(host_key, ctrl_key));
     }
+    tls::apply(key, s, &mut sub)?;
     Ok(sub)
 }
 

@@ -106,6 +106,7 @@ impl Enclosure {
             &[ListenerConfig {
                 addr: self.addr,
                 kind: ListenerKind::Io,
+                tls: nvmf_target::TlsMode::None,
             }],
         )
         .unwrap();
@@ -542,6 +543,7 @@ async fn a_remote_drive_authenticates_to_an_export_that_requires_it() {
         &[ListenerConfig {
             addr: "127.0.0.1:0".parse().unwrap(),
             kind: ListenerKind::Io,
+            tls: nvmf_target::TlsMode::None,
         }],
     )
     .unwrap();

@@ -85,7 +85,10 @@ fn interchange_round_trip_and_refusals() {
         k,
         "the trailing colon is optional"
     );
-    assert!(!format!("{k:?}").contains(&s[16..30]), "Debug hides the key");
+    assert!(
+        !format!("{k:?}").contains(&s[16..30]),
+        "Debug hides the key"
+    );
     assert_eq!(ConfiguredPsk::parse("DHHC-1:01:x:"), Err(PskError::Prefix));
     assert_eq!(
         ConfiguredPsk::parse(&s.replace(":01:", ":03:")),
@@ -96,8 +99,14 @@ fn interchange_round_trip_and_refusals() {
         Err(PskError::Length(32)),
         "hash 02 takes a 48-byte key"
     );
-    assert_eq!(ConfiguredPsk::parse("NVMeTLSkey-1:01:@@@:"), Err(PskError::Base64));
-    assert_eq!(ConfiguredPsk::parse("NVMeTLSkey-1:01::"), Err(PskError::Length(0)));
+    assert_eq!(
+        ConfiguredPsk::parse("NVMeTLSkey-1:01:@@@:"),
+        Err(PskError::Base64)
+    );
+    assert_eq!(
+        ConfiguredPsk::parse("NVMeTLSkey-1:01::"),
+        Err(PskError::Length(0))
+    );
     let mut raw = key(32);
     raw.extend_from_slice(&[0, 0, 0, 0]);
     let bad = format!(
@@ -136,11 +145,27 @@ fn identity_parse_round_trip_and_refusals() {
         b"NVMe0R01 h s\xff",
         b"nvme0R01 h s",
     ] {
-        assert_eq!(PskIdentity::parse(bad), Err(IdentityError::Format), "{bad:?}");
+        assert_eq!(
+            PskIdentity::parse(bad),
+            Err(IdentityError::Format),
+            "{bad:?}"
+        );
     }
-    assert_eq!(PskIdentity::parse(b"NVMe0R03 h s"), Err(IdentityError::Hash(3)));
-    assert_eq!(PskIdentity::parse(b"NVMe0G01 h s"), Err(IdentityError::Generated));
-    assert_eq!(PskIdentity::parse(b"NVMe2R01 h s d"), Err(IdentityError::Version(2)));
+    assert_eq!(
+        PskIdentity::parse(b"NVMe0R03 h s"),
+        Err(IdentityError::Hash(3))
+    );
+    assert_eq!(
+        PskIdentity::parse(b"NVMe0G01 h s"),
+        Err(IdentityError::Generated)
+    );
+    assert_eq!(
+        PskIdentity::parse(b"NVMe2R01 h s d"),
+        Err(IdentityError::Version(2))
+    );
     let long = format!("NVMe0R01 {} s", "h".repeat(224));
-    assert_eq!(PskIdentity::parse(long.as_bytes()), Err(IdentityError::Format));
+    assert_eq!(
+        PskIdentity::parse(long.as_bytes()),
+        Err(IdentityError::Format)
+    );
 }

@@ -30,6 +30,7 @@ use nvme_wire::cqe::Cqe;
 use nvme_wire::fabrics::{CATTR_DISABLE_SQFLOW, ConnectCmd, PropertyCmd, fctype};
 use nvme_wire::sqe::{FUSE_MASK, Sqe, io_opc};
 use nvme_wire::status::{self, Status};
+use nvme_wire::tls_psk::PskIdentity;
 
 use crate::Target;
 use crate::admin::{self, AdminCtx, AdminOutcome};
@@ -134,6 +135,8 @@ pub struct QueueCore {
     peer: String,
     /// The address the host reached (for the discovery log).
     local_ip: Option<IpAddr>,
+    /// The PSK identity of this queue's TLS channel, if it has one.
+    tls: Option<PskIdentity>,
     bound: Option<Bound>,
     /// A Connect is waiting for its data: no second Connect meanwhile.
     connecting: bool,
@@ -168,7 +171,13 @@ impl QueueCore {
             target,
             peer,
             local_ip,
+            tls: None,
         }
+    }
+
+    /// This queue came over a TLS channel that proved `identity`.
+    pub fn set_tls(&mut self, identity: PskIdentity) {
+        self.tls = Some(identity);
     }
 
     // ---- what the transport reads
@@ -645,7 +654,7 @@ impl QueueCore {
     fn do_connect<T: Transport>(&mut self, i: u16, buf: AlignedBuf, t: &mut T) {
         let sqe = self.slots[usize::from(i)].sqe;
         let cmd = ConnectCmd::from_sqe(&sqe);
-        let res = fabrics::connect(&self.target, &cmd, &buf, &self.peer);
+        let res = fabrics::connect(&self.target, &cmd, &buf, &self.peer, self.tls.as_ref());
         self.pool.put(buf);
         match res {
             Ok(ctrl) => {

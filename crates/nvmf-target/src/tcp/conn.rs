@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use nvme_tls::{Stream, TlsAcceptor};
 use nvme_wire::digest::{DIGEST_LEN, crc32c, data_digest};
 use nvme_wire::pdu::{
     CH_LEN, CommonHeader, Fes, H2CDataHdr, ICREQ_OFF_HPDA, ICREQ_OFF_PFV, ICReq, ICResp, PduType,
@@ -29,7 +30,7 @@ use super::out::OutQueue;
 use super::pdu_check::{Negotiated, PduLayout, TermError, check_header};
 use super::r2t::R2tTable;
 use crate::Target;
-use crate::config::ADMIN_IN_CAPSULE_DATA;
+use crate::config::{ADMIN_IN_CAPSULE_DATA, TlsMode};
 use crate::controller::{Controller, FreeReason};
 use crate::queue::QueueCore;
 
@@ -61,7 +62,7 @@ enum End {
 
 pub(crate) struct Conn {
     target: Arc<Target>,
-    stream: TcpStream,
+    stream: Stream,
     peer: String,
     core: QueueCore,
     io: TcpIo,
@@ -82,21 +83,38 @@ pub(crate) struct Conn {
     poll: Option<Duration>,
 }
 
-pub(crate) async fn serve(stream: TcpStream, target: Arc<Target>, shutdown: watch::Receiver<bool>) {
-    let peer = stream
+pub(crate) async fn serve(
+    tcp: TcpStream,
+    mode: TlsMode,
+    tls: Option<TlsAcceptor>,
+    target: Arc<Target>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let peer = tcp
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
     let counters = target.clone();
     counters.counters.connections_opened.fetch_add(1, Relaxed);
+    let opened = tokio::select! {
+        o = super::secure::open(tcp, mode, tls.as_ref(), &target, &peer) => o,
+        _ = wait_shutdown(shutdown.clone()) => None,
+    };
+    let Some((stream, identity)) = opened else {
+        counters.counters.connections_closed.fetch_add(1, Relaxed);
+        return;
+    };
     let mut conn = Conn::new(stream, target, peer);
+    if let Some(id) = identity {
+        conn.core.set_tls(id);
+    }
     let end = conn.run(shutdown).await;
     conn.finish(end).await;
     counters.counters.connections_closed.fetch_add(1, Relaxed);
 }
 
 impl Conn {
-    fn new(stream: TcpStream, target: Arc<Target>, peer: String) -> Self {
+    fn new(stream: Stream, target: Arc<Target>, peer: String) -> Self {
         let t = &target.transport;
         let max_data = t
             .max_h2c_data
@@ -557,6 +575,11 @@ fn scan_io(rx: &[u8], mut rw: impl FnMut(&Sqe)) -> usize {
 fn digest_ok(data: &[u8], digest: &[u8]) -> bool {
     digest.len() >= DIGEST_LEN
         && data_digest(data) == u32::from_le_bytes(digest[..4].try_into().expect("4 bytes"))
+}
+
+/// Resolves once the target shuts down.
+async fn wait_shutdown(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|&s| s).await;
 }
 
 async fn wait_kill(rx: Option<&mut watch::Receiver<Option<FreeReason>>>) -> FreeReason {

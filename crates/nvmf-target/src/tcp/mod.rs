@@ -10,6 +10,7 @@ mod io;
 mod out;
 pub mod pdu_check;
 mod r2t;
+mod secure;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use std::thread::JoinHandle;
 use tokio::sync::{mpsc, watch};
 
 use crate::Target;
-use crate::config::{ListenerConfig, ListenerKind};
+use crate::config::{ListenerConfig, ListenerKind, TlsMode};
 use crate::controller::FreeReason;
 
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +39,12 @@ pub enum StartError {
     },
     #[error("cannot start thread: {0}")]
     Thread(std::io::Error),
+    #[error("cannot set up TLS for the TLS listeners: {0}")]
+    Tls(#[from] nvme_tls::TlsError),
 }
+
+/// A connection on its way to a reactor, with its listener's TLS mode.
+type Accepted = (std::net::TcpStream, TlsMode);
 
 /// A running target. Dropping it without `shutdown` leaves threads running.
 pub struct Server {
@@ -71,25 +77,38 @@ impl Server {
                 addr: l.addr,
                 source: e,
             })?;
-            bound.push((sock, ListenerConfig { addr, kind: l.kind }));
+            bound.push((
+                sock,
+                ListenerConfig {
+                    addr,
+                    kind: l.kind,
+                    tls: l.tls,
+                },
+            ));
         }
         *target.listeners.write() = bound.iter().map(|(_, l)| l.clone()).collect();
         let addrs = bound.iter().map(|(_, l)| (l.addr, l.kind)).collect();
+        let tls = bound
+            .iter()
+            .any(|(_, l)| l.tls != TlsMode::None)
+            .then(|| secure::acceptor(&target))
+            .transpose()?;
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut threads = Vec::new();
         let mut senders = Vec::new();
         let n = target.transport.reactors.max(1);
         for i in 0..n {
-            let (tx, rx) = mpsc::unbounded_channel::<std::net::TcpStream>();
+            let (tx, rx) = mpsc::unbounded_channel::<Accepted>();
             senders.push(tx);
             let cpu = (!target.transport.cpus.is_empty())
                 .then(|| target.transport.cpus[i % target.transport.cpus.len()]);
             let target = target.clone();
             let sd = shutdown_rx.clone();
+            let tls = tls.clone();
             let h = std::thread::Builder::new()
                 .name(format!("fp-reactor-{i}"))
-                .spawn(move || reactor_main(i, cpu, rx, target, sd))
+                .spawn(move || reactor_main(i, cpu, rx, target, tls, sd))
                 .map_err(StartError::Thread)?;
             threads.push(h);
         }
@@ -145,7 +164,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn acceptor_main(
     listeners: Vec<(std::net::TcpListener, ListenerConfig)>,
-    reactors: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
+    reactors: Vec<mpsc::UnboundedSender<Accepted>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let rt = runtime();
@@ -166,7 +185,7 @@ fn acceptor_main(
                 loop {
                     match l.accept().await {
                         Ok((s, _)) => {
-                            if tx.send(s).is_err() {
+                            if tx.send((s, cfg.tls)).is_err() {
                                 return;
                             }
                         }
@@ -184,10 +203,10 @@ fn acceptor_main(
             tokio::select! {
                 _ = shutdown.changed() => return,
                 s = rx.recv() => {
-                    let Some(s) = s else { return };
+                    let Some((s, tls)) = s else { return };
                     let _ = s.set_nodelay(true);
                     let Ok(s) = s.into_std() else { continue };
-                    if reactors[next % reactors.len()].send(s).is_err() {
+                    if reactors[next % reactors.len()].send((s, tls)).is_err() {
                         return;
                     }
                     next += 1;
@@ -200,8 +219,9 @@ fn acceptor_main(
 fn reactor_main(
     index: usize,
     cpu: Option<usize>,
-    mut rx: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    mut rx: mpsc::UnboundedReceiver<Accepted>,
     target: Arc<Target>,
+    tls: Option<nvme_tls::TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     if let Some(cpu) = cpu {
@@ -215,9 +235,9 @@ fn reactor_main(
             tokio::select! {
                 _ = shutdown.changed() => break,
                 s = rx.recv() => {
-                    let Some(s) = s else { break };
+                    let Some((s, mode)) = s else { break };
                     let Ok(s) = tokio::net::TcpStream::from_std(s) else { continue };
-                    conns.spawn_local(conn::serve(s, target.clone(), shutdown.clone()));
+                    conns.spawn_local(conn::serve(s, mode, tls.clone(), target.clone(), shutdown.clone()));
                 }
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 
 use blockdev::AlignedBuf;
+use nvme_tls::Stream;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 use crate::bufpool::BufPool;
 
@@ -66,11 +66,7 @@ impl OutQueue {
 
     /// Sends everything queued. On error the queue is left as is; the
     /// connection is closing anyway.
-    pub async fn flush(
-        &mut self,
-        stream: &mut TcpStream,
-        pool: &mut BufPool,
-    ) -> std::io::Result<()> {
+    pub async fn flush(&mut self, stream: &mut Stream, pool: &mut BufPool) -> std::io::Result<()> {
         while !self.segs.is_empty() {
             let n = {
                 let mut iov: [IoSlice<'_>; MAX_IOVECS] = [IoSlice::new(&[]); MAX_IOVECS];
