@@ -497,6 +497,17 @@ fn controllers(p: &mut Exposition, t: &nvmf_target::Target) {
     )
     .int(&[], c.protocol_errors.load(Relaxed));
     p.family(
+        "flashpool_nvmf_tls_handshakes_total",
+        Kind::Counter,
+        "TLS 1.3 handshakes (TP 8011), by result: ok, or refused (unknown identity, wrong key, \
+         plain TCP on a TLS-only listener, timeout).",
+    )
+    .int(&[("result", "ok")], c.tls_handshakes.load(Relaxed))
+    .int(
+        &[("result", "refused")],
+        c.tls_handshake_failures.load(Relaxed),
+    );
+    p.family(
         "flashpool_nvmf_digest_errors_total",
         Kind::Counter,
         "PDUs whose CRC32C digest did not match, by kind (header or data).",
