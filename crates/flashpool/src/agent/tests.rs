@@ -37,9 +37,11 @@ async fn member(name: &str, enc: &Enclosure, etcd: &str) -> (Arc<Agent>, Arc<Tar
             addr: enc.addr,
             host_nqn: node_host_nqn(&enc.name),
             auth: None,
+            tls: None,
         }],
         remote: settings(),
         dhchap: None,
+        tls: None,
     });
     let target = Arc::new(Target::new(TransportConfig::default(), Vec::new()));
     node.attach_target(target.clone());

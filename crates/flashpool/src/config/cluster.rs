@@ -30,6 +30,9 @@ pub struct PeerSection {
     /// The secret this node's exports prove to the peer (the peer's
     /// `[node] dhchap_ctrl_key_file`).
     pub dhchap_ctrl_key_file: Option<std::path::PathBuf>,
+    /// The configured TLS PSK the peer must connect with to this node's
+    /// exported drives (the peer's `[node] tls_key_file`).
+    pub tls_key_file: Option<std::path::PathBuf>,
 }
 
 /// How remote drives behave when their node goes away.
@@ -92,6 +95,8 @@ pub struct Cluster {
     pub remote: RemoteSettings,
     /// The secrets this node presents on other nodes' exports.
     pub dhchap: Option<nvmf_host::DhchapKeys>,
+    /// The TLS PSK this node connects to other nodes' exports with.
+    pub tls: Option<nvmf_host::ConfiguredPsk>,
 }
 
 #[derive(Debug, Clone)]
@@ -101,6 +106,8 @@ pub struct Peer {
     pub host_nqn: String,
     /// What the peer must authenticate with on this node's exports.
     pub auth: Option<nvmf_target::auth::HostAuth>,
+    /// The TLS PSK the peer must use on this node's exports.
+    pub tls: Option<nvmf_host::ConfiguredPsk>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -161,6 +168,11 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
         n.dhchap_ctrl_key_file.as_deref(),
     )?
     .map(|(h, c)| nvmf_host::DhchapKeys::new(h, c));
+    let tls = n
+        .tls_key_file
+        .as_deref()
+        .map(|p| super::tls::read_psk("node.tls_key_file", p))
+        .transpose()?;
     let mut peers = Vec::new();
     let mut seen = HashSet::new();
     for (i, p) in cfg.peer.iter().enumerate() {
@@ -187,11 +199,17 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
             p.dhchap_ctrl_key_file.as_deref(),
         )?
         .map(|(h, c)| nvmf_target::auth::HostAuth::new(h, c));
+        let tls = p
+            .tls_key_file
+            .as_deref()
+            .map(|f| super::tls::read_psk(&format!("{key}.tls_key_file"), f))
+            .transpose()?;
         peers.push(Peer {
             name: p.name.clone(),
             addr,
             host_nqn,
             auth,
+            tls,
         });
     }
     let r = &cfg.remote;
@@ -237,6 +255,7 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
             queue_depth: r.queue_depth,
         },
         dhchap,
+        tls,
     })
 }
 
@@ -253,6 +272,14 @@ impl Cluster {
             .iter()
             .find(|p| p.host_nqn == nqn)
             .and_then(|p| p.auth.clone())
+    }
+
+    /// The TLS PSK host `nqn` must use on this node's exported drives.
+    pub fn export_tls(&self, nqn: &str) -> Option<nvmf_host::ConfiguredPsk> {
+        self.peers
+            .iter()
+            .find(|p| p.host_nqn == nqn)
+            .and_then(|p| p.tls.clone())
     }
 
     /// The URL of `peer:drive`, or of a `tcp://` URL given as is.

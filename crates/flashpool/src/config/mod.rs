@@ -228,6 +228,9 @@ pub struct NodeSection {
     pub dhchap_key_file: Option<PathBuf>,
     /// The secret those exports must prove (bidirectional authentication).
     pub dhchap_ctrl_key_file: Option<PathBuf>,
+    /// This node's configured TLS PSK, for TLS to other nodes' exports
+    /// (their `[[peer]] tls_key_file` holds the same key).
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for NodeSection {
@@ -244,6 +247,7 @@ impl Default for NodeSection {
             host_id: None,
             dhchap_key_file: None,
             dhchap_ctrl_key_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -692,7 +696,11 @@ pub fn node_specs(
 pub fn build(cfg: &NodeConfig, volumes: VolumeResolver<'_>) -> Result<Built> {
     let transport = transport(cfg)?;
     let listeners = listeners(cfg)?;
-    tls::check(&listeners, &cfg.subsystem)?;
+    tls::check(
+        &listeners,
+        &cfg.subsystem,
+        cfg.peer.iter().any(|p| p.tls_key_file.is_some()),
+    )?;
     if cfg.subsystem.is_empty() && !cfg.drive.iter().any(|d| d.export) && cfg.cluster.is_none() {
         bail!(
             "config: no [[subsystem]] defined; add one with an nqn and at least one [[subsystem.namespace]]"

@@ -56,11 +56,17 @@ pub fn apply(key: &str, s: &SubsystemSection, sub: &mut Subsystem) -> Result<()>
 
 /// A TLS listener that no host can use, or a subsystem that requires TLS
 /// with no TLS listener, is a configuration that cannot work: refused.
-pub fn check(listeners: &[ListenerConfig], subs: &[SubsystemSection]) -> Result<()> {
+/// `peer_keys`: some `[[peer]]` has a `tls_key_file` (for drive exports).
+pub fn check(
+    listeners: &[ListenerConfig],
+    subs: &[SubsystemSection],
+    peer_keys: bool,
+) -> Result<()> {
     let tls_listener = listeners.iter().any(|l| l.tls != TlsMode::None);
-    let keys = subs
-        .iter()
-        .any(|s| s.host.iter().any(|h| h.tls_key_file.is_some()));
+    let keys = peer_keys
+        || subs
+            .iter()
+            .any(|s| s.host.iter().any(|h| h.tls_key_file.is_some()));
     if let Some(l) = listeners.iter().find(|l| l.tls == TlsMode::Required)
         && !keys
     {
@@ -81,5 +87,104 @@ pub fn check(listeners: &[ListenerConfig], subs: &[SubsystemSection]) -> Result<
             s.nqn
         );
     }
+    if !tls_listener && peer_keys {
+        bail!(
+            "config: a [[peer]] has a tls_key_file (it must reach this node's drive exports over \
+             TLS) but no [[listener]] has tls = \"required\" or \"optional\"; add tls to a listener"
+        );
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::auth::tests::{key_dir, write};
+
+    const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+
+    fn checked(toml: &str) -> Result<()> {
+        let cfg = crate::config::parse(toml, "test").unwrap();
+        let ls = crate::config::listeners(&cfg).unwrap();
+        check(
+            &ls,
+            &cfg.subsystem,
+            cfg.peer.iter().any(|p| p.tls_key_file.is_some()),
+        )
+    }
+
+    #[test]
+    fn listener_modes_and_a_wrong_one() {
+        assert_eq!(listener_mode("k", None).unwrap(), TlsMode::None);
+        assert_eq!(
+            listener_mode("k", Some("optional")).unwrap(),
+            TlsMode::Optional
+        );
+        assert_eq!(
+            listener_mode("k", Some("required")).unwrap(),
+            TlsMode::Required
+        );
+        let e = listener_mode("listener[1].tls", Some("yes"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("listener[1].tls = \"yes\" is unknown"), "{e}");
+    }
+
+    #[test]
+    fn key_files_are_private_and_well_formed() {
+        let d = key_dir();
+        let ok = write(&d, "ok.psk", KEY, 0o600);
+        let psk = read_psk("k", &ok).unwrap();
+        assert_eq!(psk.to_interchange(), KEY);
+        let open = write(&d, "open.psk", KEY, 0o644);
+        let e = read_psk("k", &open).unwrap_err().to_string();
+        assert!(e.contains("chmod 600") && !e.contains(&KEY[16..]), "{e}");
+        let bad = write(&d, "bad.psk", &KEY.replace("VRL", "WRL"), 0o600);
+        let e = read_psk("k", &bad).unwrap_err().to_string();
+        assert!(e.contains("CRC-32") && !e.contains(&KEY[20..]), "{e}");
+        let dh = write(&d, "dh.psk", "DHHC-1:00:x:", 0o600);
+        assert!(
+            read_psk("k", &dh)
+                .unwrap_err()
+                .to_string()
+                .contains("NVMeTLSkey-1:")
+        );
+    }
+
+    #[test]
+    fn configurations_that_cannot_work_are_refused() {
+        let d = key_dir();
+        let k = write(&d, "h.psk", KEY, 0o600);
+        let sub = |extra: &str| {
+            format!(
+                "[[subsystem]]\nnqn = \"nqn.2026-01.io.flashpool:t\"\n{extra}\
+                 [[subsystem.namespace]]\nnsid = 1\nbackend = \"null\"\nsize = \"1MiB\"\n"
+            )
+        };
+        let host =
+            format!("[[subsystem.host]]\nnqn = \"nqn.2014-08.org.x:h\"\ntls_key_file = {k:?}\n");
+        let tls_l = "[[listener]]\naddress = \"127.0.0.1\"\nport = 4420\ntls = \"required\"\n";
+        // required listener, no key anywhere
+        let e = checked(&format!("{tls_l}{}", sub("")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("requires TLS but no [[subsystem.host]]"), "{e}");
+        // a key, or require_tls, without a TLS listener
+        let e = checked(&sub(&host)).unwrap_err().to_string();
+        assert!(e.contains("needs TLS"), "{e}");
+        let e = checked(&sub("require_tls = true\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs TLS"), "{e}");
+        let peer =
+            format!("[[peer]]\nname = \"e\"\naddress = \"127.0.0.1:1\"\ntls_key_file = {k:?}\n");
+        let e = checked(&format!("{peer}{}", sub("")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[[peer]] has a tls_key_file"), "{e}");
+        // and what works
+        checked(&format!("{tls_l}{}", sub(&host))).unwrap();
+        checked(&format!("{tls_l}{peer}{}", sub(""))).unwrap();
+        checked(&sub("")).unwrap();
+    }
 }

@@ -102,6 +102,10 @@ fn drive_subsystem(cluster: &crate::config::Cluster, d: &Drive, x: &DriveExport)
         if let Some(a) = cluster.export_auth(h) {
             sub.set_host_auth(h.clone(), a);
         }
+        // A peer with a TLS key must come over TLS with it.
+        if let Some(k) = cluster.export_tls(h) {
+            sub.set_host_tls(h.clone(), k);
+        }
     }
     sub
 }

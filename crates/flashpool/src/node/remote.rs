@@ -35,6 +35,10 @@ impl Node {
         o.host.hostnqn = c.host_nqn.clone();
         o.host.hostid = c.host_id;
         o.host.dhchap = c.dhchap.clone();
+        o.host.tls = c.tls.clone().map(|key| nvmf_host::TlsKey {
+            key,
+            identity_version: 1,
+        });
         o.kato = std::time::Duration::from_millis(u64::from(r.kato_ms));
         o.io_queues = r.queues;
         o.host.queue_depth = r.queue_depth;

@@ -166,9 +166,11 @@ fn owner_in(name: &str, enc: &Enclosure, dir: Option<&std::path::Path>) -> Arc<N
             addr: enc.addr,
             host_nqn: node_host_nqn(&enc.name),
             auth: None,
+            tls: None,
         }],
         remote: settings(),
         dhchap: None,
+        tls: None,
     });
     let sub = Subsystem::new(
         NQN.into(),
@@ -437,6 +439,7 @@ async fn a_dead_enclosure_fails_its_member_and_is_re_added_when_back() {
             addr: e2.addr,
             host_nqn: node_host_nqn("e2"),
             auth: None,
+            tls: None,
         });
         let n2 = Node::with_state_dir(NodeState::default(), None);
         n2.set_cluster(c);
@@ -575,5 +578,70 @@ async fn a_remote_drive_authenticates_to_an_export_that_requires_it() {
         "dhchap_key_file = {host_key:?}\ndhchap_ctrl_key_file = {wrong:?}\n"
     ));
     assert!(n.connect_remote("e:d0", None).await.is_err());
+    server.shutdown();
+}
+
+/// TLS between nodes, as the TOML sets it up: the enclosure's `[[peer]]`
+/// holds the owner's configured PSK, so its drive export takes the owner
+/// only over TLS; the owner's `[node] tls_key_file` makes its remote
+/// drives open TLS channels. A wrong key, or plain TCP, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_drive_reaches_an_export_over_tls() {
+    use crate::config::auth::tests::{key_dir, write as write_file};
+    use nvme_wire::tls_psk::{ConfiguredPsk, PskHash};
+    let dir = key_dir();
+    let key = |name: &str, b: u8| {
+        let k = ConfiguredPsk::from_key(Some(PskHash::Sha384), &[b; 48]).unwrap();
+        write_file(&dir, name, &k.to_interchange(), 0o600)
+    };
+    let (good, wrong) = (key("good.psk", 1), key("wrong.psk", 2));
+    let cluster_of = |toml: String| {
+        crate::config::cluster::cluster(&crate::config::parse(&toml, "test").unwrap()).unwrap()
+    };
+    let e = super::tests::mem_node(1, DRIVE_BYTES);
+    e.set_cluster(cluster_of(format!(
+        "[node]\nname = \"e\"\n[[peer]]\nname = \"a\"\naddress = \"127.0.0.1:1\"\n\
+         tls_key_file = {good:?}\n"
+    )));
+    e.export_drive("d0", Default::default(), false)
+        .await
+        .unwrap();
+    let server = Server::start(
+        e.target().unwrap().clone(),
+        &[ListenerConfig {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            kind: ListenerKind::Io,
+            tls: nvmf_target::TlsMode::Optional,
+        }],
+    )
+    .unwrap();
+    let addr = server.local_addrs()[0].0;
+    let owner = |keys: &str| {
+        let n = Node::with_state_dir(NodeState::default(), None);
+        n.set_cluster(cluster_of(format!(
+            "[node]\nname = \"a\"\n{keys}[[peer]]\nname = \"e\"\naddress = \"{addr}\"\n"
+        )));
+        n
+    };
+    let a = owner(&format!("tls_key_file = {good:?}\n"));
+    let d = a.connect_remote("e:d0", None).await.expect("over TLS");
+    write(&*d.dev, 3, 9).await.unwrap();
+    assert_eq!(&read(&*d.dev, 3).await.unwrap()[..], &stamp(3, 9)[..]);
+    let ok = e
+        .target()
+        .unwrap()
+        .counters
+        .tls_handshakes
+        .load(Ordering::Relaxed);
+    assert!(ok >= 2, "admin and I/O queues over TLS: {ok}");
+    for keys in [format!("tls_key_file = {wrong:?}\n"), String::new()] {
+        let n = owner(&keys);
+        let err = n.connect_remote("e:d0", None).await.err().expect("refused");
+        assert!(err.to_string().contains("drive e:d0"), "{err}");
+        assert!(
+            !err.to_string().contains("NVMeTLSkey"),
+            "a key in the error: {err}"
+        );
+    }
     server.shutdown();
 }
