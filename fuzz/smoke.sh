@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 SECONDS_PER=${1:-${FUZZ_SECONDS:-20}}
-TARGETS=${FUZZ_TARGETS:-"pdu_decode command_dispatch conn_stream auth_messages"}
+TARGETS=${FUZZ_TARGETS:-"pdu_decode command_dispatch conn_stream auth_messages tls_psk"}
 ART=$ROOT/fuzz/artifacts
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/flashpool-fuzz.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT

@@ -38,6 +38,7 @@ fn server() -> SocketAddr {
             &[ListenerConfig {
                 addr: "127.0.0.1:0".parse().unwrap(),
                 kind: ListenerKind::Io,
+                tls: nvmf_target::TlsMode::None,
             }],
         )
         .expect("server starts");

@@ -36,6 +36,7 @@ pub fn transport(reactors: usize) -> TransportConfig {
         reactors,
         cpus: Vec::new(),
         poll_us: 0,
+        auth_timeout_ms: 30_000,
     }
 }
 

@@ -22,6 +22,9 @@ pub struct TransportConfig {
     /// Microseconds a reactor spins on an idle socket before it sleeps in epoll.
     /// Waking a sleeping thread costs far more than a short spin on small VMs.
     pub poll_us: u32,
+    /// A queue whose host must authenticate (DH-HMAC-CHAP) and has not
+    /// finished within this long after its Connect is closed.
+    pub auth_timeout_ms: u32,
 }
 
 /// In-capsule data accepted on the admin queue: enough for Connect data and small admin writes.
@@ -41,6 +44,7 @@ impl Default for TransportConfig {
             reactors: 1,
             cpus: Vec::new(),
             poll_us: 0,
+            auth_timeout_ms: 30_000,
         }
     }
 }

@@ -22,6 +22,8 @@ pub enum FreeReason {
     HostDisconnected,
     ConnectionClosed,
     KeepAliveTimeout(u32),
+    /// The host did not finish DH-HMAC-CHAP in time.
+    AuthTimeout(u32),
     Shutdown,
     ConnectionError,
 }
@@ -32,6 +34,9 @@ impl std::fmt::Display for FreeReason {
             FreeReason::HostDisconnected => write!(f, "host disconnected"),
             FreeReason::ConnectionClosed => write!(f, "connection closed"),
             FreeReason::KeepAliveTimeout(ms) => write!(f, "keep-alive timeout (KATO {ms} ms)"),
+            FreeReason::AuthTimeout(ms) => {
+                write!(f, "authentication not completed within {ms} ms")
+            }
             FreeReason::Shutdown => write!(f, "shutdown"),
             FreeReason::ConnectionError => write!(f, "connection error"),
         }

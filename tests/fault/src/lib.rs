@@ -66,6 +66,7 @@ pub fn test_transport() -> TransportConfig {
         reactors: 1,
         cpus: Vec::new(),
         poll_us: 0,
+        auth_timeout_ms: 30_000,
     }
 }
 

@@ -236,3 +236,29 @@ fn bad_auth_command_fields_are_invalid_field() {
         (SCT_CMD_SPECIFIC, SC_AUTH_REQUIRED)
     );
 }
+
+/// A host that connects to a subsystem that requires authentication and
+/// never finishes it (or stops half-way) does not hold its queue and
+/// controller forever: after `auth_timeout_ms` the queue is closed and the
+/// controller freed; an authenticated host is not affected.
+#[test]
+fn a_host_that_never_authenticates_is_closed_after_the_timeout() {
+    let t = TestTarget::with(nvmf_target::TransportConfig {
+        auth_timeout_ms: 1000,
+        ..test_transport()
+    });
+    let mut idle = connect(&t);
+    let mut half = connect(&t);
+    send(&mut half, &negotiate(7));
+    let _challenge = receive(&mut half);
+    assert!(
+        idle.quiet_for(std::time::Duration::from_millis(500)),
+        "open before the timeout"
+    );
+    assert_eq!(t.wait_controllers(2, std::time::Duration::from_secs(1)), 2);
+    // READ_TIMEOUT (3 s) covers the 1 s deadline
+    idle.expect_closed();
+    half.expect_closed();
+    assert_eq!(t.wait_controllers(0, std::time::Duration::from_secs(2)), 0);
+    t.shutdown();
+}

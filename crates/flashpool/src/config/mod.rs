@@ -340,6 +340,9 @@ pub struct TransportSection {
     pub header_digest: Option<bool>,
     pub data_digest: Option<bool>,
     pub kato_max_ms: Option<u32>,
+    /// A host that must authenticate and has not within this long after a
+    /// queue's Connect loses that queue.
+    pub auth_timeout_ms: Option<u32>,
 }
 
 impl Default for TransportSection {
@@ -805,6 +808,12 @@ fn transport(cfg: &NodeConfig) -> Result<TransportConfig> {
         },
         cpus: n.cpus.clone(),
         poll_us: range("node.poll_us", n.poll_us, 0, 10_000)?,
+        auth_timeout_ms: range(
+            "transport.auth_timeout_ms",
+            t.auth_timeout_ms.unwrap_or(30_000),
+            1000,
+            600_000,
+        )?,
     })
 }
 

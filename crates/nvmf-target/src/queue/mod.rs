@@ -127,6 +127,8 @@ struct Bound {
     reset_gen: u64,
     /// DH-HMAC-CHAP, when the subsystem requires it of this host.
     auth: Option<AuthSession>,
+    /// When an unauthenticated queue is closed.
+    auth_by: Option<Instant>,
 }
 
 pub struct QueueCore {
@@ -227,6 +229,36 @@ impl QueueCore {
         Some(Duration::from_millis(
             kato.saturating_sub(b.ctrl.idle_ms()).max(1),
         ))
+    }
+
+    /// How long an unauthenticated queue may still wait for its host to
+    /// finish DH-HMAC-CHAP.
+    pub fn auth_wait(&self) -> Option<Duration> {
+        let b = self.bound.as_ref()?;
+        let by = b.auth_by?;
+        b.auth.as_ref().filter(|a| !a.authenticated())?;
+        Some(
+            by.saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        )
+    }
+
+    /// The authentication timeout that passed, if this queue's host has not
+    /// authenticated in time (logged here: the host and the queue).
+    pub fn auth_expired(&self) -> Option<u32> {
+        let b = self.bound.as_ref()?;
+        let by = b.auth_by?;
+        if Instant::now() < by || b.auth.as_ref().is_none_or(|a| a.authenticated()) {
+            return None;
+        }
+        let ms = self.target.transport.auth_timeout_ms;
+        tracing::warn!(
+            "{}: host {} did not complete DH-HMAC-CHAP on queue {} within {ms} ms; closing it",
+            self.peer,
+            b.ctrl.hostnqn,
+            b.qid
+        );
+        Some(ms)
     }
 
     /// The KATO that expired, if the host has been silent past it.
@@ -680,6 +712,12 @@ impl QueueCore {
                     qid: cmd.qid,
                     namespaces,
                     ns_version,
+                    auth_by: auth.as_ref().map(|_| {
+                        Instant::now()
+                            + Duration::from_millis(u64::from(
+                                self.target.transport.auth_timeout_ms,
+                            ))
+                    }),
                     auth: auth
                         .map(|a| AuthSession::new(a, &ctrl.hostnqn, ctrl.subnqn(), auth::os_rng)),
                     ctrl: ctrl.clone(),

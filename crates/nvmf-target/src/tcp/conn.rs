@@ -57,6 +57,7 @@ enum End {
     Disconnect,
     Killed(FreeReason),
     KeepAlive(u32),
+    AuthTimeout(u32),
     Shutdown,
 }
 
@@ -180,7 +181,10 @@ impl Conn {
             if self.rx.len() - self.rx_end < 4096 {
                 self.compact_rx();
             }
-            let ka = self.core.keep_alive_wait();
+            let ka = match (self.core.keep_alive_wait(), self.core.auth_wait()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let events = if self.core.holds_aers() {
                 self.core.controller().cloned()
             } else {
@@ -232,6 +236,9 @@ impl Conn {
                 _ = sleep_opt(ka) => {
                     if let Some(kato) = self.core.keep_alive_expired() {
                         return End::KeepAlive(kato);
+                    }
+                    if let Some(ms) = self.core.auth_expired() {
+                        return End::AuthTimeout(ms);
                     }
                 }
                 _ = notified(events.as_deref()) => self.core.on_events(&mut self.io),
@@ -543,6 +550,7 @@ impl Conn {
             End::Disconnect => FreeReason::HostDisconnected,
             End::Killed(r) => r,
             End::KeepAlive(ms) => FreeReason::KeepAliveTimeout(ms),
+            End::AuthTimeout(ms) => FreeReason::AuthTimeout(ms),
             End::Shutdown => FreeReason::Shutdown,
             End::IoError | End::Fatal(..) | End::HostTermReq => FreeReason::ConnectionError,
         };
