@@ -588,11 +588,7 @@ pub fn start(
     let sa: SocketAddr = addr.parse().with_context(|| {
         format!("config: api.address = {addr:?} is not ADDR:PORT; use e.g. \"127.0.0.1:9410\"")
     })?;
-    let tls = match (&cfg.tls_cert, &cfg.tls_key) {
-        (Some(c), Some(k)) => Some(listen::server_tls(c, k)?),
-        (None, None) => None,
-        _ => anyhow::bail!("config: [api] tls_cert and tls_key go together; set both or neither"),
-    };
+    let tls = crate::api_auth::tls::server_config(cfg)?;
     if tls.is_none() && !sa.ip().is_loopback() {
         anyhow::bail!(
             "config: api.address = {sa} is not a loopback address, and off loopback the management \

@@ -10,15 +10,18 @@
 //!    `Content-Type: application/json`, and no write may say another type:
 //!    the POSTs a browser sends without asking first are all refused.
 //! 4. A credential: `Authorization: Bearer <token>` (compared in constant
-//!    time), or a connection on the Unix socket, whose file permissions
-//!    decide who may connect. An address that presents wrong tokens
-//!    [`MAX_FAILURES`] times within [`FAILURE_WINDOW`] is answered 429 with
-//!    `Retry-After` until the window ends.
+//!    time), a connection on the Unix socket, whose file permissions
+//!    decide who may connect, or an HTTPS connection with a client
+//!    certificate that `[api] client_ca` verified ([`tls`]); with
+//!    `require_client_cert`, the certificate and the token. An address
+//!    that presents wrong tokens [`MAX_FAILURES`] times within
+//!    [`FAILURE_WINDOW`] is answered 429 with `Retry-After` until the
+//!    window ends.
 //!
 //! A refused request reaches no handler, so it changes nothing. Every call
 //! that may change something (all but GET/HEAD) is logged after it is
 //! answered, with the caller's address and credential (a token's public id,
-//! a socket peer's uid), never the secret.
+//! a socket peer's uid, a client certificate's name), never the secret.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -40,6 +43,7 @@ use subtle::ConstantTimeEq;
 use crate::config::ApiSection;
 
 pub mod listen;
+pub mod tls;
 
 /// Wrong tokens an address may present within [`FAILURE_WINDOW`].
 pub const MAX_FAILURES: u32 = 10;
@@ -53,8 +57,17 @@ const MAX_TRACKED: usize = 4096;
 /// Where a connection came from.
 #[derive(Clone, Debug)]
 pub enum PeerInfo {
-    Tcp { peer: SocketAddr, local: SocketAddr },
-    Unix { uid: Option<u32>, pid: Option<i32> },
+    Tcp {
+        peer: SocketAddr,
+        local: SocketAddr,
+        /// The client certificate `[api] client_ca` verified, by
+        /// [`tls::identity`] (none without HTTPS and `client_ca`).
+        cert: Option<String>,
+    },
+    Unix {
+        uid: Option<u32>,
+        pid: Option<i32>,
+    },
 }
 
 impl std::fmt::Display for PeerInfo {
@@ -287,6 +300,9 @@ pub struct ApiAuth {
     /// Host names besides the connection's own address.
     host_names: Vec<String>,
     tls: bool,
+    /// `[api] require_client_cert`: a verified client certificate and the
+    /// token, both (else either one).
+    cert_and_token: bool,
     failures: Mutex<FailureLimiter>,
 }
 
@@ -295,6 +311,12 @@ pub struct ApiAuth {
 pub enum Caller {
     Token(String),
     Unix(Option<u32>),
+    /// A verified client certificate's name, and the token's id where the
+    /// token was required too.
+    Cert {
+        name: String,
+        token: Option<String>,
+    },
 }
 
 impl std::fmt::Display for Caller {
@@ -303,6 +325,11 @@ impl std::fmt::Display for Caller {
             Caller::Token(id) => write!(f, "token {id}"),
             Caller::Unix(Some(uid)) => write!(f, "unix socket uid {uid}"),
             Caller::Unix(None) => write!(f, "unix socket, uid unknown"),
+            Caller::Cert { name, token: None } => write!(f, "{name}"),
+            Caller::Cert {
+                name,
+                token: Some(id),
+            } => write!(f, "{name} and token {id}"),
         }
     }
 }
@@ -315,6 +342,7 @@ impl ApiAuth {
             token_files: Vec::new(),
             host_names: Vec::new(),
             tls,
+            cert_and_token: false,
             failures: Mutex::default(),
         }
     }
@@ -376,6 +404,7 @@ impl ApiAuth {
                 .map(|h| h.to_ascii_lowercase())
                 .collect(),
             tls: cfg.tls_cert.is_some(),
+            cert_and_token: cfg.require_client_cert,
             failures: Mutex::default(),
         })
     }
@@ -522,17 +551,36 @@ impl ApiAuth {
 
     /// Check 4: who calls.
     fn authenticate(&self, h: &HeaderMap, peer: Option<&PeerInfo>) -> Result<Caller, Refusal> {
-        let ip = match peer {
+        let (ip, cert) = match peer {
             Some(PeerInfo::Unix { uid, .. }) => return Ok(Caller::Unix(*uid)),
-            Some(PeerInfo::Tcp { peer, .. }) => Some(peer.ip()),
-            None => None,
+            Some(PeerInfo::Tcp { peer, cert, .. }) => (Some(peer.ip()), cert.clone()),
+            None => (None, None),
         };
+        match cert {
+            // A certificate alone is enough: a token sent along is not
+            // looked at (a node sends its own, which this node need not
+            // share).
+            Some(name) if !self.cert_and_token => return Ok(Caller::Cert { name, token: None }),
+            // The handshake refuses a connection without one; this is in
+            // case a listener lets one through.
+            None if self.cert_and_token => {
+                return Err(unauthorized(
+                    "this API takes calls with a client certificate only \
+                     ([api] require_client_cert), and the token as well"
+                        .into(),
+                ));
+            }
+            _ => {}
+        }
         let Some(auth) = h.get(header::AUTHORIZATION) else {
-            return Err(unauthorized(
-                "this call needs a credential: Authorization: Bearer <token>; \
-                 the CLI reads the node's token file by itself (see docs/api.md, Authentication)"
-                    .into(),
-            ));
+            let what = match cert {
+                Some(_) => "the token as well as a client certificate ([api] require_client_cert)",
+                None => "a credential",
+            };
+            return Err(unauthorized(format!(
+                "this call needs {what}: Authorization: Bearer <token>; the CLI reads the \
+                 node's token file by itself (see docs/api.md, Authentication)"
+            )));
         };
         let now = Instant::now();
         if let Some(ip) = ip
@@ -557,7 +605,13 @@ impl ApiAuth {
             .map(|(_, t)| t.trim_ascii());
         let token = self.token.read().clone();
         match presented {
-            Some(p) if token.matches(p) => Ok(Caller::Token(token.id)),
+            Some(p) if token.matches(p) => Ok(match cert {
+                Some(name) => Caller::Cert {
+                    name,
+                    token: Some(token.id),
+                },
+                None => Caller::Token(token.id),
+            }),
             _ => {
                 if let Some(ip) = ip {
                     self.failures.lock().fail(ip, now);
@@ -686,6 +740,62 @@ pub fn secure(router: Router, auth: Arc<ApiAuth>) -> Router {
         .layer(middleware::from_fn_with_state(auth, guard))
 }
 
+/// How this node calls other nodes' APIs (`POST /v1/cluster/probe`): with
+/// its own token (a cluster shares one `[api] token_file`), over HTTPS to
+/// an address advertised as `https://...`, trusting `[api] tls_ca` (or the
+/// node's own `tls_cert`), and presenting its `tls_cert` as its client
+/// certificate to a node that asks for one (`[api] client_ca`).
+pub struct PeerApi {
+    auth: Arc<ApiAuth>,
+    agent: ureq::Agent,
+}
+
+impl PeerApi {
+    pub fn new(auth: Arc<ApiAuth>, cfg: &ApiSection) -> Result<PeerApi> {
+        let roots = match (&cfg.tls_ca, &cfg.tls_cert) {
+            (Some(ca), _) => Some(tls::pem_certs("config: api.tls_ca", ca)?),
+            (None, Some(own)) => Some(tls::pem_certs("config: api.tls_cert", own)?),
+            (None, None) => None,
+        };
+        let cert = match (&cfg.tls_cert, &cfg.tls_key) {
+            (Some(c), Some(k)) => Some(tls::client_cert(
+                c,
+                k,
+                ["config: api.tls_cert", "config: api.tls_key"],
+            )?),
+            _ => None,
+        };
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(5)))
+            .tls_config(tls::client_tls(roots.as_deref(), cert))
+            .build()
+            .into();
+        Ok(PeerApi { auth, agent })
+    }
+
+    /// `POST <api>/v1<path>` with no body; `api` is a peer's advertised
+    /// address (`ADDR:PORT` or `https://ADDR:PORT`).
+    pub fn post(
+        &self,
+        api: &str,
+        path: &str,
+    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+        let url = if api.contains("://") {
+            format!("{api}/v1{path}")
+        } else {
+            format!("http://{api}/v1{path}")
+        };
+        self.agent
+            .post(&url)
+            .header(
+                "Authorization",
+                &format!("Bearer {}", self.auth.token().secret()),
+            )
+            .send_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -753,66 +863,5 @@ mod tests {
         assert!(p.ends_with("api-127.0.0.1_9410.token"), "{}", p.display());
         let p = runtime_token_path("[::1]:9410");
         assert!(p.ends_with("api-___1__9410.token"), "{}", p.display());
-    }
-}
-
-/// A ureq agent for the API: plain, or HTTPS trusting the certificates in
-/// `ca` (PEM) or, without it, the public web roots.
-pub fn http_agent(ca: Option<&Path>, timeout: Duration) -> Result<ureq::Agent> {
-    let mut b = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(timeout));
-    if let Some(ca) = ca {
-        b = b.tls_config(tls_config(ca)?);
-    }
-    Ok(b.build().into())
-}
-
-/// TLS for a client that trusts the certificates in `ca` (PEM) only.
-pub fn tls_config(ca: &Path) -> Result<ureq::tls::TlsConfig> {
-    let certs: Vec<ureq::tls::Certificate<'static>> = listen::client_roots(ca)?
-        .iter()
-        .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
-        .collect();
-    Ok(ureq::tls::TlsConfig::builder()
-        .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
-        .build())
-}
-
-/// How this node calls other nodes' APIs (`POST /v1/cluster/probe`): with
-/// its own token (a cluster shares one `[api] token_file`), over HTTPS to
-/// an address advertised as `https://...`, trusting `[api] tls_ca` (or the
-/// node's own `tls_cert`).
-pub struct PeerApi {
-    auth: Arc<ApiAuth>,
-    agent: ureq::Agent,
-}
-
-impl PeerApi {
-    pub fn new(auth: Arc<ApiAuth>, cfg: &ApiSection) -> Result<PeerApi> {
-        let ca = cfg.tls_ca.as_deref().or(cfg.tls_cert.as_deref());
-        let agent = http_agent(ca, Duration::from_secs(5)).context("config: [api] tls_ca")?;
-        Ok(PeerApi { auth, agent })
-    }
-
-    /// `POST <api>/v1<path>` with no body; `api` is a peer's advertised
-    /// address (`ADDR:PORT` or `https://ADDR:PORT`).
-    pub fn post(
-        &self,
-        api: &str,
-        path: &str,
-    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
-        let url = if api.contains("://") {
-            format!("{api}/v1{path}")
-        } else {
-            format!("http://{api}/v1{path}")
-        };
-        self.agent
-            .post(&url)
-            .header(
-                "Authorization",
-                &format!("Bearer {}", self.auth.token().secret()),
-            )
-            .send_empty()
     }
 }

@@ -22,6 +22,23 @@ pub struct ApiArgs {
     /// CA certificates (PEM) that an https:// --api's certificate is checked against.
     #[arg(long, global = true, env = "FLASHPOOL_CA_FILE")]
     pub(crate) ca_file: Option<std::path::PathBuf>,
+    /// A client certificate chain (PEM) for an https:// --api whose node asks for one
+    /// ([api] client_ca); with --client-key.
+    #[arg(
+        long,
+        global = true,
+        env = "FLASHPOOL_CLIENT_CERT",
+        requires = "client_key"
+    )]
+    pub(crate) client_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --client-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "FLASHPOOL_CLIENT_KEY",
+        requires = "client_cert"
+    )]
+    pub(crate) client_key: Option<std::path::PathBuf>,
     /// Print the API's JSON answer instead of a table.
     #[arg(long, global = true)]
     pub(crate) json: bool,
@@ -252,17 +269,25 @@ pub(crate) fn api_base(api: &str) -> (String, &str) {
     }
 }
 
-/// An agent for `--api` (with `--ca-file`'s roots for https).
+/// An agent for `--api` (with `--ca-file`'s roots and `--client-cert` for
+/// https).
 pub(crate) fn api_agent(
     api: &ApiArgs,
     f: impl FnOnce(
         ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
     ) -> ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
 ) -> Result<ureq::Agent> {
-    let mut b = f(ureq::Agent::config_builder().http_status_as_error(false));
-    if let Some(ca) = &api.ca_file {
-        b = b.tls_config(crate::api_auth::tls_config(ca).context("--ca-file")?);
-    }
+    use crate::api_auth::tls;
+    let roots = match &api.ca_file {
+        Some(ca) => Some(tls::pem_certs("--ca-file", ca)?),
+        None => None,
+    };
+    let cert = match (&api.client_cert, &api.client_key) {
+        (Some(c), Some(k)) => Some(tls::client_cert(c, k, ["--client-cert", "--client-key"])?),
+        _ => None,
+    };
+    let b = f(ureq::Agent::config_builder().http_status_as_error(false))
+        .tls_config(tls::client_tls(roots.as_deref(), cert));
     Ok(b.build().into())
 }
 

@@ -38,6 +38,10 @@ pub fn run(
                 config::VolumeNamespace::Unknown
             }
         })?;
+        if cfg.api.enabled {
+            // The API's HTTPS files and client certificate settings.
+            crate::api_auth::tls::server_config(&cfg.api)?;
+        }
         outln!(
             "config {origin}: OK ({} subsystems, {} drives, {} volumes)",
             built.subsystems.len(),

@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -17,6 +18,8 @@ struct Server {
     child: Child,
     api: String,
     dir: PathBuf,
+    /// HTTPS: how `send` speaks to it (plain HTTP when `None`).
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 fn config(api: &str, dir: &Path, extra: &str) -> String {
@@ -86,7 +89,12 @@ impl Server {
             assert!(t0.elapsed() < Duration::from_secs(30), "no API on {api}");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Server { child, api, dir }
+        Server {
+            child,
+            api,
+            dir,
+            tls: None,
+        }
     }
 
     fn token_file(&self) -> PathBuf {
@@ -104,9 +112,18 @@ impl Server {
         std::fs::read_to_string(self.dir.join("serve.log")).unwrap()
     }
 
-    /// `METHOD PATH` with these header lines and body, Host the API's
-    /// address unless `headers` has one.
-    fn send(&self, head: &str, headers: &[&str], body: &str) -> Answer {
+    /// `METHOD PATH` with these header lines (and the token's, with
+    /// `token`) and body, Host the API's address unless `headers` has one;
+    /// over TLS with `tls`. `Err`: the TLS layer refused (a client
+    /// certificate, or the lack of one).
+    fn call(
+        &self,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+        token: bool,
+        head: &str,
+        headers: &[&str],
+        body: &str,
+    ) -> Result<Answer, String> {
         let mut req = format!("{head} HTTP/1.1\r\nConnection: close\r\n");
         if !headers
             .iter()
@@ -114,22 +131,35 @@ impl Server {
         {
             req += &format!("Host: {}\r\n", self.api);
         }
+        if token {
+            req += &format!("Authorization: Bearer {}\r\n", self.token());
+        }
         for h in headers {
             req += &format!("{h}\r\n");
         }
         req += &format!("Content-Length: {}\r\n\r\n{body}", body.len());
         let mut s = TcpStream::connect(&self.api).unwrap();
-        s.write_all(req.as_bytes()).unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        Answer::parse(&text)
+        let text = match tls {
+            Some(tls) => tls_exchange(tls, s, &req)?,
+            None => {
+                s.write_all(req.as_bytes()).unwrap();
+                let mut text = String::new();
+                s.read_to_string(&mut text).unwrap();
+                text
+            }
+        };
+        Ok(Answer::parse(&text))
+    }
+
+    /// `call` as `self.tls` says, without the token.
+    fn send(&self, head: &str, headers: &[&str], body: &str) -> Answer {
+        self.call(self.tls.as_ref(), false, head, headers, body)
+            .unwrap_or_else(|e| panic!("no answer: {e}"))
     }
 
     fn with_token(&self, head: &str, extra: &[&str], body: &str) -> Answer {
-        let auth = format!("Authorization: Bearer {}", self.token());
-        let mut h: Vec<&str> = vec![&auth];
-        h.extend_from_slice(extra);
-        self.send(head, &h, body)
+        self.call(self.tls.as_ref(), true, head, extra, body)
+            .unwrap_or_else(|e| panic!("no answer: {e}"))
     }
 
     /// The volumes and drive states, read with the token: what a refused
@@ -142,13 +172,53 @@ impl Server {
     }
 
     fn cli(&self, args: &[&str]) -> Command {
+        let api = match self.tls {
+            Some(_) => format!("https://{}", self.api),
+            None => self.api.clone(),
+        };
         let mut c = Command::new(BIN);
         c.args(args)
-            .args(["--api", &self.api])
+            .args(["--api", &api])
             .env_remove("FLASHPOOL_TOKEN")
             .env_remove("FLASHPOOL_TOKEN_FILE")
+            .env_remove("FLASHPOOL_CLIENT_CERT")
+            .env_remove("FLASHPOOL_CLIENT_KEY")
             .stdin(Stdio::null());
         c
+    }
+}
+
+/// Runs `flashpool volume list` as `c` says and checks that it lists v1.
+fn lists_v1(c: &mut Command) {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("v1"));
+}
+
+/// `req` over TLS on `tcp`, and the whole answer.
+fn tls_exchange(
+    tls: &Arc<rustls::ClientConfig>,
+    tcp: TcpStream,
+    req: &str,
+) -> Result<String, String> {
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let conn = rustls::ClientConnection::new(tls.clone(), name).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut text = Vec::new();
+    match s.read_to_end(&mut text) {
+        Ok(_) if text.is_empty() => Err("closed with no answer".into()),
+        Ok(_) => Ok(String::from_utf8_lossy(&text).into_owned()),
+        // A server that closed without close_notify after its answer.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !text.is_empty() => {
+            Ok(String::from_utf8_lossy(&text).into_owned())
+        }
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -196,13 +266,7 @@ fn the_token_file_is_private_and_a_good_token_works() {
     let a = s.with_token("POST /v1/volumes", &[JSON], CREATE);
     assert_eq!(a.status, 201, "{}", a.body);
     // The CLI finds the token by itself (the runtime file for --api).
-    let out = s.cli(&["volume", "list"]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("v1"));
+    lists_v1(&mut s.cli(&["volume", "list"]));
 }
 
 #[test]
@@ -583,5 +647,258 @@ fn https_with_a_configured_certificate() {
     let mut buf = Vec::new();
     let _ = c.read_to_end(&mut buf);
     assert!(!String::from_utf8_lossy(&buf).contains("200 OK"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// PEM files for HTTPS with client certificates, made with rcgen in `dir`:
+/// a CA (`ca.pem`), the node's certificate for 127.0.0.1 (`node.pem`,
+/// `node.key`), a client certificate the CA signed (`good.pem`,
+/// `good.key`) and one it did not (`bad.pem`, `bad.key`: self-signed),
+/// both for CN node-b.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn new(tag: &str) -> Pki {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+            IsCa, KeyPair,
+        };
+        let dir = scratch("auth", tag);
+        let params = |cn: &str, sans: &[&str], usage: Vec<ExtendedKeyUsagePurpose>| {
+            let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+            let mut p = CertificateParams::new(sans).unwrap();
+            p.distinguished_name = rcgen::DistinguishedName::new();
+            p.distinguished_name.push(DnType::CommonName, cn);
+            p.extended_key_usages = usage;
+            p
+        };
+        let write = |name: &str, cert: String, key: &KeyPair| {
+            std::fs::write(dir.join(format!("{name}.pem")), cert).unwrap();
+            std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+        };
+        let mut ca = params("flashpool test CA", &[], Vec::new());
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+        let client = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().unwrap();
+        let node = params(
+            "node-a",
+            &["127.0.0.1"],
+            vec![ExtendedKeyUsagePurpose::ServerAuth],
+        );
+        write("node", node.signed_by(&key, &ca).unwrap().pem(), &key);
+        let key = KeyPair::generate().unwrap();
+        let good = params("node-b", &["node-b.example"], client.clone());
+        write("good", good.signed_by(&key, &ca).unwrap().pem(), &key);
+        let key = KeyPair::generate().unwrap();
+        let bad = params("node-b", &["node-b.example"], client);
+        write("bad", bad.self_signed(&key).unwrap().pem(), &key);
+        Pki { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    /// `[api]` lines: HTTPS with `node.pem`, client certificates from
+    /// `ca.pem`, and `extra`.
+    fn api_config(&self, extra: &str) -> String {
+        format!(
+            "tls_cert = \"{}\"\ntls_key = \"{}\"\nclient_ca = \"{}\"\n{extra}",
+            self.path("node.pem"),
+            self.path("node.key"),
+            self.path("ca.pem")
+        )
+    }
+
+    /// A client that trusts `ca.pem` and presents `<who>.pem` if given.
+    fn client(&self, who: Option<&str>) -> Arc<rustls::ClientConfig> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(self.dir.join("ca.pem")).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let b = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+        Arc::new(match who {
+            None => b.with_no_client_auth(),
+            Some(w) => {
+                let certs = CertificateDer::pem_file_iter(self.dir.join(format!("{w}.pem")))
+                    .unwrap()
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap();
+                let key = PrivateKeyDer::from_pem_file(self.dir.join(format!("{w}.key"))).unwrap();
+                b.with_client_auth_cert(certs, key).unwrap()
+            }
+        })
+    }
+
+    /// The CLI on `s`'s HTTPS API, trusting `ca.pem`.
+    fn cli(&self, s: &Server, args: &[&str]) -> Command {
+        let mut c = s.cli(args);
+        c.arg("--ca-file").arg(self.dir.join("ca.pem"));
+        c
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const FAIL_D1: &str = "POST /v1/drives/d1/fail";
+
+#[test]
+fn a_client_certificate_from_client_ca_opens_the_api_without_a_token() {
+    let pki = Pki::new("mtls-pki");
+    let mut s = Server::start("mtls", &pki.api_config(""));
+    let (good, bad) = (pki.client(Some("good")), pki.client(Some("bad")));
+    // A certificate the CA signed is the credential: no token.
+    let a = s
+        .call(Some(&good), false, "POST /v1/volumes", &[JSON], CREATE)
+        .expect("an answer");
+    assert_eq!(a.status, 201, "{}", a.body);
+    // Without a certificate the token still opens it (the CLI, Prometheus).
+    s.tls = Some(pki.client(None));
+    let before = s.state();
+    lists_v1(&mut pki.cli(&s, &["volume", "list"]));
+    // One the CA did not sign is refused in the handshake, token or not.
+    for token in [false, true] {
+        let r = s.call(Some(&bad), token, FAIL_D1, &[], "");
+        assert!(
+            r.is_err(),
+            "a self-signed certificate got {:?}",
+            r.map(|a| a.body)
+        );
+    }
+    // Neither certificate nor token: 401.
+    assert_eq!(s.send(FAIL_D1, &[], "").status, 401);
+    assert_eq!(s.state(), before);
+    let log = s.log();
+    assert!(
+        log.lines().any(|l| l.contains("management API call")
+            && l.contains("/v1/volumes")
+            && l.contains("cert:CN=node-b")
+            && l.contains("127.0.0.1:")),
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("management API connection refused") && l.contains("127.0.0.1:")),
+        "{log}"
+    );
+    // node.pem is for serverAuth only: other nodes with this client_ca
+    // would refuse this node's calls, and it says so at start.
+    assert!(
+        log.contains("tls_cert is not a client certificate that [api] client_ca accepts"),
+        "{log}"
+    );
+}
+
+#[test]
+fn require_client_cert_needs_the_certificate_and_the_token() {
+    let pki = Pki::new("mtls-req-pki");
+    let mut s = Server::start("mtls-req", &pki.api_config("require_client_cert = true"));
+    let (good, bad, none) = (
+        pki.client(Some("good")),
+        pki.client(Some("bad")),
+        pki.client(None),
+    );
+    s.tls = Some(good.clone());
+    let before = s.state();
+    // The token alone, or with a certificate the CA did not sign: refused
+    // in the handshake.
+    for tls in [&none, &bad] {
+        let r = s.call(Some(tls), true, "POST /v1/volumes", &[JSON], CREATE);
+        assert!(r.is_err(), "{:?}", r.map(|a| a.body));
+    }
+    // The certificate alone: 401.
+    let a = s
+        .call(Some(&good), false, "POST /v1/volumes", &[JSON], CREATE)
+        .expect("an answer");
+    assert_eq!(a.status, 401, "{}", a.body);
+    assert!(a.error().contains("require_client_cert"), "{}", a.body);
+    assert_eq!(s.state(), before);
+    // Both: done, and logged with both.
+    let a = s.with_token("POST /v1/volumes", &[JSON], CREATE);
+    assert_eq!(a.status, 201, "{}", a.body);
+    let id = s.token().split('.').next().unwrap().to_string();
+    let log = s.log();
+    assert!(
+        log.lines().any(|l| l.contains("management API call")
+            && l.contains(&format!("cert:CN=node-b and token {id}"))),
+        "{log}"
+    );
+    assert!(!log.contains(&s.token()), "the log holds the secret");
+    // The CLI: with --client-cert and --client-key only.
+    let out = pki.cli(&s, &["volume", "list"]).output().unwrap();
+    assert!(!out.status.success());
+    let (cert, key) = (pki.path("good.pem"), pki.path("good.key"));
+    let args = [
+        "volume",
+        "list",
+        "--client-cert",
+        &cert,
+        "--client-key",
+        &key,
+    ];
+    lists_v1(&mut pki.cli(&s, &args));
+}
+
+#[test]
+fn client_certificate_settings_that_cannot_work_are_refused_at_start() {
+    let pki = Pki::new("mtls-cfg-pki");
+    let dir = scratch("auth", "mtls-cfg");
+    let empty = dir.join("empty.pem");
+    std::fs::write(&empty, "").unwrap();
+    let ca = pki.path("ca.pem");
+    let https = format!(
+        "tls_cert = \"{}\"\ntls_key = \"{}\"",
+        pki.path("node.pem"),
+        pki.path("node.key")
+    );
+    let cases = [
+        (format!("client_ca = \"{ca}\""), "api.client_ca".to_string()),
+        (
+            "require_client_cert = true".into(),
+            "require_client_cert".into(),
+        ),
+        (
+            format!("{https}\nrequire_client_cert = true"),
+            "needs api.client_ca".into(),
+        ),
+        (
+            format!("{https}\nclient_ca = \"{}\"", empty.display()),
+            format!("api.client_ca = {}: no CERTIFICATE", empty.display()),
+        ),
+    ];
+    for (extra, want) in cases {
+        let cfg = dir.join("node.toml");
+        let api = format!("127.0.0.1:{}", free_port());
+        std::fs::write(&cfg, config(&api, &dir, &extra)).unwrap();
+        // `serve --check` says so, and so does `serve`.
+        for check in [true, false] {
+            let out = Command::new(BIN)
+                .arg("serve")
+                .args(check.then_some("--check"))
+                .arg("-c")
+                .arg(&cfg)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{extra}: started");
+            assert!(err.contains(&want), "{extra}: {err}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

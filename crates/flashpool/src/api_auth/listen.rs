@@ -41,11 +41,22 @@ impl Listener for Plain {
     type Addr = PeerInfo;
     async fn accept(&mut self) -> (TcpStream, PeerInfo) {
         let (s, peer, local) = accept_tcp(&self.0).await;
-        (s, PeerInfo::Tcp { peer, local })
+        (
+            s,
+            PeerInfo::Tcp {
+                peer,
+                local,
+                cert: None,
+            },
+        )
     }
     fn local_addr(&self) -> io::Result<PeerInfo> {
         let a = self.0.local_addr()?;
-        Ok(PeerInfo::Tcp { peer: a, local: a })
+        Ok(PeerInfo::Tcp {
+            peer: a,
+            local: a,
+            cert: None,
+        })
     }
 }
 
@@ -74,8 +85,25 @@ impl Tls {
                     drop(slot);
                     match r {
                         Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, PeerInfo::Tcp { peer, local })).await;
+                            // Only a certificate that `[api] client_ca`
+                            // verified gets this far (none is asked for
+                            // without it).
+                            let cert = tls
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|c| c.first())
+                                .map(super::tls::identity);
+                            let _ = tx.send((tls, PeerInfo::Tcp { peer, local, cert })).await;
                         }
+                        // A refused client certificate is a refused call:
+                        // logged as one. Other failures (a scanner, plain
+                        // HTTP) are not worth a warning.
+                        Ok(Err(e)) if super::tls::refused_client_cert(&e) => tracing::warn!(
+                            target: "flashpool::api::audit",
+                            peer = %peer, reason = %e,
+                            "management API connection refused: client certificate"
+                        ),
                         Ok(Err(e)) => tracing::debug!("management API: TLS from {peer}: {e}"),
                         Err(_) => {
                             tracing::debug!("management API: TLS from {peer}: handshake timed out")
@@ -101,6 +129,7 @@ impl Listener for Tls {
         Ok(PeerInfo::Tcp {
             peer: self.local,
             local: self.local,
+            cert: None,
         })
     }
 }
@@ -185,52 +214,4 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<Unix> {
     })?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(Unix(l))
-}
-
-/// The server side of `[api] tls_cert` and `tls_key` (PEM files).
-pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = CertificateDer::pem_file_iter(cert)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "config: api.tls_cert = {}: cannot read a PEM certificate chain: {e}",
-                cert.display()
-            )
-        })?;
-    if certs.is_empty() {
-        anyhow::bail!(
-            "config: api.tls_cert = {}: no CERTIFICATE in it",
-            cert.display()
-        );
-    }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-        anyhow::anyhow!(
-            "config: api.tls_key = {}: cannot read a PEM private key: {e}",
-            key.display()
-        )
-    })?;
-    let mut c = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .context("config: api.tls_cert and tls_key do not make a usable certificate")?;
-    c.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(c))
-}
-
-/// Trust anchors for a client: the certificates in a PEM file.
-pub fn client_roots(ca: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let v = CertificateDer::pem_file_iter(ca)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| anyhow::anyhow!("{}: cannot read PEM certificates: {e}", ca.display()))?;
-    if v.is_empty() {
-        anyhow::bail!("{}: no CERTIFICATE in it", ca.display());
-    }
-    Ok(v)
 }

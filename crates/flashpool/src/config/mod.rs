@@ -68,6 +68,13 @@ pub struct ApiSection {
     /// The CA (PEM) this node trusts when it calls other nodes' APIs over
     /// HTTPS; default its own `tls_cert`.
     pub tls_ca: Option<PathBuf>,
+    /// HTTPS only: the CA (PEM) of client certificates. A call on a
+    /// connection with a certificate it signed needs no token.
+    pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: every connection needs a client certificate, and
+    /// every call the token as well.
+    #[serde(default)]
+    pub require_client_cert: bool,
     /// Names besides the bound address that `Host` may say (DNS names).
     #[serde(default)]
     pub host_names: Vec<String>,
@@ -86,6 +93,8 @@ impl Default for ApiSection {
             tls_cert: None,
             tls_key: None,
             tls_ca: None,
+            client_ca: None,
+            require_client_cert: false,
             host_names: Vec::new(),
             unix_socket: None,
             unix_socket_mode: None,
