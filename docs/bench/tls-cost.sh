@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cost of TLS 1.3 (TP 8011) against plain NVMe/TCP, side by side on one
-# build: a fresh node per run with a RAM namespace on two listeners, one
-# plain and one TLS-only; the same bench client connects to each in turn
+# build: a fresh node per run with a `null` namespace (only the transport
+# costs) on two listeners, one plain and one TLS-only; the same bench client
+# connects to each in turn
 # (plain, TLS, plain, TLS, ...), as a host without a key and a host with a
 # PSK (TLS_AES_128_GCM_SHA256; with HASH=2, a SHA-384 key and
 # TLS_AES_256_GCM_SHA384).
@@ -51,7 +52,7 @@ nqn = "$HT"
 tls_key_file = "$OUT/host.psk"
 [[subsystem.namespace]]
 nsid = 1
-backend = "mem"
+backend = "null"
 size = "1GiB"
 block_size = 4096
 TOML
@@ -60,6 +61,8 @@ run() { # label workload round
   [ "$1" = tls ] && { port=$((PORT + 1)); args=(--hostnqn "$HT" --tls-key-file "$OUT/host.psk"); }
   taskset -c 0 "$BIN" serve -c "$OUT/node.toml" >"$OUT/serve-$1-$2-$3.log" 2>&1 &
   local pid=$!
+  PID=$pid
+  trap 'kill "$PID" 2>/dev/null || true' EXIT
   for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$((PORT + 1))) 2>/dev/null && break; sleep 0.1; done
   local w
   case $2 in
@@ -69,7 +72,7 @@ run() { # label workload round
   esac
   cut -d' ' -f1 /proc/loadavg >"$OUT/$1-$2-$3.load"
   taskset -c 1 "$BIN" bench --cpus 1 --target "tcp://127.0.0.1:$port/$NQN" "${w[@]}" "${args[@]}" \
-    --jobs 1 --runtime 5s --ramp 1s --size 512MiB --prefill --target-pid "$pid" \
+    --jobs 1 --runtime 5s --ramp 1s --size 512MiB --target-pid "$pid" \
     --json "$OUT/$1-$2-$3.json" >"$OUT/bench-$1-$2-$3.log" 2>&1
   kill "$pid"; wait "$pid" 2>/dev/null || true
 }

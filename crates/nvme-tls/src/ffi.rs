@@ -31,6 +31,15 @@ unsafe extern "C" {
     fn SSL_SESSION_set_protocol_version(s: *mut SSL_SESSION, v: c_int) -> c_int;
     fn SSL_CIPHER_find(ssl: *mut SSL, code: *const c_uchar) -> *const SSL_CIPHER;
     fn SSL_CIPHER_get_handshake_digest(c: *const SSL_CIPHER) -> *const EVP_MD;
+    fn SSL_has_pending(ssl: *const SSL) -> c_int;
+}
+
+/// Whether OpenSSL holds bytes not yet returned to the caller: decrypted
+/// plaintext, or (with read-ahead) raw records read from the socket but not
+/// yet processed. Either way a read makes progress without the socket.
+pub fn has_pending(ssl: &SslRef) -> bool {
+    // SAFETY: `ssl` is a live SSL; the call only reads its buffers' state.
+    unsafe { SSL_has_pending(ssl.as_ptr()) == 1 }
 }
 
 const TLS1_3_VERSION: c_int = 0x0304;

@@ -6,7 +6,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use nvme_wire::tls_psk::{ConfiguredPsk, PskIdentity};
+use nvme_wire::tls_psk::{ConfiguredPsk, Derivation, PskIdentity};
 use openssl::ex_data::Index;
 use openssl::ssl::{Ssl, SslContext, SslContextRef, SslMethod, SslOptions};
 use openssl_sys::{SSL, SSL_SESSION};
@@ -100,12 +100,15 @@ fn choose(store: &dyn PskStore, raw: &[u8]) -> Result<(PskIdentity, Vec<u8>), St
     let key = store
         .configured_psk(&id.hostnqn, &id.subnqn)
         .ok_or_else(|| format!("no TLS PSK for host {} on {}", id.hostnqn, id.subnqn))?;
-    let psk = id.tls_psk_from(&key).ok_or_else(|| {
+    let (psk, derivation) = id.tls_psk_from(&key).ok_or_else(|| {
         format!(
             "the TLS PSK of host {} on {} does not fit identity {shown:?} (another hash or digest)",
             id.hostnqn, id.subnqn
         )
     })?;
+    if derivation == Derivation::LibnvmeCompat {
+        tracing::debug!("identity {shown:?}: PSK derived as libnvme before 1.16 does");
+    }
     Ok((id, psk))
 }
 

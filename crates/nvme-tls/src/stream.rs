@@ -5,6 +5,8 @@
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll, Waker};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -19,6 +21,9 @@ pub struct TlsStream {
     /// A vectored write's slices, copied into one buffer so that one
     /// SSL_write fills whole records instead of one record per slice.
     gather: Vec<u8>,
+    /// The last `try_read` found no whole record: what OpenSSL holds (a
+    /// partial record) needs more bytes from the socket first.
+    starved: AtomicBool,
 }
 
 pub enum Stream {
@@ -31,6 +36,7 @@ impl Stream {
         Stream::Tls(Box::new(TlsStream {
             ssl,
             gather: Vec::new(),
+            starved: AtomicBool::new(false),
         }))
     }
 
@@ -61,12 +67,12 @@ impl Stream {
         }
     }
 
-    /// Ready when a read may make progress: socket data, or TLS plaintext
-    /// already decrypted and waiting in OpenSSL.
+    /// Ready when a read may make progress: socket data, or TLS bytes
+    /// OpenSSL already read from the socket (read-ahead) or decrypted.
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
             Stream::Plain(s) => s.poll_read_ready(cx),
-            Stream::Tls(t) if t.ssl.ssl().pending() > 0 => Poll::Ready(Ok(())),
+            Stream::Tls(t) if crate::ffi::has_pending(t.ssl.ssl()) => Poll::Ready(Ok(())),
             Stream::Tls(t) => t.ssl.get_ref().poll_read_ready(cx),
         }
     }
@@ -83,10 +89,12 @@ impl Stream {
     pub fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Stream::Plain(s) => s.try_read(buf),
-            Stream::Tls(_) => {
+            Stream::Tls(t) => {
                 let mut cx = Context::from_waker(Waker::noop());
                 let mut rb = ReadBuf::new(buf);
-                match Pin::new(self).poll_read(&mut cx, &mut rb) {
+                let r = Pin::new(&mut t.ssl).poll_read(&mut cx, &mut rb);
+                t.starved.store(r.is_pending(), Relaxed);
+                match r {
                     Poll::Ready(Ok(())) => Ok(rb.filled().len()),
                     Poll::Ready(Err(e)) => Err(e),
                     Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
@@ -155,7 +163,7 @@ impl AsyncWrite for Stream {
                     }
                     t.gather.extend_from_slice(&s[..s.len().min(room)]);
                 }
-                let TlsStream { ssl, gather } = &mut **t;
+                let TlsStream { ssl, gather, .. } = &mut **t;
                 Pin::new(ssl).poll_write(cx, gather)
             }
         }

@@ -292,3 +292,59 @@ async fn openssl_s_server_accepts_our_client() {
     let _ = child.kill().await;
     assert!(out.contains("from-host"), "s_server printed {out:?}");
 }
+
+/// With read-ahead, OpenSSL may hold part of a record the socket has not
+/// finished delivering: readiness must then wait for the socket instead of
+/// answering "ready" again and again (a busy loop, or a stall for a caller
+/// that trusts it). Counts the times readiness said ready and the next
+/// read still found nothing.
+#[tokio::test]
+async fn readiness_waits_for_the_socket_on_a_partial_record() {
+    let k = key(PskHash::Sha256, 7);
+    let (s, c) = pair(&k, ClientPsk::new(&k, HOST, SUB, 0)).await;
+    let (mut srv, mut c) = (s.unwrap().stream, c.unwrap());
+    const TOTAL: usize = 4 << 20;
+    let w = tokio::spawn(async move {
+        let chunk = vec![0xA5u8; 100_000];
+        let mut sent = 0;
+        while sent < TOTAL {
+            let n = chunk.len().min(TOTAL - sent);
+            srv.write_all(&chunk[..n]).await.unwrap();
+            sent += n;
+        }
+        srv.flush().await.unwrap();
+        srv
+    });
+    let (mut got, mut empty_after_ready) = (0usize, 0u32);
+    let mut buf = vec![0u8; 3000];
+    let mut just_ready = false;
+    tokio::time::timeout(T, async {
+        while got < TOTAL {
+            match c.try_read(&mut buf) {
+                Ok(0) => panic!("closed early"),
+                Ok(n) => {
+                    assert!(buf[..n].iter().all(|&b| b == 0xA5));
+                    got += n;
+                    just_ready = false;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if just_ready {
+                        empty_after_ready += 1;
+                    }
+                    std::future::poll_fn(|cx| c.poll_read_ready(cx))
+                        .await
+                        .unwrap();
+                    just_ready = true;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .expect("all data read");
+    w.await.unwrap();
+    assert!(
+        empty_after_ready < 50,
+        "readiness said ready {empty_after_ready} times with nothing to read"
+    );
+}

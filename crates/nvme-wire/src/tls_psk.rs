@@ -11,9 +11,23 @@
 //! - identity v1 = `NVMe1Rhh <hostnqn> <subnqn> <digest>`, digest =
 //!   base64(HMAC(retained, hostnqn " " subnqn " NVMe-over-Fabrics")), and the
 //!   TLS PSK context is `hh <digest>`.
+//!
+//! libnvme up to 1.15 (nvme-cli 2.15; Debian 13 ships 1.13) built the HKDF
+//! info differently: a little-endian length and no length bytes before the
+//! label and the context. Keys it put in a host's keyring are derived that
+//! way, so a target must speak both: [`Derivation::LibnvmeCompat`].
 
 use base64::Engine;
 use hmac::{KeyInit, Mac};
+
+/// How HKDF-Expand-Label's info is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Derivation {
+    /// RFC 8446 7.1, as the NVMe/TCP spec, SPDK and libnvme 1.16+ do.
+    Rfc8446,
+    /// libnvme before 1.16: `le16(L) || "tls13 " label || context`.
+    LibnvmeCompat,
+}
 
 /// The hash of a PSK, which is also the hash of the TLS 1.3 cipher suite
 /// it may be used with (01: TLS_AES_128_GCM_SHA256, 02: TLS_AES_256_GCM_SHA384).
@@ -56,13 +70,22 @@ impl PskHash {
         }
     }
 
-    fn hkdf(self, ikm: &[u8], label: &str, context: &[u8], len: usize) -> Vec<u8> {
+    fn hkdf(self, d: Derivation, ikm: &[u8], label: &str, context: &[u8], len: usize) -> Vec<u8> {
         let mut info = Vec::with_capacity(4 + 6 + label.len() + context.len());
-        info.extend_from_slice(&(len as u16).to_be_bytes());
-        info.push((6 + label.len()) as u8);
-        info.extend_from_slice(b"tls13 ");
-        info.extend_from_slice(label.as_bytes());
-        info.push(context.len() as u8);
+        match d {
+            Derivation::Rfc8446 => {
+                info.extend_from_slice(&(len as u16).to_be_bytes());
+                info.push((6 + label.len()) as u8);
+                info.extend_from_slice(b"tls13 ");
+                info.extend_from_slice(label.as_bytes());
+                info.push(context.len() as u8);
+            }
+            Derivation::LibnvmeCompat => {
+                info.extend_from_slice(&(len as u16).to_le_bytes());
+                info.extend_from_slice(b"tls13 ");
+                info.extend_from_slice(label.as_bytes());
+            }
+        }
         info.extend_from_slice(context);
         let mut out = vec![0u8; len];
         let ok = match self {
@@ -111,15 +134,19 @@ pub struct ConfiguredPsk {
     /// hh: None = the key is the retained PSK as is.
     transform: Option<PskHash>,
     key: Vec<u8>,
+    /// How identities of version 0 are derived (version 1 identities carry
+    /// a digest that tells).
+    derivation: Derivation,
 }
 
 impl std::fmt::Debug for ConfiguredPsk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "ConfiguredPsk(NVMeTLSkey-1:{:02}, {} bytes)",
+            "ConfiguredPsk(NVMeTLSkey-1:{:02}, {} bytes, {:?})",
             self.transform.map_or(0, PskHash::id),
-            self.key.len()
+            self.key.len(),
+            self.derivation
         )
     }
 }
@@ -154,6 +181,7 @@ impl ConfiguredPsk {
         Ok(ConfiguredPsk {
             transform,
             key: key.to_vec(),
+            derivation: Derivation::Rfc8446,
         })
     }
 
@@ -175,7 +203,18 @@ impl ConfiguredPsk {
         Ok(ConfiguredPsk {
             transform,
             key: key.to_vec(),
+            derivation: Derivation::Rfc8446,
         })
+    }
+
+    /// The same key, derived for identities of version 0 the way `d` does.
+    pub fn with_derivation(mut self, d: Derivation) -> ConfiguredPsk {
+        self.derivation = d;
+        self
+    }
+
+    pub fn derivation(&self) -> Derivation {
+        self.derivation
     }
 
     /// The interchange representation.
@@ -200,16 +239,18 @@ impl ConfiguredPsk {
     }
 
     /// The retained PSK of `hostnqn`.
-    pub fn retained(&self, hostnqn: &str) -> Vec<u8> {
+    pub fn retained(&self, hostnqn: &str, d: Derivation) -> Vec<u8> {
         match self.transform {
             None => self.key.clone(),
-            Some(h) => h.hkdf(&self.key, "HostNQN", hostnqn.as_bytes(), self.key.len()),
+            Some(h) => h.hkdf(d, &self.key, "HostNQN", hostnqn.as_bytes(), self.key.len()),
         }
     }
 
-    /// The identity and TLS PSK a host offers to `subnqn`.
+    /// The identity and TLS PSK a host offers to `subnqn`, derived as this
+    /// key's [`Derivation`] says.
     pub fn derive(&self, hostnqn: &str, subnqn: &str, version: u8) -> (PskIdentity, Vec<u8>) {
-        let retained = self.retained(hostnqn);
+        let d = self.derivation;
+        let retained = self.retained(hostnqn, d);
         let hash = self.hash();
         let digest = (version == 1).then(|| psk_digest(hash, &retained, hostnqn, subnqn));
         let id = PskIdentity {
@@ -219,7 +260,7 @@ impl ConfiguredPsk {
             subnqn: subnqn.to_string(),
             digest,
         };
-        let psk = id.tls_psk(&retained);
+        let psk = id.tls_psk(&retained, d);
         (id, psk)
     }
 }
@@ -327,12 +368,13 @@ impl PskIdentity {
     }
 
     /// The TLS PSK of this identity, from the host's retained PSK.
-    pub fn tls_psk(&self, retained: &[u8]) -> Vec<u8> {
+    pub fn tls_psk(&self, retained: &[u8], d: Derivation) -> Vec<u8> {
         let context = match &self.digest {
             None => self.encode(),
-            Some(d) => format!("{:02} {d}", self.hash.id()),
+            Some(dg) => format!("{:02} {dg}", self.hash.id()),
         };
         self.hash.hkdf(
+            d,
             retained,
             "nvme-tls-psk",
             context.as_bytes(),
@@ -342,19 +384,24 @@ impl PskIdentity {
 
     /// The TLS PSK for this identity from a configured PSK, after checking
     /// that the key fits the identity (same hash, and a version 1 digest
-    /// that matches). None: this key cannot have made the identity.
-    pub fn tls_psk_from(&self, key: &ConfiguredPsk) -> Option<Vec<u8>> {
+    /// that matches), and how it was derived. A version 1 digest tells the
+    /// derivation; version 0 takes the key's. None: this key cannot have
+    /// made the identity.
+    pub fn tls_psk_from(&self, key: &ConfiguredPsk) -> Option<(Vec<u8>, Derivation)> {
         if key.hash() != self.hash {
             return None;
         }
-        let retained = key.retained(&self.hostnqn);
-        if let Some(d) = &self.digest {
-            let want = psk_digest(self.hash, &retained, &self.hostnqn, &self.subnqn);
-            if want.as_bytes() != d.as_bytes() {
-                return None;
-            }
-        }
-        Some(self.tls_psk(&retained))
+        let Some(digest) = &self.digest else {
+            let d = key.derivation;
+            return Some((self.tls_psk(&key.retained(&self.hostnqn, d), d), d));
+        };
+        [Derivation::Rfc8446, Derivation::LibnvmeCompat]
+            .into_iter()
+            .find_map(|d| {
+                let retained = key.retained(&self.hostnqn, d);
+                let want = psk_digest(self.hash, &retained, &self.hostnqn, &self.subnqn);
+                (want.as_bytes() == digest.as_bytes()).then(|| (self.tls_psk(&retained, d), d))
+            })
     }
 }
 

@@ -146,6 +146,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "0|1", default_value_t = 0, requires = "tls_key_file",
           value_parser = clap::value_parser!(u8).range(0..=1))]
     tls_identity: u8,
+    /// tcp: derive the TLS PSK as libnvme before 1.16 does (nvme-cli up to 2.15, e.g. Debian
+    /// 13), for a Linux nvmet target whose key was inserted by such an nvme-cli.
+    #[arg(long, requires = "tls_key_file")]
+    tls_compat: bool,
     /// file:/mem: write the region once before the run, so that reads return stored data.
     /// With --compare: every target, tcp:// included, is written once before it is read.
     #[arg(long)]
@@ -258,7 +262,11 @@ impl BenchArgs {
                 })
                 .transpose()?
                 .map(|key| nvmf_host::TlsKey {
-                    key,
+                    key: key.with_derivation(if self.tls_compat {
+                        nvme_wire::tls_psk::Derivation::LibnvmeCompat
+                    } else {
+                        nvme_wire::tls_psk::Derivation::Rfc8446
+                    }),
                     identity_version: self.tls_identity,
                 }),
             poll_us: self.poll_us,

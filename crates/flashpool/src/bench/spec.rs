@@ -221,9 +221,10 @@ fn ser_tls<S: serde::Serializer>(k: &Option<nvmf_host::TlsKey>, s: S) -> Result<
     match k {
         None => s.serialize_str("none"),
         Some(k) => s.serialize_str(&format!(
-            "tls1.3, PSK hash {:02}, identity v{}",
+            "tls1.3, PSK hash {:02}, identity v{}, {:?}",
             k.key.hash().id(),
-            k.identity_version
+            k.identity_version,
+            k.key.derivation()
         )),
     }
 }

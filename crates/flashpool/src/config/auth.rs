@@ -25,6 +25,10 @@ pub struct SubsystemHostSection {
     /// The host's configured TLS PSK (`NVMeTLSkey-1:`): the host must then
     /// connect over TLS 1.3 (see `config::tls`).
     pub tls_key_file: Option<PathBuf>,
+    /// The host derives version 0 TLS PSK identities as libnvme before 1.16
+    /// does (nvme-cli up to 2.15, e.g. Debian 13); see `config::tls`.
+    #[serde(default)]
+    pub tls_key_compat: bool,
 }
 
 /// Reads and parses the secret in `path`, for the TOML key `key`. Refuses a

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use anyhow::{Result, bail};
-use nvme_wire::tls_psk::ConfiguredPsk;
+use nvme_wire::tls_psk::{ConfiguredPsk, Derivation};
 use nvmf_target::{ListenerConfig, Subsystem, TlsMode};
 
 use super::SubsystemSection;
@@ -40,8 +40,20 @@ pub fn read_psk(key: &str, path: &Path) -> Result<ConfiguredPsk> {
 pub fn apply(key: &str, s: &SubsystemSection, sub: &mut Subsystem) -> Result<()> {
     sub.set_require_tls(s.require_tls);
     for (j, h) in s.host.iter().enumerate() {
+        if h.tls_key_compat && h.tls_key_file.is_none() {
+            bail!(
+                "config: {key}.host[{j}].tls_key_compat is set without tls_key_file; \
+                 give the host its key or remove tls_key_compat"
+            );
+        }
         if let Some(p) = &h.tls_key_file {
-            let psk = read_psk(&format!("{key}.host[{j}].tls_key_file"), p)?;
+            let psk = read_psk(&format!("{key}.host[{j}].tls_key_file"), p)?.with_derivation(
+                if h.tls_key_compat {
+                    Derivation::LibnvmeCompat
+                } else {
+                    Derivation::Rfc8446
+                },
+            );
             tracing::info!(
                 "subsystem {}: host {} must connect over TLS (PSK hash {:02})",
                 s.nqn,

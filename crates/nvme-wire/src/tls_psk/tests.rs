@@ -19,7 +19,7 @@ fn key(len: usize) -> Vec<u8> {
 fn sha256_vectors() {
     let k = ConfiguredPsk::from_key(Some(PskHash::Sha256), &key(32)).unwrap();
     assert_eq!(
-        hex(&k.retained(HOST)),
+        hex(&k.retained(HOST, Derivation::Rfc8446)),
         "e3e14f96ac2b820a9c60ac748fcabbe95f9c6802cb87c95b3ee77190e32f2fb6"
     );
     let (id, psk) = k.derive(HOST, SUB, 0);
@@ -43,7 +43,7 @@ fn sha256_vectors() {
 fn sha384_vectors() {
     let k = ConfiguredPsk::from_key(Some(PskHash::Sha384), &key(48)).unwrap();
     assert_eq!(
-        hex(&k.retained(HOST)),
+        hex(&k.retained(HOST, Derivation::Rfc8446)),
         "d0974c011f3c06d4b13e51602f2b13c986374a6d82bb36ccc8ca5deb4f32dce9c3661cf143ea2a53302641baf48a237c"
     );
     let (id, psk) = k.derive(HOST, SUB, 0);
@@ -67,7 +67,7 @@ fn sha384_vectors() {
 fn untransformed_key_is_the_retained_psk() {
     let k = ConfiguredPsk::from_key(None, &key(48)).unwrap();
     assert_eq!(k.hash(), PskHash::Sha384);
-    assert_eq!(k.retained(HOST), key(48));
+    assert_eq!(k.retained(HOST, Derivation::Rfc8446), key(48));
     assert_eq!(
         ConfiguredPsk::from_key(None, &key(32)).unwrap().hash(),
         PskHash::Sha256
@@ -123,7 +123,11 @@ fn identity_parse_round_trip_and_refusals() {
         let (id, psk) = k.derive(HOST, SUB, v);
         let back = PskIdentity::parse(id.encode().as_bytes()).unwrap();
         assert_eq!(back, id);
-        assert_eq!(back.tls_psk_from(&k), Some(psk), "v{v}");
+        assert_eq!(
+            back.tls_psk_from(&k),
+            Some((psk, Derivation::Rfc8446)),
+            "v{v}"
+        );
     }
     // a key of the other hash, or another key, does not fit the identity
     let other = ConfiguredPsk::from_key(Some(PskHash::Sha256), &key(32)).unwrap();
@@ -168,4 +172,59 @@ fn identity_parse_round_trip_and_refusals() {
         PskIdentity::parse(long.as_bytes()),
         Err(IdentityError::Format)
     );
+}
+
+/// libnvme before 1.16 (Debian 13's nvme-cli): the same steps with its own
+/// HKDF info layout; vectors from OpenSSL's HKDF over that layout.
+#[test]
+fn libnvme_compat_vectors_and_detection() {
+    let c = Derivation::LibnvmeCompat;
+    let k = ConfiguredPsk::from_key(Some(PskHash::Sha256), &key(32))
+        .unwrap()
+        .with_derivation(c);
+    assert_eq!(
+        hex(&k.retained(HOST, c)),
+        "c8b6cf1b838331a52e40d5d8ffe22e3b5394cd2ab397fd3a65d5385925125171"
+    );
+    let (id0, psk0) = k.derive(HOST, SUB, 0);
+    assert_eq!(
+        hex(&psk0),
+        "f3488b6be20b22268b91e6918c1ec754122d4a8c2f3b077fba24f97abc9e4ec0"
+    );
+    let (id1, psk1) = k.derive(HOST, SUB, 1);
+    assert_eq!(
+        id1.digest.as_deref(),
+        Some("PzOQTRhmZExZJtEzAi4xHGcUV/fBOYcG8Mam5DtLzq8=")
+    );
+    assert_eq!(
+        hex(&psk1),
+        "a739ab65f67fff872d0143fcb02895884af6b342e95a55b143162d5351e1cf69"
+    );
+    let k48 = ConfiguredPsk::from_key(Some(PskHash::Sha384), &key(48))
+        .unwrap()
+        .with_derivation(c);
+    let (_, p) = k48.derive(HOST, SUB, 0);
+    assert_eq!(
+        hex(&p),
+        "5143a1e3c9d782fdf99e8455ed682316a750fbec8a1e355156ecf6e535d49c42166f7d57a1afc41778129730569fe929"
+    );
+    let (_, p) = k48.derive(HOST, SUB, 1);
+    assert_eq!(
+        hex(&p),
+        "f3bee0000206258bfe59b8805ecd22dca9254a935b4aefa84923270974512fbf79323771df63eaeb888472f395b9f4ef"
+    );
+    // A target that holds the key as RFC 8446: the v1 digest tells it the
+    // host derived the compat way; a v0 identity takes the key's setting.
+    let plain = ConfiguredPsk::from_key(Some(PskHash::Sha256), &key(32)).unwrap();
+    assert_eq!(id1.tls_psk_from(&plain), Some((psk1, c)));
+    assert_eq!(
+        id0.tls_psk_from(&plain).map(|x| x.1),
+        Some(Derivation::Rfc8446)
+    );
+    assert_eq!(id0.tls_psk_from(&k), Some((psk0, c)));
+    // hh 00: no retained derivation, the TLS PSK still differs
+    let raw = ConfiguredPsk::from_key(None, &key(32)).unwrap();
+    let (_, a) = raw.derive(HOST, SUB, 0);
+    let (_, b) = raw.clone().with_derivation(c).derive(HOST, SUB, 0);
+    assert_ne!(a, b);
 }
