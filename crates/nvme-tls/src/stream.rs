@@ -72,7 +72,9 @@ impl Stream {
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
             Stream::Plain(s) => s.poll_read_ready(cx),
-            Stream::Tls(t) if crate::ffi::has_pending(t.ssl.ssl()) => Poll::Ready(Ok(())),
+            Stream::Tls(t) if !t.starved.load(Relaxed) && crate::ffi::has_pending(t.ssl.ssl()) => {
+                Poll::Ready(Ok(()))
+            }
             Stream::Tls(t) => t.ssl.get_ref().poll_read_ready(cx),
         }
     }
