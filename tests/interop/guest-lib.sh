@@ -116,21 +116,24 @@ trim() { sed -e 's/^[^:]*: *//' -e 's/ *$//'; }
 # guards before shell arithmetic (a malformed number there would end /init)
 ishex() { case $1 in ''|*[!0-9a-fA-F]*) return 1;; esac; }
 isnum() { case $1 in ''|*[!0-9]*) return 1;; esac; }
-# wait_host ACTION SECONDS: print the marker, wait for "DONE ACTION ok" from the host
-# (host -> 127.0.0.1:CTL_PORT -> QEMU hostfwd -> guest:5555, busybox nc -l)
+# wait_host ACTION SECONDS [ARGS]: print the marker "@@HOST ACTION [ARGS]", wait for "DONE
+# ACTION ok|fail ..." from the host (host -> 127.0.0.1:CTL_PORT -> QEMU hostfwd -> guest:5555,
+# busybox nc -l; what the host sends piles up in /tmp/ctl), running $WAIT_HOOK (if set) at each
+# poll; the host's line in HOSTSAYS, 0 if it said ok
 wait_host() {
   local ncpid i
   rm -f /tmp/ctl; : > /tmp/ctl
-  nc -l -p 5555 > /tmp/ctl 2>/dev/null & ncpid=$!
-  sleep 0.3
+  nc -l -p 5555 >> /tmp/ctl 2> /dev/null & ncpid=$!
+  sleep 0.1
   echo "@@HOST $1${3:+ $3}"
   i=0; HOSTSAYS=""
-  while [ $i -lt $(($2*2)) ]; do
-    if grep -q "^DONE $1" /tmp/ctl; then HOSTSAYS=$(grep "^DONE $1" /tmp/ctl | head -n1); break; fi
-    if ! kill -0 $ncpid 2>/dev/null; then nc -l -p 5555 > /tmp/ctl 2>/dev/null & ncpid=$!; fi
-    sleep 0.5; i=$((i+1))
+  while [ $i -lt $(($2 * 10)) ]; do
+    if grep -q "^DONE $1 " /tmp/ctl; then HOSTSAYS=$(grep "^DONE $1 " /tmp/ctl | head -n1); break; fi
+    [ -z "$WAIT_HOOK" ] || $WAIT_HOOK
+    if ! kill -0 $ncpid 2> /dev/null; then nc -l -p 5555 >> /tmp/ctl 2> /dev/null & ncpid=$!; fi
+    sleep 0.1; i=$((i+1))
   done
-  kill $ncpid 2>/dev/null
+  kill $ncpid 2> /dev/null
   log "host says: ${HOSTSAYS:-nothing (timeout ${2}s)}"
   echo "@@HOST-ACK $1"
   case "$HOSTSAYS" in "DONE $1 ok"*) return 0;; esac; return 1

@@ -845,37 +845,26 @@ if [ "$REV" = 1 ]; then
   ln -s $S $P/subsystems/$NQN_REV || log "configfs: linking $NQN_REV to port 1 failed"
   log "nvmet: port 1 $(cat $P/addr_trtype) $(cat $P/addr_traddr):$(cat $P/addr_trsvcid), $NQN_REV ns 1 $(cat $S/namespaces/1/device_path) enable=$(cat $S/namespaces/1/enable), /dev/ram0 $(( $(cat /sys/block/ram0/size) / 2048 )) MiB"
   dmesg | grep -E 'nvmet' | tail -n 3 | sed 's/^/  dmesg: /'
-  # wait_host rev-target-ready, and meanwhile carry out the host's "FLAP ID SECONDS"
-  # requests (host-remote-reconnect): the port link of $NQN_REV goes away (nvmet deletes its
-  # controllers, their TCP connections close; a port left with no subsystem stops
+  # wait_host rev-target-ready, and meanwhile (its WAIT_HOOK) carry out the host's "FLAP ID
+  # SECONDS" requests (host-remote-reconnect): the port link of $NQN_REV goes away (nvmet
+  # deletes its controllers, their TCP connections close; a port left with no subsystem stops
   # listening) and comes back SECONDS later; "@@HOST-ACK flap-ID" once it is back.
-  rev_wait() {
-    local ncpid i id secs flapped=" "
-    rm -f /tmp/ctl; : > /tmp/ctl
-    nc -l -p 5555 >> /tmp/ctl 2>/dev/null & ncpid=$!
-    sleep 0.3
-    echo "@@HOST rev-target-ready"
-    i=0; HOSTSAYS=""
-    while [ $i -lt $(($1*5)) ]; do
-      if grep -q "^DONE rev-target-ready" /tmp/ctl; then HOSTSAYS=$(grep "^DONE rev-target-ready" /tmp/ctl | head -n1); break; fi
-      for id in $(sed -n 's/^FLAP \([0-9][0-9]*\) [0-9.][0-9.]*$/\1/p' /tmp/ctl); do
-        case "$flapped" in *" $id "*) continue;; esac
-        flapped="$flapped$id "
-        secs=$(sed -n "s/^FLAP $id \([0-9.][0-9.]*\)\$/\1/p" /tmp/ctl | head -n1)
-        rm $P/subsystems/$NQN_REV && log "flap $id: $NQN_REV unlinked from port 1 for $secs s"
-        sleep "$secs"
-        ln -s $S $P/subsystems/$NQN_REV && log "flap $id: $NQN_REV linked to port 1 again"
-        echo "@@HOST-ACK flap-$id"
-      done
-      if ! kill -0 $ncpid 2>/dev/null; then nc -l -p 5555 >> /tmp/ctl 2>/dev/null & ncpid=$!; fi
-      sleep 0.2; i=$((i+1))
+  FLAPPED=" "
+  rev_flaps() {
+    local id secs
+    for id in $(sed -n 's/^FLAP \([0-9][0-9]*\) [0-9.][0-9.]*$/\1/p' /tmp/ctl); do
+      case "$FLAPPED" in *" $id "*) continue;; esac
+      FLAPPED="$FLAPPED$id "
+      secs=$(sed -n "s/^FLAP $id \([0-9.][0-9.]*\)\$/\1/p" /tmp/ctl | head -n1)
+      rm $P/subsystems/$NQN_REV && log "flap $id: $NQN_REV unlinked from port 1 for $secs s"
+      sleep "$secs"
+      ln -s $S $P/subsystems/$NQN_REV && log "flap $id: $NQN_REV linked to port 1 again"
+      echo "@@HOST-ACK flap-$id"
     done
-    kill $ncpid 2>/dev/null
-    log "host says: ${HOSTSAYS:-nothing (timeout ${1}s)}"
-    echo "@@HOST-ACK rev-target-ready"
-    case "$HOSTSAYS" in "DONE rev-target-ready ok"*) return 0;; esac; return 1
   }
-  rev_wait $REV_WAIT
+  WAIT_HOOK=rev_flaps
+  wait_host rev-target-ready $REV_WAIT
+  WAIT_HOOK=""
   set -- $HOSTSAYS; off=${4:-0}; len=${5:-0}; mapfail=${6#mapfail=}
   # commands the host sent over the target's transfer limit on purpose (host-r2t-large probe)
   c=$(dmesg | grep -cE 'nvmet_tcp: queue [0-9]+: failed to map data')

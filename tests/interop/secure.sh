@@ -383,23 +383,17 @@ do_run() {
   fi
   echo "----- summary (Debian $GUEST_SUITE kernel $K, accel $accel, guest /init at ${tb:-?} s, total $(el "$t0") s) -----"
   cat "$RUN/summary.txt"
-  [ "$TLS" = 1 ] || echo "SKIP $(echo $TLS_CHECKS) (not counted: $tls_note)"
-  [ -n "$failed" ] && echo "failed:$failed"
+  if [ "$TLS" != 1 ]; then echo "SKIP $(echo $TLS_CHECKS) (not counted: $tls_note)"; fi
+  if [ -n "$failed" ]; then echo "failed:$failed"; fi
   echo "$np passed, $nf failed"
-  [ "$nf" -eq 0 ]
+  return $((nf > 0))
 }
 
-ACTION=all
-for a in "$@"; do
-  case $a in
-    setup|build|run|all) ACTION=$a;;
-    -h|--help) sed -n '2,90p' "$0" | sed -n '/^#/p' | sed 's/^# \{0,1\}//'; exit 0;;
-    *) echo "usage: $0 [setup|build|run|all]"; exit 2;;
-  esac
-done
-case $ACTION in
+case ${1:-all} in
   setup) do_setup;;
   build) do_build;;
   run) do_run;;
   all) do_setup; do_build; do_run;;
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//';;
+  *) echo "usage: $0 [setup|build|run|all]"; exit 2;;
 esac

@@ -1501,28 +1501,31 @@ mod node_tests {
         assert_eq!(a.dh_groups, [DhGroup::Ffdhe3072]);
         assert_eq!(a.hashes, HashId::ALL);
         // Refusals name the key, the value and what is known.
-        let e = super::tests::err(&sub("dhchap_hashes = [\"md5\"]"));
-        assert!(
-            e.contains("subsystem[0].host[0].dhchap_hashes")
-                && e.contains("\"md5\" is not known")
-                && e.contains("\"sha384\""),
-            "{e}"
-        );
-        let e = super::tests::err(&sub("dhchap_hashes = [\"hmac(sha256)\"]"));
-        assert!(e.contains("is not known"), "{e}");
-        let e = super::tests::err(&sub("dhchap_dhgroups = [\"ffdhe1024\"]"));
-        assert!(
-            e.contains("dhchap_dhgroups")
-                && e.contains("\"ffdhe1024\" is not known")
-                && e.contains("\"null\""),
-            "{e}"
-        );
-        let e = super::tests::err(&sub("dhchap_dhgroups = [\"null\", \"null\"]"));
-        assert!(e.contains("appears twice"), "{e}");
-        let e = super::tests::err(&sub("dhchap_hashes = []"));
-        assert!(e.contains("dhchap_hashes is empty"), "{e}");
-        let e = super::tests::err(&sub("dhchap_dhgroups = \"null\""));
-        assert!(e.contains("dhchap_dhgroups"), "{e}");
+        for (toml, want) in [
+            (
+                r#"dhchap_hashes = ["md5"]"#,
+                &[
+                    "subsystem[0].host[0].dhchap_hashes",
+                    r#""md5" is not known"#,
+                    r#""sha384""#,
+                ][..],
+            ),
+            (r#"dhchap_hashes = ["hmac(sha256)"]"#, &["is not known"]),
+            (
+                r#"dhchap_dhgroups = ["ffdhe1024"]"#,
+                &[
+                    "dhchap_dhgroups",
+                    r#""ffdhe1024" is not known"#,
+                    r#""null""#,
+                ],
+            ),
+            (r#"dhchap_dhgroups = ["null", "null"]"#, &["appears twice"]),
+            ("dhchap_hashes = []", &["dhchap_hashes is empty"]),
+            (r#"dhchap_dhgroups = "null""#, &["dhchap_dhgroups"]),
+        ] {
+            let e = super::tests::err(&sub(toml));
+            assert!(want.iter().all(|w| e.contains(w)), "{toml}: {e}");
+        }
         // Without a secret they would choose nothing.
         let e = super::tests::err(&format!(
             "[[subsystem]]\nnqn = \"nqn.2026-01.io.flashpool:a\"\n\
