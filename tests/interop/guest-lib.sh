@@ -151,11 +151,12 @@ auth_ok() {
   if nvconnect $n "$@"; then auth_io $c $n "$d"; else res $c FAIL "nvme connect failed"; fi
 }
 auth_refused() {  # check nqn [secret options]: the connect must fail and leave no controller
+  # (the detail: the last kernel line matching $REFUSE_LOG, default auth|dhchap)
   local c=$1 n=$2 rc ok=FAIL; shift 2
   timeout 60 nvme connect -t tcp -a $HOSTIP -s $IO -n $n $CONN_OPTS "$@" > /tmp/auth.txt 2>&1; rc=$?
   sed 's/^/  | /' /tmp/auth.txt
   dmesg | grep -iE 'nvme|auth' | tail -n 5 | sed 's/^/  dmesg: /'
   [ $rc -ne 0 ] && ok=PASS
   grep -qx "$n" /sys/class/nvme/*/subsysnqn 2>/dev/null && { ok=FAIL; nvdisconnect $n; }
-  res $c $ok "nvme connect rc=$rc: $(dmesg | grep -iE 'auth|dhchap' | tail -n1 | sed 's/^\[[^]]*\] //')"
+  res $c $ok "nvme connect rc=$rc: $(dmesg | grep -iE "${REFUSE_LOG:-auth|dhchap}" | tail -n1 | sed 's/^\[[^]]*\] //')"
 }

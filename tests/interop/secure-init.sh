@@ -100,7 +100,7 @@ tls_io() {
 # tls_refused CHECK NQN PORT [nvme-connect args]: the connect must fail and leave no controller
 tls_refused() {
   local c=$1 n=$2 p=$3; shift 3
-  at $p auth_refused $c $n "$@"
+  REFUSE_LOG="nvme|tls"; at $p auth_refused $c $n "$@"; REFUSE_LOG=""
 }
 if [ "$TLS" = 1 ]; then
   # T1: only the identity-1 PSK, T2: only the identity-0 one (each identity format used once);
@@ -114,12 +114,12 @@ if [ "$TLS" = 1 ]; then
   tls_io tls-hmac2 $NQN_T2 $TLS_IO 1 --tls
   step tls-optional-tls "connect --tls to $NQN_TO on the tls = \"optional\" listener :$TLS_OPT"
   tls_io tls-optional-tls $NQN_TO $TLS_OPT 1 --tls
-  step tls-optional-plain "connect without --tls to $NQN_TO on :$TLS_OPT"
-  tls_io tls-optional-plain $NQN_TO $TLS_OPT 0
+  step tls-optional-plain "connect without --tls to $NQN_TP (no PSK for this host) on :$TLS_OPT"
+  tls_io tls-optional-plain $NQN_TP $TLS_OPT 0
   step tls-wrong-key "connect --tls to $NQN_TW with a PSK the target does not have: refused"
   needs tls-wrong-key tls-hmac1 && tls_refused tls-wrong-key $NQN_TW $TLS_IO --tls
   step tls-plain-refused "connect without --tls to the tls = \"required\" listener :$TLS_IO: refused"
-  needs tls-plain-refused tls-optional-plain && tls_refused tls-plain-refused $NQN_TO $TLS_IO
+  needs tls-plain-refused tls-optional-plain && tls_refused tls-plain-refused $NQN_TP $TLS_IO
   step tls-require-tls "connect without --tls to $NQN_T1 (require_tls = true) on the plain listener :$IO: refused"
   needs tls-require-tls tls-hmac1 && tls_refused tls-require-tls $NQN_T1 $IO
   step tls-discover "nvme discover on :$DISC: the TLS listeners' entries carry treq and sectype"

@@ -11,7 +11,7 @@
 # userland packages (with the dependencies apt picks for an empty system) come through a
 # private apt configuration under $SECURE_CACHE/apt (the host's /etc/apt is not touched), are
 # extracted with dpkg -x, and the initramfs holds busybox, nvme, tlshd and keyctl with the
-# libraries their own ld.so resolves -- about 15 MB, no rootfs image, no debootstrap. fio is
+# libraries their own ld.so resolves -- 26 MB uncompressed, no rootfs image, no debootstrap. fio is
 # left out (its trixie dependencies pull in ceph, gluster and python, ~35 MB): I/O is checked
 # with dd O_DIRECT writes read back and compared by sha256 in the guest, and with `flashpool
 # bench --verify` (every block read back) in the other direction. The guest's /init is
@@ -25,7 +25,8 @@
 #   tests/interop/secure.sh run       the checks against ${FLASHPOOL_BIN}
 #
 # The caller builds flashpool first (cargo build --release). Output ends with "N passed, N
-# failed"; the exit status is 0 only if all passed. Needs python3 (keys, bench summaries).
+# failed"; the exit status is 0 only if all passed. Needs python3 (keys, bench summaries);
+# setup needs root (or sudo) for the host's apt packages. A fresh setup downloads ~130 MB.
 #
 # Checks (guest: the Linux host; host: flashpool bench / the target log):
 #  A. Linux host -> flashpool (`[[subsystem]] require_auth`, `[[subsystem.host]]` key files):
@@ -51,28 +52,41 @@
 #                           group configured for that host NQN, so success proves the pair
 #   host-auth-wrong-key, host-auth-wrong-ctrl-key, host-auth-no-key   bench exits non-zero
 #                           with a DH-HMAC-CHAP message that says why
+#   tls-guest-loopback      (counted in every run) the guest's own host -> its own nvmet port
+#                           with addr_tsas tls1.3, addr_treq required, over 127.0.0.1 with
+#                           `nvme connect --tls`: the kernel, tlshd, keyring and nvme-cli side of
+#                           TLS works, so a C failure is flashpool's
 #  C. TLS 1.3 -- counted only when `flashpool bench --help` offers --tls-key-file (else one
 #     SKIP line). Target TOML: `[[listener]] tls = "required"|"optional"`, `[[subsystem]]
 #     require_tls`, `[[subsystem.host]] tls_key_file` (an NVMeTLSkey-1 configured PSK, mode
-#     0600). The guest runs tlshd (keyrings=.nvme) and inserts each PSK with `nvme
-#     check-tls-key --insert --hostnqn H --subsysnqn S --keydata KEY --identity 0` and again
-#     with --identity 1 (6.12's host looks up "NVMe0R0x H S"; a server-side lookup may use
-#     either identity):
-#   tls-hmac1, tls-hmac2    `nvme connect --tls` on the required listener with a hmac 1
-#                           (32-byte) / hmac 2 (48-byte) PSK: kTLS sockets appear
-#                           (/proc/net/tls_stat), 1 MiB read back
-#   tls-wrong-key           the guest's PSK differs from the target's: refused
-#   tls-plain-refused       a plain connect to the required listener: refused
+#     0600). The guest runs `tlshd -s -c /etc/tlshd.conf` ([authenticate] keyrings=.nvme) and
+#     puts each PSK in the .nvme keyring with `nvme check-tls-key --insert --hostnqn H
+#     --subsysnqn S --keydata KEY --identity V` (nvme-cli derives the retained and TLS PSKs;
+#     V 0: identity "NVMe0R0x H S", V 1: "NVMe1R0x H S <digest>"); with both in the keyring
+#     nvme-cli 2.13 on 6.12 connects with the identity-1 one. Then `nvme connect -t tcp -a
+#     10.0.2.2 -s PORT -n S --tls` (no --tls-key: the keyring decides):
+#   tls-hmac1, tls-hmac2    on the required listener, a hmac 1 (32-byte) PSK inserted with
+#                           identity 1 only / a hmac 2 (48-byte) one with identity 0 only:
+#                           kTLS sockets appear (/proc/net/tls_stat), the controller's tls_key
+#                           names the identity, 1 MiB read back
+#   tls-optional-tls, tls-optional-plain   the optional listener takes both: --tls to a
+#                           subsystem where this host has a PSK (kTLS sockets appear), plain to
+#                           one where it has none (require_tls = false; no kTLS socket)
+#   tls-wrong-key           the guest's PSK (both identities) differs from the target's: refused
+#   tls-plain-refused       a plain connect to the required listener (the subsystem of
+#                           tls-optional-plain): refused
 #   tls-require-tls         a plain connect to a require_tls subsystem on the plain listener:
 #                           refused
-#   tls-optional-tls, tls-optional-plain   the optional listener takes both (kTLS sockets
-#                           appear only for the first)
-#   tls-discover            the discovery log gives the required listener treq "required"
-#                           and sectype tls13, the optional one "not required"/tls13, the
-#                           plain one sectype none
-#   host-tls-verify         bench --tls-key-file -> nvmet port with addr_tsas tls1.3, addr_treq
-#                           required (PSK in the guest's .nvme keyring), verified write+read
-#   host-tls-wrong-key      bench with another PSK: exits non-zero
+#   tls-discover            `nvme discover` (plain, on the discovery listener): the required
+#                           listener's entries carry treq "required" and sectype tls13, the
+#                           optional one's "not required"/tls13, the plain one's sectype none
+#   host-tls-verify         `flashpool bench --tls-key-file PSKFILE --hostnqn H` -> nvmet port
+#                           with addr_tsas tls1.3, addr_treq required (the PSK inserted for H
+#                           with both identities), verified write+read
+#   host-tls-wrong-key      bench with another PSK: exits non-zero, its message names TLS, the
+#                           handshake or the PSK
+#  A refusal check runs only after the accepted case it mirrors passed (else it fails: "not
+#  tried"), so a target that refuses everything cannot pass it.
 #
 # Env knobs:
 #   FLASHPOOL_BIN   the target (default ${CARGO_TARGET_DIR:-target}/release/flashpool)
@@ -113,11 +127,12 @@ GUEST_MODS="configfs nvme-keyring nvme-auth nvme-core nvme-fabrics nvme-tcp nvme
 NQN=nqn.2026-01.io.flashpool:secure
 NQN_A=$NQN-auth                 # require_auth; -HASH-GROUP: one hash and group allowed
 NQN_T1=$NQN-tls1; NQN_T2=$NQN-tls2; NQN_TW=$NQN-tls-wrong; NQN_TO=$NQN-tls-optional
+NQN_TP=$NQN-plain               # no PSK for this host: plain connects, whatever the listener allows
 NQN_RG=$NQN-guest-auth          # the guest's nvmet (B)
 NQN_RT=$NQN-guest-tls           # the guest's nvmet on its TLS port
 # hash:group of the auth-HASH-GROUP checks (every group once, every hash twice)
 COMBOS="sha256:null sha384:ffdhe2048 sha512:ffdhe3072 sha256:ffdhe4096 sha384:ffdhe6144 sha512:ffdhe8192"
-# the guest nvmet's hosts for B: NAME HASH GROUP BIDI(0|1)
+# the guest nvmet's hosts for B, NAME:HASH:GROUP:BIDI(0|1), one host NQN each
 REV_HOSTS="uni:sha256:null:0 bidi:sha256:ffdhe2048:1 sha384-ffdhe3072:sha384:ffdhe3072:1 sha512-ffdhe8192:sha512:ffdhe8192:0"
 
 AUTH_CHECKS="auth-uni auth-bidi $(for c in $COMBOS; do printf 'auth-%s-%s ' "${c%:*}" "${c#*:}"; done)
@@ -172,6 +187,7 @@ make_keys_and_config() {
   mkdir -p "$d"; chmod 700 "$d"
   {
     echo "[node]"; echo "reactors = $REACTORS"; echo "log = \"${TARGET_LOG_LEVEL:-info}\""
+    printf '\n[api]\nenabled = false\n'   # unused here; its default port may be taken
     listener "$IO_PORT" io; listener "$DISC_PORT" discovery
     if [ "$TLS" = 1 ]; then listener "$TLS_PORT" io required; listener "$TLS_OPT_PORT" io optional; fi
   } > "$RUN/target.toml"
@@ -210,7 +226,7 @@ dhchap_dhgroups = [\"$g\"]" >> "$RUN/target.toml"
   # C: configured PSKs; the guest gets the same ones (tls-wrong: another one)
   RT_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$(cat /proc/sys/kernel/random/uuid)
   {
-    echo "NQN_T1=$NQN_T1"; echo "NQN_T2=$NQN_T2"; echo "NQN_TW=$NQN_TW"; echo "NQN_TO=$NQN_TO"
+    echo "NQN_T1=$NQN_T1"; echo "NQN_T2=$NQN_T2"; echo "NQN_TW=$NQN_TW"; echo "NQN_TO=$NQN_TO"; echo "NQN_TP=$NQN_TP"
     echo "TLS_IO=$TLS_PORT"; echo "TLS_OPT=$TLS_OPT_PORT"; echo "NQN_RT=$NQN_RT"; echo "RT_HOSTNQN=$RT_HOSTNQN"
     echo "TK1=$(key tls1 NVMeTLSkey-1 01 32)"; echo "TK2=$(key tls2 NVMeTLSkey-1 02 48)"
     echo "TKW_GUEST=$(key tls-wrong-guest NVMeTLSkey-1 01 32)"; echo "TKO=$(key tls-optional NVMeTLSkey-1 01 32)"
@@ -221,6 +237,7 @@ dhchap_dhgroups = [\"$g\"]" >> "$RUN/target.toml"
     set -- $c
     subsystem "$1" "require_tls = $3" "tls_key_file = \"$d/$2\"" >> "$RUN/target.toml"
   done
+  subsystem "$NQN_TP" "require_tls = false" "" >> "$RUN/target.toml"
 }
 
 # ---------------------------------------------------------------- reverse direction
@@ -309,7 +326,7 @@ do_run() {
   trap cleanup EXIT
   if [ ! -x "$BIN" ] || [ ! -x "$BENCH_BIN" ]; then
     echo "flashpool binary not found at $BIN / $BENCH_BIN: run 'cargo build --release' first (or set FLASHPOOL_BIN)"
-    echo "0 passed, $(echo $AUTH_CHECKS $REV_CHECKS | wc -w) failed"; exit 1
+    echo "0 passed, $(echo $AUTH_CHECKS $REV_CHECKS $LOOP_CHECKS | wc -w) failed"; exit 1
   fi
   if [ "$TLS" = 0 ]; then tls_note="TLS=0"
   elif ! "$BENCH_BIN" bench --help 2>&1 | grep -q -- --tls-key-file; then
