@@ -1,3 +1,4 @@
+# shellcheck shell=dash disable=SC3043
 # tests/interop/guest-lib.sh -- shell functions for the /init of the interop guests (busybox
 # sh; guest_stage in guest.sh installs it as /etc/guest-lib.sh). Used by the /init of
 # tests/interop/run.sh and tests/interop/secure.sh.

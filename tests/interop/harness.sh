@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # tests/interop/harness.sh -- the host side shared by the guest suites (tests/interop/run.sh,
 # tests/interop/secure.sh): accelerator, free ports, the guest's serial log and its markers,
 # the control channel to the guest, `flashpool serve` start and stop, `flashpool bench` runs
