@@ -2,7 +2,8 @@
 # Sets up everything the tests need on a fresh Debian 12 machine (apt packages,
 # the Debian kernel for the QEMU guest, the nightly toolchain and cargo-fuzz)
 # and runs every suite: formatting and lints, unit and fault tests, a fuzz
-# smoke run, and the interop suite against the Linux kernel's NVMe/TCP host.
+# smoke run, and the interop suites against the Linux kernel's NVMe/TCP host
+# and target (Debian 12's kernel; Debian 13's for authentication and TLS).
 # Ends with one line: "N passed, N failed".
 #
 #   scripts/test-all.sh             # everything
@@ -11,6 +12,8 @@
 #                                         and no failover suite)
 #   SKIP_FAILOVER=1 scripts/test-all.sh  (no tests/failover/run.sh)
 #   SKIP_METRICS=1 scripts/test-all.sh   (no tests/metrics/run.sh)
+#   SKIP_SECURE=1 scripts/test-all.sh    (no tests/interop/secure.sh: DH-HMAC-CHAP and TLS
+#                                         against Debian 13's kernel)
 #   FUZZ_SECONDS=20 scripts/test-all.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +46,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   say "apt-get install (test dependencies)"
   # Quiet on success; a failed update or install shows apt's own error (logs in $LOG).
   scripts/apt-install.sh "$LOG" qemu-system-x86 nvme-cli busybox-static cpio kmod fio libisal-dev \
-    python3 fonts-dejavu-core iproute2 etcd-server etcd-client protobuf-compiler prometheus ||
+    python3 fonts-dejavu-core iproute2 etcd-server etcd-client protobuf-compiler prometheus xz-utils ||
     say "apt-get install failed (above); continuing with what is installed"
 fi
 
@@ -103,6 +106,14 @@ if [ "${SKIP_INTEROP:-0}" != 1 ]; then
   [ "${SKIP_CLUSTER:-0}" = 1 ] && export CLUSTER=0
   tests/interop/run.sh all 2>&1 | tee "$LOG/interop.txt" | grep -E 'RESULT|passed, .* failed|harness' || true
   count_suite interop "$LOG/interop.txt"
+fi
+
+# ---- 4b. secure: DH-HMAC-CHAP and NVMe/TCP TLS both ways against Debian 13's kernel (6.12,
+# nvme-cli 2.13, tlshd) in a guest of its own; its TLS checks SKIP while flashpool has no TLS
+if [ "${SKIP_SECURE:-0}" != 1 ]; then
+  say "secure suite (QEMU guest on Debian 13's kernel: DH-HMAC-CHAP, TLS)"
+  tests/interop/secure.sh all 2>&1 | tee "$LOG/secure.txt" | grep -E 'RESULT|SKIP|passed, .* failed' || true
+  count_suite secure "$LOG/secure.txt"
 fi
 
 # ---- 5. cluster harness: enclosure nodes in network namespaces (root); the cluster scenario

@@ -13,6 +13,7 @@
 # QEMU hostfwd 127.0.0.1:CTL_PORT -> guest:5555 ("DONE ACTION ok|fail ..."), as in
 # tests/interop/run.sh. Kernel log lines (nvme, block errors) are streamed as "@@K ..." and
 # I/O stalls as "@@IO ..." lines; the host stamps every serial line with its arrival time.
+. /etc/guest-lib.sh     # tests/interop/guest-lib.sh (wait_host; what follows keeps its own others)
 /bin/busybox --install -s
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 mount -t proc proc /proc; mount -t sysfs sysfs /sys
@@ -54,24 +55,8 @@ mount -t debugfs none /sys/kernel/debug 2> /dev/null \
     case $l in *nvme*|*"I/O error"*|*blk_update*|*"Buffer I/O"*|*EXT4*|*critical*) echo "@@K $l";; esac
   done ) &
 
-# ---- host orchestration: the marker, then "DONE ACTION ..." from the host (busybox nc)
-wait_host() {  # ACTION SECONDS [ARGS]
-  local ncpid i
-  rm -f /tmp/ctl; : > /tmp/ctl
-  nc -l -p 5555 > /tmp/ctl 2> /dev/null & ncpid=$!
-  sleep 0.1
-  echo "@@HOST $1${3:+ $3}"
-  i=0; HOSTSAYS=""
-  while [ $i -lt $(($2 * 10)) ]; do
-    if grep -q "^DONE $1 " /tmp/ctl; then HOSTSAYS=$(grep "^DONE $1 " /tmp/ctl | head -n1); break; fi
-    if ! kill -0 $ncpid 2> /dev/null; then nc -l -p 5555 > /tmp/ctl 2> /dev/null & ncpid=$!; fi
-    sleep 0.1; i=$((i+1))
-  done
-  kill $ncpid 2> /dev/null
-  log "host says: ${HOSTSAYS:-nothing (timeout ${2}s)}"
-  echo "@@HOST-ACK $1"
-  case "$HOSTSAYS" in "DONE $1 ok"*) return 0;; esac; return 1
-}
+# ---- host orchestration: wait_host (the marker, then "DONE ACTION ..." from the host) is
+# the one of /etc/guest-lib.sh
 NPASS=0; NFAIL=0
 res() {
   if [ "$2" = PASS ]; then NPASS=$((NPASS+1)); else NFAIL=$((NFAIL+1)); fi

@@ -83,13 +83,9 @@ do_build() {
 }
 
 # ---------------------------------------------------------------- run
-pick_accel() {
-  if [ "$ACCEL" != auto ]; then echo "$ACCEL"; return; fi
-  if [ -w /dev/kvm ] && [ ! -d /sys/module/kvm_pvm ] && grep -qE '\b(vmx|svm)\b' /proc/cpuinfo; then
-    echo kvm; else echo tcg; fi
-}
-port_busy() { (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
-free_port() { local p=$1; while port_busy "$p"; do p=$((p + 1)); done; echo "$p"; }
+# pick_accel, free_port: tests/interop/harness.sh (its hres, serial, send_ctl, answer_guest are
+# replaced by this suite's own below)
+. "$ROOT/tests/interop/harness.sh"
 HR=$RUN/host-results.txt
 hres() { echo "RESULT $1 $2${3:+ ($3)}" | tee -a "$HR"; }
 fpc_result() { hres "$@"; }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
-use nvme_wire::auth::dhchap::Secret;
+use nvme_wire::auth::dhchap::{DhGroup, HashId, Secret};
 use serde::Deserialize;
 
 /// `[[subsystem.host]]`: a host allowed on the subsystem, with the secrets
@@ -22,6 +22,14 @@ pub struct SubsystemHostSection {
     /// The controller's secret (bidirectional): the target proves it to a
     /// host that asks (`nvme connect --dhchap-ctrl-secret`).
     pub dhchap_ctrl_key_file: Option<PathBuf>,
+    /// Hash functions the controller may pick for this host, in its order
+    /// of preference (`"sha256"`, `"sha384"`, `"sha512"`); default all three.
+    /// The host offers its own list and the controller picks the first of
+    /// these that the host offers.
+    pub dhchap_hashes: Option<Vec<String>>,
+    /// DH groups likewise (`"null"`, `"ffdhe2048"` .. `"ffdhe8192"`);
+    /// default the FFDHE groups from 2048 up, then `"null"`.
+    pub dhchap_dhgroups: Option<Vec<String>>,
     /// The host's configured TLS PSK (`NVMeTLSkey-1:`): the host must then
     /// connect over TLS 1.3 (see `config::tls`).
     pub tls_key_file: Option<PathBuf>,
@@ -29,6 +37,70 @@ pub struct SubsystemHostSection {
     /// does (nvme-cli up to 2.15, e.g. Debian 13); see `config::tls`.
     #[serde(default)]
     pub tls_key_compat: bool,
+}
+
+/// The TOML spelling of a hash function: `hmac(sha256)` -> `sha256`.
+fn hash_name(h: HashId) -> &'static str {
+    h.name().trim_start_matches("hmac(").trim_end_matches(')')
+}
+
+/// `names` as values of `all` (spelled by `name`), in the given order: none
+/// unknown, none twice, not empty.
+fn pick<T: Copy + PartialEq>(
+    key: &str,
+    names: &[String],
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> Result<Vec<T>> {
+    let known = || {
+        all.iter()
+            .map(|&v| format!("{:?}", name(v)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if names.is_empty() {
+        bail!("config: {key} is empty; name at least one of {}", known());
+    }
+    let mut out = Vec::with_capacity(names.len());
+    for n in names {
+        let Some(&v) = all.iter().find(|&&v| name(v) == n.as_str()) else {
+            bail!("config: {key}: {n:?} is not known; use {}", known());
+        };
+        if out.contains(&v) {
+            bail!("config: {key}: {n:?} appears twice; name each once");
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// The controller's side of DH-HMAC-CHAP for the host of `[[subsystem.host]]`
+/// `h` (TOML key `key`), with its secrets and its `dhchap_hashes` /
+/// `dhchap_dhgroups` (default: everything, as `HostAuth::new`).
+pub fn host_auth(
+    key: &str,
+    h: &SubsystemHostSection,
+    host_key: Secret,
+    ctrl_key: Option<Secret>,
+) -> Result<nvmf_target::auth::HostAuth> {
+    let mut a = nvmf_target::auth::HostAuth::new(host_key, ctrl_key);
+    if let Some(names) = &h.dhchap_hashes {
+        a.hashes = pick(
+            &format!("{key}.dhchap_hashes"),
+            names,
+            &HashId::ALL,
+            hash_name,
+        )?;
+    }
+    if let Some(names) = &h.dhchap_dhgroups {
+        a.dh_groups = pick(
+            &format!("{key}.dhchap_dhgroups"),
+            names,
+            &DhGroup::ALL,
+            DhGroup::name,
+        )?;
+    }
+    Ok(a)
 }
 
 /// Reads and parses the secret in `path`, for the TOML key `key`. Refuses a

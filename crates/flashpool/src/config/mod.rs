@@ -936,7 +936,15 @@ fn subsystem(key: &str, s: &SubsystemSection, volumes: VolumeResolver<'_>) -> Re
             h.dhchap_ctrl_key_file.as_deref(),
         )?;
         match pair {
-            Some((host_key, ctrl_key)) => auth.push((h.nqn.clone(), host_key, ctrl_key)),
+            Some((host_key, ctrl_key)) => auth.push((
+                h.nqn.clone(),
+                auth::host_auth(&hkey, h, host_key, ctrl_key)?,
+            )),
+            None if h.dhchap_hashes.is_some() || h.dhchap_dhgroups.is_some() => bail!(
+                "config: {hkey} ({}): dhchap_hashes and dhchap_dhgroups choose how the host \
+                 authenticates, but it has no dhchap_key_file; add one or remove them",
+                h.nqn
+            ),
             None if s.require_auth => bail!(
                 "config: {hkey} ({}): subsystem {} has require_auth = true but this host has no \
                  dhchap_key_file; give it one or set require_auth = false",
@@ -1032,17 +1040,23 @@ fn subsystem(key: &str, s: &SubsystemSection, volumes: VolumeResolver<'_>) -> Re
         hosts,
         namespaces,
     );
-    for (nqn, host_key, ctrl_key) in auth {
+    for (nqn, a) in auth {
         tracing::info!(
             "subsystem {}: host {nqn} must authenticate (DH-HMAC-CHAP{})",
             s.nqn,
-            if ctrl_key.is_some() {
+            if a.ctrl_key.is_some() {
                 ", bidirectional"
             } else {
                 ""
             }
         );
-        sub.set_host_auth(nqn, nvmf_target::auth::HostAuth::new(host_key, ctrl_key));
+        tracing::debug!(
+            "subsystem {}: host {nqn} may use hashes {:?} and DH groups {:?}",
+            s.nqn,
+            a.hashes.iter().map(|h| h.name()).collect::<Vec<_>>(),
+            a.dh_groups.iter().map(|g| g.name()).collect::<Vec<_>>()
+        );
+        sub.set_host_auth(nqn, a);
     }
     tls::apply(key, s, &mut sub)?;
     Ok(sub)
@@ -1487,5 +1501,74 @@ mod node_tests {
         assert!(e.contains("appears twice"), "{e}");
         let e = super::tests::err(&sub(&host(H1, &format!("dhchap_ctrl_key_file = {c:?}"))));
         assert!(e.contains("add dhchap_key_file"), "{e}");
+    }
+
+    /// `dhchap_hashes` / `dhchap_dhgroups`: what the controller may pick for
+    /// a host, in its order; unknown, repeated or missing names are refused.
+    #[test]
+    fn subsystem_host_hashes_and_groups() {
+        use super::auth::tests::{KEY1, key_dir, write};
+        use nvme_wire::auth::dhchap::{DhGroup, HashId};
+        let k = write(&key_dir(), "k", KEY1, 0o600);
+        const H1: &str = "nqn.2014-08.org.nvmexpress:uuid:1";
+        let sub = |extra: &str| {
+            format!(
+                "[[subsystem]]\nnqn = \"nqn.2026-01.io.flashpool:a\"\nrequire_auth = true\n\
+                 [[subsystem.host]]\nnqn = \"{H1}\"\ndhchap_key_file = {k:?}\n{extra}\n\
+                 [[subsystem.namespace]]\nnsid = 1\nbackend = \"null\"\nsize = 4096\n"
+            )
+        };
+        let auth = |extra: &str| {
+            let b = build(&parse(&sub(extra), "t").unwrap(), &|_, _, _| {
+                VolumeNamespace::Unknown
+            })
+            .unwrap();
+            b.subsystems[0].host_auth(H1).unwrap()
+        };
+        // Default: every hash and group, FFDHE first.
+        let a = auth("");
+        assert_eq!(a.hashes, HashId::ALL);
+        assert_eq!(a.dh_groups[0], DhGroup::Ffdhe2048);
+        assert_eq!(a.dh_groups.len(), 6);
+        let a = auth(
+            "dhchap_hashes = [\"sha512\", \"sha256\"]\ndhchap_dhgroups = [\"null\", \"ffdhe8192\"]",
+        );
+        assert_eq!(a.hashes, [HashId::Sha512, HashId::Sha256]);
+        assert_eq!(a.dh_groups, [DhGroup::Null, DhGroup::Ffdhe8192]);
+        let a = auth("dhchap_dhgroups = [\"ffdhe3072\"]");
+        assert_eq!(a.dh_groups, [DhGroup::Ffdhe3072]);
+        assert_eq!(a.hashes, HashId::ALL);
+        // Refusals name the key, the value and what is known.
+        for (toml, want) in [
+            (
+                r#"dhchap_hashes = ["md5"]"#,
+                &[
+                    "subsystem[0].host[0].dhchap_hashes",
+                    r#""md5" is not known"#,
+                    r#""sha384""#,
+                ][..],
+            ),
+            (r#"dhchap_hashes = ["hmac(sha256)"]"#, &["is not known"]),
+            (
+                r#"dhchap_dhgroups = ["ffdhe1024"]"#,
+                &[
+                    "dhchap_dhgroups",
+                    r#""ffdhe1024" is not known"#,
+                    r#""null""#,
+                ],
+            ),
+            (r#"dhchap_dhgroups = ["null", "null"]"#, &["appears twice"]),
+            ("dhchap_hashes = []", &["dhchap_hashes is empty"]),
+            (r#"dhchap_dhgroups = "null""#, &["dhchap_dhgroups"]),
+        ] {
+            let e = super::tests::err(&sub(toml));
+            assert!(want.iter().all(|w| e.contains(w)), "{toml}: {e}");
+        }
+        // Without a secret they would choose nothing.
+        let e = super::tests::err(&format!(
+            "[[subsystem]]\nnqn = \"nqn.2026-01.io.flashpool:a\"\n\
+             [[subsystem.host]]\nnqn = \"{H1}\"\ndhchap_hashes = [\"sha256\"]\n"
+        ));
+        assert!(e.contains("no dhchap_key_file"), "{e}");
     }
 }
