@@ -6,7 +6,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use nvme_wire::tls_psk::{ConfiguredPsk, Derivation, PskIdentity};
+use nvme_wire::tls_psk::{ConfiguredPsk, Derivation, PskHash, PskIdentity};
 use openssl::ex_data::Index;
 use openssl::ssl::{Ssl, SslContext, SslContextRef, SslMethod, SslOptions};
 use openssl_sys::{SSL, SSL_SESSION};
@@ -75,7 +75,23 @@ impl TlsAcceptor {
         };
         match r {
             Err(_) => return Err(TlsError::Timeout(timeout)),
-            Ok(Err(e)) => return Err(TlsError::Handshake(format!("{}{who}", handshake_error(e)))),
+            Ok(Err(e)) => {
+                let why = handshake_error(e);
+                // GnuTLS before 3.8.10 (tlshd on Debian 13 and the like)
+                // computes every PSK binder with SHA-256, so a SHA-384 PSK's
+                // binder has the wrong length and OpenSSL calls it a bad
+                // extension.
+                let hint = match lookup {
+                    Some(Lookup::Chosen(id))
+                        if id.hash == PskHash::Sha384 && why.contains("bad extension") =>
+                    {
+                        "; a SHA-384 PSK with a binder of the wrong length: GnuTLS before \
+                         3.8.10 (tlshd) computes it with SHA-256, use a hash 01 key with such hosts"
+                    }
+                    _ => "",
+                };
+                return Err(TlsError::Handshake(format!("{why}{who}{hint}")));
+            }
             Ok(Ok(())) => {}
         }
         // The only way in is our PSK: a session not resumed from it did not use one.
