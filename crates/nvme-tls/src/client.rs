@@ -61,7 +61,8 @@ pub async fn connect(
     let mut ssl = Ssl::new(&ctx)?;
     let identity = psk.identity().to_string();
     ssl.set_ex_data(psk_index(), psk);
-    let mut s = tokio_openssl::SslStream::new(ssl, tcp)?;
+    // The host's non-blocking writes go straight to the socket.
+    let mut s = tokio_openssl::SslStream::new(ssl, crate::coalesce::Coalesce::new(tcp, 0))?;
     match tokio::time::timeout(timeout, std::pin::Pin::new(&mut s).connect()).await {
         Err(_) => Err(TlsError::Timeout(timeout)),
         Ok(Err(e)) => Err(TlsError::Handshake(format!(

@@ -11,6 +11,7 @@
 //! after the handshake and treats any later handshake record as an error.
 
 mod client;
+mod coalesce;
 mod ffi;
 mod server;
 mod stream;

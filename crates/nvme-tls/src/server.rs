@@ -65,6 +65,8 @@ impl TlsAcceptor {
     /// Runs the server handshake on `tcp`, within `timeout`.
     pub async fn accept(&self, tcp: TcpStream, timeout: Duration) -> Result<Accepted, TlsError> {
         let ssl = Ssl::new(&self.ctx)?;
+        // Records of one flush leave together (see coalesce.rs).
+        let tcp = crate::coalesce::Coalesce::new(tcp, 64 * 1024);
         let mut s = tokio_openssl::SslStream::new(ssl, tcp)?;
         let r = tokio::time::timeout(timeout, std::pin::Pin::new(&mut s).accept()).await;
         let lookup = s.ssl().ex_data(lookup_index());

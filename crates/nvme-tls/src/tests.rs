@@ -107,6 +107,8 @@ async fn try_calls_follow_readiness() {
         std::io::ErrorKind::WouldBlock
     );
     srv.write_all(&[9u8; 40]).await.unwrap();
+    // the target side gathers records until it flushes
+    srv.flush().await.unwrap();
     std::future::poll_fn(|cx| c.poll_read_ready(cx))
         .await
         .unwrap();

@@ -86,7 +86,8 @@ impl OutQueue {
             self.consume(n, pool);
         }
         self.bytes.clear();
-        Ok(())
+        // A TLS stream gathers records until flushed; plain TCP: nothing.
+        stream.flush().await
     }
 
     fn consume(&mut self, mut n: usize, pool: &mut BufPool) {
