@@ -179,6 +179,24 @@ async fn wrong_key_unknown_host_and_plain_tcp_are_refused() {
     ));
 }
 
+/// What the child prints until `needle` appears (or it stops, or T passes).
+async fn read_until(child: &mut tokio::process::Child, needle: &str) -> String {
+    let mut so = child.stdout.take().unwrap();
+    let mut out = String::new();
+    let _ = tokio::time::timeout(T, async {
+        let mut b = [0u8; 64];
+        while !out.contains(needle) {
+            let n = so.read(&mut b).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            out.push_str(&String::from_utf8_lossy(&b[..n]));
+        }
+    })
+    .await;
+    out
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -221,19 +239,7 @@ async fn openssl_s_client_connects_with_the_derived_psk() {
         .unwrap()
         .unwrap();
     assert_eq!(&got, b"ping!\n");
-    let mut out = String::new();
-    let mut so = child.stdout.take().unwrap();
-    let _ = tokio::time::timeout(T, async {
-        let mut b = [0u8; 64];
-        while !out.contains("pong") {
-            let n = so.read(&mut b).await.unwrap();
-            if n == 0 {
-                break;
-            }
-            out.push_str(&String::from_utf8_lossy(&b[..n]));
-        }
-    })
-    .await;
+    let out = read_until(&mut child, "pong").await;
     drop(stdin);
     let _ = child.kill().await;
     assert!(out.contains("pong"), "s_client printed {out:?}");
@@ -278,19 +284,7 @@ async fn openssl_s_server_accepts_our_client() {
     .await
     .unwrap();
     c.write_all(b"from-host\n").await.unwrap();
-    let mut so = child.stdout.take().unwrap();
-    let mut out = String::new();
-    let _ = tokio::time::timeout(T, async {
-        let mut b = [0u8; 64];
-        while !out.contains("from-host") {
-            let n = so.read(&mut b).await.unwrap();
-            if n == 0 {
-                break;
-            }
-            out.push_str(&String::from_utf8_lossy(&b[..n]));
-        }
-    })
-    .await;
+    let out = read_until(&mut child, "from-host").await;
     let _ = child.kill().await;
     assert!(out.contains("from-host"), "s_server printed {out:?}");
 }

@@ -18,7 +18,8 @@
 //! way, so a target must speak both: [`Derivation::LibnvmeCompat`].
 
 use base64::Engine;
-use hmac::{KeyInit, Mac};
+
+use crate::auth::dhchap::HashId;
 
 /// How HKDF-Expand-Label's info is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,17 +98,11 @@ impl PskHash {
     }
 
     fn hmac(self, key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-        fn run<M: Mac + KeyInit>(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-            let mut m = <M as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
-            for p in parts {
-                m.update(p);
-            }
-            m.finalize().into_bytes().to_vec()
-        }
-        match self {
-            PskHash::Sha256 => run::<hmac::Hmac<sha2::Sha256>>(key, parts),
-            PskHash::Sha384 => run::<hmac::Hmac<sha2::Sha384>>(key, parts),
-        }
+        let h = match self {
+            PskHash::Sha256 => HashId::Sha256,
+            PskHash::Sha384 => HashId::Sha384,
+        };
+        h.hmac(key, parts)
     }
 }
 
