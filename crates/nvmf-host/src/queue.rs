@@ -389,9 +389,16 @@ impl Drop for Wait<'_> {
 
 /// ICReq out, ICResp (or a C2HTermReq) in.
 async fn initialize(stream: &mut Stream, addr: SocketAddr, want_dgst: u8) -> Result<Negotiated> {
+    // A listener that requires TLS closes a plain connection at its ICReq.
+    let hint = if stream.is_tls() {
+        ""
+    } else {
+        " (a target listener with tls = \"required\" closes plain connections: give this \
+         host its TLS key)"
+    };
     let lost = |e: std::io::Error| HostError::ConnectionLost {
         addr,
-        msg: format!("during connection initialization: {e}"),
+        msg: format!("during connection initialization: {e}{hint}"),
     };
     let req = ICReq {
         pfv: 0,

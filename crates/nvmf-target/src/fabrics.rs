@@ -368,6 +368,17 @@ mod tests {
         }
     }
 
+    /// An admin queue Connect (qid 0, 32 entries, no keep-alive).
+    fn admin_connect() -> ConnectCmd {
+        ConnectCmd {
+            recfmt: 0,
+            qid: 0,
+            sqsize: 31,
+            cattr: 0,
+            kato_ms: 0,
+        }
+    }
+
     fn data(subnqn: &str, hostnqn: &str) -> [u8; 1024] {
         ConnectData {
             hostid: [7; 16],
@@ -391,13 +402,7 @@ mod tests {
         let t = Target::new(Default::default(), vec![Arc::new(sub)]);
         let seen = Arc::new(Seen::default());
         t.set_connect_observer(seen.clone());
-        let cmd = ConnectCmd {
-            recfmt: 0,
-            qid: 0,
-            sqsize: 31,
-            cattr: 0,
-            kato_ms: 0,
-        };
+        let cmd = admin_connect();
         let c = connect(
             &t,
             &cmd,
@@ -465,13 +470,7 @@ mod tests {
         );
         b.set_require_tls(true);
         let t = Target::new(Default::default(), vec![Arc::new(a), Arc::new(b)]);
-        let cmd = ConnectCmd {
-            recfmt: 0,
-            qid: 0,
-            sqsize: 31,
-            cattr: 0,
-            kato_ms: 0,
-        };
+        let cmd = admin_connect();
         let (id_a, _) = key.derive("nqn.test:h", "nqn.test:a", 0);
         let p = "10.0.0.9:1";
         // the identity's own association
