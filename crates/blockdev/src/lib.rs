@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 
 pub use buf::{AlignedBuf, SharedBuf, SplitBuf, VIEW_ALIGN};
 pub use file::{FileDevice, FileOptions};
-pub use mem::MemDevice;
+pub use mem::{MemAllocation, MemDevice};
 pub use null::NullDevice;
 
 /// Size of a device: logical block size in bytes and number of blocks.

@@ -141,7 +141,11 @@ impl Conn {
             rx_start: 0,
             rx_end: 0,
             rx_data: None,
-            out: Out::default(),
+            out: if sh.p.pdu_per_write {
+                Out::one_pdu_per_write()
+            } else {
+                Out::default()
+            },
             batch: Vec::with_capacity(depth),
             done: Vec::with_capacity(depth),
             wakers: Vec::with_capacity(depth),
@@ -305,6 +309,7 @@ impl Conn {
             data_error: None,
         });
         self.table.count += 1;
+        self.out.begin_pdu();
         self.out.push_small(&b[..n]);
         if in_capsule {
             self.out.push_data(s.cid, 0, len);
@@ -381,6 +386,7 @@ impl Conn {
                 datal: n as u32,
             }
             .encode_pdu(off + n == end, dm, neg.cpda, &mut b);
+            self.out.begin_pdu();
             self.out.push_small(&b[..pdo]);
             self.out.push_data(r.cccid, off, off + n);
             f.out_refs += 1;
@@ -858,6 +864,7 @@ impl Conn {
                         fei: *fei,
                     }
                     .encode(PduType::H2CTermReq, hdr, &mut b);
+                    self.out.begin_pdu();
                     self.out.push_small(&b[..n.min(TERMREQ_HLEN)]);
                     if n > TERMREQ_HLEN {
                         // The offending header may exceed one inline segment.

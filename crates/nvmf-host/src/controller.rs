@@ -57,6 +57,14 @@ pub struct HostOptions {
     /// waking a sleeping thread costs tens to hundreds of microseconds on
     /// small VMs. Burns CPU while it polls; 0 (the default) never polls.
     pub poll_us: u32,
+    /// Put at most this many bytes of write data inside a command capsule
+    /// (less if the controller's IOCCSZ allows less); more goes by R2T.
+    /// None: as much as the controller allows.
+    pub in_capsule_max: Option<u32>,
+    /// Hand each PDU to the kernel in a write of its own instead of
+    /// gathering whatever is queued into one writev (benchmarks: the
+    /// send pattern of a client that does not batch).
+    pub pdu_per_write: bool,
     /// Connect no I/O queue in `connect`; the caller adds each with
     /// [`Controller::add_io_queue`] on the runtime (thread) that will use it.
     pub lazy_io_queues: bool,
@@ -99,6 +107,8 @@ impl Default for HostOptions {
             timeout: Duration::from_secs(10),
             disable_sqflow: true,
             poll_us: 0,
+            in_capsule_max: None,
+            pdu_per_write: false,
             lazy_io_queues: false,
             dhchap: None,
             tls: None,
@@ -206,6 +216,7 @@ impl Controller {
                 timeout: opts.timeout,
                 icd_limit: ADMIN_IN_CAPSULE,
                 poll: Duration::ZERO,
+                pdu_per_write: false,
                 tls: tls_channel(&opts, subnqn),
             })
             .await?,
@@ -344,8 +355,14 @@ impl Controller {
             hdr_digest: self.opts.hdr_digest,
             data_digest: self.opts.data_digest,
             timeout: self.opts.timeout,
-            icd_limit: self.info.in_capsule_data(),
+            icd_limit: self
+                .opts
+                .in_capsule_max
+                .map_or(self.info.in_capsule_data(), |m| {
+                    m.min(self.info.in_capsule_data())
+                }),
             poll: Duration::from_micros(u64::from(self.opts.poll_us)),
+            pdu_per_write: self.opts.pdu_per_write,
             tls: tls_channel(&self.opts, &self.subnqn),
         })
         .await?;

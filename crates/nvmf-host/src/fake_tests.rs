@@ -66,6 +66,7 @@ fn params(addr: SocketAddr, hd: bool, dd: bool) -> QueueParams {
         timeout: Duration::from_secs(5),
         icd_limit: 0,
         poll: Duration::ZERO,
+        pdu_per_write: false,
         tls: None,
     }
 }

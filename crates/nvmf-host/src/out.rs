@@ -39,15 +39,40 @@ pub(crate) trait DataSource {
 #[derive(Default)]
 pub(crate) struct Out {
     segs: VecDeque<Seg>,
+    /// Some: the bytes left of each queued PDU, so that one write ends at
+    /// the end of a PDU (a client that does not batch, for benchmarks).
+    pdus: Option<VecDeque<usize>>,
 }
 
 impl Out {
+    /// A queue whose writes carry one PDU each.
+    pub fn one_pdu_per_write() -> Self {
+        Out {
+            segs: VecDeque::new(),
+            pdus: Some(VecDeque::new()),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.segs.is_empty()
     }
 
+    /// What is pushed from here on belongs to a new PDU.
+    pub fn begin_pdu(&mut self) {
+        if let Some(p) = self.pdus.as_mut() {
+            p.push_back(0);
+        }
+    }
+
+    fn count(&mut self, n: usize) {
+        if let Some(last) = self.pdus.as_mut().and_then(|p| p.back_mut()) {
+            *last += n;
+        }
+    }
+
     pub fn push_small(&mut self, bytes: &[u8]) {
         debug_assert!(bytes.len() <= SMALL);
+        self.count(bytes.len());
         if let Some(Seg::Small { b, end, .. }) = self.segs.back_mut() {
             let e = usize::from(*end);
             if SMALL - e >= bytes.len() {
@@ -68,6 +93,7 @@ impl Out {
     /// Queues bytes `start..end` of command `cid`'s buffer.
     pub fn push_data(&mut self, cid: u16, start: usize, end: usize) {
         if end > start {
+            self.count(end - start);
             self.segs.push_back(Seg::Data { cid, start, end });
         }
     }
@@ -79,22 +105,41 @@ impl Out {
         iov: &mut [IoSlice<'a>; MAX_IOVECS],
     ) -> usize {
         let mut n = 0;
+        let mut cap = self
+            .pdus
+            .as_ref()
+            .and_then(|p| p.iter().copied().find(|&l| l > 0))
+            .unwrap_or(usize::MAX);
         for s in self.segs.iter().take(MAX_IOVECS) {
-            iov[n] = match s {
-                Seg::Small { b, start, end } => {
-                    IoSlice::new(&b[usize::from(*start)..usize::from(*end)])
-                }
-                Seg::Data { cid, start, end } => {
-                    IoSlice::new(src.data(*cid).get(*start..*end).unwrap_or(&[]))
-                }
+            let b: &[u8] = match s {
+                Seg::Small { b, start, end } => &b[usize::from(*start)..usize::from(*end)],
+                Seg::Data { cid, start, end } => src.data(*cid).get(*start..*end).unwrap_or(&[]),
             };
+            let b = &b[..b.len().min(cap)];
+            iov[n] = IoSlice::new(b);
             n += 1;
+            cap -= b.len();
+            if cap == 0 {
+                break;
+            }
         }
         n
     }
 
     /// Drops `n` written bytes from the front.
     pub fn consume(&mut self, mut n: usize, src: &mut impl DataSource) {
+        if let Some(p) = self.pdus.as_mut() {
+            let mut left = n;
+            while let Some(front) = p.front_mut() {
+                let k = left.min(*front);
+                *front -= k;
+                left -= k;
+                if *front > 0 {
+                    break;
+                }
+                p.pop_front();
+            }
+        }
         while n > 0 {
             let Some(front) = self.segs.front_mut() else {
                 return;
@@ -127,6 +172,9 @@ impl Out {
     /// Forgets everything queued (the connection is closing).
     pub fn clear(&mut self) {
         self.segs.clear();
+        if let Some(p) = self.pdus.as_mut() {
+            p.clear();
+        }
     }
 }
 
@@ -195,5 +243,31 @@ mod tests {
             assert_eq!(drain(&mut o, &mut src, chunk), want, "chunk {chunk}");
             assert_eq!(src.1, vec![0, 1]);
         }
+    }
+
+    #[test]
+    fn one_pdu_per_write_stops_each_write_at_a_pdu_end() {
+        let mut src = Bufs(vec![vec![7u8; 1000], vec![9u8; 10]], Vec::new());
+        let mut o = Out::one_pdu_per_write();
+        o.begin_pdu();
+        o.push_small(&[1; 72]);
+        o.begin_pdu();
+        o.push_small(&[2; 24]);
+        o.push_data(0, 0, 1000);
+        o.begin_pdu();
+        o.push_small(&[3; 72]);
+        o.push_data(1, 0, 10);
+        let mut writes = Vec::new();
+        // a short write in the middle of the second PDU: the next one ends it
+        for short in [usize::MAX, 500, usize::MAX, usize::MAX] {
+            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+            let n = o.fill_iov(&src, &mut iov);
+            let len: usize = iov[..n].iter().map(|s| s.len()).sum::<usize>().min(short);
+            writes.push(len);
+            o.consume(len, &mut src);
+        }
+        assert_eq!(writes, vec![72, 500, 524, 82]);
+        assert!(o.is_empty());
+        assert_eq!(src.1, vec![0, 1]);
     }
 }

@@ -67,6 +67,8 @@ pub(crate) struct QueueParams {
     pub icd_limit: u32,
     /// Keep polling the socket this long after activity before sleeping (0: never poll).
     pub poll: Duration,
+    /// One PDU per write system call (see `HostOptions::pdu_per_write`).
+    pub pdu_per_write: bool,
     /// Open a TLS 1.3 channel before the ICReq.
     pub tls: Option<TlsChannel>,
 }

@@ -115,6 +115,15 @@ pub struct BenchArgs {
     /// sleeping (saves the wake-up of an idle CPU; burns the bench CPU while it polls).
     #[arg(long, default_value_t = 0)]
     poll_us: u32,
+    /// tcp: put at most this much write data in a command capsule (less if the
+    /// target's IOCCSZ allows less); larger writes go by R2T and H2CData. 0: every
+    /// write by R2T. [default: what the target allows]
+    #[arg(long, value_name = "BYTES", value_parser = parse_in_capsule)]
+    in_capsule: Option<u32>,
+    /// tcp: hand each PDU to the kernel in a write of its own, the way a client
+    /// that does not batch sends (default: one writev for whatever is queued).
+    #[arg(long)]
+    pdu_per_write: bool,
     /// tcp: how the jobs reach the target: `queue`, one I/O queue per job on the job's own
     /// thread; `remote`, one shared RemoteDevice (the path volumes take to remote drives:
     /// queues on its own runtime, keep-alive, timeouts, reconnect with one retry).
@@ -157,6 +166,12 @@ pub struct BenchArgs {
     /// No progress line.
     #[arg(long, short)]
     quiet: bool,
+}
+
+/// `--in-capsule`: a size ("8k", "4096", "0").
+fn parse_in_capsule(s: &str) -> std::result::Result<u32, String> {
+    let n = spec::parse_size(s).map_err(|e| e.to_string())?;
+    u32::try_from(n).map_err(|_| format!("{s} is more than a capsule can hold"))
 }
 
 impl BenchArgs {
@@ -270,6 +285,8 @@ impl BenchArgs {
                     identity_version: self.tls_identity,
                 }),
             poll_us: self.poll_us,
+            in_capsule: self.in_capsule,
+            pdu_per_write: self.pdu_per_write,
             engine: self.engine,
             queues,
             fail_after,
@@ -480,6 +497,8 @@ async fn open(target: &Target, w: &Workload) -> Result<Device> {
                 queue_depth: w.qd.clamp(2, u32::from(u16::MAX)) as u16,
                 lazy_io_queues: true,
                 poll_us: w.poll_us,
+                in_capsule_max: w.in_capsule,
+                pdu_per_write: w.pdu_per_write,
                 ..HostOptions::default()
             };
             if let Some(h) = &w.hostnqn {

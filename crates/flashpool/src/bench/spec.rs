@@ -193,6 +193,10 @@ pub struct Workload {
     pub tls: Option<nvmf_host::TlsKey>,
     /// Host-side adaptive polling window, microseconds.
     pub poll_us: u32,
+    /// Most write data in a command capsule; None: what the target allows.
+    pub in_capsule: Option<u32>,
+    /// One PDU per write system call.
+    pub pdu_per_write: bool,
     /// How the jobs reach a tcp:// target.
     pub engine: Engine,
     /// `Engine::Remote`: I/O queues of the shared device; `None`: one per job.
@@ -252,6 +256,8 @@ impl Default for Workload {
             dhchap: None,
             tls: None,
             poll_us: 0,
+            in_capsule: None,
+            pdu_per_write: false,
             engine: Engine::Queue,
             queues: None,
             fail_after: None,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice, NullDevice};
+use blockdev::{BlockDevice, FileDevice, FileOptions, MemAllocation, MemDevice, NullDevice};
 use nvmf_target::{ListenerConfig, ListenerKind, Namespace, Subsystem, TransportConfig};
 use serde::Deserialize;
 
@@ -138,6 +138,9 @@ pub struct DriveSection {
     /// fails (a `spare_taken` event says which).
     #[serde(default)]
     pub spare: bool,
+    /// backend = "mem": false allocates all the RAM up front (in the
+    /// background, from the start); true (the default) on first write.
+    pub thin: Option<bool>,
 }
 
 /// `[scrub]`: scrub every redundant volume on a schedule.
@@ -415,6 +418,20 @@ pub struct NamespaceSection {
     pub nguid: Option<String>,
     /// For backend = "volume": the volume's name.
     pub volume: Option<String>,
+    /// backend = "mem": false allocates all the RAM up front (in the
+    /// background, from the start); true (the default) on first write.
+    pub thin: Option<bool>,
+}
+
+/// `thin` of a drive or namespace: only a `mem` backend has the choice.
+fn mem_thin(key: &str, backend: &str, thin: Option<bool>) -> anyhow::Result<Option<bool>> {
+    if thin.is_some() && backend != "mem" {
+        bail!(
+            "config: {key}.thin is only for backend = \"mem\" (a RAM device allocated on first \
+             write or up front); remove it"
+        );
+    }
+    Ok(thin)
 }
 
 fn bs512() -> u32 {
@@ -632,6 +649,7 @@ pub fn node_specs(
             export: d.export,
             export_hosts: d.export_hosts.clone(),
             url: d.url.clone(),
+            preallocate: mem_thin(&key, &d.backend, d.thin)?.is_some_and(|t| !t),
         });
     }
     let mut volumes = Vec::new();
@@ -1089,10 +1107,19 @@ fn device(key: &str, n: &NamespaceSection) -> Result<Arc<dyn BlockDevice>> {
     if n.path.is_some() && n.backend != "file" {
         bail!("config: {key}.path is only for backend = \"file\"; remove it or change the backend");
     }
+    let thin = mem_thin(&key, &n.backend, n.thin)?;
     let dev: Arc<dyn BlockDevice> = match n.backend.as_str() {
         "mem" => Arc::new(
-            MemDevice::new(need_size()?, n.block_size)
-                .map_err(|e| anyhow::anyhow!("config: {key}: {e}"))?,
+            MemDevice::with_allocation(
+                need_size()?,
+                n.block_size,
+                if thin == Some(false) {
+                    MemAllocation::Full
+                } else {
+                    MemAllocation::Ahead
+                },
+            )
+            .map_err(|e| anyhow::anyhow!("config: {key}: {e}"))?,
         ),
         "null" => Arc::new(
             NullDevice::new(need_size()?, n.block_size)
@@ -1345,6 +1372,23 @@ mod tests {
             "[[listener]]\naddress = \"localhost\"\nport = 1\n[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n{NS}"
         ));
         assert!(e.contains("listener[0].address"), "{e}");
+    }
+
+    #[test]
+    fn thin_is_for_mem_and_false_allocates_up_front() {
+        let sub = "[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\n";
+        let e = err(&format!("{sub}backend = \"null\"\nsize = \"1MiB\"\nthin = false\n"));
+        assert!(e.contains("thin is only for backend = \"mem\""), "{e}");
+        let e = err("[[drive]]\nname = \"d0\"\nbackend = \"file\"\npath = \"/x\"\nthin = true\n");
+        assert!(e.contains("drive[0].thin is only for"), "{e}");
+        let c = parse(&format!("{sub}backend = \"mem\"\nsize = \"4MiB\"\nthin = false\n"), "t.toml").unwrap();
+        let built = build(&c, &|_, _, _| VolumeNamespace::Unknown).unwrap();
+        let ns = &built.subsystems[0].namespaces()[0];
+        assert!(ns.dev.describe().contains("thick"), "{}", ns.dev.describe());
+        let c = parse(&format!("{sub}backend = \"mem\"\nsize = \"4MiB\"\n"), "t.toml").unwrap();
+        let built = build(&c, &|_, _, _| VolumeNamespace::Unknown).unwrap();
+        let ns = &built.subsystems[0].namespaces()[0];
+        assert!(ns.dev.describe().contains("thin"), "{}", ns.dev.describe());
     }
 
     #[test]

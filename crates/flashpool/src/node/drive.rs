@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use blockdev::{
     BlockDevice, BlockError, BlockOp, FileDevice, FileOptions, Geometry, IoFuture, IoRequest,
-    MemDevice, RecordKind,
+    MemAllocation, MemDevice, RecordKind,
 };
 
 /// A drive as the TOML file declares it.
@@ -25,6 +25,8 @@ pub struct DriveSpec {
     pub export_hosts: Vec<String>,
     /// backend = "remote": where it is (None: resolved from `peer:drive`).
     pub url: Option<String>,
+    /// backend = "mem": all the RAM up front (`thin = false`), else on first write.
+    pub preallocate: bool,
 }
 
 pub struct Drive {
@@ -62,7 +64,15 @@ impl DriveSpec {
                 let size = self.size.ok_or_else(|| {
                     format!("{key}: a mem drive needs a size, e.g. size = \"1GiB\"")
                 })?;
-                Arc::new(MemDevice::new(size, self.block_size).map_err(|e| format!("{key}: {e}"))?)
+                let alloc = if self.preallocate {
+                    MemAllocation::Full
+                } else {
+                    MemAllocation::Ahead
+                };
+                Arc::new(
+                    MemDevice::with_allocation(size, self.block_size, alloc)
+                        .map_err(|e| format!("{key}: {e}"))?,
+                )
             }
             "file" => {
                 let path = self.path.clone().ok_or_else(|| {

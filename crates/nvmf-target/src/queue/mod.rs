@@ -148,6 +148,9 @@ pub struct QueueCore {
     aers: VecDeque<u16>,
     pool: BufPool,
     last_touch: Instant,
+    /// The transport's clock for this batch of PDUs or completions (see
+    /// `tick`); None: read the clock at each command.
+    now: Option<Instant>,
 }
 
 impl QueueCore {
@@ -170,6 +173,7 @@ impl QueueCore {
             connecting: false,
             sqhd: 0,
             last_touch: Instant::now(),
+            now: None,
             target,
             peer,
             local_ip,
@@ -266,6 +270,19 @@ impl QueueCore {
         let b = self.bound.as_ref()?;
         let kato = b.ctrl.kato_ms();
         (kato > 0 && b.ctrl.idle_ms() >= u64::from(kato)).then_some(kato)
+    }
+
+    /// The transport took in a batch of PDUs or completions now: the
+    /// commands it starts and ends are timed from here, one clock read per
+    /// batch instead of two per command (a few percent of a 4 KiB read).
+    pub fn tick(&mut self) -> Instant {
+        let now = Instant::now();
+        self.now = Some(now);
+        now
+    }
+
+    fn clock(&self) -> Instant {
+        self.now.unwrap_or_else(Instant::now)
     }
 
     /// Traffic on an I/O queue counts as keep-alive (TBKAS); the shared
@@ -431,7 +448,7 @@ impl QueueCore {
             record_io(
                 &ns.stats,
                 sqe.opcode,
-                slot.started,
+                self.clock().saturating_duration_since(slot.started),
                 len,
                 done.result.is_ok(),
             );
@@ -880,7 +897,7 @@ impl QueueCore {
             return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t);
         }
         let slot = &mut self.slots[usize::from(i)];
-        slot.started = Instant::now();
+        slot.started = self.now.unwrap_or_else(Instant::now);
         let sqe = slot.sqe;
         let planned = self
             .target
@@ -1048,8 +1065,7 @@ impl QueueCore {
 
 /// Counts a finished Read or Write in its namespace's stats.
 #[inline]
-fn record_io(s: &NsIoStats, opcode: u8, started: Instant, len: usize, ok: bool) {
-    let took = started.elapsed();
+fn record_io(s: &NsIoStats, opcode: u8, took: std::time::Duration, len: usize, ok: bool) {
     if opcode == io_opc::READ {
         if ok {
             s.reads.fetch_add(1, Relaxed);

@@ -8,6 +8,8 @@
 //! body is awaited. Send: responses are coalesced in `out` and written once
 //! per loop turn.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -70,7 +72,7 @@ pub(crate) struct Conn {
     /// A fatal transport error or a host TermReq ends the connection.
     end: Option<End>,
     /// Set once the core is bound to a controller: its teardown signal.
-    kill: Option<watch::Receiver<Option<FreeReason>>>,
+    kill: Option<Signal<FreeReason>>,
     /// A large H2CData payload being read straight into its command's buffer.
     direct: Option<DirectRx>,
     rx: Vec<u8>,
@@ -156,7 +158,11 @@ impl Conn {
         }
     }
 
-    async fn run(&mut self, mut shutdown: watch::Receiver<bool>) -> End {
+    async fn run(&mut self, shutdown: watch::Receiver<bool>) -> End {
+        // Made once, not at each turn: a new watch future per turn registers
+        // with (and leaves) the sender's waiter list, under its lock.
+        let stop = shutdown.clone();
+        let mut shutdown: Signal<()> = Box::pin(wait_shutdown(shutdown));
         loop {
             if !self.io.out.is_empty() {
                 if let Some(end) = self.flush_watching(&mut shutdown).await {
@@ -175,7 +181,7 @@ impl Conn {
             if self.io.disconnected {
                 return End::Disconnect;
             }
-            if *shutdown.borrow() {
+            if *stop.borrow() {
                 return End::Shutdown;
             }
             if self.rx.len() - self.rx_end < 4096 {
@@ -200,10 +206,10 @@ impl Conn {
             };
             tokio::select! {
                 biased;
-                _ = shutdown.changed() => return End::Shutdown,
-                r = wait_kill(self.kill.as_mut()) => return End::Killed(r),
+                _ = shutdown.as_mut() => return End::Shutdown,
+                r = signalled(self.kill.as_mut()) => return End::Killed(r),
                 Some((tag, done)) = self.io.inflight.next(), if !self.io.inflight.is_empty() => {
-                    self.last_busy = Instant::now();
+                    self.last_busy = self.core.tick();
                     self.core.on_io_done(tag, done, &mut self.io);
                     // Complete whatever else is ready without another wake-up.
                     while let Some(Some((tag, done))) = futures_util::FutureExt::now_or_never(self.io.inflight.next()) {
@@ -213,9 +219,7 @@ impl Conn {
                 r = self.stream.read(dst) => match r {
                     Ok(0) => return End::Eof,
                     Ok(n) => {
-                        if self.poll.is_some() {
-                            self.last_busy = Instant::now();
-                        }
+                        self.last_busy = self.core.tick();
                         match self.direct.as_mut() {
                             Some(d) => {
                                 d.off += n;
@@ -252,7 +256,7 @@ impl Conn {
     /// and device completions are still taken in. Returns how the connection
     /// ends, or None to carry on (the queue may still hold bytes if the
     /// keep-alive timer woke us first).
-    async fn flush_watching(&mut self, shutdown: &mut watch::Receiver<bool>) -> Option<End> {
+    async fn flush_watching(&mut self, shutdown: &mut Signal<()>) -> Option<End> {
         loop {
             let ka = self.core.keep_alive_wait();
             let (out, pool) = (&mut self.io.out, self.core.pool());
@@ -262,12 +266,13 @@ impl Conn {
             let done = tokio::select! {
                 biased;
                 r = out.flush(&mut self.stream, pool) => return r.err().map(|_| End::IoError),
-                _ = shutdown.changed() => return Some(End::Shutdown),
-                r = wait_kill(self.kill.as_mut()) => return Some(End::Killed(r)),
+                _ = shutdown.as_mut() => return Some(End::Shutdown),
+                r = signalled(self.kill.as_mut()) => return Some(End::Killed(r)),
                 _ = sleep_opt(ka) => return self.core.keep_alive_expired().map(End::KeepAlive),
                 Some(done) = inflight.next(), if !inflight.is_empty() => done,
             };
             // Its answer joins the queue being flushed.
+            self.core.tick();
             self.core.on_io_done(done.0, done.1, &mut self.io);
         }
     }
@@ -471,7 +476,7 @@ impl Conn {
         if self.kill.is_none()
             && let Some(c) = self.core.controller()
         {
-            self.kill = Some(c.watch_kill());
+            self.kill = Some(Box::pin(wait_kill(c.watch_kill())));
             self.io.neg.max_capsule_data = self.core.in_capsule_limit();
         }
     }
@@ -532,6 +537,7 @@ impl Conn {
         // shutdown never leaves a write half-issued behind an answer.
         while let Some((tag, done)) = self.io.inflight.next().await {
             if graceful {
+                self.core.tick();
                 self.core.on_io_done(tag, done, &mut self.io);
             } else {
                 self.core.discard_io(tag, done);
@@ -590,10 +596,18 @@ async fn wait_shutdown(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|&s| s).await;
 }
 
-async fn wait_kill(rx: Option<&mut watch::Receiver<Option<FreeReason>>>) -> FreeReason {
-    let Some(rx) = rx else {
-        return std::future::pending().await;
-    };
+/// A signal a connection waits on at every turn, made once.
+type Signal<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Resolves when `s` does; never without one.
+async fn signalled<T>(s: Option<&mut Signal<T>>) -> T {
+    match s {
+        Some(s) => s.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn wait_kill(mut rx: watch::Receiver<Option<FreeReason>>) -> FreeReason {
     loop {
         if let Some(r) = *rx.borrow_and_update() {
             return r;

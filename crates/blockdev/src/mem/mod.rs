@@ -6,8 +6,10 @@
 //! Within a chunk a read never sees part of a write: readers share the chunk's
 //! lock, writers take it alone.
 
-use std::alloc::{Layout, alloc, dealloc, handle_alloc_error};
-use std::ptr::NonNull;
+mod chunk;
+mod filler;
+
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::RwLock;
@@ -17,8 +19,12 @@ use crate::{
     human_size,
 };
 
+use chunk::ChunkMem;
+pub use filler::MemAllocation;
+use filler::Filler;
+
 /// Bytes per lazily allocated chunk: one transparent huge page on x86-64.
-const CHUNK: u64 = 2 << 20;
+const CHUNK: u64 = chunk::CHUNK as u64;
 /// Largest device we index: 8 Mi chunk slots (~192 MiB of slots) at 2 MiB each.
 const MAX_SIZE: u64 = 16 << 40;
 /// How much of an I/O `prefetch` asks for: the hardware prefetcher
@@ -30,64 +36,6 @@ struct Chunk {
     /// Address of `data`'s bytes (0: none), read without the lock by
     /// `prefetch`: a hint only, never dereferenced.
     addr: AtomicUsize,
-}
-
-/// One chunk's bytes, `CHUNK` long and `CHUNK` aligned, so that the kernel can
-/// back it with a transparent huge page: random 4 KiB reads out of a large
-/// device then rarely miss the TLB (a page walk is several dependent memory
-/// reads, more under a hypervisor).
-struct ChunkMem(NonNull<u8>);
-
-const CHUNK_LAYOUT: Layout = match Layout::from_size_align(CHUNK as usize, CHUNK as usize) {
-    Ok(l) => l,
-    Err(_) => panic!("chunk layout"),
-};
-
-// SAFETY: ChunkMem owns its allocation exclusively, like Box<[u8]>.
-unsafe impl Send for ChunkMem {}
-// SAFETY: shared references only give out &[u8].
-unsafe impl Sync for ChunkMem {}
-
-impl ChunkMem {
-    fn zeroed() -> ChunkMem {
-        // Not alloc_zeroed: that would touch every page before the advice below.
-        // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { alloc(CHUNK_LAYOUT) };
-        let Some(ptr) = NonNull::new(raw) else {
-            handle_alloc_error(CHUNK_LAYOUT)
-        };
-        // Best effort: with THP off (or not Linux) the chunk is small pages.
-        #[cfg(target_os = "linux")]
-        // SAFETY: advice about our own allocation; it changes how the range is
-        // backed, not what it holds.
-        unsafe {
-            libc::madvise(raw.cast(), CHUNK as usize, libc::MADV_HUGEPAGE);
-        }
-        // SAFETY: raw is valid for CHUNK bytes and ours alone.
-        unsafe { raw.write_bytes(0, CHUNK as usize) };
-        ChunkMem(ptr)
-    }
-
-    fn addr(&self) -> usize {
-        self.0.as_ptr() as usize
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: valid for CHUNK bytes, initialised in `zeroed`.
-        unsafe { std::slice::from_raw_parts(self.0.as_ptr(), CHUNK as usize) }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr(), CHUNK as usize) }
-    }
-}
-
-impl Drop for ChunkMem {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this very layout.
-        unsafe { dealloc(self.0.as_ptr(), CHUNK_LAYOUT) }
-    }
 }
 
 /// Starts moving the cache line at `addr` towards L1. Any address will do.
@@ -104,10 +52,12 @@ fn prefetch_line(addr: usize) {
     let _ = addr;
 }
 
-/// A thin RAM disk.
+/// A RAM disk, thin unless made with `MemAllocation::Full`.
 pub struct MemDevice {
     geo: Geometry,
-    chunks: Box<[Chunk]>,
+    chunks: Arc<[Chunk]>,
+    /// The background allocator (not for `MemAllocation::OnWrite`).
+    filler: Option<Arc<Filler>>,
 }
 
 /// One piece of a request that falls inside a single chunk.
@@ -122,8 +72,18 @@ struct Segment {
 
 impl MemDevice {
     /// A zeroed device of `size_bytes` (a non-zero multiple of `block_size`,
-    /// which is 512 or 4096). No memory is used until blocks are written.
+    /// which is 512 or 4096). No memory is used until blocks are written;
+    /// the first write to each 2 MiB allocates it.
     pub fn new(size_bytes: u64, block_size: u32) -> Result<MemDevice, BlockError> {
+        MemDevice::with_allocation(size_bytes, block_size, MemAllocation::OnWrite)
+    }
+
+    /// As `new`, with memory allocated as `alloc` says.
+    pub fn with_allocation(
+        size_bytes: u64,
+        block_size: u32,
+        alloc: MemAllocation,
+    ) -> Result<MemDevice, BlockError> {
         let geo = Geometry::checked("mem device", size_bytes, block_size)?;
         if size_bytes > MAX_SIZE {
             return Err(BlockError::Config(format!(
@@ -137,8 +97,22 @@ impl MemDevice {
                 data: RwLock::new(None),
                 addr: AtomicUsize::new(0),
             })
-            .collect();
-        Ok(MemDevice { geo, chunks })
+            .collect::<Vec<_>>()
+            .into();
+        let filler = Filler::start(alloc, &chunks);
+        Ok(MemDevice {
+            geo,
+            chunks,
+            filler,
+        })
+    }
+
+    /// A new chunk: a ready one from the background allocator, else mapped here.
+    fn new_chunk(&self) -> ChunkMem {
+        self.filler
+            .as_ref()
+            .and_then(|f| f.take())
+            .unwrap_or_else(ChunkMem::zeroed)
     }
 
     /// Bytes of RAM currently holding data (whole chunks).
@@ -196,7 +170,7 @@ impl MemDevice {
             let chunk = &self.chunks[s.chunk];
             let mut slot = chunk.data.write();
             let mem = slot.get_or_insert_with(|| {
-                let mem = ChunkMem::zeroed();
+                let mem = self.new_chunk();
                 chunk.addr.store(mem.addr(), Ordering::Relaxed);
                 mem
             });
@@ -215,6 +189,10 @@ impl MemDevice {
                     let mut slot = chunk.data.write();
                     chunk.addr.store(0, Ordering::Relaxed);
                     *slot = None;
+                    drop(slot);
+                    if let Some(f) = &self.filler {
+                        f.hole();
+                    }
                 }
                 continue;
             }
@@ -280,12 +258,32 @@ impl BlockDevice for MemDevice {
     }
 
     fn describe(&self) -> String {
+        let how = match &self.filler {
+            Some(f) if f.full() => format!(
+                "thick, {} allocated{}",
+                human_size(self.allocated_bytes()),
+                if f.filled_once() { "" } else { " so far" }
+            ),
+            Some(f) => format!(
+                "thin, {} allocated, {} ready",
+                human_size(self.allocated_bytes()),
+                human_size(f.ready_bytes())
+            ),
+            None => format!("thin, {} allocated", human_size(self.allocated_bytes())),
+        };
         format!(
-            "mem ({}, {} B blocks, thin, {} allocated)",
+            "mem ({}, {} B blocks, {how})",
             human_size(self.geo.size_bytes()),
             self.geo.block_size,
-            human_size(self.allocated_bytes())
         )
+    }
+}
+
+impl Drop for MemDevice {
+    fn drop(&mut self) {
+        if let Some(f) = &self.filler {
+            f.stop();
+        }
     }
 }
 
@@ -454,10 +452,61 @@ mod tests {
         assert_eq!(read(&dev, 8, 8), vec![3u8; 4096]);
     }
 
+    /// Waits (up to 10 s) for the background allocator to get `dev` to `want`.
+    fn wait_for(dev: &MemDevice, want: impl Fn(&MemDevice) -> bool) -> bool {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < until {
+            if want(dev) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        false
+    }
+
     #[test]
-    fn chunks_are_huge_page_aligned() {
-        let mem = ChunkMem::zeroed();
-        assert_eq!(mem.addr() % CHUNK as usize, 0);
-        assert!(mem.bytes().iter().all(|&b| b == 0));
+    fn ahead_stays_thin_and_hands_out_zeroed_chunks() {
+        let dev = MemDevice::with_allocation(8 * CHUNK, 4096, MemAllocation::Ahead).unwrap();
+        assert!(wait_for(&dev, |d| d.describe().contains("16 MiB ready")), "{}", dev.describe());
+        assert_eq!(dev.allocated_bytes(), 0, "ready chunks are not the device's");
+        // every chunk written once: the ready ones are used and made again
+        for c in 0..8 {
+            write(&dev, c * CHUNK / 4096 + 5, &[c as u8 + 1; 4096]);
+        }
+        assert_eq!(dev.allocated_bytes(), 8 * CHUNK);
+        for c in 0..8 {
+            assert_eq!(read(&dev, c * CHUNK / 4096 + 5, 1), vec![c as u8 + 1; 4096]);
+            assert!(read(&dev, c * CHUNK / 4096 + 6, 1).iter().all(|&b| b == 0));
+        }
+        check_zeroing(&dev, 5);
+        check_bad_requests(&dev);
+    }
+
+    #[test]
+    fn full_allocates_everything_and_maps_freed_chunks_again() {
+        let dev = MemDevice::with_allocation(3 * CHUNK + 8192, 4096, MemAllocation::Full).unwrap();
+        let all = 3 * CHUNK + 8192;
+        assert!(wait_for(&dev, |d| d.allocated_bytes() == all));
+        assert!(dev.describe().contains("thick"), "{}", dev.describe());
+        assert!(!dev.describe().contains("so far"), "{}", dev.describe());
+        assert!(read(&dev, 0, 4).iter().all(|&b| b == 0));
+        write(&dev, 700, &[4u8; 4096]);
+        let per = (CHUNK / 4096) as u32;
+        io(&dev, BlockOp::Deallocate, 0, per, AlignedBuf::new(0))
+            .result
+            .unwrap();
+        assert!(read(&dev, 0, 1).iter().all(|&b| b == 0));
+        assert!(wait_for(&dev, |d| d.allocated_bytes() == all), "mapped again");
+        assert_eq!(read(&dev, 700, 1), vec![4u8; 4096]);
+        check_zeroing(&dev, 7);
+    }
+
+    #[test]
+    fn a_dropped_device_stops_its_allocator() {
+        for mode in [MemAllocation::Ahead, MemAllocation::Full] {
+            let dev = MemDevice::with_allocation(64 * CHUNK, 4096, mode).unwrap();
+            drop(dev);
+        }
+        // the threads end on their own; nothing to join, nothing leaks into other tests
     }
 }
