@@ -5,7 +5,7 @@
     docs/bench/poll-cost.py BIN [--before OLD_BIN] [--rounds 3]
                                 [--workloads r4k1,r4k32,w4k32,r128k,w128k]
                                 [--ns null,mem] [--clients sleep,poll] [--polls 0,50]
-                                [--ceiling] [--out DIR]
+                                [--ceiling] [--counts] [--out DIR]
 
 With --before, OLD_BIN's target runs too (same client: BIN's bench), and the
 table has before and after columns for each poll_us.
@@ -24,6 +24,10 @@ For each run it records the load average at the start and the CPU time that
 other processes used during it (ticks, all of /proc), so that a run that
 overlapped other work shows; a run with more than OTHER_MAX ticks of other
 work is repeated once.
+
+--counts also counts, with `perf stat` for 3 s of each run, the target's
+context switches and system calls (writev, recvfrom, epoll_wait) per I/O, and
+the bytes per writev.
 
 --ceiling adds iperf3 (3 rounds, 5 s, 128 KiB writes, 4 streams; server on
 CPU 0, client on CPU 1): both directions, the upper bound of 128 KiB I/O on
@@ -50,6 +54,7 @@ OTHER_MAX = 60  # ticks (0.6 s of CPU at 100 Hz) of other processes during a run
 
 WORKLOADS = {
     "r4k1": ("4 KiB random read QD 1", ["--rw", "randread", "--bs", "4k", "--qd", "1"], "lat"),
+    "r4k1rate": ("4 KiB random read QD 1 at 500 IOPS", ["--rw", "randread", "--bs", "4k", "--qd", "1", "--rate-iops", "500"], "lat"),
     "r4k32": ("4 KiB random read QD 32", ["--rw", "randread", "--bs", "4k", "--qd", "32"], "iops"),
     "w4k32": ("4 KiB random write QD 32", ["--rw", "randwrite", "--bs", "4k", "--qd", "32"], "iops"),
     "r128k": ("128 KiB read QD 16", ["--rw", "read", "--bs", "128k", "--qd", "16"], "mbps"),
@@ -66,6 +71,11 @@ CLIENTS = {
     "poll-r2t": ["--poll-us", "1000000", "--in-capsule", "0"],
     "sleep-1pdu": ["--pdu-per-write"],
 }
+
+
+# What --counts counts in the target, per second (then per I/O).
+COUNTED = ["context-switches", "syscalls:sys_enter_writev", "syscalls:sys_enter_recvfrom",
+           "syscalls:sys_enter_epoll_wait"]
 
 
 def config(out, ns, poll):
@@ -143,13 +153,25 @@ def one_run(a, out, w, ns, client, var, rnd):
         args += CLIENTS[client]
         before = ticks_by_pid()
         b = subprocess.Popen(args, stdout=open(f"{out}/bench-{name}.log", "w"), stderr=subprocess.STDOUT)
+        counts = None
+        if a.counts:
+            # 3 s in the middle of the 5 s run: the target's system calls and
+            # context switches (perf counts tracepoints, it samples nothing)
+            time.sleep(2)
+            pc = subprocess.run(["perf", "stat", "-x", ",", "-e", ",".join(COUNTED), "-p", str(node.pid),
+                                 "--", "sleep", "3"], capture_output=True, text=True)
+            counts = {}
+            for line in pc.stderr.splitlines():
+                f = line.split(",")
+                if len(f) > 2 and f[0].isdigit():
+                    counts[f[2].split(":")[-1]] = int(f[0]) / 3
         b.wait()
         after = ticks_by_pid()
         other = other_ticks(before, after, {node.pid, b.pid, os.getpid()})
         if b.returncode != 0:
             raise SystemExit(f"bench failed: {out}/bench-{name}.log")
         r = json.load(open(f"{out}/{name}.json"))["all"]
-        return {"iops": r["iops"], "mbps": r["mb_s"], "lat": r["lat"]["mean_us"],
+        return {"iops": r["iops"], "mbps": r["mb_s"], "lat": r["lat"]["mean_us"], "counts": counts,
                 "cpu": json.load(open(f"{out}/{name}.json"))["cpu"].get("target_s_per_million_ios"),
                 "load": load, "other": other}
     finally:
@@ -186,6 +208,7 @@ def main():
     p.add_argument("--clients", default="sleep,poll")
     p.add_argument("--polls", default="0,50")
     p.add_argument("--ceiling", action="store_true")
+    p.add_argument("--counts", action="store_true", help="perf stat: system calls and context switches per I/O")
     p.add_argument("--out")
     a = p.parse_args()
     out = a.out or tempfile.mkdtemp(prefix="poll-cost.")
@@ -237,6 +260,19 @@ def main():
         cpu = ", ".join(f"{statistics.median([r['cpu'] or 0 for r in by[k]]):.2f}" for k in keys)
         other = max(r["other"] for k in keys for r in by[k])
         print(f"| {what} | {ns} | {client} | {' | '.join(cells)} | {rs} | {cpu} | {other} |")
+    if a.counts:
+        print("\nPer I/O in the target, medians (context switches, writev, recvfrom, epoll_wait; "
+              "bytes per writev):\n")
+        print("| workload | namespace | client | " + " | ".join(names) + " |")
+        print("|---|---|---|" + "---|" * len(keys))
+        for (w, ns, client), by in res.items():
+            cells = []
+            for k in keys:
+                per = lambda ev: statistics.median([(r["counts"] or {}).get(ev, 0) / max(r["iops"], 1) for r in by[k]])
+                cs, wv, rv, ep = (per(e.split(":")[-1]) for e in COUNTED)
+                bpw = statistics.median([r["mbps"] * 1e6 / max((r["counts"] or {}).get("sys_enter_writev", 0), 1) for r in by[k]])
+                cells.append(f"{cs:.2f} cs, {wv:.2f} wv, {rv:.2f} rv, {ep:.2f} ep; {bpw / 1024:.0f} KiB/wv")
+            print(f"| {WORKLOADS[w][0]} | {ns} | {client} | " + " | ".join(cells) + " |")
     print(f"\n(runs in {out}; a ratio > 1: the first is faster, or has the lower latency)")
 
 

@@ -20,8 +20,8 @@ use crate::{
 };
 
 use chunk::ChunkMem;
-pub use filler::MemAllocation;
 use filler::Filler;
+pub use filler::MemAllocation;
 
 /// Bytes per lazily allocated chunk: one transparent huge page on x86-64.
 const CHUNK: u64 = chunk::CHUNK as u64;
@@ -467,8 +467,16 @@ mod tests {
     #[test]
     fn ahead_stays_thin_and_hands_out_zeroed_chunks() {
         let dev = MemDevice::with_allocation(8 * CHUNK, 4096, MemAllocation::Ahead).unwrap();
-        assert!(wait_for(&dev, |d| d.describe().contains("16 MiB ready")), "{}", dev.describe());
-        assert_eq!(dev.allocated_bytes(), 0, "ready chunks are not the device's");
+        assert!(
+            wait_for(&dev, |d| d.describe().contains("16 MiB ready")),
+            "{}",
+            dev.describe()
+        );
+        assert_eq!(
+            dev.allocated_bytes(),
+            0,
+            "ready chunks are not the device's"
+        );
         // every chunk written once: the ready ones are used and made again
         for c in 0..8 {
             write(&dev, c * CHUNK / 4096 + 5, &[c as u8 + 1; 4096]);
@@ -496,7 +504,10 @@ mod tests {
             .result
             .unwrap();
         assert!(read(&dev, 0, 1).iter().all(|&b| b == 0));
-        assert!(wait_for(&dev, |d| d.allocated_bytes() == all), "mapped again");
+        assert!(
+            wait_for(&dev, |d| d.allocated_bytes() == all),
+            "mapped again"
+        );
         assert_eq!(read(&dev, 700, 1), vec![4u8; 4096]);
         check_zeroing(&dev, 7);
     }

@@ -1377,15 +1377,25 @@ mod tests {
     #[test]
     fn thin_is_for_mem_and_false_allocates_up_front() {
         let sub = "[[subsystem]]\nnqn = \"nqn.a:x\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\n";
-        let e = err(&format!("{sub}backend = \"null\"\nsize = \"1MiB\"\nthin = false\n"));
+        let e = err(&format!(
+            "{sub}backend = \"null\"\nsize = \"1MiB\"\nthin = false\n"
+        ));
         assert!(e.contains("thin is only for backend = \"mem\""), "{e}");
         let e = err("[[drive]]\nname = \"d0\"\nbackend = \"file\"\npath = \"/x\"\nthin = true\n");
         assert!(e.contains("drive[0].thin is only for"), "{e}");
-        let c = parse(&format!("{sub}backend = \"mem\"\nsize = \"4MiB\"\nthin = false\n"), "t.toml").unwrap();
+        let c = parse(
+            &format!("{sub}backend = \"mem\"\nsize = \"4MiB\"\nthin = false\n"),
+            "t.toml",
+        )
+        .unwrap();
         let built = build(&c, &|_, _, _| VolumeNamespace::Unknown).unwrap();
         let ns = &built.subsystems[0].namespaces()[0];
         assert!(ns.dev.describe().contains("thick"), "{}", ns.dev.describe());
-        let c = parse(&format!("{sub}backend = \"mem\"\nsize = \"4MiB\"\n"), "t.toml").unwrap();
+        let c = parse(
+            &format!("{sub}backend = \"mem\"\nsize = \"4MiB\"\n"),
+            "t.toml",
+        )
+        .unwrap();
         let built = build(&c, &|_, _, _| VolumeNamespace::Unknown).unwrap();
         let ns = &built.subsystems[0].namespaces()[0];
         assert!(ns.dev.describe().contains("thin"), "{}", ns.dev.describe());

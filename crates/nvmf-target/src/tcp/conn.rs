@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use super::io::TcpIo;
 use super::out::OutQueue;
 use super::pdu_check::{Negotiated, PduLayout, TermError, check_header};
+use super::poll::Poller;
 use super::r2t::R2tTable;
 use crate::Target;
 use crate::config::{ADMIN_IN_CAPSULE_DATA, TlsMode};
@@ -80,10 +81,8 @@ pub(crate) struct Conn {
     rx_end: usize,
     /// Whole PDUs in `rx` before this offset went through `hint_io`.
     rx_hinted: usize,
-    /// When this queue last received data, completed I/O or sent answers
-    /// (adaptive polling).
-    last_busy: Instant,
-    poll: Option<Duration>,
+    /// Adaptive polling.
+    poll: Poller,
 }
 
 pub(crate) async fn serve(
@@ -150,8 +149,7 @@ impl Conn {
             rx_start: 0,
             rx_end: 0,
             rx_hinted: 0,
-            last_busy: Instant::now(),
-            poll: (t.poll_us > 0).then(|| Duration::from_micros(u64::from(t.poll_us))),
+            poll: Poller::new(t.poll_us),
             target,
             stream,
             peer,
@@ -171,8 +169,8 @@ impl Conn {
                 // The poll window runs from our last answer, not from the data
                 // that started the batch: a batch of 32 reads takes about as long
                 // as the window, and the host's next commands follow our answers.
-                if self.poll.is_some() {
-                    self.last_busy = Instant::now();
+                if self.poll.enabled() {
+                    self.poll.last_busy = Instant::now();
                 }
             }
             if let Some(end) = self.end.take() {
@@ -199,7 +197,7 @@ impl Conn {
             // Adaptive polling: right after activity, keep yielding to the
             // runtime (which polls the sockets without sleeping) instead of
             // parking the thread; an idle queue stops spinning after `poll`.
-            let spin = self.poll.is_some_and(|p| self.last_busy.elapsed() < p);
+            let spin = self.poll.spin();
             let dst: &mut [u8] = match self.direct {
                 Some(d) => &mut self.io.r2t.buf_mut(d.tag)[d.off..d.off + d.remaining],
                 None => &mut self.rx[self.rx_end..],
@@ -209,7 +207,7 @@ impl Conn {
                 _ = shutdown.as_mut() => return End::Shutdown,
                 r = signalled(self.kill.as_mut()) => return End::Killed(r),
                 Some((tag, done)) = self.io.inflight.next(), if !self.io.inflight.is_empty() => {
-                    self.last_busy = self.core.tick();
+                    self.poll.last_busy = self.core.tick();
                     self.core.on_io_done(tag, done, &mut self.io);
                     // Complete whatever else is ready without another wake-up.
                     while let Some(Some((tag, done))) = futures_util::FutureExt::now_or_never(self.io.inflight.next()) {
@@ -219,7 +217,8 @@ impl Conn {
                 r = self.stream.read(dst) => match r {
                     Ok(0) => return End::Eof,
                     Ok(n) => {
-                        self.last_busy = self.core.tick();
+                        let now = self.core.tick();
+                        self.poll.host_sent(now, self.io.inflight.is_empty());
                         match self.direct.as_mut() {
                             Some(d) => {
                                 d.off += n;

@@ -9,6 +9,7 @@ mod conn;
 mod io;
 mod out;
 pub mod pdu_check;
+mod poll;
 mod r2t;
 mod secure;
 
