@@ -13,8 +13,9 @@ use parking_lot::{Condvar, Mutex};
 use super::Chunk;
 use super::chunk::ChunkMem;
 
-/// Chunks kept ready for a thin device: 16 MiB, a few milliseconds of
-/// writes at memory speed, refilled as they are taken.
+/// Chunks kept ready for a thin device: up to 16 MiB, a few milliseconds
+/// of writes at memory speed, refilled as they are taken; at most an
+/// eighth of a small device.
 const READY: usize = 8;
 
 /// How a RAM device comes by its memory.
@@ -41,6 +42,8 @@ pub(super) struct Filler {
     state: Mutex<State>,
     wake: Condvar,
     full: bool,
+    /// Ahead: how many chunks to keep ready.
+    ready_max: usize,
     /// Full: every chunk has been allocated once (for `describe`).
     filled_once: AtomicBool,
 }
@@ -60,6 +63,7 @@ impl Filler {
             }),
             wake: Condvar::new(),
             full: mode == MemAllocation::Full,
+            ready_max: (chunks.len() / 8).clamp(1, READY),
             filled_once: AtomicBool::new(false),
         });
         let (f2, chunks) = (f.clone(), chunks.clone());
@@ -94,6 +98,7 @@ impl Filler {
         self.wake.notify_one();
     }
 
+    #[cfg(test)]
     pub fn ready_bytes(&self) -> u64 {
         (self.state.lock().ready.len() * super::chunk::CHUNK) as u64
     }
@@ -118,7 +123,7 @@ impl Filler {
                     let work = if self.full {
                         st.holes
                     } else {
-                        st.ready.len() < READY
+                        st.ready.len() < self.ready_max
                     };
                     if work {
                         break;

@@ -8,6 +8,7 @@
 mod backend;
 mod engine;
 mod report;
+mod rounds;
 mod spec;
 mod stats;
 mod verify;
@@ -115,6 +116,12 @@ pub struct BenchArgs {
     /// sleeping (saves the wake-up of an idle CPU; burns the bench CPU while it polls).
     #[arg(long, default_value_t = 0)]
     poll_us: u32,
+    /// Run the workload this many times, each after its own ramp, and report the
+    /// median round (by IOPS) with every round and the spread; a round that
+    /// overlapped other work on the machine runs once more.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20),
+          conflicts_with = "compare")]
+    rounds: u32,
     /// tcp: put at most this much write data in a command capsule (less if the
     /// target's IOCCSZ allows less); larger writes go by R2T and H2CData. 0: every
     /// write by R2T. [default: what the target allows]
@@ -369,7 +376,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
              BlockDevice)"
         );
     }
-    let summary = run_workload(&target, &w)?;
+    let summary = rounds::run(args.rounds, || run_workload(&target, &w))?;
     out!("{}", summary.render());
     if let Some(p) = &args.json {
         summary.write_json(p)?;
@@ -776,9 +783,14 @@ async fn drive(d: &Device, target: &Target, w: &Workload) -> Result<Summary> {
     let measure_from = start + w.ramp;
     let stop_at = w.runtime.map(|r| measure_from + r);
     let total = stop_at.map(|s| s.duration_since(start));
-    let cpu_sample = || -> Result<(f64, Option<f64>)> {
+    let cpu_sample = || -> Result<CpuSample> {
         let t = w.target_pid.map(stats::process_cpu_seconds).transpose()?;
-        Ok((stats::self_cpu_seconds(), t))
+        Ok(CpuSample {
+            bench: stats::self_cpu_seconds(),
+            target: t,
+            machine: stats::machine_busy_seconds(),
+            load: stats::load_average(),
+        })
     };
     let mut cpu0 = None;
     let mut cpu1 = None;
@@ -868,11 +880,20 @@ async fn drive(d: &Device, target: &Target, w: &Workload) -> Result<Summary> {
     let mut all = read.clone();
     all.add(&write).context("merging histograms")?;
     let ios = all.len();
-    let (c0, c1) = (cpu0.unwrap_or((0.0, None)), cpu1.unwrap_or((0.0, None)));
+    let (c0, c1) = (cpu0.unwrap_or_default(), cpu1.unwrap_or_default());
     let per_mio = |s: f64| s / (ios as f64 / 1e6);
-    let bench_s = c1.0 - c0.0;
-    let target_s = match (c0.1, c1.1) {
+    let bench_s = c1.bench - c0.bench;
+    let target_s = match (c0.target, c1.target) {
         (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
+    // A tcp:// target's own work is only known with --target-pid; without
+    // it, it would count as other work.
+    let target_known = target_s.is_some() || !matches!(target, Target::Tcp { .. });
+    let other_s = match (c0.machine, c1.machine) {
+        (Some(a), Some(b)) if target_known => {
+            Some((b - a - bench_s - target_s.unwrap_or(0.0)).max(0.0))
+        }
         _ => None,
     };
     let mixed = !read.is_empty() && !write.is_empty();
@@ -901,9 +922,21 @@ async fn drive(d: &Device, target: &Target, w: &Workload) -> Result<Summary> {
             bench_s_per_million_ios: per_mio(bench_s),
             target_s,
             target_s_per_million_ios: target_s.map(per_mio),
+            other_s,
+            load_1m: c0.load,
         },
         verify: w.verify.then(|| VerifySummary::of(w.seed, &vc)),
+        rounds: None,
     })
+}
+
+/// CPU time at one instant: this process, the target, the whole machine.
+#[derive(Default, Clone, Copy)]
+struct CpuSample {
+    bench: f64,
+    target: Option<f64>,
+    machine: Option<f64>,
+    load: Option<f64>,
 }
 
 fn join(threads: Vec<std::thread::JoinHandle<()>>) {

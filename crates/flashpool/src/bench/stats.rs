@@ -99,7 +99,24 @@ pub struct Cpu {
     /// Same for --target-pid, when given.
     pub target_s: Option<f64>,
     pub target_s_per_million_ios: Option<f64>,
+    /// CPU seconds the rest of the machine used meanwhile (all CPUs, user
+    /// and system, less the bench and the target): other work that
+    /// overlapped the run. None where /proc/stat cannot be read.
+    pub other_s: Option<f64>,
+    /// The 1-minute load average when the measurement started.
+    pub load_1m: Option<f64>,
 }
+
+impl Cpu {
+    /// Cores of other work, on average, during the measurement.
+    pub fn other_cores(&self, elapsed_s: f64) -> Option<f64> {
+        self.other_s.map(|o| o / elapsed_s.max(1e-9))
+    }
+}
+
+/// Above this many cores of other work a run is flagged as disturbed (and
+/// repeated once under --rounds): a tenth of a core.
+pub const DISTURBED_CORES: f64 = 0.1;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Mismatch {
@@ -155,6 +172,9 @@ pub struct Summary {
     pub offered_iops: Option<u64>,
     pub cpu: Cpu,
     pub verify: Option<VerifySummary>,
+    /// --rounds: every round; the figures above are the median round's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<super::rounds::Rounds>,
 }
 
 impl Summary {
@@ -248,6 +268,21 @@ impl Summary {
             );
         }
         s.push('\n');
+        if let Some(r) = &self.rounds {
+            s.push_str(&r.render());
+        }
+        if let Some(o) = c.other_cores(self.elapsed_s) {
+            let _ = writeln!(
+                s,
+                "  machine  load {} at start; other work {o:.2} cores during the run{}",
+                c.load_1m.map_or("?".into(), |l| format!("{l:.2}")),
+                if o > DISTURBED_CORES {
+                    " (disturbed: the figures may be low; run again on a quiet machine)"
+                } else {
+                    ""
+                }
+            );
+        }
         if let Some(v) = &self.verify {
             let _ = writeln!(
                 s,
@@ -297,6 +332,34 @@ pub fn self_cpu_seconds() -> f64 {
     };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// CPU seconds the machine spent in user and system mode (all CPUs, from the
+/// first line of /proc/stat); interrupt time is left out, since the
+/// network work of the bench and the target themselves lands there.
+pub fn machine_busy_seconds() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let f: Vec<u64> = text
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(3)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(f.iter().sum::<u64>() as f64 / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
+/// The 1-minute load average.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// utime + stime of process `pid` from /proc/PID/stat, in seconds.

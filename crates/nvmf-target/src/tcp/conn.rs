@@ -196,7 +196,7 @@ impl Conn {
             };
             // Adaptive polling: right after activity, keep yielding to the
             // runtime (which polls the sockets without sleeping) instead of
-            // parking the thread; an idle queue stops spinning after `poll`.
+            // parking the thread, for the window and while spins pay (poll.rs).
             let spin = self.poll.spin();
             let dst: &mut [u8] = match self.direct {
                 Some(d) => &mut self.io.r2t.buf_mut(d.tag)[d.off..d.off + d.remaining],

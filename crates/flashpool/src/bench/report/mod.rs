@@ -531,4 +531,4 @@ fn machine() -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -118,7 +118,7 @@ fn utc_dates() {
 }
 
 /// A summary with `n` I/Os of latency `lat_us` each over one second.
-fn summary(target: &str, bs: u32, n: u64, lat_us: u64) -> Summary {
+pub(crate) fn summary(target: &str, bs: u32, n: u64, lat_us: u64) -> Summary {
     let mut h = new_histogram();
     h.record_n(lat_us * 1000, n).unwrap();
     Summary {
@@ -135,8 +135,11 @@ fn summary(target: &str, bs: u32, n: u64, lat_us: u64) -> Summary {
             bench_s_per_million_ios: 0.5 / (n as f64 / 1e6),
             target_s: None,
             target_s_per_million_ios: None,
+            other_s: None,
+            load_1m: None,
         },
         verify: None,
+        rounds: None,
     }
 }
 
