@@ -38,6 +38,14 @@ struct Chunk {
     addr: AtomicUsize,
 }
 
+/// MemAvailable from /proc/meminfo, in bytes (None where it cannot be read).
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Starts moving the cache line at `addr` towards L1. Any address will do.
 #[inline]
 fn prefetch_line(addr: usize) {
@@ -89,6 +97,19 @@ impl MemDevice {
             return Err(BlockError::Config(format!(
                 "mem device: size = {size_bytes} bytes is over the {} a RAM device supports; use a smaller size",
                 human_size(MAX_SIZE)
+            )));
+        }
+        // Thick memory is committed at once, by a thread nobody waits on:
+        // refuse what the machine cannot hold now rather than be killed later.
+        if alloc == MemAllocation::Full
+            && let Some(avail) = available_memory()
+            && size_bytes > avail
+        {
+            return Err(BlockError::Config(format!(
+                "mem device: thin = false needs {} of RAM up front, but {} is available; \
+                 use thin = true (RAM on first write) or a smaller size",
+                human_size(size_bytes),
+                human_size(avail)
             )));
         }
         let n = size_bytes.div_ceil(CHUNK) as usize;
@@ -509,6 +530,22 @@ mod tests {
         );
         assert_eq!(read(&dev, 700, 1), vec![4u8; 4096]);
         check_zeroing(&dev, 7);
+    }
+
+    #[test]
+    fn thick_more_than_the_machine_holds_is_refused() {
+        let avail = available_memory().expect("Linux has /proc/meminfo");
+        let size = (avail / CHUNK + 16) * CHUNK;
+        let e = MemDevice::with_allocation(size, 4096, MemAllocation::Full)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.contains("thin = false needs") && e.contains("available"),
+            "{e}"
+        );
+        // thin: only a promise, accepted
+        assert!(MemDevice::with_allocation(size, 4096, MemAllocation::Ahead).is_ok());
     }
 
     #[test]
