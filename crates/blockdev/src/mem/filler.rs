@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -67,11 +66,19 @@ impl Filler {
             filled_once: AtomicBool::new(false),
         });
         let (f2, chunks) = (f.clone(), chunks.clone());
-        std::thread::Builder::new()
+        match std::thread::Builder::new()
             .name("fp-mem-alloc".into())
             .spawn(move || f2.run(&chunks))
-            .ok()?;
-        Some(f)
+        {
+            Ok(_) => Some(f),
+            Err(e) => {
+                tracing::warn!(
+                    "mem device: cannot start its allocator thread ({e}); memory is allocated \
+                     on first write instead"
+                );
+                None
+            }
+        }
     }
 
     /// A ready chunk, if one is; the thread makes another.
@@ -128,7 +135,8 @@ impl Filler {
                     if work {
                         break;
                     }
-                    self.wake.wait_for(&mut st, Duration::from_secs(1));
+                    // Woken by take, hole and stop: nothing to do until then.
+                    self.wake.wait(&mut st);
                 }
                 st.holes = false;
             }

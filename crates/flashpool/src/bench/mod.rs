@@ -330,6 +330,18 @@ impl BenchArgs {
                         self.poll_us
                     );
                 }
+                for (given, opt) in [
+                    (self.pdu_per_write, "--pdu-per-write"),
+                    (self.in_capsule.is_some(), "--in-capsule"),
+                ] {
+                    if given {
+                        bail!(
+                            "{opt} shapes the sends of the queue engine's own connections; \
+                             --engine remote sends as a volume's remote drive does: leave {opt} \
+                             out (or use --engine queue)"
+                        );
+                    }
+                }
                 if let Some(q) = self.queues
                     && !(1..=256).contains(&q)
                 {
@@ -1236,6 +1248,10 @@ mod tests {
             e.contains("--poll-us 50") && e.contains("--engine remote"),
             "{e}"
         );
+        for opt in [["--pdu-per-write"].as_slice(), &["--in-capsule", "0"]] {
+            let e = with(&[&["--engine", "remote"], opt].concat());
+            assert!(e.contains(opt[0]) && e.contains("--engine remote"), "{e}");
+        }
         for opt in [["--queues", "2"], ["--fail-after", "5s"]] {
             let e = with(&opt);
             assert!(e.contains(opt[0]) && e.contains("--engine remote"), "{e}");
