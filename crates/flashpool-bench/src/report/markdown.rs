@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use super::charts::Chart;
 use super::tables::{self, Table};
 use super::{CHARTS_DIR, HTML, JSON, Report};
-use crate::bench::spec::human_bytes;
+use crate::spec::human_bytes;
 
 /// Text for a table cell: no line breaks, no cell separators.
 fn cell(s: &str) -> String {

@@ -22,7 +22,7 @@ use serde::Serialize;
 use super::spec::{Rw, Target, Workload, human_bytes};
 use super::stats::{Summary, fmt_thousands};
 use super::{BenchArgs, run_workload};
-use crate::output::{out, outln};
+use flashpool_util::output::{out, outln};
 
 /// Which set of workloads `--matrix` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]

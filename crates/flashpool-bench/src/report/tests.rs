@@ -6,8 +6,8 @@ use clap::Parser;
 use super::png::png_dimensions;
 use super::svg::{HEIGHT, WIDTH};
 use super::*;
-use crate::bench::engine::new_histogram;
-use crate::bench::stats::{Cpu, Rates};
+use crate::engine::new_histogram;
+use crate::stats::{Cpu, Rates};
 
 #[derive(Parser)]
 struct Cli {
@@ -68,11 +68,11 @@ fn cli_rules() {
         assert!(e.contains("--compare"), "{e}");
     }
     let a = parse(&["--target", "mem:1M", "--matrix", "seeds"]).unwrap();
-    let e = crate::bench::run(a).unwrap_err().to_string();
+    let e = crate::run(a).unwrap_err().to_string();
     assert!(e.contains("--matrix is for --compare"), "{e}");
     // A bad target is named before anything runs.
     let a = parse(&["--compare", "mem:1M", "nvme:0", "--matrix", "seeds"]).unwrap();
-    let e = crate::bench::run(a).unwrap_err().to_string();
+    let e = crate::run(a).unwrap_err().to_string();
     assert!(e.contains("nvme:0"), "{e}");
 }
 
@@ -312,7 +312,7 @@ fn compare_end_to_end() {
         "-q",
     ])
     .unwrap();
-    crate::bench::run(args).unwrap();
+    crate::run(args).unwrap();
     for f in [MARKDOWN, HTML, JSON] {
         assert!(dir.join(f).is_file(), "{f}");
     }
