@@ -9,6 +9,7 @@
 mod charts;
 mod html;
 mod markdown;
+#[cfg(feature = "png")]
 mod png;
 mod svg;
 mod tables;
@@ -223,7 +224,11 @@ pub const HTML: &str = "report.html";
 pub const JSON: &str = "results.json";
 pub const CHARTS_DIR: &str = "charts";
 /// PNGs are drawn at twice the SVG's size, for sharp images on any screen.
+#[cfg(feature = "png")]
 pub const PNG_SCALE: f32 = 2.0;
+/// The chart files the Markdown shows: PNG, or SVG in a build without the
+/// `png` feature (no renderer).
+pub const IMAGE: &str = if cfg!(feature = "png") { "png" } else { "svg" };
 
 /// `flashpool bench --compare ...`: measures, writes the report, prints the table.
 pub(super) fn run(args: &BenchArgs, matrix: Matrix) -> Result<()> {
@@ -437,18 +442,27 @@ pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
         Ok(p)
     };
     let charts = charts::build(report);
+    #[cfg(feature = "png")]
     let renderer = png::PngRenderer::new();
+    #[cfg(feature = "png")]
     if renderer.family.is_none() {
         eprintln!(
             "flashpool: warning: no fonts found (install fonts-dejavu-core); the PNG charts will have no text"
         );
     }
+    #[cfg(not(feature = "png"))]
+    eprintln!(
+        "flashpool: note: built without the PNG renderer (feature png of flashpool-bench); the charts are SVG only"
+    );
     for c in &charts {
         put(charts_dir.join(format!("{}.svg", c.stem)), c.svg.as_bytes())?;
-        let png = renderer
-            .render(&c.svg, PNG_SCALE)
-            .with_context(|| format!("chart {}", c.stem))?;
-        put(charts_dir.join(format!("{}.png", c.stem)), &png)?;
+        #[cfg(feature = "png")]
+        {
+            let png = renderer
+                .render(&c.svg, PNG_SCALE)
+                .with_context(|| format!("chart {}", c.stem))?;
+            put(charts_dir.join(format!("{}.png", c.stem)), &png)?;
+        }
     }
     let json = serde_json::to_string_pretty(report).context("encoding the results as JSON")?;
     Ok(vec![
