@@ -22,6 +22,7 @@ pub(crate) enum Opened {
     Remote(Arc<RemoteDevice>),
 }
 
+/// An opened target: its LBA size and count, and what it turned out to be.
 pub(crate) struct Device {
     pub(crate) opened: Opened,
     pub(crate) lba_size: u32,
@@ -29,6 +30,8 @@ pub(crate) struct Device {
     pub(crate) detail: String,
 }
 
+/// Opens `target` as `w` needs it; refuses one that cannot take `w` (too few
+/// queues, too shallow, too small a transfer).
 pub(crate) async fn open(target: &Target, w: &Workload) -> Result<Device> {
     // Local devices: 4 KiB blocks when the I/O size allows (O_DIRECT on 4Kn drives), else 512.
     let local_bs = if w.bs.is_multiple_of(4096) { 4096 } else { 512 };

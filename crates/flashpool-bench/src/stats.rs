@@ -7,9 +7,9 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::engine::VerifyCounts;
-use super::spec::{Workload, human_bytes};
-use super::verify::Bad;
+use crate::engine::VerifyCounts;
+use crate::spec::{Workload, human_bytes};
+use crate::verify::Bad;
 
 /// Latency in microseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -249,7 +249,7 @@ impl Summary {
             "{} {}{}, qd {}, {} job{}, {dur}{} on {}{}",
             w.rw.name(),
             human_bytes(u64::from(w.bs)),
-            if w.rw == super::spec::Rw::Randrw {
+            if w.rw == crate::spec::Rw::Randrw {
                 format!(" ({}% reads)", w.mix)
             } else {
                 String::new()
@@ -263,7 +263,7 @@ impl Summary {
                 format!(" after {:.1} s ramp", w.ramp.as_secs_f64())
             },
             self.target,
-            if w.engine == super::spec::Engine::Queue {
+            if w.engine == crate::spec::Engine::Queue {
                 String::new()
             } else {
                 format!(" (engine {})", w.engine.name())
@@ -288,7 +288,7 @@ impl Summary {
         };
         let label = match (&self.read, &self.write, w.rw.writes()) {
             (Some(_), Some(_), _) => "all",
-            (_, _, true) if w.rw != super::spec::Rw::Randrw => "write",
+            (_, _, true) if w.rw != crate::spec::Rw::Randrw => "write",
             (_, _, true) => "all",
             _ => "read",
         };
@@ -455,7 +455,7 @@ mod tests {
     fn numbers() {
         assert_eq!(fmt_thousands(1_234_567.8), "1,234,568");
         assert_eq!(fmt_thousands(999.0), "999");
-        let mut h = super::super::engine::new_histogram();
+        let mut h = crate::engine::new_histogram();
         for v in [1000u64, 2000, 3000, 4000] {
             h.record(v).unwrap();
         }

@@ -1,6 +1,6 @@
-//! The CLI's and the bench's standard output. `println!` panics when stdout is a closed pipe
-//! (`flashpool drive list | head -1`); every line the CLI prints goes
-//! through [`out!`]/[`outln!`] here instead.
+//! The standard output of the CLI and the bench. `println!` panics when
+//! stdout is a closed pipe (`flashpool drive list | head -1`); every line
+//! they print goes through [`out!`]/[`outln!`] here instead.
 //!
 //! When the reader has gone (EPIPE), the rest of the output is dropped
 //! silently and the command finishes what it was doing: a bench still

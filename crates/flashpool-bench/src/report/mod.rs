@@ -18,12 +18,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use flashpool_util::output::{out, outln};
 use serde::Serialize;
 
-use super::spec::{Rw, Target, Workload, human_bytes};
-use super::stats::{Summary, fmt_thousands};
-use super::{BenchArgs, run_workload};
-use flashpool_util::output::{out, outln};
+use crate::spec::{Rw, Target, Workload, human_bytes};
+use crate::stats::{Summary, fmt_thousands};
+use crate::{BenchArgs, run_workload};
 
 /// Which set of workloads `--matrix` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -301,7 +301,7 @@ pub fn measure(
         if !matches!(target, Target::Tcp { .. }) {
             w_base.target_pid = None;
             // --engine picks how tcp:// targets are reached; a local one is a BlockDevice anyway.
-            w_base.engine = super::Engine::Queue;
+            w_base.engine = crate::Engine::Queue;
         }
         // A RAM device is new in each cell, so it is filled in each reading cell;
         // a file or a remote namespace keeps its data, so one pass up front does.

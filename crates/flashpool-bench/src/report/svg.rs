@@ -56,7 +56,7 @@ impl Format {
             }
             Format::Thousands => {
                 if v.abs() >= 100.0 {
-                    super::super::stats::fmt_thousands(v)
+                    crate::stats::fmt_thousands(v)
                 } else {
                     sig3(v)
                 }
