@@ -13,7 +13,6 @@ use serde::Deserialize;
 
 pub mod auth;
 pub mod cluster;
-pub mod keyfile;
 pub mod membership;
 pub mod tls;
 pub use auth::SubsystemHostSection;
