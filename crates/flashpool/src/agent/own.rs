@@ -67,6 +67,7 @@ impl Agent {
         }
     }
 
+    /// Stores a decision's memory of `name`.
     fn remember(&self, name: &str, m: decide::Memory) {
         let mut all = self.memory.lock();
         if m == decide::Memory::default() {
@@ -77,12 +78,14 @@ impl Agent {
         }
     }
 
+    /// Changes what is remembered of `name` after an action's outcome.
     fn memory_of(&self, name: &str, f: impl FnOnce(&mut decide::Memory)) {
-        let all = self.memory.lock();
-        let mut m = all.get(name).cloned().unwrap_or_default();
-        f(&mut m);
-        drop(all);
-        self.remember(name, m);
+        let mut all = self.memory.lock();
+        let m = all.entry(name.to_string()).or_default();
+        f(m);
+        if *m == decide::Memory::default() {
+            all.remove(name);
+        }
     }
 
     /// Carries out one volume's plan, step by step; an etcd error ends it
