@@ -19,11 +19,14 @@
 //! order, or at once.
 //!
 //! Today the agent carries them out one volume after another, under its
-//! `served` lock, re-reading each volume's keys just before deciding it (the
-//! same reads as before this module existed). Issue 21 wants survivors to
-//! take over every volume of a dead owner concurrently, with bounded
-//! concurrency, each volume retrying on its own back-off, and etcd work per
-//! pass following the watch events. This module is shaped for that:
+//! `served` lock, re-reading each volume's keys just before deciding it:
+//! its owner, and its handoff where [`handoff_matters`] (the reads of
+//! before, plus the handoff of a volume in back-off or fenced).
+//!
+//! Issue 21 wants survivors to take over every volume of a dead owner
+//! concurrently, with bounded concurrency, each volume retrying on its own
+//! back-off, and etcd work per pass following the watch events. This
+//! module is shaped for that:
 //! - one volume's plan is executed by one function (`Agent::act`), which
 //!   needs that volume's slot and nothing else; a runner may give each
 //!   volume its own task and lock, and bound how many run at once;
@@ -34,6 +37,11 @@
 //!   instead of per-volume reads: [`VolumeView`] is plain data, and a
 //!   handoff the volume's decision never reads may be left out
 //!   ([`handoff_matters`]).
+//!
+//! What such a runner still has to change elsewhere: the `served` map's
+//! lock held for a whole pass (one lock per volume instead), and the
+//! node-wide state lock that `Node::assemble_volume` holds while it opens
+//! the members one at a time.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
