@@ -8,6 +8,7 @@
 //! [`superblock`] (4 KiB), then the [`intent`] bitmap, then the write
 //! journal, and at the end the device-kept [`records`]; data starts after.
 
+mod crc;
 pub mod fault;
 pub mod intent;
 mod journal;

@@ -3,7 +3,26 @@
 
 use blockdev::BlockError;
 
-use super::*;
+use blockdev::AlignedBuf;
+use blockdev::BlockOp;
+use blockdev::IoRequest;
+use blockdev::RecordKind;
+use crate::layout::LayoutKind;
+use crate::rebuild::RebuildOptions;
+use crate::superblock::MemberState;
+use crate::testutil::Rng;
+use crate::testutil::block_on;
+use crate::volume::Volume;
+use crate::volume::VolumeError;
+use super::BS;
+use super::Model;
+use super::Rig;
+use super::random_write;
+use super::spare;
+use super::vwrite;
+use blockdev::BlockDevice;
+use super::cfg;
+//@IMPORTS
 
 fn member_writes(rig: &Rig) -> u64 {
     rig.faults.iter().map(|f| f.stats().writes).sum()

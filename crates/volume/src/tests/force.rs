@@ -2,7 +2,26 @@
 //! the layout tolerates, the freshest taken back, and an account of what
 //! may be stale.
 
-use super::*;
+use blockdev::AlignedBuf;
+use blockdev::BlockOp;
+use blockdev::IoRequest;
+use crate::layout::LayoutKind;
+use crate::rebuild::RebuildOptions;
+use crate::superblock::MemberState;
+use crate::testutil::Rng;
+use crate::testutil::block_on;
+use crate::volume::ForcedFrom;
+use crate::volume::Volume;
+use crate::volume::VolumeError;
+use super::BS;
+use super::Model;
+use super::Rig;
+use super::random_write;
+use super::vread;
+use super::vwrite;
+use blockdev::BlockDevice;
+use super::cfg;
+//@IMPORTS
 
 async fn heads(rig: &Rig) -> Vec<Vec<u8>> {
     let mut out = Vec::new();

@@ -1,7 +1,28 @@
 //! Re-add through the write-intent bitmap: a failed member comes back and
 //! only what it missed is resynced.
 
-use super::*;
+use blockdev::AlignedBuf;
+use blockdev::BlockOp;
+use blockdev::IoRequest;
+use crate::fault::FaultDevice;
+use crate::layout::LayoutKind;
+use crate::rebuild::RebuildOptions;
+use crate::superblock::MemberState;
+use crate::superblock::Superblock;
+use crate::testutil::Rng;
+use crate::testutil::block_on;
+use crate::volume::Volume;
+use crate::volume::VolumeError;
+use super::BS;
+use super::Model;
+use super::Rig;
+use super::STRIP;
+use super::random_write;
+use super::spare;
+use super::vwrite;
+use blockdev::BlockDevice;
+use super::cfg;
+//@IMPORTS
 
 async fn vflush(vol: &Volume) {
     vol.submit(IoRequest {

@@ -7,7 +7,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use blockdev::{BlockError, Geometry, IoDone, IoFuture};
 use parking_lot::Mutex;
 
-use super::*;
+use blockdev::AlignedBuf;
+use blockdev::BlockDevice;
+use blockdev::BlockOp;
+use blockdev::IoRequest;
+use crate::layout::LayoutKind;
+use crate::testutil::Rng;
+use crate::testutil::block_on;
+use crate::volume::Volume;
+use std::sync::Arc;
+use super::BS;
+use super::META;
+use super::Rig;
+use super::STRIP;
+use super::buf_with;
+use super::vread;
+use super::cfg;
+//@IMPORTS
 
 #[derive(Debug, Clone, Copy)]
 struct Seen {

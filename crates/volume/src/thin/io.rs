@@ -1,7 +1,29 @@
 //! A thin volume as a `BlockDevice`: reads of mapped clusters, writes that
 //! allocate on first touch, and WriteZeroes/Deallocate that unmap.
 
-use super::*;
+use blockdev::AlignedBuf;
+use blockdev::BlockDevice;
+use blockdev::BlockError;
+use blockdev::BlockOp;
+use blockdev::Geometry;
+use blockdev::IoDone;
+use blockdev::IoFuture;
+use blockdev::IoRequest;
+use blockdev::check_request;
+use crate::superblock::uuid_string;
+use futures_util::future::join_all;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use super::LOCK_SHARDS;
+use super::ThinInfo;
+use super::UNMAP_CHUNK;
+use super::info;
+use super::format::Record;
+use super::format::zbuf;
+use super::state::PoolInner;
+use super::state::VolInner;
+//@IMPORTS
 
 /// A thin volume: a [`BlockDevice`] whose clusters come from its pool on
 /// first write. Cheap to clone.

@@ -89,16 +89,25 @@ use futures_util::future::join_all;
 use parking_lot::Mutex;
 use tokio::sync::RwLock;
 
-use crate::superblock::{crc32c, new_uuid, uuid_string};
+use crate::crc::crc32c;
+use crate::superblock::{new_uuid, uuid_string};
 
 mod format;
 mod io;
 mod meta_journal;
 mod state;
 
-use format::*;
+use format::PoolGeom;
+use format::VolMeta;
+use format::owner_code;
+use format::sealed;
+use format::validate_volume;
+use format::zbuf;
+use state::PoolInner;
+use state::State;
+use state::VolInner;
+//@IMPORTS
 pub use io::ThinVolume;
-use state::*;
 
 /// Default allocation unit: 1 MiB, as LVM thin and most arrays use.
 pub const DEFAULT_CLUSTER_BYTES: u64 = 1 << 20;

@@ -1,7 +1,43 @@
 //! Building a volume: `create` on fresh members, `assemble` from members'
 //! superblocks after a restart (journal replay, then bitmap resync).
 
-use super::*;
+use blockdev::BlockDevice;
+use blockdev::BlockOp;
+use crate::intent::BITMAP_BLOCK;
+use crate::intent::IntentLog;
+use crate::journal::Journal;
+use crate::layout::Layout;
+use crate::parity::Code;
+use crate::parity::Parity;
+use crate::rebuild::RebuildState;
+use crate::superblock::MemberState;
+use crate::superblock::SB_BYTES;
+use crate::superblock::Superblock;
+use crate::superblock::new_uuid;
+use crate::superblock::uuid_string;
+use futures_util::future::join_all;
+use parking_lot::RwLock;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use super::INTENT_CLEAR_AGE;
+use super::Inner;
+use super::LOCK_SHARDS;
+use super::Members;
+use super::RecordState;
+use super::StaleRegions;
+use super::Stats;
+use super::Volume;
+use super::VolumeConfig;
+use super::VolumeError;
+use super::fence::Fence;
+use super::fence::FencedMember;
+use super::journal_wanted;
+use super::member_io::MissingDevice;
+use super::member_io::abuf;
+use super::member_io::dev_io;
+use crate::records;
+use super::force;
+//@IMPORTS
 
 impl Volume {
     /// Builds a new volume on `members`, writing fresh superblocks and an empty

@@ -14,7 +14,20 @@
 //! failed) the report says that any block may be stale.
 
 use super::assemble::newest_superblock;
-use super::*;
+use blockdev::BlockDevice;
+use blockdev::BlockOp;
+use crate::layout::Layout;
+use crate::superblock::MemberState;
+use crate::superblock::SB_BYTES;
+use crate::superblock::Superblock;
+use std::sync::Arc;
+use super::Inner;
+use super::Volume;
+use super::VolumeError;
+use super::member_io::abuf;
+use super::member_io::dev_io;
+use super::member_io::zbuf;
+//@IMPORTS
 
 /// Why a member was out of the volume before it was forced back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

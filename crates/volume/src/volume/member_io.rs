@@ -2,7 +2,22 @@
 //! batch of I/Os started together (`Batch`), and column reads and writes
 //! in a member's data area.
 
-use super::*;
+use blockdev::AlignedBuf;
+use blockdev::BlockDevice;
+use blockdev::BlockError;
+use blockdev::BlockOp;
+use blockdev::Geometry;
+use blockdev::IoDone;
+use blockdev::IoFuture;
+use blockdev::IoRequest;
+use crate::superblock::MemberState;
+use crate::superblock::uuid_string;
+use futures_util::future::join_all;
+use std::sync::Arc;
+use super::Inner;
+use super::OpError;
+use super::View;
+//@IMPORTS
 
 thread_local! {
     /// Member I/O buffers for reuse, by power-of-two capacity class.

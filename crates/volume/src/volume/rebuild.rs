@@ -7,7 +7,19 @@ use std::time::{Duration, Instant};
 
 use crate::rebuild::{RebuildOptions, RebuildProgress, RunningGuard};
 
-use super::*;
+use blockdev::BlockDevice;
+use blockdev::BlockOp;
+use crate::superblock::MemberState;
+use futures_util::future::join_all;
+use super::OpError;
+use super::StaleRegions;
+use super::Volume;
+use super::VolumeError;
+use super::member_io::abuf;
+use super::member_io::dev_io;
+use super::member_io::recycle;
+use super::member_io::zbuf;
+//@IMPORTS
 
 impl Volume {
     /// Puts `dev` in place of failed member `index`; its data is rebuilt by

@@ -6,7 +6,15 @@ use std::collections::HashMap;
 
 use crate::journal::{HEADER_BYTES, Record, RecordKind, Shape};
 
-use super::*;
+use blockdev::BlockOp;
+use std::sync::atomic::Ordering;
+use super::Inner;
+use super::VolumeError;
+use super::member_io::abuf;
+use super::member_io::dev_io;
+use super::member_io::recycle;
+use super::member_io::zbuf;
+//@IMPORTS
 
 impl Inner {
     /// Replays the newest valid record of every stripe (see the module

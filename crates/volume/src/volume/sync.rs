@@ -17,7 +17,14 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
-use super::*;
+use blockdev::BlockError;
+use crate::intent::IntentLog;
+use crate::parity::Code;
+use super::Inner;
+use super::ScrubReport;
+use super::Volume;
+use super::VolumeError;
+//@IMPORTS
 
 /// Stripes synced at once by the initial sync.
 const SYNC_PARALLEL: usize = 8;
