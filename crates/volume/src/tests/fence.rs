@@ -1,28 +1,14 @@
 //! Self-fencing on Reservation Conflict, member failure on Unreachable, and
 //! the typed too-many-failed error.
 
-use blockdev::BlockError;
+use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoRequest, RecordKind};
 
-use blockdev::AlignedBuf;
-use blockdev::BlockOp;
-use blockdev::IoRequest;
-use blockdev::RecordKind;
+use super::{BS, Model, Rig, cfg, random_write, spare, vwrite};
 use crate::layout::LayoutKind;
 use crate::rebuild::RebuildOptions;
 use crate::superblock::MemberState;
-use crate::testutil::Rng;
-use crate::testutil::block_on;
-use crate::volume::Volume;
-use crate::volume::VolumeError;
-use super::BS;
-use super::Model;
-use super::Rig;
-use super::random_write;
-use super::spare;
-use super::vwrite;
-use blockdev::BlockDevice;
-use super::cfg;
-//@IMPORTS
+use crate::testutil::{Rng, block_on};
+use crate::volume::{Volume, VolumeError};
 
 fn member_writes(rig: &Rig) -> u64 {
     rig.faults.iter().map(|f| f.stats().writes).sum()

@@ -2,26 +2,14 @@
 //! the layout tolerates, the freshest taken back, and an account of what
 //! may be stale.
 
-use blockdev::AlignedBuf;
-use blockdev::BlockOp;
-use blockdev::IoRequest;
+use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
+
+use super::{BS, Model, Rig, cfg, random_write, vread, vwrite};
 use crate::layout::LayoutKind;
 use crate::rebuild::RebuildOptions;
 use crate::superblock::MemberState;
-use crate::testutil::Rng;
-use crate::testutil::block_on;
-use crate::volume::ForcedFrom;
-use crate::volume::Volume;
-use crate::volume::VolumeError;
-use super::BS;
-use super::Model;
-use super::Rig;
-use super::random_write;
-use super::vread;
-use super::vwrite;
-use blockdev::BlockDevice;
-use super::cfg;
-//@IMPORTS
+use crate::testutil::{Rng, block_on};
+use crate::volume::{ForcedFrom, Volume, VolumeError};
 
 async fn heads(rig: &Rig) -> Vec<Vec<u8>> {
     let mut out = Vec::new();

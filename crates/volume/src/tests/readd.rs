@@ -1,28 +1,15 @@
 //! Re-add through the write-intent bitmap: a failed member comes back and
 //! only what it missed is resynced.
 
-use blockdev::AlignedBuf;
-use blockdev::BlockOp;
-use blockdev::IoRequest;
+use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
+
+use super::{BS, Model, Rig, STRIP, cfg, random_write, spare, vwrite};
 use crate::fault::FaultDevice;
 use crate::layout::LayoutKind;
 use crate::rebuild::RebuildOptions;
-use crate::superblock::MemberState;
-use crate::superblock::Superblock;
-use crate::testutil::Rng;
-use crate::testutil::block_on;
-use crate::volume::Volume;
-use crate::volume::VolumeError;
-use super::BS;
-use super::Model;
-use super::Rig;
-use super::STRIP;
-use super::random_write;
-use super::spare;
-use super::vwrite;
-use blockdev::BlockDevice;
-use super::cfg;
-//@IMPORTS
+use crate::superblock::{MemberState, Superblock};
+use crate::testutil::{Rng, block_on};
+use crate::volume::{Volume, VolumeError};
 
 async fn vflush(vol: &Volume) {
     vol.submit(IoRequest {

@@ -3,24 +3,12 @@
 
 use std::sync::atomic::Ordering;
 
-use blockdev::BlockOp;
-use blockdev::IoRequest;
+use blockdev::{BlockOp, IoRequest};
+
+use super::{BS, META, Model, Rig, STRIP, buf_with, cfg, random_write, vread};
 use crate::layout::LayoutKind;
-use crate::testutil::Rng;
-use crate::testutil::block_on;
-use crate::volume::SyncControl;
-use crate::volume::Volume;
-use crate::volume::VolumeConfig;
-use super::BS;
-use super::META;
-use super::Model;
-use super::Rig;
-use super::STRIP;
-use super::buf_with;
-use super::random_write;
-use super::vread;
-use super::cfg;
-//@IMPORTS
+use crate::testutil::{Rng, block_on};
+use crate::volume::{SyncControl, Volume, VolumeConfig};
 
 /// Members full of junk, so that parity must be computed.
 async fn junk_rig(n: usize, stripes: u64) -> Rig {

@@ -1,25 +1,14 @@
 //! The pool's on-device format: geometry block, volume table entries,
 //! journal records, and the little-endian and CRC helpers they share.
 
-use blockdev::AlignedBuf;
-use blockdev::BlockError;
+use blockdev::{AlignedBuf, BlockError};
+
+use super::{
+    BLOCK, BLOCK_USIZE, CRC_AT, DEFAULT_CLUSTER_BYTES, MAX_CLUSTERS, MAX_NAME_BYTES,
+    MAX_VOLUME_CLUSTERS, MAX_VOLUMES, SB_MAGIC, ThinError, VC_BITS, VC_MASK, VERSION, VOL_ENTRY,
+    VOL_TABLE_BYTES,
+};
 use crate::crc::crc32c;
-use super::BLOCK;
-use super::BLOCK_USIZE;
-use super::CRC_AT;
-use super::DEFAULT_CLUSTER_BYTES;
-use super::MAX_CLUSTERS;
-use super::MAX_NAME_BYTES;
-use super::MAX_VOLUMES;
-use super::MAX_VOLUME_CLUSTERS;
-use super::SB_MAGIC;
-use super::ThinError;
-use super::VC_BITS;
-use super::VC_MASK;
-use super::VERSION;
-use super::VOL_ENTRY;
-use super::VOL_TABLE_BYTES;
-//@IMPORTS
 
 /// Where the areas of a pool lie on its device (the superblock's content).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,29 +1,20 @@
 //! A thin volume as a `BlockDevice`: reads of mapped clusters, writes that
 //! allocate on first touch, and WriteZeroes/Deallocate that unmap.
 
-use blockdev::AlignedBuf;
-use blockdev::BlockDevice;
-use blockdev::BlockError;
-use blockdev::BlockOp;
-use blockdev::Geometry;
-use blockdev::IoDone;
-use blockdev::IoFuture;
-use blockdev::IoRequest;
-use blockdev::check_request;
-use crate::superblock::uuid_string;
-use futures_util::future::join_all;
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use super::LOCK_SHARDS;
-use super::ThinInfo;
-use super::UNMAP_CHUNK;
-use super::info;
-use super::format::Record;
-use super::format::zbuf;
-use super::state::PoolInner;
-use super::state::VolInner;
-//@IMPORTS
+
+use blockdev::{
+    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
+    check_request,
+};
+use futures_util::future::join_all;
+use parking_lot::Mutex;
+
+use super::format::{Record, zbuf};
+use super::state::{PoolInner, VolInner};
+use super::{LOCK_SHARDS, ThinInfo, UNMAP_CHUNK, info};
+use crate::superblock::uuid_string;
 
 /// A thin volume: a [`BlockDevice`] whose clusters come from its pool on
 /// first write. Cheap to clone.

@@ -1,52 +1,24 @@
 //! Metadata persistence: checkpoints of the maps, the metadata journal
 //! (group commit, replay), and cluster reservation.
 
-use blockdev::AlignedBuf;
-use blockdev::BlockDevice;
-use blockdev::BlockError;
-use blockdev::BlockOp;
-use blockdev::IoDone;
-use blockdev::IoRequest;
-use crate::crc::crc32c;
-use crate::superblock::uuid_string;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoDone, IoRequest};
 use futures_util::future::join_all;
 use parking_lot::Mutex;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::Ordering;
-use super::BLOCK;
-use super::BLOCK_USIZE;
-use super::CP_MAGIC;
-use super::JN_MAGIC;
-use super::JOURNAL_HDR;
-use super::MAX_VOLUMES;
-use super::META_IO;
-use super::RECORDS_PER_BLOCK;
-use super::RECORD_BYTES;
-use super::ThinError;
-use super::VOL_ENTRY;
-use super::VOL_TABLE_BYTES;
-use super::format::PoolGeom;
-use super::format::Record;
-use super::format::VolMeta;
-use super::format::io_err;
-use super::format::le_u32;
-use super::format::le_u64;
-use super::format::owner_slot_vc;
-use super::format::poisoned_err;
-use super::format::put_u32;
-use super::format::put_u64;
-use super::format::seal;
-use super::format::sealed;
-use super::format::zbuf;
-use super::state::Alloc;
-use super::state::Counters;
-use super::state::Journal;
-use super::state::Pending;
-use super::state::PoolInner;
-use super::state::State;
-use super::state::VolInner;
-//@IMPORTS
+
+use super::format::{
+    PoolGeom, Record, VolMeta, io_err, le_u32, le_u64, owner_slot_vc, poisoned_err, put_u32,
+    put_u64, seal, sealed, zbuf,
+};
+use super::state::{Alloc, Counters, Journal, Pending, PoolInner, State, VolInner};
+use super::{
+    BLOCK, BLOCK_USIZE, CP_MAGIC, JN_MAGIC, JOURNAL_HDR, MAX_VOLUMES, META_IO, RECORD_BYTES,
+    RECORDS_PER_BLOCK, ThinError, VOL_ENTRY, VOL_TABLE_BYTES,
+};
+use crate::crc::crc32c;
+use crate::superblock::uuid_string;
 
 impl PoolInner {
     pub(crate) fn new(

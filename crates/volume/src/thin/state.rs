@@ -1,27 +1,16 @@
 //! The pool in memory: cluster maps, volumes, the cluster allocator, and
 //! the shared state the metadata journal and the I/O path work on.
 
-use blockdev::BlockDevice;
-use blockdev::BlockError;
-use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::OnceLock;
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::AtomicU32;
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering;
-use super::LOCK_SHARDS;
-use super::MAP_PAGE;
-use super::MAX_VOLUMES;
-use super::NONE;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use blockdev::{BlockDevice, BlockError};
+use parking_lot::Mutex;
 use tokio::sync::RwLock;
-use super::format::PoolGeom;
-use super::format::Record;
-use super::format::VolMeta;
-use super::format::io_err;
-use super::format::owner_code;
-//@IMPORTS
+
+use super::format::{PoolGeom, Record, VolMeta, io_err, owner_code};
+use super::{LOCK_SHARDS, MAP_PAGE, MAX_VOLUMES, NONE};
 
 /// Virtual -> physical cluster map of one thin volume: pages of atomics,
 /// allocated on first use, so lookups take no lock and an empty volume of

@@ -2,22 +2,15 @@
 //! batch of I/Os started together (`Batch`), and column reads and writes
 //! in a member's data area.
 
-use blockdev::AlignedBuf;
-use blockdev::BlockDevice;
-use blockdev::BlockError;
-use blockdev::BlockOp;
-use blockdev::Geometry;
-use blockdev::IoDone;
-use blockdev::IoFuture;
-use blockdev::IoRequest;
-use crate::superblock::MemberState;
-use crate::superblock::uuid_string;
-use futures_util::future::join_all;
 use std::sync::Arc;
-use super::Inner;
-use super::OpError;
-use super::View;
-//@IMPORTS
+
+use blockdev::{
+    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
+};
+use futures_util::future::join_all;
+
+use super::{Inner, OpError, View};
+use crate::superblock::{MemberState, uuid_string};
 
 thread_local! {
     /// Member I/O buffers for reuse, by power-of-two capacity class.

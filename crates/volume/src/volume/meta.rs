@@ -2,31 +2,17 @@
 //! superblocks (a new generation per member-state change), and the
 //! device-kept records.
 
-use blockdev::AlignedBuf;
-use blockdev::BlockError;
-use blockdev::BlockOp;
-use crate::intent::BITMAP_BLOCK;
-use crate::superblock::MemberEntry;
-use crate::superblock::MemberState;
-use crate::superblock::SB_BYTES;
-use crate::superblock::Superblock;
-use crate::superblock::uuid_string;
-use futures_util::future::join_all;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use super::Inner;
-use super::OpError;
-use super::View;
-use super::VolumeError;
-use super::member_io::abuf;
-use super::member_io::abuf_from;
-use super::member_io::collect_failed;
-use super::member_io::dev_io;
-use super::member_io::io_err;
-use super::member_io::recycle;
-use super::member_io::zbuf;
+
+use blockdev::{AlignedBuf, BlockError, BlockOp};
+use futures_util::future::join_all;
+
+use super::member_io::{abuf, abuf_from, collect_failed, dev_io, io_err, recycle, zbuf};
+use super::{Inner, OpError, View, VolumeError};
+use crate::intent::BITMAP_BLOCK;
 use crate::records;
-//@IMPORTS
+use crate::superblock::{MemberEntry, MemberState, SB_BYTES, Superblock, uuid_string};
 
 impl Inner {
     /// Marks the stripe's region in the intent bitmap (on disk before return).

@@ -1,25 +1,15 @@
 //! Reads: straight from the member when it holds the data, else the
 //! stripe's missing columns reconstructed from the others (degraded read).
 
-use blockdev::AlignedBuf;
-use blockdev::BlockError;
-use blockdev::BlockOp;
-use blockdev::IoDone;
-use blockdev::SplitBuf;
+use std::sync::atomic::Ordering;
+
+use blockdev::{AlignedBuf, BlockError, BlockOp, IoDone, SplitBuf};
+use futures_util::future::join_all;
+
+use super::member_io::{Batch, abuf, collect_failed, dev_io, io_err, recycle};
+use super::{Inner, OpError, View};
 use crate::layout::Extent;
 use crate::parity::Code;
-use futures_util::future::join_all;
-use std::sync::atomic::Ordering;
-use super::Inner;
-use super::OpError;
-use super::View;
-use super::member_io::Batch;
-use super::member_io::abuf;
-use super::member_io::collect_failed;
-use super::member_io::dev_io;
-use super::member_io::io_err;
-use super::member_io::recycle;
-//@IMPORTS
 
 /// The caller's buffer back from [`AlignedBuf::split_mut`] once every
 /// member has returned its view. Should a view outlive its read (no backend

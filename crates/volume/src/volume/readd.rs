@@ -21,24 +21,14 @@
 //! checkpoint (kept in the superblocks, so a restart resumes), and marks it
 //! Active; once all members are, the bits are cleared again.
 
-use blockdev::BlockDevice;
-use blockdev::BlockOp;
-use crate::superblock::MemberState;
-use crate::superblock::SB_BYTES;
-use crate::superblock::Superblock;
-use crate::superblock::uuid_string;
 use std::sync::Arc;
-use super::Inner;
-use super::StaleRegions;
-use super::Volume;
-use super::VolumeError;
+
+use blockdev::{BlockDevice, BlockOp};
+
 use super::fence::FencedMember;
-use super::member_io::abuf;
-use super::member_io::abuf_from;
-use super::member_io::dev_io;
-use super::member_io::recycle;
-use super::member_io::zbuf;
-//@IMPORTS
+use super::member_io::{abuf, abuf_from, dev_io, recycle, zbuf};
+use super::{Inner, StaleRegions, Volume, VolumeError};
+use crate::superblock::{MemberState, SB_BYTES, Superblock, uuid_string};
 
 /// What [`Volume::re_add`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,21 +5,13 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::rebuild::{RebuildOptions, RebuildProgress, RunningGuard};
-
-use blockdev::BlockDevice;
-use blockdev::BlockOp;
-use crate::superblock::MemberState;
+use blockdev::{BlockDevice, BlockOp};
 use futures_util::future::join_all;
-use super::OpError;
-use super::StaleRegions;
-use super::Volume;
-use super::VolumeError;
-use super::member_io::abuf;
-use super::member_io::dev_io;
-use super::member_io::recycle;
-use super::member_io::zbuf;
-//@IMPORTS
+
+use super::member_io::{abuf, dev_io, recycle, zbuf};
+use super::{OpError, StaleRegions, Volume, VolumeError};
+use crate::rebuild::{RebuildOptions, RebuildProgress, RunningGuard};
+use crate::superblock::MemberState;
 
 impl Volume {
     /// Puts `dev` in place of failed member `index`; its data is rebuilt by

@@ -3,18 +3,13 @@
 //! are in `crate::journal`).
 
 use std::collections::HashMap;
-
-use crate::journal::{HEADER_BYTES, Record, RecordKind, Shape};
+use std::sync::atomic::Ordering;
 
 use blockdev::BlockOp;
-use std::sync::atomic::Ordering;
-use super::Inner;
-use super::VolumeError;
-use super::member_io::abuf;
-use super::member_io::dev_io;
-use super::member_io::recycle;
-use super::member_io::zbuf;
-//@IMPORTS
+
+use super::member_io::{abuf, dev_io, recycle, zbuf};
+use super::{Inner, VolumeError};
+use crate::journal::{HEADER_BYTES, Record, RecordKind, Shape};
 
 impl Inner {
     /// Replays the newest valid record of every stripe (see the module

@@ -1,27 +1,18 @@
 //! Parity checks: one stripe (`sync_stripe`), the whole volume (scrub), and
 //! the regions the intent bitmaps mark dirty after a crash.
 
+use std::sync::atomic::Ordering;
+
+use blockdev::{AlignedBuf, BlockError, BlockOp};
 use futures_util::StreamExt;
+use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 
-use blockdev::AlignedBuf;
-use blockdev::BlockError;
-use blockdev::BlockOp;
+use super::member_io::{abuf, collect_failed, dev_io, io_err};
+use super::sync::SyncControl;
+use super::{Inner, OpError, ScrubReport, Volume, VolumeError};
 use crate::parity::Code;
 use crate::superblock::SB_BYTES;
-use futures_util::future::join_all;
-use std::sync::atomic::Ordering;
-use super::Inner;
-use super::OpError;
-use super::ScrubReport;
-use super::Volume;
-use super::VolumeError;
-use super::member_io::abuf;
-use super::member_io::collect_failed;
-use super::member_io::dev_io;
-use super::member_io::io_err;
-use super::sync::SyncControl;
-//@IMPORTS
 
 /// Stripes resynced at once after a crash.
 const RESYNC_PARALLEL: usize = 32;

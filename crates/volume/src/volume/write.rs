@@ -1,32 +1,16 @@
 //! The stripe writer: full-stripe, reconstruct-write and read-modify-write,
 //! degraded updates with their journal record, and WriteZeroes/Deallocate.
 
-use blockdev::AlignedBuf;
-use blockdev::BlockError;
-use blockdev::BlockOp;
-use blockdev::SharedBuf;
-use crate::journal::HEADER_BYTES;
-use crate::journal::Record;
-use crate::journal::RecordKind;
-use crate::layout::Extent;
-use crate::layout::MAX_MEMBERS;
-use crate::parity::Code;
-use crate::parity::ParityError;
-use futures_util::future::join_all;
 use std::sync::atomic::Ordering;
-use super::Inner;
-use super::OpError;
-use super::View;
-use super::ZERO_PIECE_BYTES;
-use super::member_io::Batch;
-use super::member_io::abuf;
-use super::member_io::abuf_from;
-use super::member_io::collect_failed;
-use super::member_io::dev_io;
-use super::member_io::io_err;
-use super::member_io::recycle;
-use super::member_io::zbuf;
-//@IMPORTS
+
+use blockdev::{AlignedBuf, BlockError, BlockOp, SharedBuf};
+use futures_util::future::join_all;
+
+use super::member_io::{Batch, abuf, abuf_from, collect_failed, dev_io, io_err, recycle, zbuf};
+use super::{Inner, OpError, View, ZERO_PIECE_BYTES};
+use crate::journal::{HEADER_BYTES, Record, RecordKind};
+use crate::layout::{Extent, MAX_MEMBERS};
+use crate::parity::{Code, ParityError};
 
 /// Per data column: touched rows and where the new data starts in the source.
 #[derive(Clone, Copy)]
