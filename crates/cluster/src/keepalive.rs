@@ -48,6 +48,8 @@ pub(crate) async fn watchdog(health: Arc<watch::Sender<LeaseHealth>>, client: Cl
     let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(lease)).await;
 }
 
+/// The keep-alive task: one keep-alive every `every`, each acknowledged one
+/// moving the deadline to send time + granted TTL - `margin`.
 pub(crate) struct KeepAlive {
     pub(crate) client: Client,
     pub(crate) lease: i64,
@@ -55,6 +57,7 @@ pub(crate) struct KeepAlive {
     pub(crate) margin: Duration,
     pub(crate) ttl: Duration,
     pub(crate) health: Arc<watch::Sender<LeaseHealth>>,
+    /// Sends nothing before this (`Session::pause_keepalive_for_test`).
     pub(crate) pause_until: Arc<Mutex<Option<Instant>>>,
 }
 

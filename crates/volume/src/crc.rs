@@ -29,3 +29,13 @@ pub fn crc32c(data: &[u8]) -> u32 {
     }
     !crc
 }
+
+#[cfg(test)]
+mod tests {
+    use super::crc32c;
+
+    #[test]
+    fn crc32c_known_value() {
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+    }
+}
