@@ -16,7 +16,7 @@
 //! `mod.rs` holds the state and the loop, `own.rs` taking over and letting
 //! go, `peers.rs` the other nodes, `api.rs` the HTTP calls.
 
-mod api;
+mod cluster_ops;
 mod own;
 mod peers;
 mod switch;
@@ -38,7 +38,6 @@ use tokio::sync::Notify;
 use crate::config::Membership;
 use crate::node::Node;
 
-pub use api::MoveRequest;
 pub use switch::{LeaseClock, SwitchDevice};
 
 /// ANA transition time reported to hosts: the longest a group stays in
@@ -81,7 +80,7 @@ pub struct Agent {
     rejoined: Notify,
     _liveness: LivenessListener,
     /// How to call other nodes' APIs (set once this node's API is up).
-    peer_api: Mutex<Option<Arc<crate::api_auth::PeerApi>>>,
+    peer_api: Mutex<Option<Arc<crate::client::PeerApi>>>,
 }
 
 /// How long a node waits per rank before claiming an unowned volume, so
@@ -95,7 +94,7 @@ const COOLDOWN: Duration = Duration::from_secs(5);
 
 impl Agent {
     /// Calls to other nodes' APIs go with this node's token (and TLS trust).
-    pub fn set_peer_api(&self, p: Arc<crate::api_auth::PeerApi>) {
+    pub fn set_peer_api(&self, p: Arc<crate::client::PeerApi>) {
         *self.peer_api.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
     }
 

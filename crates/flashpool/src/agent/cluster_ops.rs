@@ -8,67 +8,10 @@ use std::time::{Duration, Instant};
 
 use cluster::{ClusterError, Handoff, Session, VolumeSpec, VolumeState};
 use nvmf_target::AnaState;
-use serde::{Deserialize, Serialize};
 
 use super::{Agent, Served};
+use crate::api_types::{ClusterStatus, DrainResult, MoveResult, NodeStatus, VolumeStatus};
 use crate::node::{CreateVolume, NodeError, NodeResult, VolumeInfo};
-
-#[derive(Debug, Serialize)]
-pub struct NodeStatus {
-    pub name: String,
-    pub slot: u16,
-    pub lease: String,
-    pub ttl_left_s: Option<i64>,
-    pub draining: bool,
-    pub portals: Vec<String>,
-    pub api: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct VolumeStatus {
-    pub name: String,
-    pub owner: Option<String>,
-    pub epoch: Option<u64>,
-    pub generation: Option<u64>,
-    /// optimal, degraded, rebuilding (as its owner last recorded), or unowned.
-    pub state: String,
-    pub handoff: Option<String>,
-    pub nqn: String,
-    pub nsid: u32,
-    pub ana_group: u32,
-    pub drives: Vec<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ClusterStatus {
-    pub cluster: String,
-    pub node: String,
-    pub nodes: Vec<NodeStatus>,
-    pub volumes: Vec<VolumeStatus>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MoveRequest {
-    pub to: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct MoveResult {
-    pub volume: String,
-    pub from: String,
-    pub to: String,
-    pub epoch: u64,
-    pub took_ms: u64,
-}
-
-#[derive(Debug, Serialize)]
-pub struct DrainResult {
-    pub node: String,
-    pub draining: bool,
-    /// Volumes it still owns (none once a drain is done).
-    pub owns: Vec<String>,
-}
 
 fn etcd(e: ClusterError) -> NodeError {
     match e {
