@@ -252,10 +252,13 @@ pub(super) async fn rebuild_status(
     Path(name): Path<String>,
 ) -> ApiResult {
     let v = n.volume(&name).await?;
-    ok(RebuildStatus {
+    let r = RebuildStatus {
         members: v.members,
         rebuild: v.rebuild,
         state: v.state,
         volume: v.name,
-    })
+    };
+    // Through a `Value`, as this answer always was: its objects' keys sorted.
+    ok(serde_json::to_value(r)
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?)
 }

@@ -17,7 +17,9 @@ pub struct NodeStatus {
     pub slot: u16,
     pub lease: String,
     pub ttl_left_s: Option<i64>,
+    #[serde(default)]
     pub draining: bool,
+    #[serde(default)]
     pub portals: Vec<String>,
     pub api: Option<String>,
 }
@@ -34,6 +36,7 @@ pub struct VolumeStatus {
     pub nqn: String,
     pub nsid: u32,
     pub ana_group: u32,
+    #[serde(default)]
     pub drives: Vec<String>,
 }
 

@@ -82,9 +82,12 @@ pub struct JobInfo {
     /// A scrub: whether it rewrites parity that disagrees.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repair: Option<bool>,
+    #[serde(default)]
     pub mismatches: u64,
+    #[serde(default)]
     pub repaired: u64,
     /// Stripes that could not be checked (a data member missing).
+    #[serde(default)]
     pub skipped: u64,
 }
 

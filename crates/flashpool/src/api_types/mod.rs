@@ -9,6 +9,8 @@ mod cluster;
 mod drive;
 mod event;
 mod job;
+#[cfg(test)]
+mod tests;
 mod volume;
 
 use serde::{Deserialize, Serialize};

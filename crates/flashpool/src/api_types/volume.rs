@@ -110,6 +110,7 @@ pub struct VolumeInfo {
     pub generation: u64,
     pub members: Vec<MemberInfo>,
     pub export: Option<Export>,
+    #[serde(default)]
     pub from_config: bool,
     pub rebuild: RebuildInfo,
     /// Thin volumes: the volume whose pool holds it, and its allocated bytes.
@@ -148,6 +149,7 @@ pub struct RebuildInfo {
     /// The drives being rebuilt now, and those waiting for the next pass
     /// (the ETA covers both).
     pub drives: Vec<String>,
+    #[serde(default)]
     pub queued_drives: Vec<String>,
     pub done_stripes: u64,
     pub total_stripes: u64,
