@@ -11,6 +11,7 @@ use nvmf_target::AnaState;
 
 use super::{Agent, Served};
 use crate::api_types::{ClusterStatus, DrainResult, MoveResult, NodeStatus, VolumeStatus};
+use crate::client::{PeerApi, PeerError};
 use crate::node::{CreateVolume, NodeError, NodeResult, VolumeInfo};
 
 fn etcd(e: ClusterError) -> NodeError {
@@ -354,31 +355,16 @@ impl Agent {
             .peer_api
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        tokio::task::spawn_blocking(move || {
-            let path = format!("/cluster/probe/{vol}");
-            let sent = match &peer_api {
-                Some(p) => p.post(&api, &path),
-                // No API of its own (tests, enabled = false): no token to send.
-                None => ureq::Agent::config_builder()
-                    .timeout_global(Some(Duration::from_secs(5)))
-                    .http_status_as_error(false)
-                    .build()
-                    .new_agent()
-                    .post(&format!("http://{api}/v1{path}"))
-                    .send_empty(),
-            };
-            let mut r = sent.map_err(|e| {
-                NodeError::Conflict(format!("node {who} ({api}) does not answer: {e}"))
-            })?;
-            if r.status().is_success() {
-                return Ok(());
-            }
-            let v: serde_json::Value = r.body_mut().read_json().unwrap_or_default();
-            Err(NodeError::Conflict(format!(
-                "node {who} cannot serve {vol}: {}; nothing changed",
-                v["error"].as_str().unwrap_or("no reason given")
-            )))
+            .clone()
+            .unwrap_or_else(|| Arc::new(PeerApi::anonymous()));
+        tokio::task::spawn_blocking(move || match peer_api.probe(&api, &vol) {
+            Ok(_) => Ok(()),
+            Err(PeerError::Unreachable(e)) => Err(NodeError::Conflict(format!(
+                "node {who} ({api}) does not answer: {e}"
+            ))),
+            Err(PeerError::Refused(why)) => Err(NodeError::Conflict(format!(
+                "node {who} cannot serve {vol}: {why}; nothing changed"
+            ))),
         })
         .await
         .map_err(|e| NodeError::Internal(e.to_string()))?

@@ -202,7 +202,8 @@ mod tests {
     use crate::api::auth::{ApiAuth, PeerInfo, secure};
     use crate::api::listen;
     use crate::api::token::Token;
-    use crate::client::PeerApi;
+    use crate::api_types::ProbeResult;
+    use crate::client::{PeerApi, PeerError};
 
     fn params(cn: Option<&str>, sans: &[&str]) -> CertificateParams {
         let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
@@ -313,7 +314,15 @@ mod tests {
             .build()
             .unwrap();
         let app = secure(
-            Router::new().route("/v1/cluster/probe/{name}", post(|| async { "{}" })),
+            Router::new().route(
+                "/v1/cluster/probe/{name}",
+                post(|| async {
+                    axum::Json(ProbeResult {
+                        reachable: true,
+                        volume: "v1".into(),
+                    })
+                }),
+            ),
             auth.clone(),
         );
         let addr = rt.block_on(async {
@@ -326,22 +335,25 @@ mod tests {
         });
         let api = format!("https://{addr}");
         let call = |auth: &Arc<ApiAuth>, cfg: &ApiSection| {
-            PeerApi::new(auth.clone(), cfg)
-                .unwrap()
-                .post(&api, "/cluster/probe/v1")
-                .map(|r| r.status().as_u16())
+            PeerApi::new(auth.clone(), cfg).unwrap().probe(&api, "v1")
         };
         // The node's tls_cert is its client certificate; the token goes too.
-        assert_eq!(call(&auth, &cfg).unwrap(), 200);
+        assert!(call(&auth, &cfg).unwrap().reachable);
         // Without a certificate of its own the handshake is refused.
         let trust_only = ApiSection {
             tls_ca: cfg.client_ca.clone(),
             ..ApiSection::default()
         };
-        assert!(call(&auth, &trust_only).is_err());
+        assert!(matches!(
+            call(&auth, &trust_only),
+            Err(PeerError::Unreachable(_))
+        ));
         // With the certificate and another token: refused as well.
         let other = Arc::new(ApiAuth::with_token(Token::generate().unwrap(), true));
-        assert_eq!(call(&other, &cfg).unwrap(), 401);
+        match call(&other, &cfg) {
+            Err(PeerError::Refused(why)) => assert!(why.contains("token"), "{why}"),
+            r => panic!("{r:?}"),
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::api_types::ErrorBody;
 
 pub use endpoint::{Endpoint, api_agent, api_base};
-pub use peer::{BearerToken, PeerApi};
+pub use peer::{BearerToken, PeerApi, PeerError};
 pub use token::{ApiToken, runtime_token_path};
 
 /// A client of one node's API, as the CLI calls it (one call at a time,

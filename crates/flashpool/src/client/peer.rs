@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::tls;
+use crate::api_types::{ErrorBody, ProbeResult};
 use crate::config::ApiSection;
 
 /// Where a node's calls get the token they send: the node's current one
@@ -21,8 +22,30 @@ pub trait BearerToken: Send + Sync {
 /// node's own `tls_cert`), and presenting its `tls_cert` as its client
 /// certificate to a node that asks for one (`[api] client_ca`).
 pub struct PeerApi {
-    token: Arc<dyn BearerToken>,
+    /// None: a node with no API of its own (tests, `enabled = false`) has
+    /// no token to send.
+    token: Option<Arc<dyn BearerToken>>,
     agent: ureq::Agent,
+}
+
+/// Why a peer did not confirm a call.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// No answer: refused, timed out, or the TLS handshake failed.
+    #[error("{0}")]
+    Unreachable(String),
+    /// It answered with an error; its message.
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn agent(tls: ureq::tls::TlsConfig) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .tls_config(tls)
+        .build()
+        .into()
 }
 
 impl PeerApi {
@@ -40,30 +63,52 @@ impl PeerApi {
             )?),
             _ => None,
         };
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(5)))
-            .tls_config(tls::client_tls(roots.as_deref(), cert))
-            .build()
-            .into();
-        Ok(PeerApi { token, agent })
+        Ok(PeerApi {
+            token: Some(token),
+            agent: agent(tls::client_tls(roots.as_deref(), cert)),
+        })
+    }
+
+    /// Calls without a token, trusting the public roots.
+    pub fn anonymous() -> PeerApi {
+        PeerApi {
+            token: None,
+            agent: agent(tls::client_tls(None, None)),
+        }
+    }
+
+    /// `POST /v1/cluster/probe/{volume}` on the node whose API is `api`:
+    /// whether it reaches every member of `volume`.
+    pub fn probe(&self, api: &str, volume: &str) -> Result<ProbeResult, PeerError> {
+        let mut r = self
+            .post(api, &format!("/cluster/probe/{volume}"))
+            .map_err(|e| PeerError::Unreachable(e.to_string()))?;
+        if r.status().is_success() {
+            return r
+                .body_mut()
+                .read_json()
+                .map_err(|e| PeerError::Refused(format!("an answer that is not a probe's: {e}")));
+        }
+        let why = r.body_mut().read_json::<ErrorBody>().ok();
+        Err(PeerError::Refused(
+            why.map_or_else(|| "no reason given".to_string(), |b| b.error),
+        ))
     }
 
     /// `POST <api>/v1<path>` with no body; `api` is a peer's advertised
     /// address (`ADDR:PORT` or `https://ADDR:PORT`).
-    pub fn post(
-        &self,
-        api: &str,
-        path: &str,
-    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+    fn post(&self, api: &str, path: &str) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
         let url = if api.contains("://") {
             format!("{api}/v1{path}")
         } else {
             format!("http://{api}/v1{path}")
         };
-        self.agent
-            .post(&url)
-            .header("Authorization", &format!("Bearer {}", self.token.bearer()))
-            .send_empty()
+        let req = self.agent.post(&url);
+        match &self.token {
+            Some(t) => req
+                .header("Authorization", &format!("Bearer {}", t.bearer()))
+                .send_empty(),
+            None => req.send_empty(),
+        }
     }
 }
