@@ -1,4 +1,4 @@
-//! Who may call the management API, and from where (issue 12, item 5).
+//! Who may call the management API, and from where.
 //!
 //! Every request passes [`guard`] before any handler sees it:
 //! 1. `Host` must name the address the client connected to (or
