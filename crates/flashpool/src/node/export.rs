@@ -13,28 +13,9 @@ use nvmf_target::{Namespace, Subsystem};
 use serde::{Deserialize, Serialize};
 
 use super::{Drive, Node, NodeError, NodeResult, NodeState};
+pub use crate::api_types::{DriveExport, ExportDriveRequest};
 use crate::config::cluster::drive_nqn;
 use crate::echo::Echo;
-
-/// How a drive is exported.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DriveExport {
-    pub nqn: String,
-    pub hosts: Vec<String>,
-    /// Declared in the TOML (else made through the API and kept in
-    /// `state_dir/drive-exports.json`).
-    #[serde(default)]
-    pub from_config: bool,
-}
-
-/// `POST /v1/drives/{name}/export`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExportDriveRequest {
-    /// Host NQNs allowed to connect (default: the `[[peer]]`s').
-    #[serde(default)]
-    pub hosts: Vec<String>,
-}
 
 /// One line of `drive-exports.json`.
 #[derive(Debug, Serialize, Deserialize)]

@@ -29,18 +29,19 @@ use std::sync::Arc;
 
 use blockdev::{BlockDevice, BlockError, BlockOp, Geometry, IoFuture, IoRequest, RecordKind};
 use nvmf_target::Target;
-use serde::Serialize;
 use volume::Volume;
 use volume::thin::{ThinPool, ThinVolume};
 
+pub use crate::api_types::Export;
 pub use assemble::AssembleVolume;
 pub use drive::{Drive, DriveSpec};
-pub use export::{DriveExport, ExportDriveRequest};
-pub use ops::{
-    CreateVolume, ExportRequest, VolumeInfo, check_name, parse_layout, volume_namespace,
-};
-pub use recovery::{AssembleByName, ForcedInfo};
-pub use scrub::{ScrubRequest, ScrubSchedule};
+pub use export::DriveExport;
+pub use ops::{CreateVolume, VolumeInfo, check_name, parse_layout, volume_namespace};
+pub use recovery::ForcedInfo;
+pub use scrub::ScrubSchedule;
+// The node's tests name these API bodies by their old paths.
+#[cfg(test)]
+pub use crate::api_types::{ExportDriveRequest, ExportRequest, ScrubRequest};
 
 /// An operation's failure, with the HTTP status the API answers with.
 #[derive(Debug, thiserror::Error)]
@@ -59,17 +60,6 @@ pub enum NodeError {
 }
 
 pub type NodeResult<T> = Result<T, NodeError>;
-
-/// Where a volume is served.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Export {
-    pub nqn: String,
-    pub nsid: u32,
-    /// Declared in the TOML (else made through the API, and kept in the
-    /// node's state file when it has one).
-    #[serde(default)]
-    pub from_config: bool,
-}
 
 /// What a volume is made of.
 pub enum Backing {
