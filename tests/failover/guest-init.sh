@@ -52,6 +52,7 @@ mount -t debugfs none /sys/kernel/debug 2> /dev/null \
 # ---- host orchestration: wait_host (the marker, then "DONE ACTION ..." from the host) is
 # the one of /etc/guest-lib.sh
 # res (guest-lib.sh) without its kernel log dump: the kernel's lines stream as "@@K"
+# shellcheck disable=SC2034
 RES_DMESG=0
 
 # ---- the paths: one controller per node, all in one subsystem, a path to each namespace

@@ -46,7 +46,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 # clock, ports, results, QEMU launch, guest channel, build, report: tests/lib/harness.sh
 # (this suite's serial log carries arrival times, and it answers the guest more often)
+# shellcheck source=tests/lib/harness.sh
 . "$ROOT/tests/lib/harness.sh"
+# shellcheck disable=SC2034   # (read by tests/lib/harness.sh)
 SERIAL_STAMPED=1 ANSWER_TRIES=40 ANSWER_PAUSE=0.4 CTL_LINGER=0.3 ANSWER_EXACT=1
 BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
 GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}
@@ -62,7 +64,9 @@ ACCEL=${ACCEL:-auto}; RUN_TIMEOUT=${RUN_TIMEOUT:-1800}; STUCK_S=${STUCK_S:-420}
 VOL=vol; FSVOL=fsvol; FS_NSID=2; FS_LAYOUT=${FS_LAYOUT:-ec4+2}; NQN=nqn.2026-01.io.flashpool:failover; NENC=6
 export FPC_BIN=$BIN FPC_DIR=$CACHE/cluster FPC_LEASE_MS=$LEASE_MS FPC_CLUSTER=failover
 FPC_EXPORT_HOSTS="c1 c2 c3"
+# shellcheck disable=SC2034   # (do_build: tests/lib/harness.sh)
 GUEST_MODS="crc32c_generic crc32c-intel nvme-core nvme-fabrics nvme-tcp virtio_pci virtio_net ext4"
+# shellcheck disable=SC2034
 GUEST_BINS="nvme fio mke2fs e2fsck"
 
 . "$ROOT/tests/interop/guest.sh"

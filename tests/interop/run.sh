@@ -53,6 +53,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}
+# shellcheck source=tests/lib/harness.sh
 . "$ROOT/tests/lib/harness.sh"   # clock, ports, results, node TOML, QEMU, build, report
 BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
 ACCEL=${ACCEL:-auto}
@@ -137,9 +138,11 @@ do_setup() { guest_setup; }
 # modules: dependency order resolved on the host by kmod, loaded by busybox insmod
 # (nvme-auth and the crypto it asks for by name: only where the kernel has them as modules;
 # a module the kernel lacks is left out)
+# shellcheck disable=SC2034   # (GUEST_MODS, GUEST_BINS: do_build)
 GUEST_MODS="configfs crc32c_generic crc32c-intel libcrc32c nvme-auth dh_generic hmac
             sha256_generic sha512_generic nvme-core nvme-fabrics nvme-tcp
             nvmet nvmet-tcp brd virtio_pci virtio_net"
+# shellcheck disable=SC2034
 GUEST_BINS="nvme fio"
 build_files() { write_guest_init > "$IRD/init"; chmod 0755 "$IRD/init"; }
 build_stamp() { guest_stamp "$0" "$HERE/guest.sh"; }

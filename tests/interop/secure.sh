@@ -113,6 +113,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 CACHE=${SECURE_CACHE:-$ROOT/.cache/secure}
+# shellcheck source=tests/lib/harness.sh
 . "$ROOT/tests/lib/harness.sh"   # clock, ports, results, node TOML, QEMU, build, report
 BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
 BENCH_BIN=$(flashpool_bin "${BENCH_BIN:-$BIN}")
@@ -124,6 +125,7 @@ GUEST_CACHE=$CACHE
 IRD=$CACHE/initramfs; INITRD=$CACHE/initrd.img; RUN=$CACHE/run; HR=$RUN/host-results.txt
 USERLAND="nvme-cli ktls-utils keyutils"
 GUEST_BINS="/usr/sbin/nvme /usr/sbin/tlshd /usr/bin/keyctl"
+# shellcheck disable=SC2034   # (do_build: tests/lib/harness.sh)
 # gcm, ghash: kTLS asks the crypto API for gcm(aes), and no modprobe could load them then
 GUEST_MODS="configfs nvme-keyring nvme-auth nvme-core nvme-fabrics nvme-tcp nvmet nvmet-tcp tls gcm
   ghash-generic aesni_intel brd virtio_pci virtio_net"

@@ -155,6 +155,7 @@ answer_guest() {
 # build_files: its /init ...), packed, and the stamp of its inputs (hook build_stamp) beside
 # it. Optional hooks: build_prepare (before; exits when the build cannot be made),
 # build_check (after).
+# shellcheck disable=SC2153   # INITRD, IRD, CACHE: the caller's
 do_build() {
   local t0 b bins=(); t0=$(ts)
   if declare -F build_prepare > /dev/null; then build_prepare; fi

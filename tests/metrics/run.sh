@@ -11,6 +11,7 @@
 # Ports 4620 (I/O), 4621 (discovery), 4690 (API): apart from the other suites.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck disable=SC2034   # (read by flashpool_bin)
 ROOT=$(pwd)
 # shellcheck source=tests/lib/harness.sh
 . tests/lib/harness.sh   # node TOML, binaries
