@@ -48,7 +48,6 @@
 #                   (counted, fails if it cannot run). 0: never.
 #   CL_IO=14520 CL_DISC=18109 CL_API=19510  the owner's host 127.0.0.1 ports (next free one)
 set -euo pipefail
-export PATH="$PATH:/usr/sbin:/sbin"
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -56,9 +55,6 @@ CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}
 # shellcheck source=tests/lib/harness.sh
 . "$ROOT/tests/lib/harness.sh"   # clock, ports, results, node TOML, QEMU, build, report
 BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
-ACCEL=${ACCEL:-auto}
-GUEST_MEM=${GUEST_MEM:-1024}
-GUEST_CPUS=${GUEST_CPUS:-2}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 REACTORS=${REACTORS:-2}
 KATO=${KATO:-5}
@@ -265,6 +261,18 @@ resv_report() {
 # regl UUID KEY RCSTS: a registrant line as resv_report writes it
 regl() { echo "$(echo $1 | tr -d -) $(($2)) $3"; }
 regs() { while [ $# -ge 3 ]; do regl $1 $2 $3; shift 3; done | sort; }
+# write_conflict CHECK DEV WHAT: /tmp/wb written to DEV at $W (LBA $WL) by nvme write and by
+# dd O_DIRECT must both fail with Reservation Conflict (EBADE for dd) and leave WHAT at 2 MiB
+# ($HWA, read through $DB) unchanged
+write_conflict() {
+  local c=$1 dev=$2 rc1 st1 c1 rc2 e2 k2 h ok
+  nvs write /dev/$dev -s $WL -c $((B4 - 1)) -z 4096 -d /tmp/wb; rc1=$?; st1=$(nvstatus); c1=FAIL; is_status "Reservation Conflict" && c1=PASS
+  t 30 dd if=/tmp/wb of=/dev/$dev bs=4096 seek=$W oflag=direct conv=notrunc; rc2=$?; e2=$(grep -i error /tmp/t.out | head -n1)
+  k2=$(dmesg | grep -c "$dev: I/O Cmd(0x1) @ LBA $WL, $B4 blocks, I/O Error (sct 0x0 / sc 0x83)")
+  h=$(sha4k $DB $W)
+  ok=FAIL; [ $rc1 -ne 0 ] && [ $c1 = PASS ] && [ $rc2 -ne 0 ] && is_ebade "$e2" && [ "$h" = "$HWA" ] && ok=PASS
+  res $c $ok "nvme write: exit $rc1, ${st1:-$NVOUT}; dd oflag=direct: exit $rc2 (${e2:-no error}), kernel 'sc 0x83' on $dev x$k2; $3 at 2 MiB $([ "$h" = "$HWA" ] && echo unchanged || echo CHANGED)"
+}
 sha4k() { timeout 30 dd if=/dev/$1 bs=4096 skip=$2 count=${3:-1} iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1; }
 # nvme_core_reload Y|N: unload nvme-tcp, nvme-fabrics, nvme-core (no host controller may
 # be left) and load them again with multipath=Y|N (nvmet does not depend on nvme-core)
@@ -568,12 +576,7 @@ if [ "$RESV" = 1 ]; then
 
     step resv-we-b "A holds Write Exclusive: B's writes fail with Reservation Conflict, B's reads work"
     dd if=/dev/urandom of=/tmp/wb bs=4096 count=1 2>/dev/null
-    nvs write /dev/$DB -s $WL -c $((B4 - 1)) -z 4096 -d /tmp/wb; rc1=$?; st1=$(nvstatus); c1=FAIL; is_status "Reservation Conflict" && c1=PASS
-    t 30 dd if=/tmp/wb of=/dev/$DB bs=4096 seek=$W oflag=direct conv=notrunc; rc2=$?; e2=$(grep -i error /tmp/t.out | head -n1)
-    k2=$(dmesg | grep -c "$DB: I/O Cmd(0x1) @ LBA $WL, $B4 blocks, I/O Error (sct 0x0 / sc 0x83)")
-    h=$(sha4k $DA $W)
-    ok=FAIL; [ $rc1 -ne 0 ] && [ $c1 = PASS ] && [ $rc2 -ne 0 ] && is_ebade "$e2" && [ "$h" = "$HWA" ] && ok=PASS
-    res resv-we-b-write-conflict $ok "nvme write: exit $rc1, ${st1:-$NVOUT}; dd oflag=direct: exit $rc2 (${e2:-no error}), kernel 'sc 0x83' on $DB x$k2; A's 4 KiB at 2 MiB $([ "$h" = "$HWA" ] && echo unchanged || echo CHANGED)"
+    write_conflict resv-we-b-write-conflict $DB "A's 4 KiB"
     hb=$(sha4k $DB $W)
     nvs read /dev/$DB -s $WL -c $((B4 - 1)) -z 4096 -d /tmp/rb; rc=$?; hr=$(sha256sum < /tmp/rb | cut -d' ' -f1)
     ok=FAIL; [ "$hb" = "$HWA" ] && [ $rc = 0 ] && [ "$hr" = "$HWA" ] && ok=PASS
@@ -621,12 +624,7 @@ if [ "$RESV" = 1 ]; then
     ok=FAIL
     [ $okp = PASS ] && [ $wa -ge 200 ] && [ $frc -ne 0 ] && [ "$ferr" = 52 ] && [ $rcp = 0 ] && [ "$h" = "$HWP" ] && ok=PASS
     res resv-preempt-abort $ok "preempt: $np; A's fio had $wa writes done before it, then exit $frc err=${ferr:-?} (expect 52 = EBADE, Reservation Conflict); B's 4 MiB over A's fio region: dd exit $rcp, read back $([ "$h" = "$HWP" ] && echo intact || echo "CHANGED ($h, B wrote $HWP)")"
-    nvs write /dev/$DA -s $WL -c $((B4 - 1)) -z 4096 -d /tmp/wb; rc1=$?; st1=$(nvstatus); c1=FAIL; is_status "Reservation Conflict" && c1=PASS
-    t 30 dd if=/tmp/wb of=/dev/$DA bs=4096 seek=$W oflag=direct conv=notrunc; rc2=$?; e2=$(grep -i error /tmp/t.out | head -n1)
-    k2=$(dmesg | grep -c "$DA: I/O Cmd(0x1) @ LBA $WL, $B4 blocks, I/O Error (sct 0x0 / sc 0x83)")
-    h=$(sha4k $DB $W)
-    ok=FAIL; [ $rc1 -ne 0 ] && [ $c1 = PASS ] && [ $rc2 -ne 0 ] && is_ebade "$e2" && [ "$h" = "$HWA" ] && ok=PASS
-    res resv-preempted-a-write-conflict $ok "nvme write: exit $rc1, ${st1:-$NVOUT}; dd oflag=direct: exit $rc2 (${e2:-no error}), kernel 'sc 0x83' on $DA x$k2; the 4 KiB at 2 MiB $([ "$h" = "$HWA" ] && echo unchanged || echo CHANGED)"
+    write_conflict resv-preempted-a-write-conflict $DA "the 4 KiB"
     dd if=/dev/urandom of=/tmp/wh bs=64k count=1 2>/dev/null; HWH=$(sha256sum < /tmp/wh | cut -d' ' -f1)
     t 30 dd if=/tmp/wh of=/dev/$DB bs=64k seek=48 oflag=direct conv=notrunc; rc=$?
     h=$(sha4k $DA 768 16)

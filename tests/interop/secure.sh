@@ -108,7 +108,6 @@
 #   FORCE=1         setup again: update the package lists, download and extract everything
 #   VERBOSE=1       print the whole guest serial log even when all passed
 set -euo pipefail
-export PATH="$PATH:/usr/sbin:/sbin"
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -117,7 +116,6 @@ CACHE=${SECURE_CACHE:-$ROOT/.cache/secure}
 . "$ROOT/tests/lib/harness.sh"   # clock, ports, results, node TOML, QEMU, build, report
 BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
 BENCH_BIN=$(flashpool_bin "${BENCH_BIN:-$BIN}")
-ACCEL=${ACCEL:-auto}; GUEST_MEM=${GUEST_MEM:-1024}; GUEST_CPUS=${GUEST_CPUS:-2}
 RUN_TIMEOUT=${RUN_TIMEOUT:-900}; REV_BUDGET=${REV_BUDGET:-240}; REACTORS=${REACTORS:-2}
 FORCE=${FORCE:-0}; VERBOSE=${VERBOSE:-0}; TLS=${TLS:-auto}
 export GUEST_SUITE=${GUEST_SUITE:-trixie}

@@ -28,6 +28,8 @@
 # $RUN/guest-serial.log as QEMU wrote it), ANSWER_TRIES=10, ANSWER_PAUSE=1.5, CTL_LINGER=0.5,
 # ANSWER_EXACT=1 (the acknowledgement must be the whole line, else a prefix).
 
+export PATH="$PATH:/usr/sbin:/sbin"   # ip, modprobe, mke2fs for a user without them on PATH
+
 # ---------------------------------------------------------------- clock, log
 ts() { date +%s.%N; }
 el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
@@ -81,6 +83,8 @@ toml_drive() {
 }
 
 # ---------------------------------------------------------------- guest (QEMU)
+# the guest suites' knobs (env): ACCEL=auto|tcg|kvm GUEST_MEM=1024 (MiB) GUEST_CPUS=2
+ACCEL=${ACCEL:-auto}; GUEST_MEM=${GUEST_MEM:-1024}; GUEST_CPUS=${GUEST_CPUS:-2}
 pick_accel() {
   if [ "$ACCEL" != auto ]; then echo "$ACCEL"; return; fi
   # /dev/kvm may be "kvm_pvm" (nested PVM): only PVM guest kernels run there, a stock
