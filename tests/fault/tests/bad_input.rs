@@ -386,21 +386,25 @@ fn pdu_rows(t: &TestTarget, abuse: &str) {
     let mut ran = 0;
     for &(_, what, values, on, pdu, answer) in PDU_ROWS.iter().filter(|r| r.0 == abuse) {
         for &v in values {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            named_row(abuse, &format!("{what} {v:#x}"), || {
                 pdu_row(t, on, pdu, answer, v)
-            }));
-            if let Err(e) = r {
-                let msg = e
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| e.downcast_ref::<&str>().copied())
-                    .unwrap_or("panic");
-                panic!("{abuse}: {what} {v:#x}: {msg}");
-            }
+            });
             ran += 1;
         }
     }
     assert!(ran > 0, "no PDU_ROWS for {abuse}");
+}
+
+/// Runs one row; a panic in it panics again with the abuse and the row named.
+fn named_row(abuse: &str, what: &str, row: impl FnOnce()) {
+    if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(row)) {
+        let msg = e
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| e.downcast_ref::<&str>().copied())
+            .unwrap_or("panic");
+        panic!("{abuse}: {what}: {msg}");
+    }
 }
 
 fn pdu_row(t: &TestTarget, on: On, pdu: fn(&Host, u32) -> Vec<u8>, answer: Answer, v: u32) {
@@ -472,21 +476,28 @@ fn abuse_in_capsule_data_digest(t: &TestTarget) {
     let n = b.len();
     b[n - 1] ^= 0x55;
     io.send(&b);
-    let c = io.expect_status(sqe.cid, SCT_GENERIC, SC_TRANSIENT_TRANSPORT);
+    expect_retryable_digest_error(&mut io, sqe.cid, lba, &before, &data);
+}
+
+/// After a write `cid` of `data` at `lba` whose data digest was wrong: Transient Transport
+/// Error without DNR, `before` still there, and the queue still writes and reads.
+fn expect_retryable_digest_error(io: &mut Host, cid: u16, lba: u64, before: &[u8], data: &[u8]) {
+    let nlb = data.len() as u32 / BLOCK;
+    let c = io.expect_status(cid, SCT_GENERIC, SC_TRANSIENT_TRANSPORT);
     assert!(
         !c.status.dnr,
         "a digest error is retryable: DNR must be clear"
     );
 
     // The queue stays usable and the bad data was not written.
-    let (c, got) = io.read(1, lba, 8);
+    let (c, got) = io.read(1, lba, nlb);
     assert!(c.status.is_success());
     assert!(
         got == before,
         "a write with a bad data digest changed the data"
     );
-    assert!(io.write(1, lba, &data).status.is_success());
-    let (_, got) = io.read(1, lba, 8);
+    assert!(io.write(1, lba, data).status.is_success());
+    let (_, got) = io.read(1, lba, nlb);
     assert!(got == data);
 }
 
@@ -509,70 +520,123 @@ fn abuse_h2c_data_digest(t: &TestTarget) {
         "answer before the transfer completed"
     );
     io.send(&io.h2c_pdu(sqe.cid, r.ttag, half as u32, &data[half..], true));
-    let c = io.expect_status(sqe.cid, SCT_GENERIC, SC_TRANSIENT_TRANSPORT);
-    assert!(
-        !c.status.dnr,
-        "a digest error is retryable: DNR must be clear"
-    );
-
-    let (c, got) = io.read(1, lba, 64);
-    assert!(c.status.is_success());
-    assert!(
-        got == before,
-        "a write with a bad data digest changed the data"
-    );
-    assert!(io.write(1, lba, &data).status.is_success());
-    let (_, got) = io.read(1, lba, 64);
-    assert!(got == data);
+    expect_retryable_digest_error(&mut io, sqe.cid, lba, &before, &data);
 }
 
 // ---------------------------------------------------------------- H2CData
 
-fn abuse_h2c_unknown_ttag(t: &TestTarget) {
-    for bump in [1u16, 7, 0x7fff] {
-        let (_admin, mut io) = t.admin_and_io(false);
-        let (sqe, r) = write_awaiting_r2t(&mut io, 0, 4096);
-        io.send(&io.h2c_pdu(sqe.cid, r.ttag.wrapping_add(bump), 0, &[1u8; 4096], true));
-        io.expect_term(FES_HEADER, Some(10));
+/// One H2CData PDU of a row: how far its CCCID and TTAG are off the command's and its R2T's,
+/// DATAO, its data length and LAST_PDU.
+type H2cPdu = (u16, u16, u32, usize, bool);
+
+/// A row: the abuse it belongs to, what it names, the length of the write whose R2T the
+/// PDUs answer (0: no write, the PDUs name CID 1 and TTAG 0), the PDUs, the TermReq's FES
+/// and FEI. Each row on a new controller.
+type H2cRow = (&'static str, &'static str, u32, &'static [H2cPdu], u16, u32);
+
+const H2C_ROWS: &[H2cRow] = &[
+    (
+        "h2c_unknown_ttag",
+        "TTAG + 1",
+        4096,
+        &[(0, 1, 0, 4096, true)],
+        FES_HEADER,
+        10,
+    ),
+    (
+        "h2c_unknown_ttag",
+        "TTAG + 7",
+        4096,
+        &[(0, 7, 0, 4096, true)],
+        FES_HEADER,
+        10,
+    ),
+    (
+        "h2c_unknown_ttag",
+        "TTAG + 0x7fff",
+        4096,
+        &[(0, 0x7fff, 0, 4096, true)],
+        FES_HEADER,
+        10,
+    ),
+    (
+        "h2c_unknown_ttag",
+        "no R2T outstanding at all",
+        0,
+        &[(0, 0, 0, 512, true)],
+        FES_HEADER,
+        10,
+    ),
+    (
+        "h2c_wrong_cccid",
+        "CCCID + 100",
+        4096,
+        &[(100, 0, 0, 4096, true)],
+        FES_HEADER,
+        8,
+    ),
+    (
+        "h2c_datao_gap",
+        "DATAO 512 first",
+        8192,
+        &[(0, 0, 512, 4096, false)],
+        FES_RANGE,
+        12,
+    ),
+    (
+        "h2c_datao_gap",
+        "a repeated DATAO after the first PDU",
+        8192,
+        &[(0, 0, 0, 4096, false), (0, 0, 0, 4096, true)],
+        FES_RANGE,
+        12,
+    ),
+    (
+        "h2c_past_r2t_range",
+        "8 KiB + 512 for 8 KiB",
+        8192,
+        &[(0, 0, 0, 8192 + 512, true)],
+        FES_RANGE,
+        16,
+    ),
+    (
+        "h2c_past_r2t_range",
+        "the second PDU past the end",
+        8192,
+        &[(0, 0, 0, 4096, false), (0, 0, 4096, 8192, true)],
+        FES_RANGE,
+        16,
+    ),
+];
+
+/// Runs the rows of `abuse` in [`H2C_ROWS`].
+fn h2c_rows(t: &TestTarget, abuse: &str) {
+    let mut ran = 0;
+    for &(_, what, len, pdus, fes, fei) in H2C_ROWS.iter().filter(|r| r.0 == abuse) {
+        named_row(abuse, what, || {
+            let (_admin, mut io) = t.admin_and_io(false);
+            let (cid, ttag) = match len {
+                0 => (1, 0),
+                _ => {
+                    let (sqe, r) = write_awaiting_r2t(&mut io, 0, len);
+                    (sqe.cid, r.ttag)
+                }
+            };
+            for &(dc, dt, datao, n, last) in pdus {
+                let b = io.h2c_pdu(
+                    cid.wrapping_add(dc),
+                    ttag.wrapping_add(dt),
+                    datao,
+                    &vec![1u8; n],
+                    last,
+                );
+                io.send(&b);
+            }
+            io.expect_term(fes, Some(fei));
+        });
+        ran += 1;
     }
-    // No R2T outstanding at all.
-    let (_admin, mut io) = t.admin_and_io(false);
-    io.send(&io.h2c_pdu(1, 0, 0, &[1u8; 512], true));
-    io.expect_term(FES_HEADER, Some(10));
-}
-
-fn abuse_h2c_wrong_cccid(t: &TestTarget) {
-    let (_admin, mut io) = t.admin_and_io(false);
-    let (sqe, r) = write_awaiting_r2t(&mut io, 0, 4096);
-    io.send(&io.h2c_pdu(sqe.cid.wrapping_add(100), r.ttag, 0, &[1u8; 4096], true));
-    io.expect_term(FES_HEADER, Some(8));
-}
-
-fn abuse_h2c_datao_gap(t: &TestTarget) {
-    let (_admin, mut io) = t.admin_and_io(false);
-    let (sqe, r) = write_awaiting_r2t(&mut io, 0, 8192);
-    io.send(&io.h2c_pdu(sqe.cid, r.ttag, 512, &[1u8; 4096], false));
-    io.expect_term(FES_RANGE, Some(12));
-
-    // A repeated offset after the first PDU.
-    let (_admin, mut io) = t.admin_and_io(false);
-    let (sqe, r) = write_awaiting_r2t(&mut io, 0, 8192);
-    io.send(&io.h2c_pdu(sqe.cid, r.ttag, 0, &[1u8; 4096], false));
-    io.send(&io.h2c_pdu(sqe.cid, r.ttag, 0, &[1u8; 4096], true));
-    io.expect_term(FES_RANGE, Some(12));
-}
-
-fn abuse_h2c_past_r2t_range(t: &TestTarget) {
-    let (_admin, mut io) = t.admin_and_io(false);
-    let (sqe, r) = write_awaiting_r2t(&mut io, 0, 8192);
-    io.send(&io.h2c_pdu(sqe.cid, r.ttag, 0, &[1u8; 8192 + 512], true));
-    io.expect_term(FES_RANGE, Some(16));
-
-    let (_admin, mut io) = t.admin_and_io(false);
-    let (sqe, r) = write_awaiting_r2t(&mut io, 0, 8192);
-    io.send(&io.h2c_pdu(sqe.cid, r.ttag, 0, &[1u8; 4096], false));
-    io.send(&io.h2c_pdu(sqe.cid, r.ttag, 4096, &[1u8; 8192], true));
-    io.expect_term(FES_RANGE, Some(16));
+    assert!(ran > 0, "no H2C_ROWS for {abuse}");
 }
 
 fn abuse_h2c_datal_mismatch(t: &TestTarget) {
@@ -880,17 +944,17 @@ fn abuse_admin_opcode_on_io(t: &TestTarget) {
 
 // ---------------------------------------------------------------- Connect and properties
 
+/// A Connect refused with Connect Invalid Parameters (`what` names it when it was not).
+fn expect_connect_invalid(c: &Cqe, what: &str) {
+    assert_status(c, SCT_CMD_SPECIFIC, status::SC_CONNECT_INVALID_PARAM, what);
+}
+
 const UNKNOWN_NQN: &str = "nqn.2026-01.io.flashpool:no-such-subsystem";
 
 fn abuse_connect_unknown_subsystem(t: &TestTarget) {
     let mut h = t.host_ic(false);
     let c = h.connect_admin(UNKNOWN_NQN, HOST_NQN, 0);
-    assert_status(
-        &c,
-        SCT_CMD_SPECIFIC,
-        status::SC_CONNECT_INVALID_PARAM,
-        "unknown subnqn",
-    );
+    expect_connect_invalid(&c, "unknown subnqn");
     assert!(c.status.dnr);
     // The queue is still unconnected: a good Connect works.
     h.connect_admin_ok(NQN_OPEN, HOST_NQN, 0);
@@ -901,12 +965,7 @@ fn abuse_io_connect_unknown_cntlid(t: &TestTarget) {
     for cntlid in [0x1234u16, 0, CNTLID_DYNAMIC] {
         let mut h = t.host_ic(false);
         let c = h.connect_io(cntlid, 1, NQN_OPEN, HOST_NQN);
-        assert_status(
-            &c,
-            SCT_CMD_SPECIFIC,
-            status::SC_CONNECT_INVALID_PARAM,
-            "unknown cntlid",
-        );
+        expect_connect_invalid(&c, "unknown cntlid");
         assert!(c.status.dnr);
     }
 }
@@ -976,12 +1035,7 @@ fn abuse_io_connect_qid_beyond_granted(t: &TestTarget) {
     for qid in [5u16, 100, 0xFFFF] {
         let mut h = t.host_ic(false);
         let c = h.connect_io(admin.cntlid, qid, NQN_OPEN, HOST_NQN);
-        assert_status(
-            &c,
-            SCT_CMD_SPECIFIC,
-            status::SC_CONNECT_INVALID_PARAM,
-            &format!("qid {qid}"),
-        );
+        expect_connect_invalid(&c, &format!("qid {qid}"));
         assert!(c.status.dnr);
     }
     // Grant 2 queues: qid 3 is refused, 2 is fine, a second qid 2 is refused.
@@ -990,12 +1044,7 @@ fn abuse_io_connect_qid_beyond_granted(t: &TestTarget) {
     assert_eq!(c.dw0, 1 | (1 << 16));
     let mut h = t.host_ic(false);
     let c = h.connect_io(admin.cntlid, 3, NQN_OPEN, HOST_NQN);
-    assert_status(
-        &c,
-        SCT_CMD_SPECIFIC,
-        status::SC_CONNECT_INVALID_PARAM,
-        "qid 3 of 2",
-    );
+    expect_connect_invalid(&c, "qid 3 of 2");
     let mut q2 = t.host_ic(false);
     assert_status(
         &q2.connect_io(admin.cntlid, 2, NQN_OPEN, HOST_NQN),
@@ -1005,12 +1054,7 @@ fn abuse_io_connect_qid_beyond_granted(t: &TestTarget) {
     );
     let mut dup = t.host_ic(false);
     let c = dup.connect_io(admin.cntlid, 2, NQN_OPEN, HOST_NQN);
-    assert_status(
-        &c,
-        SCT_CMD_SPECIFIC,
-        status::SC_CONNECT_INVALID_PARAM,
-        "qid 2 twice",
-    );
+    expect_connect_invalid(&c, "qid 2 twice");
     drop(q2);
 }
 
@@ -1242,12 +1286,7 @@ fn connect_invalid_parameters_dw0_is_ipo_low_iattr_high() {
     let t = TestTarget::start();
     let mut h = t.host_ic(false);
     let c = h.connect_admin(UNKNOWN_NQN, HOST_NQN, 0);
-    assert_status(
-        &c,
-        SCT_CMD_SPECIFIC,
-        status::SC_CONNECT_INVALID_PARAM,
-        "unknown subnqn",
-    );
+    expect_connect_invalid(&c, "unknown subnqn");
     assert_eq!(
         (c.dw0 & 0xFFFF, (c.dw0 >> 16) & 0xFF),
         (256, 1),
@@ -1258,12 +1297,7 @@ fn connect_invalid_parameters_dw0_is_ipo_low_iattr_high() {
     let admin = t.admin(false);
     let mut h = t.host_ic(false);
     let c = h.connect_io(0x1234, 1, NQN_OPEN, HOST_NQN);
-    assert_status(
-        &c,
-        SCT_CMD_SPECIFIC,
-        status::SC_CONNECT_INVALID_PARAM,
-        "unknown cntlid",
-    );
+    expect_connect_invalid(&c, "unknown cntlid");
     assert_eq!(
         (c.dw0 & 0xFFFF, (c.dw0 >> 16) & 0xFF),
         (16, 1),
@@ -1273,12 +1307,7 @@ fn connect_invalid_parameters_dw0_is_ipo_low_iattr_high() {
 
     let mut h = t.host_ic(false);
     let c = h.connect_io(admin.cntlid, 42, NQN_OPEN, HOST_NQN);
-    assert_status(
-        &c,
-        SCT_CMD_SPECIFIC,
-        status::SC_CONNECT_INVALID_PARAM,
-        "qid 42",
-    );
+    expect_connect_invalid(&c, "qid 42");
     assert_eq!(
         (c.dw0 & 0xFFFF, (c.dw0 >> 16) & 0xFF),
         (42, 0),
@@ -1295,12 +1324,7 @@ fn connect_invalid_parameters_dw0_is_ipo_low_iattr_high() {
         &Host::connect_data(CNTLID_DYNAMIC, NQN_OPEN, HOST_NQN),
     );
     let c = h.expect_resp();
-    assert_status(
-        &c,
-        SCT_CMD_SPECIFIC,
-        status::SC_CONNECT_INVALID_PARAM,
-        "sqsize 0",
-    );
+    expect_connect_invalid(&c, "sqsize 0");
     assert_eq!(
         (c.dw0 & 0xFFFF, (c.dw0 >> 16) & 0xFF),
         (44, 0),
@@ -1430,10 +1454,10 @@ abuses! {
     header_digest_mismatch_is_fes3: "header_digest_mismatch" => abuse_header_digest_mismatch,
     in_capsule_data_digest_mismatch_is_transient_error_and_queue_lives: "in_capsule_data_digest" => abuse_in_capsule_data_digest,
     h2c_data_digest_mismatch_is_transient_error_after_transfer: "h2c_data_digest" => abuse_h2c_data_digest,
-    h2c_unknown_ttag_is_fes1_fei10: "h2c_unknown_ttag" => abuse_h2c_unknown_ttag,
-    h2c_wrong_cccid_is_fes1_fei8: "h2c_wrong_cccid" => abuse_h2c_wrong_cccid,
-    h2c_datao_gap_is_fes4_fei12: "h2c_datao_gap" => abuse_h2c_datao_gap,
-    h2c_past_r2t_range_is_fes4_fei16: "h2c_past_r2t_range" => abuse_h2c_past_r2t_range,
+    h2c_unknown_ttag_is_fes1_fei10: "h2c_unknown_ttag" => |t| h2c_rows(t, "h2c_unknown_ttag"),
+    h2c_wrong_cccid_is_fes1_fei8: "h2c_wrong_cccid" => |t| h2c_rows(t, "h2c_wrong_cccid"),
+    h2c_datao_gap_is_fes4_fei12: "h2c_datao_gap" => |t| h2c_rows(t, "h2c_datao_gap"),
+    h2c_past_r2t_range_is_fes4_fei16: "h2c_past_r2t_range" => |t| h2c_rows(t, "h2c_past_r2t_range"),
     h2c_datal_not_matching_plen_is_fes1_fei16: "h2c_datal_mismatch" => abuse_h2c_datal_mismatch,
     h2c_over_maxh2cdata_ends_in_termreq: "h2c_over_maxh2cdata" => abuse_h2c_over_maxh2cdata_terminates,
     bad_sgls_get_sgl_status_codes: "sgl" => abuse_sgl,
