@@ -767,6 +767,45 @@ fn abuse_sgl(t: &TestTarget) {
 
 // ---------------------------------------------------------------- namespaces and LBAs
 
+/// How a command's data moves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Data {
+    /// No data (Write Zeroes).
+    None,
+    /// In the capsule.
+    InCapsule,
+    /// By R2T and H2CData (writes) or C2HData (reads).
+    Transported,
+}
+
+/// The ways a read or write reaches the target: what it is, its opcode, how its data moves.
+const RW_SHAPES: [(&str, u8, Data); 4] = [
+    ("read", io_opc::READ, Data::Transported),
+    ("in-capsule write", io_opc::WRITE, Data::InCapsule),
+    // refused before any R2T goes out
+    ("R2T write", io_opc::WRITE, Data::Transported),
+    ("write zeroes", io_opc::WRITE_ZEROES, Data::None),
+];
+
+/// Sends a read or write of `nlb` blocks whose data moves as `data` (in-capsule data: a
+/// fill); returns its SQE.
+fn send_rw(io: &mut Host, opc: u8, nsid: u32, slba: u64, nlb: u32, data: Data) -> Sqe {
+    let mut sqe = io.rw_sqe(opc, nsid, slba, nlb);
+    let len = nlb * BLOCK;
+    match data {
+        Data::None => io.send_capsule(&sqe, &[]),
+        Data::InCapsule => {
+            sqe.sgl = in_capsule(len);
+            io.send_capsule(&sqe, &vec![5u8; len as usize]);
+        }
+        Data::Transported => {
+            sqe.sgl = transported(len);
+            io.send_capsule(&sqe, &[]);
+        }
+    }
+    sqe
+}
+
 fn abuse_lba_out_of_range(t: &TestTarget) {
     let (_admin, mut io) = t.admin_and_io(false);
     let cases: [(u64, u32); 6] = [
@@ -778,51 +817,18 @@ fn abuse_lba_out_of_range(t: &TestTarget) {
         (1 << 40, 1),
     ];
     for (slba, nlb) in cases {
-        // Read.
-        let mut sqe = io.rw_sqe(io_opc::READ, 1, slba, nlb);
-        sqe.sgl = transported(nlb * BLOCK);
-        io.send_capsule(&sqe, &[]);
-        let c = io.expect_resp();
-        assert_eq!(c.cid, sqe.cid);
-        expect_generic_dnr(
-            &c,
-            status::SC_LBA_RANGE,
-            &format!("read slba {slba:#x} nlb {nlb}"),
-        );
-
-        // In-capsule write.
-        let mut sqe = io.rw_sqe(io_opc::WRITE, 1, slba, nlb);
-        sqe.sgl = in_capsule(nlb * BLOCK);
-        io.send_capsule(&sqe, &vec![5u8; (nlb * BLOCK) as usize]);
-        let c = io.expect_resp();
-        assert_eq!(c.cid, sqe.cid);
-        expect_generic_dnr(
-            &c,
-            status::SC_LBA_RANGE,
-            &format!("write slba {slba:#x} nlb {nlb}"),
-        );
-
-        // R2T write: refused before any R2T goes out.
-        let mut sqe = io.rw_sqe(io_opc::WRITE, 1, slba, nlb);
-        sqe.sgl = transported(nlb * BLOCK);
-        io.send_capsule(&sqe, &[]);
-        let c = io.expect_resp();
-        assert_eq!(c.cid, sqe.cid);
-        expect_generic_dnr(
-            &c,
-            status::SC_LBA_RANGE,
-            &format!("R2T write slba {slba:#x}"),
-        );
-
-        // Write Zeroes.
-        let sqe = io.rw_sqe(io_opc::WRITE_ZEROES, 1, slba, nlb);
-        io.send_capsule(&sqe, &[]);
-        let c = io.expect_resp();
-        expect_generic_dnr(
-            &c,
-            status::SC_LBA_RANGE,
-            &format!("write zeroes slba {slba:#x}"),
-        );
+        for (what, opc, data) in RW_SHAPES {
+            let sqe = send_rw(&mut io, opc, 1, slba, nlb, data);
+            let c = io.expect_resp();
+            if data != Data::None {
+                assert_eq!(c.cid, sqe.cid);
+            }
+            expect_generic_dnr(
+                &c,
+                status::SC_LBA_RANGE,
+                &format!("{what} slba {slba:#x} nlb {nlb}"),
+            );
+        }
     }
     // The last block is fine.
     let data = pattern(9, 512);
@@ -834,40 +840,29 @@ fn abuse_lba_out_of_range(t: &TestTarget) {
 fn abuse_invalid_nsid(t: &TestTarget) {
     let (_admin, mut io) = t.admin_and_io(false);
     for nsid in [0u32, 2, 1024, 0xFFFF_FFFF] {
-        let mut sqe = io.rw_sqe(io_opc::READ, nsid, 0, 1);
-        sqe.sgl = transported(512);
-        io.send_capsule(&sqe, &[]);
-        let c = io.expect_status(sqe.cid, SCT_GENERIC, status::SC_INVALID_NS);
-        assert!(c.status.dnr);
-
-        let mut sqe = io.rw_sqe(io_opc::WRITE, nsid, 0, 1);
-        sqe.sgl = in_capsule(512);
-        io.send_capsule(&sqe, &[1u8; 512]);
-        let c = io.expect_status(sqe.cid, SCT_GENERIC, status::SC_INVALID_NS);
-        assert!(c.status.dnr);
-
-        let mut sqe = io.rw_sqe(io_opc::WRITE, nsid, 0, 16);
-        sqe.sgl = transported(8192);
-        io.send_capsule(&sqe, &[]);
-        io.expect_status(sqe.cid, SCT_GENERIC, status::SC_INVALID_NS);
+        for (opc, nlb, data, dnr) in [
+            (io_opc::READ, 1, Data::Transported, true),
+            (io_opc::WRITE, 1, Data::InCapsule, true),
+            (io_opc::WRITE, 16, Data::Transported, false),
+        ] {
+            let sqe = send_rw(&mut io, opc, nsid, 0, nlb, data);
+            let c = io.expect_status(sqe.cid, SCT_GENERIC, status::SC_INVALID_NS);
+            assert!(c.status.dnr || !dnr, "nsid {nsid:#x} opcode {opc:#x}: DNR");
+        }
     }
 }
 
 fn abuse_over_mdts(t: &TestTarget) {
     let (_admin, mut io) = t.admin_and_io(false);
     let nlb = MAX_TRANSFER / BLOCK + 1;
-    let mut sqe = io.rw_sqe(io_opc::READ, 1, 0, nlb);
-    sqe.sgl = transported(nlb * BLOCK);
-    io.send_capsule(&sqe, &[]);
+    send_rw(&mut io, io_opc::READ, 1, 0, nlb, Data::Transported);
     expect_generic_dnr(
         &io.expect_resp(),
         status::SC_INVALID_FIELD,
         "read over MDTS",
     );
 
-    let mut sqe = io.rw_sqe(io_opc::WRITE, 1, 0, nlb);
-    sqe.sgl = transported(nlb * BLOCK);
-    io.send_capsule(&sqe, &[]);
+    send_rw(&mut io, io_opc::WRITE, 1, 0, nlb, Data::Transported);
     // No R2T: the refusal comes first.
     expect_generic_dnr(
         &io.expect_resp(),
