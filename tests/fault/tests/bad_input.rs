@@ -104,6 +104,14 @@ fn expect_generic_dnr(c: &Cqe, sc: u8, what: &str) {
     assert!(c.status.dnr, "{what}: DNR must be set for SC {sc:#x}");
 }
 
+/// An admin queue connected with a keep-alive timeout of `kato_ms` and enabled.
+fn enabled_admin(t: &TestTarget, kato_ms: u32) -> Host {
+    let mut h = t.host_ic(false);
+    h.connect_admin_ok(NQN_OPEN, HOST_NQN, kato_ms);
+    h.enable();
+    h
+}
+
 /// Sends a Write with an SGL for `len` bytes moved by R2T; returns its SQE and the R2T.
 fn write_awaiting_r2t(io: &mut Host, slba: u64, len: u32) -> (Sqe, R2THdr) {
     let mut sqe = io.rw_sqe(io_opc::WRITE, 1, slba, len / BLOCK);
@@ -1371,9 +1379,7 @@ fn two_connects_in_flight_do_not_leak_a_controller() {
 #[test]
 fn keep_alive_timeout_tears_down_controller() {
     let t = TestTarget::start();
-    let mut admin = t.host_ic(false);
-    admin.connect_admin_ok(NQN_OPEN, HOST_NQN, 1000);
-    admin.enable();
+    let mut admin = enabled_admin(&t, 1000);
     let mut io = t.host_ic(false);
     let c = io.connect_io(admin.cntlid, 1, NQN_OPEN, HOST_NQN);
     assert_status(&c, 0, 0, "I/O Connect");
@@ -1402,9 +1408,7 @@ fn keep_alive_timeout_tears_down_controller() {
 #[test]
 fn keep_alive_traffic_keeps_controller() {
     let t = TestTarget::start();
-    let mut admin = t.host_ic(false);
-    admin.connect_admin_ok(NQN_OPEN, HOST_NQN, 1000);
-    admin.enable();
+    let mut admin = enabled_admin(&t, 1000);
     for i in 0..5u16 {
         std::thread::sleep(Duration::from_millis(400));
         let ka = Sqe::new(admin_opc::KEEP_ALIVE, 100 + i);
@@ -1778,9 +1782,7 @@ fn stall_admin_queue(h: &mut Host) {
 #[test]
 fn slow_reader_admin_queue_still_times_out() {
     let t = TestTarget::start();
-    let mut h = t.host_ic(false);
-    h.connect_admin_ok(NQN_OPEN, HOST_NQN, 1000);
-    h.enable();
+    let mut h = enabled_admin(&t, 1000);
     stall_admin_queue(&mut h);
     let left = t.wait_controllers(0, Duration::from_secs(4));
     assert_eq!(
@@ -1794,9 +1796,7 @@ fn slow_reader_admin_queue_still_times_out() {
 #[test]
 fn slow_reader_does_not_block_shutdown() {
     let t = TestTarget::start();
-    let mut h = t.host_ic(false);
-    h.connect_admin_ok(NQN_OPEN, HOST_NQN, 0);
-    h.enable();
+    let mut h = enabled_admin(&t, 0);
     stall_admin_queue(&mut h);
     std::thread::sleep(Duration::from_millis(200));
     let (tx, rx) = std::sync::mpsc::channel();
