@@ -62,7 +62,9 @@ DRIVE_SIZE=${DRIVE_SIZE:-64MiB}; RUN_TIMEOUT=${RUN_TIMEOUT:-1800}; STUCK_S=${STU
 VOL=vol; FSVOL=fsvol; FS_NSID=2; FS_LAYOUT=${FS_LAYOUT:-ec4+2}; NQN=nqn.2026-01.io.flashpool:failover; NENC=6
 export FPC_BIN=$BIN FPC_DIR=$CACHE/cluster FPC_LEASE_MS=$LEASE_MS FPC_CLUSTER=failover
 FPC_EXPORT_HOSTS="c1 c2 c3"
-# shellcheck disable=SC2034   # (do_build: tests/lib/harness.sh)
+# shellcheck disable=SC2034   # (do_setup, do_build: tests/lib/harness.sh)
+SETUP_PKGS="etcd-server etcd-client e2fsprogs iproute2"
+# shellcheck disable=SC2034
 GUEST_MODS="crc32c_generic crc32c-intel nvme-core nvme-fabrics nvme-tcp virtio_pci virtio_net ext4"
 # shellcheck disable=SC2034
 GUEST_BINS="nvme fio mke2fs e2fsck"
@@ -116,11 +118,9 @@ handle() {
   answer_guest "$action" "$st${pay:+ $pay}"
 }
 
-do_run() {
-  local t0 K accel tb="" done_t="" last=0 n line action args handled=" " lastout quiet
-  t0=$(ts); K=$(guest_kver)
-  [ -n "$K" ] || abort_run 1 "no kernel: run '$0 setup' first"
-  build_if_stale
+# run_checks (do_run: tests/lib/harness.sh)
+run_checks() {
+  local t0=$T0 accel tb="" done_t="" last=0 n line action args handled=" " lastout quiet
   local expect="fo-up fo-connect" c r
   for c in $CASES; do
     case " $ALL_CASES " in *" $c "*) ;; *) echo "unknown case '$c' (cases: $ALL_CASES)"; exit 2;; esac
@@ -200,18 +200,4 @@ do_run() {
   report_results
 }
 
-ACTION=all
-for a in "$@"; do
-  case $a in
-    setup|build|run|all) ACTION=$a;;
-    -h|--help) sed -n '2,43p' "$0"; exit 0;;
-    *) echo "usage: $0 [setup|build|run|all]"; exit 2;;
-  esac
-done
-mkdir -p "$CACHE"
-case $ACTION in
-  setup) guest_setup etcd-server etcd-client e2fsprogs iproute2;;
-  build) do_build;;
-  run) do_run;;
-  all) guest_setup etcd-server etcd-client e2fsprogs iproute2 && do_build && do_run;;
-esac
+suite_main "$@"

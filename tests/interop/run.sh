@@ -130,7 +130,6 @@ REV_CHECKS="host-connect-identify host-verify-nodigest host-verify-digest host-r
 # tests/lib/harness.sh)
 GUEST_CACHE=$CACHE
 . "$HERE/guest.sh"
-do_setup() { guest_setup; }
 # modules: dependency order resolved on the host by kmod, loaded by busybox insmod
 # (nvme-auth and the crypto it asks for by name: only where the kernel has them as modules;
 # a module the kernel lacks is left out)
@@ -1177,12 +1176,10 @@ cluster_poll() {
   return 0
 }
 
-do_run() {
-  local t0 K accel rc=0 tb="" restart_done=0 kato_cid="" kato_t="" done_t="" st
+# run_checks (do_run: tests/lib/harness.sh)
+run_checks() {
+  local t0=$T0 accel rc=0 tb="" restart_done=0 kato_cid="" kato_t="" done_t="" st
   local rev=0 rev_done=0 rev_note="" vol=0 cli_done="" cline cname cargs crc resv=0 ptpl=0
-  t0=$(ts); K=$(guest_kver)
-  [ -n "$K" ] || { echo "no kernel: run '$0 setup' first"; exit 1; }
-  build_if_stale
   assign_ports IO_PORT=14420 DISC_PORT=18009 CTL_PORT=15555 API_PORT=19410 REV_PORT=14430
   rm -rf "$RUN"; mkdir -p "$RUN"; : > "$HR"; : > "$RUN/target.log"
   trap cleanup EXIT
@@ -1419,19 +1416,13 @@ do_run() {
   report_results
 }
 
-ACTION=all
-for a in "$@"; do
-  case $a in
-    setup|build|run|all) ACTION=$a;;
+# shellcheck disable=SC2034   # (suite_main's usage line)
+SUITE_FLAGS="--self-test|--mock-target"
+suite_flag() {
+  case $1 in
     --self-test|--selftest) SELFTEST=1;;
     --mock-target) MOCK=1;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0;;
-    *) echo "usage: $0 [setup|build|run|all] [--self-test|--mock-target]"; exit 2;;
+    *) return 1;;
   esac
-done
-case $ACTION in
-  setup) do_setup;;
-  build) do_build;;
-  run) do_run;;
-  all) do_setup; do_build; do_run;;
-esac
+}
+suite_main "$@"

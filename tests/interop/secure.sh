@@ -121,6 +121,7 @@ FORCE=${FORCE:-0}; VERBOSE=${VERBOSE:-0}; TLS=${TLS:-auto}
 export GUEST_SUITE=${GUEST_SUITE:-trixie}
 GUEST_CACHE=$CACHE
 IRD=$CACHE/initramfs; INITRD=$CACHE/initrd.img; RUN=$CACHE/run; HR=$RUN/host-results.txt
+# shellcheck disable=SC2034   # (do_setup)
 USERLAND="nvme-cli ktls-utils keyutils"
 GUEST_BINS="/usr/sbin/nvme /usr/sbin/tlshd /usr/bin/keyctl"
 # shellcheck disable=SC2034   # (do_build: tests/lib/harness.sh)
@@ -152,7 +153,6 @@ TLS_CHECKS="tls-hmac1 tls-hmac2 tls-wrong-key tls-plain-refused tls-require-tls 
 
 # ---------------------------------------------------------------- setup, build
 # (do_build: tests/lib/harness.sh, with these hooks)
-do_setup() { guest_setup; guest_userland $USERLAND; }
 build_prepare() {
   [ -f "$GUEST_UROOT/.extracted" ] || { echo "no $GUEST_SUITE userland under $GUEST_UROOT: run '$0 setup' first"; exit 1; }
 }
@@ -333,11 +333,9 @@ cleanup() {
   QPID=""; TPID=""
 }
 
-do_run() {
-  local t0 K accel tb="" done_t="" rev_done=0 rc=0 tls_note="" gone=""
-  t0=$(ts); K=$(guest_kver)
-  [ -n "$K" ] || { echo "no kernel: run '$0 setup' first"; exit 1; }
-  build_if_stale
+# run_checks (do_run: tests/lib/harness.sh)
+run_checks() {
+  local t0=$T0 accel tb="" done_t="" rev_done=0 rc=0 tls_note="" gone=""
   assign_ports IO_PORT=24420 DISC_PORT=28009 TLS_PORT=24421 TLS_OPT_PORT=24422 CTL_PORT=25555 \
     REV_PORT=24430 REV_TLS_PORT=24431
   rm -rf "$RUN"; mkdir -p "$RUN"; : > "$HR"; : > "$RUN/target.log"
@@ -398,11 +396,4 @@ do_run() {
   report_results
 }
 
-case ${1:-all} in
-  setup) do_setup;;
-  build) do_build;;
-  run) do_run;;
-  all) do_setup; do_build; do_run;;
-  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//';;
-  *) echo "usage: $0 [setup|build|run|all]"; exit 2;;
-esac
+suite_main "$@"

@@ -11,9 +11,10 @@
 #   binaries          flashpool_bin [PATH]: FLASHPOOL_BIN or PATH or the release build
 #   results           hres NAME PASS|FAIL [DETAIL] (appends to $HR), abort_run N TEXT...
 #   node TOML         toml_listener, toml_subsystem, toml_namespace, toml_drive
-#   guest             pick_accel, qemu_accel, qemu_start, serial, has_marker, guest_progress,
-#                     send_ctl, answer_guest, build_if_stale, do_build, tally_results,
-#                     report_results, dump_guest_logs
+#   guest suites      suite_main ARG... (setup | build | run | all), do_setup, do_build,
+#                     build_if_stale, do_run (then the suite's run_checks), pick_accel,
+#                     qemu_accel, qemu_start, serial, has_marker, guest_progress, send_ctl,
+#                     answer_guest, tally_results, report_results, dump_guest_logs
 #   target            start_target, start_target_or_fail N, stop_target (flashpool serve)
 #   keys              interchange_key, dhchap_key
 #   reverse direction rev_bench, rev_pair, jget, verify_counts, bench_detail (flashpool bench
@@ -22,7 +23,8 @@
 # The caller sets (what it uses of): ROOT (the repository), RUN (the run's directory), HR
 # (host results file), BIN (flashpool), BENCH_BIN, ACCEL, GUEST_MEM, GUEST_CPUS, RUN_TIMEOUT,
 # CTL_PORT, IO_PORT/DISC_PORT or TARGET_PORTS, CACHE/IRD/INITRD/GUEST_MODS/GUEST_BINS and the
-# hooks build_files, build_stamp (do_build); for rev_bench also REV_TGT, REV_HOSTNQN, REV_T0,
+# hooks build_files, build_stamp (do_build), SETUP_PKGS/USERLAND (do_setup), run_checks
+# (do_run), suite_flag (suite_main); for rev_bench also REV_TGT, REV_HOSTNQN, REV_T0,
 # REV_BUDGET. Knobs of the guest channel (defaults: the interop suites'): SERIAL_STAMPED=1
 # (the serial log is $RUN/serial.log with an arrival time before each line, else
 # $RUN/guest-serial.log as QEMU wrote it), ANSWER_TRIES=10, ANSWER_PAUSE=1.5, CTL_LINGER=0.5,
@@ -152,6 +154,46 @@ answer_guest() {
     i=$((i+1))
   done
   say "guest did not acknowledge '$1'"
+}
+
+# suite_main ARG...: the suite's action, setup | build | run | all (the default: each in turn,
+# stopping at the first that fails), and its own flags (hook suite_flag FLAG: 0 if it took
+# FLAG; SUITE_FLAGS names them in the usage line); -h prints the script's header comment
+suite_main() {
+  local a action=all s rc
+  for a in "$@"; do
+    case $a in
+      setup|build|run|all) action=$a;;
+      -h|--help) sed -n '2,/^[^#]/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
+      *) if ! { declare -F suite_flag > /dev/null && suite_flag "$a"; }; then
+           echo "usage: $0 [setup|build|run|all]${SUITE_FLAGS:+ [$SUITE_FLAGS]}"; exit 2
+         fi;;
+    esac
+  done
+  mkdir -p "$CACHE"
+  case $action in
+    all) for s in do_setup do_build do_run; do "$s"; rc=$?; [ "$rc" = 0 ] || exit "$rc"; done;;
+    *) "do_$action";;
+  esac
+}
+# do_setup: the host's packages (guest.sh's and $SETUP_PKGS) and the kernel; with a Debian
+# suite of its own also the guest's $USERLAND packages
+do_setup() {
+  local rc
+  # shellcheck disable=SC2086   # package lists
+  guest_setup ${SETUP_PKGS:-}; rc=$?
+  [ "$rc" = 0 ] || return "$rc"
+  # shellcheck disable=SC2086
+  if [ -n "${USERLAND:-}" ]; then guest_userland $USERLAND; fi
+}
+# do_run: T0 (the run's start), K (the guest kernel), a fresh initramfs, then the suite's
+# run_checks
+do_run() {
+  # shellcheck disable=SC2034   # (run_checks reads T0)
+  T0=$(ts); K=$(guest_kver)
+  [ -n "$K" ] || abort_run 1 "no kernel: run '$0 setup' first"
+  build_if_stale
+  run_checks
 }
 
 # do_build: the suite's initramfs $INITRD: $GUEST_MODS and $GUEST_BINS (names on the host's
