@@ -27,9 +27,8 @@ FPC_DIR=${FPC_DIR:-$ROOT/.cache/cluster}
 # shellcheck source=tests/cluster/lib.sh
 . "$HERE/lib.sh"
 
-RESULTS=""
-fpc_result() { echo "RESULT $1 $2${3:+ ($3)}"; RESULTS="$RESULTS$1 $2
-"; }
+# RESULT lines (lib.sh's fpc_result: tests/lib/harness.sh) are counted from $HR
+HR=$FPC_DIR/host-results.txt
 LOAD_PIDS=""
 on_exit() {   # the load loops (subshells of this script) first, then the nodes and the network
   touch "$FPC_DIR/load-stop" 2> /dev/null
@@ -195,13 +194,14 @@ ACTION=${1:-all}
 [ -x "$FPC_BIN" ] || abort_run 1 "no flashpool binary at $FPC_BIN (cargo build --release, or set FLASHPOOL_BIN)"
 fpc_preflight || abort_run 1 "cannot run: $FPC_WHY"
 command -v python3 > /dev/null || abort_run 1 "needs python3"
+mkdir -p "$FPC_DIR"; : > "$HR"
 case $ACTION in
   plumbing) do_plumbing;;
   host) do_host;;
   all) do_plumbing; do_host;;
   *) echo "usage: $0 [plumbing|host|all]"; exit 2;;
 esac
-np=$(printf '%s' "$RESULTS" | grep -c ' PASS$' || true)
-nf=$(printf '%s' "$RESULTS" | grep -c ' FAIL$' || true)
+np=$(grep -c '^RESULT [^ ]* PASS' "$HR" || true)
+nf=$(grep -c '^RESULT [^ ]* FAIL' "$HR" || true)
 echo "$np passed, $nf failed"
 [ "$nf" = 0 ]

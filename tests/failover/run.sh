@@ -85,7 +85,6 @@ build_stamp() { guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/gues
 
 # ---------------------------------------------------------------- run
 HR=$RUN/host-results.txt
-fpc_result() { hres "$@"; }
 # the guest's serial lines are "EPOCH TEXT" in serial.log (arrival time; serial strips it)
 # hev TEXT: a harness event on the timeline clock
 hev() { printf '%s %s\n' "$EPOCHREALTIME" "$*" >> "$RUN/events.log"; say "$*"; }
@@ -97,11 +96,8 @@ kill_old_qemu() {
   rm -f "$CACHE/qemu.pid"
 }
 QPID=""; F_FAULT_ERR=""; OWNER0=""; EPOCH0=""; FS_OWNER0=""; FS_EPOCH0=""; T_FAULT=$EPOCHREALTIME; F_DETAIL=""
-cleanup() {
-  [ -n "$QPID" ] && { kill "$QPID" 2> /dev/null; wait "$QPID" 2> /dev/null; }
-  QPID=""
-  fpc_etcd_down; fpc_cleanup
-}
+# (cleanup, the EXIT trap: tests/lib/harness.sh) etcd, the nodes and the network
+cleanup_more() { fpc_etcd_down; fpc_cleanup; }
 
 # handle ACTION ARGS: one guest request; the answer goes back through the control port
 handle() {

@@ -1125,18 +1125,15 @@ run_reverse() {
   say "reverse direction done in $(el "$REV_T0") s"
 }
 
-cleanup() {
-  [ -n "$QPID" ] && { kill "$QPID" 2>/dev/null || true; }
-  [ -n "$TPID" ] && { kill -KILL "$TPID" 2>/dev/null || true; }
-  QPID=""; TPID=""
-  # the cluster phase's nodes, namespaces, veths and bridge, on any exit
-  [ "${CL_ON:-0}" = 1 ] && { fpc_cleanup || true; }
+# (cleanup, the EXIT trap: tests/lib/harness.sh) the cluster phase's nodes, namespaces, veths
+# and bridge, on any exit
+cleanup_more() {
+  if [ "${CL_ON:-0}" = 1 ]; then fpc_cleanup || true; fi
 }
 
 # ---------------------------------------------------------------- cluster phase (host side)
 # The guest asks "@@HOST cluster-up", then "@@HOST cluster:STEP" per fault step, then
 # "@@HOST cluster-down"; tests/cluster/lib.sh does the work and prints the RESULT lines.
-fpc_result() { hres "$@"; }
 cluster_prepare() {   # sets CL_ON=1 and the owner's ports when the phase runs; CL_NOTE otherwise
   CL_ON=0; CL_NOTE=""
   [ "$CLUSTER" = 0 ] && { CL_NOTE="CLUSTER=0"; return; }

@@ -327,12 +327,6 @@ host_checks() {
   else hres auth-config-check FAIL "serve --check: exit $rc on the run's TOML ($(tail -n1 "$RUN/check-good.txt")); with \"md5\": exit $e: ${f:-$(tail -n1 "$RUN/check-bad.txt")}"; fi
 }
 
-cleanup() {
-  [ -n "$QPID" ] && { kill "$QPID" 2> /dev/null || true; }
-  [ -n "$TPID" ] && { kill -KILL "$TPID" 2> /dev/null || true; }
-  QPID=""; TPID=""
-}
-
 # run_checks (do_run: tests/lib/harness.sh)
 run_checks() {
   local t0=$T0 accel tb="" done_t="" rev_done=0 rc=0 tls_note="" gone=""
@@ -371,6 +365,7 @@ run_checks() {
     guest_progress
     if [ $rev_done = 0 ] && has_marker '@@HOST rev-ready'; then rev_done=1; run_reverse; fi
     if has_marker '@@HOST guest-done'; then done_t=$(ts); say "guest powered off after $(el "$t0") s"; break; fi
+    # shellcheck disable=SC2153   # TPID: start_target (tests/lib/harness.sh)
     if [ -z "$gone" ] && ! kill -0 "$TPID" 2> /dev/null; then gone=1; say "flashpool pid $TPID is gone!"; tail -n 20 "$RUN/target.log"; fi
     sleep 0.5
   done

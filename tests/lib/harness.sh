@@ -15,7 +15,8 @@
 #                     build_if_stale, do_run (then the suite's run_checks), pick_accel,
 #                     qemu_accel, qemu_start, serial, has_marker, guest_progress, send_ctl,
 #                     answer_guest, tally_results, report_results, dump_guest_logs
-#   target            start_target, start_target_or_fail N, stop_target (flashpool serve)
+#   target            start_target, start_target_or_fail N, stop_target (flashpool serve),
+#                     cleanup (the EXIT trap: QEMU, the target, the suite's cleanup_more)
 #   keys              interchange_key, dhchap_key
 #   reverse direction rev_bench, rev_pair, jget, verify_counts, bench_detail (flashpool bench
 #                     against the guest kernel's nvmet)
@@ -62,6 +63,8 @@ flashpool_bin() {
 
 # ---------------------------------------------------------------- results
 hres() { echo "RESULT $1 $2${3:+ ($3)}" | tee -a "$HR"; }
+# tests/cluster/lib.sh reports through fpc_result: its RESULT lines go to $HR too
+fpc_result() { hres "$@"; }
 # abort_run N TEXT...: the suite cannot run: TEXT, then every one of its N checks failed
 abort_run() { local n=$1; shift; printf '%s\n' "$@"; echo "0 passed, $n failed"; exit 1; }
 
@@ -252,6 +255,14 @@ dump_guest_logs() {
 
 # ---------------------------------------------------------------- target (flashpool serve)
 TPID=""; QPID=""; TSTART_LINE=0
+# cleanup (a run's EXIT trap): QEMU (QPID) and the target (TPID) killed, then the suite's
+# hook cleanup_more (its nodes, namespaces, files)
+cleanup() {
+  if [ -n "$QPID" ]; then kill "$QPID" 2>/dev/null || true; wait "$QPID" 2>/dev/null || true; fi
+  if [ -n "$TPID" ]; then kill -KILL "$TPID" 2>/dev/null || true; wait "$TPID" 2>/dev/null || true; fi
+  QPID=""; TPID=""
+  if declare -F cleanup_more > /dev/null; then cleanup_more; fi
+}
 tlog_since() { tail -n +"$((TSTART_LINE+1))" "$RUN/target.log" 2>/dev/null || true; }
 # start_target: `$BIN serve -c $RUN/target.toml` in the background, its log appended to
 # $RUN/target.log; 0 once it logged "listening on" for every port of $TARGET_PORTS (default

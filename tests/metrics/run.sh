@@ -22,11 +22,8 @@ API_PORT=${API_PORT:-4690}
 NQN=nqn.2026-01.io.flashpool:metrics
 API=http://127.0.0.1:$API_PORT
 RUN=$(mktemp -d /tmp/flashpool-metrics.XXXXXX)
-PID=""
-cleanup() {
-  if [ -n "$PID" ]; then kill "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; fi
-  rm -rf "$RUN"
-}
+# cleanup (tests/lib/harness.sh) kills the node (TPID), then this removes its files
+cleanup_more() { rm -rf "$RUN"; }
 trap cleanup EXIT
 
 passed=0
@@ -57,13 +54,13 @@ fi
 } > "$RUN/node.toml"
 
 "$BIN" serve -c "$RUN/node.toml" >"$RUN/node.log" 2>&1 &
-PID=$!
+TPID=$!
 # Every API call carries the node's token (docs/api.md, Authentication).
 call() { curl -sf -H "Authorization: Bearer $(cat "$RUN/api-token")" -H 'Content-Type: application/json' "$@"; }
 up=0
 for _ in $(seq 1 100); do
   if [ -s "$RUN/api-token" ] && call "$API/v1/volumes" >/dev/null 2>&1; then up=1; break; fi
-  kill -0 "$PID" 2>/dev/null || break
+  kill -0 "$TPID" 2>/dev/null || break
   sleep 0.1
 done
 check "node started (API on $API)" test "$up" = 1
