@@ -895,7 +895,7 @@ GUEST_INIT
 }
 
 # ---------------------------------------------------------------- run
-# (accelerator, ports, serial markers, target start/stop, control channel: harness.sh)
+# (accelerator, ports, serial markers, target start/stop, control channel: tests/lib/harness.sh)
 HR=$CACHE/run/host-results.txt
 write_config() {
   local d
@@ -953,7 +953,7 @@ auth_config() {
 # "@@HOST rev-target-ready"; the guest waits (REV_BUDGET + 90 s) for "DONE rev-target-ready
 # ok OFFSET LENGTH mapfail=N" (N: commands the host sent over the target's transfer limit
 # on purpose, whose nvmet_tcp "failed to map data" lines are then no KERNEL-NOTE), then
-# prints "@@HOST rev-sha256 off= len= sha= zero= magic=". (rev_bench, rev_pair: harness.sh)
+# prints "@@HOST rev-sha256 off= len= sha= zero= magic=". (rev_bench, rev_pair: tests/lib/harness.sh)
 run_reverse() {
   local rc det ok maxh2c icd note
   REV_T0=$(ts)

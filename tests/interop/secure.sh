@@ -16,7 +16,7 @@
 # with dd O_DIRECT writes read back and compared by sha256 in the guest, and with `flashpool
 # bench --verify` (every block read back) in the other direction. The guest's /init is
 # tests/interop/secure-init.sh with tests/interop/guest-lib.sh; the host side shares
-# tests/interop/harness.sh with run.sh. Per-run values (ports, NQNs, secrets) reach the guest
+# tests/lib/harness.sh with run.sh. Per-run values (ports, NQNs, secrets) reach the guest
 # as a small cpio appended to the cached initramfs (the kernel command line is too short).
 #
 #   tests/interop/secure.sh [all]     setup + build + run (default)

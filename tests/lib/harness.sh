@@ -8,7 +8,7 @@
 #
 #   clock, log        ts, el T0, say TEXT
 #   ports             port_busy PORT, free_port PORT, assign_ports NAME=DEFAULT...
-#   binaries          flashpool_bin [PATH]: FLASHPOOL_BIN or PATH or the release build
+#   binaries          flashpool_bin [VALUE]: VALUE (a suite's knob) or the release build
 #   results           hres NAME PASS|FAIL [DETAIL] (appends to $HR), abort_run N TEXT...
 #   node TOML         toml_listener, toml_subsystem, toml_namespace, toml_drive
 #   guest suites      suite_main ARG... (setup | build | run | all), do_setup, do_build,
@@ -22,7 +22,7 @@
 #                     against the guest kernel's nvmet)
 #
 # The caller sets (what it uses of): ROOT (the repository), RUN (the run's directory), HR
-# (host results file), BIN (flashpool), BENCH_BIN, ACCEL, GUEST_MEM, GUEST_CPUS, RUN_TIMEOUT,
+# (host results file), BIN (flashpool), BENCH_BIN, RUN_TIMEOUT,
 # CTL_PORT, IO_PORT/DISC_PORT or TARGET_PORTS, CACHE/IRD/INITRD/GUEST_MODS/GUEST_BINS and the
 # hooks build_files, build_stamp (do_build), SETUP_PKGS/USERLAND (do_setup), run_checks
 # (do_run), suite_flag (suite_main); for rev_bench also REV_TGT, REV_HOSTNQN, REV_T0,
