@@ -38,7 +38,8 @@ use open::{
     BLKGETSIZE64, BLKSSZGET, Kind, config, create_file, ioctl_int, ioctl_u64, last_errno,
     open_direct_or_buffered, probe_punch_hole, shut_down,
 };
-use records::{BLOCK_DEVICE_NO_RECORDS, probe_records, record_xattr};
+pub use records::record_xattr;
+use records::{BLOCK_DEVICE_NO_RECORDS, probe_records};
 use ring::Inner;
 
 /// Where a [`FileDevice`] keeps its blocks.
