@@ -210,9 +210,10 @@ impl FaultDevice {
 }
 
 impl BlockDevice for FaultDevice {
-    // Kept as the trait's defaults: `shutdown` (tests reassemble volumes
-    // from the same inner devices after closing one) and `allocated_blocks`
-    // (None: a namespace over it reports as before, not thin).
+    // Kept as the trait's defaults: `shutdown` (the inner device is shared
+    // with the test, which may go on using it after a volume over this one
+    // closes) and `allocated_blocks` (None: a namespace over it reports as
+    // before, not thin).
     blockdev::forward_block_device!(self => self.inner, except [
         submit,
         describe,
