@@ -40,6 +40,26 @@
 ///     }
 /// }
 /// ```
+///
+/// A name that is no method of the trait is an error, not a silent forward:
+///
+/// ```compile_fail
+/// struct Typo(Box<dyn blockdev::BlockDevice>);
+///
+/// impl blockdev::BlockDevice for Typo {
+///     blockdev::forward_block_device!(self => self.0, except [descibe]);
+/// }
+/// ```
+///
+/// and so is the optional form without the required methods of its own:
+///
+/// ```compile_fail
+/// struct Standby(Option<Box<dyn blockdev::BlockDevice>>);
+///
+/// impl blockdev::BlockDevice for Standby {
+///     blockdev::forward_block_device!(self => if let Some(d) = self.0.as_ref(), except [submit]);
+/// }
+/// ```
 #[macro_export]
 macro_rules! forward_block_device {
     ($s:ident => if let Some($d:ident) = $opt:expr $(, except [$($ex:ident),* $(,)?])? $(,)?) => {
