@@ -8,6 +8,7 @@
 
 mod buf;
 pub mod file;
+mod forward;
 pub mod mem;
 pub mod null;
 

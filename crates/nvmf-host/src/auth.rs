@@ -15,7 +15,8 @@ use nvme_wire::auth::{
 use nvme_wire::fabrics::fctype;
 
 use crate::error::{CmdStatus, HostError, Result};
-use crate::queue::{DataDir, Queue, buf_from, zeroed_buf};
+use crate::queue::{Queue, buf_from, zeroed_buf};
+use crate::slot::DataDir;
 
 /// The buffer a Receive offers (Linux: CHAP_BUF_SIZE).
 const RECV_LEN: u32 = 4096;
@@ -103,7 +104,7 @@ impl Exchange<'_> {
         Ok(m)
     }
 
-    fn check(&self, r: crate::queue::Response, what: &str) -> Result<()> {
+    fn check(&self, r: crate::slot::Response, what: &str) -> Result<()> {
         if r.status.is_success() {
             return Ok(());
         }

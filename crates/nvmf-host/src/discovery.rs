@@ -5,8 +5,9 @@ use std::net::SocketAddr;
 use nvme_wire::fabrics::DISCOVERY_NQN;
 use nvme_wire::fabrics::discovery::Entry;
 
-use crate::controller::{Controller, HostOptions};
+use crate::controller::Controller;
 use crate::error::Result;
+use crate::options::HostOptions;
 
 /// The discovery log of the target at `addr` (usually port 8009), as this host sees it.
 pub async fn discover(addr: SocketAddr) -> Result<Vec<Entry>> {

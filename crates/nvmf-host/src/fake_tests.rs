@@ -17,7 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::error::HostError;
-use crate::queue::{DataDir, Queue, QueueParams, buf_from, zeroed_buf};
+use crate::queue::{Queue, buf_from, zeroed_buf};
+use crate::slot::{DataDir, QueueParams};
 
 async fn read_pdu(s: &mut TcpStream) -> Option<(CommonHeader, Vec<u8>)> {
     let mut ch = [0u8; 8];

@@ -12,7 +12,8 @@ use parking_lot::Mutex;
 
 use crate::conn::command_name;
 use crate::error::{CmdStatus, HostError, Result};
-use crate::queue::{DataDir, Queue, zeroed_buf};
+use crate::queue::{Queue, zeroed_buf};
+use crate::slot::DataDir;
 
 /// Most blocks one Read/Write/Write Zeroes moves (NLB is a 16-bit 0-based field).
 pub const MAX_NLB: u32 = 65536;

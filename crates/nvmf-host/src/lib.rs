@@ -28,16 +28,15 @@ mod error;
 mod fake_tests;
 mod identify;
 mod io;
+mod options;
 mod out;
 mod queue;
 pub mod remote;
 mod resv;
+mod slot;
 
 pub use auth::DhchapKeys;
-pub use controller::{
-    ADMIN_QUEUE_DEPTH, Controller, HostOptions, TlsKey, default_host_identity, host_id_from,
-    parse_uuid,
-};
+pub use controller::{ADMIN_QUEUE_DEPTH, Controller};
 pub use discovery::{discover, discover_with};
 pub use error::{CmdStatus, HostError, Result, fes_name, status_name};
 pub use identify::{ControllerInfo, NamespaceInfo};
@@ -48,5 +47,6 @@ pub use nvme_wire::reservation::{
     AcquireAction, RegisterAction, RegisteredCtrl, ReleaseAction, ResvType, cptpl,
 };
 pub use nvme_wire::tls_psk::{ConfiguredPsk, PskError};
+pub use options::{HostOptions, TlsKey, default_host_identity, host_id_from, parse_uuid};
 pub use queue::{buf_from, zeroed_buf};
 pub use resv::ReservationStatus;

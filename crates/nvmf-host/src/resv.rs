@@ -16,7 +16,8 @@ use nvme_wire::sqe::{Sqe, io_opc};
 
 use crate::error::{HostError, Result};
 use crate::io::IoQueue;
-use crate::queue::{DataDir, buf_from, zeroed_buf};
+use crate::queue::{buf_from, zeroed_buf};
+use crate::slot::DataDir;
 
 /// What Reservation Report returned.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -419,7 +419,12 @@ fn get_log_page(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                     ctrl.unmask_notice(identify::OAES_ANA_CHANGE);
                 }
                 let rgo = g.lsp & log_page::ana::LSP_RGO != 0;
-                cx.target.ana.log(&ctrl.namespaces(), rgo)
+                let members: Vec<(u32, u32)> = ctrl
+                    .namespaces()
+                    .iter()
+                    .map(|n| (n.nsid, n.ana_group))
+                    .collect();
+                cx.target.ana.log(&members, rgo)
             }
             _ => return done(Status::cmd_specific(status::SC_INVALID_LOG_PAGE)),
         }

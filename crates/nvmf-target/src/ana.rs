@@ -13,8 +13,6 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use nvme_wire::log_page::ana;
 use nvme_wire::status::{self, Status};
 
-use crate::subsystem::Namespace;
-
 pub const DEFAULT_GROUP: u32 = 1;
 /// Groups a controller may report (ANAGRPMAX, NANAGRPID). The Linux host
 /// sizes its ANA log buffer as 16 + NANAGRPID * 32 + NN * 4 bytes (NN =
@@ -27,9 +25,10 @@ pub const ANATT: u8 = 10;
 /// change; ANAGRPID does not change while attached (bit 6).
 pub const ANACAP: u8 = 0x1F | (1 << 6);
 
-/// The ANA log the Linux host reads at most (see `MAX_GROUPS`).
-pub const fn host_ana_log_len() -> usize {
-    ana::HEADER_LEN + MAX_GROUPS as usize * ana::DESC_LEN + crate::subsystem::MAX_NSID as usize * 4
+/// The ANA log the Linux host reads at most (see `MAX_GROUPS`) from a
+/// controller whose NN is `max_nsid`.
+pub const fn host_ana_log_len(max_nsid: u32) -> usize {
+    ana::HEADER_LEN + MAX_GROUPS as usize * ana::DESC_LEN + max_nsid as usize * 4
 }
 
 /// An ANA group's state, as the ANA log and the I/O path report it.
@@ -150,20 +149,21 @@ impl AnaGroups {
         self.anatt.store(secs.max(1), Ordering::Relaxed);
     }
 
-    /// Builds the ANA log for a controller whose subsystem has `namespaces`:
-    /// one descriptor per group they use, in group order; `rgo` leaves out
-    /// the NSID lists.
-    pub fn log(&self, namespaces: &[Namespace], rgo: bool) -> Vec<u8> {
-        let mut grpids: Vec<u32> = namespaces.iter().map(|n| n.ana_group).collect();
+    /// Builds the ANA log for a controller whose subsystem has the
+    /// namespaces `members`, as (NSID, ANAGRPID) pairs: one descriptor per
+    /// group they use, in group order; `rgo` leaves out the NSID lists.
+    /// (Pairs rather than `Namespace`s, so this module stays below `subsystem`.)
+    pub fn log(&self, members: &[(u32, u32)], rgo: bool) -> Vec<u8> {
+        let mut grpids: Vec<u32> = members.iter().map(|&(_, g)| g).collect();
         grpids.sort_unstable();
         grpids.dedup();
         let nsids: Vec<Vec<u32>> = grpids
             .iter()
             .map(|g| {
-                namespaces
+                members
                     .iter()
-                    .filter(|n| n.ana_group == *g)
-                    .map(|n| n.nsid)
+                    .filter(|&&(_, grp)| grp == *g)
+                    .map(|&(nsid, _)| nsid)
                     .collect()
             })
             .collect();

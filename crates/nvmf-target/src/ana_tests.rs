@@ -12,6 +12,7 @@ use super::*;
 use crate::admin::{AdminCtx, AdminOutcome};
 use crate::config::TransportConfig;
 use crate::controller::{AsyncEvent, Controller};
+use crate::subsystem::Namespace;
 use crate::subsystem::Subsystem;
 use crate::{Target, io};
 
@@ -141,8 +142,14 @@ fn groups_are_checked_and_default_optimized() {
 
 #[test]
 fn the_host_ana_log_fits_the_default_transfer() {
-    assert_eq!(host_ana_log_len(), 16 + 128 * 32 + 1024 * 4);
-    assert!(host_ana_log_len() <= TransportConfig::default().max_transfer as usize);
+    assert_eq!(
+        host_ana_log_len(crate::subsystem::MAX_NSID),
+        16 + 128 * 32 + 1024 * 4
+    );
+    assert!(
+        host_ana_log_len(crate::subsystem::MAX_NSID)
+            <= TransportConfig::default().max_transfer as usize
+    );
 }
 
 #[test]

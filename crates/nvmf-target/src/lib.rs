@@ -18,6 +18,7 @@ pub mod controller;
 pub mod discovery;
 pub mod fabrics;
 pub mod io;
+pub mod ns_resv;
 pub mod observer;
 pub mod queue;
 pub mod reservation;

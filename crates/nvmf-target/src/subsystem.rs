@@ -12,7 +12,7 @@ use blockdev::BlockDevice;
 use nvme_wire::tls_psk::ConfiguredPsk;
 use parking_lot::RwLock;
 
-use crate::resv_cmd::NsReservations;
+use crate::ns_resv::NsReservations;
 use crate::stats::NsIoStats;
 
 /// One namespace: a block device with its identifiers. Immutable once built,

@@ -72,13 +72,15 @@ const MAX_CNTLID: u16 = 0xFFEF;
 
 impl Target {
     pub fn new(transport: TransportConfig, subsystems: Vec<Arc<Subsystem>>) -> Self {
-        if (transport.max_transfer as usize) < crate::ana::host_ana_log_len() {
+        if (transport.max_transfer as usize)
+            < crate::ana::host_ana_log_len(crate::subsystem::MAX_NSID)
+        {
             // The Linux host would turn ANA (and so multipath failover) off.
             tracing::warn!(
                 "max transfer {} B is below the {} B ANA log a Linux host reads in one command; \
                  it will disable ANA: use 16 KiB or more",
                 transport.max_transfer,
-                crate::ana::host_ana_log_len()
+                crate::ana::host_ana_log_len(crate::subsystem::MAX_NSID)
             );
         }
         Target {

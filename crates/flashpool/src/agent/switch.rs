@@ -93,6 +93,20 @@ impl Drop for Inflight {
 }
 
 impl BlockDevice for SwitchDevice {
+    // While this node owns the volume, the prefetch hint and the device-kept
+    // records (PTPL) go to it; on standby they get the trait's defaults (no
+    // records). `allocated_blocks` stays the default (None) on every node:
+    // it sets the Identify Namespace thin bit, which must read the same on
+    // every path.
+    blockdev::forward_block_device!(self => if let Some(d) = self.active.load().as_ref(), except [
+        geometry,
+        submit,
+        deallocate_reads_zeroes,
+        describe,
+        shutdown,
+        allocated_blocks,
+    ]);
+
     fn geometry(&self) -> Geometry {
         self.geometry
     }

@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use blockdev::{
-    BlockDevice, BlockError, BlockOp, FileDevice, FileOptions, Geometry, IoFuture, IoRequest,
-    MemAllocation, MemDevice, RecordKind,
+    BlockDevice, BlockOp, FileDevice, FileOptions, IoFuture, IoRequest, MemAllocation, MemDevice,
 };
 
 /// A drive as the TOML file declares it.
@@ -153,9 +152,8 @@ impl MeteredDevice {
 }
 
 impl BlockDevice for MeteredDevice {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
+    blockdev::forward_block_device!(self => self.inner, except [submit]);
+
     fn submit(&self, req: IoRequest) -> IoFuture {
         let s = &self.stats;
         let bytes = u64::from(req.blocks) * self.block_size;
@@ -190,29 +188,5 @@ impl BlockDevice for MeteredDevice {
                 }))
             }
         }
-    }
-    fn prefetch(&self, lba: u64, blocks: u32) {
-        self.inner.prefetch(lba, blocks)
-    }
-    fn deallocate_reads_zeroes(&self) -> bool {
-        self.inner.deallocate_reads_zeroes()
-    }
-    fn allocated_blocks(&self) -> Option<u64> {
-        self.inner.allocated_blocks()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn shutdown(&self) -> Result<(), BlockError> {
-        self.inner.shutdown()
-    }
-    fn keeps_records(&self) -> bool {
-        self.inner.keeps_records()
-    }
-    fn load_record(&self, kind: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
-        self.inner.load_record(kind)
-    }
-    fn store_record(&self, kind: RecordKind, data: &[u8]) -> Result<(), BlockError> {
-        self.inner.store_record(kind, data)
     }
 }

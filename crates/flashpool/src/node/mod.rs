@@ -27,7 +27,7 @@ mod tests;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use blockdev::{BlockDevice, BlockError, BlockOp, Geometry, IoFuture, IoRequest, RecordKind};
+use blockdev::{BlockDevice, BlockError, BlockOp, Geometry, IoFuture, IoRequest};
 use nvmf_target::Target;
 use volume::Volume;
 use volume::thin::{ThinPool, ThinVolume};
@@ -313,32 +313,12 @@ pub(crate) fn write_atomic(path: &std::path::Path, data: &[u8]) -> std::io::Resu
 pub struct ServedVolume(pub Volume, pub String);
 
 impl BlockDevice for ServedVolume {
-    fn geometry(&self) -> Geometry {
-        self.0.geometry()
-    }
-    fn submit(&self, req: IoRequest) -> IoFuture {
-        self.0.submit(req)
-    }
-    fn deallocate_reads_zeroes(&self) -> bool {
-        self.0.deallocate_reads_zeroes()
-    }
+    // shutdown: the trait's default (Ok): the volume below is the node's,
+    // which closes it itself.
+    blockdev::forward_block_device!(self => self.0, except [describe, shutdown]);
+
     fn describe(&self) -> String {
         format!("volume {}: {}", self.1, self.0.describe())
-    }
-    fn prefetch(&self, lba: u64, blocks: u32) {
-        self.0.prefetch(lba, blocks)
-    }
-    fn allocated_blocks(&self) -> Option<u64> {
-        self.0.allocated_blocks()
-    }
-    fn keeps_records(&self) -> bool {
-        self.0.keeps_records()
-    }
-    fn load_record(&self, kind: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
-        self.0.load_record(kind)
-    }
-    fn store_record(&self, kind: RecordKind, data: &[u8]) -> Result<(), BlockError> {
-        self.0.store_record(kind, data)
     }
 }
 

@@ -20,10 +20,11 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::{Notify, watch};
 
 use super::{LinkState, NsIdentity, RemoteOptions, RemoteUrl};
-use crate::controller::{Controller, HostOptions};
+use crate::controller::Controller;
 use crate::error::HostError;
 use crate::identify::NamespaceInfo;
 use crate::io::{IoQueue, MAX_NLB};
+use crate::options::HostOptions;
 
 /// How often the link task looks at the health of its connections (a
 /// failed keep-alive or command closes a connection; this notices it).

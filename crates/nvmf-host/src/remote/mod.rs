@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 pub use device::RemoteDevice;
 pub use url::{DEFAULT_PORT, RemoteUrl};
 
-use crate::controller::HostOptions;
+use crate::options::HostOptions;
 
 /// How a remote device connects and how it rides out a lost connection.
 #[derive(Debug, Clone)]

@@ -15,9 +15,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use blockdev::{
-    BlockDevice, BlockError, Geometry, IoDone, IoFuture, IoRequest, RecordKind as DevRecordKind,
-};
+use blockdev::{BlockDevice, BlockError, IoDone, IoFuture, IoRequest, RecordKind as DevRecordKind};
 
 /// Whether the volume is fenced, and why.
 #[derive(Default)]
@@ -90,9 +88,7 @@ impl FencedMember {
 }
 
 impl BlockDevice for FencedMember {
-    fn geometry(&self) -> Geometry {
-        self.dev.geometry()
-    }
+    blockdev::forward_block_device!(self => self.dev, except [submit, store_record]);
 
     fn submit(&self, req: IoRequest) -> IoFuture {
         if self.fence.is_set() {
@@ -112,34 +108,6 @@ impl BlockDevice for FencedMember {
                 }))
             }
         }
-    }
-
-    fn prefetch(&self, lba: u64, blocks: u32) {
-        self.dev.prefetch(lba, blocks)
-    }
-
-    fn deallocate_reads_zeroes(&self) -> bool {
-        self.dev.deallocate_reads_zeroes()
-    }
-
-    fn allocated_blocks(&self) -> Option<u64> {
-        self.dev.allocated_blocks()
-    }
-
-    fn describe(&self) -> String {
-        self.dev.describe()
-    }
-
-    fn shutdown(&self) -> Result<(), BlockError> {
-        self.dev.shutdown()
-    }
-
-    fn keeps_records(&self) -> bool {
-        self.dev.keeps_records()
-    }
-
-    fn load_record(&self, kind: DevRecordKind) -> Result<Option<Vec<u8>>, BlockError> {
-        self.dev.load_record(kind)
     }
 
     fn store_record(&self, kind: DevRecordKind, data: &[u8]) -> Result<(), BlockError> {

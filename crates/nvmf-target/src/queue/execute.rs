@@ -1,0 +1,249 @@
+//! Admin and I/O command execution on a bound queue: admin commands go to
+//! `admin.rs`, I/O commands are checked (namespace, ANA, reservations),
+//! planned and handed to the device, reservation commands to `resv_cmd.rs`.
+//!
+//! A second `impl QueueCore` block beside the command core in `mod.rs`.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::Instant;
+
+use blockdev::{AlignedBuf, BlockOp, IoDone, IoFuture, IoRequest};
+use nvme_wire::status::{self, Status};
+
+use super::sgl::Sgl;
+use super::{AfterData, QueueCore, SlotState, Transport};
+use crate::admin::{self, AdminCtx, AdminOutcome};
+use crate::io::{self, IoPlan, IoReject, ns_instance};
+use crate::reservation::Access;
+use crate::resv_cmd;
+use crate::subsystem::find_namespace;
+
+impl QueueCore {
+    pub(super) fn admin<T: Transport>(&mut self, i: u16, sgl: Sgl, t: &mut T) {
+        let ctrl = self.bound.as_ref().expect("admin queue").ctrl.clone();
+        ctrl.touch();
+        let sqe = self.slots[usize::from(i)].sqe;
+        let mut buf = None;
+        if let Some(want) = admin::data_in_len(&sqe) {
+            let st = if sgl.in_capsule {
+                Some(status::SC_INVALID_FIELD)
+            } else if u64::from(sgl.len) != want {
+                Some(status::SC_SGL_INVALID_DATA_LEN)
+            } else if sgl.len > self.target.transport.max_transfer {
+                Some(status::SC_INVALID_FIELD)
+            } else {
+                None
+            };
+            if let Some(sc) = st {
+                return self.complete(i, Status::generic(sc), 0, 0, t);
+            }
+            buf = Some(self.pool.get(sgl.len as usize));
+        }
+        let cx = AdminCtx {
+            target: &self.target,
+            ctrl: &ctrl,
+            outstanding_aers: self.aers.len(),
+            local_ip: self.local_ip,
+        };
+        let outcome = admin::execute(&cx, &sqe, buf.as_deref_mut().unwrap_or(&mut []));
+        match outcome {
+            AdminOutcome::Complete { status, dw0, data } => {
+                match buf {
+                    Some(b) if data && status.is_success() => {
+                        let len = b.len();
+                        t.send_data(sqe.cid, b, len, false);
+                    }
+                    Some(b) => self.pool.put(b),
+                    None => {}
+                }
+                self.complete(i, status, dw0, 0, t);
+            }
+            AdminOutcome::HoldAer => {
+                self.slots[usize::from(i)].state = SlotState::Aer;
+                self.aers.push_back(i);
+                self.on_events(t);
+            }
+        }
+    }
+
+    // ---- I/O
+
+    pub(super) fn io<T: Transport>(&mut self, i: u16, sgl: Sgl, data: &[u8], t: &mut T) {
+        let b = self.bound.as_mut().expect("I/O queue");
+        if let Some(sub) = b.ctrl.subsystem() {
+            let v = sub.ns_version();
+            if v != b.ns_version {
+                b.namespaces = sub.namespaces();
+                b.ns_version = v;
+            }
+        }
+        if b.ctrl.reset_generation() != b.reset_gen {
+            // The host reset the controller (CC.EN 1 -> 0): its I/O queues are gone.
+            return self.complete(i, Status::generic(status::SC_CMD_SEQ_ERROR), 0, 0, t);
+        }
+        let slot = &mut self.slots[usize::from(i)];
+        slot.started = self.now.unwrap_or_else(Instant::now);
+        let sqe = slot.sqe;
+        let planned = self
+            .target
+            .plan_io(&b.namespaces, &sqe)
+            .and_then(|(ns, plan)| {
+                // Refused before any data moves; writes are checked again
+                // when they reach the device (see `execute_io`).
+                if let Some(access) = Access::of_io_opcode(sqe.opcode) {
+                    ns.resv
+                        .check(&b.ctrl.hostid, access)
+                        .map_err(|status| IoReject { status, lba: 0 })?;
+                }
+                Ok((ns.nsid, ns_instance(ns), ns.block_size, plan))
+            });
+        let (nsid, inst, bs, plan) = match planned {
+            Ok(p) => p,
+            Err(rej) => return self.complete_lba(i, rej.status, rej.lba, t),
+        };
+        let c2h = plan.ctrl_to_host_len(bs);
+        let h2c = plan.host_to_ctrl_len(bs);
+        if c2h > 0 {
+            let st = if sgl.in_capsule {
+                Some(status::SC_INVALID_FIELD)
+            } else if sgl.len != c2h {
+                Some(status::SC_SGL_INVALID_DATA_LEN)
+            } else {
+                None
+            };
+            if let Some(sc) = st {
+                return self.complete(i, Status::generic(sc), 0, 0, t);
+            }
+            let buf = self.pool.get(c2h as usize);
+            self.execute_io(i, nsid, None, plan, buf, t);
+        } else if h2c > 0 {
+            self.slots[usize::from(i)].after = AfterData::Io { nsid, inst, plan };
+            if let Some(buf) = self.fetch_host_data(i, sgl, h2c, data, t) {
+                self.execute_io(i, nsid, None, plan, buf, t);
+            }
+        } else if sgl.len != 0 {
+            // No data moves for this command, yet the host described some.
+            self.complete(i, Status::generic(status::SC_SGL_INVALID_DATA_LEN), 0, 0, t)
+        } else {
+            let buf = self.pool.get(0);
+            self.execute_io(i, nsid, None, plan, buf, t);
+        }
+    }
+
+    /// Runs a planned command. `inst`: the namespace instance it was
+    /// planned on, when its data arrived later.
+    pub(super) fn execute_io<T: Transport>(
+        &mut self,
+        i: u16,
+        nsid: u32,
+        inst: Option<usize>,
+        plan: IoPlan,
+        buf: AlignedBuf,
+        t: &mut T,
+    ) {
+        let b = self.bound.as_ref().expect("I/O queue");
+        let found = find_namespace(&b.namespaces, nsid)
+            .filter(|ns| inst.is_none_or(|p| p == ns_instance(ns)));
+        let Some(ns) = found else {
+            // Removed (or replaced) while its data was in flight.
+            self.pool.put(buf);
+            return self.complete(i, Status::generic(status::SC_INVALID_NS), 0, 0, t);
+        };
+        if let IoPlan::Reservation(cmd) = plan {
+            return self.reservation(i, nsid, cmd, buf, t);
+        }
+        if Access::of_io_opcode(self.slots[usize::from(i)].sqe.opcode) == Some(Access::Write) {
+            // Counted before the check: a Preempt and Abort that changes the
+            // reservation after this check waits for this write.
+            b.stats.writes_started.fetch_add(1, SeqCst);
+            self.slots[usize::from(i)].counted_write = true;
+            if let Err(st) = ns.resv.check_write(&b.ctrl.hostid, plan.modifies_data()) {
+                self.pool.put(buf);
+                return self.complete(i, st, 0, 0, t);
+            }
+        }
+        let dev = ns.dev.clone();
+        let req = |op, lba, blocks, buf| IoRequest {
+            op,
+            lba,
+            blocks,
+            buf,
+        };
+        let fut = match plan {
+            IoPlan::Read { lba, blocks } => dev.submit(req(BlockOp::Read, lba, blocks, buf)),
+            IoPlan::Write { lba, blocks, fua } => {
+                dev.submit(req(BlockOp::Write { fua }, lba, blocks, buf))
+            }
+            IoPlan::Flush => dev.submit(req(BlockOp::Flush, 0, 0, buf)),
+            IoPlan::WriteZeroes { lba, blocks } => {
+                dev.submit(req(BlockOp::WriteZeroes, lba, blocks, buf))
+            }
+            IoPlan::Dsm { ranges, deallocate } => match io::dsm_ranges(ns, &buf, ranges) {
+                Err(rej) => {
+                    self.pool.put(buf);
+                    return self.complete_lba(i, rej.status, rej.lba, t);
+                }
+                Ok(_) if !deallocate => IoFuture::ready(buf, Ok(())),
+                Ok(list) => io::deallocate_all(dev, list, buf),
+            },
+            IoPlan::Reservation(_) => unreachable!("run above"),
+        };
+        match fut {
+            IoFuture::Ready(Some(done)) => self.on_io_done(i, done, t),
+            fut => t.wait_io(i, fut),
+        }
+    }
+
+    /// Runs a reservation command; Report returns its data, Preempt and
+    /// Abort completes once the preempted hosts' writes have drained.
+    fn reservation<T: Transport>(
+        &mut self,
+        i: u16,
+        nsid: u32,
+        cmd: resv_cmd::ResvCmd,
+        mut buf: AlignedBuf,
+        t: &mut T,
+    ) {
+        let b = self.bound.as_ref().expect("I/O queue");
+        let ns = find_namespace(&b.namespaces, nsid).expect("checked by the caller");
+        if matches!(cmd, resv_cmd::ResvCmd::Report(_)) {
+            // Past the structure the host reads zeroes, not a pooled buffer's past.
+            buf.fill(0);
+        }
+        let res = resv_cmd::execute(
+            &self.target,
+            &b.ctrl,
+            nsid,
+            &ns.resv,
+            &*ns.dev,
+            cmd,
+            &mut buf,
+        );
+        let cid = self.slots[usize::from(i)].sqe.cid;
+        match res {
+            Err(st) => {
+                self.pool.put(buf);
+                self.complete(i, st, 0, 0, t)
+            }
+            Ok(_) if matches!(cmd, resv_cmd::ResvCmd::Report(_)) => {
+                let len = buf.len();
+                t.send_data(cid, buf, len, false);
+                self.complete(i, Status::SUCCESS, 0, 0, t)
+            }
+            Ok(resv_cmd::ResvDone { drain: Some(drain) }) if !drain.is_done() => {
+                let fut = async move {
+                    drain.wait().await;
+                    IoDone {
+                        buf,
+                        result: Ok(()),
+                    }
+                };
+                t.wait_io(i, IoFuture::Pending(Box::pin(fut)));
+            }
+            Ok(_) => {
+                self.pool.put(buf);
+                self.complete(i, Status::SUCCESS, 0, 0, t)
+            }
+        }
+    }
+}
