@@ -8,8 +8,9 @@
 
 mod assemble;
 mod drive;
+mod drive_export;
 mod drive_ops;
-mod export;
+pub mod identity;
 pub mod jobs;
 mod metrics;
 pub mod monitor;
@@ -23,6 +24,10 @@ mod scrub;
 mod spares;
 #[cfg(test)]
 mod tests;
+mod validate;
+mod views;
+mod volume_export;
+mod volumes;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,12 +40,12 @@ use volume::thin::{ThinPool, ThinVolume};
 
 pub use assemble::AssembleVolume;
 pub use drive::{Drive, DriveSpec};
-pub use export::{DriveExport, ExportDriveRequest};
-pub use ops::{
-    CreateVolume, ExportRequest, VolumeInfo, check_name, parse_layout, volume_namespace,
-};
+pub use drive_export::{DriveExport, ExportDriveRequest};
+pub use ops::{CreateVolume, ExportRequest, VolumeInfo};
 pub use recovery::{AssembleByName, ForcedInfo};
 pub use scrub::{ScrubRequest, ScrubSchedule};
+pub use validate::{check_name, parse_layout};
+pub use volume_export::{VolumeNamespace, volume_namespace};
 
 /// An operation's failure, with the HTTP status the API answers with.
 #[derive(Debug, thiserror::Error)]
@@ -209,7 +214,7 @@ pub struct Node {
     /// they survive a restart as the TOML's do.
     exports_file: Option<std::path::PathBuf>,
     /// This node as other nodes know it, and its peers.
-    cluster: std::sync::OnceLock<crate::config::Cluster>,
+    cluster: std::sync::OnceLock<identity::Cluster>,
     /// Cluster mode: etcd says which volumes the node runs, so remote drives
     /// opened for them are not remembered in the state directory.
     etcd_managed: std::sync::atomic::AtomicBool,
@@ -241,17 +246,14 @@ impl Node {
     }
 
     /// Sets the node's identity and peers (from the TOML); before any use.
-    pub fn set_cluster(&self, c: crate::config::Cluster) {
+    pub fn set_cluster(&self, c: identity::Cluster) {
         let _ = self.cluster.set(c);
     }
 
     /// The node's identity and peers; without a TOML, those of a node named
     /// after the host with no peers.
-    pub fn cluster(&self) -> &crate::config::Cluster {
-        self.cluster.get_or_init(|| {
-            crate::config::cluster::cluster(&crate::config::NodeConfig::default())
-                .expect("the default configuration is valid")
-        })
+    pub fn cluster(&self) -> &identity::Cluster {
+        self.cluster.get_or_init(identity::Cluster::standalone)
     }
 
     /// Connects the node to the running target (exports need it).

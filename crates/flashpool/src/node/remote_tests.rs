@@ -17,7 +17,7 @@ use nvmf_target::{
 };
 
 use super::*;
-use crate::config::cluster::{Cluster, Peer, RemoteSettings, drive_nqn, node_host_nqn, stable_id};
+use crate::node::identity::{Cluster, Peer, RemoteSettings, drive_nqn, node_host_nqn, stable_id};
 
 const NQN: &str = "nqn.2026-01.io.flashpool:test";
 const DRIVE_BYTES: u64 = 16 << 20;
@@ -529,7 +529,7 @@ async fn a_remote_drive_authenticates_to_an_export_that_requires_it() {
     };
     let (host_key, ctrl_key, wrong) = (key("host", 1), key("ctrl", 2), key("wrong", 3));
     let cluster_of = |toml: String| {
-        crate::config::cluster::cluster(&crate::config::parse(&toml, "test").unwrap()).unwrap()
+        crate::config::identity(&crate::config::parse(&toml, "test").unwrap()).unwrap()
     };
     // The enclosure: node "e" exports d0 to its peer "a", which must authenticate.
     let e = super::tests::mem_node(1, DRIVE_BYTES);
@@ -596,7 +596,7 @@ async fn a_remote_drive_reaches_an_export_over_tls() {
     };
     let (good, wrong) = (key("good.psk", 1), key("wrong.psk", 2));
     let cluster_of = |toml: String| {
-        crate::config::cluster::cluster(&crate::config::parse(&toml, "test").unwrap()).unwrap()
+        crate::config::identity(&crate::config::parse(&toml, "test").unwrap()).unwrap()
     };
     let e = super::tests::mem_node(1, DRIVE_BYTES);
     e.set_cluster(cluster_of(format!(

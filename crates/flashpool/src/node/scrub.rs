@@ -8,7 +8,7 @@ use serde::Deserialize;
 use volume::{ScrubReport, SyncControl, Volume};
 
 use super::jobs::{JobInfo, JobKind, JobState};
-use super::ops::find_volume;
+use super::validate::find_volume;
 use super::{Node, NodeError, NodeResult, NodeState};
 use crate::events::{EventKind, NewEvent};
 

@@ -793,7 +793,7 @@ async fn a_node_always_starts_and_dead_volumes_come_up_offline() {
     );
     assert!(matches!(
         node.config_namespace("z0r0", NQN, 3).await,
-        crate::config::VolumeNamespace::NotServed(_)
+        crate::node::VolumeNamespace::NotServed(_)
     ));
     let before = api_state(&node).await;
     assert!(node.fail_drive("f4", true).await.is_err());
