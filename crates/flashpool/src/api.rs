@@ -232,7 +232,7 @@ pub fn router(app: App) -> Router {
 /// Prometheus text (the one answer that is not JSON; its errors still are).
 async fn metrics(State(n): State<Arc<Node>>) -> Response {
     (
-        [(header::CONTENT_TYPE, crate::prom::CONTENT_TYPE)],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         n.metrics().await,
     )
         .into_response()

@@ -14,9 +14,9 @@ mod echo;
 mod events;
 mod host_events;
 mod jobs_cli;
+mod metrics;
 mod node;
 mod output;
-mod prom;
 mod serve;
 mod units;
 

@@ -12,7 +12,6 @@ mod drive_export;
 mod drive_ops;
 pub mod identity;
 pub mod jobs;
-mod metrics;
 pub mod monitor;
 mod ops;
 mod owned;
@@ -39,7 +38,7 @@ use volume::Volume;
 use volume::thin::{ThinPool, ThinVolume};
 
 pub use assemble::AssembleVolume;
-pub use drive::{Drive, DriveSpec};
+pub use drive::{Drive, DriveIoStats, DriveSpec};
 pub use drive_export::{DriveExport, ExportDriveRequest};
 pub use ops::{CreateVolume, ExportRequest, VolumeInfo};
 pub use recovery::{AssembleByName, ForcedInfo};
@@ -259,6 +258,11 @@ impl Node {
     /// Connects the node to the running target (exports need it).
     pub fn attach_target(&self, target: Arc<Target>) {
         let _ = self.target.set(target);
+    }
+
+    /// The target, once `serve` attached it (metrics read it when it is there).
+    pub(crate) fn running_target(&self) -> Option<&Arc<Target>> {
+        self.target.get()
     }
 
     fn target(&self) -> NodeResult<&Arc<Target>> {

@@ -205,7 +205,7 @@ impl NodeState {
 }
 
 impl NodeState {
-    pub(super) fn drive_info(&self, name: &str) -> Option<DriveInfo> {
+    pub(crate) fn drive_info(&self, name: &str) -> Option<DriveInfo> {
         let d = self.drives.get(name)?;
         let geo = d.dev.geometry();
         let user = self.user_of(name);
