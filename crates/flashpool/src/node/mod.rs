@@ -10,6 +10,7 @@ mod assemble;
 mod drive;
 mod drive_export;
 mod drive_ops;
+mod error;
 pub mod identity;
 pub mod jobs;
 pub mod monitor;
@@ -40,29 +41,12 @@ use volume::thin::{ThinPool, ThinVolume};
 pub use assemble::AssembleVolume;
 pub use drive::{Drive, DriveIoStats, DriveSpec};
 pub use drive_export::{DriveExport, ExportDriveRequest};
+pub use error::{NodeError, NodeResult, Object};
 pub use ops::{CreateVolume, ExportRequest, VolumeInfo};
 pub use recovery::{AssembleByName, ForcedInfo};
 pub use scrub::{ScrubRequest, ScrubSchedule};
 pub use validate::{check_name, parse_layout};
 pub use volume_export::{VolumeNamespace, volume_namespace};
-
-/// An operation's failure, with the HTTP status the API answers with.
-#[derive(Debug, thiserror::Error)]
-pub enum NodeError {
-    /// The request itself is wrong: fix it and retry.
-    #[error("{0}")]
-    BadRequest(String),
-    #[error("{0}")]
-    NotFound(String),
-    /// The request conflicts with the node's state (in use, exported, ...).
-    #[error("{0}")]
-    Conflict(String),
-    /// The node failed to do something it should have been able to do.
-    #[error("{0}")]
-    Internal(String),
-}
-
-pub type NodeResult<T> = Result<T, NodeError>;
 
 /// Where a volume is served.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]

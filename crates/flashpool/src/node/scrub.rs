@@ -110,12 +110,10 @@ impl Node {
         repair: bool,
         rate: Option<u64>,
     ) -> NodeResult<JobInfo> {
-        let e = st.volumes.get(name).ok_or_else(|| {
-            NodeError::NotFound(format!(
-                "no volume {}; list them with `flashpool volume list`",
-                crate::echo::Echo(name)
-            ))
-        })?;
+        let e = st
+            .volumes
+            .get(name)
+            .ok_or_else(|| NodeError::no_volume(name))?;
         if let Some(o) = e.offline() {
             return Err(NodeError::Conflict(format!(
                 "volume {name} is offline ({}); nothing runs to scrub",

@@ -198,7 +198,10 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     assert!(matches!(e, NodeError::Conflict(_)), "{e}");
     assert!(matches!(
         node.delete_volume("nope", true).await,
-        Err(NodeError::NotFound(_))
+        Err(NodeError::Missing {
+            kind: Object::Volume,
+            ..
+        })
     ));
     assert!(matches!(
         node.replace_drive("d5", "d3").await,

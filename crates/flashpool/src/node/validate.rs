@@ -61,17 +61,11 @@ pub(super) fn find_volume<'a>(
     st: &'a mut NodeState,
     name: &str,
 ) -> NodeResult<&'a mut VolumeEntry> {
-    st.volumes.get_mut(name).ok_or_else(|| {
-        NodeError::NotFound(format!(
-            "no volume {}; list them with `flashpool volume list`",
-            Echo(name)
-        ))
-    })
+    st.volumes
+        .get_mut(name)
+        .ok_or_else(|| NodeError::no_volume(name))
 }
 
 pub(super) fn no_drive(name: &str) -> NodeError {
-    NodeError::NotFound(format!(
-        "no drive {}; list them with `flashpool drive list`",
-        Echo(name)
-    ))
+    NodeError::no_drive(name)
 }

@@ -12,7 +12,9 @@ use crate::echo::Echo;
 
 use super::ops::{CreateVolume, ExportRequest, VolumeInfo};
 use super::validate::{check_name, find_volume, parse_layout, size_arg};
-use super::{Backing, Node, NodeError, NodeResult, NodeState, Offline, VolumeEntry, wipe_head};
+use super::{
+    Backing, Node, NodeError, NodeResult, NodeState, Object, Offline, VolumeEntry, wipe_head,
+};
 
 fn thin_err(e: ThinError) -> NodeError {
     match e {
@@ -248,10 +250,10 @@ impl Node {
         cfg.name = req.name.clone();
         let mut st = self.state.lock().await;
         if st.volumes.contains_key(&req.name) {
-            return Err(NodeError::Conflict(format!(
-                "volume {} already exists; pick another name",
-                req.name
-            )));
+            return Err(NodeError::AlreadyExists {
+                kind: Object::Volume,
+                name: req.name.clone(),
+            });
         }
         self.open_named_remotes(&mut st, &req.drives).await?;
         let devs = st.claimable(&req.drives)?;
@@ -333,10 +335,10 @@ impl Node {
         }
         let mut st = self.state.lock().await;
         if st.volumes.contains_key(&req.name) {
-            return Err(NodeError::Conflict(format!(
-                "volume {} already exists; pick another name",
-                req.name
-            )));
+            return Err(NodeError::AlreadyExists {
+                kind: Object::Volume,
+                name: req.name.clone(),
+            });
         }
         let pool = match st.volumes.get(&pool_name) {
             None => {
