@@ -4,32 +4,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use blockdev::{AlignedBuf, BlockOp, IoRequest};
-use nvmf_target::{Subsystem, Target, TransportConfig};
 
 use super::*;
-use crate::node::{CreateVolume, DriveSpec, ExportRequest, NodeState};
+use crate::node::ExportRequest;
+use crate::node::testing::{TestNode, volume};
 
 const NQN: &str = "nqn.2026-01.io.flashpool:metrics";
 
 fn node() -> Arc<Node> {
-    let mut st = NodeState::default();
-    for i in 0..4 {
-        let spec = DriveSpec {
-            name: format!("d{i}"),
-            backend: "mem".into(),
-            size: Some(16 << 20),
-            block_size: 4096,
-            ..Default::default()
-        };
-        st.drives.insert(spec.name.clone(), spec.open().unwrap());
-    }
-    let node = Node::with_state_dir(st, None);
-    let sub = Subsystem::new(NQN.into(), "T".into(), "T".into(), true, vec![], vec![]);
-    node.attach_target(Arc::new(Target::new(
-        TransportConfig::default(),
-        vec![Arc::new(sub)],
-    )));
-    node
+    TestNode::new().mem_drives(4, 16 << 20).target(NQN).build()
 }
 
 /// The value of the sample whose line starts with `series ` (name and labels).
@@ -44,22 +27,9 @@ fn value(page: &str, series: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scrape_reads_volume_drive_and_namespace_counters() {
     let node = node();
-    let drives = ["d0", "d1", "d2"].map(String::from).to_vec();
-    node.create_volume(CreateVolume {
-        name: "v1".into(),
-        layout: Some("raid5".into()),
-        drives,
-        thin_pool: false,
-        cluster: None,
-        pool: None,
-        size: None,
-        strip: None,
-        block_size: None,
-        rebuild_rate: None,
-        export: None,
-    })
-    .await
-    .unwrap();
+    node.create_volume(volume("v1", "raid5", &["d0", "d1", "d2"]))
+        .await
+        .unwrap();
     node.export(
         "v1",
         ExportRequest {

@@ -23,6 +23,8 @@ pub(crate) mod remote_tests;
 mod scrub;
 mod spares;
 #[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
 mod tests;
 mod validate;
 mod views;
