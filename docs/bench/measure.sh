@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # usage: measure.sh CONFIG LABEL [bench extra args...]
 set -u
-cd /work/main
+cd "$(dirname "$0")/../.."
 CFG=$1; LABEL=$2; shift 2
 BIN=${BIN:-target/release/flashpool}
 NQN=nqn.2026-01.io.flashpool:bench

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Adaptive polling against `poll_us = 0`, beside the raw loopback TCP ceiling
-(issue 13).
+"""Adaptive polling against `poll_us = 0`, beside the raw loopback TCP ceiling.
 
     docs/bench/poll-cost.py BIN [--before OLD_BIN] [--rounds 3]
                                 [--workloads r4k1,r4k32,w4k32,r128k,w128k]

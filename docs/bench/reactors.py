@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""4 KiB random read QD 32 against 1, 2, ... reactors (issue 13, item 4).
+"""4 KiB random read QD 32 against 1, 2, ... reactors: does the target scale per core?
 
     docs/bench/reactors.py BIN [--reactors 1,2] [--target-cpus 0,1] [--bench-cpus 1|0-1]
                                [--rounds 3] [--ns null] [--client poll|sleep]

@@ -3,9 +3,9 @@
 sequential pass over --size (no --runtime), so that the interop suite can compare them with
 what landed on the guest's /dev/ram0 (check host-data-on-ramdisk in tests/interop/run.sh).
 
-A mirror of stamp() in crates/flashpool/src/bench/verify.rs ("FPV1" header: magic, CRC32C of
+A mirror of stamp() in crates/flashpool-bench/src/verify.rs ("FPV1" header: magic, CRC32C of
 bytes 8.., LBA, seed, write generation; xorshift filler) and of the generation order of
-crates/flashpool/src/bench/engine.rs (a job starts at generation 1 and takes generation+1 for
+crates/flashpool-bench/src/engine.rs (a job starts at generation 1 and takes generation+1 for
 each write it issues; a sequential pass issues the units in LBA order). run.sh checks this
 mirror against the bench itself on a local file (file:PATH) before trusting it.
 

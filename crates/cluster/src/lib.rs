@@ -3,23 +3,17 @@
 //! drain marks, and a fast process-death signal between nodes.
 //!
 //! This is the only crate that talks to etcd. Every key lives under
-//! `/flashpool/<cluster>/`:
-//!
-//! | key                     | value            | lease        |
-//! |-------------------------|------------------|--------------|
-//! | `nodes/<name>`          | [`NodeRecord`]   | node's       |
-//! | `slots/<k>`             | node name        | node's       |
-//! | `slot-home/<name>`      | its last slot    | none         |
-//! | `volumes/<v>/spec`      | [`VolumeSpec`]   | none         |
-//! | `volumes/<v>/owner`     | [`Owner`]        | owner's      |
-//! | `volumes/<v>/epoch`     | last owner epoch | none         |
-//! | `volumes/<v>/state`     | [`VolumeState`]  | none         |
-//! | `volumes/<v>/handoff`   | [`Handoff`]      | none         |
-//! | `drain/<name>`          | `true`           | none         |
+//! `/flashpool/<cluster>/`; `keys.rs` holds the schema (which keys, their
+//! values and leases).
 
+mod etcd;
+mod keepalive;
+mod keys;
 mod liveness;
 mod session;
+#[cfg(feature = "testing")]
 pub mod testing;
+mod watch;
 
 use std::time::Duration;
 
@@ -73,7 +67,7 @@ impl ClusterConfig {
 
     /// `/flashpool/<cluster>/`
     pub fn prefix(&self) -> String {
-        format!("/flashpool/{}/", self.cluster)
+        keys::cluster_prefix(&self.cluster)
     }
 }
 

@@ -1,27 +1,27 @@
-//! A node's membership in the cluster: its lease, keep-alive, watch and the
-//! guarded transactions on volume keys.
+//! A node's membership in the cluster: joining (lease, controller-ID slot,
+//! node record) and the guarded transactions on volume keys. The lease's
+//! keep-alive is in `keepalive.rs`, the watch in `watch.rs`, the key
+//! layout in `keys.rs`.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
-    TxnOp, TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
 };
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use parking_lot::Mutex;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
+use crate::etcd::{decode, encode, etcd_err, retry, transient, txn_gets};
+use crate::keepalive::{KeepAlive, watchdog};
+use crate::keys::{Keys, VolumeKey};
+use crate::watch::watch_task;
 use crate::{
     ANA_GROUPS, ClusterConfig, ClusterError, ClusterEvent, Handoff, LeaseHealth, MAX_SLOT,
     NodeRecord, Owner, VolumeSpec, VolumeState,
 };
-
-/// How long one operation keeps retrying transient etcd errors (leader
-/// change, a member going away) before it reports them.
-const RETRY_FOR: Duration = Duration::from_secs(4);
 
 /// A node's live membership. Clone-able; the keep-alive and watch tasks stop
 /// when the last clone is dropped (the lease then expires after its TTL).
@@ -33,72 +33,23 @@ pub struct Session {
 struct Inner {
     client: Client,
     cfg: ClusterConfig,
-    prefix: String,
+    keys: Keys,
     slot: u16,
     lease: i64,
     health: Arc<watch::Sender<LeaseHealth>>,
     events: broadcast::Sender<ClusterEvent>,
+    /// Shared with the keep-alive task, for `pause_keepalive_for_test`.
+    #[cfg(feature = "testing")]
     pause_until: Arc<Mutex<Option<Instant>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        for t in self.tasks.lock().unwrap().drain(..) {
+        for t in self.tasks.lock().drain(..) {
             t.abort();
         }
     }
-}
-
-fn etcd_err(cfg: &ClusterConfig, what: &str, e: etcd_client::Error) -> ClusterError {
-    if let etcd_client::Error::GRpcStatus(s) = &e
-        && s.code() == tonic::Code::NotFound
-        && s.message().contains("lease")
-    {
-        return ClusterError::LeaseLost(format!("{what}: {}", s.message()));
-    }
-    ClusterError::Etcd(format!(
-        "{what} (endpoints {}): {e}",
-        cfg.endpoints.join(",")
-    ))
-}
-
-/// Errors worth retrying: the request may not have reached a leader.
-fn transient(e: &etcd_client::Error) -> bool {
-    use etcd_client::Error as E;
-    match e {
-        E::TransportError(_) | E::IoError(_) => true,
-        E::GRpcStatus(s) => matches!(
-            s.code(),
-            tonic::Code::Unavailable
-                | tonic::Code::DeadlineExceeded
-                | tonic::Code::Cancelled
-                | tonic::Code::Unknown
-                | tonic::Code::Internal
-        ),
-        _ => false,
-    }
-}
-
-fn encode<T: Serialize>(v: &T) -> Vec<u8> {
-    serde_json::to_vec(v).expect("serialising a plain struct cannot fail")
-}
-
-fn decode<T: DeserializeOwned>(kv: &KeyValue) -> Result<T, ClusterError> {
-    serde_json::from_slice(kv.value()).map_err(|e| ClusterError::Decode {
-        key: String::from_utf8_lossy(kv.key()).into_owned(),
-        err: e.to_string(),
-    })
-}
-
-fn txn_gets(resp: &etcd_client::TxnResponse) -> Vec<Vec<KeyValue>> {
-    resp.op_responses()
-        .into_iter()
-        .filter_map(|r| match r {
-            TxnOpResponse::Get(g) => Some(g.kvs().to_vec()),
-            _ => None,
-        })
-        .collect()
 }
 
 /// The controller-ID slot a joining node takes: its own home slot when
@@ -130,7 +81,7 @@ impl Session {
         let client = Client::connect(&cfg.endpoints, Some(opts))
             .await
             .map_err(|e| etcd_err(&cfg, "connect", e))?;
-        let prefix = cfg.prefix();
+        let keys = Keys::new(&cfg.cluster);
         rec.name = cfg.node.clone();
 
         let granted = retry(&cfg, "lease grant", || {
@@ -148,8 +99,8 @@ impl Session {
             }
         };
 
-        let node_key = format!("{prefix}nodes/{}", cfg.node);
-        let home_key = format!("{prefix}slot-home/{}", cfg.node);
+        let node_key = keys.node(&cfg.node);
+        let home_key = keys.slot_home(&cfg.node);
         let slot = loop {
             // The slots in use, and every node's home slot (the one it had
             // last: a host may still hold a dead node's controllers, whose
@@ -166,10 +117,7 @@ impl Session {
                     .await
                 }
             };
-            let (used, homes) = match (
-                read(format!("{prefix}slots/")).await,
-                read(format!("{prefix}slot-home/")).await,
-            ) {
+            let (used, homes) = match (read(keys.slots()).await, read(keys.slot_homes()).await) {
                 (Ok(u), Ok(h)) => (u, h),
                 (Err(e), _) | (_, Err(e)) => {
                     abandon(&client).await;
@@ -192,7 +140,7 @@ impl Session {
             };
             rec.slot = slot;
             rec.lease = lease;
-            let slot_key = format!("{prefix}slots/{slot}");
+            let slot_key = keys.slot(slot);
             let txn = Txn::new()
                 .when([
                     Compare::version(slot_key.clone(), CompareOp::Equal, 0),
@@ -281,11 +229,12 @@ impl Session {
         let inner = Inner {
             client: client.clone(),
             cfg: cfg.clone(),
-            prefix: prefix.clone(),
+            keys: keys.clone(),
             slot,
             lease,
             health: health.clone(),
             events: events.clone(),
+            #[cfg(feature = "testing")]
             pause_until: pause_until.clone(),
             tasks: Mutex::new(Vec::new()),
         };
@@ -301,9 +250,9 @@ impl Session {
         let tasks = vec![
             tokio::spawn(ka.run()),
             tokio::spawn(watchdog(health.clone(), client.clone(), lease)),
-            tokio::spawn(watch_task(client, prefix, events)),
+            tokio::spawn(watch_task(client, keys, events)),
         ];
-        *inner.tasks.lock().unwrap() = tasks;
+        *inner.tasks.lock() = tasks;
         Ok(Session {
             inner: Arc::new(inner),
         })
@@ -349,16 +298,13 @@ impl Session {
     }
 
     /// Test hook: the keep-alive task sends nothing for `d` (the watchdog still runs).
+    #[cfg(feature = "testing")]
     pub fn pause_keepalive_for_test(&self, d: Duration) {
-        *self.inner.pause_until.lock().unwrap() = Some(Instant::now() + d);
+        *self.inner.pause_until.lock() = Some(Instant::now() + d);
     }
 
-    fn key(&self, rest: &str) -> String {
-        format!("{}{rest}", self.inner.prefix)
-    }
-
-    fn vkey(&self, vol: &str, leaf: &str) -> String {
-        format!("{}volumes/{vol}/{leaf}", self.inner.prefix)
+    fn vkey(&self, vol: &str, key: VolumeKey) -> String {
+        self.inner.keys.volume(vol, key)
     }
 
     async fn op<T, F, Fut>(&self, what: &str, f: F) -> Result<T, ClusterError>
@@ -399,7 +345,7 @@ impl Session {
 
     /// Every live node (their records are under their leases).
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>, ClusterError> {
-        self.get_prefix(&self.key("nodes/"))
+        self.get_prefix(&self.inner.keys.nodes())
             .await?
             .iter()
             .map(|kv| {
@@ -423,7 +369,7 @@ impl Session {
     /// Revokes node `name`'s lease, so all its leased keys (node record, slot,
     /// volume owners) go at once. `false` if the node is not registered.
     pub async fn revoke_node(&self, name: &str) -> Result<bool, ClusterError> {
-        let Some(kv) = self.get_one(&self.key(&format!("nodes/{name}"))).await? else {
+        let Some(kv) = self.get_one(&self.inner.keys.node(name)).await? else {
             return Ok(false);
         };
         let lease = kv.lease();
@@ -449,7 +395,7 @@ impl Session {
 
     /// Creates `volumes/<v>/spec`; `VolumeExists` if there is one.
     pub async fn create_spec(&self, spec: &VolumeSpec) -> Result<(), ClusterError> {
-        let key = self.vkey(&spec.name, "spec");
+        let key = self.vkey(&spec.name, VolumeKey::Spec);
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), encode(spec), None)]);
@@ -461,7 +407,7 @@ impl Session {
     }
 
     pub async fn specs(&self) -> Result<Vec<VolumeSpec>, ClusterError> {
-        self.get_prefix(&self.key("volumes/"))
+        self.get_prefix(&self.inner.keys.volumes())
             .await?
             .iter()
             .filter(|kv| kv.key().ends_with(b"/spec"))
@@ -470,7 +416,7 @@ impl Session {
     }
 
     pub async fn spec(&self, vol: &str) -> Result<Option<VolumeSpec>, ClusterError> {
-        self.get_one(&self.vkey(vol, "spec"))
+        self.get_one(&self.vkey(vol, VolumeKey::Spec))
             .await?
             .as_ref()
             .map(decode)
@@ -486,14 +432,11 @@ impl Session {
         };
         let txn = Txn::new()
             .when([Compare::value(
-                self.vkey(vol, "owner"),
+                self.vkey(vol, VolumeKey::Owner),
                 CompareOp::Equal,
                 encode(&me),
             )])
-            .and_then(
-                ["spec", "owner", "state", "handoff", "epoch"]
-                    .map(|leaf| TxnOp::delete(self.vkey(vol, leaf), None)),
-            );
+            .and_then(VolumeKey::ALL.map(|key| TxnOp::delete(self.vkey(vol, key), None)));
         if self
             .txn(&format!("delete volume {vol}"), txn)
             .await?
@@ -518,7 +461,7 @@ impl Session {
     }
 
     pub async fn owner(&self, vol: &str) -> Result<Option<Owner>, ClusterError> {
-        self.get_one(&self.vkey(vol, "owner"))
+        self.get_one(&self.vkey(vol, VolumeKey::Owner))
             .await?
             .as_ref()
             .map(decode)
@@ -529,8 +472,8 @@ impl Session {
     /// when this node owns it (now or already, under this lease), `None` when
     /// another node does. Of N concurrent claimers exactly one wins.
     pub async fn claim(&self, vol: &str) -> Result<Option<Owner>, ClusterError> {
-        let owner_key = self.vkey(vol, "owner");
-        let epoch_key = self.vkey(vol, "epoch");
+        let owner_key = self.vkey(vol, VolumeKey::Owner);
+        let epoch_key = self.vkey(vol, VolumeKey::Epoch);
         loop {
             let read = Txn::new().and_then([
                 TxnOp::get(owner_key.clone(), None),
@@ -576,7 +519,7 @@ impl Session {
 
     /// Deletes the owner key iff it is this node at `epoch`.
     pub async fn release(&self, vol: &str, epoch: u64) -> Result<bool, ClusterError> {
-        let key = self.vkey(vol, "owner");
+        let key = self.vkey(vol, VolumeKey::Owner);
         let me = Owner {
             node: self.node().to_string(),
             epoch,
@@ -595,11 +538,15 @@ impl Session {
         };
         let txn = Txn::new()
             .when([Compare::value(
-                self.vkey(vol, "owner"),
+                self.vkey(vol, VolumeKey::Owner),
                 CompareOp::Equal,
                 encode(&me),
             )])
-            .and_then([TxnOp::put(self.vkey(vol, "state"), encode(st), None)]);
+            .and_then([TxnOp::put(
+                self.vkey(vol, VolumeKey::State),
+                encode(st),
+                None,
+            )]);
         if self
             .txn(&format!("put state of {vol}"), txn)
             .await?
@@ -615,7 +562,7 @@ impl Session {
     }
 
     pub async fn state(&self, vol: &str) -> Result<Option<VolumeState>, ClusterError> {
-        self.get_one(&self.vkey(vol, "state"))
+        self.get_one(&self.vkey(vol, VolumeKey::State))
             .await?
             .as_ref()
             .map(decode)
@@ -625,7 +572,7 @@ impl Session {
     /// Asks the owner of `h.epoch` to hand the volume over; `Deposed` if the
     /// owner is at another epoch, `NotOwned` if there is none.
     pub async fn set_handoff(&self, vol: &str, h: &Handoff) -> Result<(), ClusterError> {
-        let owner_key = self.vkey(vol, "owner");
+        let owner_key = self.vkey(vol, VolumeKey::Owner);
         loop {
             let Some(kv) = self.get_one(&owner_key).await? else {
                 return Err(ClusterError::NotOwned {
@@ -645,7 +592,11 @@ impl Session {
                     CompareOp::Equal,
                     kv.mod_revision(),
                 )])
-                .and_then([TxnOp::put(self.vkey(vol, "handoff"), encode(h), None)]);
+                .and_then([TxnOp::put(
+                    self.vkey(vol, VolumeKey::Handoff),
+                    encode(h),
+                    None,
+                )]);
             if self
                 .txn(&format!("set handoff of {vol}"), txn)
                 .await?
@@ -657,7 +608,7 @@ impl Session {
     }
 
     pub async fn handoff(&self, vol: &str) -> Result<Option<Handoff>, ClusterError> {
-        self.get_one(&self.vkey(vol, "handoff"))
+        self.get_one(&self.vkey(vol, VolumeKey::Handoff))
             .await?
             .as_ref()
             .map(decode)
@@ -665,7 +616,7 @@ impl Session {
     }
 
     pub async fn clear_handoff(&self, vol: &str) -> Result<(), ClusterError> {
-        let key = self.vkey(vol, "handoff");
+        let key = self.vkey(vol, VolumeKey::Handoff);
         self.op(&format!("delete {key}"), |mut c| {
             let k = key.clone();
             async move { c.delete(k, None).await }
@@ -676,7 +627,7 @@ impl Session {
 
     /// Marks (or unmarks) `node` as draining; persistent, not leased.
     pub async fn set_drain(&self, node: &str, on: bool) -> Result<(), ClusterError> {
-        let key = self.key(&format!("drain/{node}"));
+        let key = self.inner.keys.drain(node);
         self.op(&format!("set {key}"), |mut c| {
             let k = key.clone();
             async move {
@@ -691,7 +642,7 @@ impl Session {
     }
 
     pub async fn draining(&self) -> Result<Vec<String>, ClusterError> {
-        let p = self.key("drain/");
+        let p = self.inner.keys.drains();
         Ok(self
             .get_prefix(&p)
             .await?
@@ -710,7 +661,7 @@ impl Session {
     /// Clean shutdown: stops the tasks and revokes the lease, so this node's
     /// record, slot and owner keys go now rather than after the TTL.
     pub async fn leave(&self) {
-        for t in self.inner.tasks.lock().unwrap().drain(..) {
+        for t in self.inner.tasks.lock().drain(..) {
             t.abort();
         }
         self.inner
@@ -727,290 +678,6 @@ pub(crate) fn cntlid_range(slot: u16) -> (u16, u16) {
     let lo = (u32::from(slot) * 1024).max(1);
     let hi = (u32::from(slot) * 1024 + 1023).min(0xFFEF);
     (lo as u16, hi as u16)
-}
-
-async fn retry<T, F, Fut>(cfg: &ClusterConfig, what: &str, mut f: F) -> Result<T, ClusterError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, etcd_client::Error>>,
-{
-    let give_up = Instant::now() + RETRY_FOR;
-    let mut backoff = Duration::from_millis(25);
-    loop {
-        match f().await {
-            Ok(v) => return Ok(v),
-            Err(e) if transient(&e) && Instant::now() + backoff < give_up => {
-                tracing::debug!("{what}: {e}; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(200));
-            }
-            Err(e) => return Err(etcd_err(cfg, what, e)),
-        }
-    }
-}
-
-fn set_lost(health: &watch::Sender<LeaseHealth>, why: String) {
-    health.send_if_modified(|h| match h {
-        LeaseHealth::Live { .. } => {
-            tracing::error!("etcd lease lost: {why}");
-            *h = LeaseHealth::Lost(why);
-            true
-        }
-        LeaseHealth::Lost(_) => false,
-    });
-}
-
-/// Flips health to Lost at the deadline unless a keep-alive moved it, even
-/// if etcd never answers. Then revokes the lease (best effort) so a new
-/// session of the same node can join without waiting for the TTL.
-async fn watchdog(health: Arc<watch::Sender<LeaseHealth>>, client: Client, lease: i64) {
-    let mut rx = health.subscribe();
-    loop {
-        let deadline = match &*rx.borrow_and_update() {
-            LeaseHealth::Live { valid_until } => *valid_until,
-            LeaseHealth::Lost(_) => break,
-        };
-        tokio::select! {
-            _ = tokio::time::sleep_until(deadline.into()) => {
-                let expired = matches!(&*health.borrow(), LeaseHealth::Live { valid_until } if Instant::now() >= *valid_until);
-                if expired {
-                    set_lost(&health, "no keep-alive acknowledged before the fencing deadline".into());
-                    break;
-                }
-            }
-            r = rx.changed() => if r.is_err() { return },
-        }
-    }
-    let mut c = client;
-    let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(lease)).await;
-}
-
-struct KeepAlive {
-    client: Client,
-    lease: i64,
-    every: Duration,
-    margin: Duration,
-    ttl: Duration,
-    health: Arc<watch::Sender<LeaseHealth>>,
-    pause_until: Arc<Mutex<Option<Instant>>>,
-}
-
-impl KeepAlive {
-    fn deadline(&self) -> Option<Instant> {
-        match &*self.health.borrow() {
-            LeaseHealth::Live { valid_until } => Some(*valid_until),
-            LeaseHealth::Lost(_) => None,
-        }
-    }
-
-    /// Records an acknowledged keep-alive sent at `sent` granting `ttl_s`.
-    fn acked(&self, sent: Instant, ttl_s: i64) -> bool {
-        if ttl_s <= 0 {
-            set_lost(
-                &self.health,
-                format!("etcd says lease {:x} is gone (TTL 0)", self.lease),
-            );
-            return false;
-        }
-        let until = sent + Duration::from_secs(ttl_s as u64).saturating_sub(self.margin);
-        self.health.send_if_modified(|h| match h {
-            LeaseHealth::Live { valid_until } if until > *valid_until => {
-                *valid_until = until;
-                true
-            }
-            _ => false,
-        });
-        true
-    }
-
-    async fn run(self) {
-        let mut stream: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> =
-            None;
-        let mut next = Instant::now() + self.every;
-        // One attempt waits at most this long before trying another stream
-        // (possibly another member).
-        let attempt_for = (self.ttl / 3).max(Duration::from_millis(100));
-        loop {
-            tokio::time::sleep_until(next.into()).await;
-            next = (next + self.every).max(Instant::now());
-            let Some(deadline) = self.deadline() else {
-                return;
-            };
-            let paused = {
-                self.pause_until
-                    .lock()
-                    .unwrap()
-                    .is_some_and(|t| Instant::now() < t)
-            };
-            if paused {
-                stream = None;
-                continue;
-            }
-            let give_up = deadline.min(Instant::now() + attempt_for);
-            let res = tokio::time::timeout_at(give_up.into(), async {
-                loop {
-                    let sent = Instant::now();
-                    let r = match stream.as_mut() {
-                        Some((keeper, s)) => match keeper.keep_alive().await {
-                            Ok(()) => s.message().await.and_then(|m| {
-                                m.map(|m| m.ttl()).ok_or_else(|| {
-                                    etcd_client::Error::LeaseKeepAliveError("stream ended".into())
-                                })
-                            }),
-                            Err(e) => Err(e),
-                        },
-                        None => {
-                            let mut lc = self.client.lease_client();
-                            match lc.keep_alive(self.lease).await {
-                                Ok(pair) => {
-                                    // keep_alive() sent one request and got a live answer
-                                    stream = Some(pair);
-                                    Ok(self.ttl.as_secs() as i64)
-                                }
-                                Err(etcd_client::Error::LeaseKeepAliveError(m))
-                                    if m.contains("not found") =>
-                                {
-                                    Ok(0)
-                                }
-                                Err(e) => Err(e),
-                            }
-                        }
-                    };
-                    let r = match r {
-                        Err(etcd_client::Error::GRpcStatus(s))
-                            if s.code() == tonic::Code::NotFound =>
-                        {
-                            Ok(0)
-                        }
-                        r => r,
-                    };
-                    match r {
-                        Ok(ttl) => return (sent, ttl),
-                        Err(e) => {
-                            tracing::debug!(lease = self.lease, "keep-alive: {e}; reopening");
-                            stream = None;
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                }
-            })
-            .await;
-            match res {
-                Ok((sent, ttl)) => {
-                    if !self.acked(sent, ttl) {
-                        return;
-                    }
-                }
-                Err(_) => {
-                    tracing::debug!(
-                        lease = self.lease,
-                        "keep-alive unanswered after {attempt_for:?}; new stream"
-                    );
-                    stream = None;
-                    next = Instant::now();
-                }
-            }
-        }
-    }
-}
-
-fn decode_event(prefix: &str, ev: &etcd_client::Event) -> Option<ClusterEvent> {
-    let kv = ev.kv()?;
-    let key = kv.key_str().ok()?.strip_prefix(prefix)?;
-    let put = ev.event_type() == EventType::Put;
-    let warn = |e: ClusterError| tracing::warn!("ignoring undecodable cluster event: {e}");
-    let mut parts = key.splitn(3, '/');
-    match (parts.next()?, parts.next(), parts.next()) {
-        ("nodes", Some(_), None) if put => match decode::<NodeRecord>(kv) {
-            Ok(mut r) => {
-                r.lease = kv.lease();
-                Some(ClusterEvent::NodeUp(r))
-            }
-            Err(e) => {
-                warn(e);
-                None
-            }
-        },
-        ("nodes", Some(n), None) => Some(ClusterEvent::NodeDown(n.to_string())),
-        ("drain", Some(n), None) => Some(ClusterEvent::Drain(n.to_string(), put)),
-        ("volumes", Some(v), Some(leaf)) => {
-            let v = v.to_string();
-            let r = match (leaf, put) {
-                ("spec", true) => decode(kv).map(ClusterEvent::SpecPut),
-                ("spec", false) => Ok(ClusterEvent::SpecDeleted(v)),
-                ("owner", true) => decode(kv).map(|o| ClusterEvent::OwnerSet(v, o)),
-                ("owner", false) => Ok(ClusterEvent::OwnerGone(v)),
-                ("handoff", true) => decode(kv).map(|h| ClusterEvent::HandoffSet(v, h)),
-                ("handoff", false) => Ok(ClusterEvent::HandoffCleared(v)),
-                _ => return None,
-            };
-            r.map_err(warn).ok()
-        }
-        _ => None,
-    }
-}
-
-/// One watch on the whole prefix; restarted whenever it fails. A restart
-/// resumes after the last revision it delivered, so no event is lost to an
-/// etcd member going away; it still sends Resync (the receiver re-reads
-/// what it needs), and when etcd has compacted that revision away the
-/// watch starts from now.
-async fn watch_task(client: Client, prefix: String, events: broadcast::Sender<ClusterEvent>) {
-    let mut first = true;
-    // The next revision to deliver (None: from now).
-    let mut resume: Option<i64> = None;
-    loop {
-        let mut wc = client.watch_client();
-        let mut opts = WatchOptions::new().with_prefix();
-        if let Some(r) = resume {
-            opts = opts.with_start_revision(r);
-        }
-        let (watcher, mut stream) = match wc.watch(prefix.clone(), Some(opts)).await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::debug!("watch {prefix}: {e}; retrying");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        if !first {
-            let _ = events.send(ClusterEvent::Resync);
-        }
-        first = false;
-        loop {
-            match stream.message().await {
-                Ok(Some(resp)) => {
-                    if resp.canceled() {
-                        if resp.compact_revision() > 0 {
-                            // our resume point is gone: from now, after a Resync
-                            resume = None;
-                        }
-                        tracing::warn!("watch {prefix} canceled: {}", resp.cancel_reason());
-                        break;
-                    }
-                    for ev in resp.events() {
-                        if let Some(e) = decode_event(&prefix, ev) {
-                            let _ = events.send(e);
-                        }
-                        if let Some(kv) = ev.kv() {
-                            resume = Some(resume.unwrap_or(0).max(kv.mod_revision() + 1));
-                        }
-                    }
-                    if let Some(h) = resp.header() {
-                        // everything up to the header's revision is delivered
-                        resume = Some(resume.unwrap_or(0).max(h.revision() + 1));
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::debug!("watch {prefix}: {e}; re-establishing");
-                    break;
-                }
-            }
-        }
-        drop(watcher);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[cfg(test)]

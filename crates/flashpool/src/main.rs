@@ -6,24 +6,22 @@
 mod agent;
 mod api;
 mod api_auth;
-mod bench;
 mod cli;
 mod cluster_cli;
 mod config;
-mod echo;
 mod events;
 mod host_events;
 mod jobs_cli;
 mod metrics;
 mod node;
-mod output;
 mod serve;
-mod units;
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+// At the root, so the modules name them `crate::output`, `crate::units`, `crate::echo`.
+use flashpool_util::{echo, output, units};
 
 #[derive(Parser)]
 #[command(
@@ -101,7 +99,7 @@ enum Cmd {
         cmd: cli::ApiCmd,
     },
     /// Load a target and measure it: tcp://ADDR:PORT/NQN, file:PATH (io_uring, O_DIRECT) or mem:SIZE.
-    Bench(Box<bench::BenchArgs>),
+    Bench(Box<flashpool_bench::BenchArgs>),
 }
 
 fn main() {
@@ -112,7 +110,7 @@ fn main() {
             check,
             log_format,
         } => serve::run(config.as_deref(), check, log_format),
-        Cmd::Bench(args) => bench::run(*args),
+        Cmd::Bench(args) => flashpool_bench::run(*args),
         Cmd::Volume { api, cmd } => cli::volume(api, cmd),
         Cmd::Drive { api, cmd } => cli::drive(api, cmd),
         Cmd::Job { api, cmd } => jobs_cli::job(api, cmd),

@@ -8,6 +8,8 @@
 //! [`superblock`] (4 KiB), then the [`intent`] bitmap, then the write
 //! journal, and at the end the device-kept [`records`]; data starts after.
 
+mod crc;
+#[cfg(feature = "testing")]
 pub mod fault;
 pub mod intent;
 mod journal;
@@ -28,6 +30,7 @@ pub(crate) mod testutil;
 #[cfg(test)]
 mod thin_tests;
 
+#[cfg(feature = "testing")]
 pub use fault::{CrashSwitch, FaultDevice, FaultStats};
 pub use layout::{Layout, LayoutError, LayoutKind};
 pub use parity::{Code, Parity, ParityError};

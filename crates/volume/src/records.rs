@@ -31,7 +31,7 @@
 
 use blockdev::{RECORD_MAX, RecordKind};
 
-use crate::superblock::crc32c;
+use crate::crc::crc32c;
 
 pub const SLOT_BYTES: usize = 4096;
 pub const SLOTS: usize = 2;

@@ -8,9 +8,13 @@ use std::sync::Arc;
 use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest, MemDevice, RECORD_MAX, RecordKind};
 use futures_util::future::join_all;
 
-use crate::superblock::Superblock;
+use crate::fault::{CrashSwitch, FaultDevice};
+use crate::layout::LayoutKind;
+use crate::rebuild::RebuildOptions;
+use crate::records;
+use crate::superblock::{MemberState, Superblock};
 use crate::testutil::{Rng, block_on};
-use crate::*;
+use crate::volume::{SyncControl, Volume, VolumeConfig, VolumeError};
 
 const BS: u64 = 4096;
 /// Small strips and metadata keep debug-build tests quick (the metadata holds

@@ -11,8 +11,11 @@ use blockdev::testutil::{
 use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoRequest, MemDevice};
 use futures_util::future::join_all;
 
+use crate::fault::{CrashSwitch, FaultDevice};
+use crate::layout::LayoutKind;
 use crate::testutil::{Rng, block_on};
-use crate::*;
+use crate::thin::{ThinError, ThinPool, ThinVolume};
+use crate::volume::{Volume, VolumeConfig};
 
 /// Small clusters keep the tests quick: 4 blocks of 4 KiB per cluster.
 const CB: u64 = 16 << 10;

@@ -257,7 +257,6 @@ impl Agent {
         sw.activate(dev);
         self.owned
             .lock()
-            .expect("not poisoned")
             .insert(name.clone(), (ana_group, sw.clone()));
         served.insert(
             name.clone(),
@@ -319,7 +318,7 @@ impl Agent {
             .set_ana_state(sv.spec.ana_group, AnaState::Inaccessible);
         sv.switch.deactivate();
         sv.switch.drain(Duration::from_secs(5)).await;
-        self.owned.lock().expect("not poisoned").remove(name);
+        self.owned.lock().remove(name);
         self.node.delete_volume(name, true).await?;
         s.delete_volume(name, epoch).await.map_err(etcd)?;
         let sv = served.remove(name).expect("found");
@@ -407,11 +406,7 @@ impl Agent {
         };
         let vol = spec.name.clone();
         let who = n.name.clone();
-        let peer_api = self
-            .peer_api
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let peer_api = self.peer_api.lock().clone();
         tokio::task::spawn_blocking(move || {
             let path = format!("/cluster/probe/{vol}");
             let sent = match &peer_api {

@@ -13,10 +13,13 @@
 //! switch devices refuse I/O past the lease deadline (monotonic clock), and
 //! a member that answers Reservation Conflict fences the volume.
 //!
-//! `mod.rs` holds the state and the loop, `own.rs` taking over and letting
-//! go, `peers.rs` the other nodes, `api.rs` the HTTP calls.
+//! `mod.rs` holds the state and the loop; `decide.rs` what each volume
+//! needs, as a pure function of what etcd and this node show; `own.rs`
+//! gathers those views and carries the actions out (taking over, letting
+//! go); `peers.rs` the other nodes, `api.rs` the HTTP calls.
 
 mod api;
+mod decide;
 mod own;
 mod peers;
 mod switch;
@@ -24,15 +27,16 @@ mod switch;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use cluster::{
-    ClusterConfig, ClusterError, Handoff, LeaseHealth, LivenessListener, NodeRecord, Portal,
-    Session, VolumeSpec,
+    ClusterConfig, ClusterError, LeaseHealth, LivenessListener, NodeRecord, Portal, Session,
+    VolumeSpec,
 };
 use nvmf_target::{AnaState, Subsystem, Target};
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::config::Membership;
@@ -66,14 +70,9 @@ pub struct Agent {
     owned: Mutex<BTreeMap<String, (u32, Arc<SwitchDevice>)>>,
     /// Peers whose liveness port is watched, by (name, lease).
     watching: Mutex<HashSet<(String, i64)>>,
-    /// When each unowned volume was first seen unowned (claim delays).
-    unowned_since: Mutex<HashMap<String, Instant>>,
-    /// Each volume's handoff as first seen, and when (a stale one is
-    /// ignored). Keyed by the handoff itself: an entry left from an earlier
-    /// move must not make a new handoff look stale.
-    handoff_seen: Mutex<HashMap<String, (Handoff, Instant)>>,
-    /// Volumes this node failed to take over, not to be claimed again before.
-    cooldown: Mutex<HashMap<String, Instant>>,
+    /// What the decisions remember of each volume between passes (claim
+    /// delays, handoffs seen, back-off), by volume; see [`decide::Memory`].
+    memory: Mutex<HashMap<String, decide::Memory>>,
     kick: Notify,
     lost: Notify,
     /// Set at shutdown: a lost lease is then not followed by a new join.
@@ -84,19 +83,10 @@ pub struct Agent {
     peer_api: Mutex<Option<Arc<crate::api_auth::PeerApi>>>,
 }
 
-/// How long a node waits per rank before claiming an unowned volume, so
-/// that the rendezvous winner normally takes it and a dead winner does not
-/// leave it unowned.
-const RANK_DELAY: Duration = Duration::from_millis(300);
-/// A handoff not acted on for this long is ignored.
-const HANDOFF_STALE: Duration = Duration::from_secs(5);
-/// A node that failed to take a volume over leaves it to others this long.
-const COOLDOWN: Duration = Duration::from_secs(5);
-
 impl Agent {
     /// Calls to other nodes' APIs go with this node's token (and TLS trust).
     pub fn set_peer_api(&self, p: Arc<crate::api_auth::PeerApi>) {
-        *self.peer_api.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        *self.peer_api.lock() = Some(p);
     }
 
     /// Joins the cluster (waiting for etcd as long as it takes), sets the
@@ -158,9 +148,7 @@ impl Agent {
             served: tokio::sync::Mutex::new(BTreeMap::new()),
             owned: Mutex::new(BTreeMap::new()),
             watching: Mutex::new(HashSet::new()),
-            unowned_since: Mutex::new(HashMap::new()),
-            handoff_seen: Mutex::new(HashMap::new()),
-            cooldown: Mutex::new(HashMap::new()),
+            memory: Mutex::new(HashMap::new()),
             kick: Notify::new(),
             lost: Notify::new(),
             leaving: std::sync::atomic::AtomicBool::new(false),
@@ -177,7 +165,7 @@ impl Agent {
     }
 
     pub fn session(&self) -> Session {
-        self.session.lock().expect("not poisoned").clone()
+        self.session.lock().clone()
     }
 
     pub fn name(&self) -> &str {
@@ -195,13 +183,7 @@ impl Agent {
         self.leaving
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.fence_fast("the node is shutting down");
-        let names: Vec<String> = self
-            .owned
-            .lock()
-            .expect("not poisoned")
-            .keys()
-            .cloned()
-            .collect();
+        let names: Vec<String> = self.owned.lock().keys().cloned().collect();
         for n in names {
             self.node.drop_fenced(&n, "the node is shutting down").await;
         }
@@ -244,7 +226,7 @@ impl Agent {
             if let Err(e) = self.target.set_cntlid_range(lo, hi) {
                 tracing::error!("cluster: controller IDs {lo}..={hi}: {e}");
             }
-            *self.session.lock().expect("not poisoned") = s;
+            *self.session.lock() = s;
             self.rejoined.notify_one();
         }
     }
@@ -279,7 +261,7 @@ impl Agent {
     /// Turns every owned group Inaccessible and stops passing I/O on: the
     /// host retries elsewhere. The volumes are dropped by the loop.
     fn fence_fast(&self, why: &str) {
-        for (name, (g, sw)) in self.owned.lock().expect("not poisoned").iter() {
+        for (name, (g, sw)) in self.owned.lock().iter() {
             self.target.set_ana_state(*g, AnaState::Inaccessible);
             sw.deactivate();
             tracing::warn!("volume {name}: fenced: {why}");
@@ -292,13 +274,22 @@ impl Agent {
         }
     }
 
+    /// One pass: reads the members, then for each volume gathers what etcd
+    /// and this node show, decides (`decide.rs`) and acts (`own.rs`). The
+    /// volumes are settled one after another under the `served` lock; their
+    /// plans are independent, so a runner that settles them concurrently
+    /// (issue 21) needs only to hand each its own slot.
     async fn reconcile_inner(self: &Arc<Self>) -> Result<(), ClusterError> {
         let s = self.session();
+        // decide::decide plans nothing either while the lease is not valid
         if !s.is_valid() {
             return Ok(());
         }
         let nodes = s.nodes().await?;
-        let draining: HashSet<String> = s.draining().await?.into_iter().collect();
+        let members = decide::Members {
+            live: nodes.iter().map(|n| n.name.clone()).collect(),
+            draining: s.draining().await?.into_iter().collect(),
+        };
         self.update_peers(&nodes);
         let specs = s.specs().await?;
         let mut served = self.served.lock().await;
@@ -309,34 +300,26 @@ impl Agent {
             .cloned()
             .collect();
         for name in gone {
-            let mut sv = served.remove(&name).expect("listed");
-            if sv.epoch.is_some() {
-                self.step_down(&mut sv, "its cluster record was deleted")
-                    .await;
+            let sv = served.remove(&name).expect("listed");
+            let here = self.local_volume(&name, Some(&sv), None);
+            let Some(plan) = decide::decide_gone(&name, &here) else {
+                continue;
+            };
+            let spec = sv.spec.clone();
+            let mut slot = Some(sv);
+            let r = self.act(&s, &spec, &mut slot, plan).await;
+            if let Some(sv) = slot {
+                served.insert(name, sv);
             }
-            self.unserve(&sv.spec);
+            r?;
         }
         for spec in specs {
-            if !served.contains_key(&spec.name) {
-                match self.serve_standby(&spec) {
-                    Ok(sw) => {
-                        served.insert(
-                            spec.name.clone(),
-                            Served {
-                                spec: spec.clone(),
-                                switch: sw,
-                                epoch: None,
-                            },
-                        );
-                    }
-                    Err(e) => {
-                        tracing::error!("cluster volume {}: cannot serve it here: {e}", spec.name);
-                        continue;
-                    }
-                }
+            let mut slot = served.remove(&spec.name);
+            let r = self.settle(&s, &members, &spec, &mut slot).await;
+            if let Some(sv) = slot {
+                served.insert(spec.name.clone(), sv);
             }
-            let sv = served.get_mut(&spec.name).expect("inserted");
-            self.settle(&s, sv, &nodes, &draining).await?;
+            r?;
         }
         Ok(())
     }

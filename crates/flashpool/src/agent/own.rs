@@ -1,156 +1,188 @@
-//! Owning a cluster volume: when to claim it, taking it over, and the two
-//! ways of letting it go (fenced, or handed over cleanly).
+//! Owning a cluster volume: gathering what etcd and this node show of it,
+//! and carrying out what `decide.rs` says: taking it over, and the two ways
+//! of letting it go (fenced, or handed over cleanly).
+//!
+//! [`Agent::settle`] is one volume's whole pass (gather, decide, act) and
+//! [`Agent::act`] runs one volume's plan; neither touches another volume,
+//! so issue 21's runner can call them for many volumes at once (each with
+//! its own slot, a bounded number at a time, each volume on its own
+//! back-off). Today `reconcile_inner` calls them one volume after another.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster::{ClusterError, Handoff, NodeRecord, Session, VolumeState, rendezvous};
+use cluster::{ClusterError, Handoff, Session, VolumeSpec, VolumeState};
 use nvmf_target::AnaState;
 
-use super::{Agent, COOLDOWN, HANDOFF_STALE, RANK_DELAY, Served};
+use super::decide::{self, Action, COOLDOWN, LocalVolume, Members, Plan, VolumeView, Wait};
+use super::{Agent, Served};
 use crate::node::AssembleVolume;
 
 impl Agent {
-    /// Brings one volume's ownership where etcd says it should be.
+    /// Brings one volume's ownership where etcd says it should be: reads
+    /// its keys, decides, acts. `slot` is the volume as served here (none
+    /// for a spec not served here yet).
     pub(super) async fn settle(
         self: &Arc<Self>,
         s: &Session,
-        sv: &mut Served,
-        nodes: &[NodeRecord],
-        draining: &HashSet<String>,
+        members: &Members,
+        spec: &VolumeSpec,
+        slot: &mut Option<Served>,
     ) -> Result<(), ClusterError> {
-        let name = sv.spec.name.clone();
-        let me = s.node().to_string();
-        let owner = s.owner(&name).await?;
-        match (owner, sv.epoch) {
-            (Some(o), Some(e)) if o.node == me && o.epoch == e => {
-                if let Some(why) = self.node.volume_fenced(&name).await {
+        let name = &spec.name;
+        let me = s.node();
+        let owner = s.owner(name).await?;
+        let handoff = if decide::handoff_matters(owner.as_ref(), me) {
+            s.handoff(name).await?
+        } else {
+            None
+        };
+        // Only a volume run here can have fenced itself.
+        let fenced = match slot.as_ref().and_then(|sv| sv.epoch) {
+            Some(_) => self.node.volume_fenced(name).await,
+            None => None,
+        };
+        let here = self.local_volume(name, slot.as_ref(), fenced);
+        let view = VolumeView {
+            name: name.clone(),
+            owner,
+            handoff,
+        };
+        let plan = decide::decide_volume(members, me, &view, &here, Instant::now());
+        self.act(s, spec, slot, plan).await
+    }
+
+    /// This node's side of one volume, for a decision.
+    pub(super) fn local_volume(
+        &self,
+        name: &str,
+        sv: Option<&Served>,
+        fenced: Option<String>,
+    ) -> LocalVolume {
+        LocalVolume {
+            served: sv.is_some(),
+            epoch: sv.and_then(|sv| sv.epoch),
+            fenced,
+            memory: self.memory.lock().get(name).cloned().unwrap_or_default(),
+        }
+    }
+
+    /// Stores a decision's memory of `name`.
+    fn remember(&self, name: &str, m: decide::Memory) {
+        let mut all = self.memory.lock();
+        if m == decide::Memory::default() {
+            // nothing to remember: as if never seen (keeps the map small)
+            all.remove(name);
+        } else {
+            all.insert(name.to_string(), m);
+        }
+    }
+
+    /// Changes what is remembered of `name` after an action's outcome.
+    fn memory_of(&self, name: &str, f: impl FnOnce(&mut decide::Memory)) {
+        let mut all = self.memory.lock();
+        let m = all.entry(name.to_string()).or_default();
+        f(m);
+        if *m == decide::Memory::default() {
+            all.remove(name);
+        }
+    }
+
+    /// Carries out one volume's plan, step by step; an etcd error ends it
+    /// (and the pass, as before the plans existed).
+    pub(super) async fn act(
+        self: &Arc<Self>,
+        s: &Session,
+        spec: &VolumeSpec,
+        slot: &mut Option<Served>,
+        plan: Plan,
+    ) -> Result<(), ClusterError> {
+        let mut memory = Some(plan.memory);
+        for step in plan.steps {
+            if step != Action::ServeStandby
+                && let Some(m) = memory.take()
+            {
+                self.remember(&spec.name, m);
+            }
+            if !self.act_one(s, spec, slot, step).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// One step; `false` when the volume's later steps must wait for the
+    /// next pass.
+    async fn act_one(
+        self: &Arc<Self>,
+        s: &Session,
+        spec: &VolumeSpec,
+        slot: &mut Option<Served>,
+        step: Action,
+    ) -> Result<bool, ClusterError> {
+        let name = &spec.name;
+        match step {
+            Action::ServeStandby => match self.serve_standby(spec) {
+                Ok(sw) => {
+                    *slot = Some(Served {
+                        spec: spec.clone(),
+                        switch: sw,
+                        epoch: None,
+                    });
+                }
+                Err(e) => {
+                    tracing::error!("cluster volume {name}: cannot serve it here: {e}");
+                    return Ok(false);
+                }
+            },
+            Action::Unserve => {
+                self.unserve(spec);
+                *slot = None;
+            }
+            Action::StepDown { why } => {
+                if let Some(sv) = slot {
                     self.step_down(sv, &why).await;
-                    s.release(&name, e).await?;
-                    return Ok(());
-                }
-                if let Some(h) = s.handoff(&name).await?
-                    && h.epoch == e
-                    && h.to != me
-                {
-                    let to = h.to.clone();
-                    self.hand_off(s, sv, e, &to).await;
-                    return Ok(());
-                }
-                if draining.contains(&me) {
-                    let others: Vec<&str> = eligible(nodes, draining)
-                        .into_iter()
-                        .filter(|n| *n != me)
-                        .collect();
-                    if let Some(to) = rendezvous(&name, others).first() {
-                        tracing::info!("volume {name}: this node drains; handing it to {to}");
-                        s.set_handoff(
-                            &name,
-                            &Handoff {
-                                to: to.to_string(),
-                                epoch: e,
-                            },
-                        )
-                        .await?;
-                        self.kick.notify_one();
-                    }
                 }
             }
-            (Some(o), Some(_)) => {
-                let why = format!("deposed: {} owns it now at epoch {}", o.node, o.epoch);
-                self.step_down(sv, &why).await;
+            Action::Fence { why, epoch } => {
+                if let Some(sv) = slot {
+                    self.step_down(sv, &why).await;
+                }
+                s.release(name, epoch).await?;
             }
-            (Some(o), None) if o.node == me => {
+            Action::Release { epoch } => {
                 // Claimed in an earlier attempt that did not finish: give it
                 // back, so that whoever can serve it takes it.
                 tracing::warn!(
-                    "volume {name}: owned here at epoch {} but not running; releasing it",
-                    o.epoch
+                    "volume {name}: owned here at epoch {epoch} but not running; releasing it"
                 );
-                s.release(&name, o.epoch).await?;
+                s.release(name, epoch).await?;
             }
-            (Some(_), None) => {
-                self.unowned_since
-                    .lock()
-                    .expect("not poisoned")
-                    .remove(&name);
+            Action::HandOff { to, epoch } => {
+                if let Some(sv) = slot {
+                    self.hand_off(s, sv, epoch, &to).await;
+                }
             }
-            (None, Some(_)) => {
-                self.step_down(sv, "its ownership key is gone (lease expired or revoked)")
-                    .await;
+            Action::AskHandOff { to, epoch } => {
+                tracing::info!("volume {name}: this node drains; handing it to {to}");
+                s.set_handoff(name, &Handoff { to, epoch }).await?;
+                self.kick.notify_one();
             }
-            (None, None) => self.maybe_claim(s, sv, nodes, draining).await?,
+            Action::Claim { .. } => {
+                let Some(sv) = slot else { return Ok(true) };
+                let Some(o) = s.claim(name).await? else {
+                    // another node won
+                    return Ok(true);
+                };
+                self.memory_of(name, |m| m.unowned_since = None);
+                self.take_over(s, sv, o.epoch).await;
+            }
+            Action::Wait(Wait::Turn { due, .. }) => {
+                self.kick_after(due.saturating_duration_since(Instant::now()));
+            }
+            Action::Wait(_) | Action::Keep(_) => {}
         }
-        Ok(())
-    }
-
-    /// Claims an unowned volume when it is this node's turn: at once for
-    /// the handoff's target or the rendezvous winner among live, undrained
-    /// nodes, later for the next in that order.
-    async fn maybe_claim(
-        self: &Arc<Self>,
-        s: &Session,
-        sv: &mut Served,
-        nodes: &[NodeRecord],
-        draining: &HashSet<String>,
-    ) -> Result<(), ClusterError> {
-        let name = sv.spec.name.clone();
-        let me = s.node().to_string();
-        let now = Instant::now();
-        if self
-            .cooldown
-            .lock()
-            .expect("not poisoned")
-            .get(&name)
-            .is_some_and(|t| *t > now)
-        {
-            return Ok(());
-        }
-        let live: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-        let handoff = s.handoff(&name).await?;
-        let rank = match &handoff {
-            Some(h) if h.to == me => 0,
-            Some(h) if live.contains(&h.to.as_str()) && !self.handoff_stale(&name, h, now) => {
-                return Ok(());
-            }
-            _ => match rendezvous(&name, eligible(nodes, draining))
-                .iter()
-                .position(|n| *n == me)
-            {
-                Some(r) => r as u32,
-                None => return Ok(()),
-            },
-        };
-        let since = *self
-            .unowned_since
-            .lock()
-            .expect("not poisoned")
-            .entry(name.clone())
-            .or_insert(now);
-        let due = since + RANK_DELAY * rank;
-        if now < due {
-            self.kick_after(due - now);
-            return Ok(());
-        }
-        let Some(o) = s.claim(&name).await? else {
-            return Ok(());
-        };
-        self.unowned_since
-            .lock()
-            .expect("not poisoned")
-            .remove(&name);
-        self.take_over(s, sv, o.epoch).await;
-        Ok(())
-    }
-
-    fn handoff_stale(&self, name: &str, h: &Handoff, now: Instant) -> bool {
-        handoff_stale(
-            &mut self.handoff_seen.lock().expect("not poisoned"),
-            name,
-            h,
-            now,
-        )
+        Ok(true)
     }
 
     /// Takes over a volume just claimed at `epoch`: connects to its members,
@@ -186,10 +218,9 @@ impl Agent {
         let Some(dev) = dev else {
             let why = res.err().unwrap_or_else(|| "assembled, then gone".into());
             tracing::error!("volume {name}: cannot take it over at epoch {epoch}: {why}");
-            self.cooldown
-                .lock()
-                .expect("not poisoned")
-                .insert(name.clone(), Instant::now() + COOLDOWN);
+            self.memory_of(&name, |m| {
+                m.cooldown_until = Some(Instant::now() + COOLDOWN)
+            });
             if let Err(e) = s.release(&name, epoch).await {
                 tracing::warn!("volume {name}: releasing after a failed takeover: {e}");
             }
@@ -200,7 +231,6 @@ impl Agent {
         sv.epoch = Some(epoch);
         self.owned
             .lock()
-            .expect("not poisoned")
             .insert(name.clone(), (sv.spec.ana_group, sv.switch.clone()));
         self.target
             .set_ana_state(sv.spec.ana_group, AnaState::Optimized);
@@ -224,10 +254,7 @@ impl Agent {
         {
             let _ = s.clear_handoff(&name).await;
         }
-        self.handoff_seen
-            .lock()
-            .expect("not poisoned")
-            .remove(&name);
+        self.memory_of(&name, |m| m.handoff_seen = None);
     }
 
     /// Lets go of a volume without writing: group Inaccessible first (the
@@ -237,16 +264,41 @@ impl Agent {
         self.target
             .set_ana_state(sv.spec.ana_group, AnaState::Inaccessible);
         sv.switch.deactivate();
-        self.owned.lock().expect("not poisoned").remove(&name);
+        self.owned.lock().remove(&name);
         self.node.drop_fenced(&name, why).await;
         sv.epoch = None;
         tracing::warn!("volume {name}: stepped down: {why}");
     }
 
-    pub(super) async fn step_down_all(&self, why: &str) {
+    /// The lease is lost: every volume run here steps down. etcd's view
+    /// plays no part (it may be unreachable): [`decide::decide`] with
+    /// [`decide::Lease::Lost`] plans step-downs only.
+    pub(super) async fn step_down_all(self: &Arc<Self>, why: &str) {
         let mut served = self.served.lock().await;
-        for sv in served.values_mut().filter(|v| v.epoch.is_some()) {
-            self.step_down(sv, why).await;
+        let local = decide::LocalView {
+            me: self.name().to_string(),
+            lease: decide::Lease::Lost(why.to_string()),
+            volumes: served
+                .iter()
+                .map(|(n, sv)| (n.clone(), self.local_volume(n, Some(sv), None)))
+                .collect(),
+        };
+        let s = self.session();
+        let plans = decide::decide(&decide::ClusterView::default(), &local, Instant::now());
+        for plan in plans {
+            let Some(sv) = served.remove(&plan.volume) else {
+                continue;
+            };
+            let spec = sv.spec.clone();
+            let mut slot = Some(sv);
+            // only step-downs: no etcd call, no error
+            let r = self.act(&s, &spec, &mut slot, plan).await;
+            if let Some(sv) = slot {
+                served.insert(spec.name.clone(), sv);
+            }
+            if let Err(e) = r {
+                tracing::warn!("volume {}: stepping down: {e}", spec.name);
+            }
         }
     }
 
@@ -260,7 +312,7 @@ impl Agent {
         self.target.set_ana_state(g, AnaState::Change);
         sv.switch.deactivate();
         let drained = sv.switch.drain(Duration::from_secs(5)).await;
-        self.owned.lock().expect("not poisoned").remove(&name);
+        self.owned.lock().remove(&name);
         if !drained {
             self.node
                 .drop_fenced(&name, "commands still running after 5 s of a planned move")
@@ -278,59 +330,5 @@ impl Agent {
             "volume {name}: handed over to {to} ({} ms here)",
             t0.elapsed().as_millis()
         );
-    }
-}
-
-/// Whether `h`, the handoff of `name`, has waited longer than
-/// [`HANDOFF_STALE`] since this node first saw it. `seen` remembers the
-/// handoff itself: an entry left from an earlier move of the volume must
-/// not make a new handoff look stale (a bystander would claim at once).
-fn handoff_stale(
-    seen: &mut HashMap<String, (Handoff, Instant)>,
-    name: &str,
-    h: &Handoff,
-    now: Instant,
-) -> bool {
-    let e = seen
-        .entry(name.to_string())
-        .or_insert_with(|| (h.clone(), now));
-    if e.0 != *h {
-        *e = (h.clone(), now);
-    }
-    now.duration_since(e.1) > HANDOFF_STALE
-}
-
-/// Live nodes that may own volumes (not draining).
-fn eligible<'a>(nodes: &'a [NodeRecord], draining: &HashSet<String>) -> Vec<&'a str> {
-    nodes
-        .iter()
-        .map(|n| n.name.as_str())
-        .filter(|n| !draining.contains(*n))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_new_handoff_is_not_stale_because_an_old_one_was_seen() {
-        let mut seen = HashMap::new();
-        let t0 = Instant::now();
-        let h = |to: &str, epoch| Handoff {
-            to: to.into(),
-            epoch,
-        };
-        assert!(!handoff_stale(&mut seen, "v", &h("b", 1), t0));
-        // the move to b went through long ago; now one to c, same volume
-        let later = t0 + HANDOFF_STALE * 4;
-        assert!(!handoff_stale(&mut seen, "v", &h("c", 2), later));
-        // the same handoff, unanswered past the limit: stale
-        assert!(handoff_stale(
-            &mut seen,
-            "v",
-            &h("c", 2),
-            later + HANDOFF_STALE + Duration::from_millis(1)
-        ));
     }
 }

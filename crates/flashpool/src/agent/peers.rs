@@ -29,19 +29,14 @@ impl Agent {
                 continue;
             };
             let key = (n.name.clone(), n.lease);
-            if !self
-                .watching
-                .lock()
-                .expect("not poisoned")
-                .insert(key.clone())
-            {
+            if !self.watching.lock().insert(key.clone()) {
                 continue;
             }
             let agent = Arc::downgrade(self);
             tokio::spawn(async move {
                 cluster::watch_peer_death(&addr).await;
                 let Some(a) = agent.upgrade() else { return };
-                a.watching.lock().expect("not poisoned").remove(&key);
+                a.watching.lock().remove(&key);
                 let (name, lease) = key;
                 let s = a.session();
                 // Only that life of the node: a restarted one has a new lease.

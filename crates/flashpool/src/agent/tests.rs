@@ -1,6 +1,9 @@
 //! Two cluster nodes in one process, a real etcd, and an enclosure that
 //! exports RAM drives over NVMe/TCP on loopback: create, planned move, and
-//! takeover from a node whose lease is gone (it must fence itself).
+//! takeover from a node whose lease is gone (it must fence itself); a drain
+//! (the owner asks for its own handoff) and a delete seen by the standby.
+//! The decisions themselves are tabled in `decide_tests.rs`; these check
+//! that the actor carries them out against etcd.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -100,6 +103,28 @@ async fn io(dev: &Arc<dyn BlockDevice>, write: Option<u8>) -> Result<Vec<u8>, Bl
     done.result.map(|_| done.buf[..16384].to_vec())
 }
 
+/// Creates `v` (raid5 on e1:d0..d2, nsid 1 of [`NQN`]) through `a`.
+async fn create_v(a: &Arc<Agent>) -> crate::node::VolumeInfo {
+    a.create(CreateVolume {
+        name: "v".into(),
+        layout: Some("raid5".into()),
+        drives: vec!["e1:d0".into(), "e1:d1".into(), "e1:d2".into()],
+        thin_pool: false,
+        cluster: None,
+        pool: None,
+        size: None,
+        strip: None,
+        block_size: None,
+        rebuild_rate: None,
+        export: Some(ExportRequest {
+            nqn: NQN.into(),
+            nsid: 1,
+        }),
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_move_and_take_over() {
     if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
@@ -111,25 +136,7 @@ async fn create_move_and_take_over() {
     let (b, tb) = member("b", &enc, &etcd.endpoint()).await;
 
     // Created on a: a owns it, b serves the same namespace on standby.
-    let info = a
-        .create(CreateVolume {
-            name: "v".into(),
-            layout: Some("raid5".into()),
-            drives: vec!["e1:d0".into(), "e1:d1".into(), "e1:d2".into()],
-            thin_pool: false,
-            cluster: None,
-            pool: None,
-            size: None,
-            strip: None,
-            block_size: None,
-            rebuild_rate: None,
-            export: Some(ExportRequest {
-                nqn: NQN.into(),
-                nsid: 1,
-            }),
-        })
-        .await
-        .unwrap();
+    let info = create_v(&a).await;
     let st = a.status().await.unwrap();
     let g = st.volumes[0].ana_group;
     assert_eq!(st.volumes[0].owner.as_deref(), Some("a"));
@@ -195,6 +202,46 @@ async fn create_move_and_take_over() {
             .unwrap_or(false)
     })
     .await;
+    a.leave().await;
+    b.leave().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_hands_over_and_a_delete_unserves_the_standby() {
+    if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
+        return;
+    }
+    let etcd = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
+    let enc = Enclosure::new("e1", 3, &[node_host_nqn("a"), node_host_nqn("b")]);
+    let (a, ta) = member("a", &enc, &etcd.endpoint()).await;
+    let (b, tb) = member("b", &enc, &etcd.endpoint()).await;
+    create_v(&a).await;
+    let g = a.status().await.unwrap().volumes[0].ana_group;
+    wait("b to serve v on standby", 10, async || {
+        ns_dev(&tb).is_some()
+    })
+    .await;
+    io(&ns_dev(&ta).unwrap(), Some(0xC3)).await.unwrap();
+
+    // Draining a: a asks for its own handoff to b, hands over; b claims.
+    let d = b.drain("a", true).await.unwrap();
+    assert!(d.owns.is_empty(), "a still owns {:?}", d.owns);
+    wait("b optimized after the drain", 10, async || {
+        tb.ana_state(g) == AnaState::Optimized
+    })
+    .await;
+    assert_eq!(ta.ana_state(g), AnaState::Inaccessible);
+    let st = b.status().await.unwrap();
+    assert_eq!(st.volumes[0].owner.as_deref(), Some("b"));
+    assert_eq!(st.volumes[0].epoch, Some(2));
+    let nb = ns_dev(&tb).unwrap();
+    assert_eq!(io(&nb, None).await.unwrap(), vec![0xC3; 16384]);
+    b.drain("a", false).await.unwrap();
+
+    // Deleted on its owner: the standby stops serving it.
+    b.delete("v", true).await.unwrap().expect("found");
+    assert!(ns_dev(&tb).is_none());
+    wait("a to stop serving v", 10, async || ns_dev(&ta).is_none()).await;
     a.leave().await;
     b.leave().await;
 }

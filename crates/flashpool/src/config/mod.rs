@@ -16,7 +16,6 @@ pub mod auth;
 pub mod cluster;
 mod daemon;
 mod drives;
-pub mod keyfile;
 pub mod membership;
 #[cfg(test)]
 mod node_tests;

@@ -5,10 +5,8 @@
 //! that key (its Connect over plain TCP is refused); `require_tls` refuses
 //! every plain connection to the subsystem.
 
-use std::path::Path;
-
 use anyhow::{Result, bail};
-use nvme_wire::tls_psk::{ConfiguredPsk, Derivation};
+use nvme_wire::tls_psk::Derivation;
 use nvmf_target::{ListenerConfig, Subsystem, TlsMode};
 
 use super::SubsystemSection;
@@ -23,18 +21,8 @@ pub fn listener_mode(key: &str, v: Option<&str>) -> Result<TlsMode> {
     })
 }
 
-/// Reads a configured TLS PSK (`NVMeTLSkey-1:hh:base64:`) from a private file.
-pub fn read_psk(key: &str, path: &Path) -> Result<ConfiguredPsk> {
-    let text =
-        super::keyfile::read_private(key, path, "TLS PSK", "nvme gen-tls-key --hmac=1 > FILE")?;
-    ConfiguredPsk::parse(&text).map_err(|e| {
-        anyhow::anyhow!(
-            "config: {key} = {:?}: not a configured TLS PSK: {e}; \
-             the file holds one line as printed by `nvme gen-tls-key`",
-            path.display()
-        )
-    })
-}
+// Shared with `flashpool bench --tls-key-file`.
+pub use flashpool_util::keys::read_psk;
 
 /// Applies `require_tls` and each host's `tls_key_file` to `sub`.
 pub fn apply(key: &str, s: &SubsystemSection, sub: &mut Subsystem) -> Result<()> {
@@ -140,27 +128,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("listener[1].tls = \"yes\" is unknown"), "{e}");
-    }
-
-    #[test]
-    fn key_files_are_private_and_well_formed() {
-        let d = key_dir();
-        let ok = write(&d, "ok.psk", KEY, 0o600);
-        let psk = read_psk("k", &ok).unwrap();
-        assert_eq!(psk.to_interchange(), KEY);
-        let open = write(&d, "open.psk", KEY, 0o644);
-        let e = read_psk("k", &open).unwrap_err().to_string();
-        assert!(e.contains("chmod 600") && !e.contains(&KEY[16..]), "{e}");
-        let bad = write(&d, "bad.psk", &KEY.replace("VRL", "WRL"), 0o600);
-        let e = read_psk("k", &bad).unwrap_err().to_string();
-        assert!(e.contains("CRC-32") && !e.contains(&KEY[20..]), "{e}");
-        let dh = write(&d, "dh.psk", "DHHC-1:00:x:", 0o600);
-        assert!(
-            read_psk("k", &dh)
-                .unwrap_err()
-                .to_string()
-                .contains("NVMeTLSkey-1:")
-        );
     }
 
     #[test]

@@ -3,7 +3,14 @@
 //! tolerance the volume says it has failed. Replacements that cannot be
 //! rebuilt are refused before anything changes.
 
-use super::*;
+use std::sync::Arc;
+
+use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
+
+use super::{BS, Rig, STRIP, cfg, spare, try_read, vwrite};
+use crate::layout::LayoutKind;
+use crate::testutil::block_on;
+use crate::volume::{Volume, VolumeError};
 
 async fn try_zero(vol: &Volume, lba: u64, blocks: u64) -> Result<(), blockdev::BlockError> {
     vol.submit(IoRequest {

@@ -1,9 +1,14 @@
 //! Self-fencing on Reservation Conflict, member failure on Unreachable, and
 //! the typed too-many-failed error.
 
-use blockdev::BlockError;
+use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoRequest, RecordKind};
 
-use super::*;
+use super::{BS, Model, Rig, cfg, random_write, spare, vwrite};
+use crate::layout::LayoutKind;
+use crate::rebuild::RebuildOptions;
+use crate::superblock::MemberState;
+use crate::testutil::{Rng, block_on};
+use crate::volume::{Volume, VolumeError};
 
 fn member_writes(rig: &Rig) -> u64 {
     rig.faults.iter().map(|f| f.stats().writes).sum()

@@ -2,7 +2,14 @@
 //! the layout tolerates, the freshest taken back, and an account of what
 //! may be stale.
 
-use super::*;
+use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
+
+use super::{BS, Model, Rig, cfg, random_write, vread, vwrite};
+use crate::layout::LayoutKind;
+use crate::rebuild::RebuildOptions;
+use crate::superblock::MemberState;
+use crate::testutil::{Rng, block_on};
+use crate::volume::{ForcedFrom, Volume, VolumeError};
 
 async fn heads(rig: &Rig) -> Vec<Vec<u8>> {
     let mut out = Vec::new();

@@ -1,7 +1,15 @@
 //! Re-add through the write-intent bitmap: a failed member comes back and
 //! only what it missed is resynced.
 
-use super::*;
+use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
+
+use super::{BS, Model, Rig, STRIP, cfg, random_write, spare, vwrite};
+use crate::fault::FaultDevice;
+use crate::layout::LayoutKind;
+use crate::rebuild::RebuildOptions;
+use crate::superblock::{MemberState, Superblock};
+use crate::testutil::{Rng, block_on};
+use crate::volume::{Volume, VolumeError};
 
 async fn vflush(vol: &Volume) {
     vol.submit(IoRequest {

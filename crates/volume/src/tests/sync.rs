@@ -3,7 +3,12 @@
 
 use std::sync::atomic::Ordering;
 
-use super::*;
+use blockdev::{BlockOp, IoRequest};
+
+use super::{BS, META, Model, Rig, STRIP, buf_with, cfg, random_write, vread};
+use crate::layout::LayoutKind;
+use crate::testutil::{Rng, block_on};
+use crate::volume::{SyncControl, Volume, VolumeConfig};
 
 /// Members full of junk, so that parity must be computed.
 async fn junk_rig(n: usize, stripes: u64) -> Rig {

@@ -2,12 +2,18 @@
 //! the host's buffer, healthy reads land in views of it, and the host gets
 //! its own buffer back.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use blockdev::{BlockError, Geometry, IoDone, IoFuture};
+use blockdev::{
+    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
+};
 use parking_lot::Mutex;
 
-use super::*;
+use super::{BS, META, Rig, STRIP, buf_with, cfg, vread};
+use crate::layout::LayoutKind;
+use crate::testutil::{Rng, block_on};
+use crate::volume::Volume;
 
 #[derive(Debug, Clone, Copy)]
 struct Seen {

@@ -1,7 +1,14 @@
 //! The pool's on-device format: geometry block, volume table entries,
 //! journal records, and the little-endian and CRC helpers they share.
 
-use super::*;
+use blockdev::{AlignedBuf, BlockError};
+
+use super::{
+    BLOCK, BLOCK_USIZE, CRC_AT, DEFAULT_CLUSTER_BYTES, MAX_CLUSTERS, MAX_NAME_BYTES,
+    MAX_VOLUME_CLUSTERS, MAX_VOLUMES, SB_MAGIC, ThinError, VC_BITS, VC_MASK, VERSION, VOL_ENTRY,
+    VOL_TABLE_BYTES,
+};
+use crate::crc::crc32c;
 
 /// Where the areas of a pool lie on its device (the superblock's content).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

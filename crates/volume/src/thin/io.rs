@@ -1,7 +1,20 @@
 //! A thin volume as a `BlockDevice`: reads of mapped clusters, writes that
 //! allocate on first touch, and WriteZeroes/Deallocate that unmap.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use blockdev::{
+    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
+    check_request,
+};
+use futures_util::future::join_all;
+use parking_lot::Mutex;
+
+use super::format::{Record, zbuf};
+use super::state::{PoolInner, VolInner};
+use super::{LOCK_SHARDS, ThinInfo, UNMAP_CHUNK, info};
+use crate::superblock::uuid_string;
 
 /// A thin volume: a [`BlockDevice`] whose clusters come from its pool on
 /// first write. Cheap to clone.

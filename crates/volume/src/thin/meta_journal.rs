@@ -1,7 +1,24 @@
 //! Metadata persistence: checkpoints of the maps, the metadata journal
 //! (group commit, replay), and cluster reservation.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoDone, IoRequest};
+use futures_util::future::join_all;
+use parking_lot::Mutex;
+
+use super::format::{
+    PoolGeom, Record, VolMeta, io_err, le_u32, le_u64, owner_slot_vc, poisoned_err, put_u32,
+    put_u64, seal, sealed, zbuf,
+};
+use super::state::{Alloc, Counters, Journal, Pending, PoolInner, State, VolInner};
+use super::{
+    BLOCK, BLOCK_USIZE, CP_MAGIC, JN_MAGIC, JOURNAL_HDR, MAX_VOLUMES, META_IO, RECORD_BYTES,
+    RECORDS_PER_BLOCK, ThinError, VOL_ENTRY, VOL_TABLE_BYTES,
+};
+use crate::crc::crc32c;
+use crate::superblock::uuid_string;
 
 impl PoolInner {
     pub(crate) fn new(

@@ -77,28 +77,21 @@
 //! Volume create and delete write a checkpoint rather than a journal record:
 //! they are rare, and it keeps the journal to one record shape.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use blockdev::{
-    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
-    check_request,
-};
-use futures_util::future::join_all;
-use parking_lot::Mutex;
-use tokio::sync::RwLock;
+use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoRequest};
 
-use crate::superblock::{crc32c, new_uuid, uuid_string};
+use crate::superblock::{new_uuid, uuid_string};
 
 mod format;
 mod io;
 mod meta_journal;
 mod state;
 
-use format::*;
+use format::{PoolGeom, VolMeta, owner_code, sealed, validate_volume, zbuf};
 pub use io::ThinVolume;
-use state::*;
+use state::{PoolInner, State, VolInner};
 
 /// Default allocation unit: 1 MiB, as LVM thin and most arrays use.
 pub const DEFAULT_CLUSTER_BYTES: u64 = 1 << 20;

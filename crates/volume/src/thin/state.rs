@@ -1,7 +1,16 @@
 //! The pool in memory: cluster maps, volumes, the cluster allocator, and
 //! the shared state the metadata journal and the I/O path work on.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use blockdev::{BlockDevice, BlockError};
+use parking_lot::Mutex;
+use tokio::sync::RwLock;
+
+use super::format::{PoolGeom, Record, VolMeta, io_err, owner_code};
+use super::{LOCK_SHARDS, MAP_PAGE, MAX_VOLUMES, NONE};
 
 /// Virtual -> physical cluster map of one thin volume: pages of atomics,
 /// allocated on first use, so lookups take no lock and an empty volume of

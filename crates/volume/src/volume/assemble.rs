@@ -1,7 +1,26 @@
 //! Building a volume: `create` on fresh members, `assemble` from members'
 //! superblocks after a restart (journal replay, then bitmap resync).
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use blockdev::{BlockDevice, BlockOp};
+use futures_util::future::join_all;
+use parking_lot::RwLock;
+
+use super::fence::{Fence, FencedMember};
+use super::member_io::{MissingDevice, abuf, dev_io};
+use super::{
+    INTENT_CLEAR_AGE, Inner, LOCK_SHARDS, Members, RecordState, StaleRegions, Stats, Volume,
+    VolumeConfig, VolumeError, force, journal_wanted, newest_superblock,
+};
+use crate::intent::{BITMAP_BLOCK, IntentLog};
+use crate::journal::Journal;
+use crate::layout::Layout;
+use crate::parity::{Code, Parity};
+use crate::rebuild::RebuildState;
+use crate::records;
+use crate::superblock::{MemberState, SB_BYTES, Superblock, new_uuid, uuid_string};
 
 impl Volume {
     /// Builds a new volume on `members`, writing fresh superblocks and an empty
@@ -475,14 +494,4 @@ impl Inner {
             layout,
         })
     }
-}
-
-/// The superblock with the highest generation: the volume as it was last
-/// recorded.
-pub(crate) fn newest_superblock(sbs: &[Option<Superblock>]) -> Result<Superblock, VolumeError> {
-    sbs.iter()
-        .flatten()
-        .max_by_key(|sb| sb.generation)
-        .cloned()
-        .ok_or_else(|| VolumeError::Config("no member has a readable superblock".into()))
 }

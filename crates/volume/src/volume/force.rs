@@ -13,8 +13,14 @@
 //! older than its failure, a stale member the superblocks never marked
 //! failed) the report says that any block may be stale.
 
-use super::assemble::newest_superblock;
-use super::*;
+use std::sync::Arc;
+
+use blockdev::{BlockDevice, BlockOp};
+
+use super::member_io::{abuf, dev_io, zbuf};
+use super::{Inner, Volume, VolumeError, newest_superblock};
+use crate::layout::Layout;
+use crate::superblock::{MemberState, SB_BYTES, Superblock};
 
 /// Why a member was out of the volume before it was forced back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,15 @@
 //! batch of I/Os started together (`Batch`), and column reads and writes
 //! in a member's data area.
 
-use super::*;
+use std::sync::Arc;
+
+use blockdev::{
+    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
+};
+use futures_util::future::join_all;
+
+use super::{Inner, OpError, View};
+use crate::superblock::{MemberState, uuid_string};
 
 thread_local! {
     /// Member I/O buffers for reuse, by power-of-two capacity class.

@@ -2,7 +2,17 @@
 //! superblocks (a new generation per member-state change), and the
 //! device-kept records.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use blockdev::{AlignedBuf, BlockError, BlockOp};
+use futures_util::future::join_all;
+
+use super::member_io::{abuf, abuf_from, collect_failed, dev_io, io_err, recycle, zbuf};
+use super::{Inner, OpError, View, VolumeError};
+use crate::intent::BITMAP_BLOCK;
+use crate::records;
+use crate::superblock::{MemberEntry, MemberState, SB_BYTES, Superblock, uuid_string};
 
 impl Inner {
     /// Marks the stripe's region in the intent bitmap (on disk before return).

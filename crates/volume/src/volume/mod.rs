@@ -26,21 +26,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use blockdev::{
-    AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest, SharedBuf,
-    SplitBuf, check_request,
+    BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest, check_request,
 };
-use futures_util::future::join_all;
 use parking_lot::RwLock;
 
-use crate::intent::{BITMAP_BLOCK, IntentLog};
-use crate::journal::{HEADER_BYTES, Journal, Record, RecordKind};
-use crate::layout::{Extent, Layout, LayoutError, LayoutKind, MAX_MEMBERS};
+use crate::intent::IntentLog;
+use crate::journal::Journal;
+use crate::layout::{Layout, LayoutError, LayoutKind};
 use crate::parity::{Code, Parity, ParityError};
 use crate::rebuild::RebuildState;
 use crate::records;
-use crate::superblock::{
-    MemberEntry, MemberState, SB_BYTES, Superblock, SuperblockError, new_uuid, uuid_string,
-};
+use crate::superblock::{MemberState, Superblock, SuperblockError, uuid_string};
 
 mod assemble;
 mod fence;
@@ -55,14 +51,11 @@ mod resync;
 mod sync;
 mod write;
 
+pub(crate) use fence::Fence;
 pub use force::{ForceReport, ForcedFrom, ForcedMember, StaleRange};
+pub(crate) use member_io::collect_failed;
 pub use readd::ReAddReport;
 pub use sync::SyncControl;
-
-pub(crate) use fence::{Fence, FencedMember};
-pub(crate) use member_io::{
-    Batch, MissingDevice, abuf, abuf_from, collect_failed, dev_io, io_err, recycle, zbuf,
-};
 
 /// Default strip: 64 KiB per member per stripe.
 pub const DEFAULT_STRIP_BYTES: u32 = 64 << 10;
@@ -709,4 +702,14 @@ impl BlockDevice for Volume {
             (l.volume_blocks() * self.inner.bs) >> 20
         )
     }
+}
+
+/// The superblock with the highest generation: the volume as it was last
+/// recorded.
+pub(crate) fn newest_superblock(sbs: &[Option<Superblock>]) -> Result<Superblock, VolumeError> {
+    sbs.iter()
+        .flatten()
+        .max_by_key(|sb| sb.generation)
+        .cloned()
+        .ok_or_else(|| VolumeError::Config("no member has a readable superblock".into()))
 }

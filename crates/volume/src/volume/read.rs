@@ -1,7 +1,15 @@
 //! Reads: straight from the member when it holds the data, else the
 //! stripe's missing columns reconstructed from the others (degraded read).
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use blockdev::{AlignedBuf, BlockError, BlockOp, IoDone, SplitBuf};
+use futures_util::future::join_all;
+
+use super::member_io::{Batch, abuf, collect_failed, dev_io, io_err, recycle};
+use super::{Inner, OpError, View};
+use crate::layout::Extent;
+use crate::parity::Code;
 
 /// The caller's buffer back from [`AlignedBuf::split_mut`] once every
 /// member has returned its view. Should a view outlive its read (no backend

@@ -21,7 +21,14 @@
 //! checkpoint (kept in the superblocks, so a restart resumes), and marks it
 //! Active; once all members are, the bits are cleared again.
 
-use super::*;
+use std::sync::Arc;
+
+use blockdev::{BlockDevice, BlockOp};
+
+use super::fence::FencedMember;
+use super::member_io::{abuf, abuf_from, dev_io, recycle, zbuf};
+use super::{Inner, StaleRegions, Volume, VolumeError};
+use crate::superblock::{MemberState, SB_BYTES, Superblock, uuid_string};
 
 /// What [`Volume::re_add`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

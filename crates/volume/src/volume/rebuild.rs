@@ -5,9 +5,13 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::rebuild::{RebuildOptions, RebuildProgress, RunningGuard};
+use blockdev::{BlockDevice, BlockOp};
+use futures_util::future::join_all;
 
-use super::*;
+use super::member_io::{abuf, dev_io, recycle, zbuf};
+use super::{OpError, StaleRegions, Volume, VolumeError};
+use crate::rebuild::{RebuildOptions, RebuildProgress, RunningGuard};
+use crate::superblock::MemberState;
 
 impl Volume {
     /// Puts `dev` in place of failed member `index`; its data is rebuilt by

@@ -3,10 +3,13 @@
 //! are in `crate::journal`).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
+use blockdev::BlockOp;
+
+use super::member_io::{abuf, dev_io, recycle, zbuf};
+use super::{Inner, VolumeError};
 use crate::journal::{HEADER_BYTES, Record, RecordKind, Shape};
-
-use super::*;
 
 impl Inner {
     /// Replays the newest valid record of every stripe (see the module

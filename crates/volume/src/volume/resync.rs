@@ -1,10 +1,18 @@
 //! Parity checks: one stripe (`sync_stripe`), the whole volume (scrub), and
 //! the regions the intent bitmaps mark dirty after a crash.
 
+use std::sync::atomic::Ordering;
+
+use blockdev::{AlignedBuf, BlockError, BlockOp};
 use futures_util::StreamExt;
+use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 
-use super::*;
+use super::member_io::{abuf, collect_failed, dev_io, io_err};
+use super::sync::SyncControl;
+use super::{Inner, OpError, ScrubReport, Volume, VolumeError};
+use crate::parity::Code;
+use crate::superblock::SB_BYTES;
 
 /// Stripes resynced at once after a crash.
 const RESYNC_PARALLEL: usize = 32;

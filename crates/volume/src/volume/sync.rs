@@ -14,10 +14,13 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use blockdev::BlockError;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
-use super::*;
+use super::{Inner, ScrubReport, Volume, VolumeError};
+use crate::intent::IntentLog;
+use crate::parity::Code;
 
 /// Stripes synced at once by the initial sync.
 const SYNC_PARALLEL: usize = 8;

@@ -1,7 +1,16 @@
 //! The stripe writer: full-stripe, reconstruct-write and read-modify-write,
 //! degraded updates with their journal record, and WriteZeroes/Deallocate.
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use blockdev::{AlignedBuf, BlockError, BlockOp, SharedBuf};
+use futures_util::future::join_all;
+
+use super::member_io::{Batch, abuf, abuf_from, collect_failed, dev_io, io_err, recycle, zbuf};
+use super::{Inner, OpError, View, ZERO_PIECE_BYTES};
+use crate::journal::{HEADER_BYTES, Record, RecordKind};
+use crate::layout::{Extent, MAX_MEMBERS};
+use crate::parity::{Code, ParityError};
 
 /// Per data column: touched rows and where the new data starts in the source.
 #[derive(Clone, Copy)]

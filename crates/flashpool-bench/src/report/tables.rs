@@ -2,7 +2,7 @@
 
 use super::Report;
 use super::svg::{Format, sig3};
-use crate::bench::stats::{Summary, fmt_thousands};
+use crate::stats::{Summary, fmt_thousands};
 
 pub struct Table {
     pub head: Vec<String>,

@@ -57,9 +57,14 @@ fn table(t: &Table, group_col: Option<usize>) -> String {
 }
 
 fn figure(c: &Chart) -> String {
+    let stem = c.stem;
+    let png = if cfg!(feature = "png") {
+        format!("<a href=\"{CHARTS_DIR}/{stem}.png\">PNG</a> · ")
+    } else {
+        String::new()
+    };
     format!(
-        "<figure id=\"{stem}\">\n{svg}<figcaption>{cap} <a href=\"{CHARTS_DIR}/{stem}.png\">PNG</a> · <a href=\"{CHARTS_DIR}/{stem}.svg\">SVG</a></figcaption>\n</figure>\n",
-        stem = c.stem,
+        "<figure id=\"{stem}\">\n{svg}<figcaption>{cap} {png}<a href=\"{CHARTS_DIR}/{stem}.svg\">SVG</a></figcaption>\n</figure>\n",
         svg = c.svg,
         cap = escape(&c.caption)
     )

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 
-use super::backend::JobIo;
-use super::spec::{Rw, Workload};
-use super::verify::{self, Bad};
+use crate::backend::JobIo;
+use crate::spec::{Rw, Workload};
+use crate::verify::{self, Bad};
 
 /// Latency histograms: 1 ns to 60 s at 3 significant digits.
 pub(crate) fn new_histogram() -> Histogram<u64> {

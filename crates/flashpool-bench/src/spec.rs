@@ -278,7 +278,7 @@ fn ser_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::O
     }
 }
 
-pub use crate::units::{parse_duration, parse_size};
+pub use flashpool_util::units::{parse_duration, parse_size};
 
 /// "1", "0,2", "0-3", "0-1,4".
 pub fn parse_cpus(s: &str) -> Result<Vec<usize>> {

@@ -4,8 +4,8 @@ use std::fmt::Write as _;
 
 use super::charts::Chart;
 use super::tables::{self, Table};
-use super::{CHARTS_DIR, HTML, JSON, Report};
-use crate::bench::spec::human_bytes;
+use super::{CHARTS_DIR, HTML, IMAGE, JSON, Report};
+use crate::spec::human_bytes;
 
 /// Text for a table cell: no line breaks, no cell separators.
 fn cell(s: &str) -> String {
@@ -96,7 +96,12 @@ pub fn render(r: &Report, charts: &[Chart]) -> String {
          (above 1× for latency means slower than #1).\n"
     );
     for c in charts.iter().filter(|c| c.stem != "latency") {
-        let _ = writeln!(s, "![{}]({CHARTS_DIR}/{}.png)\n", text(&c.title), c.stem);
+        let _ = writeln!(
+            s,
+            "![{}]({CHARTS_DIR}/{}.{IMAGE})\n",
+            text(&c.title),
+            c.stem
+        );
         let _ = writeln!(s, "{}\n", text(&c.caption));
     }
     let _ = writeln!(s, "## Latency under load\n");
@@ -104,7 +109,12 @@ pub fn render(r: &Report, charts: &[Chart]) -> String {
         let _ = writeln!(s, "{}\n", text(&c.caption));
         s += &table(&tables::sweep(r));
         s.push('\n');
-        let _ = writeln!(s, "![{}]({CHARTS_DIR}/{}.png)\n", text(&c.title), c.stem);
+        let _ = writeln!(
+            s,
+            "![{}]({CHARTS_DIR}/{}.{IMAGE})\n",
+            text(&c.title),
+            c.stem
+        );
     }
     let failed = r.failures();
     if !failed.is_empty() {

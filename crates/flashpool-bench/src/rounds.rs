@@ -3,64 +3,13 @@
 //! the spread beside it, so that one lucky or unlucky run is never the
 //! published figure. A round that overlapped other work on the machine is
 //! run once more.
+//!
+//! The record of the rounds ([`Rounds`]) is part of the [`Summary`] and
+//! lives beside it in `stats`; this module only runs and picks.
 
 use anyhow::Result;
-use serde::Serialize;
 
-use super::stats::{DISTURBED_CORES, Summary, fmt_thousands};
-
-/// One round, in brief.
-#[derive(Debug, Clone, Serialize)]
-pub struct Round {
-    pub iops: f64,
-    pub mb_s: f64,
-    pub mean_us: f64,
-    pub p99_us: f64,
-    pub target_s_per_million_ios: Option<f64>,
-    pub load_1m: Option<f64>,
-    /// Cores of other work during the round (see `Cpu::other_s`).
-    pub other_cores: Option<f64>,
-    /// The first try overlapped other work and was run again.
-    pub repeated: bool,
-}
-
-/// Every round and which one the summary is.
-#[derive(Debug, Clone, Serialize)]
-pub struct Rounds {
-    pub rounds: Vec<Round>,
-    /// Index in `rounds` of the median (by IOPS), the summary's own figures.
-    pub median: usize,
-    /// (max - min) / median IOPS, in percent.
-    pub spread_pct: f64,
-}
-
-impl Rounds {
-    pub fn render(&self) -> String {
-        let iops: Vec<String> = self
-            .rounds
-            .iter()
-            .map(|r| {
-                format!(
-                    "{}{}",
-                    fmt_thousands(r.iops),
-                    if r.repeated { "*" } else { "" }
-                )
-            })
-            .collect();
-        format!(
-            "  rounds   {}: median of IOPS {} (round {} shown), spread {:.1}%{}\n",
-            self.rounds.len(),
-            iops.join(", "),
-            self.median + 1,
-            self.spread_pct,
-            if self.rounds.iter().any(|r| r.repeated) {
-                "; * run again after overlapping other work"
-            } else {
-                ""
-            }
-        )
-    }
-}
+use crate::stats::{DISTURBED_CORES, Round, Rounds, Summary};
 
 fn disturbed(s: &Summary) -> bool {
     s.cpu
@@ -127,7 +76,7 @@ fn pick(runs: Vec<(Summary, bool)>) -> Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::report::tests::summary;
+    use crate::report::tests::summary;
 
     #[test]
     fn the_median_round_is_the_result_and_the_spread_is_shown() {

@@ -1,6 +1,6 @@
-//! The CLI's standard output. `println!` panics when stdout is a closed pipe
-//! (`flashpool drive list | head -1`); every line the CLI prints goes
-//! through [`out!`]/[`outln!`] here instead.
+//! The standard output of the CLI and the bench. `println!` panics when
+//! stdout is a closed pipe (`flashpool drive list | head -1`); every line
+//! they print goes through [`out!`]/[`outln!`] here instead.
 //!
 //! When the reader has gone (EPIPE), the rest of the output is dropped
 //! silently and the command finishes what it was doing: a bench still
@@ -19,6 +19,7 @@ const FAILED: u8 = 2;
 static STDOUT: AtomicU8 = AtomicU8::new(OPEN);
 
 /// Prints to stdout; see the module's comment for what a closed pipe does.
+#[macro_export]
 macro_rules! out {
     ($($arg:tt)*) => {
         $crate::output::write(format_args!($($arg)*))
@@ -26,6 +27,7 @@ macro_rules! out {
 }
 
 /// Prints a line to stdout; see the module's comment for what a closed pipe does.
+#[macro_export]
 macro_rules! outln {
     () => {
         $crate::output::write(format_args!("\n"))
@@ -35,7 +37,9 @@ macro_rules! outln {
     };
 }
 
-pub(crate) use {out, outln};
+// Exported at the crate root (the only way across crates); used as
+// `flashpool_util::output::{out, outln}`, beside the functions they call.
+pub use crate::{out, outln};
 
 /// Writes to stdout and flushes, unless stdout is already known to be gone.
 pub fn write(args: std::fmt::Arguments) {

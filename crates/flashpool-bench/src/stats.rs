@@ -7,9 +7,9 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::engine::VerifyCounts;
-use super::spec::{Workload, human_bytes};
-use super::verify::Bad;
+use crate::engine::VerifyCounts;
+use crate::spec::{Workload, human_bytes};
+use crate::verify::Bad;
 
 /// Latency in microseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -136,7 +136,7 @@ pub struct VerifySummary {
 }
 
 impl VerifySummary {
-    pub fn of(seed: u64, v: &VerifyCounts) -> VerifySummary {
+    pub(crate) fn of(seed: u64, v: &VerifyCounts) -> VerifySummary {
         VerifySummary {
             seed,
             checked_blocks: v.checked_blocks,
@@ -153,6 +153,59 @@ impl VerifySummary {
                 })
                 .collect(),
         }
+    }
+}
+
+/// One round of `--rounds`, in brief.
+#[derive(Debug, Clone, Serialize)]
+pub struct Round {
+    pub iops: f64,
+    pub mb_s: f64,
+    pub mean_us: f64,
+    pub p99_us: f64,
+    pub target_s_per_million_ios: Option<f64>,
+    pub load_1m: Option<f64>,
+    /// Cores of other work during the round (see `Cpu::other_s`).
+    pub other_cores: Option<f64>,
+    /// The first try overlapped other work and was run again.
+    pub repeated: bool,
+}
+
+/// Every round of `--rounds` (see `crate::rounds`) and which one the summary is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rounds {
+    pub rounds: Vec<Round>,
+    /// Index in `rounds` of the median (by IOPS), the summary's own figures.
+    pub median: usize,
+    /// (max - min) / median IOPS, in percent.
+    pub spread_pct: f64,
+}
+
+impl Rounds {
+    pub fn render(&self) -> String {
+        let iops: Vec<String> = self
+            .rounds
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}{}",
+                    fmt_thousands(r.iops),
+                    if r.repeated { "*" } else { "" }
+                )
+            })
+            .collect();
+        format!(
+            "  rounds   {}: median of IOPS {} (round {} shown), spread {:.1}%{}\n",
+            self.rounds.len(),
+            iops.join(", "),
+            self.median + 1,
+            self.spread_pct,
+            if self.rounds.iter().any(|r| r.repeated) {
+                "; * run again after overlapping other work"
+            } else {
+                ""
+            }
+        )
     }
 }
 
@@ -174,7 +227,7 @@ pub struct Summary {
     pub verify: Option<VerifySummary>,
     /// --rounds: every round; the figures above are the median round's.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rounds: Option<super::rounds::Rounds>,
+    pub rounds: Option<Rounds>,
 }
 
 impl Summary {
@@ -196,7 +249,7 @@ impl Summary {
             "{} {}{}, qd {}, {} job{}, {dur}{} on {}{}",
             w.rw.name(),
             human_bytes(u64::from(w.bs)),
-            if w.rw == super::spec::Rw::Randrw {
+            if w.rw == crate::spec::Rw::Randrw {
                 format!(" ({}% reads)", w.mix)
             } else {
                 String::new()
@@ -210,7 +263,7 @@ impl Summary {
                 format!(" after {:.1} s ramp", w.ramp.as_secs_f64())
             },
             self.target,
-            if w.engine == super::spec::Engine::Queue {
+            if w.engine == crate::spec::Engine::Queue {
                 String::new()
             } else {
                 format!(" (engine {})", w.engine.name())
@@ -235,7 +288,7 @@ impl Summary {
         };
         let label = match (&self.read, &self.write, w.rw.writes()) {
             (Some(_), Some(_), _) => "all",
-            (_, _, true) if w.rw != super::spec::Rw::Randrw => "write",
+            (_, _, true) if w.rw != crate::spec::Rw::Randrw => "write",
             (_, _, true) => "all",
             _ => "read",
         };
@@ -402,7 +455,7 @@ mod tests {
     fn numbers() {
         assert_eq!(fmt_thousands(1_234_567.8), "1,234,568");
         assert_eq!(fmt_thousands(999.0), "999");
-        let mut h = super::super::engine::new_histogram();
+        let mut h = crate::engine::new_histogram();
         for v in [1000u64, 2000, 3000, 4000] {
             h.record(v).unwrap();
         }

@@ -9,6 +9,7 @@
 mod charts;
 mod html;
 mod markdown;
+#[cfg(feature = "png")]
 mod png;
 mod svg;
 mod tables;
@@ -17,12 +18,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use flashpool_util::output::{out, outln};
 use serde::Serialize;
 
-use super::spec::{Rw, Target, Workload, human_bytes};
-use super::stats::{Summary, fmt_thousands};
-use super::{BenchArgs, run_workload};
-use crate::output::{out, outln};
+use crate::spec::{Rw, Target, Workload, human_bytes};
+use crate::stats::{Summary, fmt_thousands};
+use crate::{BenchArgs, run_workload};
 
 /// Which set of workloads `--matrix` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -223,7 +224,11 @@ pub const HTML: &str = "report.html";
 pub const JSON: &str = "results.json";
 pub const CHARTS_DIR: &str = "charts";
 /// PNGs are drawn at twice the SVG's size, for sharp images on any screen.
+#[cfg(feature = "png")]
 pub const PNG_SCALE: f32 = 2.0;
+/// The chart files the Markdown shows: PNG, or SVG in a build without the
+/// `png` feature (no renderer).
+pub const IMAGE: &str = if cfg!(feature = "png") { "png" } else { "svg" };
 
 /// `flashpool bench --compare ...`: measures, writes the report, prints the table.
 pub(super) fn run(args: &BenchArgs, matrix: Matrix) -> Result<()> {
@@ -296,7 +301,7 @@ pub fn measure(
         if !matches!(target, Target::Tcp { .. }) {
             w_base.target_pid = None;
             // --engine picks how tcp:// targets are reached; a local one is a BlockDevice anyway.
-            w_base.engine = super::Engine::Queue;
+            w_base.engine = crate::Engine::Queue;
         }
         // A RAM device is new in each cell, so it is filled in each reading cell;
         // a file or a remote namespace keeps its data, so one pass up front does.
@@ -437,18 +442,27 @@ pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
         Ok(p)
     };
     let charts = charts::build(report);
+    #[cfg(feature = "png")]
     let renderer = png::PngRenderer::new();
+    #[cfg(feature = "png")]
     if renderer.family.is_none() {
         eprintln!(
             "flashpool: warning: no fonts found (install fonts-dejavu-core); the PNG charts will have no text"
         );
     }
+    #[cfg(not(feature = "png"))]
+    eprintln!(
+        "flashpool: note: built without the PNG renderer (feature png of flashpool-bench); the charts are SVG only"
+    );
     for c in &charts {
         put(charts_dir.join(format!("{}.svg", c.stem)), c.svg.as_bytes())?;
-        let png = renderer
-            .render(&c.svg, PNG_SCALE)
-            .with_context(|| format!("chart {}", c.stem))?;
-        put(charts_dir.join(format!("{}.png", c.stem)), &png)?;
+        #[cfg(feature = "png")]
+        {
+            let png = renderer
+                .render(&c.svg, PNG_SCALE)
+                .with_context(|| format!("chart {}", c.stem))?;
+            put(charts_dir.join(format!("{}.png", c.stem)), &png)?;
+        }
     }
     let json = serde_json::to_string_pretty(report).context("encoding the results as JSON")?;
     Ok(vec![

@@ -1,0 +1,178 @@
+//! The etcd key schema: every key and prefix the cluster uses is built (and
+//! the watched ones parsed) here, so the layout lives in one place. Every
+//! key lives under `/flashpool/<cluster>/`:
+//!
+//! | key                     | value            | lease        |
+//! |-------------------------|------------------|--------------|
+//! | `nodes/<name>`          | [`NodeRecord`]   | node's       |
+//! | `slots/<k>`             | node name        | node's       |
+//! | `slot-home/<name>`      | its last slot    | none         |
+//! | `volumes/<v>/spec`      | [`VolumeSpec`]   | none         |
+//! | `volumes/<v>/owner`     | [`Owner`]        | owner's      |
+//! | `volumes/<v>/epoch`     | last owner epoch | none         |
+//! | `volumes/<v>/state`     | [`VolumeState`]  | none         |
+//! | `volumes/<v>/handoff`   | [`Handoff`]      | none         |
+//! | `drain/<name>`          | `true`           | none         |
+//!
+//! [`NodeRecord`]: crate::NodeRecord
+//! [`VolumeSpec`]: crate::VolumeSpec
+//! [`Owner`]: crate::Owner
+//! [`VolumeState`]: crate::VolumeState
+//! [`Handoff`]: crate::Handoff
+
+/// `/flashpool/<cluster>/`: the prefix of every key of one cluster.
+pub(crate) fn cluster_prefix(cluster: &str) -> String {
+    format!("/flashpool/{cluster}/")
+}
+
+/// The keys a volume has under `volumes/<v>/`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum VolumeKey {
+    Spec,
+    Owner,
+    Epoch,
+    State,
+    Handoff,
+}
+
+impl VolumeKey {
+    /// Every key of a volume (what deleting a volume removes).
+    pub(crate) const ALL: [VolumeKey; 5] = [
+        VolumeKey::Spec,
+        VolumeKey::Owner,
+        VolumeKey::State,
+        VolumeKey::Handoff,
+        VolumeKey::Epoch,
+    ];
+
+    fn leaf(self) -> &'static str {
+        match self {
+            VolumeKey::Spec => "spec",
+            VolumeKey::Owner => "owner",
+            VolumeKey::Epoch => "epoch",
+            VolumeKey::State => "state",
+            VolumeKey::Handoff => "handoff",
+        }
+    }
+
+    fn parse(leaf: &str) -> Option<VolumeKey> {
+        Some(match leaf {
+            "spec" => VolumeKey::Spec,
+            "owner" => VolumeKey::Owner,
+            "epoch" => VolumeKey::Epoch,
+            "state" => VolumeKey::State,
+            "handoff" => VolumeKey::Handoff,
+            _ => return None,
+        })
+    }
+}
+
+/// A watched key, parsed back from its path under the cluster prefix.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Key<'a> {
+    Node(&'a str),
+    Drain(&'a str),
+    Volume(&'a str, VolumeKey),
+}
+
+/// The keys of one cluster.
+#[derive(Clone, Debug)]
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub(crate) fn new(cluster: &str) -> Keys {
+        Keys {
+            prefix: cluster_prefix(cluster),
+        }
+    }
+
+    /// The whole cluster (what the session's watch covers).
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn nodes(&self) -> String {
+        format!("{}nodes/", self.prefix)
+    }
+
+    pub(crate) fn node(&self, name: &str) -> String {
+        format!("{}nodes/{name}", self.prefix)
+    }
+
+    pub(crate) fn slots(&self) -> String {
+        format!("{}slots/", self.prefix)
+    }
+
+    pub(crate) fn slot(&self, slot: u16) -> String {
+        format!("{}slots/{slot}", self.prefix)
+    }
+
+    pub(crate) fn slot_homes(&self) -> String {
+        format!("{}slot-home/", self.prefix)
+    }
+
+    pub(crate) fn slot_home(&self, name: &str) -> String {
+        format!("{}slot-home/{name}", self.prefix)
+    }
+
+    /// Every volume key (specs are the ones ending in `/spec`).
+    pub(crate) fn volumes(&self) -> String {
+        format!("{}volumes/", self.prefix)
+    }
+
+    pub(crate) fn volume(&self, vol: &str, key: VolumeKey) -> String {
+        format!("{}volumes/{vol}/{}", self.prefix, key.leaf())
+    }
+
+    pub(crate) fn drains(&self) -> String {
+        format!("{}drain/", self.prefix)
+    }
+
+    pub(crate) fn drain(&self, node: &str) -> String {
+        format!("{}drain/{node}", self.prefix)
+    }
+
+    /// What a key under the prefix is; `None` for slots, slot homes and
+    /// keys outside the schema.
+    pub(crate) fn parse<'a>(&self, key: &'a str) -> Option<Key<'a>> {
+        let key = key.strip_prefix(&self.prefix)?;
+        let mut parts = key.splitn(3, '/');
+        match (parts.next()?, parts.next(), parts.next()) {
+            ("nodes", Some(n), None) => Some(Key::Node(n)),
+            ("drain", Some(n), None) => Some(Key::Drain(n)),
+            ("volumes", Some(v), Some(leaf)) => Some(Key::Volume(v, VolumeKey::parse(leaf)?)),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Key, Keys, VolumeKey};
+
+    #[test]
+    fn keys_build_and_parse_back() {
+        let k = Keys::new("c1");
+        assert_eq!(k.prefix(), "/flashpool/c1/");
+        assert_eq!(k.node("a"), "/flashpool/c1/nodes/a");
+        assert_eq!(k.slot(3), "/flashpool/c1/slots/3");
+        assert_eq!(k.slot_home("a"), "/flashpool/c1/slot-home/a");
+        assert_eq!(k.drain("a"), "/flashpool/c1/drain/a");
+        assert_eq!(
+            k.volume("v", VolumeKey::Owner),
+            "/flashpool/c1/volumes/v/owner"
+        );
+        assert_eq!(k.parse(&k.node("a")), Some(Key::Node("a")));
+        assert_eq!(k.parse(&k.drain("a")), Some(Key::Drain("a")));
+        for vk in VolumeKey::ALL {
+            assert_eq!(k.parse(&k.volume("v", vk)), Some(Key::Volume("v", vk)));
+        }
+        assert_eq!(k.parse(&k.slot(3)), None);
+        assert_eq!(k.parse(&k.slot_home("a")), None);
+        assert_eq!(k.parse("/flashpool/c1/nodes/a/b"), None);
+        assert_eq!(k.parse("/flashpool/c1/volumes/v/other"), None);
+        assert_eq!(k.parse("/flashpool/c2/nodes/a"), None);
+    }
+}
