@@ -11,9 +11,7 @@ use anyhow::{Result, bail};
 use serde::Deserialize;
 
 use super::NodeConfig;
-// Where these lived before `node::identity`; other modules still name them here.
-use crate::node::identity::hostname;
-pub use crate::node::identity::{Cluster, Peer, RemoteSettings, node_host_nqn, stable_id};
+use crate::node::identity::{Cluster, Peer, RemoteSettings, hostname, node_host_nqn, stable_id};
 
 /// Another node whose exported drives this node may use as `peer:drive`.
 #[derive(Debug, Clone, Deserialize)]
@@ -231,6 +229,33 @@ mod tests {
         assert!(c.resolve("d3").unwrap_err().contains("is not remote"));
         let u = "tcp://127.0.0.1:4420/nqn.x:y?nsid=2";
         assert_eq!(c.resolve(u).unwrap(), u);
+    }
+
+    #[test]
+    fn a_node_without_a_toml_is_the_empty_files_node() {
+        let from_file = cluster(&NodeConfig::default()).unwrap();
+        let alone = Cluster::standalone();
+        assert_eq!(from_file.node_name, alone.node_name);
+        assert_eq!(from_file.host_nqn, alone.host_nqn);
+        assert_eq!(from_file.host_id, alone.host_id);
+        assert!(from_file.peers.is_empty() && alone.peers.is_empty());
+        let (a, b) = (from_file.remote, alone.remote);
+        assert_eq!(
+            (
+                a.fail_after,
+                a.io_timeout,
+                a.kato_ms,
+                a.queues,
+                a.queue_depth
+            ),
+            (
+                b.fail_after,
+                b.io_timeout,
+                b.kato_ms,
+                b.queues,
+                b.queue_depth
+            )
+        );
     }
 
     #[test]
