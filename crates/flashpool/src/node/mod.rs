@@ -5,6 +5,16 @@
 //! from `[[volume]]` sections, or created through the management API. Every
 //! change goes through [`Node`], one operation at a time, so two requests can
 //! never claim the same drive.
+//!
+//! Where things are: `identity.rs` (who this node is to its peers),
+//! `drive.rs` and `remote.rs` (drives, local and remote), `volumes.rs`
+//! (make and delete volumes), `assemble.rs` and `recovery.rs` (find them on
+//! their drives, force them up), `drive_ops.rs` and `spares.rs` (fail,
+//! replace, re-add), `volume_export.rs` and `drive_export.rs` (what the
+//! target serves), `jobs.rs`, `scrub.rs` and `monitor.rs` (background work),
+//! `views.rs` (what the API shows), `validate.rs` (request checks),
+//! `error.rs` (failures and their HTTP status). The node never reads the
+//! TOML: `config/` turns it into the specs above.
 
 mod assemble;
 mod drive;
