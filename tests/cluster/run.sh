@@ -20,16 +20,15 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-FPC_BIN=${FLASHPOOL_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/flashpool}
-case $FPC_BIN in /*) ;; *) FPC_BIN=$ROOT/$FPC_BIN;; esac
+# shellcheck source=tests/lib/harness.sh
+. "$ROOT/tests/lib/harness.sh"   # ports, binaries, abort_run
+FPC_BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
 FPC_DIR=${FPC_DIR:-$ROOT/.cache/cluster}
+# shellcheck source=tests/cluster/lib.sh
 . "$HERE/lib.sh"
 
-RESULTS=""
-fpc_result() { echo "RESULT $1 $2${3:+ ($3)}"; RESULTS="$RESULTS$1 $2
-"; }
-port_busy() { (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
-free_port() { local p=$1; while port_busy "$p"; do p=$((p + 1)); done; echo "$p"; }
+# RESULT lines (lib.sh's fpc_result: tests/lib/harness.sh) are counted from $HR
+HR=$FPC_DIR/host-results.txt
 LOAD_PIDS=""
 on_exit() {   # the load loops (subshells of this script) first, then the nodes and the network
   touch "$FPC_DIR/load-stop" 2> /dev/null
@@ -144,7 +143,8 @@ do_plumbing() {
 # ---------------------------------------------------------------- host (the scenario)
 do_host() {
   local io disc api nqn=nqn.2026-01.io.flashpool:cluster s seed=$((RANDOM + 1)) ok d
-  io=$(free_port "${OWNER_IO:-14520}"); disc=$(free_port "${OWNER_DISC:-18109}"); api=$(free_port "${OWNER_API:-19510}")
+  assign_ports OWNER_IO=14520 OWNER_DISC=18109 OWNER_API=19510
+  io=$OWNER_IO; disc=$OWNER_DISC; api=$OWNER_API
   fpc_say "host scenario: owner io :$io api :$api, state in $FPC_DIR"
   if ! fpc_scenario_up "$io" "$disc" "$api" "$nqn"; then
     for s in $FPC_STEPS; do fpc_result "cluster-$s" FAIL "no cluster"; done
@@ -191,16 +191,17 @@ do_host() {
 }
 
 ACTION=${1:-all}
-[ -x "$FPC_BIN" ] || { echo "no flashpool binary at $FPC_BIN (cargo build --release, or set FLASHPOOL_BIN)"; echo "0 passed, 1 failed"; exit 1; }
-if ! fpc_preflight; then echo "cannot run: $FPC_WHY"; echo "0 passed, 1 failed"; exit 1; fi
-command -v python3 > /dev/null || { echo "needs python3"; echo "0 passed, 1 failed"; exit 1; }
+[ -x "$FPC_BIN" ] || abort_run 1 "no flashpool binary at $FPC_BIN (cargo build --release, or set FLASHPOOL_BIN)"
+fpc_preflight || abort_run 1 "cannot run: $FPC_WHY"
+command -v python3 > /dev/null || abort_run 1 "needs python3"
+mkdir -p "$FPC_DIR"; : > "$HR"
 case $ACTION in
   plumbing) do_plumbing;;
   host) do_host;;
   all) do_plumbing; do_host;;
   *) echo "usage: $0 [plumbing|host|all]"; exit 2;;
 esac
-np=$(printf '%s' "$RESULTS" | grep -c ' PASS$' || true)
-nf=$(printf '%s' "$RESULTS" | grep -c ' FAIL$' || true)
+np=$(grep -c '^RESULT [^ ]* PASS' "$HR" || true)
+nf=$(grep -c '^RESULT [^ ]* FAIL' "$HR" || true)
 echo "$np passed, $nf failed"
 [ "$nf" = 0 ]

@@ -13,14 +13,8 @@
 # QEMU hostfwd 127.0.0.1:CTL_PORT -> guest:5555 ("DONE ACTION ok|fail ..."), as in
 # tests/interop/run.sh. Kernel log lines (nvme, block errors) are streamed as "@@K ..." and
 # I/O stalls as "@@IO ..." lines; the host stamps every serial line with its arrival time.
-. /etc/guest-lib.sh     # tests/interop/guest-lib.sh (wait_host; what follows keeps its own others)
-/bin/busybox --install -s
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin
-mount -t proc proc /proc; mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev; mount -t tmpfs tmpfs /tmp
-up() { read -r u _ < /proc/uptime; echo "$u"; }
-log() { echo "@@ [$(up)] $*"; }
-finish() { log "guest done"; echo "@@HOST guest-done"; sync; poweroff -f; }
+. /etc/guest-lib.sh     # tests/interop/guest-lib.sh: guest_boot, log, finish, res, wait_host
+guest_boot
 trap finish EXIT
 K=$(cat /etc/kver)
 
@@ -57,11 +51,9 @@ mount -t debugfs none /sys/kernel/debug 2> /dev/null \
 
 # ---- host orchestration: wait_host (the marker, then "DONE ACTION ..." from the host) is
 # the one of /etc/guest-lib.sh
-NPASS=0; NFAIL=0
-res() {
-  if [ "$2" = PASS ]; then NPASS=$((NPASS+1)); else NFAIL=$((NFAIL+1)); fi
-  echo "RESULT $1 $2${3:+ ($3)}"
-}
+# res (guest-lib.sh) without its kernel log dump: the kernel's lines stream as "@@K"
+# shellcheck disable=SC2034
+RES_DMESG=0
 
 # ---- the paths: one controller per node, all in one subsystem, a path to each namespace
 # head_of NSID: the multipath device (nvmeSnH) of namespace NSID of $NQN

@@ -41,11 +41,15 @@
 # Output: RESULT lines, per-case timelines in $FAILOVER_CACHE/run/timeline.txt, and last
 # "N passed, M failed"; exit 0 only if all passed. Needs root (namespaces).
 set -uo pipefail
-export PATH="$PATH:/usr/sbin:/sbin"
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-BIN=${FLASHPOOL_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/flashpool}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
+# clock, ports, results, QEMU launch, guest channel, build, report: tests/lib/harness.sh
+# (this suite's serial log carries arrival times, and it answers the guest more often)
+# shellcheck source=tests/lib/harness.sh
+. "$ROOT/tests/lib/harness.sh"
+# shellcheck disable=SC2034   # (read by tests/lib/harness.sh)
+SERIAL_STAMPED=1 ANSWER_TRIES=40 ANSWER_PAUSE=0.4 CTL_LINGER=0.3 ANSWER_EXACT=1
+BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
 GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}
 CACHE=${FAILOVER_CACHE:-$ROOT/.cache/failover}
 IRD=$CACHE/initramfs; INITRD=$CACHE/initrd.img; RUN=$CACHE/run
@@ -54,57 +58,36 @@ CASES=$(echo "${CASES:-$ALL_CASES}" | tr , ' ')
 RUNS=${RUNS:-1}; KATO=${KATO:-1}; LEASE_MS=${LEASE_MS:-2000}
 STOP_S=${STOP_S:-3}; CUT_S=${CUT_S:-3}; RACE_FREEZE_S=${RACE_FREEZE_S:-3.5}; ETCD_DOWN_S=${ETCD_DOWN_S:-2}
 GAP_MS=${GAP_MS:-250}; PRE_S=${PRE_S:-2}; POST_S=${POST_S:-4}; BS=${BS:-16k}; QD=${QD:-16}; REGION_MB=${REGION_MB:-16}; FS=${FS:-1}
-DRIVE_SIZE=${DRIVE_SIZE:-64MiB}; GUEST_MEM=${GUEST_MEM:-1024}; GUEST_CPUS=${GUEST_CPUS:-2}
-ACCEL=${ACCEL:-auto}; RUN_TIMEOUT=${RUN_TIMEOUT:-1800}; STUCK_S=${STUCK_S:-420}
+DRIVE_SIZE=${DRIVE_SIZE:-64MiB}; RUN_TIMEOUT=${RUN_TIMEOUT:-1800}; STUCK_S=${STUCK_S:-420}
 VOL=vol; FSVOL=fsvol; FS_NSID=2; FS_LAYOUT=${FS_LAYOUT:-ec4+2}; NQN=nqn.2026-01.io.flashpool:failover; NENC=6
 export FPC_BIN=$BIN FPC_DIR=$CACHE/cluster FPC_LEASE_MS=$LEASE_MS FPC_CLUSTER=failover
 FPC_EXPORT_HOSTS="c1 c2 c3"
+# shellcheck disable=SC2034   # (do_setup, do_build: tests/lib/harness.sh)
+SETUP_PKGS="etcd-server etcd-client e2fsprogs iproute2"
+# shellcheck disable=SC2034
 GUEST_MODS="crc32c_generic crc32c-intel nvme-core nvme-fabrics nvme-tcp virtio_pci virtio_net ext4"
+# shellcheck disable=SC2034
+GUEST_BINS="nvme fio mke2fs e2fsck"
 
-ts() { date +%s.%N; }
-el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
-say() { echo "[host $(date +%T)] $*"; }
 . "$ROOT/tests/interop/guest.sh"
 . "$ROOT/tests/cluster/lib.sh"
 # shellcheck source=tests/failover/cases.sh
 . "$HERE/cases.sh"
 
 # ---------------------------------------------------------------- build
-do_build() {
-  local t0; t0=$(ts)
-  guest_stage "$IRD" "$GUEST_MODS" "$(command -v nvme)" "$(command -v fio)" \
-    "$(command -v mke2fs)" "$(command -v e2fsck)" || exit 1
+# (do_build: tests/lib/harness.sh, with these hooks)
+build_files() {
   install -m 0755 "$HERE/guest-init.sh" "$IRD/init"
   [ -f /etc/mke2fs.conf ] && install -m 0644 /etc/mke2fs.conf "$IRD/etc/mke2fs.conf"   # defines "ext4"
-  guest_pack "$IRD" "$INITRD"
-  guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/guest.sh" > "$CACHE/.built-from"
-  say "modules: $(tr '\n' ' ' < "$IRD/etc/modules.list" | sed 's#[^ ]*/##g')"
-  say "initramfs $(du -h "$INITRD" | cut -f1) built in $(el "$t0") s"
+  return 0
 }
+build_stamp() { guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/guest.sh"; }
 
 # ---------------------------------------------------------------- run
-# pick_accel, free_port: tests/interop/harness.sh (its hres, serial, send_ctl, answer_guest are
-# replaced by this suite's own below)
-. "$ROOT/tests/interop/harness.sh"
 HR=$RUN/host-results.txt
-hres() { echo "RESULT $1 $2${3:+ ($3)}" | tee -a "$HR"; }
-fpc_result() { hres "$@"; }
-# the guest's serial lines as they came, "EPOCH TEXT" in serial.log (arrival time)
-serial() { cut -d' ' -f2- "$RUN/serial.log" 2> /dev/null || true; }
-stamp_lines() { local l; while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "${l//$'\r'/}"; done; }
+# the guest's serial lines are "EPOCH TEXT" in serial.log (arrival time; serial strips it)
 # hev TEXT: a harness event on the timeline clock
 hev() { printf '%s %s\n' "$EPOCHREALTIME" "$*" >> "$RUN/events.log"; say "$*"; }
-send_ctl() { (exec 3<> "/dev/tcp/127.0.0.1/$CTL_PORT" && printf '%s\n' "$1" >&3 && sleep 0.3) 2> /dev/null || true; }
-answer_guest() {  # ACTION "STATUS [PAYLOAD]": repeat until the guest acknowledges (or 30 s)
-  local i=0
-  while [ $i -lt 40 ]; do
-    send_ctl "DONE $1 $2"
-    sleep 0.4
-    serial | grep -axF "@@HOST-ACK $1" > /dev/null && return 0
-    i=$((i + 1))
-  done
-  say "guest did not acknowledge '$1'"
-}
 
 # the QEMU of a crashed earlier run (its pid file, if that pid still is our QEMU)
 kill_old_qemu() {
@@ -113,11 +96,8 @@ kill_old_qemu() {
   rm -f "$CACHE/qemu.pid"
 }
 QPID=""; F_FAULT_ERR=""; OWNER0=""; EPOCH0=""; FS_OWNER0=""; FS_EPOCH0=""; T_FAULT=$EPOCHREALTIME; F_DETAIL=""
-cleanup() {
-  [ -n "$QPID" ] && { kill "$QPID" 2> /dev/null; wait "$QPID" 2> /dev/null; }
-  QPID=""
-  fpc_etcd_down; fpc_cleanup
-}
+# (cleanup, the EXIT trap: tests/lib/harness.sh) etcd, the nodes and the network
+cleanup_more() { fpc_etcd_down; fpc_cleanup; }
 
 # handle ACTION ARGS: one guest request; the answer goes back through the control port
 handle() {
@@ -134,13 +114,9 @@ handle() {
   answer_guest "$action" "$st${pay:+ $pay}"
 }
 
-do_run() {
-  local t0 K accel cpu tb="" done_t="" last=0 n line action args handled=" " lastout quiet
-  t0=$(ts); K=$(guest_kver)
-  [ -n "$K" ] || { echo "no kernel: run '$0 setup' first"; echo "0 passed, 1 failed"; exit 1; }
-  if [ ! -f "$INITRD" ] || ! guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/guest.sh" | cmp -s - "$CACHE/.built-from"; then
-    do_build
-  fi
+# run_checks (do_run: tests/lib/harness.sh)
+run_checks() {
+  local t0=$T0 accel tb="" done_t="" last=0 n line action args handled=" " lastout quiet
   local expect="fo-up fo-connect" c r
   for c in $CASES; do
     case " $ALL_CASES " in *" $c "*) ;; *) echo "unknown case '$c' (cases: $ALL_CASES)"; exit 2;; esac
@@ -149,11 +125,11 @@ do_run() {
   done
   expect="$expect final-verify final-sha256 $([ "$FS" = 1 ] && echo final-fsck) final-dmesg final-one-owner final-stale-writes fo-teardown"
   local nexp; nexp=$(echo "$expect" | wc -w)
-  if ! fpc_preflight; then echo "cannot run here: $FPC_WHY"; echo "0 passed, $nexp failed"; exit 1; fi
+  fpc_preflight || abort_run "$nexp" "cannot run here: $FPC_WHY"
   for c in qemu-system-x86_64 etcd etcdctl python3 nvme fio mke2fs; do
-    command -v "$c" > /dev/null || { echo "missing $c: run '$0 setup'"; echo "0 passed, $nexp failed"; exit 1; }
+    command -v "$c" > /dev/null || abort_run "$nexp" "missing $c: run '$0 setup'"
   done
-  [ -x "$BIN" ] || { echo "no flashpool binary at $BIN (cargo build --release, or FLASHPOOL_BIN)"; echo "0 passed, $nexp failed"; exit 1; }
+  [ -x "$BIN" ] || abort_run "$nexp" "no flashpool binary at $BIN (cargo build --release, or FLASHPOOL_BIN)"
   mkdir -p "$FPC_DIR/pids"
   # a crashed earlier run: its QEMU (pid file), nodes, etcd, namespaces, bridge
   kill_old_qemu; fpc_etcd_down; fpc_cleanup
@@ -163,23 +139,18 @@ do_run() {
   CTL_PORT=$(free_port "${CTL_PORT:-15655}")
   local hostuuid; hostuuid=$(cat /proc/sys/kernel/random/uuid)
   HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$hostuuid
-  accel=$(pick_accel)
-  if [ "$accel" = kvm ]; then cpu="-accel kvm -cpu host"; else cpu="-accel tcg,thread=multi -cpu max"; fi
+  qemu_accel; accel=$QEMU_ACCEL
   local append="console=ttyS0 panic=-1 quiet fp_nqn=$NQN fp_port=$FPC_PORT fp_kato=$KATO"
   append="$append fp_ctrls=$(fpc_cip 1),$(fpc_cip 2),$(fpc_cip 3) fp_names=c1,c2,c3"
   append="$append fp_cases=$(echo "$CASES" | tr ' ' ,) fp_runs=$RUNS fp_hostnqn=$HOSTNQN fp_hostid=$hostuuid"
   append="$append fp_bs=$BS fp_qd=$QD fp_region=$REGION_MB fp_pre=$PRE_S fp_post=$POST_S fp_fs=$FS fp_fsnsid=$FS_NSID fp_gap=$GAP_MS"
   say "accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) cases: $CASES (x$RUNS); KATO $KATO s, lease $LEASE_MS ms; logs in $RUN"
-  # shellcheck disable=SC2086   # $cpu: several options
-  timeout -s KILL "$RUN_TIMEOUT" qemu-system-x86_64 $cpu -m "$GUEST_MEM" -smp "$GUEST_CPUS" \
-    -nodefaults -display none -no-reboot -serial stdio -pidfile "$CACHE/qemu.pid" \
-    -kernel "$GUEST_KROOT/boot/vmlinuz-$K" -initrd "$INITRD" -append "$append" \
-    -netdev "user,id=n0,ipv6=off,hostfwd=tcp:127.0.0.1:$CTL_PORT-10.0.2.15:5555" \
-    -device virtio-net-pci,netdev=n0 < /dev/null 2> "$RUN/qemu.stderr" > >(stamp_lines >> "$RUN/serial.log") &
-  QPID=$!   # timeout's; QEMU's own pid is in $CACHE/qemu.pid (for the clean-up after a crash)
+  # QPID: timeout's; QEMU's own pid is in $CACHE/qemu.pid (for the clean-up after a crash)
+  qemu_start "$K" "$INITRD" "$append" "user,id=n0,ipv6=off,hostfwd=tcp:127.0.0.1:$CTL_PORT-10.0.2.15:5555" \
+    -pidfile "$CACHE/qemu.pid"
   lastout=$(ts)
   while kill -0 "$QPID" 2> /dev/null; do
-    [ -z "$tb" ] && serial | grep -a '^@@ .*init start' > /dev/null && { tb=$(el "$t0"); say "guest /init started after $tb s"; }
+    [ -z "$tb" ] && has_marker '@@ .*init start' && { tb=$(el "$t0"); say "guest /init started after $tb s"; }
     n=$(wc -l < "$RUN/serial.log")
     if [ "$n" -gt "$last" ]; then
       lastout=$(ts)
@@ -210,14 +181,9 @@ do_run() {
   fpc_etcd_down; fpc_cleanup
 
   # ---- report
-  local n_pass=0 n_fail=0 failed=""
-  { serial | grep -a '^RESULT '; cat "$HR"; } > "$RUN/results.txt"
-  for c in $expect; do
-    line=$(grep -aF "RESULT $c " "$RUN/results.txt" | tail -n1)
-    if [[ "$line" == "RESULT $c PASS"* ]]; then n_pass=$((n_pass + 1))
-    else n_fail=$((n_fail + 1)); failed="$failed $c"; [ -n "$line" ] || echo "RESULT $c FAIL (no result: not reached)" >> "$RUN/results.txt"; fi
-  done
-  if [ -n "$failed" ] || [ "${VERBOSE:-0}" = 1 ]; then
+  # shellcheck disable=SC2086   # $expect: the checks, one word each
+  tally_results $expect
+  if [ -n "$FAILED" ] || [ "${VERBOSE:-0}" = 1 ]; then
     echo "----- guest serial log ($RUN/serial.log), without kernel lines -----"
     serial | grep -av '^@@K ' | tail -n 150
     [ -s "$RUN/qemu.stderr" ] && { echo "----- qemu stderr -----"; cat "$RUN/qemu.stderr"; }
@@ -226,24 +192,8 @@ do_run() {
     done
   fi
   echo "----- summary (accel $accel, guest /init at ${tb:-?} s, total $(el "$t0") s; timelines: $RUN/timeline.txt) -----"
-  for c in $expect; do grep -aF "RESULT $c " "$RUN/results.txt" | tail -n1; done
-  [ -n "$failed" ] && echo "failed:$failed"
-  echo "$n_pass passed, $n_fail failed"
-  [ "$n_fail" -eq 0 ]
+  cat "$RUN/summary.txt"
+  report_results
 }
 
-ACTION=all
-for a in "$@"; do
-  case $a in
-    setup|build|run|all) ACTION=$a;;
-    -h|--help) sed -n '2,43p' "$0"; exit 0;;
-    *) echo "usage: $0 [setup|build|run|all]"; exit 2;;
-  esac
-done
-mkdir -p "$CACHE"
-case $ACTION in
-  setup) guest_setup etcd-server etcd-client e2fsprogs iproute2;;
-  build) do_build;;
-  run) do_run;;
-  all) guest_setup etcd-server etcd-client e2fsprogs iproute2 && do_build && do_run;;
-esac
+suite_main "$@"

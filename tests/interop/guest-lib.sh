@@ -1,7 +1,7 @@
 # shellcheck shell=dash disable=SC3043
 # tests/interop/guest-lib.sh -- shell functions for the /init of the interop guests (busybox
 # sh; guest_stage in guest.sh installs it as /etc/guest-lib.sh). Used by the /init of
-# tests/interop/run.sh and tests/interop/secure.sh.
+# tests/interop/run.sh, tests/interop/secure.sh and tests/failover/guest-init.sh.
 #
 # They read: K (kernel version), HOSTIP, IO (the target's port), CONN_OPTS, HOSTNQN, HOSTID,
 # MEM_SIZE, RD_NR (brd), IOTMO (nvme-core timeouts), STEP. Results: "RESULT NAME PASS|FAIL
@@ -40,11 +40,14 @@ net_up() {
 }
 
 NPASS=0; NFAIL=0
-# res NAME PASS|FAIL [detail]; on FAIL also the kernel log since the step began
+# res NAME PASS|FAIL [detail]; on FAIL also the kernel log since the step began (unless
+# RES_DMESG=0: a guest that streams its kernel log already)
 res() {
   if [ "$2" = PASS ]; then NPASS=$((NPASS+1)); else
     NFAIL=$((NFAIL+1))
-    echo "---- $1 failed; kernel log since step '$STEP':"; dmesg | tail -n 30 | sed 's/^/  dmesg: /'
+    if [ "${RES_DMESG:-1}" != 0 ]; then
+      echo "---- $1 failed; kernel log since step '$STEP':"; dmesg | tail -n 30 | sed 's/^/  dmesg: /'
+    fi
   fi
   echo "RESULT $1 $2${3:+ ($3)}" | tee -a /tmp/results.txt
 }

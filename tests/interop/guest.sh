@@ -13,7 +13,8 @@
 #    the binaries are taken from there (paths as inside that root), with its ld.so.
 #
 # Caller sets: GUEST_CACHE (holds dl/ and kroot/), FORCE (1: download and extract the kernel
-# again, update the suite's package lists). Optional: GUEST_SUITE, GUEST_MIRROR, say, ts, el.
+# again, update the suite's package lists). Optional: GUEST_SUITE, GUEST_MIRROR. Its say, ts
+# and el are tests/lib/harness.sh's (sourced here if the caller has not).
 #
 #   guest_setup [PKG...]          host apt packages ($GUEST_PKGS + PKG...) + the kernel, cached
 #   guest_userland PKG...         (suite flavour) PKG and their dependencies into $GUEST_UROOT
@@ -35,9 +36,8 @@ GUEST_KROOT=$GUEST_CACHE/kroot          # dpkg -x of linux-image-*.deb
 GUEST_UROOT=${GUEST_SUITE:+$GUEST_CACHE/uroot}
 GUEST_LIB=$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh
 
-declare -F ts > /dev/null || ts() { date +%s.%N; }
-declare -F el > /dev/null || el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
-declare -F say > /dev/null || say() { echo "[host $(date +%T)] $*"; }
+# shellcheck source=tests/lib/harness.sh
+declare -F say > /dev/null || . "$(dirname "${BASH_SOURCE[0]}")/../lib/harness.sh"
 
 guest_kver() { ls "$GUEST_KROOT/lib/modules" 2> /dev/null | head -n1; }
 

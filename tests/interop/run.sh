@@ -48,16 +48,13 @@
 #                   (counted, fails if it cannot run). 0: never.
 #   CL_IO=14520 CL_DISC=18109 CL_API=19510  the owner's host 127.0.0.1 ports (next free one)
 set -euo pipefail
-export PATH="$PATH:/usr/sbin:/sbin"
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}
-BIN=${FLASHPOOL_BIN:-target/release/flashpool}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
-ACCEL=${ACCEL:-auto}
-GUEST_MEM=${GUEST_MEM:-1024}
-GUEST_CPUS=${GUEST_CPUS:-2}
+# shellcheck source=tests/lib/harness.sh
+. "$ROOT/tests/lib/harness.sh"   # clock, ports, results, node TOML, QEMU, build, report
+BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 REACTORS=${REACTORS:-2}
 KATO=${KATO:-5}
@@ -69,8 +66,7 @@ PTPL_READY=${PTPL_READY:-/tmp/ptpl-ready}
 FORCE=${FORCE:-0}
 REV=${REV:-1}
 REV_BUDGET=${REV_BUDGET:-240}
-BENCH_BIN=${BENCH_BIN:-$BIN}
-case $BENCH_BIN in /*) ;; *) BENCH_BIN=$ROOT/$BENCH_BIN;; esac
+BENCH_BIN=$(flashpool_bin "${BENCH_BIN:-$BIN}")
 CLUSTER=${CLUSTER:-auto}
 
 KROOT=$CACHE/kroot          # dpkg -x of linux-image-*.deb
@@ -128,32 +124,23 @@ AUTH_CHECKS="auth-uni auth-bidi auth-hmac2 auth-hmac3 auth-wrong-secret auth-no-
 REV_CHECKS="host-connect-identify host-verify-nodigest host-verify-digest host-r2t-large host-remote-verify
   host-remote-reconnect host-remote-no-resv host-data-on-ramdisk"
 
-ts() { date +%s.%N; }
-el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
-say() { echo "[host $(date +%T)] $*"; }
-kver() { guest_kver; }
 
 # ---------------------------------------------------------------- setup, build
-# (the kernel and the initramfs staging are shared with tests/failover: guest.sh)
+# (the kernel and the initramfs staging are shared with tests/failover: guest.sh; do_build:
+# tests/lib/harness.sh)
 GUEST_CACHE=$CACHE
 . "$HERE/guest.sh"
-. "$HERE/harness.sh"
-do_setup() { guest_setup; }
-
-do_build() {
-  local t0; t0=$(ts)
-  # modules: dependency order resolved on the host by kmod, loaded by busybox insmod
-  # (nvme-auth and the crypto it asks for by name: only where the kernel has them as modules;
-  # a module the kernel lacks is left out)
-  guest_stage "$IRD" "configfs crc32c_generic crc32c-intel libcrc32c nvme-auth dh_generic hmac
-              sha256_generic sha512_generic nvme-core nvme-fabrics nvme-tcp
-              nvmet nvmet-tcp brd virtio_pci virtio_net" "$(command -v nvme)" "$(command -v fio)" || exit 1
-  write_guest_init > "$IRD/init"; chmod 0755 "$IRD/init"
-  guest_pack "$IRD" "$INITRD"
-  guest_stamp "$0" "$HERE/guest.sh" > "$CACHE/.built-from"   # run rebuilds when these changed
-  say "modules: $(tr '\n' ' ' < "$IRD/etc/modules.list" | sed 's#[^ ]*/##g')"
-  say "initramfs $(du -h "$INITRD" | cut -f1) built in $(el "$t0") s"
-}
+# modules: dependency order resolved on the host by kmod, loaded by busybox insmod
+# (nvme-auth and the crypto it asks for by name: only where the kernel has them as modules;
+# a module the kernel lacks is left out)
+# shellcheck disable=SC2034   # (GUEST_MODS, GUEST_BINS: do_build)
+GUEST_MODS="configfs crc32c_generic crc32c-intel libcrc32c nvme-auth dh_generic hmac
+            sha256_generic sha512_generic nvme-core nvme-fabrics nvme-tcp
+            nvmet nvmet-tcp brd virtio_pci virtio_net"
+# shellcheck disable=SC2034
+GUEST_BINS="nvme fio"
+build_files() { write_guest_init > "$IRD/init"; chmod 0755 "$IRD/init"; }
+build_stamp() { guest_stamp "$0" "$HERE/guest.sh"; }
 
 # ---------------------------------------------------------------- guest /init
 write_guest_init() {
@@ -273,6 +260,18 @@ resv_report() {
 # regl UUID KEY RCSTS: a registrant line as resv_report writes it
 regl() { echo "$(echo $1 | tr -d -) $(($2)) $3"; }
 regs() { while [ $# -ge 3 ]; do regl $1 $2 $3; shift 3; done | sort; }
+# write_conflict CHECK DEV WHAT: /tmp/wb written to DEV at $W (LBA $WL) by nvme write and by
+# dd O_DIRECT must both fail with Reservation Conflict (EBADE for dd) and leave WHAT at 2 MiB
+# ($HWA, read through $DB) unchanged
+write_conflict() {
+  local c=$1 dev=$2 rc1 st1 c1 rc2 e2 k2 h ok
+  nvs write /dev/$dev -s $WL -c $((B4 - 1)) -z 4096 -d /tmp/wb; rc1=$?; st1=$(nvstatus); c1=FAIL; is_status "Reservation Conflict" && c1=PASS
+  t 30 dd if=/tmp/wb of=/dev/$dev bs=4096 seek=$W oflag=direct conv=notrunc; rc2=$?; e2=$(grep -i error /tmp/t.out | head -n1)
+  k2=$(dmesg | grep -c "$dev: I/O Cmd(0x1) @ LBA $WL, $B4 blocks, I/O Error (sct 0x0 / sc 0x83)")
+  h=$(sha4k $DB $W)
+  ok=FAIL; [ $rc1 -ne 0 ] && [ $c1 = PASS ] && [ $rc2 -ne 0 ] && is_ebade "$e2" && [ "$h" = "$HWA" ] && ok=PASS
+  res $c $ok "nvme write: exit $rc1, ${st1:-$NVOUT}; dd oflag=direct: exit $rc2 (${e2:-no error}), kernel 'sc 0x83' on $dev x$k2; $3 at 2 MiB $([ "$h" = "$HWA" ] && echo unchanged || echo CHANGED)"
+}
 sha4k() { timeout 30 dd if=/dev/$1 bs=4096 skip=$2 count=${3:-1} iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1; }
 # nvme_core_reload Y|N: unload nvme-tcp, nvme-fabrics, nvme-core (no host controller may
 # be left) and load them again with multipath=Y|N (nvmet does not depend on nvme-core)
@@ -576,12 +575,7 @@ if [ "$RESV" = 1 ]; then
 
     step resv-we-b "A holds Write Exclusive: B's writes fail with Reservation Conflict, B's reads work"
     dd if=/dev/urandom of=/tmp/wb bs=4096 count=1 2>/dev/null
-    nvs write /dev/$DB -s $WL -c $((B4 - 1)) -z 4096 -d /tmp/wb; rc1=$?; st1=$(nvstatus); c1=FAIL; is_status "Reservation Conflict" && c1=PASS
-    t 30 dd if=/tmp/wb of=/dev/$DB bs=4096 seek=$W oflag=direct conv=notrunc; rc2=$?; e2=$(grep -i error /tmp/t.out | head -n1)
-    k2=$(dmesg | grep -c "$DB: I/O Cmd(0x1) @ LBA $WL, $B4 blocks, I/O Error (sct 0x0 / sc 0x83)")
-    h=$(sha4k $DA $W)
-    ok=FAIL; [ $rc1 -ne 0 ] && [ $c1 = PASS ] && [ $rc2 -ne 0 ] && is_ebade "$e2" && [ "$h" = "$HWA" ] && ok=PASS
-    res resv-we-b-write-conflict $ok "nvme write: exit $rc1, ${st1:-$NVOUT}; dd oflag=direct: exit $rc2 (${e2:-no error}), kernel 'sc 0x83' on $DB x$k2; A's 4 KiB at 2 MiB $([ "$h" = "$HWA" ] && echo unchanged || echo CHANGED)"
+    write_conflict resv-we-b-write-conflict $DB "A's 4 KiB"
     hb=$(sha4k $DB $W)
     nvs read /dev/$DB -s $WL -c $((B4 - 1)) -z 4096 -d /tmp/rb; rc=$?; hr=$(sha256sum < /tmp/rb | cut -d' ' -f1)
     ok=FAIL; [ "$hb" = "$HWA" ] && [ $rc = 0 ] && [ "$hr" = "$HWA" ] && ok=PASS
@@ -629,12 +623,7 @@ if [ "$RESV" = 1 ]; then
     ok=FAIL
     [ $okp = PASS ] && [ $wa -ge 200 ] && [ $frc -ne 0 ] && [ "$ferr" = 52 ] && [ $rcp = 0 ] && [ "$h" = "$HWP" ] && ok=PASS
     res resv-preempt-abort $ok "preempt: $np; A's fio had $wa writes done before it, then exit $frc err=${ferr:-?} (expect 52 = EBADE, Reservation Conflict); B's 4 MiB over A's fio region: dd exit $rcp, read back $([ "$h" = "$HWP" ] && echo intact || echo "CHANGED ($h, B wrote $HWP)")"
-    nvs write /dev/$DA -s $WL -c $((B4 - 1)) -z 4096 -d /tmp/wb; rc1=$?; st1=$(nvstatus); c1=FAIL; is_status "Reservation Conflict" && c1=PASS
-    t 30 dd if=/tmp/wb of=/dev/$DA bs=4096 seek=$W oflag=direct conv=notrunc; rc2=$?; e2=$(grep -i error /tmp/t.out | head -n1)
-    k2=$(dmesg | grep -c "$DA: I/O Cmd(0x1) @ LBA $WL, $B4 blocks, I/O Error (sct 0x0 / sc 0x83)")
-    h=$(sha4k $DB $W)
-    ok=FAIL; [ $rc1 -ne 0 ] && [ $c1 = PASS ] && [ $rc2 -ne 0 ] && is_ebade "$e2" && [ "$h" = "$HWA" ] && ok=PASS
-    res resv-preempted-a-write-conflict $ok "nvme write: exit $rc1, ${st1:-$NVOUT}; dd oflag=direct: exit $rc2 (${e2:-no error}), kernel 'sc 0x83' on $DA x$k2; the 4 KiB at 2 MiB $([ "$h" = "$HWA" ] && echo unchanged || echo CHANGED)"
+    write_conflict resv-preempted-a-write-conflict $DA "the 4 KiB"
     dd if=/dev/urandom of=/tmp/wh bs=64k count=1 2>/dev/null; HWH=$(sha256sum < /tmp/wh | cut -d' ' -f1)
     t 30 dd if=/tmp/wh of=/dev/$DB bs=64k seek=48 oflag=direct conv=notrunc; rc=$?
     h=$(sha4k $DA 768 16)
@@ -906,135 +895,55 @@ GUEST_INIT
 }
 
 # ---------------------------------------------------------------- run
-# (accelerator, ports, serial markers, target start/stop, control channel: harness.sh)
+# (accelerator, ports, serial markers, target start/stop, control channel: tests/lib/harness.sh)
 HR=$CACHE/run/host-results.txt
 write_config() {
-  cat > "$RUN/target.toml" <<EOF
-# generated by tests/interop/run.sh
-[node]
-reactors = $REACTORS
-log = "${TARGET_LOG_LEVEL:-info}"
-
-[transport]
-max_io_queues = 8
-
-[[listener]]
-address = "127.0.0.1"
-port = $IO_PORT
-kind = "io"
-
-[[listener]]
-address = "127.0.0.1"
-port = $DISC_PORT
-kind = "discovery"
-
-[[subsystem]]
-nqn = "$NQN_MEM"
-serial = "$SERIAL"
-model = "$MODEL"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "mem"
-size = "$((MEM_SIZE >> 20))MiB"
-block_size = 512
-
-[[subsystem]]
-nqn = "$NQN_FILE"
-serial = "$SERIAL"
-model = "$MODEL"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "file"
-path = "$FILE_IMG"
-create = true
-size = "$((FILE_SIZE >> 20))MiB"
-block_size = 512
-
-[[subsystem]]
-nqn = "$NQN_DENIED"
-serial = "$SERIAL"
-model = "$MODEL"
-allow_any_host = false
-hosts = ["$OTHER_HOST"]
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "mem"
-size = "$((DENIED_SIZE >> 20))MiB"
-
-[[subsystem]]
-nqn = "$NQN_RESV"
-serial = "$SERIAL"
-model = "$MODEL"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "mem"
-size = "$((RESV_SIZE >> 20))MiB"
-block_size = 512
-
-$(auth_config)
-
-[api]
-address = "127.0.0.1:$API_PORT"
-
-[[volume]]
-name = "r6"
-layout = "raid6"
-drives = ["d0", "d1", "d2", "d3", "d4", "d5"]
-rebuild_rate = "8MiB"
-
-[[subsystem]]
-nqn = "$NQN_R6"
-serial = "$SERIAL"
-model = "$MODEL"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "volume"
-volume = "r6"
-EOF
   local d
-  for d in d0 d1 d2 d3 d4 d5 s0 s1 e0 e1; do
-    printf '\n[[drive]]\nname = "%s"\nbackend = "mem"\nsize = "%s"\n' "$d" \
-      "$(case $d in e*) echo 16MiB;; *) echo 32MiB;; esac)" >> "$RUN/target.toml"
-  done
+  {
+    printf '# generated by tests/interop/run.sh\n[node]\nreactors = %s\nlog = "%s"\n' "$REACTORS" "${TARGET_LOG_LEVEL:-info}"
+    printf '\n[transport]\nmax_io_queues = 8\n'
+    toml_listener "$IO_PORT" io
+    toml_listener "$DISC_PORT" discovery
+    interop_subsystem "$NQN_MEM"
+    toml_namespace 1 mem "size = \"$((MEM_SIZE >> 20))MiB\"" "block_size = 512"
+    interop_subsystem "$NQN_FILE"
+    toml_namespace 1 file "path = \"$FILE_IMG\"" "create = true" "size = \"$((FILE_SIZE >> 20))MiB\"" "block_size = 512"
+    interop_subsystem "$NQN_DENIED" "allow_any_host = false" "hosts = [\"$OTHER_HOST\"]"
+    toml_namespace 1 mem "size = \"$((DENIED_SIZE >> 20))MiB\""
+    interop_subsystem "$NQN_RESV"
+    toml_namespace 1 mem "size = \"$((RESV_SIZE >> 20))MiB\"" "block_size = 512"
+    auth_config
+    printf '\n[api]\naddress = "127.0.0.1:%s"\n' "$API_PORT"
+    printf '\n[[volume]]\nname = "r6"\nlayout = "raid6"\ndrives = ["d0", "d1", "d2", "d3", "d4", "d5"]\nrebuild_rate = "8MiB"\n'
+    interop_subsystem "$NQN_R6"
+    toml_namespace 1 volume 'volume = "r6"'
+    for d in d0 d1 d2 d3 d4 d5 s0 s1 e0 e1; do
+      toml_drive "$d" mem "$(case $d in e*) echo 16MiB;; *) echo 32MiB;; esac)"
+    done
+  } > "$RUN/target.toml"
+}
+# interop_subsystem NQN [LINE...]: a subsystem with this suite's serial and model, open to
+# any host unless LINE says otherwise
+interop_subsystem() {
+  local nqn=$1; shift
+  toml_subsystem "$nqn" "serial = \"$SERIAL\"" "model = \"$MODEL\"" "${@:-allow_any_host = true}"
 }
 # the DH-HMAC-CHAP subsystems (only when the auth checks run): keys in $RUN/keys, mode 0600
 auth_config() {
   [ "${auth:-0}" = 1 ] || return 0
-  local d=$RUN/keys n f
+  local d=$RUN/keys n
   mkdir -p "$d"; chmod 700 "$d"
   ( umask 077
     dhchap_key 01 32 > "$d/host1"; dhchap_key 01 32 > "$d/ctrl1"
     dhchap_key 02 48 > "$d/host2"; dhchap_key 03 64 > "$d/host3" )
   for n in "" -h2 -h3; do
-    case $n in "") f="dhchap_key_file = \"$d/host1\"
-dhchap_ctrl_key_file = \"$d/ctrl1\"";; *) f="dhchap_key_file = \"$d/host${n#-h}\"";; esac
-    cat <<EOF2
-
-[[subsystem]]
-nqn = "$NQN_AUTH$n"
-serial = "$SERIAL"
-model = "$MODEL"
-require_auth = true
-
-[[subsystem.host]]
-nqn = "$HOSTNQN"
-$f
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "mem"
-size = "16MiB"
-block_size = 512
-EOF2
+    interop_subsystem "$NQN_AUTH$n" "require_auth = true"
+    printf '\n[[subsystem.host]]\nnqn = "%s"\n' "$HOSTNQN"
+    case $n in
+      "") printf 'dhchap_key_file = "%s"\ndhchap_ctrl_key_file = "%s"\n' "$d/host1" "$d/ctrl1";;
+      *) printf 'dhchap_key_file = "%s"\n' "$d/host${n#-h}";;
+    esac
+    toml_namespace 1 mem 'size = "16MiB"' "block_size = 512"
   done
 }
 
@@ -1044,7 +953,7 @@ EOF2
 # "@@HOST rev-target-ready"; the guest waits (REV_BUDGET + 90 s) for "DONE rev-target-ready
 # ok OFFSET LENGTH mapfail=N" (N: commands the host sent over the target's transfer limit
 # on purpose, whose nvmet_tcp "failed to map data" lines are then no KERNEL-NOTE), then
-# prints "@@HOST rev-sha256 off= len= sha= zero= magic=". (rev_bench, rev_pair: harness.sh)
+# prints "@@HOST rev-sha256 off= len= sha= zero= magic=". (rev_bench, rev_pair: tests/lib/harness.sh)
 run_reverse() {
   local rc det ok maxh2c icd note
   REV_T0=$(ts)
@@ -1216,18 +1125,15 @@ run_reverse() {
   say "reverse direction done in $(el "$REV_T0") s"
 }
 
-cleanup() {
-  [ -n "$QPID" ] && { kill "$QPID" 2>/dev/null || true; }
-  [ -n "$TPID" ] && { kill -KILL "$TPID" 2>/dev/null || true; }
-  QPID=""; TPID=""
-  # the cluster phase's nodes, namespaces, veths and bridge, on any exit
-  [ "${CL_ON:-0}" = 1 ] && { fpc_cleanup || true; }
+# (cleanup, the EXIT trap: tests/lib/harness.sh) the cluster phase's nodes, namespaces, veths
+# and bridge, on any exit
+cleanup_more() {
+  if [ "${CL_ON:-0}" = 1 ]; then fpc_cleanup || true; fi
 }
 
 # ---------------------------------------------------------------- cluster phase (host side)
 # The guest asks "@@HOST cluster-up", then "@@HOST cluster:STEP" per fault step, then
 # "@@HOST cluster-down"; tests/cluster/lib.sh does the work and prints the RESULT lines.
-fpc_result() { hres "$@"; }
 cluster_prepare() {   # sets CL_ON=1 and the owner's ports when the phase runs; CL_NOTE otherwise
   CL_ON=0; CL_NOTE=""
   [ "$CLUSTER" = 0 ] && { CL_NOTE="CLUSTER=0"; return; }
@@ -1239,11 +1145,7 @@ cluster_prepare() {   # sets CL_ON=1 and the owner's ports when the phase runs; 
     if [ "$CLUSTER" = 1 ]; then CL_ON=1; else return; fi   # CLUSTER=1: counted, and failing
   fi
   CL_ON=1
-  CL_IO=$(free_port "${CL_IO:-14520}")
-  CL_DISC=$(free_port "${CL_DISC:-18109}")
-  [ "$CL_DISC" = "$CL_IO" ] && CL_DISC=$(free_port $((CL_IO + 1)))
-  CL_API=$(free_port "${CL_API:-19510}")
-  while case " $CL_IO $CL_DISC " in *" $CL_API "*) true;; *) false;; esac; do CL_API=$(free_port $((CL_API + 1))); done
+  assign_ports CL_IO=14520 CL_DISC=18109 CL_API=19510
   fpc_cleanup || true   # what a crashed earlier run left
 }
 # cluster_poll: one pass of the host loop over the guest's cluster markers
@@ -1271,20 +1173,11 @@ cluster_poll() {
   return 0
 }
 
-do_run() {
-  local t0 K accel cpu rc=0 tb="" restart_done=0 kato_cid="" kato_t="" done_t="" st
+# run_checks (do_run: tests/lib/harness.sh)
+run_checks() {
+  local t0=$T0 accel rc=0 tb="" restart_done=0 kato_cid="" kato_t="" done_t="" st
   local rev=0 rev_done=0 rev_note="" vol=0 cli_done="" cline cname cargs crc resv=0 ptpl=0
-  t0=$(ts); K=$(kver)
-  [ -n "$K" ] || { echo "no kernel: run '$0 setup' first"; exit 1; }
-  if [ ! -f "$INITRD" ] || ! guest_stamp "$0" "$HERE/guest.sh" | cmp -s - "$CACHE/.built-from"; then do_build; fi
-  IO_PORT=$(free_port "${IO_PORT:-14420}")
-  DISC_PORT=$(free_port "${DISC_PORT:-18009}")
-  [ "$DISC_PORT" = "$IO_PORT" ] && DISC_PORT=$(free_port $((IO_PORT+1)))
-  CTL_PORT=$(free_port "${CTL_PORT:-15555}")
-  API_PORT=$(free_port "${API_PORT:-19410}")
-  REV_PORT=$(free_port "${REV_PORT:-14430}")
-  while case " $IO_PORT $DISC_PORT $CTL_PORT " in *" $REV_PORT "*) true;; *) false;; esac; do
-    REV_PORT=$(free_port $((REV_PORT+1))); done
+  assign_ports IO_PORT=14420 DISC_PORT=18009 CTL_PORT=15555 API_PORT=19410 REV_PORT=14430
   rm -rf "$RUN"; mkdir -p "$RUN"; : > "$HR"; : > "$RUN/target.log"
   trap cleanup EXIT
   local mode=flashpool fwd_io fwd_disc
@@ -1326,21 +1219,13 @@ do_run() {
   local HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$hostuuid
 
   if [ $mode = flashpool ]; then
-    if [ ! -x "$BIN" ]; then
-      echo "flashpool binary not found at $BIN: run 'cargo build --release' first (or set FLASHPOOL_BIN)"
-      echo "0 passed, $expect_all failed"; exit 1
-    fi
+    [ -x "$BIN" ] || abort_run "$expect_all" "flashpool binary not found at $BIN: run 'cargo build --release' first (or set FLASHPOOL_BIN)"
     write_config
     rm -f "$FILE_IMG"
-    if ! start_target; then
-      echo "----- target log -----"; cat "$RUN/target.log"; echo "----- config -----"; cat "$RUN/target.toml"
-      echo "RESULT target-start FAIL (every check fails: no target)"
-      echo "0 passed, $expect_all failed"; exit 1
-    fi
+    start_target_or_fail "$expect_all"
   fi
 
-  accel=$(pick_accel)
-  if [ "$accel" = kvm ]; then cpu="-accel kvm -cpu host"; else cpu="-accel tcg,thread=multi -cpu max"; fi
+  qemu_accel; accel=$QEMU_ACCEL
   local netdev="user,id=n0,ipv6=off,hostfwd=tcp:127.0.0.1:$CTL_PORT-10.0.2.15:5555"
   if [ "$MOCK" = 1 ]; then
     netdev="$netdev,hostfwd=tcp:127.0.0.1:$fwd_io-10.0.2.15:4420,hostfwd=tcp:127.0.0.1:$fwd_disc-10.0.2.15:8009"
@@ -1376,25 +1261,15 @@ do_run() {
   say "guest hostnqn $HOSTNQN; logs in $RUN"
   # -no-shutdown: after the guest's poweroff QEMU stays (stopped), so the guest's TCP
   # connections stay open and silent, like a host that lost power; the host kills QEMU.
-  timeout -s KILL "$RUN_TIMEOUT" qemu-system-x86_64 $cpu -m "$GUEST_MEM" -smp "$GUEST_CPUS" \
-      -nodefaults -display none -no-reboot -no-shutdown -serial "file:$RUN/guest-serial.log" \
-      -kernel "$KROOT/boot/vmlinuz-$K" -initrd "$INITRD" -append "$append" \
-      -netdev "$netdev" -device virtio-net-pci,netdev=n0 > "$RUN/qemu.stderr" 2>&1 &
-  QPID=$!
-  touch "$RUN/guest-serial.log"
+  qemu_start "$K" "$INITRD" "$append" "$netdev" -no-shutdown
 
-  local last_progress=0 n died=0
+  local died=0
   while kill -0 "$QPID" 2>/dev/null; do
     if [ $mode = flashpool ] && [ $died = 0 ] && [ -n "$TPID" ] && ! kill -0 "$TPID" 2>/dev/null; then
       died=1; say "flashpool pid $TPID is gone! last log lines:"; tail -n 20 "$RUN/target.log" | sed 's/^/    /'
     fi
     [ -z "$tb" ] && has_marker '@@ .*init start' && { tb=$(el "$t0"); say "guest /init started after $tb s"; }
-    # progress: echo new step lines
-    n=$(serial | grep -acE '^(@@ .*STEP|RESULT )' || true)
-    if [ "$n" -gt "$last_progress" ]; then
-      serial | grep -aE '^(@@ .*STEP|RESULT )' | tail -n +"$((last_progress+1))" | sed 's/^@@ /[guest] /; s/^RESULT/[guest] RESULT/'
-      last_progress=$n
-    fi
+    guest_progress
     if [ $restart_done = 0 ] && has_marker '@@HOST restart-target'; then
       restart_done=1
       if [ $mode = flashpool ]; then
@@ -1437,7 +1312,7 @@ do_run() {
     sleep 0.5
   done
 
-  serial | grep -aE '^(@@ .*STEP|RESULT )' | tail -n +"$((last_progress+1))" | sed 's/^@@ /[guest] /; s/^RESULT/[guest] RESULT/'
+  guest_progress
   # 9. KATO: QEMU is still alive (-no-shutdown), the guest silent; wait for the target
   if [ $mode = flashpool ]; then
     if [ -n "$kato_cid" ] && [ -n "$done_t" ]; then
@@ -1502,7 +1377,7 @@ do_run() {
   trap - EXIT
 
   # ---- report
-  local all="$GUEST_CHECKS" expect=0 n_pass=0 n_fail=0 c line failed=""
+  local all="$GUEST_CHECKS" c
   [ $mode = flashpool ] && all="$all $HOST_CHECKS"
   [ $vol = 1 ] && all="$all $VOL_CHECKS"
   [ $resv = 1 ] && all="$all $RESV_CHECKS"
@@ -1510,23 +1385,16 @@ do_run() {
   [ $auth = 1 ] && all="$all $AUTH_CHECKS"
   [ $rev = 1 ] && all="$all $REV_CHECKS"
   all="$all $CL_CHECKS"
-  serial | grep -a '^RESULT ' > "$RUN/results.txt" || true
-  cat "$HR" >> "$RUN/results.txt"
-  for c in $all; do
-    line=$(grep -a "^RESULT $c " "$RUN/results.txt" | tail -n1 || true)
-    if [[ "$line" == "RESULT $c PASS"* ]]; then n_pass=$((n_pass+1))
-    else n_fail=$((n_fail+1)); failed="$failed $c"; [ -n "$line" ] || echo "RESULT $c FAIL (no result: not reached)" >> "$RUN/results.txt"; fi
-  done
-  if [ -n "$failed" ] || [ "$VERBOSE" = 1 ]; then
-    echo "----- guest serial log ($RUN/guest-serial.log, ANSI stripped) -----"
-    sed -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\r//g' "$RUN/guest-serial.log" 2>/dev/null || true
-    [ -s "$RUN/qemu.stderr" ] && { echo "----- qemu stderr -----"; cat "$RUN/qemu.stderr"; }
+  # shellcheck disable=SC2086   # $all: the checks, one word each
+  tally_results $all
+  if [ -n "$FAILED" ] || [ "$VERBOSE" = 1 ]; then
+    dump_guest_logs
     if [ $mode = flashpool ]; then
       echo "----- target log tail ($RUN/target.log) -----"; tail -n 60 "$RUN/target.log"
     fi
   fi
   echo "----- summary ($mode, accel $accel, guest /init at ${tb:-?} s, total $(el "$t0") s) -----"
-  for c in $all; do grep -a "^RESULT $c " "$RUN/results.txt" | tail -n1; done
+  cat "$RUN/summary.txt"
   if serial | grep -a '^KERNEL-NOTE' > /dev/null; then
     echo "kernel messages (guest dmesg) that no check expected:"
     serial | grep -a '^KERNEL-NOTE' | sed 's/^KERNEL-NOTE /  /'
@@ -1537,29 +1405,21 @@ do_run() {
   [ $resv = 1 ] && [ $ptpl = 0 ] && echo "SKIP $PTPL_CHECKS (not counted: $PTPL_READY did not exist at the start of the run)"
   [ $auth = 1 ] || echo "SKIP $AUTH_CHECKS (not counted: $auth_note)"
   [ "$CL_ON" = 1 ] || echo "(cluster checks [$CLUSTER_GUEST_CHECKS cluster-*] skipped, not counted: $CL_NOTE)"
-  if [ "$CL_ON" = 1 ] && [ -n "$failed" ]; then
+  if [ "$CL_ON" = 1 ] && [ -n "$FAILED" ]; then
     for c in $FPC_DIR/owner.log $FPC_DIR/e1.log $FPC_DIR/e3.log; do
       [ -f "$c" ] && { echo "----- $c (tail) -----"; tail -n 40 "$c"; }
     done
   fi
-  [ -n "$failed" ] && echo "failed:$failed"
-  echo "$n_pass passed, $n_fail failed"
-  [ "$n_fail" -eq 0 ]
+  report_results
 }
 
-ACTION=all
-for a in "$@"; do
-  case $a in
-    setup|build|run|all) ACTION=$a;;
+# shellcheck disable=SC2034   # (suite_main's usage line)
+SUITE_FLAGS="--self-test|--mock-target"
+suite_flag() {
+  case $1 in
     --self-test|--selftest) SELFTEST=1;;
     --mock-target) MOCK=1;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0;;
-    *) echo "usage: $0 [setup|build|run|all] [--self-test|--mock-target]"; exit 2;;
+    *) return 1;;
   esac
-done
-case $ACTION in
-  setup) do_setup;;
-  build) do_build;;
-  run) do_run;;
-  all) do_setup; do_build; do_run;;
-esac
+}
+suite_main "$@"

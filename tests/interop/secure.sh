@@ -16,7 +16,7 @@
 # with dd O_DIRECT writes read back and compared by sha256 in the guest, and with `flashpool
 # bench --verify` (every block read back) in the other direction. The guest's /init is
 # tests/interop/secure-init.sh with tests/interop/guest-lib.sh; the host side shares
-# tests/interop/harness.sh with run.sh. Per-run values (ports, NQNs, secrets) reach the guest
+# tests/lib/harness.sh with run.sh. Per-run values (ports, NQNs, secrets) reach the guest
 # as a small cpio appended to the cached initramfs (the kernel command line is too short).
 #
 #   tests/interop/secure.sh [all]     setup + build + run (default)
@@ -108,23 +108,23 @@
 #   FORCE=1         setup again: update the package lists, download and extract everything
 #   VERBOSE=1       print the whole guest serial log even when all passed
 set -euo pipefail
-export PATH="$PATH:/usr/sbin:/sbin"
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 CACHE=${SECURE_CACHE:-$ROOT/.cache/secure}
-BIN=${FLASHPOOL_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/flashpool}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
-BENCH_BIN=${BENCH_BIN:-$BIN}
-case $BENCH_BIN in /*) ;; *) BENCH_BIN=$ROOT/$BENCH_BIN;; esac
-ACCEL=${ACCEL:-auto}; GUEST_MEM=${GUEST_MEM:-1024}; GUEST_CPUS=${GUEST_CPUS:-2}
+# shellcheck source=tests/lib/harness.sh
+. "$ROOT/tests/lib/harness.sh"   # clock, ports, results, node TOML, QEMU, build, report
+BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
+BENCH_BIN=$(flashpool_bin "${BENCH_BIN:-$BIN}")
 RUN_TIMEOUT=${RUN_TIMEOUT:-900}; REV_BUDGET=${REV_BUDGET:-240}; REACTORS=${REACTORS:-2}
 FORCE=${FORCE:-0}; VERBOSE=${VERBOSE:-0}; TLS=${TLS:-auto}
 export GUEST_SUITE=${GUEST_SUITE:-trixie}
 GUEST_CACHE=$CACHE
 IRD=$CACHE/initramfs; INITRD=$CACHE/initrd.img; RUN=$CACHE/run; HR=$RUN/host-results.txt
+# shellcheck disable=SC2034   # (do_setup)
 USERLAND="nvme-cli ktls-utils keyutils"
 GUEST_BINS="/usr/sbin/nvme /usr/sbin/tlshd /usr/bin/keyctl"
+# shellcheck disable=SC2034   # (do_build: tests/lib/harness.sh)
 # gcm, ghash: kTLS asks the crypto API for gcm(aes), and no modprobe could load them then
 GUEST_MODS="configfs nvme-keyring nvme-auth nvme-core nvme-fabrics nvme-tcp nvmet nvmet-tcp tls gcm
   ghash-generic aesni_intel brd virtio_pci virtio_net"
@@ -149,26 +149,20 @@ LOOP_CHECKS="tls-guest-loopback"
 TLS_CHECKS="tls-hmac1 tls-hmac2 tls-wrong-key tls-plain-refused tls-require-tls tls-optional-tls
   tls-optional-plain tls-discover host-tls-verify host-tls-wrong-key"
 
-ts() { date +%s.%N; }
-el() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1f", b-a}'; }
-say() { echo "[host $(date +%T)] $*"; }
 . "$HERE/guest.sh"
-. "$HERE/harness.sh"
 
 # ---------------------------------------------------------------- setup, build
-do_setup() { guest_setup; guest_userland $USERLAND; }
-
-do_build() {
-  local t0 b; t0=$(ts)
+# (do_build: tests/lib/harness.sh, with these hooks)
+build_prepare() {
   [ -f "$GUEST_UROOT/.extracted" ] || { echo "no $GUEST_SUITE userland under $GUEST_UROOT: run '$0 setup' first"; exit 1; }
-  guest_stage "$IRD" "$GUEST_MODS" $GUEST_BINS || exit 1
+}
+build_files() {
   install -m 0755 "$HERE/secure-init.sh" "$IRD/init"
   printf '[debug]\nloglevel=1\ntls=0\nnl=0\n\n[authenticate]\nkeyrings=.nvme\n' > "$IRD/etc/tlshd.conf"
-  guest_pack "$IRD" "$INITRD"
-  build_stamp > "$CACHE/.built-from"
+}
+build_check() {
+  local b
   for b in $GUEST_BINS; do [ -x "$IRD$b" ] || { echo "$b is missing from the initramfs"; exit 1; }; done
-  say "modules: $(tr '\n' ' ' < "$IRD/etc/modules.list" | sed 's#[^ ]*/##g')"
-  say "initramfs $(du -h "$INITRD" | cut -f1) built in $(el "$t0") s"
 }
 build_stamp() { guest_stamp "$0" "$HERE/secure-init.sh" "$HERE/guest.sh" "$GUEST_UROOT/.extracted" "$GUEST_KROOT/.extracted"; }
 
@@ -179,12 +173,9 @@ key() {   # FILE PREFIX HH BYTES: a new random key in $RUN/keys/FILE, mode 0600;
 }
 hh_of() { case $1 in sha256) echo "01 32";; sha384) echo "02 48";; sha512) echo "03 64";; esac; }
 subsystem() {  # NQN EXTRA-LINES HOST-LINES: a 16 MiB mem namespace, this guest's host only
-  printf '\n[[subsystem]]\nnqn = "%s"\nallow_any_host = false\n%s\n[[subsystem.host]]\nnqn = "%s"\n%s\n' "$1" "$2" "$HOSTNQN" "$3"
-  printf '\n[[subsystem.namespace]]\nnsid = 1\nbackend = "mem"\nsize = "16MiB"\nblock_size = 512\n'
-}
-listener() {  # PORT KIND [TLS]
-  printf '\n[[listener]]\naddress = "127.0.0.1"\nport = %s\nkind = "%s"\n' "$1" "$2"
-  if [ -n "${3:-}" ]; then printf 'tls = "%s"\n' "$3"; fi
+  toml_subsystem "$1" "allow_any_host = false" "$2"
+  printf '\n[[subsystem.host]]\nnqn = "%s"\n%s\n' "$HOSTNQN" "$3"
+  toml_namespace 1 mem 'size = "16MiB"' "block_size = 512"
 }
 # make_keys_and_config: $RUN/keys/*, $RUN/target.toml and $RUN/secure.env (the guest's values)
 make_keys_and_config() {
@@ -193,8 +184,8 @@ make_keys_and_config() {
   {
     echo "[node]"; echo "reactors = $REACTORS"; echo "log = \"${TARGET_LOG_LEVEL:-info}\""
     printf '\n[api]\nenabled = false\n'   # unused here; its default port may be taken
-    listener "$IO_PORT" io; listener "$DISC_PORT" discovery
-    if [ "$TLS" = 1 ]; then listener "$TLS_PORT" io required; listener "$TLS_OPT_PORT" io optional; fi
+    toml_listener "$IO_PORT" io; toml_listener "$DISC_PORT" discovery
+    if [ "$TLS" = 1 ]; then toml_listener "$TLS_PORT" io required; toml_listener "$TLS_OPT_PORT" io optional; fi
   } > "$RUN/target.toml"
   {
     echo "HOSTNQN=$HOSTNQN"; echo "HOSTID=$HOSTID"; echo "HOSTIP=10.0.2.2"; echo "IO=$IO_PORT"; echo "DISC=$DISC_PORT"
@@ -253,6 +244,10 @@ tls_key_compat = $4" >> "$RUN/target.toml"
 # has 3.8.9) computes every PSK binder with SHA-256, and tlshd offers only the SHA-384 suite for a
 # hash 02 PSK, so a spec-conforming server must refuse the ClientHello (OpenSSL: "bad extension").
 # That refusal, named in the target log with its reason, passes; any other failure stays one.
+# (tally_results asks result_override for each failing check's line)
+result_override() {
+  if [ "$1" = tls-hmac2 ]; then gnutls_sha384_binder "$2"; else echo "$2"; fi
+}
 gnutls_sha384_binder() {
   local l; l=$(grep -a "TLS refused: .*bad extension (identity NVMe0R02 $HOSTNQN $NQN_T2).*GnuTLS before 3.8.10" \
     "$RUN/target.log" | tail -n1 || true)
@@ -332,24 +327,16 @@ host_checks() {
   else hres auth-config-check FAIL "serve --check: exit $rc on the run's TOML ($(tail -n1 "$RUN/check-good.txt")); with \"md5\": exit $e: ${f:-$(tail -n1 "$RUN/check-bad.txt")}"; fi
 }
 
-cleanup() {
-  [ -n "$QPID" ] && { kill "$QPID" 2> /dev/null || true; }
-  [ -n "$TPID" ] && { kill -KILL "$TPID" 2> /dev/null || true; }
-  QPID=""; TPID=""
-}
-
-do_run() {
-  local t0 K accel cpu tb="" done_t="" rev_done=0 n last=0 rc=0 tls_note="" gone=""
-  t0=$(ts); K=$(guest_kver)
-  [ -n "$K" ] || { echo "no kernel: run '$0 setup' first"; exit 1; }
-  if [ ! -f "$INITRD" ] || ! build_stamp | cmp -s - "$CACHE/.built-from"; then do_build; fi
+# run_checks (do_run: tests/lib/harness.sh)
+run_checks() {
+  local t0=$T0 accel tb="" done_t="" rev_done=0 rc=0 tls_note="" gone=""
   assign_ports IO_PORT=24420 DISC_PORT=28009 TLS_PORT=24421 TLS_OPT_PORT=24422 CTL_PORT=25555 \
     REV_PORT=24430 REV_TLS_PORT=24431
   rm -rf "$RUN"; mkdir -p "$RUN"; : > "$HR"; : > "$RUN/target.log"
   trap cleanup EXIT
   if [ ! -x "$BIN" ] || [ ! -x "$BENCH_BIN" ]; then
-    echo "flashpool binary not found at $BIN / $BENCH_BIN: run 'cargo build --release' first (or set FLASHPOOL_BIN)"
-    echo "0 passed, $(echo $AUTH_CHECKS $REV_CHECKS $LOOP_CHECKS | wc -w) failed"; exit 1
+    abort_run "$(echo $AUTH_CHECKS $REV_CHECKS $LOOP_CHECKS | wc -w)" \
+      "flashpool binary not found at $BIN / $BENCH_BIN: run 'cargo build --release' first (or set FLASHPOOL_BIN)"
   fi
   if [ "$TLS" = 0 ]; then tls_note="TLS=0"
   elif ! "$BENCH_BIN" bench --help 2>&1 | grep -q -- --tls-key-file; then
@@ -360,43 +347,29 @@ do_run() {
   make_keys_and_config
   TARGET_PORTS="$IO_PORT $DISC_PORT"; local all="$AUTH_CHECKS $REV_CHECKS $LOOP_CHECKS"
   if [ "$TLS" = 1 ]; then TARGET_PORTS="$TARGET_PORTS $TLS_PORT $TLS_OPT_PORT"; all="$all $TLS_CHECKS"; fi
-  if ! start_target; then
-    echo "----- target log -----"; cat "$RUN/target.log"; echo "----- config -----"; cat "$RUN/target.toml"
-    echo "RESULT target-start FAIL (every check fails: no target)"
-    echo "0 passed, $(echo $all | wc -w) failed"; exit 1
-  fi
+  start_target_or_fail "$(echo $all | wc -w)"
   # the run's values for the guest: /etc/secure.env in a cpio after the cached initramfs
   mkdir -p "$RUN/extra/etc"; install -m 0600 "$RUN/secure.env" "$RUN/extra/etc/secure.env"
   guest_pack "$RUN/extra" "$RUN/extra.cpio"
   cat "$INITRD" "$RUN/extra.cpio" > "$RUN/initrd.img"
 
-  accel=$(pick_accel)
-  if [ "$accel" = kvm ]; then cpu="-accel kvm -cpu host"; else cpu="-accel tcg,thread=multi -cpu max"; fi
+  qemu_accel; accel=$QEMU_ACCEL
   local netdev="user,id=n0,ipv6=off,hostfwd=tcp:127.0.0.1:$CTL_PORT-10.0.2.15:5555"
   netdev="$netdev,hostfwd=tcp:127.0.0.1:$REV_PORT-10.0.2.15:4420,hostfwd=tcp:127.0.0.1:$REV_TLS_PORT-10.0.2.15:4421"
   say "accel=$accel kernel=$K initrd=$(du -h "$RUN/initrd.img" | cut -f1) ports io=$IO_PORT disc=$DISC_PORT$([ "$TLS" = 1 ] && echo " tls=$TLS_PORT tls-optional=$TLS_OPT_PORT") ctl=$CTL_PORT rev=$REV_PORT rev-tls=$REV_TLS_PORT"
   [ "$TLS" = 1 ] || say "SKIP the TLS checks: $tls_note"
   say "guest hostnqn $HOSTNQN; logs in $RUN"
-  timeout -s KILL "$RUN_TIMEOUT" qemu-system-x86_64 $cpu -m "$GUEST_MEM" -smp "$GUEST_CPUS" \
-      -nodefaults -display none -no-reboot -serial "file:$RUN/guest-serial.log" \
-      -kernel "$GUEST_KROOT/boot/vmlinuz-$K" -initrd "$RUN/initrd.img" \
-      -append "console=ttyS0 panic=-1 quiet" \
-      -netdev "$netdev" -device virtio-net-pci,netdev=n0 > "$RUN/qemu.stderr" 2>&1 &
-  QPID=$!
-  touch "$RUN/guest-serial.log"
+  qemu_start "$K" "$RUN/initrd.img" "console=ttyS0 panic=-1 quiet" "$netdev"
   while kill -0 "$QPID" 2> /dev/null; do
     [ -z "$tb" ] && has_marker '@@ .*init start' && { tb=$(el "$t0"); say "guest /init started after $tb s"; }
-    n=$(serial | grep -acE '^(@@ .*STEP|RESULT )' || true)
-    if [ "$n" -gt "$last" ]; then
-      serial | grep -aE '^(@@ .*STEP|RESULT )' | tail -n +"$((last + 1))" | sed 's/^@@ /[guest] /; s/^RESULT/[guest] RESULT/'
-      last=$n
-    fi
+    guest_progress
     if [ $rev_done = 0 ] && has_marker '@@HOST rev-ready'; then rev_done=1; run_reverse; fi
     if has_marker '@@HOST guest-done'; then done_t=$(ts); say "guest powered off after $(el "$t0") s"; break; fi
+    # shellcheck disable=SC2153   # TPID: start_target (tests/lib/harness.sh)
     if [ -z "$gone" ] && ! kill -0 "$TPID" 2> /dev/null; then gone=1; say "flashpool pid $TPID is gone!"; tail -n 20 "$RUN/target.log"; fi
     sleep 0.5
   done
-  serial | grep -aE '^(@@ .*STEP|RESULT )' | tail -n +"$((last + 1))" | sed 's/^@@ /[guest] /; s/^RESULT/[guest] RESULT/'
+  guest_progress
   wait "$QPID" 2> /dev/null || rc=$?
   QPID=""
   [ -n "$done_t" ] || say "QEMU ended (status $rc) without the guest-done marker: guest crash or RUN_TIMEOUT=$RUN_TIMEOUT"
@@ -406,37 +379,16 @@ do_run() {
   trap - EXIT
 
   # ---- report: each check's last RESULT line; none is a failure
-  serial | grep -a '^RESULT ' > "$RUN/results.txt" || true
-  cat "$HR" >> "$RUN/results.txt"
-  local c line failed="" np=0 nf=0
-  for c in $all; do
-    line=$(grep -a "^RESULT $c " "$RUN/results.txt" | tail -n1 || true)
-    [ -n "$line" ] || line="RESULT $c FAIL (no result: not reached)"
-    if [ "$c" = tls-hmac2 ] && [ "${line#RESULT $c FAIL}" != "$line" ]; then
-      line=$(gnutls_sha384_binder "$line")
-    fi
-    case $line in "RESULT $c PASS"*) np=$((np + 1));; *) nf=$((nf + 1)); failed="$failed $c";; esac
-    echo "$line" >> "$RUN/summary.txt"
-  done
-  if [ -n "$failed" ] || [ "$VERBOSE" = 1 ]; then
-    echo "----- guest serial log ($RUN/guest-serial.log) -----"
-    sed -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\r//g' "$RUN/guest-serial.log"
-    [ -s "$RUN/qemu.stderr" ] && { echo "----- qemu stderr -----"; cat "$RUN/qemu.stderr"; }
+  # shellcheck disable=SC2086   # $all: the checks, one word each
+  tally_results $all
+  if [ -n "$FAILED" ] || [ "$VERBOSE" = 1 ]; then
+    dump_guest_logs
     echo "----- target log tail ($RUN/target.log) -----"; tail -n 60 "$RUN/target.log"
   fi
   echo "----- summary (Debian $GUEST_SUITE kernel $K, accel $accel, guest /init at ${tb:-?} s, total $(el "$t0") s) -----"
   cat "$RUN/summary.txt"
   if [ "$TLS" != 1 ]; then echo "SKIP $(echo $TLS_CHECKS) (not counted: $tls_note)"; fi
-  if [ -n "$failed" ]; then echo "failed:$failed"; fi
-  echo "$np passed, $nf failed"
-  return $((nf > 0))
+  report_results
 }
 
-case ${1:-all} in
-  setup) do_setup;;
-  build) do_build;;
-  run) do_run;;
-  all) do_setup; do_build; do_run;;
-  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//';;
-  *) echo "usage: $0 [setup|build|run|all]"; exit 2;;
-esac
+suite_main "$@"

@@ -1,4 +1,4 @@
-//! Cluster state in etcd (DESIGN.md section 6): node sessions under leases,
+//! Cluster state in etcd: node sessions under leases,
 //! controller-ID slots, volume specs, owners guarded by epochs, hand-offs,
 //! drain marks, and a fast process-death signal between nodes.
 //!

@@ -7,96 +7,11 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use serde::Serialize;
+pub use crate::api_types::{Event, EventKind};
 use tokio::sync::broadcast;
 
 /// How many past events the node keeps for clients that (re)connect.
 pub const RING: usize = 1024;
-
-/// What happened. The names are the `kind` field of the JSON form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EventKind {
-    DriveFailed,
-    DriveReadded,
-    SpareTaken,
-    RebuildStarted,
-    RebuildFinished,
-    RebuildFailed,
-    VolumeOptimal,
-    VolumeDegraded,
-    VolumeFailed,
-    VolumeOffline,
-    SyncStarted,
-    SyncFinished,
-    ScrubStarted,
-    ScrubFinished,
-    ScrubMismatch,
-    ThinPoolUsage,
-    HostConnected,
-    HostRefused,
-}
-
-impl EventKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            EventKind::DriveFailed => "drive_failed",
-            EventKind::DriveReadded => "drive_readded",
-            EventKind::SpareTaken => "spare_taken",
-            EventKind::RebuildStarted => "rebuild_started",
-            EventKind::RebuildFinished => "rebuild_finished",
-            EventKind::RebuildFailed => "rebuild_failed",
-            EventKind::VolumeOptimal => "volume_optimal",
-            EventKind::VolumeDegraded => "volume_degraded",
-            EventKind::VolumeFailed => "volume_failed",
-            EventKind::VolumeOffline => "volume_offline",
-            EventKind::SyncStarted => "sync_started",
-            EventKind::SyncFinished => "sync_finished",
-            EventKind::ScrubStarted => "scrub_started",
-            EventKind::ScrubFinished => "scrub_finished",
-            EventKind::ScrubMismatch => "scrub_mismatch",
-            EventKind::ThinPoolUsage => "thin_pool_usage",
-            EventKind::HostConnected => "host_connected",
-            EventKind::HostRefused => "host_refused",
-        }
-    }
-
-    /// How urgent it is: `critical` wants a person now (data at risk),
-    /// `warning` soon, `info` never.
-    pub fn severity(self) -> &'static str {
-        match self {
-            EventKind::VolumeFailed | EventKind::VolumeOffline | EventKind::RebuildFailed => {
-                "critical"
-            }
-            EventKind::DriveFailed
-            | EventKind::VolumeDegraded
-            | EventKind::ScrubMismatch
-            | EventKind::ThinPoolUsage
-            | EventKind::HostRefused => "warning",
-            _ => "info",
-        }
-    }
-}
-
-/// One event, as the API streams it and the log writes it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Event {
-    /// Increases by one per event on this node, from 1 at start.
-    pub seq: u64,
-    /// Wall-clock time, RFC 3339 in UTC.
-    pub time: String,
-    pub kind: EventKind,
-    pub severity: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub volume: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub drive: Option<String>,
-    /// A host NQN (host events).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    /// What a person reads: what happened, and what to do when it matters.
-    pub message: String,
-}
 
 /// An event before the bus numbers it.
 #[derive(Debug, Clone)]
@@ -199,7 +114,7 @@ impl Events {
             seq: ring.next_seq,
             time: now_rfc3339(),
             kind: e.kind,
-            severity: e.kind.severity(),
+            severity: e.kind.severity().into(),
             volume: e.volume,
             drive: e.drive,
             host: e.host,
@@ -282,7 +197,7 @@ fn log(e: &Event) {
     let drive = e.drive.as_deref().unwrap_or("");
     let host = e.host.as_deref().unwrap_or("");
     let kind = e.kind.name();
-    match e.severity {
+    match e.severity.as_ref() {
         "critical" => {
             tracing::error!(target: "flashpool::event", seq = e.seq, kind, volume, drive, host, "{}", e.message)
         }

@@ -5,13 +5,12 @@
 
 mod agent;
 mod api;
-mod api_auth;
+mod api_types;
 mod cli;
-mod cluster_cli;
+mod client;
 mod config;
 mod events;
 mod host_events;
-mod jobs_cli;
 mod metrics;
 mod node;
 mod serve;
@@ -53,35 +52,35 @@ enum Cmd {
         #[command(flatten)]
         api: cli::ApiArgs,
         #[command(subcommand)]
-        cmd: cli::VolumeCmd,
+        cmd: cli::volume::VolumeCmd,
     },
     /// Drives of a running node (through its management API).
     Drive {
         #[command(flatten)]
         api: cli::ApiArgs,
         #[command(subcommand)]
-        cmd: cli::DriveCmd,
+        cmd: cli::drive::DriveCmd,
     },
     /// Background jobs of a running node: initial sync, rebuild, scrub.
     Job {
         #[command(flatten)]
         api: cli::ApiArgs,
         #[command(subcommand)]
-        cmd: jobs_cli::JobCmd,
+        cmd: cli::job::JobCmd,
     },
     /// The cluster a node belongs to (through its management API).
     Cluster {
         #[command(flatten)]
         api: cli::ApiArgs,
         #[command(subcommand)]
-        cmd: cluster_cli::ClusterCmd,
+        cmd: cli::cluster::ClusterCmd,
     },
     /// Cluster nodes: drain one before maintenance.
     Node {
         #[command(flatten)]
         api: cli::ApiArgs,
         #[command(subcommand)]
-        cmd: cluster_cli::NodeCmd,
+        cmd: cli::cluster::NodeCmd,
     },
     /// What the node reports: drives failed, rebuilds, volume states, thin pools filling,
     /// hosts connected or refused. --follow streams them as `mdadm --monitor` does.
@@ -89,14 +88,14 @@ enum Cmd {
         #[command(flatten)]
         api: cli::ApiArgs,
         #[command(flatten)]
-        args: cli::EventsArgs,
+        args: cli::events::EventsArgs,
     },
     /// The management API itself: rotate its token.
     Api {
         #[command(flatten)]
         api: cli::ApiArgs,
         #[command(subcommand)]
-        cmd: cli::ApiCmd,
+        cmd: cli::token::ApiCmd,
     },
     /// Load a target and measure it: tcp://ADDR:PORT/NQN, file:PATH (io_uring, O_DIRECT) or mem:SIZE.
     Bench(Box<flashpool_bench::BenchArgs>),
@@ -111,13 +110,13 @@ fn main() {
             log_format,
         } => serve::run(config.as_deref(), check, log_format),
         Cmd::Bench(args) => flashpool_bench::run(*args),
-        Cmd::Volume { api, cmd } => cli::volume(api, cmd),
-        Cmd::Drive { api, cmd } => cli::drive(api, cmd),
-        Cmd::Job { api, cmd } => jobs_cli::job(api, cmd),
-        Cmd::Cluster { api, cmd } => cluster_cli::cluster(api, cmd),
-        Cmd::Node { api, cmd } => cluster_cli::node(api, cmd),
-        Cmd::Events { api, args } => cli::events(api, args),
-        Cmd::Api { api, cmd } => cli::api(api, cmd),
+        Cmd::Volume { api, cmd } => cli::volume::volume(api, cmd),
+        Cmd::Drive { api, cmd } => cli::drive::drive(api, cmd),
+        Cmd::Job { api, cmd } => cli::job::job(api, cmd),
+        Cmd::Cluster { api, cmd } => cli::cluster::cluster(api, cmd),
+        Cmd::Node { api, cmd } => cli::cluster::node(api, cmd),
+        Cmd::Events { api, args } => cli::events::events(api, args),
+        Cmd::Api { api, cmd } => cli::token::api(api, cmd),
     };
     if let Err(e) = r {
         // Not eprintln!: it panics when stderr is closed too.

@@ -40,7 +40,7 @@ pub fn run(
         })?;
         if cfg.api.enabled {
             // The API's HTTPS files and client certificate settings.
-            crate::api_auth::tls::server_config(&cfg.api)?;
+            crate::api::server_config(&cfg.api)?;
         }
         outln!(
             "config {origin}: OK ({} subsystems, {} drives, {} volumes)",
@@ -133,7 +133,7 @@ pub fn run(
         };
         let started = crate::api::start(&rt, app, &cfg.api, cfg.node.state_dir.as_deref())?;
         if let Some(a) = &agent {
-            a.set_peer_api(Arc::new(crate::api_auth::PeerApi::new(
+            a.set_peer_api(Arc::new(crate::client::PeerApi::new(
                 started.auth.clone(),
                 &cfg.api,
             )?));
@@ -161,7 +161,7 @@ pub fn run(
     // The CLI's copy of the token goes with the node (the state_dir's stays).
     let runtime_token = api
         .as_ref()
-        .map(|a| crate::api_auth::runtime_token_path(&a.addr.to_string()));
+        .map(|a| crate::client::runtime_token_path(&a.addr.to_string()));
     print_banner(&server, &origin, api, &rt, &node);
     if let Some(sig) = signals.forever().next() {
         tracing::info!("signal {sig}: stopping (in-flight I/O completes, files are flushed)");

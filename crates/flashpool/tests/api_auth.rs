@@ -1,4 +1,4 @@
-//! The management API's refusals, end to end (issue 12, item 5): a
+//! The management API's refusals, end to end: a
 //! `flashpool serve` of its own on free loopback ports, spoken to in raw
 //! HTTP as an attacker (or a browser) would. Each refusal is checked to
 //! change nothing.
@@ -305,7 +305,7 @@ fn the_browser_request_of_the_issue_is_refused_and_changes_nothing() {
     let before = s.state();
     let port = s.api.rsplit_once(':').unwrap().1;
     let evil_host = format!("Host: evil.example:{port}");
-    // Exactly what the issue saw get 201: text/plain, a foreign Origin and
+    // Exactly the request that used to get 201 Created (what a web page can make a browser send): text/plain, a foreign Origin and
     // Host, no credential.
     let a = s.send(
         "POST /v1/volumes",

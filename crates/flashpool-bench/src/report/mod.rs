@@ -4,7 +4,7 @@
 //! every cell's full summary as JSON.
 //!
 //! The first target is the baseline: the tables give each other target's
-//! IOPS and latency as a ratio of it (the seed studies' "fabric vs local").
+//! IOPS and latency as a ratio of it ("how much does the fabric cost against local?").
 
 mod charts;
 mod html;
@@ -29,7 +29,7 @@ use crate::{BenchArgs, run_workload};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Matrix {
-    /// The seed studies: 4 KiB random read and write, 128 KiB sequential read
+    /// The usual storage comparison: 4 KiB random read and write, 128 KiB sequential read
     /// and write, QD 32 x 4 jobs; then 4 KiB random read at rising offered load.
     Seeds,
 }

@@ -16,9 +16,10 @@
 //! `mod.rs` holds the state and the loop; `decide.rs` what each volume
 //! needs, as a pure function of what etcd and this node show; `own.rs`
 //! gathers those views and carries the actions out (taking over, letting
-//! go); `peers.rs` the other nodes, `api.rs` the HTTP calls.
+//! go); `peers.rs` the other nodes, `cluster_ops.rs` the cluster operations
+//! the API calls into (create, move, drain, status).
 
-mod api;
+mod cluster_ops;
 mod decide;
 mod own;
 mod peers;
@@ -42,7 +43,6 @@ use tokio::sync::Notify;
 use crate::config::Membership;
 use crate::node::Node;
 
-pub use api::MoveRequest;
 pub use switch::{LeaseClock, SwitchDevice};
 
 /// ANA transition time reported to hosts: the longest a group stays in
@@ -80,12 +80,12 @@ pub struct Agent {
     rejoined: Notify,
     _liveness: LivenessListener,
     /// How to call other nodes' APIs (set once this node's API is up).
-    peer_api: Mutex<Option<Arc<crate::api_auth::PeerApi>>>,
+    peer_api: Mutex<Option<Arc<crate::client::PeerApi>>>,
 }
 
 impl Agent {
     /// Calls to other nodes' APIs go with this node's token (and TLS trust).
-    pub fn set_peer_api(&self, p: Arc<crate::api_auth::PeerApi>) {
+    pub fn set_peer_api(&self, p: Arc<crate::client::PeerApi>) {
         *self.peer_api.lock() = Some(p);
     }
 

@@ -8,36 +8,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use blockdev::BlockDevice;
-use serde::Deserialize;
 use volume::superblock::{Superblock, uuid_string};
 use volume::thin::ThinPool;
 use volume::{Layout, MemberState, Volume};
 
-use super::ops::{ExportRequest, VolumeInfo};
+use super::ops::VolumeInfo;
 use super::views::member_state_name;
 use super::{
     Backing, Node, NodeError, NodeResult, NodeState, Offline, VolumeEntry, read_head, wipe_head,
 };
-
-/// `POST /v1/volumes/assemble`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AssembleVolume {
-    /// The volume's drives, in any order (`peer:drive`, URLs or local names).
-    pub drives: Vec<String>,
-    /// Preempt another node's reservation on the remote members (and abort
-    /// its writes): for a volume whose owner is gone or must be deposed.
-    #[serde(default)]
-    pub takeover: bool,
-    /// Serve it at once as this namespace.
-    #[serde(default)]
-    pub export: Option<ExportRequest>,
-    /// md's `--assemble --force`: when more members are failed or stale
-    /// than the layout tolerates, take the freshest back as active, just
-    /// enough to run; the answer's `forced` says what may be stale.
-    #[serde(default)]
-    pub force: bool,
-}
+pub use crate::api_types::AssembleVolume;
 
 /// Drives of one volume, by position, as their superblocks say.
 #[derive(Clone)]

@@ -14,27 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::identity::{Cluster, drive_nqn, stable_id};
 use super::{Drive, Node, NodeError, NodeResult, NodeState};
+pub use crate::api_types::{DriveExport, ExportDriveRequest};
 use crate::echo::Echo;
-
-/// How a drive is exported.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DriveExport {
-    pub nqn: String,
-    pub hosts: Vec<String>,
-    /// Declared in the TOML (else made through the API and kept in
-    /// `state_dir/drive-exports.json`).
-    #[serde(default)]
-    pub from_config: bool,
-}
-
-/// `POST /v1/drives/{name}/export`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExportDriveRequest {
-    /// Host NQNs allowed to connect (default: the `[[peer]]`s').
-    #[serde(default)]
-    pub hosts: Vec<String>,
-}
 
 /// One line of `drive-exports.json`.
 #[derive(Debug, Serialize, Deserialize)]

@@ -7,34 +7,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::Serialize;
 use volume::{ScrubReport, SyncControl, Volume};
 
+pub use crate::api_types::{JobInfo, JobKind, JobState};
 use crate::events::now_rfc3339;
 
 /// Finished jobs kept for `GET /v1/jobs`.
 const KEEP_FINISHED: usize = 64;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobKind {
-    /// Parity of a new volume's stripes.
-    Sync,
-    /// Replaced or re-added members rebuilt from the others.
-    Rebuild,
-    /// Parity checked against data (and repaired when asked).
-    Scrub,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "state", content = "error")]
-pub enum JobState {
-    Running,
-    Finished,
-    /// Stopped by the operator (a scrub) or by the node shutting down.
-    Stopped,
-    Failed(String),
-}
 
 /// One job. Progress of syncs and scrubs is in `ctl`; a rebuild's is the
 /// volume's own rebuild progress.
@@ -53,39 +32,6 @@ pub struct Job {
     /// Drive names by member position, as the volume had them when the
     /// job (or its last rebuild pass) began.
     drives: parking_lot::Mutex<Vec<String>>,
-}
-
-/// A job as the API shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct JobInfo {
-    pub id: u64,
-    pub kind: JobKind,
-    pub volume: String,
-    #[serde(flatten)]
-    pub state: JobState,
-    pub started: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub finished: Option<String>,
-    pub elapsed_secs: f64,
-    /// Stripes done and to do (a rebuild: this pass and the queued ones).
-    pub done_stripes: u64,
-    pub total_stripes: u64,
-    pub percent: f64,
-    pub mb_per_sec: f64,
-    /// Time left at the rate so far, for all of the job's work.
-    pub eta_secs: Option<f64>,
-    /// A rebuild: the drives being rebuilt now, and those queued after.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub drives: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub queued_drives: Vec<String>,
-    /// A scrub: whether it rewrites parity that disagrees.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub repair: Option<bool>,
-    pub mismatches: u64,
-    pub repaired: u64,
-    /// Stripes that could not be checked (a data member missing).
-    pub skipped: u64,
 }
 
 impl Job {

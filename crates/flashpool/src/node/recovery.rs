@@ -15,74 +15,7 @@ use super::ops::VolumeInfo;
 use super::validate::{find_volume, no_drive};
 use super::views::member_state_name;
 use super::{AssembleVolume, Node, NodeError, NodeResult, NodeState};
-
-/// `POST /v1/drives/{name}/re-add`: what the re-add did.
-#[derive(Debug, Clone, Serialize)]
-pub struct ReAddInfo {
-    pub drive: String,
-    /// member (back in its volume) or free (a failed spare, back in service).
-    pub state: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub volume: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub position: Option<usize>,
-    /// resync (only the regions written while it was away), full-rebuild,
-    /// or none (a spare: nothing to copy).
-    pub rebuild: String,
-    /// Intent-bitmap regions and stripes to resync (0 for a full rebuild).
-    pub stale_regions: u64,
-    pub stale_stripes: u64,
-    /// Why a full rebuild, when it is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The same in one sentence, as the log says it.
-    pub message: String,
-}
-
-/// A member forced back by `volume assemble --force`.
-#[derive(Debug, Clone, Serialize)]
-pub struct ForcedMemberInfo {
-    pub position: usize,
-    pub drive: String,
-    /// failed (marked failed in the superblocks) or stale (older superblock).
-    pub was: String,
-    /// The generation it was marked failed at, when recorded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failed_at: Option<u64>,
-    /// Its own superblock's generation, against the volume's.
-    pub generation: u64,
-    pub volume_generation: u64,
-}
-
-/// Volume bytes that may hold old data after a forced assembly.
-#[derive(Debug, Clone, Serialize)]
-pub struct StaleRangeInfo {
-    pub offset_bytes: u64,
-    pub len_bytes: u64,
-    pub first_region: u64,
-    pub regions: u64,
-}
-
-/// What a forced assembly did and risks, kept on the volume until the
-/// node restarts (`GET /v1/volumes/{name}` shows it as `forced`).
-#[derive(Debug, Clone, Serialize)]
-pub struct ForcedInfo {
-    pub members: Vec<ForcedMemberInfo>,
-    /// Positions still failed or missing (replace or re-add them).
-    pub still_failed: Vec<usize>,
-    /// Stale members not needed, left out as failed.
-    pub left_out: Vec<usize>,
-    /// The ranges written while the forced members were away (from the
-    /// held intent bitmap; a superset). Absent when there is no record:
-    /// then `unknown` says why and any block may be stale.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stale_ranges: Option<Vec<StaleRangeInfo>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stale_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unknown: Option<String>,
-    pub message: String,
-}
+pub use crate::api_types::{ForcedInfo, ForcedMemberInfo, ReAddInfo, StaleRangeInfo};
 
 impl ForcedInfo {
     pub(super) fn new(rep: &ForceReport, drives: &[String]) -> ForcedInfo {
@@ -163,14 +96,6 @@ impl ForcedInfo {
             message,
         }
     }
-}
-
-/// `POST /v1/volumes/{name}/assemble`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AssembleByName {
-    #[serde(default)]
-    pub force: bool,
 }
 
 /// A failed drive as `failed-drives.json` keeps it: enough to tell a

@@ -4,26 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
 use volume::{ScrubReport, SyncControl, Volume};
 
 use super::jobs::{JobInfo, JobKind, JobState};
 use super::validate::find_volume;
 use super::{Node, NodeError, NodeResult, NodeState};
+pub use crate::api_types::ScrubRequest;
 use crate::events::{EventKind, NewEvent};
-
-/// `POST /v1/volumes/{name}/scrub`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScrubRequest {
-    /// Rewrite parity that disagrees with the data (md's "repair"); else
-    /// only count (md's "check").
-    #[serde(default)]
-    pub repair: bool,
-    /// Bytes of stripe data per second, e.g. "100MiB"; default unlimited.
-    #[serde(default)]
-    pub rate: Option<String>,
-}
 
 /// `[scrub]` of the TOML: every redundant volume is scrubbed when its last
 /// scrub ended longer than `interval` ago.

@@ -1,4 +1,4 @@
-//! Zero extra copies below the target (DESIGN.md 3): members write views of
+//! Zero extra copies below the target: members write views of
 //! the host's buffer, healthy reads land in views of it, and the host gets
 //! its own buffer back.
 

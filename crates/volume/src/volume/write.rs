@@ -22,7 +22,7 @@ pub(crate) struct Touch {
 
 /// The data of a write (or of one stripe of it): a window of the host's
 /// buffer, shared so that members are handed read-only views of it instead
-/// of copies (DESIGN.md 3, "zero extra copies").
+/// of copies (no extra copy below the target).
 #[derive(Clone, Copy)]
 pub(crate) struct Src<'a> {
     buf: &'a SharedBuf,

@@ -1,4 +1,4 @@
-//! Who may call the management API, and from where (issue 12, item 5).
+//! Who may call the management API, and from where.
 //!
 //! Every request passes [`guard`] before any handler sees it:
 //! 1. `Host` must name the address the client connected to (or
@@ -12,10 +12,10 @@
 //! 4. A credential: `Authorization: Bearer <token>` (compared in constant
 //!    time), a connection on the Unix socket, whose file permissions
 //!    decide who may connect, or an HTTPS connection with a client
-//!    certificate that `[api] client_ca` verified ([`tls`]); with
+//!    certificate that `[api] client_ca` verified ([`super::tls`]); with
 //!    `require_client_cert`, the certificate and the token. An address
-//!    that presents wrong tokens [`MAX_FAILURES`] times within
-//!    [`FAILURE_WINDOW`] is answered 429 with `Retry-After` until the
+//!    that presents wrong tokens [`MAX_FAILURES`](super::limiter::MAX_FAILURES) times within
+//!    [`FAILURE_WINDOW`](super::limiter::FAILURE_WINDOW) is answered 429 with `Retry-After` until the
 //!    window ends.
 //!
 //! A refused request reaches no handler, so it changes nothing. Every call
@@ -23,14 +23,12 @@
 //! answered, with the caller's address and credential (a token's public id,
 //! a socket peer's uid, a client certificate's name), never the secret.
 
-use std::collections::HashMap;
-use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -38,21 +36,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use parking_lot::{Mutex, RwLock};
-use subtle::ConstantTimeEq;
 
+use super::limiter::{FAILURE_WINDOW, FailureLimiter, MAX_FAILURES, limiter_key_eq};
+use super::token::{Token, private_dir, read_secret_file, write_secret_file};
+use crate::api_types::{ErrorBody, TokenRotated};
+use crate::client::runtime_token_path;
 use crate::config::ApiSection;
-
-pub mod listen;
-pub mod tls;
-
-/// Wrong tokens an address may present within [`FAILURE_WINDOW`].
-pub const MAX_FAILURES: u32 = 10;
-/// How long failures are counted, and how long an address that had too
-/// many is refused.
-pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
-/// Addresses whose failures are remembered at most (bounded memory: when
-/// full, expired entries go first, then the oldest).
-const MAX_TRACKED: usize = 4096;
 
 /// Where a connection came from.
 #[derive(Clone, Debug)]
@@ -88,209 +77,6 @@ impl std::fmt::Display for PeerInfo {
     }
 }
 
-/// A secret that opens the API. Its `id` is public (logged); the whole
-/// text is the secret.
-#[derive(Clone)]
-pub struct Token {
-    id: String,
-    text: String,
-}
-
-impl Token {
-    /// A new token: `<id>.<secret>`, an 8-hex-digit id and 256 random bits.
-    pub fn generate() -> Result<Token> {
-        let mut b = [0u8; 36];
-        getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
-        let hex = |s: &[u8]| s.iter().map(|x| format!("{x:02x}")).collect::<String>();
-        let id = hex(&b[..4]);
-        Ok(Token {
-            text: format!("{id}.{}", hex(&b[4..])),
-            id,
-        })
-    }
-
-    /// A token as written in a file (the part before a `.` is its id).
-    pub fn parse(text: &str, from: &Path) -> Result<Token> {
-        let text = text.trim();
-        if text.len() < 32 || text.len() > 512 || !text.bytes().all(|c| c.is_ascii_graphic()) {
-            bail!(
-                "{}: not an API token (32 to 512 printable characters, no spaces); \
-                 delete it and the node writes a new one at its next start",
-                from.display()
-            );
-        }
-        let id = match text.split_once('.') {
-            Some((id, _)) if id.len() <= 16 => id.to_string(),
-            _ => "-".to_string(),
-        };
-        Ok(Token {
-            id,
-            text: text.into(),
-        })
-    }
-
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    pub fn secret(&self) -> &str {
-        &self.text
-    }
-
-    fn matches(&self, presented: &[u8]) -> bool {
-        // The length is not secret; the content is compared in constant time.
-        self.text.len() == presented.len() && bool::from(self.text.as_bytes().ct_eq(presented))
-    }
-}
-
-/// The directory the node leaves its token in for the CLI on the same
-/// machine, by API address: `/run/flashpool` for root, else
-/// `$XDG_RUNTIME_DIR/flashpool`, else `/tmp/flashpool-<uid>`.
-pub fn runtime_dir() -> PathBuf {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::geteuid() };
-    if uid == 0 {
-        return PathBuf::from("/run/flashpool");
-    }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if Path::new(&d).is_absolute() => Path::new(&d).join("flashpool"),
-        _ => PathBuf::from(format!("/tmp/flashpool-{uid}")),
-    }
-}
-
-/// `<runtime_dir>/api-<addr>.token` for API address `addr` (`ADDR:PORT`,
-/// as given to `--api`; `:`, `[` and `]` become `_`).
-pub fn runtime_token_path(addr: &str) -> PathBuf {
-    let name: String = addr
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    runtime_dir().join(format!("api-{name}.token"))
-}
-
-/// Makes `dir` (mode 0700) or checks that the existing one is ours and
-/// that no one else may write in it.
-fn private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    match std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-    {
-        Ok(()) => {}
-        Err(e) => return Err(e).with_context(|| format!("cannot make {}", dir.display())),
-    }
-    let m = std::fs::symlink_metadata(dir)?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::geteuid() };
-    if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
-        bail!(
-            "{} is not a directory owned by uid {uid} that only it may write to; \
-             remove it, or set [api] token_file",
-            dir.display()
-        );
-    }
-    Ok(())
-}
-
-/// Writes `text` to `path` with mode 0600, atomically (a temporary file
-/// renamed over it), so that a reader sees the old token or the new one.
-pub fn write_secret_file(path: &Path, text: &str) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let r = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(format!("{text}\n").as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if r.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    r.with_context(|| format!("cannot write the API token to {}", path.display()))
-}
-
-/// Reads a token file that only its owner may read.
-pub fn read_secret_file(path: &Path) -> Result<Token> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
-    if m.mode() & 0o077 != 0 {
-        bail!(
-            "{}: mode {:o} lets others read the API token; chmod 600 it (and rotate the token: it may be known)",
-            path.display(),
-            m.mode() & 0o777
-        );
-    }
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-    Token::parse(&text, path)
-}
-
-/// Failed authentications by address (an IPv6 address by its /64).
-#[derive(Default)]
-struct FailureLimiter {
-    by_addr: HashMap<IpAddr, (Instant, u32)>,
-}
-
-fn limiter_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let s = v6.segments();
-                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-        },
-        v4 => v4,
-    }
-}
-
-impl FailureLimiter {
-    /// How long `ip` is still refused, if it is.
-    fn blocked(&mut self, ip: IpAddr, now: Instant) -> Option<Duration> {
-        let key = limiter_key(ip);
-        let &(first, n) = self.by_addr.get(&key)?;
-        let age = now.duration_since(first);
-        if age >= FAILURE_WINDOW {
-            self.by_addr.remove(&key);
-            return None;
-        }
-        (n >= MAX_FAILURES).then(|| FAILURE_WINDOW - age)
-    }
-
-    fn fail(&mut self, ip: IpAddr, now: Instant) {
-        let key = limiter_key(ip);
-        if !self.by_addr.contains_key(&key) && self.by_addr.len() >= MAX_TRACKED {
-            self.by_addr
-                .retain(|_, (first, _)| now.duration_since(*first) < FAILURE_WINDOW);
-            if self.by_addr.len() >= MAX_TRACKED
-                && let Some(oldest) = self
-                    .by_addr
-                    .iter()
-                    .min_by_key(|(_, (first, _))| *first)
-                    .map(|(k, _)| *k)
-            {
-                self.by_addr.remove(&oldest);
-            }
-        }
-        let e = self.by_addr.entry(key).or_insert((now, 0));
-        if now.duration_since(e.0) >= FAILURE_WINDOW {
-            *e = (now, 0);
-        }
-        e.1 = e.1.saturating_add(1);
-    }
-}
-
 /// The API's credentials and checks (one per node).
 pub struct ApiAuth {
     token: RwLock<Token>,
@@ -302,7 +88,7 @@ pub struct ApiAuth {
     tls: bool,
     /// `[api] require_client_cert`: a verified client certificate and the
     /// token, both (else either one).
-    cert_and_token: bool,
+    pub(super) cert_and_token: bool,
     failures: Mutex<FailureLimiter>,
 }
 
@@ -336,6 +122,7 @@ impl std::fmt::Display for Caller {
 
 impl ApiAuth {
     /// An `ApiAuth` that accepts `token` only, writing nowhere (tests).
+    #[cfg(test)]
     pub fn with_token(token: Token, tls: bool) -> ApiAuth {
         ApiAuth {
             token: RwLock::new(token),
@@ -626,14 +413,6 @@ impl ApiAuth {
     }
 }
 
-fn limiter_key_eq(a: IpAddr, b: IpAddr) -> bool {
-    let canon = |ip: IpAddr| match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    };
-    canon(a) == canon(b)
-}
-
 /// A refused request's answer: `{"error": ...}` with its status.
 struct Refusal {
     status: StatusCode,
@@ -644,7 +423,7 @@ struct Refusal {
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         let msg = crate::echo::bounded(self.msg);
-        let mut r = (self.status, axum::Json(serde_json::json!({ "error": msg }))).into_response();
+        let mut r = (self.status, axum::Json(ErrorBody { error: msg })).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             r.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
@@ -712,11 +491,11 @@ async fn guard(State(auth): State<Arc<ApiAuth>>, req: Request, next: Next) -> Re
 /// `POST /v1/api/token/rotate`: a new token; the old one stops working.
 async fn rotate(State(auth): State<Arc<ApiAuth>>) -> Response {
     match auth.rotate() {
-        Ok(t) => axum::Json(serde_json::json!({
-            "token_id": t.id(),
-            "token": t.secret(),
-            "files": auth.token_files(),
-        }))
+        Ok(t) => axum::Json(TokenRotated {
+            files: auth.token_files().to_vec(),
+            token: t.secret().to_string(),
+            token_id: t.id().to_string(),
+        })
         .into_response(),
         Err(e) => refusal(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -736,108 +515,20 @@ pub fn secure(router: Router, auth: Arc<ApiAuth>) -> Router {
     // call's 405 is JSON with its `Allow` header.
     Router::new()
         .fallback_service(calls)
-        .layer(middleware::from_fn(crate::api::json_errors))
+        .layer(middleware::from_fn(super::errors::json_errors))
         .layer(middleware::from_fn_with_state(auth, guard))
 }
 
-/// How this node calls other nodes' APIs (`POST /v1/cluster/probe`): with
-/// its own token (a cluster shares one `[api] token_file`), over HTTPS to
-/// an address advertised as `https://...`, trusting `[api] tls_ca` (or the
-/// node's own `tls_cert`), and presenting its `tls_cert` as its client
-/// certificate to a node that asks for one (`[api] client_ca`).
-pub struct PeerApi {
-    auth: Arc<ApiAuth>,
-    agent: ureq::Agent,
-}
-
-impl PeerApi {
-    pub fn new(auth: Arc<ApiAuth>, cfg: &ApiSection) -> Result<PeerApi> {
-        let roots = match (&cfg.tls_ca, &cfg.tls_cert) {
-            (Some(ca), _) => Some(tls::pem_certs("config: api.tls_ca", ca)?),
-            (None, Some(own)) => Some(tls::pem_certs("config: api.tls_cert", own)?),
-            (None, None) => None,
-        };
-        let cert = match (&cfg.tls_cert, &cfg.tls_key) {
-            (Some(c), Some(k)) => Some(tls::client_cert(
-                c,
-                k,
-                ["config: api.tls_cert", "config: api.tls_key"],
-            )?),
-            _ => None,
-        };
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(5)))
-            .tls_config(tls::client_tls(roots.as_deref(), cert))
-            .build()
-            .into();
-        Ok(PeerApi { auth, agent })
-    }
-
-    /// `POST <api>/v1<path>` with no body; `api` is a peer's advertised
-    /// address (`ADDR:PORT` or `https://ADDR:PORT`).
-    pub fn post(
-        &self,
-        api: &str,
-        path: &str,
-    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
-        let url = if api.contains("://") {
-            format!("{api}/v1{path}")
-        } else {
-            format!("http://{api}/v1{path}")
-        };
-        self.agent
-            .post(&url)
-            .header(
-                "Authorization",
-                &format!("Bearer {}", self.auth.token().secret()),
-            )
-            .send_empty()
+/// The node's own token is what it sends when it calls other nodes.
+impl crate::client::BearerToken for ApiAuth {
+    fn bearer(&self) -> String {
+        self.token().secret().to_string()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_token_has_an_id_and_256_bits() {
-        let t = Token::generate().unwrap();
-        assert_eq!(t.id().len(), 8);
-        assert_eq!(t.secret().len(), 8 + 1 + 64);
-        assert!(t.matches(t.secret().as_bytes()));
-        assert!(!t.matches(Token::generate().unwrap().secret().as_bytes()));
-        assert!(!t.matches(&t.secret().as_bytes()[1..]));
-    }
-
-    #[test]
-    fn the_limiter_blocks_after_max_failures_and_forgets_after_the_window() {
-        let mut l = FailureLimiter::default();
-        let ip: IpAddr = "10.0.0.1".parse().unwrap();
-        let t0 = Instant::now();
-        for _ in 0..MAX_FAILURES - 1 {
-            l.fail(ip, t0);
-        }
-        assert!(l.blocked(ip, t0).is_none());
-        l.fail(ip, t0);
-        assert!(l.blocked(ip, t0 + Duration::from_secs(1)).is_some());
-        assert!(l.blocked("10.0.0.2".parse().unwrap(), t0).is_none());
-        assert!(l.blocked(ip, t0 + FAILURE_WINDOW).is_none());
-    }
-
-    #[test]
-    fn the_limiter_memory_is_bounded() {
-        let mut l = FailureLimiter::default();
-        let t0 = Instant::now();
-        for i in 0..(MAX_TRACKED as u32 + 100) {
-            l.fail(IpAddr::V4(i.into()), t0 + Duration::from_millis(i as u64));
-        }
-        assert_eq!(l.by_addr.len(), MAX_TRACKED);
-        // IPv6 addresses count by their /64.
-        let a: IpAddr = "2001:db8::1".parse().unwrap();
-        let b: IpAddr = "2001:db8::2".parse().unwrap();
-        assert_eq!(limiter_key(a), limiter_key(b));
-    }
 
     #[test]
     fn host_names_the_connection_address() {
@@ -855,13 +546,5 @@ mod tests {
         assert!(!a.host_ok("[::1:9410", Some(v6)));
         let off: SocketAddr = "10.1.1.1:9410".parse().unwrap();
         assert!(!a.host_ok("localhost:9410", Some(off)));
-    }
-
-    #[test]
-    fn runtime_token_path_is_by_address() {
-        let p = runtime_token_path("127.0.0.1:9410");
-        assert!(p.ends_with("api-127.0.0.1_9410.token"), "{}", p.display());
-        let p = runtime_token_path("[::1]:9410");
-        assert!(p.ends_with("api-___1__9410.token"), "{}", p.display());
     }
 }

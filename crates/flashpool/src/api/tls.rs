@@ -1,14 +1,14 @@
 //! HTTPS for the management API: the server's configuration from `[api]`
-//! (`tls_cert`, `tls_key`, and `client_ca` for client certificates), what
-//! a verified client certificate is called in the log, and the TLS of the
-//! API's clients (the CLI, and a node calling other nodes).
+//! (`tls_cert`, `tls_key`, and `client_ca` for client certificates), and
+//! what a verified client certificate is called in the log. The clients'
+//! TLS is [`crate::client::tls`].
 //!
 //! With `client_ca` the server asks every client for a certificate and
 //! verifies one that is presented against that CA; a connection that
 //! presents one the CA did not sign is refused in the handshake. Without
 //! `require_client_cert` a client may also come with no certificate (and
 //! then needs the token); with it, every connection needs a certificate and
-//! every call the token as well ([`super::ApiAuth`] decides).
+//! every call the token as well ([`super::auth::ApiAuth`] decides).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,46 +16,13 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow, bail};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls_pki_types::{CertificateDer, UnixTime};
 
+use crate::client::tls::{pem_certs, pem_key, provider};
 use crate::config::ApiSection;
 
 /// Characters of a certificate's name the log shows at most.
 const MAX_NAME_CHARS: usize = 64;
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// The certificates in the PEM file `path`, at least one; an error names
-/// the file and `what` named it (`config: api.tls_cert`, `--ca-file`).
-pub fn pem_certs(what: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| {
-            anyhow!(
-                "{what} = {}: cannot read PEM certificates: {e}",
-                path.display()
-            )
-        })?;
-    if certs.is_empty() {
-        bail!("{what} = {}: no CERTIFICATE in it", path.display());
-    }
-    Ok(certs)
-}
-
-/// The private key in the PEM file `path`.
-pub fn pem_key(what: &str, path: &Path) -> Result<PrivateKeyDer<'static>> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| key_error(what, path, &e))
-}
-
-fn key_error(what: &str, path: &Path, e: &dyn std::fmt::Display) -> anyhow::Error {
-    anyhow!(
-        "{what} = {}: cannot read a PEM private key: {e}",
-        path.display()
-    )
-}
 
 /// The HTTPS server `[api]` describes, `None` for plain HTTP. A setting
 /// that would be ignored is an error: client certificates are asked for in
@@ -220,47 +187,6 @@ fn common_name(mut rdns: &[u8]) -> Option<String> {
     }
     None
 }
-
-/// The client certificate in the PEM files `cert` (a chain) and `key`,
-/// for ureq; `what` names the two in errors. Checked to make a usable pair
-/// now rather than at the first call.
-pub fn client_cert(cert: &Path, key: &Path, what: [&str; 2]) -> Result<ureq::tls::ClientCert> {
-    let [cert_what, key_what] = what;
-    let chain = pem_certs(cert_what, cert)?;
-    let text = std::fs::read(key).map_err(|e| key_error(key_what, key, &e))?;
-    let der = PrivateKeyDer::from_pem_slice(&text).map_err(|e| key_error(key_what, key, &e))?;
-    rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_client_auth_cert(chain.clone(), der)
-        .with_context(|| format!("{cert_what} and {key_what} do not make a usable certificate"))?;
-    let key = ureq::tls::PrivateKey::from_pem(&text).map_err(|e| key_error(key_what, key, &e))?;
-    Ok(ureq::tls::ClientCert::new_with_certs(
-        &ureq_certs(&chain),
-        key,
-    ))
-}
-
-fn ureq_certs(certs: &[CertificateDer<'static>]) -> Vec<ureq::tls::Certificate<'static>> {
-    certs
-        .iter()
-        .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
-        .collect()
-}
-
-/// TLS for a client of the API: trusting `roots` (else the public web
-/// roots), presenting `cert` to a server that asks for one.
-pub fn client_tls(
-    roots: Option<&[CertificateDer<'static>]>,
-    cert: Option<ureq::tls::ClientCert>,
-) -> ureq::tls::TlsConfig {
-    let mut b = ureq::tls::TlsConfig::builder().client_cert(cert);
-    if let Some(roots) = roots {
-        b = b.root_certs(ureq::tls::RootCerts::new_with_certs(&ureq_certs(roots)));
-    }
-    b.build()
-}
-
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -273,7 +199,11 @@ mod tests {
     };
 
     use super::*;
-    use crate::api_auth::{ApiAuth, PeerApi, PeerInfo, Token, listen, secure};
+    use crate::api::auth::{ApiAuth, PeerInfo, secure};
+    use crate::api::listen;
+    use crate::api::token::Token;
+    use crate::api_types::ProbeResult;
+    use crate::client::{PeerApi, PeerError};
 
     fn params(cn: Option<&str>, sans: &[&str]) -> CertificateParams {
         let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
@@ -375,17 +305,24 @@ mod tests {
         let dir = scratch("peer");
         let cfg = node_pki(&dir);
         let server = server_config(&cfg).unwrap().expect("HTTPS");
-        let auth = Arc::new(ApiAuth {
-            cert_and_token: true,
-            ..ApiAuth::with_token(Token::generate().unwrap(), true)
-        });
+        let mut auth = ApiAuth::with_token(Token::generate().unwrap(), true);
+        auth.cert_and_token = true;
+        let auth = Arc::new(auth);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .unwrap();
         let app = secure(
-            Router::new().route("/v1/cluster/probe/{name}", post(|| async { "{}" })),
+            Router::new().route(
+                "/v1/cluster/probe/{name}",
+                post(|| async {
+                    axum::Json(ProbeResult {
+                        reachable: true,
+                        volume: "v1".into(),
+                    })
+                }),
+            ),
             auth.clone(),
         );
         let addr = rt.block_on(async {
@@ -398,22 +335,25 @@ mod tests {
         });
         let api = format!("https://{addr}");
         let call = |auth: &Arc<ApiAuth>, cfg: &ApiSection| {
-            PeerApi::new(auth.clone(), cfg)
-                .unwrap()
-                .post(&api, "/cluster/probe/v1")
-                .map(|r| r.status().as_u16())
+            PeerApi::new(auth.clone(), cfg).unwrap().probe(&api, "v1")
         };
         // The node's tls_cert is its client certificate; the token goes too.
-        assert_eq!(call(&auth, &cfg).unwrap(), 200);
+        assert!(call(&auth, &cfg).unwrap().reachable);
         // Without a certificate of its own the handshake is refused.
         let trust_only = ApiSection {
             tls_ca: cfg.client_ca.clone(),
             ..ApiSection::default()
         };
-        assert!(call(&auth, &trust_only).is_err());
+        assert!(matches!(
+            call(&auth, &trust_only),
+            Err(PeerError::Unreachable(_))
+        ));
         // With the certificate and another token: refused as well.
         let other = Arc::new(ApiAuth::with_token(Token::generate().unwrap(), true));
-        assert_eq!(call(&other, &cfg).unwrap(), 401);
+        match call(&other, &cfg) {
+            Err(PeerError::Refused(why)) => assert!(why.contains("token"), "{why}"),
+            r => panic!("{r:?}"),
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use serde_json::{Value, json};
 
-use crate::cli::{ApiArgs, Client};
+use super::ApiArgs;
+use crate::api_types::{JobInfo, JobKind, ScrubRequest};
+use crate::client::Client;
 use crate::output::outln;
 
 #[derive(clap::Subcommand, Debug)]
@@ -38,14 +39,14 @@ pub struct ScrubArgs {
     pub wait: bool,
 }
 
+/// `flashpool job ...`.
 pub fn job(api: ApiArgs, cmd: JobCmd) -> Result<()> {
-    let c = Client::new(&api)?;
+    let c = api.client()?;
     match cmd {
         JobCmd::List => {
-            let v = c.call("GET", "/jobs", None)?;
+            let a = c.get("/jobs")?;
             if api.json {
-                outln!("{}", serde_json::to_string_pretty(&v)?);
-                return Ok(());
+                return api.print_json(a.json());
             }
             outln!(
                 "{:>4} {:<8} {:<14} {:<9} {:>7} {:>9} {:>8}  detail",
@@ -57,7 +58,8 @@ pub fn job(api: ApiArgs, cmd: JobCmd) -> Result<()> {
                 "MB/S",
                 "ETA"
             );
-            for j in v.as_array().into_iter().flatten() {
+            let jobs: Vec<JobInfo> = a.parse()?;
+            for j in &jobs {
                 outln!("{}", job_line(j));
             }
             Ok(())
@@ -66,24 +68,25 @@ pub fn job(api: ApiArgs, cmd: JobCmd) -> Result<()> {
     }
 }
 
+/// `flashpool volume scrub`.
 pub fn scrub(api: ApiArgs, a: ScrubArgs) -> Result<()> {
-    let c = Client::new(&api)?;
+    let c = api.client()?;
     let name = &a.name;
-    let v = if a.stop {
-        c.call("POST", &format!("/volumes/{name}/scrub/stop"), None)?
+    let answer = if a.stop {
+        c.post::<()>(&format!("/volumes/{name}/scrub/stop"), None)?
     } else {
-        let mut body = json!({ "repair": a.repair });
-        if let Some(r) = &a.rate {
-            body["rate"] = json!(r);
-        }
-        c.call("POST", &format!("/volumes/{name}/scrub"), Some(body))?
+        let req = ScrubRequest {
+            repair: a.repair,
+            rate: a.rate.clone(),
+        };
+        c.post(&format!("/volumes/{name}/scrub"), Some(&req))?
     };
-    let id = v["id"].as_u64().unwrap_or(0);
+    let id = answer.parse::<JobInfo>()?.id;
     if a.wait {
         return follow(&c, id, true, api.json);
     }
     if api.json {
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        api.print_json(answer.json())?;
     } else if a.stop {
         outln!("volume {name}: scrub job {id} is stopping");
     } else {
@@ -94,15 +97,16 @@ pub fn scrub(api: ApiArgs, a: ScrubArgs) -> Result<()> {
 
 fn follow(c: &Client, id: u64, wait: bool, as_json: bool) -> Result<()> {
     loop {
-        let j = c.call("GET", &format!("/jobs/{id}"), None)?;
+        let a = c.get(&format!("/jobs/{id}"))?;
+        let j: JobInfo = a.parse()?;
         if as_json {
-            outln!("{}", serde_json::to_string(&j)?);
+            outln!("{}", serde_json::to_string(a.json())?);
         } else {
             outln!("{}", job_line(&j));
         }
-        let running = j["state"].as_str() == Some("running");
+        let running = j.state.name() == "running";
         if !wait || !running || crate::output::reader_gone() {
-            if let Some(e) = j["error"].as_str() {
+            if let Some(e) = j.state.error() {
                 anyhow::bail!("job {id} failed: {e}");
             }
             return Ok(());
@@ -111,51 +115,41 @@ fn follow(c: &Client, id: u64, wait: bool, as_json: bool) -> Result<()> {
     }
 }
 
-fn job_line(j: &Value) -> String {
-    let eta = j["eta_secs"]
-        .as_f64()
-        .map_or("-".to_string(), |s| format!("{s:.0}s"));
+fn job_line(j: &JobInfo) -> String {
+    let eta = j.eta_secs.map_or("-".to_string(), |s| format!("{s:.0}s"));
     let mut detail = Vec::new();
-    let drives = |k: &str| -> Vec<String> {
-        j[k].as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|d| d.as_str().map(String::from))
-            .collect()
-    };
-    let (now, queued) = (drives("drives"), drives("queued_drives"));
-    if !now.is_empty() {
-        detail.push(format!("rebuilding {}", now.join(",")));
+    if !j.drives.is_empty() {
+        detail.push(format!("rebuilding {}", j.drives.join(",")));
     }
-    if !queued.is_empty() {
-        detail.push(format!("then {}", queued.join(",")));
+    if !j.queued_drives.is_empty() {
+        detail.push(format!("then {}", j.queued_drives.join(",")));
     }
-    if j["kind"].as_str() == Some("scrub") {
+    if j.kind == JobKind::Scrub {
         detail.push(format!(
             "{}: {} mismatched, {} repaired",
-            if j["repair"].as_bool() == Some(true) {
+            if j.repair == Some(true) {
                 "repair"
             } else {
                 "check"
             },
-            j["mismatches"],
-            j["repaired"]
+            j.mismatches,
+            j.repaired
         ));
     }
-    if j["skipped"].as_u64().unwrap_or(0) > 0 {
-        detail.push(format!("{} stripes skipped", j["skipped"]));
+    if j.skipped > 0 {
+        detail.push(format!("{} stripes skipped", j.skipped));
     }
-    if let Some(e) = j["error"].as_str() {
+    if let Some(e) = j.state.error() {
         detail.push(format!("error: {e}"));
     }
     format!(
         "{:>4} {:<8} {:<14} {:<9} {:>6.1}% {:>9.1} {:>8}  {}",
-        j["id"].as_u64().unwrap_or(0),
-        j["kind"].as_str().unwrap_or("?"),
-        j["volume"].as_str().unwrap_or("?"),
-        j["state"].as_str().unwrap_or("?"),
-        j["percent"].as_f64().unwrap_or(0.0),
-        j["mb_per_sec"].as_f64().unwrap_or(0.0),
+        j.id,
+        j.kind.name(),
+        j.volume,
+        j.state.name(),
+        j.percent,
+        j.mb_per_sec,
         eta,
         detail.join("; ")
     )

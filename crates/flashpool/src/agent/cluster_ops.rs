@@ -8,67 +8,11 @@ use std::time::{Duration, Instant};
 
 use cluster::{ClusterError, Handoff, Session, VolumeSpec, VolumeState};
 use nvmf_target::AnaState;
-use serde::{Deserialize, Serialize};
 
 use super::{Agent, Served};
+use crate::api_types::{ClusterStatus, DrainResult, MoveResult, NodeStatus, VolumeStatus};
+use crate::client::{PeerApi, PeerError};
 use crate::node::{CreateVolume, NodeError, NodeResult, VolumeInfo};
-
-#[derive(Debug, Serialize)]
-pub struct NodeStatus {
-    pub name: String,
-    pub slot: u16,
-    pub lease: String,
-    pub ttl_left_s: Option<i64>,
-    pub draining: bool,
-    pub portals: Vec<String>,
-    pub api: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct VolumeStatus {
-    pub name: String,
-    pub owner: Option<String>,
-    pub epoch: Option<u64>,
-    pub generation: Option<u64>,
-    /// optimal, degraded, rebuilding (as its owner last recorded), or unowned.
-    pub state: String,
-    pub handoff: Option<String>,
-    pub nqn: String,
-    pub nsid: u32,
-    pub ana_group: u32,
-    pub drives: Vec<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ClusterStatus {
-    pub cluster: String,
-    pub node: String,
-    pub nodes: Vec<NodeStatus>,
-    pub volumes: Vec<VolumeStatus>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MoveRequest {
-    pub to: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct MoveResult {
-    pub volume: String,
-    pub from: String,
-    pub to: String,
-    pub epoch: u64,
-    pub took_ms: u64,
-}
-
-#[derive(Debug, Serialize)]
-pub struct DrainResult {
-    pub node: String,
-    pub draining: bool,
-    /// Volumes it still owns (none once a drain is done).
-    pub owns: Vec<String>,
-}
 
 fn etcd(e: ClusterError) -> NodeError {
     match e {
@@ -406,31 +350,19 @@ impl Agent {
         };
         let vol = spec.name.clone();
         let who = n.name.clone();
-        let peer_api = self.peer_api.lock().clone();
-        tokio::task::spawn_blocking(move || {
-            let path = format!("/cluster/probe/{vol}");
-            let sent = match &peer_api {
-                Some(p) => p.post(&api, &path),
-                // No API of its own (tests, enabled = false): no token to send.
-                None => ureq::Agent::config_builder()
-                    .timeout_global(Some(Duration::from_secs(5)))
-                    .http_status_as_error(false)
-                    .build()
-                    .new_agent()
-                    .post(&format!("http://{api}/v1{path}"))
-                    .send_empty(),
-            };
-            let mut r = sent.map_err(|e| {
-                NodeError::Conflict(format!("node {who} ({api}) does not answer: {e}"))
-            })?;
-            if r.status().is_success() {
-                return Ok(());
-            }
-            let v: serde_json::Value = r.body_mut().read_json().unwrap_or_default();
-            Err(NodeError::Conflict(format!(
-                "node {who} cannot serve {vol}: {}; nothing changed",
-                v["error"].as_str().unwrap_or("no reason given")
-            )))
+        let peer_api = self
+            .peer_api
+            .lock()
+            .clone()
+            .unwrap_or_else(|| Arc::new(PeerApi::anonymous()));
+        tokio::task::spawn_blocking(move || match peer_api.probe(&api, &vol) {
+            Ok(_) => Ok(()),
+            Err(PeerError::Unreachable(e)) => Err(NodeError::Conflict(format!(
+                "node {who} ({api}) does not answer: {e}"
+            ))),
+            Err(PeerError::Refused(why)) => Err(NodeError::Conflict(format!(
+                "node {who} cannot serve {vol}: {why}; nothing changed"
+            ))),
         })
         .await
         .map_err(|e| NodeError::Internal(e.to_string()))?

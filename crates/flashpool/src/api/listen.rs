@@ -12,7 +12,7 @@ use axum::extract::connect_info::Connected;
 use axum::serve::{IncomingStream, Listener};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
-use super::PeerInfo;
+use super::auth::PeerInfo;
 
 /// How long a client has to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

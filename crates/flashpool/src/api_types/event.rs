@@ -1,0 +1,118 @@
+//! Events as `GET /v1/events` sends them (one JSON object each, or an
+//! array with `follow=false`), the stream's `hello` and `lagged` messages,
+//! and the answer of `POST /v1/api/token/rotate`.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+/// What happened. The names are the `kind` field of the JSON form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    DriveFailed,
+    DriveReadded,
+    SpareTaken,
+    RebuildStarted,
+    RebuildFinished,
+    RebuildFailed,
+    VolumeOptimal,
+    VolumeDegraded,
+    VolumeFailed,
+    VolumeOffline,
+    SyncStarted,
+    SyncFinished,
+    ScrubStarted,
+    ScrubFinished,
+    ScrubMismatch,
+    ThinPoolUsage,
+    HostConnected,
+    HostRefused,
+}
+
+impl EventKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::DriveFailed => "drive_failed",
+            EventKind::DriveReadded => "drive_readded",
+            EventKind::SpareTaken => "spare_taken",
+            EventKind::RebuildStarted => "rebuild_started",
+            EventKind::RebuildFinished => "rebuild_finished",
+            EventKind::RebuildFailed => "rebuild_failed",
+            EventKind::VolumeOptimal => "volume_optimal",
+            EventKind::VolumeDegraded => "volume_degraded",
+            EventKind::VolumeFailed => "volume_failed",
+            EventKind::VolumeOffline => "volume_offline",
+            EventKind::SyncStarted => "sync_started",
+            EventKind::SyncFinished => "sync_finished",
+            EventKind::ScrubStarted => "scrub_started",
+            EventKind::ScrubFinished => "scrub_finished",
+            EventKind::ScrubMismatch => "scrub_mismatch",
+            EventKind::ThinPoolUsage => "thin_pool_usage",
+            EventKind::HostConnected => "host_connected",
+            EventKind::HostRefused => "host_refused",
+        }
+    }
+
+    /// How urgent it is: `critical` wants a person now (data at risk),
+    /// `warning` soon, `info` never.
+    pub fn severity(self) -> &'static str {
+        match self {
+            EventKind::VolumeFailed | EventKind::VolumeOffline | EventKind::RebuildFailed => {
+                "critical"
+            }
+            EventKind::DriveFailed
+            | EventKind::VolumeDegraded
+            | EventKind::ScrubMismatch
+            | EventKind::ThinPoolUsage
+            | EventKind::HostRefused => "warning",
+            _ => "info",
+        }
+    }
+}
+
+/// One event, as the API streams it and the log writes it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Event {
+    /// Increases by one per event on this node, from 1 at start.
+    pub seq: u64,
+    /// Wall-clock time, RFC 3339 in UTC.
+    pub time: String,
+    pub kind: EventKind,
+    pub severity: Cow<'static, str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drive: Option<String>,
+    /// A host NQN (host events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// What a person reads: what happened, and what to do when it matters.
+    pub message: String,
+}
+
+/// The stream's first message: the node's run (numbers count within it)
+/// and its newest event number.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hello {
+    pub boot: String,
+    pub last_seq: u64,
+}
+
+/// `event: lagged`: events `missed_from..=missed_to` are lost to this
+/// client (fields in the order the JSON has them).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Lagged {
+    pub message: String,
+    pub missed_from: u64,
+    pub missed_to: u64,
+}
+
+/// `POST /v1/api/token/rotate`: the new token, and the files it went to.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenRotated {
+    #[serde(default)]
+    pub files: Vec<std::path::PathBuf>,
+    pub token: String,
+    pub token_id: String,
+}

@@ -1,0 +1,244 @@
+//! Volume calls' bodies: what `POST /v1/volumes` and the assemble and
+//! export calls take, and a volume as `GET /v1/volumes/{name}` shows it.
+
+use serde::{Deserialize, Serialize};
+
+use super::job::JobInfo;
+
+/// `POST /v1/volumes`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVolume {
+    pub name: String,
+    /// concat, raid0, raid1, raid5, raid6 or ecK+M (e.g. ec8+2); with `drives`.
+    #[serde(default)]
+    pub layout: Option<String>,
+    #[serde(default)]
+    pub drives: Vec<String>,
+    /// Format the new volume as a thin pool, to hold thin volumes.
+    #[serde(default)]
+    pub thin_pool: bool,
+    /// Thin pool allocation unit, e.g. "1MiB" (default).
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// A thin volume in the pool on this volume (instead of layout + drives)...
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// ...of this virtual size, e.g. "100GiB" (may exceed the pool).
+    #[serde(default)]
+    pub size: Option<String>,
+    /// Strip size per member, e.g. "64KiB" (default).
+    #[serde(default)]
+    pub strip: Option<String>,
+    /// 4096 (default) or 512.
+    #[serde(default)]
+    pub block_size: Option<u32>,
+    /// Rebuild speed limit, e.g. "200MiB" (per second); default unlimited.
+    #[serde(default)]
+    pub rebuild_rate: Option<String>,
+    /// Serve it at once as this namespace.
+    #[serde(default)]
+    pub export: Option<ExportRequest>,
+}
+
+/// `POST /v1/volumes/{name}/export`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportRequest {
+    pub nqn: String,
+    pub nsid: u32,
+}
+
+/// `POST /v1/volumes/assemble`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssembleVolume {
+    /// The volume's drives, in any order (`peer:drive`, URLs or local names).
+    pub drives: Vec<String>,
+    /// Preempt another node's reservation on the remote members (and abort
+    /// its writes): for a volume whose owner is gone or must be deposed.
+    #[serde(default)]
+    pub takeover: bool,
+    /// Serve it at once as this namespace.
+    #[serde(default)]
+    pub export: Option<ExportRequest>,
+    /// md's `--assemble --force`: when more members are failed or stale
+    /// than the layout tolerates, take the freshest back as active, just
+    /// enough to run; the answer's `forced` says what may be stale.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `POST /v1/volumes/{name}/assemble`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssembleByName {
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `{"force": true}` of the calls that lose data without it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForceRequest {
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `?force=true` (for DELETE, whose body some clients cannot send).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ForceQuery {
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub uuid: String,
+    pub layout: String,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub strip_bytes: u64,
+    /// optimal, degraded, rebuilding, resyncing, failed (more members
+    /// failed or not yet rebuilt than the layout tolerates: I/O that needs
+    /// them fails), or offline (not assembled: not served).
+    pub state: String,
+    /// Why the volume is failed or offline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub generation: u64,
+    pub members: Vec<MemberInfo>,
+    pub export: Option<Export>,
+    #[serde(default)]
+    pub from_config: bool,
+    pub rebuild: RebuildInfo,
+    /// Thin volumes: the volume whose pool holds it, and its allocated bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<u64>,
+    /// Pool volumes: the pool's space.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thin_pool: Option<PoolInfo>,
+    /// The jobs running on it (initial sync, rebuild, scrub).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<JobInfo>,
+    /// How its last scrub (on this node, since it started) ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_scrub: Option<JobInfo>,
+    /// Assembled with force: which members were forced back and what may
+    /// be stale (until the node restarts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forced: Option<ForcedInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberInfo {
+    pub position: usize,
+    pub drive: String,
+    /// active, failed, rebuilding, or resyncing; for an offline volume
+    /// also missing (no drive holds the position).
+    pub state: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RebuildInfo {
+    pub running: bool,
+    pub members: Vec<usize>,
+    /// The drives being rebuilt now, and those waiting for the next pass
+    /// (the ETA covers both).
+    pub drives: Vec<String>,
+    #[serde(default)]
+    pub queued_drives: Vec<String>,
+    pub done_stripes: u64,
+    pub total_stripes: u64,
+    pub percent: f64,
+    pub bytes: u64,
+    pub mb_per_sec: f64,
+    pub eta_secs: Option<f64>,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolInfo {
+    pub cluster_bytes: u64,
+    pub capacity_bytes: u64,
+    pub allocated_bytes: u64,
+    pub free_bytes: u64,
+    /// Sum of the thin volumes' sizes (may exceed the capacity).
+    pub provisioned_bytes: u64,
+    pub volumes: Vec<String>,
+}
+
+/// Where a volume is served.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Export {
+    pub nqn: String,
+    pub nsid: u32,
+    /// Declared in the TOML (else made through the API, and kept in the
+    /// node's state file when it has one).
+    #[serde(default)]
+    pub from_config: bool,
+}
+
+/// What a forced assembly did and risks, kept on the volume until the
+/// node restarts (`GET /v1/volumes/{name}` shows it as `forced`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ForcedInfo {
+    pub members: Vec<ForcedMemberInfo>,
+    /// Positions still failed or missing (replace or re-add them).
+    pub still_failed: Vec<usize>,
+    /// Stale members not needed, left out as failed.
+    pub left_out: Vec<usize>,
+    /// The ranges written while the forced members were away (from the
+    /// held intent bitmap; a superset). Absent when there is no record:
+    /// then `unknown` says why and any block may be stale.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale_ranges: Option<Vec<StaleRangeInfo>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<String>,
+    pub message: String,
+}
+
+/// A member forced back by `volume assemble --force`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ForcedMemberInfo {
+    pub position: usize,
+    pub drive: String,
+    /// failed (marked failed in the superblocks) or stale (older superblock).
+    pub was: String,
+    /// The generation it was marked failed at, when recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_at: Option<u64>,
+    /// Its own superblock's generation, against the volume's.
+    pub generation: u64,
+    pub volume_generation: u64,
+}
+
+/// Volume bytes that may hold old data after a forced assembly.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StaleRangeInfo {
+    pub offset_bytes: u64,
+    pub len_bytes: u64,
+    pub first_region: u64,
+    pub regions: u64,
+}
+
+/// `DELETE /v1/volumes/{name}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VolumeDeleted {
+    pub deleted: String,
+}
+
+/// `GET /v1/volumes/{name}/rebuild` (fields in the order the JSON has
+/// them).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RebuildStatus {
+    pub members: Vec<MemberInfo>,
+    pub rebuild: RebuildInfo,
+    pub state: String,
+    pub volume: String,
+}

@@ -1,0 +1,420 @@
+//! `flashpool volume ...`: make, list, show, export, assemble, move and
+//! delete volumes, and follow their rebuilds.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use super::ApiArgs;
+use super::job::ScrubArgs;
+use crate::api_types::{
+    AssembleByName, AssembleVolume, CreateVolume, ExportRequest, ForceRequest, MoveRequest,
+    MoveResult, RebuildInfo, RebuildStatus, VolumeDeleted, VolumeInfo,
+};
+use crate::client::{Answer, Client};
+use crate::output::outln;
+use crate::units::human_bytes;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum VolumeCmd {
+    /// Make a volume on free drives (--layout, --drives), or a thin volume in a pool (--pool, --size).
+    Create {
+        name: String,
+        /// concat, raid0, raid1, raid5, raid6 or ecK+M (e.g. ec8+2).
+        #[arg(long, requires = "drives", conflicts_with = "pool")]
+        layout: Option<String>,
+        /// Drives by member position, comma separated (d0,d1,d2).
+        #[arg(long, value_delimiter = ',', requires = "layout")]
+        drives: Vec<String>,
+        /// Format the new volume as a thin pool.
+        #[arg(long, requires = "layout")]
+        thin_pool: bool,
+        /// Thin pool allocation unit (default 1MiB).
+        #[arg(long, requires = "thin_pool")]
+        cluster: Option<String>,
+        /// A thin volume in the pool on this volume...
+        #[arg(long, requires = "size")]
+        pool: Option<String>,
+        /// ...of this size (e.g. 100GiB; may exceed the pool).
+        #[arg(long, requires = "pool")]
+        size: Option<String>,
+        /// Strip size per member (default 64KiB).
+        #[arg(long)]
+        strip: Option<String>,
+        /// Volume block size: 4096 (default) or 512.
+        #[arg(long)]
+        block_size: Option<u32>,
+        /// Rebuild speed limit per second, e.g. 200MiB.
+        #[arg(long)]
+        rebuild_rate: Option<String>,
+        /// Serve it at once in this subsystem...
+        #[arg(long, requires = "nsid")]
+        export: Option<String>,
+        /// ...as this namespace ID.
+        #[arg(long, requires = "export")]
+        nsid: Option<u32>,
+    },
+    /// All volumes.
+    List,
+    /// One volume in detail.
+    Show { name: String },
+    /// Delete a volume that is not exported; its drives become free.
+    Delete {
+        name: String,
+        /// Delete it even though it holds data (every volume on drives, a thin
+        /// volume with data): all of it is lost.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Serve a volume as namespace NSID of subsystem NQN.
+    Export {
+        name: String,
+        #[arg(long)]
+        nqn: String,
+        #[arg(long)]
+        nsid: u32,
+    },
+    /// Stop serving a volume.
+    Unexport {
+        name: String,
+        /// Unexport it even while hosts are connected (their I/O to it fails).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Assemble a volume from its drives (local, PEER:DRIVE or tcp:// URLs), e.g. on the
+    /// node that takes over from a dead owner; or an offline volume by NAME, from the drives
+    /// the node knows it by.
+    Assemble {
+        /// An offline volume of this node (instead of --drives).
+        #[arg(conflicts_with = "drives", required_unless_present = "drives")]
+        name: Option<String>,
+        /// The volume's drives, in any order, comma separated.
+        #[arg(long, value_delimiter = ',')]
+        drives: Vec<String>,
+        /// When more members are failed or stale than the layout tolerates, take the
+        /// freshest back as active, just enough to run (mdadm --assemble --force). Blocks
+        /// written while they were away may hold old data: the answer lists the ranges; fsck.
+        #[arg(long)]
+        force: bool,
+        /// Preempt the owner's reservation on the remote drives and abort its writes:
+        /// only when that node is gone or must be deposed.
+        #[arg(long)]
+        takeover: bool,
+        /// Serve it at once in this subsystem...
+        #[arg(long, requires = "nsid")]
+        export: Option<String>,
+        /// ...as this namespace ID.
+        #[arg(long, requires = "export")]
+        nsid: Option<u32>,
+    },
+    /// Move a cluster volume to another node (planned: the host's I/O pauses, nothing fails).
+    Move {
+        name: String,
+        /// The node that takes it over.
+        #[arg(long)]
+        to: String,
+    },
+    /// Check (or with --repair, fix) a volume's parity against its data, as a job.
+    Scrub(ScrubArgs),
+    /// Rebuild progress and ETA.
+    RebuildStatus {
+        name: String,
+        /// Wait until the rebuild is over, printing progress.
+        #[arg(long)]
+        wait: bool,
+    },
+}
+
+/// `flashpool volume ...`.
+pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
+    let c = api.client()?;
+    let a = match cmd {
+        VolumeCmd::Create {
+            name,
+            layout,
+            drives,
+            thin_pool,
+            cluster,
+            pool,
+            size,
+            strip,
+            block_size,
+            rebuild_rate,
+            export,
+            nsid,
+        } => {
+            let (pool, size) = match (pool, size) {
+                (Some(p), Some(sz)) => (Some(p), Some(sz)),
+                _ => (None, None),
+            };
+            let req = CreateVolume {
+                name,
+                drives: if layout.is_some() { drives } else { Vec::new() },
+                layout,
+                thin_pool,
+                cluster,
+                pool,
+                size,
+                strip,
+                block_size,
+                rebuild_rate,
+                export: export_request(export, nsid),
+            };
+            c.post("/volumes", Some(&req))?
+        }
+        VolumeCmd::List => {
+            let a = c.get("/volumes")?;
+            if api.json {
+                api.print_json(a.json())?;
+            } else {
+                print_volume_table(&a.parse::<Vec<VolumeInfo>>()?);
+            }
+            return Ok(());
+        }
+        VolumeCmd::Show { name } => c.get(&format!("/volumes/{name}"))?,
+        VolumeCmd::Delete { name, force } => {
+            let q = if force { "?force=true" } else { "" };
+            let a = c.delete(&format!("/volumes/{name}{q}"))?;
+            if api.json {
+                api.print_json(a.json())?;
+            } else {
+                let d: VolumeDeleted = a.parse()?;
+                outln!("volume {}: deleted", d.deleted);
+            }
+            return Ok(());
+        }
+        VolumeCmd::Export { name, nqn, nsid } => c.post(
+            &format!("/volumes/{name}/export"),
+            Some(&ExportRequest { nqn, nsid }),
+        )?,
+        VolumeCmd::Unexport { name, force } => c.post(
+            &format!("/volumes/{name}/unexport"),
+            force.then_some(&ForceRequest { force: true }),
+        )?,
+        VolumeCmd::Assemble {
+            name: Some(name),
+            force,
+            ..
+        } => {
+            let a = c.post(
+                &format!("/volumes/{name}/assemble"),
+                Some(&AssembleByName { force }),
+            )?;
+            print_forced(&a, api.json)?;
+            a
+        }
+        VolumeCmd::Assemble {
+            name: None,
+            drives,
+            takeover,
+            force,
+            export,
+            nsid,
+        } => {
+            let req = AssembleVolume {
+                drives,
+                takeover,
+                export: export_request(export, nsid),
+                force,
+            };
+            let a = c.post("/volumes/assemble", Some(&req))?;
+            print_forced(&a, api.json)?;
+            a
+        }
+        VolumeCmd::Move { name, to } => {
+            let a = c.post(&format!("/volumes/{name}/move"), Some(&MoveRequest { to }))?;
+            if api.json {
+                api.print_json(a.json())?;
+            } else {
+                let m: MoveResult = a.parse()?;
+                outln!(
+                    "volume {name}: moved from {} to {} (epoch {}) in {} ms",
+                    m.from,
+                    m.to,
+                    m.epoch,
+                    m.took_ms
+                );
+            }
+            return Ok(());
+        }
+        VolumeCmd::RebuildStatus { name, wait } => {
+            return rebuild_status(&c, &name, wait, api.json);
+        }
+        VolumeCmd::Scrub(s) => return super::job::scrub(api, s),
+    };
+    if api.json {
+        api.print_json(a.json())?;
+    } else {
+        print_volume(&a.parse()?);
+    }
+    Ok(())
+}
+
+/// `--export NQN --nsid N` as a request's `export`.
+fn export_request(nqn: Option<String>, nsid: Option<u32>) -> Option<ExportRequest> {
+    match (nqn, nsid) {
+        (Some(nqn), Some(nsid)) => Some(ExportRequest { nqn, nsid }),
+        _ => None,
+    }
+}
+
+fn export_text(v: &VolumeInfo) -> String {
+    match &v.export {
+        Some(x) => format!("nsid {} of {}", x.nsid, x.nqn),
+        None => "-".into(),
+    }
+}
+
+fn print_volume_table(vs: &[VolumeInfo]) {
+    outln!(
+        "{:<14} {:<8} {:>10} {:<10} {:<24} exported as",
+        "VOLUME",
+        "LAYOUT",
+        "SIZE",
+        "STATE",
+        "DRIVES"
+    );
+    for x in vs {
+        let drives: Vec<&str> = x.members.iter().map(|m| m.drive.as_str()).collect();
+        outln!(
+            "{:<14} {:<8} {:>10} {:<10} {:<24} {}",
+            x.name,
+            x.layout,
+            human_bytes(x.size_bytes),
+            x.state,
+            drives.join(","),
+            export_text(x)
+        );
+        if let Some(r) = &x.reason {
+            outln!("  {r}");
+        }
+    }
+}
+
+/// A forced assembly's account of what may be stale, before the volume
+/// (on stderr with --json, so the JSON stays one document).
+fn print_forced(a: &Answer, json: bool) -> Result<()> {
+    let v: VolumeInfo = a.parse()?;
+    let Some(f) = &v.forced else {
+        return Ok(());
+    };
+    let msg = &f.message;
+    if json {
+        eprintln!("WARNING: {msg}");
+        return Ok(());
+    }
+    outln!("WARNING: {msg}");
+    for r in f.stale_ranges.iter().flatten().take(32) {
+        let (at, len) = (r.offset_bytes, r.len_bytes);
+        outln!(
+            "  may be stale: bytes {at}..{} ({})",
+            at + len,
+            human_bytes(len)
+        );
+    }
+    Ok(())
+}
+
+/// One volume in detail (also what drive replace answers).
+pub(super) fn print_volume(v: &VolumeInfo) {
+    outln!("volume {} ({})", v.name, v.uuid);
+    outln!(
+        "  {} {}, {} B blocks, {} strips, {}, generation {}",
+        v.layout,
+        human_bytes(v.size_bytes),
+        v.block_size,
+        human_bytes(v.strip_bytes),
+        v.state,
+        v.generation
+    );
+    if let Some(r) = &v.reason {
+        outln!("  {}: {r}", v.state);
+    }
+    outln!("  exported as: {}", export_text(v));
+    if let Some(p) = &v.pool {
+        outln!(
+            "  thin, in pool {p}: {} of {} allocated",
+            human_bytes(v.allocated_bytes.unwrap_or(0)),
+            human_bytes(v.size_bytes)
+        );
+    }
+    if let Some(p) = &v.thin_pool {
+        outln!(
+            "  thin pool: {} allocated, {} free of {}, {} provisioned to {} thin volume(s), {} clusters",
+            human_bytes(p.allocated_bytes),
+            human_bytes(p.free_bytes),
+            human_bytes(p.capacity_bytes),
+            human_bytes(p.provisioned_bytes),
+            p.volumes.len(),
+            human_bytes(p.cluster_bytes)
+        );
+    }
+    for m in &v.members {
+        outln!("  member {:>2}: {:<12} {}", m.position, m.drive, m.state);
+    }
+    print_rebuild(&v.rebuild);
+    for j in &v.jobs {
+        outln!("  job {} {}: {:.1}%", j.id, j.kind.name(), j.percent);
+    }
+    if let Some(s) = &v.last_scrub {
+        outln!(
+            "  last scrub: {} at {}, {} mismatched, {} repaired",
+            s.state.name(),
+            s.finished.as_deref().unwrap_or("?"),
+            s.mismatches,
+            s.repaired
+        );
+    }
+}
+
+fn print_rebuild(r: &RebuildInfo) {
+    if r.running {
+        let eta = r.eta_secs.map_or("?".to_string(), |s| format!("{s:.0}s"));
+        let (now, queued) = (r.drives.join(","), r.queued_drives.join(","));
+        let mut onto = if now.is_empty() {
+            "starting".to_string()
+        } else {
+            format!("onto {now}")
+        };
+        if !queued.is_empty() {
+            onto += &format!(", then {queued}");
+        }
+        outln!(
+            "  rebuild {onto}: {:.1}% ({} of {} stripes), {:.1} MB/s, ETA {eta}",
+            r.percent,
+            r.done_stripes,
+            r.total_stripes,
+            r.mb_per_sec
+        );
+    } else if let Some(e) = &r.last_error {
+        outln!("  rebuild: failed: {e}");
+    } else {
+        outln!("  rebuild: not running");
+    }
+}
+
+fn rebuild_status(c: &Client, name: &str, wait: bool, as_json: bool) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let a = c.get(&format!("/volumes/{name}/rebuild"))?;
+        let v: RebuildStatus = a.parse()?;
+        let running = v.rebuild.running || matches!(v.state.as_str(), "rebuilding" | "resyncing");
+        if as_json {
+            outln!("{}", serde_json::to_string(a.json())?);
+        } else {
+            outln!("volume {name}: {}", v.state);
+            print_rebuild(&v.rebuild);
+        }
+        // Nobody reads the progress any more (`| head`): stop waiting.
+        if !wait || !running || crate::output::reader_gone() {
+            if let Some(e) = &v.rebuild.last_error {
+                bail!("volume {name}: the last rebuild failed: {e}");
+            }
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(24 * 3600) {
+            bail!("volume {name}: still rebuilding after a day; giving up waiting");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,114 @@
+//! Node-to-node calls: a node asks another node's API (a move's target
+//! whether it reaches a volume's members) with its own token and TLS.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::tls;
+use crate::api_types::{ErrorBody, ProbeResult};
+use crate::config::ApiSection;
+
+/// Where a node's calls get the token they send: the node's current one
+/// (the server's token, which rotation may change at any time).
+pub trait BearerToken: Send + Sync {
+    fn bearer(&self) -> String;
+}
+
+/// How this node calls other nodes' APIs (`POST /v1/cluster/probe`): with
+/// its own token (a cluster shares one `[api] token_file`), over HTTPS to
+/// an address advertised as `https://...`, trusting `[api] tls_ca` (or the
+/// node's own `tls_cert`), and presenting its `tls_cert` as its client
+/// certificate to a node that asks for one (`[api] client_ca`).
+pub struct PeerApi {
+    /// None: a node with no API of its own (tests, `enabled = false`) has
+    /// no token to send.
+    token: Option<Arc<dyn BearerToken>>,
+    agent: ureq::Agent,
+}
+
+/// Why a peer did not confirm a call.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// No answer: refused, timed out, or the TLS handshake failed.
+    #[error("{0}")]
+    Unreachable(String),
+    /// It answered with an error; its message.
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn agent(tls: ureq::tls::TlsConfig) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .tls_config(tls)
+        .build()
+        .into()
+}
+
+impl PeerApi {
+    pub fn new(token: Arc<dyn BearerToken>, cfg: &ApiSection) -> Result<PeerApi> {
+        let roots = match (&cfg.tls_ca, &cfg.tls_cert) {
+            (Some(ca), _) => Some(tls::pem_certs("config: api.tls_ca", ca)?),
+            (None, Some(own)) => Some(tls::pem_certs("config: api.tls_cert", own)?),
+            (None, None) => None,
+        };
+        let cert = match (&cfg.tls_cert, &cfg.tls_key) {
+            (Some(c), Some(k)) => Some(tls::client_cert(
+                c,
+                k,
+                ["config: api.tls_cert", "config: api.tls_key"],
+            )?),
+            _ => None,
+        };
+        Ok(PeerApi {
+            token: Some(token),
+            agent: agent(tls::client_tls(roots.as_deref(), cert)),
+        })
+    }
+
+    /// Calls without a token, trusting the public roots.
+    pub fn anonymous() -> PeerApi {
+        PeerApi {
+            token: None,
+            agent: agent(tls::client_tls(None, None)),
+        }
+    }
+
+    /// `POST /v1/cluster/probe/{volume}` on the node whose API is `api`:
+    /// whether it reaches every member of `volume`.
+    pub fn probe(&self, api: &str, volume: &str) -> Result<ProbeResult, PeerError> {
+        let mut r = self
+            .post(api, &format!("/cluster/probe/{volume}"))
+            .map_err(|e| PeerError::Unreachable(e.to_string()))?;
+        if r.status().is_success() {
+            return r
+                .body_mut()
+                .read_json()
+                .map_err(|e| PeerError::Refused(format!("an answer that is not a probe's: {e}")));
+        }
+        let why = r.body_mut().read_json::<ErrorBody>().ok();
+        Err(PeerError::Refused(
+            why.map_or_else(|| "no reason given".to_string(), |b| b.error),
+        ))
+    }
+
+    /// `POST <api>/v1<path>` with no body; `api` is a peer's advertised
+    /// address (`ADDR:PORT` or `https://ADDR:PORT`).
+    fn post(&self, api: &str, path: &str) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+        let url = if api.contains("://") {
+            format!("{api}/v1{path}")
+        } else {
+            format!("http://{api}/v1{path}")
+        };
+        let req = self.agent.post(&url);
+        match &self.token {
+            Some(t) => req
+                .header("Authorization", &format!("Bearer {}", t.bearer()))
+                .send_empty(),
+            None => req.send_empty(),
+        }
+    }
+}
