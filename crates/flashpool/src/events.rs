@@ -3,9 +3,9 @@
 //! ring (so a client that reconnects can ask for what it missed), is sent
 //! to every live subscriber, and goes to the log as one structured line.
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::Mutex;
 
 pub use crate::api_types::{Event, EventKind};
 use tokio::sync::broadcast;
@@ -109,7 +109,7 @@ fn boot_id() -> String {
 impl Events {
     /// Numbers, keeps, logs and sends one event; returns it.
     pub fn emit(&self, e: NewEvent) -> Arc<Event> {
-        let mut ring = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ring = self.inner.lock();
         let ev = Arc::new(Event {
             seq: ring.next_seq,
             time: now_rfc3339(),
@@ -139,7 +139,7 @@ impl Events {
         &self,
         since: Option<u64>,
     ) -> (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>) {
-        let ring = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let ring = self.inner.lock();
         let past = ring
             .recent
             .iter()
@@ -165,7 +165,7 @@ impl Events {
     /// newest event is from an earlier run of the node: every kept event
     /// is new to that client, so it gets them all.
     pub fn subscribe_after(&self, since: u64) -> Subscription {
-        let ring = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let ring = self.inner.lock();
         let last_seq = ring.next_seq - 1;
         let since = if since > last_seq { 0 } else { since };
         let past: Vec<Arc<Event>> = ring
@@ -186,11 +186,7 @@ impl Events {
 
     /// The newest event's number (0: none yet).
     pub fn last_seq(&self) -> u64 {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .next_seq
-            - 1
+        self.inner.lock().next_seq - 1
     }
 }
 

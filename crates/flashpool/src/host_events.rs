@@ -4,10 +4,11 @@
 //! events per window, not the whole ring.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvmf_target::{ConnectObserver, HostConnected, HostRefused};
+use parking_lot::Mutex;
 
 use crate::events::{EventKind, Events, NewEvent};
 
@@ -40,7 +41,7 @@ impl HostEvents {
     /// Whether a refusal from `peer` is reported now, and how many were
     /// left out before it.
     fn admit(&self, peer: &str, now: Instant) -> Option<u64> {
-        let mut m = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.refused.lock();
         if m.len() >= MAX_PEERS && !m.contains_key(peer) {
             m.retain(|_, w| now.duration_since(w.start) < REFUSED_WINDOW);
             if m.len() >= MAX_PEERS {

@@ -11,8 +11,8 @@ mod client;
 mod config;
 mod events;
 mod host_events;
+mod metrics;
 mod node;
-mod prom;
 mod serve;
 
 use std::path::PathBuf;

@@ -24,18 +24,18 @@ pub fn run(
     // Signals are blocked from here on, so a SIGTERM during start-up is not lost.
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let (drive_specs, volume_specs) = config::node_specs(&cfg)?;
-    let cluster = config::cluster::cluster(&cfg)?;
+    let cluster = config::identity(&cfg)?;
     if check_only {
         // Volumes are not assembled here (that writes superblocks): a
         // declared volume stands in as a placeholder.
         let declared: HashSet<&str> = volume_specs.iter().map(|v| v.name.as_str()).collect();
         let built = config::build(&cfg, &|v, _, _| {
             if declared.contains(v) {
-                config::VolumeNamespace::Device(Arc::new(
+                crate::node::VolumeNamespace::Device(Arc::new(
                     NullDevice::new(1 << 20, 4096).expect("placeholder"),
                 ) as Arc<dyn BlockDevice>)
             } else {
-                config::VolumeNamespace::Unknown
+                crate::node::VolumeNamespace::Unknown
             }
         })?;
         if cfg.api.enabled {

@@ -14,7 +14,7 @@ use nvmf_target::{AnaState, Target, TransportConfig};
 
 use super::Agent;
 use crate::config::Membership;
-use crate::config::cluster::{Cluster, Peer, node_host_nqn, stable_id};
+use crate::node::identity::{Cluster, Peer, node_host_nqn, stable_id};
 use crate::node::remote_tests::{Enclosure, settings};
 use crate::node::{CreateVolume, ExportRequest, Node, NodeState};
 

@@ -18,13 +18,7 @@ pub(super) struct ApiError(pub(super) StatusCode, pub(super) String);
 
 impl From<NodeError> for ApiError {
     fn from(e: NodeError) -> Self {
-        let code = match &e {
-            NodeError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            NodeError::NotFound(_) => StatusCode::NOT_FOUND,
-            NodeError::Conflict(_) => StatusCode::CONFLICT,
-            NodeError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError(code, e.to_string())
+        ApiError(e.status(), e.to_string())
     }
 }
 

@@ -56,7 +56,7 @@ fn force_of(b: &Bytes, q: &ForceQuery) -> Result<bool, ApiError> {
 /// Prometheus text (the one answer that is not JSON; its errors still are).
 pub(super) async fn metrics(State(n): State<Arc<Node>>) -> Response {
     (
-        [(header::CONTENT_TYPE, crate::prom::CONTENT_TYPE)],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         n.metrics().await,
     )
         .into_response()

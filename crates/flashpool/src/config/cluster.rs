@@ -1,6 +1,7 @@
 //! The parts of the TOML that reach other nodes: this node's identity as a
 //! host, its `[[peer]]`s (whose drives it may use), the `[remote]` settings of
-//! remote drives, and which of its own drives it exports (JBOF mode).
+//! remote drives, and which of its own drives it exports (JBOF mode); checked
+//! and turned into the node's [`Cluster`] (`node::identity`).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -10,9 +11,7 @@ use anyhow::{Result, bail};
 use serde::Deserialize;
 
 use super::NodeConfig;
-
-/// Prefix of every NQN flashpool makes up for itself.
-pub const NQN_PREFIX: &str = "nqn.2026-01.io.flashpool";
+use crate::node::identity::{Cluster, Peer, RemoteSettings, hostname, node_host_nqn, stable_id};
 
 /// Another node whose exported drives this node may use as `peer:drive`.
 #[derive(Debug, Clone, Deserialize)]
@@ -58,19 +57,19 @@ pub struct RemoteSection {
 }
 
 fn d_fail_after() -> u64 {
-    2000
+    RemoteSettings::DEFAULT_FAIL_AFTER_MS
 }
 fn d_io_timeout() -> u64 {
-    4000
+    RemoteSettings::DEFAULT_IO_TIMEOUT_MS
 }
 fn d_kato() -> u32 {
-    2000
+    RemoteSettings::DEFAULT_KATO_MS
 }
 fn d_queues() -> u16 {
-    2
+    RemoteSettings::DEFAULT_QUEUES
 }
 fn d_depth() -> u16 {
-    64
+    RemoteSettings::DEFAULT_QUEUE_DEPTH
 }
 
 impl Default for RemoteSection {
@@ -85,64 +84,6 @@ impl Default for RemoteSection {
     }
 }
 
-/// What this node is to other nodes, checked.
-#[derive(Debug, Clone)]
-pub struct Cluster {
-    pub node_name: String,
-    pub host_nqn: String,
-    pub host_id: [u8; 16],
-    pub peers: Vec<Peer>,
-    pub remote: RemoteSettings,
-    /// The secrets this node presents on other nodes' exports.
-    pub dhchap: Option<nvmf_host::DhchapKeys>,
-    /// The TLS PSK this node connects to other nodes' exports with.
-    pub tls: Option<nvmf_host::ConfiguredPsk>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Peer {
-    pub name: String,
-    pub addr: SocketAddr,
-    pub host_nqn: String,
-    /// What the peer must authenticate with on this node's exports.
-    pub auth: Option<nvmf_target::auth::HostAuth>,
-    /// The TLS PSK the peer must use on this node's exports.
-    pub tls: Option<nvmf_host::ConfiguredPsk>,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct RemoteSettings {
-    pub fail_after: Duration,
-    pub io_timeout: Duration,
-    pub kato_ms: u32,
-    pub queues: u16,
-    pub queue_depth: u16,
-}
-
-/// The host NQN a flashpool node called `name` uses by default.
-pub fn node_host_nqn(name: &str) -> String {
-    format!("{NQN_PREFIX}:node:{name}")
-}
-
-/// The subsystem NQN under which node `node` exports its drive `drive`.
-pub fn drive_nqn(node: &str, drive: &str) -> String {
-    format!("{NQN_PREFIX}:drive:{node}:{drive}")
-}
-
-/// A stable 16-byte identity from a text: the same node name gives the same
-/// host ID on every start, so its reservations stay its own.
-pub fn stable_id(text: &str) -> [u8; 16] {
-    nvmf_host::host_id_from(text)
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "flashpool".into())
-}
-
 /// Checks the cluster-facing keys of the file.
 pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
     let n = &cfg.node;
@@ -153,7 +94,7 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
         .host_nqn
         .clone()
         .unwrap_or_else(|| node_host_nqn(&node_name));
-    super::check_nqn("node.host_nqn", &host_nqn)?;
+    super::values::check_nqn("node.host_nqn", &host_nqn)?;
     let host_id = match &n.host_id {
         Some(s) => nvmf_host::parse_uuid(s).ok_or_else(|| {
             anyhow::anyhow!(
@@ -192,7 +133,7 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
             )
         })?;
         let host_nqn = p.host_nqn.clone().unwrap_or_else(|| node_host_nqn(&p.name));
-        super::check_nqn(&format!("{key}.host_nqn"), &host_nqn)?;
+        super::values::check_nqn(&format!("{key}.host_nqn"), &host_nqn)?;
         let auth = super::auth::key_pair(
             &key,
             p.dhchap_key_file.as_deref(),
@@ -213,11 +154,11 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
         });
     }
     let r = &cfg.remote;
-    super::range("remote.fail_after_ms", r.fail_after_ms, 100, 600_000)?;
-    super::range("remote.io_timeout_ms", r.io_timeout_ms, 100, 600_000)?;
-    super::range("remote.kato_ms", r.kato_ms, 500, 600_000)?;
-    super::range("remote.queues", r.queues, 1, 64)?;
-    super::range("remote.queue_depth", r.queue_depth, 2, 1024)?;
+    super::values::range("remote.fail_after_ms", r.fail_after_ms, 100, 600_000)?;
+    super::values::range("remote.io_timeout_ms", r.io_timeout_ms, 100, 600_000)?;
+    super::values::range("remote.kato_ms", r.kato_ms, 500, 600_000)?;
+    super::values::range("remote.queues", r.queues, 1, 64)?;
+    super::values::range("remote.queue_depth", r.queue_depth, 2, 1024)?;
     for (i, d) in cfg.drive.iter().enumerate() {
         let key = format!("drive[{i}]");
         if !d.export && !d.export_hosts.is_empty() {
@@ -226,7 +167,7 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
             );
         }
         for (j, h) in d.export_hosts.iter().enumerate() {
-            super::check_nqn(&format!("{key}.export_hosts[{j}]"), h)?;
+            super::values::check_nqn(&format!("{key}.export_hosts[{j}]"), h)?;
         }
         if d.export && d.export_hosts.is_empty() && peers.is_empty() {
             bail!(
@@ -259,55 +200,6 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
     })
 }
 
-impl Cluster {
-    /// Who may connect to this node's exported drives by default.
-    pub fn peer_hosts(&self) -> Vec<String> {
-        self.peers.iter().map(|p| p.host_nqn.clone()).collect()
-    }
-
-    /// The secrets host `nqn` must authenticate with on this node's
-    /// exported drives: those of the `[[peer]]` with that host NQN.
-    pub fn export_auth(&self, nqn: &str) -> Option<nvmf_target::auth::HostAuth> {
-        self.peers
-            .iter()
-            .find(|p| p.host_nqn == nqn)
-            .and_then(|p| p.auth.clone())
-    }
-
-    /// The TLS PSK host `nqn` must use on this node's exported drives.
-    pub fn export_tls(&self, nqn: &str) -> Option<nvmf_host::ConfiguredPsk> {
-        self.peers
-            .iter()
-            .find(|p| p.host_nqn == nqn)
-            .and_then(|p| p.tls.clone())
-    }
-
-    /// The URL of `peer:drive`, or of a `tcp://` URL given as is.
-    pub fn resolve(&self, name: &str) -> Result<String, String> {
-        if name.starts_with("tcp://") {
-            return Ok(name.to_string());
-        }
-        let Some((peer, drive)) = name.split_once(':') else {
-            return Err(format!(
-                "drive {} is not remote: a remote drive is PEER:DRIVE or tcp://ADDR:PORT/NQN?nsid=N",
-                crate::echo::Echo(name)
-            ));
-        };
-        let p = self.peers.iter().find(|p| p.name == peer).ok_or_else(|| {
-            format!(
-                "drive {}: no [[peer]] named {} in the node's TOML; declare it with its address",
-                crate::echo::Echo(name),
-                crate::echo::Echo(peer)
-            )
-        })?;
-        Ok(format!(
-            "tcp://{}/{}?nsid=1",
-            p.addr,
-            drive_nqn(&p.name, drive)
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +229,33 @@ mod tests {
         assert!(c.resolve("d3").unwrap_err().contains("is not remote"));
         let u = "tcp://127.0.0.1:4420/nqn.x:y?nsid=2";
         assert_eq!(c.resolve(u).unwrap(), u);
+    }
+
+    #[test]
+    fn a_node_without_a_toml_is_the_empty_files_node() {
+        let from_file = cluster(&NodeConfig::default()).unwrap();
+        let alone = Cluster::standalone();
+        assert_eq!(from_file.node_name, alone.node_name);
+        assert_eq!(from_file.host_nqn, alone.host_nqn);
+        assert_eq!(from_file.host_id, alone.host_id);
+        assert!(from_file.peers.is_empty() && alone.peers.is_empty());
+        let (a, b) = (from_file.remote, alone.remote);
+        assert_eq!(
+            (
+                a.fail_after,
+                a.io_timeout,
+                a.kato_ms,
+                a.queues,
+                a.queue_depth
+            ),
+            (
+                b.fail_after,
+                b.io_timeout,
+                b.kato_ms,
+                b.queues,
+                b.queue_depth
+            )
+        );
     }
 
     #[test]

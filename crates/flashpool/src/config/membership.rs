@@ -65,7 +65,7 @@ pub fn membership(c: &ClusterSection, listeners: &[ListenerConfig]) -> Result<Me
             );
         }
     }
-    super::range("cluster.lease_ttl_ms", c.lease_ttl_ms, 1000, 60_000)?;
+    super::values::range("cluster.lease_ttl_ms", c.lease_ttl_ms, 1000, 60_000)?;
     let advertise: Option<IpAddr> = match &c.advertise {
         Some(a) => Some(a.parse().map_err(|_| {
             anyhow::anyhow!("config: cluster.advertise = {a:?} is not an IP address")

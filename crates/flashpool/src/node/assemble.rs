@@ -12,7 +12,8 @@ use volume::superblock::{Superblock, uuid_string};
 use volume::thin::ThinPool;
 use volume::{Layout, MemberState, Volume};
 
-use super::ops::{VolumeInfo, member_state_name};
+use super::ops::VolumeInfo;
+use super::views::member_state_name;
 use super::{
     Backing, Node, NodeError, NodeResult, NodeState, Offline, VolumeEntry, read_head, wipe_head,
 };

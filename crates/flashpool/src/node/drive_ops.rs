@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use volume::{MemberState, RebuildOptions, Volume};
 
-use super::ops::{DriveInfo, VolumeInfo, no_drive};
+use super::ops::{DriveInfo, VolumeInfo};
+use super::validate::no_drive;
 use super::{Node, NodeError, NodeResult, NodeState, wipe_head};
 
 impl Node {

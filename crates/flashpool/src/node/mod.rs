@@ -5,13 +5,24 @@
 //! from `[[volume]]` sections, or created through the management API. Every
 //! change goes through [`Node`], one operation at a time, so two requests can
 //! never claim the same drive.
+//!
+//! Where things are: `identity.rs` (who this node is to its peers),
+//! `drive.rs` and `remote.rs` (drives, local and remote), `volumes.rs`
+//! (make and delete volumes), `assemble.rs` and `recovery.rs` (find them on
+//! their drives, force them up), `drive_ops.rs` and `spares.rs` (fail,
+//! replace, re-add), `volume_export.rs` and `drive_export.rs` (what the
+//! target serves), `jobs.rs`, `scrub.rs` and `monitor.rs` (background work),
+//! `views.rs` (what the API shows), `validate.rs` (request checks),
+//! `error.rs` (failures and their HTTP status). The node never reads the
+//! TOML: `config/` turns it into the specs above.
 
 mod assemble;
 mod drive;
+mod drive_export;
 mod drive_ops;
-mod export;
+mod error;
+pub mod identity;
 pub mod jobs;
-mod metrics;
 pub mod monitor;
 mod ops;
 mod owned;
@@ -22,7 +33,13 @@ pub(crate) mod remote_tests;
 mod scrub;
 mod spares;
 #[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
 mod tests;
+mod validate;
+mod views;
+mod volume_export;
+mod volumes;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,32 +51,17 @@ use volume::thin::{ThinPool, ThinVolume};
 
 pub use crate::api_types::Export;
 pub use assemble::AssembleVolume;
-pub use drive::{Drive, DriveSpec};
-pub use export::DriveExport;
-pub use ops::{CreateVolume, VolumeInfo, check_name, parse_layout, volume_namespace};
+pub use drive::{Drive, DriveIoStats, DriveSpec};
+pub use drive_export::DriveExport;
+pub use error::{NodeError, NodeResult, Object};
+pub use ops::{CreateVolume, VolumeInfo};
 pub use recovery::ForcedInfo;
 pub use scrub::ScrubSchedule;
+pub use validate::{check_name, parse_layout};
+pub use volume_export::{VolumeNamespace, volume_namespace};
 // The node's tests name these API bodies by their old paths.
 #[cfg(test)]
 pub use crate::api_types::{ExportDriveRequest, ExportRequest, ScrubRequest};
-
-/// An operation's failure, with the HTTP status the API answers with.
-#[derive(Debug, thiserror::Error)]
-pub enum NodeError {
-    /// The request itself is wrong: fix it and retry.
-    #[error("{0}")]
-    BadRequest(String),
-    #[error("{0}")]
-    NotFound(String),
-    /// The request conflicts with the node's state (in use, exported, ...).
-    #[error("{0}")]
-    Conflict(String),
-    /// The node failed to do something it should have been able to do.
-    #[error("{0}")]
-    Internal(String),
-}
-
-pub type NodeResult<T> = Result<T, NodeError>;
 
 /// What a volume is made of.
 pub enum Backing {
@@ -199,7 +201,7 @@ pub struct Node {
     /// they survive a restart as the TOML's do.
     exports_file: Option<std::path::PathBuf>,
     /// This node as other nodes know it, and its peers.
-    cluster: std::sync::OnceLock<crate::config::Cluster>,
+    cluster: std::sync::OnceLock<identity::Cluster>,
     /// Cluster mode: etcd says which volumes the node runs, so remote drives
     /// opened for them are not remembered in the state directory.
     etcd_managed: std::sync::atomic::AtomicBool,
@@ -231,22 +233,24 @@ impl Node {
     }
 
     /// Sets the node's identity and peers (from the TOML); before any use.
-    pub fn set_cluster(&self, c: crate::config::Cluster) {
+    pub fn set_cluster(&self, c: identity::Cluster) {
         let _ = self.cluster.set(c);
     }
 
     /// The node's identity and peers; without a TOML, those of a node named
     /// after the host with no peers.
-    pub fn cluster(&self) -> &crate::config::Cluster {
-        self.cluster.get_or_init(|| {
-            crate::config::cluster::cluster(&crate::config::NodeConfig::default())
-                .expect("the default configuration is valid")
-        })
+    pub fn cluster(&self) -> &identity::Cluster {
+        self.cluster.get_or_init(identity::Cluster::standalone)
     }
 
     /// Connects the node to the running target (exports need it).
     pub fn attach_target(&self, target: Arc<Target>) {
         let _ = self.target.set(target);
+    }
+
+    /// The target, once `serve` attached it (metrics read it when it is there).
+    pub(crate) fn running_target(&self) -> Option<&Arc<Target>> {
+        self.target.get()
     }
 
     fn target(&self) -> NodeResult<&Arc<Target>> {

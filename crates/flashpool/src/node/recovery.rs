@@ -11,7 +11,9 @@ use blockdev::BlockDevice;
 use serde::{Deserialize, Serialize};
 use volume::{ForceReport, ForcedFrom, MemberState, Volume, VolumeError};
 
-use super::ops::{VolumeInfo, find_volume, member_state_name, no_drive};
+use super::ops::VolumeInfo;
+use super::validate::{find_volume, no_drive};
+use super::views::member_state_name;
 use super::{AssembleVolume, Node, NodeError, NodeResult, NodeState};
 pub use crate::api_types::{ForcedInfo, ForcedMemberInfo, ReAddInfo, StaleRangeInfo};
 

@@ -55,7 +55,16 @@ async fn re_add_puts_a_failed_drive_back_and_refusals_change_nothing() {
     let e = refused("d3", "healthy free drive").await;
     assert!(e.to_string().contains("nothing to re-add"), "{e}");
     let e = refused("nope", "no such drive").await;
-    assert!(matches!(e, NodeError::NotFound(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            NodeError::Missing {
+                kind: Object::Drive,
+                ..
+            }
+        ),
+        "{e}"
+    );
     node.fail_drive("d4", true).await.unwrap();
     let e = refused("d4", "raid0").await;
     assert!(e.to_string().contains("no redundancy"), "{e}");
@@ -183,7 +192,16 @@ async fn an_offline_raid5_is_force_assembled_by_name() {
         "a refused assembly changes nothing"
     );
     let e = node.assemble_by_name("nope", true).await.unwrap_err();
-    assert!(matches!(e, NodeError::NotFound(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            NodeError::Missing {
+                kind: Object::Volume,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert_eq!(state_of(&node).await, before);
 
     let v = node.assemble_by_name("r5", true).await.unwrap();

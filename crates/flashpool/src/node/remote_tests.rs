@@ -17,7 +17,7 @@ use nvmf_target::{
 };
 
 use super::*;
-use crate::config::cluster::{Cluster, Peer, RemoteSettings, drive_nqn, node_host_nqn, stable_id};
+use crate::node::identity::{Cluster, Peer, RemoteSettings, drive_nqn, node_host_nqn, stable_id};
 
 const NQN: &str = "nqn.2026-01.io.flashpool:test";
 const DRIVE_BYTES: u64 = 16 << 20;
@@ -155,9 +155,8 @@ fn owner(name: &str, enc: &Enclosure) -> Arc<Node> {
 }
 
 fn owner_in(name: &str, enc: &Enclosure, dir: Option<&std::path::Path>) -> Arc<Node> {
-    let node = Node::with_state_dir(NodeState::default(), dir);
     let host_nqn = node_host_nqn(name);
-    node.set_cluster(Cluster {
+    let cluster = Cluster {
         node_name: name.into(),
         host_id: stable_id(&host_nqn),
         host_nqn,
@@ -171,38 +170,22 @@ fn owner_in(name: &str, enc: &Enclosure, dir: Option<&std::path::Path>) -> Arc<N
         remote: settings(),
         dhchap: None,
         tls: None,
-    });
-    let sub = Subsystem::new(
-        NQN.into(),
-        "T".into(),
-        "T".into(),
-        true,
-        Vec::new(),
-        Vec::new(),
-    );
-    node.attach_target(Arc::new(Target::new(
-        TransportConfig::default(),
-        vec![Arc::new(sub)],
-    )));
-    node
+    };
+    super::testing::TestNode::new()
+        .state_dir(dir)
+        .cluster(cluster)
+        .target(NQN)
+        .build()
 }
 
+/// A volume exported as namespace 1 of the test subsystem.
 fn create(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
     CreateVolume {
-        name: name.into(),
-        layout: Some(layout.into()),
-        drives: drives.iter().map(|d| d.to_string()).collect(),
-        thin_pool: false,
-        cluster: None,
-        pool: None,
-        size: None,
-        strip: None,
-        block_size: None,
-        rebuild_rate: None,
         export: Some(ExportRequest {
             nqn: NQN.into(),
             nsid: 1,
         }),
+        ..super::testing::volume(name, layout, drives)
     }
 }
 
@@ -441,8 +424,7 @@ async fn a_dead_enclosure_fails_its_member_and_is_re_added_when_back() {
             auth: None,
             tls: None,
         });
-        let n2 = Node::with_state_dir(NodeState::default(), None);
-        n2.set_cluster(c);
+        let n2 = super::testing::TestNode::new().cluster(c).build();
         n2.attach_target(node.target().unwrap().clone());
         n2
     };
@@ -529,7 +511,7 @@ async fn a_remote_drive_authenticates_to_an_export_that_requires_it() {
     };
     let (host_key, ctrl_key, wrong) = (key("host", 1), key("ctrl", 2), key("wrong", 3));
     let cluster_of = |toml: String| {
-        crate::config::cluster::cluster(&crate::config::parse(&toml, "test").unwrap()).unwrap()
+        crate::config::identity(&crate::config::parse(&toml, "test").unwrap()).unwrap()
     };
     // The enclosure: node "e" exports d0 to its peer "a", which must authenticate.
     let e = super::tests::mem_node(1, DRIVE_BYTES);
@@ -552,11 +534,11 @@ async fn a_remote_drive_authenticates_to_an_export_that_requires_it() {
     .unwrap();
     let addr = server.local_addrs()[0].0;
     let owner = |keys: &str| {
-        let n = Node::with_state_dir(NodeState::default(), None);
-        n.set_cluster(cluster_of(format!(
-            "[node]\nname = \"a\"\n{keys}[[peer]]\nname = \"e\"\naddress = \"{addr}\"\n"
-        )));
-        n
+        super::testing::TestNode::new()
+            .cluster(cluster_of(format!(
+                "[node]\nname = \"a\"\n{keys}[[peer]]\nname = \"e\"\naddress = \"{addr}\"\n"
+            )))
+            .build()
     };
     let a = owner(&format!(
         "dhchap_key_file = {host_key:?}\ndhchap_ctrl_key_file = {ctrl_key:?}\n"
@@ -596,7 +578,7 @@ async fn a_remote_drive_reaches_an_export_over_tls() {
     };
     let (good, wrong) = (key("good.psk", 1), key("wrong.psk", 2));
     let cluster_of = |toml: String| {
-        crate::config::cluster::cluster(&crate::config::parse(&toml, "test").unwrap()).unwrap()
+        crate::config::identity(&crate::config::parse(&toml, "test").unwrap()).unwrap()
     };
     let e = super::tests::mem_node(1, DRIVE_BYTES);
     e.set_cluster(cluster_of(format!(
@@ -617,11 +599,11 @@ async fn a_remote_drive_reaches_an_export_over_tls() {
     .unwrap();
     let addr = server.local_addrs()[0].0;
     let owner = |keys: &str| {
-        let n = Node::with_state_dir(NodeState::default(), None);
-        n.set_cluster(cluster_of(format!(
-            "[node]\nname = \"a\"\n{keys}[[peer]]\nname = \"e\"\naddress = \"{addr}\"\n"
-        )));
-        n
+        super::testing::TestNode::new()
+            .cluster(cluster_of(format!(
+                "[node]\nname = \"a\"\n{keys}[[peer]]\nname = \"e\"\naddress = \"{addr}\"\n"
+            )))
+            .build()
     };
     let a = owner(&format!("tls_key_file = {good:?}\n"));
     let d = a.connect_remote("e:d0", None).await.expect("over TLS");

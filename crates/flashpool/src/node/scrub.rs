@@ -7,7 +7,7 @@ use std::time::Duration;
 use volume::{ScrubReport, SyncControl, Volume};
 
 use super::jobs::{JobInfo, JobKind, JobState};
-use super::ops::find_volume;
+use super::validate::find_volume;
 use super::{Node, NodeError, NodeResult, NodeState};
 pub use crate::api_types::ScrubRequest;
 use crate::events::{EventKind, NewEvent};
@@ -97,12 +97,10 @@ impl Node {
         repair: bool,
         rate: Option<u64>,
     ) -> NodeResult<JobInfo> {
-        let e = st.volumes.get(name).ok_or_else(|| {
-            NodeError::NotFound(format!(
-                "no volume {}; list them with `flashpool volume list`",
-                crate::echo::Echo(name)
-            ))
-        })?;
+        let e = st
+            .volumes
+            .get(name)
+            .ok_or_else(|| NodeError::no_volume(name))?;
         if let Some(o) = e.offline() {
             return Err(NodeError::Conflict(format!(
                 "volume {name} is offline ({}); nothing runs to scrub",

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest, RecordKind};
-use nvmf_target::{Subsystem, Target, TransportConfig};
 
+use super::testing::{TestNode, mem_drive, volume};
 use super::*;
 
 const NQN: &str = "nqn.2026-01.io.flashpool:test";
@@ -21,62 +21,24 @@ fn ns1() -> ExportRequest {
     }
 }
 
-fn mem_drive(name: &str, size: u64) -> DriveSpec {
-    DriveSpec {
-        name: name.into(),
-        backend: "mem".into(),
-        size: Some(size),
-        path: None,
-        create: false,
-        block_size: 4096,
-        ..Default::default()
-    }
-}
-
 fn node_of(specs: &[DriveSpec]) -> Arc<Node> {
     node_in(specs, None)
 }
 
 fn node_in(specs: &[DriveSpec], state_dir: Option<&std::path::Path>) -> Arc<Node> {
-    let mut st = NodeState::default();
-    for s in specs {
-        st.drives.insert(s.name.clone(), s.open().unwrap());
-    }
-    let node = Node::with_state_dir(st, state_dir);
-    let sub = Subsystem::new(
-        NQN.into(),
-        "T".into(),
-        "T".into(),
-        true,
-        Vec::new(),
-        Vec::new(),
-    );
-    node.attach_target(Arc::new(Target::new(
-        TransportConfig::default(),
-        vec![Arc::new(sub)],
-    )));
-    node
+    TestNode::new()
+        .drives(specs)
+        .state_dir(state_dir)
+        .target(NQN)
+        .build()
 }
 
 pub(super) fn mem_node(n: usize, size: u64) -> Arc<Node> {
-    let specs: Vec<_> = (0..n).map(|i| mem_drive(&format!("d{i}"), size)).collect();
-    node_of(&specs)
+    TestNode::new().mem_drives(n, size).target(NQN).build()
 }
 
 fn req(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
-    CreateVolume {
-        name: name.into(),
-        layout: Some(layout.into()),
-        drives: drives.iter().map(|d| d.to_string()).collect(),
-        thin_pool: false,
-        cluster: None,
-        pool: None,
-        size: None,
-        strip: None,
-        block_size: None,
-        rebuild_rate: None,
-        export: None,
-    }
+    volume(name, layout, drives)
 }
 
 fn stamp(lba: u64, seed: u64) -> Vec<u8> {
@@ -198,7 +160,10 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     assert!(matches!(e, NodeError::Conflict(_)), "{e}");
     assert!(matches!(
         node.delete_volume("nope", true).await,
-        Err(NodeError::NotFound(_))
+        Err(NodeError::Missing {
+            kind: Object::Volume,
+            ..
+        })
     ));
     assert!(matches!(
         node.replace_drive("d5", "d3").await,
@@ -793,7 +758,7 @@ async fn a_node_always_starts_and_dead_volumes_come_up_offline() {
     );
     assert!(matches!(
         node.config_namespace("z0r0", NQN, 3).await,
-        crate::config::VolumeNamespace::NotServed(_)
+        crate::node::VolumeNamespace::NotServed(_)
     ));
     let before = api_state(&node).await;
     assert!(node.fail_drive("f4", true).await.is_err());

@@ -147,7 +147,7 @@ async fn scrub_counts_repairs_stops_and_refuses_clearly() {
         "{e:?}"
     );
     let e = node.scrub_volume("nope", ScrubRequest::default()).await;
-    assert!(matches!(e, Err(NodeError::NotFound(_))), "{e:?}");
+    assert!(matches!(e, Err(NodeError::Missing { .. })), "{e:?}");
     let bad = ScrubRequest {
         repair: false,
         rate: Some("fast".into()),

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use nvmf_target::{Namespace, Subsystem};
 use serde::{Deserialize, Serialize};
 
+use super::identity::{Cluster, drive_nqn, stable_id};
 use super::{Drive, Node, NodeError, NodeResult, NodeState};
 pub use crate::api_types::{DriveExport, ExportDriveRequest};
-use crate::config::cluster::drive_nqn;
 use crate::echo::Echo;
 
 /// One line of `drive-exports.json`.
@@ -49,8 +49,8 @@ impl Drive {
             ),
         };
         let seed = format!("{node}/{}/{what}", self.name);
-        let uuid = crate::config::cluster::stable_id(&seed);
-        let mut nguid = crate::config::cluster::stable_id(&format!("nguid/{seed}"));
+        let uuid = stable_id(&seed);
+        let mut nguid = stable_id(&format!("nguid/{seed}"));
         nguid[0] ^= 0x5A;
         (uuid, nguid)
     }
@@ -66,7 +66,7 @@ fn process_start_nanos() -> u128 {
     })
 }
 
-fn drive_subsystem(cluster: &crate::config::Cluster, d: &Drive, x: &DriveExport) -> Subsystem {
+fn drive_subsystem(cluster: &Cluster, d: &Drive, x: &DriveExport) -> Subsystem {
     let node = cluster.node_name.as_str();
     let (uuid, nguid) = d.identity(node);
     let serial: String = format!("{node}-{}", d.name).chars().take(20).collect();
