@@ -101,7 +101,11 @@ impl Node {
             if let Some(st) = n.child.try_wait().unwrap() {
                 panic!("flashpool serve exited ({st}): {}", n.log());
             }
-            assert!(t0.elapsed() < Duration::from_secs(30), "no API: {}", n.log());
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no API: {}",
+                n.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         n
@@ -139,7 +143,11 @@ impl Node {
             if let Some(st) = self.child.try_wait().unwrap() {
                 break st;
             }
-            assert!(t0.elapsed() < Duration::from_secs(30), "no stop: {}", self.log());
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no stop: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         };
         assert!(st.success(), "{st}: {}", self.log());
@@ -245,7 +253,10 @@ fn nodes_on_one_address_in_two_namespaces_keep_their_own_tokens() {
     }
     b.stop();
     assert!(!fb.exists(), "{} outlived its node", fb.display());
-    assert!(fa.exists(), "a stop in one namespace removed the other's file");
+    assert!(
+        fa.exists(),
+        "a stop in one namespace removed the other's file"
+    );
     let out = a.cli();
     assert!(ok(&out), "{}", stderr(&out));
     a.stop();

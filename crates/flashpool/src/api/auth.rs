@@ -613,6 +613,7 @@ mod tests {
         let at = |ns| run.join(runtime_token_name("127.0.0.1:9410", Some(ns)));
         let node = |name: &str, ns| {
             let state = dir.join(name);
+            std::fs::create_dir_all(&state).unwrap();
             ApiAuth::load_at(&ApiSection::default(), Some(&state), at(ns)).unwrap()
         };
         let held = |ns| std::fs::read_to_string(at(ns)).unwrap().trim().to_string();

@@ -144,7 +144,10 @@ mod tests {
             runtime_token_name("127.0.0.1:9410", Some(1)),
             runtime_token_name("127.0.0.1:9410", Some(2))
         );
-        assert_eq!(runtime_token_name("127.0.0.1:9410", None), "api-127.0.0.1_9410.token");
+        assert_eq!(
+            runtime_token_name("127.0.0.1:9410", None),
+            "api-127.0.0.1_9410.token"
+        );
     }
 
     #[test]
