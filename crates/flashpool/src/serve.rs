@@ -159,9 +159,7 @@ pub fn run(
         }
     }
     // The CLI's copy of the token goes with the node (the state_dir's stays).
-    let runtime_token = api
-        .as_ref()
-        .map(|a| crate::client::runtime_token_path(&a.addr.to_string()));
+    let api_auth = api.as_ref().map(|a| a.auth.clone());
     print_banner(&server, &origin, api, &rt, &node);
     if let Some(sig) = signals.forever().next() {
         tracing::info!("signal {sig}: stopping (in-flight I/O completes, files are flushed)");
@@ -172,8 +170,8 @@ pub fn run(
     }
     server.shutdown();
     rt.block_on(node.shutdown());
-    if let Some(p) = runtime_token {
-        let _ = std::fs::remove_file(p);
+    if let Some(a) = api_auth {
+        a.remove_runtime_token();
     }
     tracing::info!("stopped cleanly");
     Ok(())

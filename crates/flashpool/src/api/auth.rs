@@ -80,9 +80,13 @@ impl std::fmt::Display for PeerInfo {
 /// The API's credentials and checks (one per node).
 pub struct ApiAuth {
     token: RwLock<Token>,
-    /// Where the token is written: the persistent file first (if any),
-    /// then the runtime file for the CLI.
-    token_files: Vec<PathBuf>,
+    /// `[api] token_file` or `<state_dir>/api-token`: kept across restarts.
+    persistent: Option<PathBuf>,
+    /// The CLI's copy, by address and network namespace
+    /// ([`runtime_token_path`]): `None` once the node stopped (or where it
+    /// could not be written). A rotation holds this lock while it writes
+    /// the files, so a stop never races it into leaving a file behind.
+    runtime: Mutex<Option<PathBuf>>,
     /// Host names besides the connection's own address.
     host_names: Vec<String>,
     tls: bool,
@@ -126,7 +130,8 @@ impl ApiAuth {
     pub fn with_token(token: Token, tls: bool) -> ApiAuth {
         ApiAuth {
             token: RwLock::new(token),
-            token_files: Vec::new(),
+            persistent: None,
+            runtime: Mutex::new(None),
             host_names: Vec::new(),
             tls,
             cert_and_token: false,
@@ -136,13 +141,19 @@ impl ApiAuth {
 
     /// Loads the node's token from `[api] token_file` (default
     /// `<state_dir>/api-token`), generating it there (mode 0600) if it is
-    /// not there yet, and writes it to the runtime file for `bound`.
+    /// not there yet, and writes it to the runtime file for `bound` in this
+    /// network namespace, which goes when the `ApiAuth` does (or at
+    /// [`remove_runtime_token`](Self::remove_runtime_token)).
     pub fn load(cfg: &ApiSection, state_dir: Option<&Path>, bound: &str) -> Result<ApiAuth> {
+        Self::load_at(cfg, state_dir, runtime_token_path(bound))
+    }
+
+    /// [`load`](Self::load), with the runtime file at `runtime`.
+    fn load_at(cfg: &ApiSection, state_dir: Option<&Path>, runtime: PathBuf) -> Result<ApiAuth> {
         let persistent = cfg
             .token_file
             .clone()
             .or_else(|| state_dir.map(|d| d.join("api-token")));
-        let runtime = runtime_token_path(bound);
         let token = match &persistent {
             Some(p) if p.exists() => read_secret_file(p).context("config: [api] token_file")?,
             Some(p) => {
@@ -153,38 +164,30 @@ impl ApiAuth {
             }
             None => Token::generate()?,
         };
-        let mut files: Vec<PathBuf> = persistent.into_iter().collect();
         let rt = runtime
             .parent()
             .map(private_dir)
             .unwrap_or(Ok(()))
             .and_then(|()| write_secret_file(&runtime, token.secret()));
-        match rt {
-            Ok(()) => files.push(runtime),
-            Err(e) if !files.is_empty() => {
+        let runtime = match rt {
+            Ok(()) => Some(runtime),
+            Err(e) if let Some(p) = &persistent => {
                 tracing::warn!(
                     "management API: {e:#}; the CLI finds the token in {} only with --token-file",
-                    files[0].display()
+                    p.display()
                 );
+                None
             }
             Err(e) => {
                 return Err(e).context(
                     "management API: nowhere to keep its token; set [api] token_file or [node] state_dir",
                 );
             }
-        }
-        tracing::info!(
-            "management API token {} in {}",
-            token.id(),
-            files
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(" and ")
-        );
-        Ok(ApiAuth {
+        };
+        let auth = ApiAuth {
             token: RwLock::new(token),
-            token_files: files,
+            persistent,
+            runtime: Mutex::new(runtime),
             host_names: cfg
                 .host_names
                 .iter()
@@ -193,7 +196,17 @@ impl ApiAuth {
             tls: cfg.tls_cert.is_some(),
             cert_and_token: cfg.require_client_cert,
             failures: Mutex::default(),
-        })
+        };
+        tracing::info!(
+            "management API token {} in {}",
+            auth.token.read().id(),
+            auth.token_files()
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        );
+        Ok(auth)
     }
 
     /// The node's current token (for its calls to other nodes).
@@ -205,7 +218,9 @@ impl ApiAuth {
     /// takes effect; the old one stops working at once.
     pub fn rotate(&self) -> Result<Token> {
         let t = Token::generate()?;
-        if let Some((first, rest)) = self.token_files.split_first() {
+        let runtime = self.runtime.lock();
+        let files: Vec<&PathBuf> = self.persistent.iter().chain(runtime.iter()).collect();
+        if let Some((first, rest)) = files.split_first() {
             write_secret_file(first, t.secret())?;
             for p in rest {
                 if let Err(e) = write_secret_file(p, t.secret()) {
@@ -217,8 +232,38 @@ impl ApiAuth {
         Ok(t)
     }
 
-    pub fn token_files(&self) -> &[PathBuf] {
-        &self.token_files
+    /// Where the token is written: the persistent file first (if any),
+    /// then the runtime file for the CLI (until the node stops).
+    pub fn token_files(&self) -> Vec<PathBuf> {
+        self.persistent
+            .iter()
+            .chain(self.runtime.lock().iter())
+            .cloned()
+            .collect()
+    }
+
+    /// Removes the CLI's runtime copy of the token, as the node stops, if
+    /// it still holds this node's token: a node started since on the same
+    /// address may have written its own there. Once; a rotation after it
+    /// writes the persistent file only.
+    pub fn remove_runtime_token(&self) {
+        let mut runtime = self.runtime.lock();
+        let Some(p) = runtime.take() else {
+            return;
+        };
+        let ours = self.token.read().secret().to_string();
+        match std::fs::read_to_string(&p) {
+            Ok(t) if t.trim() == ours => {
+                if let Err(e) = std::fs::remove_file(&p) {
+                    tracing::warn!("management API: cannot remove {}: {e}", p.display());
+                }
+            }
+            Ok(_) => tracing::info!(
+                "management API: {} holds another node's token now; left in place",
+                p.display()
+            ),
+            Err(_) => {} // gone already
+        }
     }
 
     /// Whether `host` (a `Host` header or an origin's authority) names this
@@ -492,7 +537,7 @@ async fn guard(State(auth): State<Arc<ApiAuth>>, req: Request, next: Next) -> Re
 async fn rotate(State(auth): State<Arc<ApiAuth>>) -> Response {
     match auth.rotate() {
         Ok(t) => axum::Json(TokenRotated {
-            files: auth.token_files().to_vec(),
+            files: auth.token_files(),
             token: t.secret().to_string(),
             token_id: t.id().to_string(),
         })
@@ -517,6 +562,14 @@ pub fn secure(router: Router, auth: Arc<ApiAuth>) -> Router {
         .fallback_service(calls)
         .layer(middleware::from_fn(super::errors::json_errors))
         .layer(middleware::from_fn_with_state(auth, guard))
+}
+
+/// The runtime file goes with the node, also when its start fails after
+/// the token was written (the port taken, a bad socket path).
+impl Drop for ApiAuth {
+    fn drop(&mut self) {
+        self.remove_runtime_token();
+    }
 }
 
 /// The node's own token is what it sends when it calls other nodes.
@@ -546,5 +599,49 @@ mod tests {
         assert!(!a.host_ok("[::1:9410", Some(v6)));
         let off: SocketAddr = "10.1.1.1:9410".parse().unwrap();
         assert!(!a.host_ok("localhost:9410", Some(off)));
+    }
+
+    /// Two nodes on one loopback address in two network namespaces (the
+    /// namespace given, as `net_ns` would find it) and a third that
+    /// replaces the second's file.
+    #[test]
+    fn runtime_token_files_are_per_namespace_and_go_with_their_node() {
+        use crate::client::runtime_token_name;
+        let dir = std::env::temp_dir().join(format!("flashpool-rtoken-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let run = dir.join("run");
+        let at = |ns| run.join(runtime_token_name("127.0.0.1:9410", Some(ns)));
+        let node = |name: &str, ns| {
+            let state = dir.join(name);
+            std::fs::create_dir_all(&state).unwrap();
+            ApiAuth::load_at(&ApiSection::default(), Some(&state), at(ns)).unwrap()
+        };
+        let held = |ns| std::fs::read_to_string(at(ns)).unwrap().trim().to_string();
+        let a = node("a", 1);
+        let b = node("b", 2);
+        assert_eq!(held(1), a.token().secret());
+        assert_eq!(held(2), b.token().secret());
+        assert_ne!(held(1), held(2));
+        assert_eq!(a.token_files(), [dir.join("a/api-token"), at(1)]);
+        // A rotation rewrites its own namespace's file only.
+        let t = a.rotate().unwrap();
+        assert_eq!(held(1), t.secret());
+        assert_eq!(held(2), b.token().secret());
+        // A stop removes the node's own file, not the other namespace's.
+        drop(a);
+        assert!(!at(1).exists());
+        assert_eq!(held(2), b.token().secret());
+        // A node that took over the file since: the stop leaves it be.
+        let c = node("c", 2);
+        b.remove_runtime_token();
+        assert_eq!(held(2), c.token().secret());
+        assert_eq!(b.token_files(), [dir.join("b/api-token")]);
+        // Once stopped, a rotation writes the persistent file only.
+        b.rotate().unwrap();
+        assert_eq!(held(2), c.token().secret());
+        drop(c);
+        assert!(!at(2).exists());
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

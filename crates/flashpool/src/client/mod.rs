@@ -20,6 +20,8 @@ use crate::api_types::ErrorBody;
 
 pub use endpoint::{Endpoint, api_agent, api_base};
 pub use peer::{BearerToken, PeerApi, PeerError};
+#[cfg(test)]
+pub use token::runtime_token_name;
 pub use token::{ApiToken, runtime_token_path};
 
 /// A client of one node's API, as the CLI calls it (one call at a time,
