@@ -14,9 +14,11 @@
 //! a member that answers Reservation Conflict fences the volume.
 //!
 //! `mod.rs` holds the state and the loop; `decide.rs` what each volume
-//! needs, as a pure function of what etcd and this node show; `own.rs`
-//! gathers those views and carries the actions out (taking over, letting
-//! go); `peers.rs` the other nodes, `api.rs` the HTTP calls.
+//! needs, as a pure function of what etcd and this node show; `runner.rs`
+//! which volumes a pass settles and the per-volume tasks that settle them,
+//! concurrently; `own.rs` gathers one volume's views and carries its
+//! actions out (taking over, letting go); `peers.rs` the other nodes,
+//! `api.rs` the HTTP calls.
 
 mod api;
 mod decide;
@@ -76,6 +78,9 @@ pub struct Agent {
     /// Tests: a volume's takeover waits this long first (a slow member).
     #[cfg(test)]
     stall: Mutex<HashMap<String, Duration>>,
+    /// Tests: how many volume settles (one owner read each) ran.
+    #[cfg(test)]
+    settles: std::sync::atomic::AtomicUsize,
     /// The owned volumes' groups and switches, for the fence path, which
     /// must not wait for the loop.
     owned: Mutex<BTreeMap<String, (u32, Arc<SwitchDevice>)>>,
@@ -162,6 +167,8 @@ impl Agent {
             permits: Mutex::new(Arc::new(tokio::sync::Semaphore::new(runner::concurrency()))),
             #[cfg(test)]
             stall: Mutex::new(HashMap::new()),
+            #[cfg(test)]
+            settles: std::sync::atomic::AtomicUsize::new(0),
             owned: Mutex::new(BTreeMap::new()),
             watching: Mutex::new(HashSet::new()),
             memory: Mutex::new(HashMap::new()),

@@ -254,6 +254,9 @@ impl Agent {
         name: &str,
         spec: Option<&VolumeSpec>,
     ) {
+        #[cfg(test)]
+        self.settles
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut slot = self.served.take(name).await;
         let r = match (spec, &slot) {
             (Some(spec), _) => self.settle(s, members, spec, &mut slot).await,
