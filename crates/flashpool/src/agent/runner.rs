@@ -281,3 +281,49 @@ impl Agent {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cluster::Owner;
+
+    #[test]
+    fn a_burst_of_volume_events_names_those_volumes_and_member_events_all() {
+        let owner = Owner {
+            node: "a".into(),
+            epoch: 2,
+        };
+        let mut d = Dirty::default();
+        for e in [
+            ClusterEvent::OwnerGone("v1".into()),
+            ClusterEvent::OwnerSet("v1".into(), owner),
+            ClusterEvent::HandoffCleared("v2".into()),
+            ClusterEvent::SpecDeleted("v3".into()),
+        ] {
+            d.names.insert(volume_of(&e).unwrap().to_string());
+        }
+        assert_eq!(d.names.iter().collect::<Vec<_>>(), ["v1", "v2", "v3"]);
+        assert!(!d.all && !d.is_empty());
+        for e in [
+            ClusterEvent::NodeDown("b".into()),
+            ClusterEvent::Drain("a".into(), true),
+            ClusterEvent::Resync,
+        ] {
+            assert_eq!(volume_of(&e), None, "{e:?}");
+        }
+        let mut all = Dirty::default();
+        assert!(all.is_empty());
+        all.merge(Dirty {
+            all: true,
+            names: BTreeSet::new(),
+        });
+        all.merge(d);
+        assert!(all.all && all.names.len() == 3);
+    }
+
+    #[test]
+    fn concurrency_is_a_few_more_than_the_cores() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(concurrency() >= 4 && concurrency() >= cores);
+    }
+}
