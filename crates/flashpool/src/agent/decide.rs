@@ -18,30 +18,26 @@
 //! table tests). So the plans of different volumes may be carried out in any
 //! order, or at once.
 //!
-//! Today the agent carries them out one volume after another, under its
-//! `served` lock, re-reading each volume's keys just before deciding it:
-//! its owner, and its handoff where [`handoff_matters`] (the reads of
-//! before, plus the handoff of a volume in back-off or fenced).
+//! The agent (`runner.rs`) carries them out concurrently: each volume in
+//! its own task, a bounded number at a time, at most one task per volume,
+//! each re-reading its volume's keys just before deciding it: its owner,
+//! and its handoff where [`handoff_matters`]. A pass names only the volumes
+//! the etcd events since the last pass were about (all of them on the
+//! periodic resync, or when the members change), so its etcd reads follow
+//! what changed.
 //!
-//! Issue 21 wants survivors to take over every volume of a dead owner
-//! concurrently, with bounded concurrency, each volume retrying on its own
-//! back-off, and etcd work per pass following the watch events. This
-//! module is shaped for that:
+//! What this relies on:
 //! - one volume's plan is executed by one function (`Agent::act`), which
-//!   needs that volume's slot and nothing else; a runner may give each
-//!   volume its own task and lock, and bound how many run at once;
+//!   needs that volume's slot and nothing else;
 //! - back-off is per volume ([`Memory::cooldown_until`]), and a volume that
-//!   waits for its turn says until when ([`Wait::Turn`]), so a runner can
-//!   wake just that volume;
-//! - the snapshot may come from one etcd range read plus watch events
-//!   instead of per-volume reads: [`VolumeView`] is plain data, and a
-//!   handoff the volume's decision never reads may be left out
-//!   ([`handoff_matters`]).
+//!   waits for its turn says until when ([`Wait::Turn`]), so the runner
+//!   wakes just that volume;
+//! - [`VolumeView`] is plain data: a snapshot could as well come from one
+//!   etcd range read, and a handoff the volume's decision never reads may
+//!   be left out ([`handoff_matters`]).
 //!
-//! What such a runner still has to change elsewhere: the `served` map's
-//! lock held for a whole pass (one lock per volume instead), and the
-//! node-wide state lock that `Node::assemble_volume` holds while it opens
-//! the members one at a time.
+//! What still serializes takeovers elsewhere: the node-wide state lock that
+//! `Node::assemble_volume` holds while it opens the members one at a time.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};

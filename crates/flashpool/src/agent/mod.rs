@@ -14,15 +14,18 @@
 //! a member that answers Reservation Conflict fences the volume.
 //!
 //! `mod.rs` holds the state and the loop; `decide.rs` what each volume
-//! needs, as a pure function of what etcd and this node show; `own.rs`
-//! gathers those views and carries the actions out (taking over, letting
-//! go); `peers.rs` the other nodes, `cluster_ops.rs` the cluster operations
-//! the API calls into (create, move, drain, status).
+//! needs, as a pure function of what etcd and this node show; `runner.rs`
+//! which volumes a pass settles and the per-volume tasks that settle them,
+//! concurrently; `own.rs` gathers one volume's views and carries its
+//! actions out (taking over, letting go); `peers.rs` the other nodes,
+//! `cluster_ops.rs` the cluster operations the API calls into (create,
+//! move, drain, status).
 
 mod cluster_ops;
 mod decide;
 mod own;
 mod peers;
+mod runner;
 mod switch;
 #[cfg(test)]
 mod tests;
@@ -33,8 +36,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use cluster::{
-    ClusterConfig, ClusterError, LeaseHealth, LivenessListener, NodeRecord, Portal, Session,
-    VolumeSpec,
+    ClusterConfig, LeaseHealth, LivenessListener, NodeRecord, Portal, Session, VolumeSpec,
 };
 use nvmf_target::{AnaState, Subsystem, Target};
 use parking_lot::Mutex;
@@ -64,7 +66,21 @@ pub struct Agent {
     record: NodeRecord,
     session: Mutex<Session>,
     clock: Arc<LeaseClock>,
-    served: tokio::sync::Mutex<BTreeMap<String, Served>>,
+    /// The volumes served here; each volume's task takes its own out while
+    /// it acts (see `runner.rs`).
+    served: runner::ServedMap,
+    /// What the next pass settles (marked by watch events, ticks, kicks).
+    dirty: Mutex<runner::Dirty>,
+    /// Volumes whose task runs now; `true`: settle it again after.
+    acting: Mutex<HashMap<String, bool>>,
+    /// Bounds how many volumes are settled at once.
+    permits: Mutex<Arc<tokio::sync::Semaphore>>,
+    /// Tests: a volume's takeover waits this long first (a slow member).
+    #[cfg(test)]
+    stall: Mutex<HashMap<String, Duration>>,
+    /// Tests: how many volume settles (one owner read each) ran.
+    #[cfg(test)]
+    settles: std::sync::atomic::AtomicUsize,
     /// The owned volumes' groups and switches, for the fence path, which
     /// must not wait for the loop.
     owned: Mutex<BTreeMap<String, (u32, Arc<SwitchDevice>)>>,
@@ -145,7 +161,14 @@ impl Agent {
             record,
             session: Mutex::new(session),
             clock: LeaseClock::new(),
-            served: tokio::sync::Mutex::new(BTreeMap::new()),
+            served: runner::ServedMap::new(),
+            dirty: Mutex::new(runner::Dirty::default()),
+            acting: Mutex::new(HashMap::new()),
+            permits: Mutex::new(Arc::new(tokio::sync::Semaphore::new(runner::concurrency()))),
+            #[cfg(test)]
+            stall: Mutex::new(HashMap::new()),
+            #[cfg(test)]
+            settles: std::sync::atomic::AtomicUsize::new(0),
             owned: Mutex::new(BTreeMap::new()),
             watching: Mutex::new(HashSet::new()),
             memory: Mutex::new(HashMap::new()),
@@ -190,27 +213,35 @@ impl Agent {
         self.session().leave().await;
     }
 
-    /// The loop: reconciles on every etcd event, every second, and when
-    /// asked; steps down and joins again when the lease is lost.
+    /// The loop: a pass (`runner.rs`) after every burst of etcd events,
+    /// every second (all volumes), and when a volume asks; steps down and
+    /// joins again when the lease is lost.
     async fn run(self: Arc<Self>) {
+        use tokio::sync::broadcast::error::{RecvError, TryRecvError};
         loop {
             let s = self.session();
             let mut events = s.events();
-            self.reconcile().await;
+            self.mark_all();
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             let why = loop {
+                self.pass(&s).await;
                 tokio::select! {
                     e = events.recv() => match e {
-                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                            self.reconcile().await
-                        }
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                            break "the etcd watch ended".to_string()
-                        }
+                        Ok(e) => self.mark_event(&e),
+                        Err(RecvError::Lagged(_)) => self.mark_all(),
+                        Err(RecvError::Closed) => break "the etcd watch ended".to_string(),
                     },
-                    _ = tick.tick() => self.reconcile().await,
-                    _ = self.kick.notified() => self.reconcile().await,
+                    _ = tick.tick() => self.mark_all(),
+                    _ = self.kick.notified() => {}
                     _ = self.lost.notified() => break "the ownership lease was lost".to_string(),
+                }
+                // the rest of the burst joins this pass
+                loop {
+                    match events.try_recv() {
+                        Ok(e) => self.mark_event(&e),
+                        Err(TryRecvError::Lagged(_)) => self.mark_all(),
+                        Err(TryRecvError::Empty | TryRecvError::Closed) => break,
+                    }
                 }
             };
             tracing::error!(
@@ -268,62 +299,6 @@ impl Agent {
         }
     }
 
-    async fn reconcile(self: &Arc<Self>) {
-        if let Err(e) = self.reconcile_inner().await {
-            tracing::warn!("cluster {}: {e}", self.m.name);
-        }
-    }
-
-    /// One pass: reads the members, then for each volume gathers what etcd
-    /// and this node show, decides (`decide.rs`) and acts (`own.rs`). The
-    /// volumes are settled one after another under the `served` lock; their
-    /// plans are independent, so a runner that settles them concurrently
-    /// (issue 21) needs only to hand each its own slot.
-    async fn reconcile_inner(self: &Arc<Self>) -> Result<(), ClusterError> {
-        let s = self.session();
-        // decide::decide plans nothing either while the lease is not valid
-        if !s.is_valid() {
-            return Ok(());
-        }
-        let nodes = s.nodes().await?;
-        let members = decide::Members {
-            live: nodes.iter().map(|n| n.name.clone()).collect(),
-            draining: s.draining().await?.into_iter().collect(),
-        };
-        self.update_peers(&nodes);
-        let specs = s.specs().await?;
-        let mut served = self.served.lock().await;
-        let names: HashSet<&str> = specs.iter().map(|v| v.name.as_str()).collect();
-        let gone: Vec<String> = served
-            .keys()
-            .filter(|n| !names.contains(n.as_str()))
-            .cloned()
-            .collect();
-        for name in gone {
-            let sv = served.remove(&name).expect("listed");
-            let here = self.local_volume(&name, Some(&sv), None);
-            let Some(plan) = decide::decide_gone(&name, &here) else {
-                continue;
-            };
-            let spec = sv.spec.clone();
-            let mut slot = Some(sv);
-            let r = self.act(&s, &spec, &mut slot, plan).await;
-            if let Some(sv) = slot {
-                served.insert(name, sv);
-            }
-            r?;
-        }
-        for spec in specs {
-            let mut slot = served.remove(&spec.name);
-            let r = self.settle(&s, &members, &spec, &mut slot).await;
-            if let Some(sv) = slot {
-                served.insert(spec.name.clone(), sv);
-            }
-            r?;
-        }
-        Ok(())
-    }
-
     /// The standby namespace of `spec`: its subsystem (made if missing),
     /// its ANA group Inaccessible, a switch device with nothing behind it.
     fn serve_standby(&self, spec: &VolumeSpec) -> anyhow::Result<Arc<SwitchDevice>> {
@@ -367,17 +342,6 @@ impl Agent {
             let _ = self.target.remove_subsystem(&spec.nqn);
         }
         tracing::info!("cluster volume {}: no longer served here", spec.name);
-    }
-
-    /// Asks for a reconcile after `d` (a claim delay runs out).
-    fn kick_after(self: &Arc<Self>, d: Duration) {
-        let me = Arc::downgrade(self);
-        tokio::spawn(async move {
-            tokio::time::sleep(d).await;
-            if let Some(a) = me.upgrade() {
-                a.kick.notify_one();
-            }
-        });
     }
 }
 

@@ -4,9 +4,9 @@
 //!
 //! [`Agent::settle`] is one volume's whole pass (gather, decide, act) and
 //! [`Agent::act`] runs one volume's plan; neither touches another volume,
-//! so issue 21's runner can call them for many volumes at once (each with
-//! its own slot, a bounded number at a time, each volume on its own
-//! back-off). Today `reconcile_inner` calls them one volume after another.
+//! so `runner.rs` calls them for many volumes at once, each in its own
+//! task with its own slot; a volume that waits (its turn, its back-off)
+//! asks to be settled again when the wait is over.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -166,7 +166,7 @@ impl Agent {
             Action::AskHandOff { to, epoch } => {
                 tracing::info!("volume {name}: this node drains; handing it to {to}");
                 s.set_handoff(name, &Handoff { to, epoch }).await?;
-                self.kick.notify_one();
+                self.kick_volume(name);
             }
             Action::Claim { .. } => {
                 let Some(sv) = slot else { return Ok(true) };
@@ -178,7 +178,7 @@ impl Agent {
                 self.take_over(s, sv, o.epoch).await;
             }
             Action::Wait(Wait::Turn { due, .. }) => {
-                self.kick_after(due.saturating_duration_since(Instant::now()));
+                self.kick_after(name, due.saturating_duration_since(Instant::now()));
             }
             Action::Wait(_) | Action::Keep(_) => {}
         }
@@ -192,6 +192,13 @@ impl Agent {
     async fn take_over(self: &Arc<Self>, s: &Session, sv: &mut Served, epoch: u64) {
         let t0 = Instant::now();
         let name = sv.spec.name.clone();
+        #[cfg(test)]
+        {
+            let stall = self.stall.lock().get(&name).copied();
+            if let Some(d) = stall {
+                tokio::time::sleep(d).await;
+            }
+        }
         let req = AssembleVolume {
             drives: sv.spec.drives.clone(),
             takeover: true,
@@ -221,6 +228,8 @@ impl Agent {
             self.memory_of(&name, |m| {
                 m.cooldown_until = Some(Instant::now() + COOLDOWN)
             });
+            // this volume alone retries, when its back-off is over
+            self.kick_after(&name, COOLDOWN);
             if let Err(e) = s.release(&name, epoch).await {
                 tracing::warn!("volume {name}: releasing after a failed takeover: {e}");
             }

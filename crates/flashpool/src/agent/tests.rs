@@ -245,3 +245,177 @@ async fn drain_hands_over_and_a_delete_unserves_the_standby() {
     a.leave().await;
     b.leave().await;
 }
+
+/// Creates `v<i>` (raid1 on e1:d<2i>, e1:d<2i+1>, nsid i+1) through `a`.
+async fn create_raid1(a: &Arc<Agent>, i: usize) {
+    a.create(CreateVolume {
+        name: format!("v{i}"),
+        layout: Some("raid1".into()),
+        drives: vec![format!("e1:d{}", 2 * i), format!("e1:d{}", 2 * i + 1)],
+        thin_pool: false,
+        cluster: None,
+        pool: None,
+        size: None,
+        strip: None,
+        block_size: None,
+        rebuild_rate: None,
+        export: Some(ExportRequest {
+            nqn: NQN.into(),
+            nsid: i as u32 + 1,
+        }),
+    })
+    .await
+    .unwrap();
+}
+
+/// Revokes `from`'s lease, as a peer does when `from`'s process looks
+/// dead (`from` stays out: it does not join again), and waits until `t`
+/// has every group in `groups` Optimized; the time from the revoke to each
+/// group's takeover, by group index, and how many volume settles `to` ran
+/// meanwhile.
+async fn revoke_and_time(
+    to: &Arc<Agent>,
+    t: &Arc<Target>,
+    from: &Arc<Agent>,
+    groups: &[u32],
+) -> (Vec<Duration>, usize) {
+    from.leaving
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let settles = || to.settles.load(std::sync::atomic::Ordering::Relaxed);
+    let before = settles();
+    let t0 = Instant::now();
+    assert!(to.session().revoke_node(from.name()).await.unwrap());
+    let mut done: Vec<Option<Duration>> = vec![None; groups.len()];
+    while done.iter().any(Option::is_none) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "timed out: taken over {done:?}"
+        );
+        for (i, g) in groups.iter().enumerate() {
+            if done[i].is_none() && t.ana_state(*g) == AnaState::Optimized {
+                done[i] = Some(t0.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    (
+        done.into_iter().map(Option::unwrap).collect(),
+        settles() - before,
+    )
+}
+
+/// Moves every volume to `to` (planned) and waits until it serves them all.
+async fn move_all(from: &Arc<Agent>, to: &Arc<Agent>, tt: &Arc<Target>, groups: &[u32]) {
+    wait(
+        "the new node to serve every volume on standby",
+        15,
+        async || {
+            let sub = tt.subsystem(NQN);
+            (1..=groups.len() as u32)
+                .all(|n| sub.as_ref().is_some_and(|s| s.namespace(n).is_some()))
+        },
+    )
+    .await;
+    for i in 0..groups.len() {
+        from.move_volume(&format!("v{i}"), to.name()).await.unwrap();
+    }
+    wait("every volume moved", 15, async || {
+        groups
+            .iter()
+            .all(|g| tt.ana_state(*g) == AnaState::Optimized)
+    })
+    .await;
+}
+
+/// Prints first/median/last, and checks that the volume settles (one
+/// owner read each) grew with the volumes, not with the events times the
+/// volumes: the takeover itself, plus every volume once a second for the
+/// periodic resync. Before the passes followed the events, each of the
+/// ~2N events (owner gone, owner set) settled all N volumes.
+fn report(what: &str, took: &[Duration], settles: usize) {
+    let mut s = took.to_vec();
+    s.sort();
+    let n = s.len();
+    let ticks = s[n - 1].as_secs() as usize + 1;
+    assert!(
+        settles <= 3 * n + n * ticks,
+        "{what}: {settles} volume settles for {n} volumes in {:?}",
+        s[n - 1]
+    );
+    eprintln!(
+        "{what}: {} volumes, first {:?}, median {:?}, last {:?}, {settles} volume settles",
+        s.len(),
+        s[0],
+        s[s.len() / 2],
+        s[s.len() - 1]
+    );
+}
+
+/// Eight volumes owned by one node, whose lease is revoked (and which
+/// stays out): a takes them all over one at a time (concurrency 1, as
+/// before issue 21), then concurrently, then with v0's takeover stalled:
+/// the other seven must not wait for it. Each round the volumes are first
+/// moved to a fresh node (b, c, d).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn takes_over_many_volumes_concurrently() {
+    if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
+        return;
+    }
+    const N: usize = 8;
+    let etcd = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
+    let hosts: Vec<String> = ["a", "b", "c", "d"].map(node_host_nqn).to_vec();
+    let enc = Enclosure::new("e1", 2 * N, &hosts);
+    let (a, ta) = member("a", &enc, &etcd.endpoint()).await;
+    let (b, tb) = member("b", &enc, &etcd.endpoint()).await;
+    for i in 0..N {
+        create_raid1(&b, i).await;
+    }
+    let st = b.status().await.unwrap();
+    let mut vols: Vec<_> = st.volumes.iter().collect();
+    vols.sort_by_key(|v| v.name[1..].parse::<usize>().unwrap());
+    let groups: Vec<u32> = vols.iter().map(|v| v.ana_group).collect();
+    assert_eq!(groups.len(), N);
+    assert!(
+        groups
+            .iter()
+            .all(|g| tb.ana_state(*g) == AnaState::Optimized)
+    );
+    wait("a to serve every volume on standby", 10, async || {
+        let sub = ta.subsystem(NQN);
+        (1..=N as u32).all(|n| sub.as_ref().is_some_and(|s| s.namespace(n).is_some()))
+    })
+    .await;
+
+    // One at a time.
+    *a.permits.lock() = Arc::new(tokio::sync::Semaphore::new(1));
+    let (serial, n1) = revoke_and_time(&a, &ta, &b, &groups).await;
+    report("serial takeover", &serial, n1);
+    let st = a.status().await.unwrap();
+    assert!(st.volumes.iter().all(|v| v.owner.as_deref() == Some("a")));
+    assert!(st.volumes.iter().all(|v| v.epoch == Some(2)));
+
+    // All at once.
+    let (c, tc) = member("c", &enc, &etcd.endpoint()).await;
+    move_all(&a, &c, &tc, &groups).await;
+    *a.permits.lock() = Arc::new(tokio::sync::Semaphore::new(super::runner::concurrency()));
+    let (concurrent, n2) = revoke_and_time(&a, &ta, &c, &groups).await;
+    report("concurrent takeover", &concurrent, n2);
+
+    // v0's takeover hangs (a slow member, before the node's assembly):
+    // the others are served long before it.
+    let (d, td) = member("d", &enc, &etcd.endpoint()).await;
+    move_all(&a, &d, &td, &groups).await;
+    let stall = Duration::from_secs(4);
+    a.stall.lock().insert("v0".into(), stall);
+    let (stalled, n3) = revoke_and_time(&a, &ta, &d, &groups).await;
+    report("v0 stalled", &stalled, n3);
+    let others = stalled[1..].iter().max().unwrap();
+    assert!(
+        *others < stall && stalled[0] >= stall,
+        "the others waited for v0: {stalled:?}"
+    );
+    let st = a.status().await.unwrap();
+    assert!(st.volumes.iter().all(|v| v.owner.as_deref() == Some("a")));
+    assert!(st.volumes.iter().all(|v| v.epoch == Some(6)));
+    a.leave().await;
+}

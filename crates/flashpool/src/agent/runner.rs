@@ -1,0 +1,329 @@
+//! Carrying the decisions out for many volumes at once (issue 21): which
+//! volumes the next pass settles, the per-volume tasks that settle them,
+//! and the `served` map those tasks and the API share.
+//!
+//! A pass reads the members and the specs (three range reads), then starts
+//! one task per volume it names: the volumes named by the watch events
+//! since the last pass (a burst of events is one pass), or every volume on
+//! the periodic resync and whenever the members change. The pass does not
+//! wait for its tasks, so a slow or failing takeover delays no other
+//! volume; each task reads its own volume's keys, decides
+//! ([`super::decide`]) and acts ([`Agent::settle`]). At most one task runs
+//! per volume (a volume named again while its task runs is settled once
+//! more after it), and at most [`concurrency`] at once.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cluster::{ClusterError, ClusterEvent, Session, VolumeSpec};
+use tokio::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Semaphore};
+
+use super::decide::{self, Members};
+use super::{Agent, Served};
+
+/// How many volumes are settled at once: takeovers wait mostly on the
+/// network and etcd, so a few more than the cores.
+pub(super) fn concurrency() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (2 * cores).max(4)
+}
+
+/// The volumes served here. A volume's task takes its [`Served`] out while
+/// it acts and puts it back after, holding the map's lock only for that;
+/// the API's [`ServedMap::lock`] waits until no task acts and keeps them
+/// all out while it holds the map (as the whole-pass lock did before).
+pub(super) struct ServedMap {
+    /// Shared by every acting task, exclusive for the API.
+    gate: RwLock<()>,
+    map: Mutex<BTreeMap<String, Served>>,
+}
+
+/// The whole map, with no volume's task acting.
+pub(super) struct ServedGuard<'a> {
+    _gate: RwLockWriteGuard<'a, ()>,
+    map: MutexGuard<'a, BTreeMap<String, Served>>,
+}
+
+impl Deref for ServedGuard<'_> {
+    type Target = BTreeMap<String, Served>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl DerefMut for ServedGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.map
+    }
+}
+
+impl ServedMap {
+    pub(super) fn new() -> Self {
+        ServedMap {
+            gate: RwLock::new(()),
+            map: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Exclusive use of the whole map: waits for the tasks acting now.
+    pub(super) async fn lock(&self) -> ServedGuard<'_> {
+        let gate = self.gate.write().await;
+        ServedGuard {
+            _gate: gate,
+            map: self.map.lock().await,
+        }
+    }
+
+    /// Held by a volume's task while it acts.
+    async fn acting(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read().await
+    }
+
+    async fn take(&self, name: &str) -> Option<Served> {
+        self.map.lock().await.remove(name)
+    }
+
+    async fn put(&self, name: &str, sv: Served) {
+        self.map.lock().await.insert(name.to_string(), sv);
+    }
+
+    async fn names(&self) -> Vec<String> {
+        self.map.lock().await.keys().cloned().collect()
+    }
+}
+
+/// The volumes the next pass settles.
+#[derive(Default)]
+pub(super) struct Dirty {
+    all: bool,
+    names: BTreeSet<String>,
+}
+
+impl Dirty {
+    fn is_empty(&self) -> bool {
+        !self.all && self.names.is_empty()
+    }
+
+    fn merge(&mut self, o: Dirty) {
+        self.all |= o.all;
+        self.names.extend(o.names);
+    }
+}
+
+/// The volume an event is about; `None` for one that may change any
+/// volume's decision (members, drains, a restarted watch).
+fn volume_of(e: &ClusterEvent) -> Option<&str> {
+    match e {
+        ClusterEvent::SpecPut(s) => Some(&s.name),
+        ClusterEvent::SpecDeleted(v)
+        | ClusterEvent::OwnerSet(v, _)
+        | ClusterEvent::OwnerGone(v)
+        | ClusterEvent::HandoffSet(v, _)
+        | ClusterEvent::HandoffCleared(v) => Some(v),
+        ClusterEvent::NodeUp(_)
+        | ClusterEvent::NodeDown(_)
+        | ClusterEvent::Drain(..)
+        | ClusterEvent::Resync => None,
+    }
+}
+
+impl Agent {
+    /// The next pass settles what `e` is about.
+    pub(super) fn mark_event(&self, e: &ClusterEvent) {
+        match volume_of(e) {
+            Some(v) => self.mark(v),
+            None => self.mark_all(),
+        }
+    }
+
+    /// The next pass settles every volume.
+    pub(super) fn mark_all(&self) {
+        self.dirty.lock().all = true;
+    }
+
+    /// The next pass settles `name`.
+    pub(super) fn mark(&self, name: &str) {
+        self.dirty.lock().names.insert(name.to_string());
+    }
+
+    /// Settles `name` soon: marks it and wakes the loop.
+    pub(super) fn kick_volume(&self, name: &str) {
+        self.mark(name);
+        self.kick.notify_one();
+    }
+
+    /// Settles `name` after `d` (a claim delay or a back-off runs out).
+    pub(super) fn kick_after(self: &Arc<Self>, name: &str, d: Duration) {
+        let me = Arc::downgrade(self);
+        let name = name.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(d).await;
+            if let Some(a) = me.upgrade() {
+                a.kick_volume(&name);
+            }
+        });
+    }
+
+    /// One pass over what is marked: starts a task per volume and returns
+    /// without waiting for them. What it could not read stays marked.
+    pub(super) async fn pass(self: &Arc<Self>, s: &Session) {
+        let dirty = std::mem::take(&mut *self.dirty.lock());
+        if dirty.is_empty() {
+            return;
+        }
+        // decide::decide plans nothing either while the lease is not valid;
+        // the next tick tries again
+        if !s.is_valid() {
+            self.dirty.lock().merge(dirty);
+            return;
+        }
+        if let Err(e) = self.start_pass(s, &dirty).await {
+            tracing::warn!("cluster {}: {e}", self.m.name);
+            self.dirty.lock().merge(dirty);
+        }
+    }
+
+    async fn start_pass(self: &Arc<Self>, s: &Session, dirty: &Dirty) -> Result<(), ClusterError> {
+        let nodes = s.nodes().await?;
+        let members = Arc::new(Members {
+            live: nodes.iter().map(|n| n.name.clone()).collect(),
+            draining: s.draining().await?.into_iter().collect(),
+        });
+        self.update_peers(&nodes);
+        let mut specs: HashMap<String, VolumeSpec> = s
+            .specs()
+            .await?
+            .into_iter()
+            .map(|v| (v.name.clone(), v))
+            .collect();
+        let names: BTreeSet<String> = if dirty.all {
+            // served here but without a spec: gone (the task checks)
+            let mut all: BTreeSet<String> = specs.keys().cloned().collect();
+            all.extend(self.served.names().await);
+            all.extend(self.acting.lock().keys().cloned());
+            all
+        } else {
+            dirty.names.clone()
+        };
+        for name in names {
+            let spec = specs.remove(&name);
+            self.start(s, &members, name, spec);
+        }
+        Ok(())
+    }
+
+    /// Starts `name`'s task, or asks the one running to go again after.
+    fn start(
+        self: &Arc<Self>,
+        s: &Session,
+        members: &Arc<Members>,
+        name: String,
+        spec: Option<VolumeSpec>,
+    ) {
+        {
+            let mut acting = self.acting.lock();
+            if let Some(again) = acting.get_mut(&name) {
+                *again = true;
+                return;
+            }
+            acting.insert(name.clone(), false);
+        }
+        let (a, s, members) = (self.clone(), s.clone(), members.clone());
+        let permits: Arc<Semaphore> = self.permits.lock().clone();
+        tokio::spawn(async move {
+            if let Ok(_permit) = permits.acquire_owned().await {
+                let _acting = a.served.acting().await;
+                // a task queued before the lease was lost acts on nothing
+                if s.is_valid() {
+                    a.settle_one(&s, &members, &name, spec.as_ref()).await;
+                }
+            }
+            if a.acting.lock().remove(&name) == Some(true) {
+                a.kick_volume(&name);
+            }
+        });
+    }
+
+    /// One volume's pass: its slot out of the map, settled, put back.
+    async fn settle_one(
+        self: &Arc<Self>,
+        s: &Session,
+        members: &Members,
+        name: &str,
+        spec: Option<&VolumeSpec>,
+    ) {
+        #[cfg(test)]
+        self.settles
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut slot = self.served.take(name).await;
+        let r = match (spec, &slot) {
+            (Some(spec), _) => self.settle(s, members, spec, &mut slot).await,
+            (None, Some(sv)) => {
+                let here = self.local_volume(name, Some(sv), None);
+                match decide::decide_gone(name, &here) {
+                    Some(plan) => {
+                        let spec = sv.spec.clone();
+                        self.act(s, &spec, &mut slot, plan).await
+                    }
+                    None => Ok(()),
+                }
+            }
+            (None, None) => Ok(()),
+        };
+        if let Some(sv) = slot {
+            self.served.put(name, sv).await;
+        }
+        if let Err(e) = r {
+            // this volume only: the next event or resync tries again
+            tracing::warn!("cluster {}: volume {name}: {e}", self.m.name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cluster::Owner;
+
+    #[test]
+    fn a_burst_of_volume_events_names_those_volumes_and_member_events_all() {
+        let owner = Owner {
+            node: "a".into(),
+            epoch: 2,
+        };
+        let mut d = Dirty::default();
+        for e in [
+            ClusterEvent::OwnerGone("v1".into()),
+            ClusterEvent::OwnerSet("v1".into(), owner),
+            ClusterEvent::HandoffCleared("v2".into()),
+            ClusterEvent::SpecDeleted("v3".into()),
+        ] {
+            d.names.insert(volume_of(&e).unwrap().to_string());
+        }
+        assert_eq!(d.names.iter().collect::<Vec<_>>(), ["v1", "v2", "v3"]);
+        assert!(!d.all && !d.is_empty());
+        for e in [
+            ClusterEvent::NodeDown("b".into()),
+            ClusterEvent::Drain("a".into(), true),
+            ClusterEvent::Resync,
+        ] {
+            assert_eq!(volume_of(&e), None, "{e:?}");
+        }
+        let mut all = Dirty::default();
+        assert!(all.is_empty());
+        all.merge(Dirty {
+            all: true,
+            names: BTreeSet::new(),
+        });
+        all.merge(d);
+        assert!(all.all && all.names.len() == 3);
+    }
+
+    #[test]
+    fn concurrency_is_a_few_more_than_the_cores() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(concurrency() >= 4 && concurrency() >= cores);
+    }
+}
