@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Import loops between the modules of each crate (a check for issue 20).
+"""Import loops between the modules of each crate (none are allowed).
 
 Reads every `src/**/*.rs` of each crate, maps `use crate::a::b` / `super::`
 paths (and `crate::a::b::` paths in code) to the module files they name, and

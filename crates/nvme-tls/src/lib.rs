@@ -5,8 +5,8 @@
 //! (see `nvme_wire::tls_psk`); the target looks the key up by the identity's
 //! host and subsystem NQNs.
 //!
-//! The stack is OpenSSL: rustls has no external-PSK support (rustls issue
-//! 174, open), and the Linux host's `tlshd` (GnuTLS) is what we must meet.
+//! The stack is OpenSSL: rustls has no external-PSK support (docs/config.md,
+//! "Why OpenSSL"), and the Linux host's `tlshd` (GnuTLS) is what we must meet.
 //! No session tickets are sent: the Linux host hands the socket to kTLS
 //! after the handshake and treats any later handshake record as an error.
 

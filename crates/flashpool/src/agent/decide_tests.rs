@@ -5,7 +5,7 @@
 //!
 //! Not here: whether a volume's members are reachable from this node. No
 //! decision reads that today (a takeover that cannot reach a member fails,
-//! releases and backs off: the cooldown rows); issue 21 item 2 adds it.
+//! releases and backs off: the cooldown rows); degraded takeover will add it.
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! Carrying the decisions out for many volumes at once (issue 21): which
+//! Carrying the decisions out for many volumes at once: which
 //! volumes the next pass settles, the per-volume tasks that settle them,
 //! and the `served` map those tasks and the API share.
 //!

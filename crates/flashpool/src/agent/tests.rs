@@ -353,7 +353,7 @@ fn report(what: &str, took: &[Duration], settles: usize) {
 
 /// Eight volumes owned by one node, whose lease is revoked (and which
 /// stays out): a takes them all over one at a time (concurrency 1, as
-/// before issue 21), then concurrently, then with v0's takeover stalled:
+/// the serial runner did), then concurrently, then with v0's takeover stalled:
 /// the other seven must not wait for it. Each round the volumes are first
 /// moved to a fresh node (b, c, d).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

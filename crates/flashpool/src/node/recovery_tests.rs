@@ -1,4 +1,4 @@
-//! Issue 11, 4 and 3: re-add, failed spares across a restart, forced
+//! Recovery and refusals: re-add, failed spares across a restart, forced
 //! assembly, and the operations that lose data needing force. Every
 //! refusal is checked to change nothing the API shows.
 

@@ -673,7 +673,7 @@ async fn io_result(
     .result
 }
 
-/// Issue 11, 1 and 2: a raid0 member failed (with force), and a raid5 that
+/// A dead volume never keeps the node down: a raid0 member failed (with force), and a raid5 that
 /// lost two drives. The next start still runs every other volume; the dead
 /// ones come up offline with the reason, are listed, not served, and can be
 /// deleted. Before, the raid0 declared in the TOML was made again, empty,
@@ -798,7 +798,7 @@ async fn a_node_always_starts_and_dead_volumes_come_up_offline() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue 11, 2 and 3: `drive fail` on a raid0 (or concat) member beyond the
+/// `drive fail` on a raid0 (or concat) member beyond the
 /// tolerance is refused without force and changes nothing; with force the
 /// member gets no more I/O, what touches it fails with the volume's error
 /// (Unrecovered Read Error / Write Fault to a host), and the volume says failed.
@@ -875,7 +875,7 @@ async fn failing_a_member_beyond_tolerance_needs_force_and_then_is_real() {
     }
 }
 
-/// Issue 11, 3: a replace that is refused (spare too small, a volume that
+/// A replace that is refused (spare too small, a volume that
 /// cannot be rebuilt) leaves the drive, the volume and the spare as they
 /// were; failing a second raid5 member needs force and makes it failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

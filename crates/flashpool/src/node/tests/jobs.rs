@@ -1,4 +1,4 @@
-//! Issue 11, items 6 to 8: long work runs as jobs with progress (initial
+//! Long work runs as jobs with progress (initial
 //! sync, rebuild, scrub), scrub can be stopped, and hot spares take a
 //! failed member's place by themselves.
 
@@ -48,7 +48,7 @@ async fn dirty(node: &Node, drives: &[&str]) {
     }
 }
 
-/// Issue 11, 6: a 2 GiB raid5 took 34 s inside the create request, holding
+/// A 2 GiB raid5 used to take 34 s inside the create request, holding
 /// the API. Now create answers at once and the sync is a job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn initial_sync_is_a_job_and_create_answers_at_once() {
@@ -85,7 +85,7 @@ async fn initial_sync_is_a_job_and_create_answers_at_once() {
     check_all(&*dev, &l, 5).await;
 }
 
-/// Issue 11, 8: scrub was reachable from neither the CLI nor the API.
+/// Scrub used to be reachable from neither the CLI nor the API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scrub_counts_repairs_stops_and_refuses_clearly() {
     let node = mem_node(5, 16 * MIB);
@@ -178,7 +178,7 @@ async fn scrub_counts_repairs_stops_and_refuses_clearly() {
     assert!(j.done_stripes < j.total_stripes, "{j:?}");
 }
 
-/// Issue 11, 7: right after a replace the progress said `0.0% (0 of 0
+/// Right after a replace the progress used to say `0.0% (0 of 0
 /// stripes)` or the last rebuild's 100%, and never named the drive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebuild_progress_names_its_drives_from_the_moment_of_the_replace() {
@@ -221,7 +221,7 @@ async fn rebuild_progress_names_its_drives_from_the_moment_of_the_replace() {
     assert_eq!(node.volume("r6").await.unwrap().state, "optimal");
 }
 
-/// Issue 11, 8: there were no hot spares.
+/// Hot spares take a failed member's place by themselves (there were none before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_spare_takes_a_failed_members_place() {
     let mut specs: Vec<DriveSpec> = (0..4)
