@@ -60,6 +60,13 @@ else
   tail -n 30 "$LOG/clippy.txt"; fail "cargo clippy (see $LOG/clippy.txt)"
 fi
 
+say "scripts/mod-loops.py (no import loop between the modules of a crate)"
+if python3 scripts/mod-loops.py >"$LOG/mod-loops.txt" 2>&1; then
+  pass "no import loops"
+else
+  cat "$LOG/mod-loops.txt"; fail "import loops (see $LOG/mod-loops.txt)"
+fi
+
 say "scripts/apt-install.test.sh"
 if scripts/apt-install.test.sh >"$LOG/apt-install-test.txt" 2>&1; then
   pass "apt-install.sh (fake apt-get)"
