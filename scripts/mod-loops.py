@@ -2,7 +2,7 @@
 """Import loops between the modules of each crate (none are allowed).
 
 Reads every `src/**/*.rs` of each crate, maps `use crate::a::b` / `super::`
-paths (and `crate::a::b::` paths in code) to the module files they name, and
+paths (and `crate::a::b::` paths in code, and glob imports) to the module files they name, and
 prints the strongly connected components of more than one module. A child
 module's `use super::X` of its parent is counted as an edge only when the
 parent also imports the child (a loop); `mod` declarations are not edges.
@@ -88,6 +88,10 @@ def crate_graph(crate: Path) -> dict:
                     item = item.strip().split(" as ")[0].strip()
                     if item:
                         targets.append((kind, pre + [sub.group(1)] + item.split("::")))
+        # A glob import depends on the whole module it names.
+        for g in re.finditer(r"\buse\s+((?:crate|super|self)(?:::\w+)*)::\*\s*;", text):
+            segs = g.group(1).split("::")
+            targets.append((segs[0], segs[1:]))
         for p in PATH_RE.finditer(text):
             targets.append((p.group(1), [s for s in p.group(2).split("::") if s]))
         for kind, segs in targets:
