@@ -23,8 +23,12 @@ pub fn run(
     init_logging(&cfg.node.log, log_format.unwrap_or(cfg.node.log_format));
     // Signals are blocked from here on, so a SIGTERM during start-up is not lost.
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
-    let (drive_specs, volume_specs) = config::node_specs(&cfg)?;
-    let cluster = config::identity(&cfg)?;
+    let Checked {
+        drive_specs,
+        volume_specs,
+        cluster,
+        membership,
+    } = check(&cfg)?;
     if check_only {
         // Volumes are not assembled here (that writes superblocks): a
         // declared volume stands in as a placeholder.
@@ -38,10 +42,6 @@ pub fn run(
                 crate::node::VolumeNamespace::Unknown
             }
         })?;
-        if cfg.api.enabled {
-            // The API's HTTPS files and client certificate settings.
-            crate::api::server_config(&cfg.api)?;
-        }
         outln!(
             "config {origin}: OK ({} subsystems, {} drives, {} volumes)",
             built.subsystems.len(),
@@ -102,9 +102,8 @@ pub fn run(
         .map(|d| (d.name.clone(), d.export_hosts.clone()))
         .collect();
     rt.block_on(node.restore_drive_exports(&drive_exports))?;
-    let agent = match &cfg.cluster {
-        Some(c) => {
-            let m = config::membership::membership(c, &built.listeners)?;
+    let agent = match membership {
+        Some(m) => {
             // Peers call it by this: with its scheme when it is HTTPS.
             let api = cfg.api.enabled.then(|| match &cfg.api.tls_cert {
                 Some(_) => format!("https://{}", cfg.api.address),
@@ -125,22 +124,16 @@ pub fn run(
         let _in_rt = rt.enter();
         crate::node::monitor::spawn(&node);
     }
-    let server = Server::start(target.clone(), &built.listeners)?;
-    let api = if cfg.api.enabled {
-        let app = crate::api::App {
-            node: node.clone(),
-            agent: agent.clone(),
-        };
-        let started = crate::api::start(&rt, app, &cfg.api, cfg.node.state_dir.as_deref())?;
-        if let Some(a) = &agent {
-            a.set_peer_api(Arc::new(crate::client::PeerApi::new(
-                started.auth.clone(),
-                &cfg.api,
-            )?));
+    let (server, api) = match listen(&rt, &cfg, &built.listeners, &target, &node, &agent) {
+        Ok(up) => up,
+        Err(e) => {
+            if let Some(a) = &agent {
+                // Nothing was served: the slot and home slot the join took
+                // go back (the home would keep a slot from other nodes).
+                rt.block_on(a.session().abandon());
+            }
+            return Err(e);
         }
-        Some(started)
-    } else {
-        None
     };
     if let Some(a) = &agent {
         let _in_rt = rt.enter();
@@ -177,6 +170,66 @@ pub fn run(
     }
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// Opens the NVMe/TCP listeners and the API: the last steps of a start
+/// that can fail.
+fn listen(
+    rt: &tokio::runtime::Runtime,
+    cfg: &config::NodeConfig,
+    listeners: &[nvmf_target::ListenerConfig],
+    target: &Arc<Target>,
+    node: &Arc<Node>,
+    agent: &Option<Arc<crate::agent::Agent>>,
+) -> Result<(Server, Option<crate::api::Started>)> {
+    let server = Server::start(target.clone(), listeners)?;
+    if !cfg.api.enabled {
+        return Ok((server, None));
+    }
+    let app = crate::api::App {
+        node: node.clone(),
+        agent: agent.clone(),
+    };
+    let started = crate::api::start(rt, app, &cfg.api, cfg.node.state_dir.as_deref())?;
+    if let Some(a) = agent {
+        a.set_peer_api(Arc::new(crate::client::PeerApi::new(
+            started.auth.clone(),
+            &cfg.api,
+        )?));
+    }
+    Ok((server, Some(started)))
+}
+
+/// What `serve` takes from the file, checked without touching a drive, a
+/// port or etcd.
+struct Checked {
+    drive_specs: Vec<crate::node::DriveSpec>,
+    volume_specs: Vec<crate::node::CreateVolume>,
+    cluster: crate::node::identity::Cluster,
+    membership: Option<config::Membership>,
+}
+
+/// The checks `serve --check` makes and `serve` makes first: one function
+/// for both, so that a file the check passes is not refused at start (and
+/// a start that would be refused fails before it joins a cluster).
+fn check(cfg: &config::NodeConfig) -> Result<Checked> {
+    let (drive_specs, volume_specs) = config::node_specs(cfg)?;
+    let cluster = config::identity(cfg)?;
+    let membership = match &cfg.cluster {
+        Some(c) => Some(config::membership::membership(c, &config::listeners(cfg)?)?),
+        None => None,
+    };
+    if cfg.api.enabled {
+        // The address (HTTPS off loopback), the HTTPS files and the client
+        // certificate settings.
+        crate::api::check(&cfg.api)?;
+    }
+    Ok(Checked {
+        drive_specs,
+        volume_specs,
+        cluster,
+        membership,
+    })
 }
 
 fn init_logging(level: &str, format: config::LogFormat) {

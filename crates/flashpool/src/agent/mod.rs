@@ -128,7 +128,11 @@ impl Agent {
             })?;
         let session = join_until_done(&m, &record).await;
         let (lo, hi) = session.cntlid_range();
-        target.set_cntlid_range(lo, hi)?;
+        if let Err(e) = target.set_cntlid_range(lo, hi) {
+            // Nothing was served: the start takes back what the join took.
+            session.abandon().await;
+            return Err(e.into());
+        }
         target.set_anatt(ANATT_SECS);
         node.set_etcd_managed();
         tracing::info!(

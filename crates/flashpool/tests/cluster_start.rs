@@ -1,0 +1,156 @@
+//! Starting and stopping a cluster node as a new user does: `serve --check`
+//! against what `serve` refuses, a start that fails after joining, and a
+//! node stopped while it waits for etcd.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use cluster::testing::{EtcdServer, etcd_available, keys_under};
+
+mod common;
+
+use common::{BIN, free_port, scratch};
+
+/// A cluster node's TOML: `name` in cluster `cluster`, etcd at `etcd`, its
+/// API at `api`, everything else on free loopback ports.
+fn node_toml(dir: &Path, cluster: &str, etcd: &str, api: &str) -> PathBuf {
+    let path = dir.join("node.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[node]
+name = "n1"
+reactors = 1
+log = "info"
+
+[cluster]
+name = "{cluster}"
+etcd = ["{etcd}"]
+liveness = "127.0.0.1:{live}"
+
+[[listener]]
+address = "127.0.0.1"
+port = {io}
+kind = "io"
+
+[api]
+address = "{api}"
+"#,
+            live = free_port(),
+            io = free_port(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// `flashpool serve -c CONFIG` with its stderr lines sent to the receiver.
+fn serve(config: &Path) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(BIN)
+        .args(["serve", "-c"])
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("flashpool serve starts");
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// Waits up to `within` for a line containing `what`; returns every line seen.
+fn wait_line(rx: &mpsc::Receiver<String>, what: &str, within: Duration) -> Vec<String> {
+    let end = Instant::now() + within;
+    let mut seen = Vec::new();
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(l) => {
+                let hit = l.contains(what);
+                seen.push(l);
+                if hit {
+                    return seen;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    panic!(
+        "no line with {what:?} within {within:?}; saw:\n{}",
+        seen.join("\n")
+    )
+}
+
+/// The exit status within `within`, or the child is killed and the test fails.
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let end = Instant::now() + within;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("flashpool serve still running {within:?} later");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// An API off loopback without TLS: `serve` refuses it, so `--check` does.
+#[test]
+fn serve_check_refuses_an_api_off_loopback_without_tls() {
+    let dir = scratch("cluster-start", "check");
+    let etcd = format!("http://127.0.0.1:{}", free_port());
+    let config = node_toml(&dir, "c", &etcd, &format!("0.0.0.0:{}", free_port()));
+    let out = Command::new(BIN)
+        .args(["serve", "--check", "-c"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "--check passed: {err}");
+    assert!(err.contains("is not a loopback address"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A start that fails after it joined (here: the API's port is taken)
+/// leaves nothing of itself in etcd, its home slot included.
+#[test]
+fn a_start_that_fails_after_joining_leaves_no_slot_home() {
+    if !etcd_available() {
+        return;
+    }
+    let etcd = EtcdServer::start().unwrap();
+    let dir = scratch("cluster-start", "slot-home");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = taken.local_addr().unwrap().to_string();
+    let config = node_toml(&dir, "fail", &etcd.endpoint(), &api);
+    let (mut child, rx) = serve(&config);
+    let st = wait_exit(&mut child, Duration::from_secs(30));
+    let lines: Vec<String> = rx.iter().collect();
+    assert!(!st.success(), "serve started: {}", lines.join("\n"));
+    assert!(
+        lines.iter().any(|l| l.contains("joined as n1")),
+        "it failed before the join, which this test is not about:\n{}",
+        lines.join("\n")
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let left = rt
+        .block_on(keys_under(&etcd.endpoint(), "/flashpool/fail/"))
+        .unwrap();
+    assert_eq!(left, vec![], "what the failed start left in etcd");
+    drop(taken);
+    let _ = std::fs::remove_dir_all(&dir);
+}
