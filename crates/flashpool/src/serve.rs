@@ -21,8 +21,8 @@ pub fn run(
 ) -> Result<()> {
     let (cfg, origin) = config::load(path)?;
     init_logging(&cfg.node.log, log_format.unwrap_or(cfg.node.log_format));
-    // Signals are blocked from here on, so a SIGTERM during start-up is not lost.
-    let mut signals = Signals::new([SIGINT, SIGTERM])?;
+    // Signals are caught from here on, so a SIGTERM during start-up is not lost.
+    let stop = stop_signals()?;
     let Checked {
         drive_specs,
         volume_specs,
@@ -109,12 +109,27 @@ pub fn run(
                 Some(_) => format!("https://{}", cfg.api.address),
                 None => cfg.api.address.clone(),
             });
-            Some(rt.block_on(crate::agent::Agent::join(
-                node.clone(),
-                target.clone(),
-                m,
-                api,
-            ))?)
+            let cluster = m.name.clone();
+            let join = crate::agent::Agent::join(node.clone(), target.clone(), m, api);
+            // The join waits for etcd as long as it takes: a stop ends the wait.
+            let joined = rt.block_on(async {
+                tokio::select! {
+                    a = join => Some(a),
+                    _ = stopped(stop.clone()) => None,
+                }
+            });
+            match joined {
+                Some(a) => Some(a?),
+                None => {
+                    tracing::info!(
+                        "signal {}: stopping while waiting to join cluster {cluster} (nothing was served)",
+                        stop.borrow().unwrap_or_default()
+                    );
+                    rt.block_on(node.shutdown());
+                    tracing::info!("stopped cleanly");
+                    return Ok(());
+                }
+            }
         }
         None => None,
     };
@@ -156,9 +171,8 @@ pub fn run(
         .as_ref()
         .map(|a| crate::client::runtime_token_path(&a.addr.to_string()));
     print_banner(&server, &origin, api, &rt, &node);
-    if let Some(sig) = signals.forever().next() {
-        tracing::info!("signal {sig}: stopping (in-flight I/O completes, files are flushed)");
-    }
+    let sig = rt.block_on(stopped(stop));
+    tracing::info!("signal {sig}: stopping (in-flight I/O completes, files are flushed)");
     if let Some(a) = &agent {
         // The others take over at once: the lease is revoked, not left to expire.
         rt.block_on(a.leave());
@@ -170,6 +184,31 @@ pub fn run(
     }
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// SIGINT and SIGTERM, caught from the call on: the last one seen, for
+/// whatever waits (the cluster join, or the node serving).
+fn stop_signals() -> Result<tokio::sync::watch::Receiver<Option<i32>>> {
+    let mut signals = Signals::new([SIGINT, SIGTERM])?;
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    std::thread::Builder::new()
+        .name("flashpool-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                tx.send_replace(Some(sig));
+            }
+        })
+        .context("cannot start the signal thread")?;
+    Ok(rx)
+}
+
+/// The first stop signal (at once if one came already).
+async fn stopped(mut rx: tokio::sync::watch::Receiver<Option<i32>>) -> i32 {
+    match rx.wait_for(Option::is_some).await {
+        Ok(sig) => sig.unwrap_or_default(),
+        // The signal thread never ends; were it gone, nothing could stop us.
+        Err(_) => std::future::pending().await,
+    }
 }
 
 /// Opens the NVMe/TCP listeners and the API: the last steps of a start

@@ -154,3 +154,37 @@ fn a_start_that_fails_after_joining_leaves_no_slot_home() {
     drop(taken);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A node that cannot reach etcd waits for it, and a SIGTERM or SIGINT
+/// ends the wait: the node stops cleanly (it used to take only SIGKILL).
+#[test]
+fn a_node_waiting_for_etcd_stops_on_sigterm_and_sigint() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let dir = scratch("cluster-start", &format!("sig{sig}"));
+        // Nothing listens there: the join waits.
+        let etcd = format!("http://127.0.0.1:{}", free_port());
+        let api = format!("127.0.0.1:{}", free_port());
+        let config = node_toml(&dir, "c", &etcd, &api);
+        let (mut child, rx) = serve(&config);
+        wait_line(&rx, "cannot join yet", Duration::from_secs(30));
+        let sent = Instant::now();
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+        let st = wait_exit(&mut child, Duration::from_secs(10));
+        let lines: Vec<String> = rx.iter().collect();
+        assert!(st.success(), "signal {sig}: {st}: {}", lines.join("\n"));
+        assert!(
+            sent.elapsed() < Duration::from_secs(5),
+            "signal {sig}: took {:?}",
+            sent.elapsed()
+        );
+        let log = lines.join("\n");
+        assert!(
+            log.contains(&format!(
+                "signal {sig}: stopping while waiting to join cluster c"
+            )) && log.contains("stopped cleanly"),
+            "{log}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -396,7 +396,10 @@ async fn join_until_done(m: &Membership, record: &NodeRecord) -> Session {
             Err(e) => {
                 let msg = e.to_string();
                 if msg != last {
-                    tracing::warn!("cluster {}: cannot join yet: {msg}; retrying", m.name);
+                    tracing::warn!(
+                        "cluster {}: cannot join yet: {msg}; retrying (SIGINT or SIGTERM stops)",
+                        m.name
+                    );
                     last = msg;
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
