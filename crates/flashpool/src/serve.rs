@@ -350,6 +350,51 @@ fn print_banner(
             files.join(" and ")
         );
     }
+    for line in attach_lines(&t.subsystems(), server.local_addrs(), node.cluster()) {
+        outln!("{line}");
+    }
+}
+
+/// The banner's lines on attaching: `nvme discover` and `nvme connect` for
+/// the subsystems that are for hosts. A drive export is not: only the nodes
+/// on its allow-list may connect (a Linux host's own NQN is refused), and
+/// they do so by themselves; those get a line saying who may use them.
+fn attach_lines(
+    subsystems: &[Arc<nvmf_target::Subsystem>],
+    addrs: &[(std::net::SocketAddr, ListenerKind)],
+    cluster: &crate::node::identity::Cluster,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let drive_prefix = crate::node::identity::drive_nqn(&cluster.node_name, "");
+    let (exports, for_hosts): (Vec<_>, Vec<_>) = subsystems
+        .iter()
+        .partition(|s| s.nqn.starts_with(&drive_prefix));
+    if !exports.is_empty() {
+        out.push(
+            "Drives exported to other nodes (they connect by themselves; no other host may):"
+                .to_string(),
+        );
+        for s in &exports {
+            // A peer's host NQN by the peer's name.
+            let who: Vec<String> = s
+                .hosts
+                .iter()
+                .map(|h| match cluster.peers.iter().find(|p| p.host_nqn == *h) {
+                    Some(p) => format!("node {}", p.name),
+                    None => h.clone(),
+                })
+                .collect();
+            out.push(format!(
+                "  drive {}: {} for {}",
+                &s.nqn[drive_prefix.len()..],
+                s.nqn,
+                who.join(", ")
+            ));
+        }
+        if for_hosts.is_empty() {
+            return out;
+        }
+    }
     let host_addr = |a: std::net::SocketAddr| {
         if a.ip().is_unspecified() {
             "<this-node-ip>".to_string()
@@ -357,29 +402,30 @@ fn print_banner(
             a.ip().to_string()
         }
     };
-    outln!("Attach a Linux host (nvme-cli):");
-    outln!("  modprobe nvme-tcp");
-    for (a, k) in server.local_addrs() {
+    out.push("Attach a Linux host (nvme-cli):".to_string());
+    out.push("  modprobe nvme-tcp".to_string());
+    for (a, k) in addrs {
         if *k == ListenerKind::Discovery {
-            outln!(
+            out.push(format!(
                 "  nvme discover -t tcp -a {} -s {}",
                 host_addr(*a),
                 a.port()
-            );
+            ));
         }
     }
-    if let Some((a, _)) = server
-        .local_addrs()
-        .iter()
-        .find(|(_, k)| *k == ListenerKind::Io)
-    {
-        for s in t.subsystems().iter() {
-            outln!(
+    if let Some((a, _)) = addrs.iter().find(|(_, k)| *k == ListenerKind::Io) {
+        for s in &for_hosts {
+            out.push(format!(
                 "  nvme connect -t tcp -a {} -s {} -n {}",
                 host_addr(*a),
                 a.port(),
                 s.nqn
-            );
+            ));
         }
     }
+    out
 }
+
+#[cfg(test)]
+#[path = "serve_tests.rs"]
+mod tests;
