@@ -73,3 +73,51 @@ fn an_enclosure_banner_suggests_no_connect_its_allow_list_refuses() {
     );
     assert!(lines.iter().any(|l| l.contains("nvme discover")));
 }
+
+/// The node TOMLs of docs/cluster.md (indented blocks from `[node]` on).
+fn cluster_md_tomls() -> Vec<String> {
+    let doc = include_str!("../../../docs/cluster.md");
+    let mut blocks = Vec::new();
+    let mut lines = doc.lines().peekable();
+    while let Some(l) = lines.next() {
+        if l != "    [node]" {
+            continue;
+        }
+        let mut b = vec!["[node]".to_string()];
+        while let Some(l) = lines.peek() {
+            if !l.is_empty() && !l.starts_with("    ") {
+                break;
+            }
+            b.push(l.strip_prefix("    ").unwrap_or("").to_string());
+            lines.next();
+        }
+        blocks.push(b.join("\n"));
+    }
+    blocks
+}
+
+/// Every node TOML in docs/cluster.md passes `serve`'s checks: the cluster
+/// node's (without its API, whose certificate files are the reader's), and
+/// the enclosure's whole, as `serve --check` runs them.
+#[test]
+fn the_node_tomls_of_docs_cluster_md_pass_the_checks() {
+    let blocks = cluster_md_tomls();
+    let mut enclosures = 0;
+    for text in &blocks {
+        let mut cfg =
+            crate::config::parse(text, "docs/cluster.md").unwrap_or_else(|e| panic!("{e}\n{text}"));
+        if cfg.api.tls_cert.is_some() {
+            cfg.api.enabled = false;
+        }
+        let c = super::check(&cfg).unwrap_or_else(|e| panic!("{e:#}\n{text}"));
+        crate::config::build(&cfg, &|_, _, _| crate::node::VolumeNamespace::Unknown)
+            .unwrap_or_else(|e| panic!("{e:#}\n{text}"));
+        if cfg.cluster.is_none() {
+            enclosures += 1;
+            assert!(c.drive_specs.iter().all(|d| d.export), "{text}");
+            assert!(c.cluster.peers.iter().all(|p| p.addr.is_none()), "{text}");
+            assert!(cfg.api.enabled, "{text}");
+        }
+    }
+    assert!(blocks.len() >= 2 && enclosures == 1, "{blocks:#?}");
+}

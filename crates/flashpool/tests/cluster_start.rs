@@ -188,3 +188,104 @@ fn a_node_waiting_for_etcd_stops_on_sigterm_and_sigint() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// docs/cluster.md's OpenSSL commands make API certificates that work: a
+/// node serves HTTPS with one (for its IP address), and its certificate is
+/// also a client certificate that `client_ca` accepts (clientAuth).
+#[test]
+fn the_docs_openssl_commands_make_working_api_certificates() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("skipping: no openssl");
+        return;
+    }
+    let doc = include_str!("../../../docs/cluster.md");
+    let at = doc
+        .find("    # The cluster's CA, once")
+        .expect("docs/cluster.md: the certificate commands");
+    let script: Vec<&str> = doc[at..]
+        .lines()
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| &l[4..])
+        .collect();
+    // c1's API address is 10.0.1.11 in the doc, 127.0.0.1 here.
+    let script = script.join("\n").replace("10.0.1.11", "127.0.0.1");
+    let dir = scratch("cluster-start", "certs");
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the doc's commands failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let api = format!("127.0.0.1:{}", free_port());
+    let p = |f: &str| dir.join(f).display().to_string();
+    let config = dir.join("c1.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[node]
+name = "c1"
+reactors = 1
+log = "info"
+state_dir = "{state}"
+
+[[listener]]
+address = "127.0.0.1"
+port = {io}
+
+[[subsystem]]
+nqn = "nqn.2026-01.io.flashpool:certs"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "mem"
+size = "1MiB"
+
+[api]
+address = "{api}"
+tls_cert = "{cert}"
+tls_key = "{key}"
+tls_ca = "{ca}"
+client_ca = "{ca}"
+"#,
+            state = p("state"),
+            io = free_port(),
+            cert = p("c1.pem"),
+            key = p("c1-key.pem"),
+            ca = p("ca.pem"),
+        ),
+    )
+    .unwrap();
+    let (mut child, rx) = serve(&config);
+    let seen = wait_line(&rx, "management API on https://", Duration::from_secs(30));
+    assert!(
+        !seen
+            .iter()
+            .any(|l| l.contains("is not a client certificate")),
+        "{}",
+        seen.join("\n")
+    );
+    // Another node's certificate as the client's: the credential, no token.
+    let list = Command::new(BIN)
+        .args(["drive", "list", "--api", &format!("https://{api}")])
+        .env("FLASHPOOL_CA_FILE", p("ca.pem"))
+        .env("FLASHPOOL_CLIENT_CERT", p("c2.pem"))
+        .env("FLASHPOOL_CLIENT_KEY", p("c2-key.pem"))
+        .env_remove("FLASHPOOL_TOKEN")
+        .env_remove("FLASHPOOL_TOKEN_FILE")
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        list.status.success(),
+        "drive list over mutual TLS: {}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
