@@ -109,7 +109,7 @@ pub fn run(
                 Some(_) => format!("https://{}", cfg.api.address),
                 None => cfg.api.address.clone(),
             });
-            let cluster = m.name.clone();
+            let cluster_name = m.name.clone();
             let join = crate::agent::Agent::join(node.clone(), target.clone(), m, api);
             // The join waits for etcd as long as it takes: a stop ends the wait.
             let joined = rt.block_on(async {
@@ -122,7 +122,7 @@ pub fn run(
                 Some(a) => Some(a?),
                 None => {
                     tracing::info!(
-                        "signal {}: stopping while waiting to join cluster {cluster} (nothing was served)",
+                        "signal {}: stopping while waiting to join cluster {cluster_name} (nothing was served)",
                         stop.borrow().unwrap_or_default()
                     );
                     rt.block_on(node.shutdown());
