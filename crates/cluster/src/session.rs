@@ -36,6 +36,8 @@ struct Inner {
     keys: Keys,
     slot: u16,
     lease: i64,
+    /// `slot-home/<name>` as the join found it, for [`Session::abandon`].
+    home_before: Option<u16>,
     health: Arc<watch::Sender<LeaseHealth>>,
     events: broadcast::Sender<ClusterEvent>,
     /// Shared with the keep-alive task, for `pause_keepalive_for_test`.
@@ -101,6 +103,7 @@ impl Session {
 
         let node_key = keys.node(&cfg.node);
         let home_key = keys.slot_home(&cfg.node);
+        let mut home_before: Option<u16>;
         let slot = loop {
             // The slots in use, and every node's home slot (the one it had
             // last: a host may still hold a dead node's controllers, whose
@@ -134,6 +137,7 @@ impl Session {
                 Some((node, kv.value_str().ok()?.parse().ok()?))
             };
             let homes: Vec<(String, u16)> = homes.kvs().iter().filter_map(home_of).collect();
+            home_before = homes.iter().find(|(n, _)| *n == cfg.node).map(|(_, s)| *s);
             let Some(slot) = pick_slot(&cfg.node, &taken, &homes) else {
                 abandon(&client).await;
                 return Err(ClusterError::NoFreeSlot);
@@ -232,6 +236,7 @@ impl Session {
             keys: keys.clone(),
             slot,
             lease,
+            home_before,
             health: health.clone(),
             events: events.clone(),
             #[cfg(feature = "testing")]
@@ -670,6 +675,41 @@ impl Session {
         let mut c = self.inner.client.clone();
         if let Err(e) = c.lease_revoke(self.inner.lease).await {
             tracing::warn!(lease = self.inner.lease, "revoking own lease on leave: {e}");
+        }
+    }
+}
+
+impl Session {
+    /// Undoes a join whose node then failed to start (it served nothing):
+    /// leaves (its record and slot go with the lease) and gives
+    /// `slot-home/<name>` back the value it had before the join, removing
+    /// it when there was none. A home no host has seen is no one's to keep;
+    /// one another join has rewritten since is left alone.
+    pub async fn abandon(&self) {
+        self.leave().await;
+        let before = self.inner.home_before;
+        if before == Some(self.inner.slot) {
+            return;
+        }
+        let key = self.inner.keys.slot_home(&self.inner.cfg.node);
+        let undo = match before {
+            Some(s) => TxnOp::put(key.clone(), s.to_string(), None),
+            None => TxnOp::delete(key.clone(), None),
+        };
+        let txn = Txn::new()
+            .when([Compare::value(
+                key.clone(),
+                CompareOp::Equal,
+                self.inner.slot.to_string(),
+            )])
+            .and_then([undo]);
+        match self.txn(&format!("restore {key}"), txn).await {
+            Ok(_) => tracing::info!(
+                node = %self.inner.cfg.node,
+                "start abandoned: {key} restored ({})",
+                before.map_or("removed".to_string(), |s| format!("slot {s}"))
+            ),
+            Err(e) => tracing::warn!("start abandoned, but {key} stays: {e}"),
         }
     }
 }

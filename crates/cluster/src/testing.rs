@@ -334,3 +334,24 @@ impl Drop for EtcdCluster {
         self.members.iter_mut().for_each(Member::kill);
     }
 }
+
+/// The keys under `prefix` with their values, read straight from etcd at
+/// `endpoint`: for tests that check what a node left behind.
+pub async fn keys_under(endpoint: &str, prefix: &str) -> io::Result<Vec<(String, String)>> {
+    let mut c = etcd_client::Client::connect([endpoint], None)
+        .await
+        .map_err(io::Error::other)?;
+    let r = c
+        .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .map_err(io::Error::other)?;
+    Ok(r.kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key_str().unwrap_or_default().to_string(),
+                kv.value_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect())
+}

@@ -121,6 +121,37 @@ async fn join_gives_distinct_slots_and_refuses_a_live_name() {
     assert_eq!(b2.slot(), bs);
 }
 
+/// A start that fails after its join takes back what the join wrote: the
+/// record and slot (with the lease) and a home slot it had not had before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_join_leaves_no_home_slot_it_did_not_have() {
+    let etcd = etcd!();
+    let eps = vec![etcd.endpoint()];
+    let homes = || async {
+        cluster::testing::keys_under(&eps[0], "/flashpool/t/slot-home/")
+            .await
+            .unwrap()
+    };
+    let a = join(&eps, "a").await;
+    assert_eq!(a.slot(), 0);
+    a.abandon().await;
+    assert!(!a.is_valid());
+    assert_eq!(homes().await, vec![], "a's first start failed: no home");
+    // so a newcomer may take slot 0
+    let b = join(&eps, "b").await;
+    assert_eq!(b.slot(), 0);
+    b.leave().await;
+    // b's home (0) was its own before this start: an abandoned start keeps it
+    let b2 = join(&eps, "b").await;
+    assert_eq!(b2.slot(), 0);
+    b2.abandon().await;
+    assert_eq!(
+        homes().await,
+        vec![("/flashpool/t/slot-home/b".to_string(), "0".to_string())]
+    );
+    assert_eq!(join(&eps, "c").await.slot(), 1, "0 is still b's home");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_race_has_one_winner_and_revoke_frees_the_volume() {
     let etcd = etcd!();

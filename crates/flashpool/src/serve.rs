@@ -21,10 +21,14 @@ pub fn run(
 ) -> Result<()> {
     let (cfg, origin) = config::load(path)?;
     init_logging(&cfg.node.log, log_format.unwrap_or(cfg.node.log_format));
-    // Signals are blocked from here on, so a SIGTERM during start-up is not lost.
-    let mut signals = Signals::new([SIGINT, SIGTERM])?;
-    let (drive_specs, volume_specs) = config::node_specs(&cfg)?;
-    let cluster = config::identity(&cfg)?;
+    // Signals are caught from here on, so a SIGTERM during start-up is not lost.
+    let stop = stop_signals()?;
+    let Checked {
+        drive_specs,
+        volume_specs,
+        cluster,
+        membership,
+    } = check(&cfg)?;
     if check_only {
         // Volumes are not assembled here (that writes superblocks): a
         // declared volume stands in as a placeholder.
@@ -38,10 +42,6 @@ pub fn run(
                 crate::node::VolumeNamespace::Unknown
             }
         })?;
-        if cfg.api.enabled {
-            // The API's HTTPS files and client certificate settings.
-            crate::api::server_config(&cfg.api)?;
-        }
         outln!(
             "config {origin}: OK ({} subsystems, {} drives, {} volumes)",
             built.subsystems.len(),
@@ -102,20 +102,34 @@ pub fn run(
         .map(|d| (d.name.clone(), d.export_hosts.clone()))
         .collect();
     rt.block_on(node.restore_drive_exports(&drive_exports))?;
-    let agent = match &cfg.cluster {
-        Some(c) => {
-            let m = config::membership::membership(c, &built.listeners)?;
+    let agent = match membership {
+        Some(m) => {
             // Peers call it by this: with its scheme when it is HTTPS.
             let api = cfg.api.enabled.then(|| match &cfg.api.tls_cert {
                 Some(_) => format!("https://{}", cfg.api.address),
                 None => cfg.api.address.clone(),
             });
-            Some(rt.block_on(crate::agent::Agent::join(
-                node.clone(),
-                target.clone(),
-                m,
-                api,
-            ))?)
+            let cluster_name = m.name.clone();
+            let join = crate::agent::Agent::join(node.clone(), target.clone(), m, api);
+            // The join waits for etcd as long as it takes: a stop ends the wait.
+            let joined = rt.block_on(async {
+                tokio::select! {
+                    a = join => Some(a),
+                    _ = stopped(stop.clone()) => None,
+                }
+            });
+            match joined {
+                Some(a) => Some(a?),
+                None => {
+                    tracing::info!(
+                        "signal {}: stopping while waiting to join cluster {cluster_name} (nothing was served)",
+                        stop.borrow().unwrap_or_default()
+                    );
+                    rt.block_on(node.shutdown());
+                    tracing::info!("stopped cleanly");
+                    return Ok(());
+                }
+            }
         }
         None => None,
     };
@@ -125,22 +139,16 @@ pub fn run(
         let _in_rt = rt.enter();
         crate::node::monitor::spawn(&node);
     }
-    let server = Server::start(target.clone(), &built.listeners)?;
-    let api = if cfg.api.enabled {
-        let app = crate::api::App {
-            node: node.clone(),
-            agent: agent.clone(),
-        };
-        let started = crate::api::start(&rt, app, &cfg.api, cfg.node.state_dir.as_deref())?;
-        if let Some(a) = &agent {
-            a.set_peer_api(Arc::new(crate::client::PeerApi::new(
-                started.auth.clone(),
-                &cfg.api,
-            )?));
+    let (server, api) = match listen(&rt, &cfg, &built.listeners, &target, &node, &agent) {
+        Ok(up) => up,
+        Err(e) => {
+            if let Some(a) = &agent {
+                // Nothing was served: the slot and home slot the join took
+                // go back (the home would keep a slot from other nodes).
+                rt.block_on(a.session().abandon());
+            }
+            return Err(e);
         }
-        Some(started)
-    } else {
-        None
     };
     if let Some(a) = &agent {
         let _in_rt = rt.enter();
@@ -161,9 +169,8 @@ pub fn run(
     // The CLI's copy of the token goes with the node (the state_dir's stays).
     let api_auth = api.as_ref().map(|a| a.auth.clone());
     print_banner(&server, &origin, api, &rt, &node);
-    if let Some(sig) = signals.forever().next() {
-        tracing::info!("signal {sig}: stopping (in-flight I/O completes, files are flushed)");
-    }
+    let sig = rt.block_on(stopped(stop));
+    tracing::info!("signal {sig}: stopping (in-flight I/O completes, files are flushed)");
     if let Some(a) = &agent {
         // The others take over at once: the lease is revoked, not left to expire.
         rt.block_on(a.leave());
@@ -175,6 +182,91 @@ pub fn run(
     }
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// SIGINT and SIGTERM, caught from the call on: the last one seen, for
+/// whatever waits (the cluster join, or the node serving).
+fn stop_signals() -> Result<tokio::sync::watch::Receiver<Option<i32>>> {
+    let mut signals = Signals::new([SIGINT, SIGTERM])?;
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    std::thread::Builder::new()
+        .name("flashpool-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                tx.send_replace(Some(sig));
+            }
+        })
+        .context("cannot start the signal thread")?;
+    Ok(rx)
+}
+
+/// The first stop signal (at once if one came already).
+async fn stopped(mut rx: tokio::sync::watch::Receiver<Option<i32>>) -> i32 {
+    match rx.wait_for(Option::is_some).await {
+        Ok(sig) => sig.unwrap_or_default(),
+        // The signal thread never ends; were it gone, nothing could stop us.
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// Opens the NVMe/TCP listeners and the API: the last steps of a start
+/// that can fail.
+fn listen(
+    rt: &tokio::runtime::Runtime,
+    cfg: &config::NodeConfig,
+    listeners: &[nvmf_target::ListenerConfig],
+    target: &Arc<Target>,
+    node: &Arc<Node>,
+    agent: &Option<Arc<crate::agent::Agent>>,
+) -> Result<(Server, Option<crate::api::Started>)> {
+    let server = Server::start(target.clone(), listeners)?;
+    if !cfg.api.enabled {
+        return Ok((server, None));
+    }
+    let app = crate::api::App {
+        node: node.clone(),
+        agent: agent.clone(),
+    };
+    let started = crate::api::start(rt, app, &cfg.api, cfg.node.state_dir.as_deref())?;
+    if let Some(a) = agent {
+        a.set_peer_api(Arc::new(crate::client::PeerApi::new(
+            started.auth.clone(),
+            &cfg.api,
+        )?));
+    }
+    Ok((server, Some(started)))
+}
+
+/// What `serve` takes from the file, checked without touching a drive, a
+/// port or etcd.
+struct Checked {
+    drive_specs: Vec<crate::node::DriveSpec>,
+    volume_specs: Vec<crate::node::CreateVolume>,
+    cluster: crate::node::identity::Cluster,
+    membership: Option<config::Membership>,
+}
+
+/// The checks `serve --check` makes and `serve` makes first: one function
+/// for both, so that a file the check passes is not refused at start (and
+/// a start that would be refused fails before it joins a cluster).
+fn check(cfg: &config::NodeConfig) -> Result<Checked> {
+    let (drive_specs, volume_specs) = config::node_specs(cfg)?;
+    let cluster = config::identity(cfg)?;
+    let membership = match &cfg.cluster {
+        Some(c) => Some(config::membership::membership(c, &config::listeners(cfg)?)?),
+        None => None,
+    };
+    if cfg.api.enabled {
+        // The address (HTTPS off loopback), the HTTPS files and the client
+        // certificate settings.
+        crate::api::check(&cfg.api)?;
+    }
+    Ok(Checked {
+        drive_specs,
+        volume_specs,
+        cluster,
+        membership,
+    })
 }
 
 fn init_logging(level: &str, format: config::LogFormat) {
@@ -256,6 +348,51 @@ fn print_banner(
             files.join(" and ")
         );
     }
+    for line in attach_lines(&t.subsystems(), server.local_addrs(), node.cluster()) {
+        outln!("{line}");
+    }
+}
+
+/// The banner's lines on attaching: `nvme discover` and `nvme connect` for
+/// the subsystems that are for hosts. A drive export is not: only the nodes
+/// on its allow-list may connect (a Linux host's own NQN is refused), and
+/// they do so by themselves; those get a line saying who may use them.
+fn attach_lines(
+    subsystems: &[Arc<nvmf_target::Subsystem>],
+    addrs: &[(std::net::SocketAddr, ListenerKind)],
+    cluster: &crate::node::identity::Cluster,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let drive_prefix = crate::node::identity::drive_nqn(&cluster.node_name, "");
+    let (exports, for_hosts): (Vec<_>, Vec<_>) = subsystems
+        .iter()
+        .partition(|s| s.nqn.starts_with(&drive_prefix));
+    if !exports.is_empty() {
+        out.push(
+            "Drives exported to other nodes (they connect by themselves; no other host may):"
+                .to_string(),
+        );
+        for s in &exports {
+            // A peer's host NQN by the peer's name.
+            let who: Vec<String> = s
+                .hosts
+                .iter()
+                .map(|h| match cluster.peers.iter().find(|p| p.host_nqn == *h) {
+                    Some(p) => format!("node {}", p.name),
+                    None => h.clone(),
+                })
+                .collect();
+            out.push(format!(
+                "  drive {}: {} for {}",
+                &s.nqn[drive_prefix.len()..],
+                s.nqn,
+                who.join(", ")
+            ));
+        }
+        if for_hosts.is_empty() {
+            return out;
+        }
+    }
     let host_addr = |a: std::net::SocketAddr| {
         if a.ip().is_unspecified() {
             "<this-node-ip>".to_string()
@@ -263,29 +400,30 @@ fn print_banner(
             a.ip().to_string()
         }
     };
-    outln!("Attach a Linux host (nvme-cli):");
-    outln!("  modprobe nvme-tcp");
-    for (a, k) in server.local_addrs() {
+    out.push("Attach a Linux host (nvme-cli):".to_string());
+    out.push("  modprobe nvme-tcp".to_string());
+    for (a, k) in addrs {
         if *k == ListenerKind::Discovery {
-            outln!(
+            out.push(format!(
                 "  nvme discover -t tcp -a {} -s {}",
                 host_addr(*a),
                 a.port()
-            );
+            ));
         }
     }
-    if let Some((a, _)) = server
-        .local_addrs()
-        .iter()
-        .find(|(_, k)| *k == ListenerKind::Io)
-    {
-        for s in t.subsystems().iter() {
-            outln!(
+    if let Some((a, _)) = addrs.iter().find(|(_, k)| *k == ListenerKind::Io) {
+        for s in &for_hosts {
+            out.push(format!(
                 "  nvme connect -t tcp -a {} -s {} -n {}",
                 host_addr(*a),
                 a.port(),
                 s.nqn
-            );
+            ));
         }
     }
+    out
 }
+
+#[cfg(test)]
+#[path = "serve_tests.rs"]
+mod tests;

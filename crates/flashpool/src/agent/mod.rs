@@ -144,7 +144,11 @@ impl Agent {
             })?;
         let session = join_until_done(&m, &record).await;
         let (lo, hi) = session.cntlid_range();
-        target.set_cntlid_range(lo, hi)?;
+        if let Err(e) = target.set_cntlid_range(lo, hi) {
+            // Nothing was served: the start takes back what the join took.
+            session.abandon().await;
+            return Err(e.into());
+        }
         target.set_anatt(ANATT_SECS);
         node.set_etcd_managed();
         tracing::info!(
@@ -356,7 +360,10 @@ async fn join_until_done(m: &Membership, record: &NodeRecord) -> Session {
             Err(e) => {
                 let msg = e.to_string();
                 if msg != last {
-                    tracing::warn!("cluster {}: cannot join yet: {msg}; retrying", m.name);
+                    tracing::warn!(
+                        "cluster {}: cannot join yet: {msg}; retrying (SIGINT or SIGTERM stops)",
+                        m.name
+                    );
                     last = msg;
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;

@@ -37,7 +37,7 @@ async fn member(name: &str, enc: &Enclosure, etcd: &str) -> (Arc<Agent>, Arc<Tar
         host_nqn,
         peers: vec![Peer {
             name: enc.name.clone(),
-            addr: enc.addr,
+            addr: Some(enc.addr),
             host_nqn: node_host_nqn(&enc.name),
             auth: None,
             tls: None,

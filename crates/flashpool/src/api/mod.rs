@@ -28,5 +28,4 @@ pub use handlers::App;
 // The node and agent tests serve the router without the server around it.
 #[cfg(test)]
 pub use router::router;
-pub use server::{Started, start};
-pub use tls::server_config;
+pub use server::{Started, check, start};

@@ -22,15 +22,13 @@ pub struct Started {
     pub auth: Arc<ApiAuth>,
 }
 
-/// Binds the API as `[api]` says (HTTPS with `tls_cert`, required off
-/// loopback; the Unix socket with `unix_socket`) behind the checks of
-/// [`super::auth`], and serves it on `rt` until the process ends.
-pub fn start(
-    rt: &tokio::runtime::Runtime,
-    app: App,
+/// `[api]` checked without binding anything: the address, and the HTTPS
+/// server (`None` for plain HTTP, which is for loopback only). [`start`]
+/// and `serve --check` both call it, so a file the check passes is not
+/// refused at start.
+pub fn check(
     cfg: &crate::config::ApiSection,
-    state_dir: Option<&std::path::Path>,
-) -> Result<Started> {
+) -> Result<(SocketAddr, Option<Arc<rustls::ServerConfig>>)> {
     let addr = &cfg.address;
     let sa: SocketAddr = addr.parse().with_context(|| {
         format!("config: api.address = {addr:?} is not ADDR:PORT; use e.g. \"127.0.0.1:9410\"")
@@ -43,6 +41,19 @@ pub fn start(
              to 127.0.0.1 (see docs/config.md, [api])"
         );
     }
+    Ok((sa, tls))
+}
+
+/// Binds the API as `[api]` says (HTTPS with `tls_cert`, required off
+/// loopback; the Unix socket with `unix_socket`) behind the checks of
+/// [`super::auth`], and serves it on `rt` until the process ends.
+pub fn start(
+    rt: &tokio::runtime::Runtime,
+    app: App,
+    cfg: &crate::config::ApiSection,
+    state_dir: Option<&std::path::Path>,
+) -> Result<Started> {
+    let (sa, tls) = check(cfg)?;
     // The token files are written before the port opens: a client that
     // sees the port open finds the token already there.
     let auth = match sa.port() {

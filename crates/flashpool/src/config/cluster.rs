@@ -18,8 +18,11 @@ use crate::node::identity::{Cluster, Peer, RemoteSettings, hostname, node_host_n
 #[serde(deny_unknown_fields)]
 pub struct PeerSection {
     pub name: String,
-    /// `ADDR:PORT` of the peer's NVMe/TCP I/O listener.
-    pub address: String,
+    /// `ADDR:PORT` of the peer's NVMe/TCP I/O listener, where this node
+    /// connects to the peer's drives. Needed where this node uses them (a
+    /// `[cluster]` node, or a `[[drive]]` named `PEER:DRIVE` without a url);
+    /// an enclosure that only exports its drives to the peer leaves it out.
+    pub address: Option<String>,
     /// The peer's host NQN, allowed on this node's exported drives
     /// (default `nqn.2026-01.io.flashpool:node:<name>`).
     pub host_nqn: Option<String>,
@@ -84,6 +87,24 @@ impl Default for RemoteSection {
     }
 }
 
+/// Why this node connects to `peer`'s drives (so needs its address), if it does.
+fn uses_drives_of(cfg: &NodeConfig, peer: &str) -> Option<String> {
+    if cfg.cluster.is_some() {
+        return Some(
+            "this node is a [cluster] node, whose volumes are on its peers' drives".into(),
+        );
+    }
+    cfg.drive
+        .iter()
+        .enumerate()
+        .find(|(_, d)| {
+            d.backend == "remote"
+                && d.url.is_none()
+                && d.name.split_once(':').is_some_and(|(p, _)| p == peer)
+        })
+        .map(|(i, d)| format!("drive[{i}] {:?} is on it", d.name))
+}
+
 /// Checks the cluster-facing keys of the file.
 pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
     let n = &cfg.node;
@@ -126,12 +147,26 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
                 p.name
             );
         }
-        let addr: SocketAddr = p.address.parse().map_err(|_| {
-            anyhow::anyhow!(
-                "config: {key}.address = {:?} is not ADDR:PORT; use e.g. \"10.0.0.12:4420\"",
-                p.address
-            )
-        })?;
+        let addr: Option<SocketAddr> = match &p.address {
+            Some(a) => Some(a.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "config: {key}.address = {a:?} is not ADDR:PORT; use e.g. \"10.0.0.12:4420\""
+                )
+            })?),
+            None => {
+                if let Some(why) = uses_drives_of(cfg, &p.name) {
+                    bail!(
+                        "config: {key}.address is missing: {why}, so it connects to {}'s \
+                         drives; set address = \"ADDR:PORT\" of {}'s NVMe/TCP I/O listener \
+                         (only a node that uses none of a peer's drives, such as an enclosure \
+                         that exports its own, may leave it out)",
+                        p.name,
+                        p.name
+                    );
+                }
+                None
+            }
+        };
         let host_nqn = p.host_nqn.clone().unwrap_or_else(|| node_host_nqn(&p.name));
         super::values::check_nqn(&format!("{key}.host_nqn"), &host_nqn)?;
         let auth = super::auth::key_pair(
@@ -229,6 +264,38 @@ mod tests {
         assert!(c.resolve("d3").unwrap_err().contains("is not remote"));
         let u = "tcp://127.0.0.1:4420/nqn.x:y?nsid=2";
         assert_eq!(c.resolve(u).unwrap(), u);
+    }
+
+    /// An enclosure's `[[peer]]` needs no address (it never connects to
+    /// the peer); a node that uses the peer's drives does, and says so.
+    #[test]
+    fn a_peer_address_is_needed_only_where_its_drives_are_used() {
+        let enclosure = "[node]\nname = \"e1\"\n[[peer]]\nname = \"c1\"\n\
+                         [[drive]]\nname = \"d0\"\nbackend = \"mem\"\nsize = 4096\nexport = true\n";
+        let c = cluster(&cfg(enclosure)).unwrap();
+        assert_eq!(c.peer_hosts(), ["nqn.2026-01.io.flashpool:node:c1"]);
+        assert!(c.peers[0].addr.is_none());
+        let e = c.resolve("c1:d0").unwrap_err();
+        assert!(e.contains("[[peer]] \"c1\" has no address"), "{e}");
+        let err = |t: &str| cluster(&cfg(t)).unwrap_err().to_string();
+        let e = err("[node]\nname = \"c1\"\n[[peer]]\nname = \"e1\"\n\
+                     [[drive]]\nname = \"e1:d0\"\nbackend = \"remote\"\n");
+        assert!(
+            e.contains("peer[0].address is missing: drive[0] \"e1:d0\" is on it"),
+            "{e}"
+        );
+        let e = err("[node]\nname = \"c1\"\n[[peer]]\nname = \"e1\"\n\
+                     [cluster]\nname = \"c\"\netcd = [\"http://127.0.0.1:2379\"]\n");
+        assert!(
+            e.contains("peer[0].address is missing: this node is a [cluster] node"),
+            "{e}"
+        );
+        // a remote drive with its own url names no peer's address
+        cluster(&cfg(
+            "[[peer]]\nname = \"e1\"\n[[drive]]\nname = \"e1:d0\"\n\
+                      backend = \"remote\"\nurl = \"tcp://127.0.0.1:4420/nqn.x:y?nsid=1\"\n",
+        ))
+        .unwrap();
     }
 
     #[test]

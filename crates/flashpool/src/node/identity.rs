@@ -28,7 +28,9 @@ pub struct Cluster {
 #[derive(Debug, Clone)]
 pub struct Peer {
     pub name: String,
-    pub addr: SocketAddr,
+    /// Its NVMe/TCP I/O listener; `None` on a node that uses none of its
+    /// drives (an enclosure that only exports its own to it).
+    pub addr: Option<SocketAddr>,
     pub host_nqn: String,
     /// What the peer must authenticate with on this node's exports.
     pub auth: Option<nvmf_target::auth::HostAuth>,
@@ -148,10 +150,14 @@ impl Cluster {
                 crate::echo::Echo(peer)
             )
         })?;
-        Ok(format!(
-            "tcp://{}/{}?nsid=1",
-            p.addr,
-            drive_nqn(&p.name, drive)
-        ))
+        let addr = p.addr.ok_or_else(|| {
+            format!(
+                "drive {}: [[peer]] {} has no address in the node's TOML; a node that uses a \
+                 peer's drives needs it: set address = \"ADDR:PORT\" of its NVMe/TCP I/O listener",
+                crate::echo::Echo(name),
+                crate::echo::Echo(peer)
+            )
+        })?;
+        Ok(format!("tcp://{addr}/{}?nsid=1", drive_nqn(&p.name, drive)))
     }
 }

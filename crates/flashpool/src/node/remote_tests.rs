@@ -162,7 +162,7 @@ fn owner_in(name: &str, enc: &Enclosure, dir: Option<&std::path::Path>) -> Arc<N
         host_nqn,
         peers: vec![Peer {
             name: enc.name.clone(),
-            addr: enc.addr,
+            addr: Some(enc.addr),
             host_nqn: node_host_nqn(&enc.name),
             auth: None,
             tls: None,
@@ -419,7 +419,7 @@ async fn a_dead_enclosure_fails_its_member_and_is_re_added_when_back() {
         let mut c = node.cluster().clone();
         c.peers.push(Peer {
             name: "e2".into(),
-            addr: e2.addr,
+            addr: Some(e2.addr),
             host_nqn: node_host_nqn("e2"),
             auth: None,
             tls: None,
