@@ -225,7 +225,14 @@ impl Agent {
             x.nqn
         );
         drop(served);
-        self.node.volume(&name).await
+        // The agent serves it, not the node: the answer says where.
+        let mut v = self.node.volume(&name).await?;
+        v.export = Some(crate::node::Export {
+            nqn: x.nqn,
+            nsid: x.nsid,
+            from_config: false,
+        });
+        Ok(v)
     }
 
     /// `DELETE /v1/volumes/{name}` of a cluster volume, on its owner.

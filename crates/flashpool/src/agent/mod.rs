@@ -19,7 +19,7 @@
 //! concurrently; `own.rs` gathers one volume's views and carries its
 //! actions out (taking over, letting go); `peers.rs` the other nodes,
 //! `cluster_ops.rs` the cluster operations the API calls into (create,
-//! move, drain, status).
+//! move, drain, status); `views.rs` what the volume list shows of them.
 
 mod cluster_ops;
 mod decide;
@@ -29,6 +29,7 @@ mod runner;
 mod switch;
 #[cfg(test)]
 mod tests;
+mod views;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;

@@ -200,7 +200,13 @@ impl Agent {
             }
         }
         let req = AssembleVolume {
-            drives: sv.spec.drives.clone(),
+            // By the peer:drive names the volume was made with, as its creator shows them.
+            drives: sv
+                .spec
+                .drives
+                .iter()
+                .map(|u| self.node.cluster().name_of(u).unwrap_or_else(|| u.clone()))
+                .collect(),
             takeover: true,
             export: None,
             force: false,

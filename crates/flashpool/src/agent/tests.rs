@@ -153,6 +153,26 @@ async fn create_move_and_take_over() {
         "the same NGUID on every node"
     );
     assert_eq!(info.name, "v");
+    // The create answer says where it is served (the CLI prints it).
+    let x = info
+        .export
+        .clone()
+        .expect("the create answer has the export");
+    assert_eq!((x.nqn.as_str(), x.nsid), (NQN, 1));
+    // b, serving it on standby, lists it with its owner and b's ANA state.
+    let mut listed = b.node.volumes().await;
+    b.list_cluster(&mut listed).await;
+    let v = listed.iter().find(|v| v.name == "v").expect("b lists v");
+    assert_eq!(v.owner.as_deref(), Some("a"));
+    assert_eq!(v.ana_state.as_deref(), Some("inaccessible"));
+    assert_eq!(v.state, "standby");
+    let names: Vec<&str> = v.members.iter().map(|m| m.drive.as_str()).collect();
+    assert_eq!(names, ["e1:d0", "e1:d1", "e1:d2"]);
+    let mut listed = a.node.volumes().await;
+    a.list_cluster(&mut listed).await;
+    assert_eq!(listed.len(), 1, "the owner lists v once");
+    assert_eq!(listed[0].owner.as_deref(), Some("a"));
+    assert_eq!(listed[0].ana_state.as_deref(), Some("optimized"));
     let mut shown = info;
     shown.export = None;
     a.annotate(&mut shown).await;
@@ -174,6 +194,10 @@ async fn create_move_and_take_over() {
     })
     .await;
     assert_eq!(ta.ana_state(g), AnaState::Inaccessible);
+    // b opened the members by the names the volume was made with.
+    let on_b = b.node.volume("v").await.unwrap();
+    let names: Vec<&str> = on_b.members.iter().map(|m| m.drive.as_str()).collect();
+    assert_eq!(names, ["e1:d0", "e1:d1", "e1:d2"], "not renamed to URLs");
     assert_eq!(io(&nb, None).await.unwrap(), vec![0xA1; 16384]);
     assert!(io(&na, None).await.is_err());
     io(&nb, Some(0xB2)).await.unwrap();

@@ -170,6 +170,7 @@ pub(super) async fn volumes(State(a): State<App>) -> ApiResult {
         for v in &mut vs {
             ag.annotate(v).await;
         }
+        ag.list_cluster(&mut vs).await;
     }
     ok(vs)
 }

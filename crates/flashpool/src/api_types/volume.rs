@@ -131,6 +131,13 @@ pub struct VolumeInfo {
     /// be stale (until the node restarts).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forced: Option<ForcedInfo>,
+    /// Cluster volumes: the node that owns it (runs it), as this node knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Cluster volumes: its ANA group's state on this node (optimized on
+    /// the owner, inaccessible where it is served on standby).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ana_state: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -266,29 +266,48 @@ fn export_text(v: &VolumeInfo) -> String {
 }
 
 fn print_volume_table(vs: &[VolumeInfo]) {
-    outln!(
-        "{:<14} {:<8} {:>10} {:<10} {:<24} exported as",
-        "VOLUME",
-        "LAYOUT",
-        "SIZE",
-        "STATE",
-        "DRIVES"
+    for l in volume_table(vs) {
+        outln!("{l}");
+    }
+}
+
+/// The list's lines. Cluster volumes add who owns each and the ANA state
+/// this node reports (a node lists those it serves on standby too).
+fn volume_table(vs: &[VolumeInfo]) -> Vec<String> {
+    let cluster = vs
+        .iter()
+        .any(|x| x.owner.is_some() || x.ana_state.is_some());
+    let mut head = format!(
+        "{:<14} {:<8} {:>10} {:<10} {:<24}",
+        "VOLUME", "LAYOUT", "SIZE", "STATE", "DRIVES"
     );
+    if cluster {
+        head += &format!(" {:<10} {:<13}", "OWNER", "ANA");
+    }
+    let mut out = vec![head + " exported as"];
     for x in vs {
         let drives: Vec<&str> = x.members.iter().map(|m| m.drive.as_str()).collect();
-        outln!(
-            "{:<14} {:<8} {:>10} {:<10} {:<24} {}",
+        let mut l = format!(
+            "{:<14} {:<8} {:>10} {:<10} {:<24}",
             x.name,
             x.layout,
             human_bytes(x.size_bytes),
             x.state,
-            drives.join(","),
-            export_text(x)
+            drives.join(",")
         );
+        if cluster {
+            l += &format!(
+                " {:<10} {:<13}",
+                x.owner.as_deref().unwrap_or("-"),
+                x.ana_state.as_deref().unwrap_or("-")
+            );
+        }
+        out.push(format!("{l} {}", export_text(x)));
         if let Some(r) = &x.reason {
-            outln!("  {r}");
+            out.push(format!("  {r}"));
         }
     }
+    out
 }
 
 /// A forced assembly's account of what may be stale, before the volume
@@ -416,5 +435,39 @@ fn rebuild_status(c: &Client, name: &str, wait: bool, as_json: bool) -> Result<(
             bail!("volume {name}: still rebuilding after a day; giving up waiting");
         }
         std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn standby() -> VolumeInfo {
+        serde_json::from_value(serde_json::json!({
+            "name": "v", "uuid": "u", "layout": "raid1", "size_bytes": 1u64 << 30,
+            "block_size": 4096, "strip_bytes": 0, "state": "standby", "generation": 3,
+            "members": [{"position": 0, "drive": "e1:d0", "state": "active"},
+                        {"position": 1, "drive": "e2:d0", "state": "active"}],
+            "export": {"nqn": "nqn.x:c", "nsid": 1},
+            "rebuild": {"running": false, "members": [], "drives": [], "done_stripes": 0,
+                        "total_stripes": 0, "percent": 0.0, "bytes": 0, "mb_per_sec": 0.0,
+                        "eta_secs": null, "last_error": null},
+            "owner": "a", "ana_state": "inaccessible"
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_list_shows_a_cluster_volumes_owner_and_ana_state() {
+        let t = volume_table(&[standby()]);
+        assert!(t[0].contains("OWNER") && t[0].contains("ANA"), "{t:?}");
+        assert!(
+            t[1].contains("e1:d0,e2:d0") && t[1].contains(" a ") && t[1].contains("inaccessible"),
+            "{t:?}"
+        );
+        assert!(t[1].ends_with("nsid 1 of nqn.x:c"), "{t:?}");
+        let mut local = standby();
+        (local.owner, local.ana_state) = (None, None);
+        assert!(!volume_table(&[local])[0].contains("OWNER"));
     }
 }

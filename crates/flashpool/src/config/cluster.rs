@@ -264,6 +264,12 @@ mod tests {
         assert!(c.resolve("d3").unwrap_err().contains("is not remote"));
         let u = "tcp://127.0.0.1:4420/nqn.x:y?nsid=2";
         assert_eq!(c.resolve(u).unwrap(), u);
+        // and back: the name a cluster volume's spec was made with
+        let e2d3 = c.resolve("e2:d3").unwrap();
+        assert_eq!(c.name_of(&e2d3).as_deref(), Some("e2:d3"));
+        assert_eq!(c.name_of(u), None);
+        let elsewhere = "tcp://10.77.0.99:4420/nqn.2026-01.io.flashpool:drive:e2:d3?nsid=1";
+        assert_eq!(c.name_of(elsewhere), None);
     }
 
     /// An enclosure's `[[peer]]` needs no address (it never connects to

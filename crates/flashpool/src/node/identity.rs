@@ -132,6 +132,17 @@ impl Cluster {
             .and_then(|p| p.tls.clone())
     }
 
+    /// The `peer:drive` name of a URL that [`Cluster::resolve`] makes, so a
+    /// node that opens a cluster volume's members names them as its spec did.
+    pub fn name_of(&self, url: &str) -> Option<String> {
+        self.peers.iter().find_map(|p| {
+            let head = format!("tcp://{}/{}", p.addr?, drive_nqn(&p.name, ""));
+            let drive = url.strip_prefix(&head)?.strip_suffix("?nsid=1")?;
+            let name = format!("{}:{drive}", p.name);
+            (!drive.is_empty() && self.resolve(&name).as_deref() == Ok(url)).then_some(name)
+        })
+    }
+
     /// The URL of `peer:drive`, or of a `tcp://` URL given as is.
     pub fn resolve(&self, name: &str) -> Result<String, String> {
         if name.starts_with("tcp://") {

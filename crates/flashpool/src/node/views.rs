@@ -123,6 +123,8 @@ impl NodeState {
             pool: None,
             allocated_bytes: None,
             thin_pool: None,
+            owner: None,
+            ana_state: None,
             jobs: self
                 .jobs
                 .all()
