@@ -8,7 +8,10 @@
 //! The I/O path reads a group's state with one relaxed load from a fixed
 //! table: no lock, no allocation.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+
+use parking_lot::RwLock;
 
 use nvme_wire::log_page::ana;
 use nvme_wire::status::{self, Status};
@@ -75,10 +78,22 @@ impl AnaState {
     }
 }
 
+/// What a group's Optimized (or Non-optimized) state hangs on: the
+/// cluster's ownership lease, a monotonic deadline. A node frozen past it
+/// (SIGSTOP) reports its lease-bound groups Inaccessible from the instant it
+/// wakes, before its agent has run: the ANA log consults the lease itself.
+pub trait AnaLease: Send + Sync {
+    /// Whether the lease still holds now.
+    fn valid(&self) -> bool;
+}
+
 /// Every group's state (indexed by ANAGRPID; slot 0 unused), the ANA log
 /// change count, and ANATT.
 pub struct AnaGroups {
     states: [AtomicU8; MAX_GROUPS as usize + 1],
+    /// Groups whose accessible states hold only while `lease` does.
+    leased: [AtomicBool; MAX_GROUPS as usize + 1],
+    lease: RwLock<Option<Arc<dyn AnaLease>>>,
     change_count: AtomicU64,
     anatt: AtomicU8,
 }
@@ -87,6 +102,8 @@ impl Default for AnaGroups {
     fn default() -> Self {
         AnaGroups {
             states: std::array::from_fn(|_| AtomicU8::new(ana::STATE_OPTIMIZED)),
+            leased: std::array::from_fn(|_| AtomicBool::new(false)),
+            lease: RwLock::new(None),
             change_count: AtomicU64::new(0),
             anatt: AtomicU8::new(ANATT),
         }
@@ -115,11 +132,39 @@ impl AnaGroups {
         }
     }
 
+    /// The state the ANA log reports: the set state, except that a
+    /// lease-bound group whose lease ran out is Inaccessible whatever was
+    /// set (the I/O path needs no such check: the cluster's switch device
+    /// refuses I/O past the lease on its own).
     pub fn state(&self, grpid: u32) -> AnaState {
-        self.states
+        let set = self
+            .states
             .get(grpid as usize)
             .and_then(|s| AnaState::from_wire(s.load(Ordering::Relaxed)))
-            .unwrap_or(AnaState::Optimized)
+            .unwrap_or(AnaState::Optimized);
+        if matches!(set, AnaState::Optimized | AnaState::NonOptimized) && self.lapsed(grpid) {
+            return AnaState::Inaccessible;
+        }
+        set
+    }
+
+    fn lapsed(&self, grpid: u32) -> bool {
+        self.leased
+            .get(grpid as usize)
+            .is_some_and(|b| b.load(Ordering::Acquire))
+            && self.lease.read().as_ref().is_some_and(|l| !l.valid())
+    }
+
+    /// The lease that lease-bound groups hang on.
+    pub(crate) fn set_lease(&self, lease: Option<Arc<dyn AnaLease>>) {
+        *self.lease.write() = lease;
+    }
+
+    /// Binds group `grpid` to the lease (or frees it).
+    pub(crate) fn bind_to_lease(&self, grpid: u32, on: bool) {
+        if let Some(b) = self.leased.get(grpid as usize) {
+            b.store(on, Ordering::Release);
+        }
     }
 
     /// Sets a group's state; true when it changed (the change count moved).

@@ -304,3 +304,38 @@ fn identify_reports_anatt_and_the_group_limits() {
     let b = admin(&t, &c, &s, identify::IDENTIFY_LEN);
     assert_eq!(le32(&b, 92), 7);
 }
+
+/// A lease the test ends at will.
+struct TestLease(std::sync::atomic::AtomicBool);
+
+impl AnaLease for TestLease {
+    fn valid(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_lease_bound_group_reads_inaccessible_once_its_lease_ran_out() {
+    let t = target();
+    let a = connect(&t, "nqn.t:a", 0);
+    let lease = Arc::new(TestLease(true.into()));
+    t.set_ana_lease(Some(lease.clone()));
+    t.bind_ana_group_to_lease(5, true);
+    let state_of = |log: &[u8]| (log[32], log[68]);
+    assert_eq!(state_of(&ana_log(&t, &a, false, false)), (1, 1));
+    // The deadline passes (a node woken by SIGCONT) before anyone set a
+    // state: the log already says Inaccessible for the bound group only.
+    lease.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(state_of(&ana_log(&t, &a, false, false)), (3, 1));
+    assert_eq!(t.ana_state(5), AnaState::Inaccessible);
+    assert_eq!(t.ana_state(7), AnaState::Optimized);
+    // A state that is not accessible anyway stays as set.
+    t.set_ana_state(5, AnaState::Change);
+    assert_eq!(t.ana_state(5), AnaState::Change);
+    t.set_ana_state(5, AnaState::Optimized);
+    lease.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(t.ana_state(5), AnaState::Optimized);
+    t.bind_ana_group_to_lease(5, false);
+    lease.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(t.ana_state(5), AnaState::Optimized);
+}

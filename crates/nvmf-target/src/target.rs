@@ -256,7 +256,19 @@ impl Target {
         }
     }
 
-    /// Group `grpid`'s state (Optimized until set).
+    /// The lease that lease-bound groups' accessible states hang on (the
+    /// cluster's ownership lease); see [`crate::ana::AnaLease`].
+    pub fn set_ana_lease(&self, lease: Option<Arc<dyn crate::ana::AnaLease>>) {
+        self.ana.set_lease(lease);
+    }
+
+    /// Binds group `grpid` to the lease: while the lease has run out, the
+    /// ANA log reports the group Inaccessible even if it was set Optimized.
+    pub fn bind_ana_group_to_lease(&self, grpid: u32, on: bool) {
+        self.ana.bind_to_lease(grpid, on);
+    }
+
+    /// Group `grpid`'s state as the ANA log reports it (Optimized until set).
     pub fn ana_state(&self, grpid: u32) -> AnaState {
         self.ana.state(grpid)
     }

@@ -151,6 +151,11 @@ impl Agent {
             return Err(e.into());
         }
         target.set_anatt(ANATT_SECS);
+        // The deadline as of now: the ANA log and the I/O path trust nothing
+        // past it, even before the lease watcher runs.
+        let clock = LeaseClock::new();
+        clock.set(session.valid_until());
+        target.set_ana_lease(Some(clock.clone()));
         node.set_etcd_managed();
         tracing::info!(
             "cluster {}: joined as {} (slot {}, controller IDs {lo}..={hi}, lease {:#x})",
@@ -165,7 +170,7 @@ impl Agent {
             m,
             record,
             session: Mutex::new(session),
-            clock: LeaseClock::new(),
+            clock,
             served: runner::ServedMap::new(),
             dirty: Mutex::new(runner::Dirty::default()),
             acting: Mutex::new(HashMap::new()),
@@ -268,14 +273,23 @@ impl Agent {
     }
 
     /// Copies the lease deadline to the I/O path, and fences at once when
-    /// the lease is lost (the loop may be busy with a takeover).
+    /// the lease is lost (the loop may be busy with a takeover). The
+    /// deadline passing unmoved (a node woken from SIGSTOP) turns the owned
+    /// groups Inaccessible first, before the lease is declared lost; should
+    /// a keep-alive move the deadline after all, they are Optimized again.
     async fn fence_watch(self: Arc<Self>) {
         loop {
             let mut h = self.session().health();
+            let mut flipped: Vec<u32> = Vec::new();
             loop {
                 let cur = h.borrow_and_update().clone();
                 match cur {
-                    LeaseHealth::Live { valid_until } => self.clock.set(Some(valid_until)),
+                    LeaseHealth::Live { valid_until } => {
+                        self.clock.set(Some(valid_until));
+                        if self.clock.valid() {
+                            self.ana_unfence(std::mem::take(&mut flipped));
+                        }
+                    }
                     LeaseHealth::Lost(why) => {
                         self.clock.set(None);
                         self.fence_fast(&why);
@@ -283,7 +297,22 @@ impl Agent {
                         break;
                     }
                 }
-                if h.changed().await.is_err() {
+                let until = self.clock.until();
+                let changed = loop {
+                    tokio::select! {
+                        r = h.changed() => break r,
+                        _ = sleep_until(until), if flipped.is_empty() && until.is_some() => {
+                            if !self.clock.valid() {
+                                flipped = self.ana_fence("the lease deadline passed");
+                                if flipped.is_empty() {
+                                    // nothing owned: wait for the watcher alone
+                                    flipped.push(0);
+                                }
+                            }
+                        }
+                    }
+                };
+                if changed.is_err() {
                     self.clock.set(None);
                     self.fence_fast("the lease watch ended");
                     self.lost.notify_one();
@@ -291,6 +320,29 @@ impl Agent {
                 }
             }
             self.rejoined.notified().await;
+        }
+    }
+
+    /// Turns every owned group Inaccessible (the switch devices refuse I/O
+    /// past the deadline on their own); the groups it turned.
+    fn ana_fence(&self, why: &str) -> Vec<u32> {
+        let mut v = Vec::new();
+        for (name, (g, _)) in self.owned.lock().iter() {
+            self.target.set_ana_state(*g, AnaState::Inaccessible);
+            tracing::warn!("volume {name}: ANA group {g} inaccessible: {why}");
+            v.push(*g);
+        }
+        v
+    }
+
+    /// The lease holds after all: the groups [`Agent::ana_fence`] turned and
+    /// still owned here are Optimized again.
+    fn ana_unfence(&self, groups: Vec<u32>) {
+        for (name, (g, _)) in self.owned.lock().iter() {
+            if groups.contains(g) {
+                self.target.set_ana_state(*g, AnaState::Optimized);
+                tracing::warn!("volume {name}: the lease was renewed; ANA group {g} optimized");
+            }
         }
     }
 
@@ -325,6 +377,7 @@ impl Agent {
         let sw = SwitchDevice::new(&spec.name, geometry, self.clock.clone());
         self.target
             .set_ana_state(spec.ana_group, AnaState::Inaccessible);
+        self.target.bind_ana_group_to_lease(spec.ana_group, true);
         let ns = crate::node::volume_namespace(spec.nsid, sw.clone(), &spec.uuid)
             .with_ana_group(spec.ana_group)?;
         self.target.add_namespace(&spec.nqn, ns)?;
@@ -340,6 +393,7 @@ impl Agent {
 
     fn unserve(&self, spec: &VolumeSpec) {
         let _ = self.target.remove_namespace(&spec.nqn, spec.nsid);
+        self.target.bind_ana_group_to_lease(spec.ana_group, false);
         if let Some(sub) = self.target.subsystem(&spec.nqn)
             && sub.cluster_wide()
             && sub.namespaces().is_empty()
@@ -370,6 +424,14 @@ async fn join_until_done(m: &Membership, record: &NodeRecord) -> Session {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
+    }
+}
+
+/// Sleeps until `t` (forever without one).
+async fn sleep_until(t: Option<std::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
     }
 }
 

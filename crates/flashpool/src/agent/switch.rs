@@ -38,6 +38,22 @@ impl LeaseClock {
         let until = self.until_ns.load(Ordering::Acquire);
         until != 0 && (self.base.elapsed().as_nanos() as u64) < until
     }
+
+    /// The deadline, when there is one.
+    pub fn until(&self) -> Option<Instant> {
+        match self.until_ns.load(Ordering::Acquire) {
+            0 => None,
+            ns => Some(self.base + Duration::from_nanos(ns)),
+        }
+    }
+}
+
+/// The ANA log of a lease-bound group consults the same deadline as the
+/// I/O path: a node that wakes past it reports Inaccessible at once.
+impl nvmf_target::ana::AnaLease for LeaseClock {
+    fn valid(&self) -> bool {
+        LeaseClock::valid(self)
+    }
 }
 
 pub struct SwitchDevice {
@@ -209,5 +225,29 @@ mod tests {
         s.deactivate();
         assert!(matches!(read(&s), Err(BlockError::Fenced(m)) if m.contains("not owned")));
         assert_eq!(s.inflight.load(Ordering::Relaxed), 0);
+    }
+
+    /// A node frozen past its lease deadline (SIGSTOP) and woken: before
+    /// its agent runs, its ANA log already says Inaccessible (a host that
+    /// reads it right after SIGCONT must not see Optimized).
+    #[test]
+    fn the_ana_log_reads_inaccessible_past_the_lease_deadline() {
+        use nvmf_target::{AnaState, Target, TransportConfig};
+        let t = Target::new(TransportConfig::default(), Vec::new());
+        let clock = LeaseClock::new();
+        clock.set(Some(Instant::now() + Duration::from_secs(5)));
+        t.set_ana_lease(Some(clock.clone()));
+        t.bind_ana_group_to_lease(7, true);
+        t.set_ana_state(7, AnaState::Optimized);
+        assert_eq!(t.ana_state(7), AnaState::Optimized);
+        assert!(clock.until().is_some_and(|u| u > Instant::now()));
+        // The deadline passed while the process was stopped: nobody has
+        // set anything since.
+        clock.set(Some(Instant::now() - Duration::from_millis(1)));
+        assert_eq!(t.ana_state(7), AnaState::Inaccessible);
+        assert_eq!(t.ana_state(8), AnaState::Optimized, "not lease-bound");
+        clock.set(None);
+        assert_eq!(t.ana_state(7), AnaState::Inaccessible);
+        assert_eq!(clock.until(), None);
     }
 }
