@@ -140,6 +140,15 @@ pub struct Handoff {
     pub epoch: u64,
 }
 
+/// Everything etcd holds on one volume, as [`Session::volumes`] reads it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VolumeRecord {
+    pub spec: VolumeSpec,
+    pub owner: Option<Owner>,
+    pub state: Option<VolumeState>,
+    pub handoff: Option<Handoff>,
+}
+
 /// A decoded change under the cluster prefix.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ClusterEvent {

@@ -20,7 +20,7 @@ use crate::keys::{Keys, VolumeKey};
 use crate::watch::watch_task;
 use crate::{
     ANA_GROUPS, ClusterConfig, ClusterError, ClusterEvent, Handoff, LeaseHealth, MAX_SLOT,
-    NodeRecord, Owner, VolumeSpec, VolumeState,
+    NodeRecord, Owner, VolumeRecord, VolumeSpec, VolumeState,
 };
 
 /// A node's live membership. Clone-able; the keep-alive and watch tasks stop
@@ -418,6 +418,34 @@ impl Session {
             .filter(|kv| kv.key().ends_with(b"/spec"))
             .map(decode)
             .collect()
+    }
+
+    /// Every volume with a spec, with its owner, state and handoff: one
+    /// range read (a consistent snapshot), however many volumes there are.
+    pub async fn volumes(&self) -> Result<Vec<VolumeRecord>, ClusterError> {
+        let kvs = self.get_prefix(&self.inner.keys.volumes()).await?;
+        let mut by_vol: std::collections::BTreeMap<&str, Vec<(VolumeKey, &KeyValue)>> =
+            std::collections::BTreeMap::new();
+        for kv in &kvs {
+            let key = std::str::from_utf8(kv.key()).unwrap_or_default();
+            if let Some(crate::keys::Key::Volume(v, k)) = self.inner.keys.parse(key) {
+                by_vol.entry(v).or_default().push((k, kv));
+            }
+        }
+        let mut out = Vec::new();
+        for keys in by_vol.into_values() {
+            let get = |want: VolumeKey| keys.iter().find(|(k, _)| *k == want).map(|(_, kv)| *kv);
+            let Some(spec) = get(VolumeKey::Spec) else {
+                continue;
+            };
+            out.push(VolumeRecord {
+                spec: decode(spec)?,
+                owner: get(VolumeKey::Owner).map(decode).transpose()?,
+                state: get(VolumeKey::State).map(decode).transpose()?,
+                handoff: get(VolumeKey::Handoff).map(decode).transpose()?,
+            });
+        }
+        Ok(out)
     }
 
     pub async fn spec(&self, vol: &str) -> Result<Option<VolumeSpec>, ClusterError> {

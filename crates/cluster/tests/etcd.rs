@@ -582,3 +582,48 @@ async fn three_members_survive_losing_the_leader() {
     )
     .await;
 }
+
+/// `Session::volumes` reads every volume's keys in one range and answers
+/// what reading each key on its own does: specs in name order, owned or
+/// not, with or without state and handoff, and `v1` and `v10` kept apart.
+#[tokio::test]
+async fn one_range_read_gives_what_reads_per_volume_give() {
+    let etcd = etcd!();
+    let eps = vec![etcd.endpoint()];
+    let a = join(&eps, "a").await;
+    for (i, v) in ["v2", "v1", "v10", "v3"].iter().enumerate() {
+        a.create_spec(&spec(v, i as u32 + 1)).await.unwrap();
+    }
+    for v in ["v1", "v10", "v3"] {
+        a.claim(v).await.unwrap().unwrap();
+    }
+    let st = VolumeState {
+        epoch: 1,
+        generation: 3,
+        members: vec!["m".into()],
+        note: "ok".into(),
+    };
+    a.put_state("v1", &st).await.unwrap();
+    a.put_state("v3", &st).await.unwrap();
+    let h = Handoff {
+        to: "b".into(),
+        epoch: 1,
+    };
+    a.set_handoff("v3", &h).await.unwrap();
+    let mut one_by_one = Vec::new();
+    for spec in a.specs().await.unwrap() {
+        let v = spec.name.clone();
+        one_by_one.push(cluster::VolumeRecord {
+            spec,
+            owner: a.owner(&v).await.unwrap(),
+            state: a.state(&v).await.unwrap(),
+            handoff: a.handoff(&v).await.unwrap(),
+        });
+    }
+    let ranged = a.volumes().await.unwrap();
+    assert_eq!(ranged, one_by_one);
+    let names: Vec<&str> = ranged.iter().map(|r| r.spec.name.as_str()).collect();
+    assert_eq!(names, ["v1", "v10", "v2", "v3"]);
+    assert_eq!(ranged[3].handoff, Some(h));
+    assert!(ranged[2].owner.is_none() && ranged[2].state.is_none());
+}

@@ -75,10 +75,14 @@ impl Agent {
             });
         }
         let mut vs = Vec::new();
-        for spec in s.specs().await.map_err(etcd)? {
-            let owner = s.owner(&spec.name).await.map_err(etcd)?;
-            let st = s.state(&spec.name).await.map_err(etcd)?;
-            let handoff = s.handoff(&spec.name).await.map_err(etcd)?;
+        // One range read for every volume's keys (not three reads each).
+        for rec in s.volumes().await.map_err(etcd)? {
+            let cluster::VolumeRecord {
+                spec,
+                owner,
+                state: st,
+                handoff,
+            } = rec;
             let state = match (&owner, &st) {
                 (None, _) => "unowned".to_string(),
                 (Some(_), Some(st)) => state_word(st).to_string(),
@@ -322,10 +326,18 @@ impl Agent {
         )
         .await
         .map_err(etcd)?;
-        let end = t0 + Duration::from_secs(15);
+        // Answered once `to` serves it (Optimized there: the new owner
+        // records the volume's state at its epoch only after that), not
+        // when the old owner lets go; `took_ms` is what a host sees.
+        let end = t0 + MOVE_WAIT;
         loop {
-            if let Some(o) = s.owner(name).await.map_err(etcd)?
+            let o = s.owner(name).await.map_err(etcd)?;
+            if let Some(o) = &o
                 && o.node == to
+                && s.state(name)
+                    .await
+                    .map_err(etcd)?
+                    .is_some_and(|st| st.epoch == o.epoch)
             {
                 return Ok(MoveResult {
                     volume: name.to_string(),
@@ -336,8 +348,20 @@ impl Agent {
                 });
             }
             if Instant::now() > end {
+                let now = match o {
+                    Some(o) if o.node == to => {
+                        format!(
+                            "{to} owns it at epoch {} but does not serve it yet",
+                            o.epoch
+                        )
+                    }
+                    Some(o) => format!("{} owns it at epoch {}", o.node, o.epoch),
+                    None => "no node owns it".into(),
+                };
                 return Err(NodeError::Internal(format!(
-                    "the move of {name} to {to} did not finish in 15 s; see `flashpool cluster status` and both nodes' logs"
+                    "the move of {name} to {to} did not finish in {} s ({now}); \
+                     see `flashpool cluster status` and both nodes' logs",
+                    MOVE_WAIT.as_secs()
                 )));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -386,7 +410,8 @@ impl Agent {
         probe(&spec).await
     }
 
-    /// `POST /v1/nodes/{node}/drain` (or undrain): waits until it owns nothing.
+    /// `POST /v1/nodes/{node}/drain` (or undrain): waits until it owns
+    /// nothing and another node serves each volume it owned.
     pub async fn drain(&self, node: &str, on: bool) -> NodeResult<DrainResult> {
         let s = self.session();
         let nodes = s.nodes().await.map_err(etcd)?;
@@ -401,29 +426,83 @@ impl Agent {
             )));
         }
         s.set_drain(node, on).await.map_err(etcd)?;
-        let end = Instant::now() + Duration::from_secs(60);
+        if !on {
+            return Ok(DrainResult {
+                node: node.to_string(),
+                draining: false,
+                owns: owned_by(&s, node).await.map_err(etcd)?,
+            });
+        }
+        // Answered once another node serves each volume the drained node
+        // owned (its state recorded at the new owner's epoch, which comes
+        // after Optimized there), not when the drained node lets go.
+        let moving: Vec<String> = owned_by(&s, node).await.map_err(etcd)?;
+        let end = Instant::now() + DRAIN_WAIT;
         loop {
-            let owns = owned_by(&s, node).await.map_err(etcd)?;
-            if !on || owns.is_empty() || Instant::now() > end {
+            let vols = s.volumes().await.map_err(etcd)?;
+            let left: Vec<String> = moving
+                .iter()
+                .filter(|v| {
+                    vols.iter().find(|r| r.spec.name == **v).is_some_and(|r| {
+                        !matches!((&r.owner, &r.state), (Some(o), Some(st))
+                            if o.node != node && st.epoch == o.epoch)
+                    })
+                })
+                .cloned()
+                .collect();
+            let owns: Vec<String> = vols
+                .iter()
+                .filter(|r| r.owner.as_ref().is_some_and(|o| o.node == node))
+                .map(|r| r.spec.name.clone())
+                .collect();
+            if left.is_empty() && owns.is_empty() {
                 return Ok(DrainResult {
                     node: node.to_string(),
-                    draining: on,
+                    draining: true,
                     owns,
                 });
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            if Instant::now() > end {
+                let what = left
+                    .iter()
+                    .map(|v| {
+                        let r = vols.iter().find(|r| r.spec.name == *v);
+                        match r.and_then(|r| r.owner.as_ref()) {
+                            Some(o) if o.node == node => format!("{v} (still on {node})"),
+                            Some(o) => format!("{v} (owned by {}, not served yet)", o.node),
+                            None => format!("{v} (no owner)"),
+                        }
+                    })
+                    .chain(
+                        owns.iter()
+                            .filter(|v| !left.contains(v))
+                            .map(|v| format!("{v} (still on {node})")),
+                    )
+                    .collect::<Vec<_>>();
+                return Err(NodeError::Conflict(format!(
+                    "node {node} is draining, but after {} s these volumes are not served \
+                     elsewhere yet: {}; see `flashpool cluster status`",
+                    DRAIN_WAIT.as_secs(),
+                    what.join(", ")
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }
 
+/// How long `volume move` waits for the new owner to serve the volume.
+const MOVE_WAIT: Duration = Duration::from_secs(15);
+/// How long `node drain` waits for every volume to be served elsewhere.
+const DRAIN_WAIT: Duration = Duration::from_secs(30);
+
 async fn owned_by(s: &Session, node: &str) -> Result<Vec<String>, ClusterError> {
-    let mut v = Vec::new();
-    for spec in s.specs().await? {
-        if s.owner(&spec.name).await?.is_some_and(|o| o.node == node) {
-            v.push(spec.name);
-        }
-    }
-    Ok(v)
+    Ok(s.volumes()
+        .await?
+        .into_iter()
+        .filter(|r| r.owner.as_ref().is_some_and(|o| o.node == node))
+        .map(|r| r.spec.name)
+        .collect())
 }
 
 /// Whether every member's node accepts a TCP connection from here.

@@ -49,7 +49,18 @@ impl Node {
             .filter(|(n, d)| d.export.is_none() && !exported.contains(n))
             .map(|(n, _)| n.clone())
             .collect();
-        for f in group_by_volume(&st, &names).await {
+        let handles: BTreeMap<String, Handle> = names
+            .iter()
+            .map(|n| {
+                let d = &st.drives[n];
+                let h = Handle {
+                    dev: d.dev.clone(),
+                    remote: d.remote.clone(),
+                };
+                (n.clone(), h)
+            })
+            .collect();
+        for f in group_by_volume(&handles, &names).await {
             let name = f.newest.name.clone();
             if let Err(e) = self.assemble_group(&mut st, f, false, true).await {
                 tracing::error!("volume {name:?}: not assembled: {e}");
@@ -60,34 +71,17 @@ impl Node {
 
     /// Assembles the volume on `req.drives` (opening the remote ones), e.g.
     /// on a node that takes over a volume whose owner died.
+    ///
+    /// The node's lock is held only to set the drives aside and, at the
+    /// end, to enter what was assembled: connecting the remote members
+    /// (concurrently), reading their superblocks, claiming them and
+    /// assembling run without it, so a slow member of one volume delays no
+    /// other request. A request that fails closes the drives it opened.
     pub async fn assemble_volume(self: &Arc<Self>, req: AssembleVolume) -> NodeResult<VolumeInfo> {
-        let drives = req.drives.clone();
-        self.undo_remotes_on_err(&drives, self.assemble_volume_inner(req))
-            .await
-    }
-
-    async fn assemble_volume_inner(
-        self: &Arc<Self>,
-        req: AssembleVolume,
-    ) -> NodeResult<VolumeInfo> {
-        let mut st = self.state.lock().await;
-        self.open_named_remotes(&mut st, &req.drives).await?;
-        for d in &req.drives {
-            if !st.drives.contains_key(d) {
-                return Err(NodeError::BadRequest(format!(
-                    "drive {} does not exist; list the drives with `flashpool drive list`",
-                    crate::echo::Echo(d)
-                )));
-            }
-            if let Some((v, _)) = st.user_of(d)
-                && st.volumes[v].offline().is_none()
-            {
-                return Err(NodeError::Conflict(format!(
-                    "drive {d} is already in volume {v} on this node"
-                )));
-            }
-        }
-        let mut groups = group_by_volume(&st, &req.drives).await;
+        let mut r = self.reserve(&req).await?;
+        self.connect_missing(&mut r).await?;
+        let handles = r.handles();
+        let mut groups = group_by_volume(&handles, &req.drives).await;
         groups.iter_mut().for_each(|g| g.force = req.force);
         let f = match groups.len() {
             1 => groups.remove(0),
@@ -110,38 +104,43 @@ impl Node {
                 )));
             }
         };
+        // Look before any write: a drive of another (offline) volume is refused.
+        let uuid = uuid_string(&f.newest.uuid);
+        parked_offline(&*self.state.lock().await, &req.drives, &uuid)?;
+        let opened = self
+            .open_group(&handles, f, req.takeover)
+            .await
+            .map_err(AssembleError::into_inner)?;
+
+        let mut st = self.state.lock().await;
+        let offline = parked_offline(&st, &req.drives, &uuid)?;
         if let Some(x) = &req.export {
             self.check_export_free(x)?;
         }
-        // The volume's own offline entry gives way to the assembly (and
-        // comes back if it fails); another volume's keeps its drives.
-        let uuid = uuid_string(&f.newest.uuid);
-        let mut offline: Vec<String> = Vec::new();
-        for d in &req.drives {
-            if let Some((v, _)) = st.user_of(d)
-                && !offline.iter().any(|o| o == v)
-            {
-                if st.volumes[v].uuid() != uuid {
-                    return Err(NodeError::Conflict(format!(
-                        "drive {d} is in volume {v} on this node (offline); delete it first"
-                    )));
-                }
-                offline.push(v.to_string());
+        let new: Vec<String> = r.opened.iter().map(|d| d.name.clone()).collect();
+        for d in std::mem::take(&mut r.opened) {
+            if let Some(rd) = &d.remote {
+                self.watch_link(&d.name, rd);
             }
+            st.drives.insert(d.name.clone(), d);
         }
+        if !new.is_empty()
+            && let Err(e) = self.save_remote_drives(&st)
+        {
+            for n in &new {
+                if let Some(d) = st.drives.remove(n) {
+                    let _ = d.dev.shutdown();
+                }
+            }
+            return Err(e);
+        }
+        // The volume's own offline entry gives way to the assembly.
         let parked: Vec<VolumeEntry> = offline
             .iter()
             .filter_map(|v| st.volumes.remove(v))
             .collect();
-        let name = match self.assemble_group(&mut st, f, req.takeover, false).await {
-            Ok(n) => n,
-            Err(e) => {
-                for p in parked {
-                    st.volumes.insert(p.name.clone(), p);
-                }
-                return Err(e);
-            }
-        };
+        let name = self.enter_group(&mut st, opened);
+        r.release();
         if let Some(p) = parked.first() {
             if let Some(e) = st.volumes.get_mut(&name) {
                 e.from_config |= p.from_config;
@@ -154,6 +153,82 @@ impl Node {
             self.save_exports(&st)?;
         }
         Ok(st.volume_info(&name).expect("exists"))
+    }
+
+    /// Under the lock: checks that `req.drives` are free (or in this
+    /// volume's own offline entry) and sets them aside for the request.
+    async fn reserve(&self, req: &AssembleVolume) -> NodeResult<Reserved> {
+        let st = self.state.lock().await;
+        let mut present = BTreeMap::new();
+        let mut missing = Vec::new();
+        for d in &req.drives {
+            st.check_not_assembling(d)?;
+            match st.drives.get(d) {
+                Some(dr) => {
+                    present.insert(
+                        d.clone(),
+                        Handle {
+                            dev: dr.dev.clone(),
+                            remote: dr.remote.clone(),
+                        },
+                    );
+                }
+                None if d.contains(':') => missing.push(d.clone()),
+                None => {
+                    return Err(NodeError::BadRequest(format!(
+                        "drive {} does not exist; list the drives with `flashpool drive list`",
+                        crate::echo::Echo(d)
+                    )));
+                }
+            }
+            if let Some((v, _)) = st.user_of(d)
+                && st.volumes[v].offline().is_none()
+            {
+                return Err(NodeError::Conflict(format!(
+                    "drive {d} is already in volume {v} on this node"
+                )));
+            }
+        }
+        if let Some(x) = &req.export {
+            self.check_export_free(x)?;
+        }
+        st.assembling.lock().extend(req.drives.iter().cloned());
+        Ok(Reserved {
+            set: st.assembling.clone(),
+            names: req.drives.clone(),
+            present,
+            missing,
+            opened: Vec::new(),
+        })
+    }
+
+    /// Connects the reserved remote drives the node does not have yet, all
+    /// at once: each may take up to the connect timeout.
+    async fn connect_missing(self: &Arc<Self>, r: &mut Reserved) -> NodeResult<()> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, n) in r.missing.iter().enumerate() {
+            let (node, n) = (self.clone(), n.clone());
+            tasks.spawn(async move { (i, node.connect_remote(&n, None).await) });
+        }
+        let mut first_err: Option<(usize, NodeError)> = None;
+        while let Some(res) = tasks.join_next().await {
+            match res {
+                Ok((_, Ok(d))) => {
+                    tracing::info!("drive {}: {}", d.name, d.dev.describe());
+                    r.opened.push(d);
+                }
+                Ok((i, Err(e))) => {
+                    if first_err.as_ref().is_none_or(|(j, _)| i < *j) {
+                        first_err = Some((i, e));
+                    }
+                }
+                Err(e) => return Err(NodeError::Internal(format!("connecting a drive: {e}"))),
+            }
+        }
+        match first_err {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Claims the remote members, assembles, opens a thin pool on it, and
@@ -181,9 +256,7 @@ impl Node {
             );
             st.volumes.insert(name, entry);
         }
-        out.map_err(|e| match e {
-            AssembleError::Claim(e) | AssembleError::Volume(e) => e,
-        })
+        out.map_err(AssembleError::into_inner)
     }
 
     async fn assemble_group_inner(
@@ -192,6 +265,32 @@ impl Node {
         f: Found,
         takeover: bool,
     ) -> Result<String, AssembleError> {
+        let handles: BTreeMap<String, Handle> = f
+            .chosen
+            .values()
+            .filter_map(|n| {
+                let d = st.drives.get(n)?;
+                Some((
+                    n.clone(),
+                    Handle {
+                        dev: d.dev.clone(),
+                        remote: d.remote.clone(),
+                    },
+                ))
+            })
+            .collect();
+        let opened = self.open_group(&handles, f, takeover).await?;
+        Ok(self.enter_group(st, opened))
+    }
+
+    /// Claims the remote members, assembles and opens a thin pool on the
+    /// volume: the slow part, on drive handles only (no node state).
+    async fn open_group(
+        &self,
+        handles: &BTreeMap<String, Handle>,
+        f: Found,
+        takeover: bool,
+    ) -> Result<Opened, AssembleError> {
         let Found {
             newest,
             chosen,
@@ -199,12 +298,15 @@ impl Node {
         } = f;
         let drive_names: Vec<String> = chosen.values().cloned().collect();
         // Before any write: the superblocks are written at assembly.
-        self.claim(st, &drive_names, takeover)
+        let remotes: Vec<(&str, &Arc<nvmf_host::remote::RemoteDevice>)> = drive_names
+            .iter()
+            .filter_map(|n| Some((n.as_str(), handles.get(n)?.remote.as_ref()?)))
+            .collect();
+        self.claim_remotes(&remotes, takeover)
             .await
             .map_err(AssembleError::Claim)?;
-        let n = newest.members.len();
         let members: Vec<Arc<dyn BlockDevice>> =
-            chosen.values().map(|d| st.drives[d].dev.clone()).collect();
+            chosen.values().map(|d| handles[d].dev.clone()).collect();
         let assembled = if force {
             Volume::assemble_force(members.clone())
                 .await
@@ -228,6 +330,37 @@ impl Node {
                 ))));
             }
         };
+        tracing::info!("volume {}: assembled on {drive_names:?}", vol.name());
+        let as_dev: Arc<dyn BlockDevice> = Arc::new(vol.clone());
+        let pool = if ThinPool::is_pool(&as_dev).await {
+            Some(ThinPool::open(as_dev).await.map_err(|e| {
+                AssembleError::Volume(NodeError::Internal(format!(
+                    "volume {}: its thin pool: {e}",
+                    vol.name()
+                )))
+            })?)
+        } else {
+            None
+        };
+        Ok(Opened {
+            members: newest.members.len(),
+            chosen,
+            vol,
+            forced,
+            pool,
+        })
+    }
+
+    /// Enters an assembled volume (and its thin volumes) in the node's
+    /// state; resumes an interrupted rebuild. Returns its name.
+    fn enter_group(self: &Arc<Self>, st: &mut NodeState, o: Opened) -> String {
+        let Opened {
+            members: n,
+            chosen,
+            vol,
+            forced,
+            pool,
+        } = o;
         let mut name = vol.name();
         if name.is_empty() || st.volumes.contains_key(&name) {
             name = format!("vol-{}", &vol.uuid()[..8]);
@@ -245,18 +378,11 @@ impl Node {
                 dr.fresh = false;
             }
         }
-        tracing::info!("volume {name}: assembled on {drive_names:?}");
         let resume = vol
             .member_states()
             .iter()
             .any(|s| matches!(s, MemberState::Rebuilding { .. }));
-        let as_dev: Arc<dyn BlockDevice> = Arc::new(vol.clone());
-        let pool = if ThinPool::is_pool(&as_dev).await {
-            let p = ThinPool::open(as_dev).await.map_err(|e| {
-                AssembleError::Volume(NodeError::Internal(format!(
-                    "volume {name}: its thin pool: {e}"
-                )))
-            })?;
+        if let Some(p) = &pool {
             for t in p.volumes() {
                 let Some(tv) = p.volume(&t.name) else {
                     continue;
@@ -282,10 +408,7 @@ impl Node {
                     ),
                 );
             }
-            Some(p)
-        } else {
-            None
-        };
+        }
         let mut entry = VolumeEntry::new(&name, Backing::Drives { vol, pool }, drives, None);
         if let Some(rep) = forced {
             let info = super::ForcedInfo::new(&rep, &entry.drives);
@@ -305,8 +428,96 @@ impl Node {
             tracing::info!("volume {name}: resuming the rebuild that was interrupted");
             self.spawn_rebuild(st, &name);
         }
-        Ok(name)
+        name
     }
+}
+
+/// A drive as an assembly uses it outside the node's lock.
+#[derive(Clone)]
+struct Handle {
+    dev: Arc<dyn BlockDevice>,
+    remote: Option<Arc<nvmf_host::remote::RemoteDevice>>,
+}
+
+/// What [`Node::open_group`] assembled, for [`Node::enter_group`].
+struct Opened {
+    /// The volume's member count (its superblock's).
+    members: usize,
+    chosen: BTreeMap<u16, String>,
+    vol: Volume,
+    forced: Option<volume::ForceReport>,
+    pool: Option<ThinPool>,
+}
+
+/// The drives one assembly request has set aside in
+/// `NodeState::assembling`, and the remote drives it opened and has not
+/// entered yet. Dropped before `release` (an error, or the request
+/// cancelled), it gives the drives back and closes the ones it opened.
+struct Reserved {
+    set: Arc<parking_lot::Mutex<std::collections::BTreeSet<String>>>,
+    names: Vec<String>,
+    present: BTreeMap<String, Handle>,
+    missing: Vec<String>,
+    opened: Vec<super::Drive>,
+}
+
+impl Reserved {
+    fn handles(&self) -> BTreeMap<String, Handle> {
+        let mut h = self.present.clone();
+        for d in &self.opened {
+            h.insert(
+                d.name.clone(),
+                Handle {
+                    dev: d.dev.clone(),
+                    remote: d.remote.clone(),
+                },
+            );
+        }
+        h
+    }
+
+    /// The drives are entered in the node's state (under its lock).
+    fn release(&mut self) {
+        let mut set = self.set.lock();
+        for n in self.names.drain(..) {
+            set.remove(&n);
+        }
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.release();
+        for d in self.opened.drain(..) {
+            let _ = d.dev.shutdown();
+            tracing::info!("drive {}: closed again (the request failed)", d.name);
+        }
+    }
+}
+
+/// The offline entries of the volume with `uuid` that hold some of
+/// `drives` (they give way to its assembly); a drive in another volume's
+/// offline entry is refused.
+fn parked_offline(st: &NodeState, drives: &[String], uuid: &str) -> NodeResult<Vec<String>> {
+    let mut offline: Vec<String> = Vec::new();
+    for d in drives {
+        if let Some((v, _)) = st.user_of(d)
+            && !offline.iter().any(|o| o == v)
+        {
+            if st.volumes[v].offline().is_none() {
+                return Err(NodeError::Conflict(format!(
+                    "drive {d} is already in volume {v} on this node"
+                )));
+            }
+            if st.volumes[v].uuid() != uuid {
+                return Err(NodeError::Conflict(format!(
+                    "drive {d} is in volume {v} on this node (offline); delete it first"
+                )));
+            }
+            offline.push(v.to_string());
+        }
+    }
+    Ok(offline)
 }
 
 /// Why an assembly failed: the claim of the remote members (another node
@@ -314,6 +525,14 @@ impl Node {
 enum AssembleError {
     Claim(NodeError),
     Volume(NodeError),
+}
+
+impl AssembleError {
+    fn into_inner(self) -> NodeError {
+        match self {
+            AssembleError::Claim(e) | AssembleError::Volume(e) => e,
+        }
+    }
 }
 
 /// The offline entry of a volume found on drives that cannot be assembled:
@@ -364,10 +583,10 @@ fn offline_entry(st: &NodeState, f: &Found, reason: String) -> (String, VolumeEn
 
 /// Reads the superblocks of `names` and groups the drives by volume, one
 /// drive per position (the newest claim wins; an older one is wiped).
-async fn group_by_volume(st: &NodeState, names: &[String]) -> Vec<Found> {
+async fn group_by_volume(handles: &BTreeMap<String, Handle>, names: &[String]) -> Vec<Found> {
     let mut groups: BTreeMap<[u8; 16], Vec<(String, Superblock)>> = BTreeMap::new();
     for name in names {
-        let Some(d) = st.drives.get(name) else {
+        let Some(d) = handles.get(name) else {
             continue;
         };
         let head = match read_head(&d.dev).await {
@@ -395,7 +614,7 @@ async fn group_by_volume(st: &NodeState, names: &[String]) -> Vec<Found> {
                     newest.name,
                     sb.generation
                 );
-                if let Some(d) = st.drives.get(drive) {
+                if let Some(d) = handles.get(drive) {
                     let _ = wipe_head(&d.dev).await;
                 }
                 continue;

@@ -109,6 +109,7 @@ impl NodeState {
                 "drive {name} is a member of volume {v} (position {p}); a drive in a local volume cannot be exported"
             )));
         }
+        self.check_not_assembling(name)?;
         if d.failed {
             return Err(NodeError::Conflict(format!(
                 "drive {name} has failed; export a healthy drive"

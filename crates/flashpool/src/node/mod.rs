@@ -179,9 +179,23 @@ pub struct NodeState {
     pub volumes: BTreeMap<String, VolumeEntry>,
     /// Background work (sync, rebuild, scrub); read without the lock too.
     pub jobs: Arc<jobs::Jobs>,
+    /// Drives an assembly has set aside while it runs without the lock
+    /// (`assemble::Reserved`); no other request takes them meanwhile.
+    /// Its own lock, so that a cancelled assembly gives them back in `Drop`.
+    pub assembling: Arc<parking_lot::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl NodeState {
+    /// Refuses `drive` while an assembly holds it (the caller retries).
+    pub fn check_not_assembling(&self, drive: &str) -> NodeResult<()> {
+        if self.assembling.lock().contains(drive) {
+            return Err(NodeError::Conflict(format!(
+                "drive {drive} is being assembled into a volume by another request; retry"
+            )));
+        }
+        Ok(())
+    }
+
     /// The volume and position that hold `drive`, if any.
     pub fn user_of(&self, drive: &str) -> Option<(&str, usize)> {
         self.volumes.values().find_map(|v| {

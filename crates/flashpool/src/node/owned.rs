@@ -78,7 +78,10 @@ impl Node {
 /// Closes and forgets the remote drives among `names`.
 fn close_remotes(st: &mut NodeState, names: &[String]) {
     for n in names {
+        // One an assembly has set aside (this volume's offline entry
+        // giving way to it) stays open for that assembly.
         if st.drives.get(n).is_some_and(|d| d.remote.is_some())
+            && st.check_not_assembling(n).is_ok()
             && let Some(d) = st.drives.remove(n)
         {
             let _ = d.dev.shutdown();

@@ -89,6 +89,7 @@ impl Node {
             if st.drives.contains_key(n) || !(n.contains(':')) {
                 continue;
             }
+            st.check_not_assembling(n)?;
             let d = self.connect_remote(n, None).await?;
             tracing::info!("drive {n}: {}", d.dev.describe());
             if let Some(r) = &d.remote {
@@ -143,7 +144,7 @@ impl Node {
     /// Keeps the remote drives opened through the API (not declared in the
     /// TOML) in `state_dir/remote-drives.json`, so that their volumes are
     /// found again at the next start.
-    fn save_remote_drives(&self, st: &NodeState) -> NodeResult<()> {
+    pub(super) fn save_remote_drives(&self, st: &NodeState) -> NodeResult<()> {
         let Some(path) = self.remote_drives_file() else {
             return Ok(());
         };
@@ -175,14 +176,24 @@ impl Node {
         names: &[String],
         takeover: bool,
     ) -> NodeResult<()> {
-        let key = self.resv_key();
         let remotes: Vec<(&str, &Arc<RemoteDevice>)> = names
             .iter()
             .filter_map(|n| Some((n.as_str(), st.drives.get(n)?.remote.as_ref()?)))
             .collect();
+        self.claim_remotes(&remotes, takeover).await
+    }
+
+    /// [`Node::claim`] on drive handles, without the node's state (an
+    /// assembly claims its members outside the lock).
+    pub(crate) async fn claim_remotes(
+        &self,
+        remotes: &[(&str, &Arc<RemoteDevice>)],
+        takeover: bool,
+    ) -> NodeResult<()> {
+        let key = self.resv_key();
         // Look before touching anything: a refused claim changes nothing.
         if !takeover {
-            for (n, r) in &remotes {
+            for (n, r) in remotes {
                 let rep = r.report().await.map_err(|e| {
                     NodeError::Conflict(format!("drive {n}: reservation report: {e}"))
                 })?;
@@ -196,7 +207,7 @@ impl Node {
                 }
             }
         }
-        for (n, r) in &remotes {
+        for (n, r) in remotes {
             claim_one(r, key, takeover).await.map_err(|e| {
                 NodeError::Conflict(format!("drive {n}: cannot take the reservation: {e}"))
             })?;

@@ -627,3 +627,84 @@ async fn a_remote_drive_reaches_an_export_over_tls() {
     }
     server.shutdown();
 }
+
+/// Two assemblies on one node run side by side: one whose remote member
+/// never answers (a listener that accepts and says nothing) holds nothing
+/// that the other needs, so the other assembles meanwhile; cancelled, the
+/// hung one gives its drives back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_member_of_one_assembly_delays_no_other() {
+    let enc = Enclosure::new("e1", 4, &hosts(&["a", "b"]));
+    let a = owner("a", &enc);
+    for (v, d) in [("v1", ["e1:d0", "e1:d1"]), ("v2", ["e1:d2", "e1:d3"])] {
+        a.create_volume(super::testing::volume(v, "raid1", &d))
+            .await
+            .unwrap();
+    }
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = {
+        let host_nqn = node_host_nqn("b");
+        let peer = |name: &str, addr| Peer {
+            name: name.into(),
+            addr: Some(addr),
+            host_nqn: node_host_nqn(name),
+            auth: None,
+            tls: None,
+        };
+        let cluster = Cluster {
+            node_name: "b".into(),
+            host_id: stable_id(&host_nqn),
+            host_nqn,
+            peers: vec![
+                peer("e1", enc.addr),
+                peer("silent", silent.local_addr().unwrap()),
+            ],
+            remote: settings(),
+            dhchap: None,
+            tls: None,
+        };
+        super::testing::TestNode::new().cluster(cluster).build()
+    };
+    let req = |drives: &[&str]| AssembleVolume {
+        drives: drives.iter().map(|d| d.to_string()).collect(),
+        takeover: true,
+        force: false,
+        export: None,
+    };
+    let hung = tokio::spawn({
+        let (b, r) = (b.clone(), req(&["e1:d0", "silent:d0", "e1:d1"]));
+        async move { b.assemble_volume(r).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The hung request holds its drives: another one that wants them is
+    // answered at once (busy), not queued behind it.
+    let e = tokio::time::timeout(
+        Duration::from_secs(1),
+        b.assemble_volume(req(&["e1:d0", "e1:d1"])),
+    )
+    .await
+    .expect("answered while the other assembly hangs")
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("being assembled"), "{e}");
+    let t = Instant::now();
+    let info = tokio::time::timeout(
+        Duration::from_secs(2),
+        b.assemble_volume(req(&["e1:d2", "e1:d3"])),
+    )
+    .await
+    .expect("assembled while the other assembly hangs")
+    .unwrap();
+    assert_eq!(info.name, "v2");
+    assert!(!hung.is_finished(), "the silent member answered?");
+    tracing::info!("v2 assembled in {:?} beside a hung assembly", t.elapsed());
+    hung.abort();
+    let _ = hung.await;
+    let names: Vec<String> = b.drives().await.into_iter().map(|d| d.name).collect();
+    assert!(
+        !names.iter().any(|n| n == "e1:d0" || n == "silent:d0"),
+        "the cancelled assembly left drives open: {names:?}"
+    );
+    let info = b.assemble_volume(req(&["e1:d0", "e1:d1"])).await.unwrap();
+    assert_eq!(info.name, "v1");
+}

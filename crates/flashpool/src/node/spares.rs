@@ -48,6 +48,7 @@ impl NodeState {
                     .values()
                     .filter(|d| d.spare && !d.failed && !taken.contains(d.name.as_str()))
                     .filter(|d| self.user_of(&d.name).is_none() && d.export.is_none())
+                    .filter(|d| self.check_not_assembling(&d.name).is_ok())
                     .filter(|d| vol.check_replacement(p, &d.dev).is_ok())
                     .map(|d| (d.name.as_str(), d.dev.geometry().size_bytes()))
                     .collect();

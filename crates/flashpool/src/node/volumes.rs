@@ -47,6 +47,7 @@ impl NodeState {
                     "drive {n} is already in use by volume {v} (position {p}); pick a free drive"
                 )));
             }
+            self.check_not_assembling(n)?;
             if d.failed {
                 return Err(NodeError::Conflict(format!(
                     "drive {n} has failed; pick a healthy drive"
