@@ -278,6 +278,10 @@ impl Agent {
 
     /// The lease is lost: one event naming what was fenced.
     pub(super) fn tell_lease_lost(&self, why: &str) {
+        // a clean leave revokes the lease on purpose: nothing to tell
+        if self.leaving.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let owned = self.owned_names();
         self.node.events.emit(lease_lost(why, &owned));
     }

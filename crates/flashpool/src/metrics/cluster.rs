@@ -224,7 +224,7 @@ mod tests {
             "flashpool_cluster_volume_ana_state{volume=\"v2\",state=\"inaccessible\"} 1\n",
             "flashpool_cluster_takeover_duration_seconds_bucket{le=\"0.05\"} 1\n",
             "flashpool_cluster_takeover_duration_seconds_bucket{le=\"0.1\"} 2\n",
-            "flashpool_cluster_takeover_duration_seconds_bucket{le=\"60.0\"} 2\n",
+            "flashpool_cluster_takeover_duration_seconds_bucket{le=\"60\"} 2\n",
             "flashpool_cluster_takeover_duration_seconds_bucket{le=\"+Inf\"} 3\n",
             "flashpool_cluster_takeover_duration_seconds_count 3\n",
             "flashpool_cluster_takeover_duration_seconds_sum 90.13\n",
@@ -232,8 +232,8 @@ mod tests {
         ] {
             assert!(t.contains(line), "{line} not in\n{t}");
         }
-        assert!(!t.contains("epoch{volume=\"v2\"}"), "{t}");
-        assert!(!t.contains("owner{volume=\"v2\""), "{t}");
+        assert!(!t.contains("volume_epoch{volume=\"v2\"}"), "{t}");
+        assert!(!t.contains("volume_owner{volume=\"v2\""), "{t}");
         check_exposition(&t);
     }
 }
