@@ -316,11 +316,24 @@ async fn drain_hands_over_and_a_delete_unserves_the_standby() {
     assert!(m.starts_with("this node cannot reach etcd ("), "{m}");
     assert!(m.contains("no volume is owned here"), "{m}");
     assert!(m.len() < 400, "{m}");
+    // What `flashpool cluster status` prints: the same words, from the API.
+    let api = a.record.api.clone().expect("member() gives an API");
+    let cli = tokio::task::spawn_blocking(move || {
+        let c = crate::client::Client::new(&crate::client::Endpoint {
+            api,
+            ..Default::default()
+        })
+        .unwrap();
+        c.get("/cluster").map(|_| ()).unwrap_err().to_string()
+    })
+    .await
+    .unwrap();
+    assert!(cli.starts_with("this node cannot reach etcd ("), "{cli}");
     wait("an etcd_unreachable event", 10, async || {
         !events_of(&a, "etcd_unreachable", None).is_empty()
     })
     .await;
-    assert_eq!(a.metrics_page().etcd_reachable, false);
+    assert!(!a.metrics_page().etcd_reachable);
 }
 
 /// Creates `v<i>` (raid1 on e1:d<2i>, e1:d<2i+1>, nsid i+1) through `a`.
