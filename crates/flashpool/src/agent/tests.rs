@@ -266,6 +266,20 @@ async fn create_move_and_take_over() {
             .unwrap_or(false)
     })
     .await;
+    // a saw b leave (its lease revoked) and join again.
+    wait(
+        "a's node_left and node_joined events for b",
+        10,
+        async || {
+            let left = events_of(&a, "node_left", None);
+            let joined = events_of(&a, "node_joined", None);
+            left.iter().any(|e| e.node.as_deref() == Some("b"))
+                && joined
+                    .iter()
+                    .any(|j| j.node.as_deref() == Some("b") && left.iter().any(|l| l.seq < j.seq))
+        },
+    )
+    .await;
     a.leave().await;
     b.leave().await;
 }
