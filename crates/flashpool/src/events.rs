@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-pub use crate::api_types::{Event, EventKind};
+pub use crate::api_types::{Event, EventKind, StepTime};
 use tokio::sync::broadcast;
 
 /// How many past events the node keeps for clients that (re)connect.
@@ -20,6 +20,8 @@ pub struct NewEvent {
     volume: Option<String>,
     drive: Option<String>,
     host: Option<String>,
+    node: Option<String>,
+    steps: Vec<StepTime>,
     message: String,
 }
 
@@ -30,6 +32,8 @@ impl NewEvent {
             volume: None,
             drive: None,
             host: None,
+            node: None,
+            steps: Vec::new(),
             message: message.into(),
         }
     }
@@ -43,6 +47,19 @@ impl NewEvent {
     }
     pub fn host(mut self, h: impl Into<String>) -> Self {
         self.host = Some(h.into());
+        self
+    }
+    pub fn node(mut self, n: impl Into<String>) -> Self {
+        self.node = Some(n.into());
+        self
+    }
+    /// A step's duration (kept in the order given).
+    pub fn step(mut self, step: &'static str, d: std::time::Duration) -> Self {
+        let ms = (d.as_secs_f64() * 1e6).round() / 1e3;
+        self.steps.push(StepTime {
+            step: step.into(),
+            ms,
+        });
         self
     }
     pub fn kind(&self) -> EventKind {
@@ -118,6 +135,8 @@ impl Events {
             volume: e.volume,
             drive: e.drive,
             host: e.host,
+            node: e.node,
+            steps: e.steps,
             message: e.message,
         });
         ring.next_seq += 1;
@@ -196,16 +215,24 @@ fn log(e: &Event) {
     let volume = e.volume.as_deref().unwrap_or("");
     let drive = e.drive.as_deref().unwrap_or("");
     let host = e.host.as_deref().unwrap_or("");
+    let node = e.node.as_deref().unwrap_or("");
+    let steps = e
+        .steps
+        .iter()
+        .map(|s| format!("{}={}", s.step, s.ms))
+        .collect::<Vec<_>>()
+        .join(",");
+    let steps_ms = steps.as_str();
     let kind = e.kind.name();
     match e.severity.as_ref() {
         "critical" => {
-            tracing::error!(target: "flashpool::event", seq = e.seq, kind, volume, drive, host, "{}", e.message)
+            tracing::error!(target: "flashpool::event", seq = e.seq, kind, volume, drive, host, node, steps_ms, "{}", e.message)
         }
         "warning" => {
-            tracing::warn!(target: "flashpool::event", seq = e.seq, kind, volume, drive, host, "{}", e.message)
+            tracing::warn!(target: "flashpool::event", seq = e.seq, kind, volume, drive, host, node, steps_ms, "{}", e.message)
         }
         _ => {
-            tracing::info!(target: "flashpool::event", seq = e.seq, kind, volume, drive, host, "{}", e.message)
+            tracing::info!(target: "flashpool::event", seq = e.seq, kind, volume, drive, host, node, steps_ms, "{}", e.message)
         }
     }
 }

@@ -19,10 +19,12 @@
 //! concurrently; `own.rs` gathers one volume's views and carries its
 //! actions out (taking over, letting go); `peers.rs` the other nodes,
 //! `cluster_ops.rs` the cluster operations the API calls into (create,
-//! move, drain, status); `views.rs` what the volume list shows of them.
+//! move, drain, status); `views.rs` what the volume list shows of them;
+//! `observe.rs` the events and metrics it tells.
 
 mod cluster_ops;
 mod decide;
+mod observe;
 mod own;
 mod peers;
 mod runner;
@@ -98,6 +100,8 @@ pub struct Agent {
     _liveness: LivenessListener,
     /// How to call other nodes' APIs (set once this node's API is up).
     peer_api: Mutex<Option<Arc<crate::client::PeerApi>>>,
+    /// What the events and metrics need (see `observe.rs`).
+    obs: observe::Observed,
 }
 
 impl Agent {
@@ -188,6 +192,7 @@ impl Agent {
             rejoined: Notify::new(),
             _liveness: liveness,
             peer_api: Mutex::new(None),
+            obs: observe::Observed::default(),
         }))
     }
 
@@ -237,7 +242,10 @@ impl Agent {
                 self.pass(&s).await;
                 tokio::select! {
                     e = events.recv() => match e {
-                        Ok(e) => self.mark_event(&e),
+                        Ok(e) => {
+                            self.observe_event(&e);
+                            self.mark_event(&e)
+                        }
                         Err(RecvError::Lagged(_)) => self.mark_all(),
                         Err(RecvError::Closed) => break "the etcd watch ended".to_string(),
                     },
@@ -248,7 +256,10 @@ impl Agent {
                 // the rest of the burst joins this pass
                 loop {
                     match events.try_recv() {
-                        Ok(e) => self.mark_event(&e),
+                        Ok(e) => {
+                            self.observe_event(&e);
+                            self.mark_event(&e)
+                        }
                         Err(TryRecvError::Lagged(_)) => self.mark_all(),
                         Err(TryRecvError::Empty | TryRecvError::Closed) => break,
                     }
@@ -292,6 +303,7 @@ impl Agent {
                     }
                     LeaseHealth::Lost(why) => {
                         self.clock.set(None);
+                        self.tell_lease_lost(&why);
                         self.fence_fast(&why);
                         self.lost.notify_one();
                         break;
@@ -314,6 +326,7 @@ impl Agent {
                 };
                 if changed.is_err() {
                     self.clock.set(None);
+                    self.tell_lease_lost("the lease watch ended");
                     self.fence_fast("the lease watch ended");
                     self.lost.notify_one();
                     break;
@@ -352,7 +365,7 @@ impl Agent {
         for (name, (g, sw)) in self.owned.lock().iter() {
             self.target.set_ana_state(*g, AnaState::Inaccessible);
             sw.deactivate();
-            tracing::warn!("volume {name}: fenced: {why}");
+            self.tell_fenced(name, why);
         }
     }
 

@@ -15,6 +15,7 @@ use cluster::{ClusterError, Handoff, Session, VolumeSpec, VolumeState};
 use nvmf_target::AnaState;
 
 use super::decide::{self, Action, COOLDOWN, LocalVolume, Members, Plan, VolumeView, Wait};
+use super::observe::{self, Steps};
 use super::{Agent, Served};
 use crate::node::AssembleVolume;
 
@@ -32,6 +33,7 @@ impl Agent {
         let name = &spec.name;
         let me = s.node();
         let owner = s.owner(name).await?;
+        self.seen_owner(name, spec.ana_group, owner.as_ref());
         let handoff = if decide::handoff_matters(owner.as_ref(), me) {
             s.handoff(name).await?
         } else {
@@ -137,6 +139,7 @@ impl Agent {
             },
             Action::Unserve => {
                 self.unserve(spec);
+                self.forget(name);
                 *slot = None;
             }
             Action::StepDown { why } => {
@@ -146,6 +149,7 @@ impl Agent {
             }
             Action::Fence { why, epoch } => {
                 if let Some(sv) = slot {
+                    self.tell_fenced(name, &why);
                     self.step_down(sv, &why).await;
                 }
                 s.release(name, epoch).await?;
@@ -170,12 +174,31 @@ impl Agent {
             }
             Action::Claim { .. } => {
                 let Some(sv) = slot else { return Ok(true) };
+                let (unowned_since, handoff_seen) = {
+                    let m = self.memory.lock();
+                    let m = m.get(name);
+                    (
+                        m.and_then(|m| m.unowned_since),
+                        m.and_then(|m| m.handoff_seen.as_ref().map(|h| h.1)),
+                    )
+                };
+                let claim_started = Instant::now();
                 let Some(o) = s.claim(name).await? else {
                     // another node won
                     return Ok(true);
                 };
+                let claimed = Instant::now();
                 self.memory_of(name, |m| m.unowned_since = None);
-                self.take_over(s, sv, o.epoch).await;
+                let first_seen = unowned_since.unwrap_or(claim_started);
+                let steps = Steps {
+                    first_seen,
+                    claim_started,
+                    claimed,
+                    assembled: claimed,
+                    serving: claimed,
+                };
+                let move_from = handoff_seen.map_or(first_seen, |h| h.min(first_seen));
+                self.take_over(s, sv, o.epoch, steps, move_from).await;
             }
             Action::Wait(Wait::Turn { due, .. }) => {
                 self.kick_after(name, due.saturating_duration_since(Instant::now()));
@@ -189,9 +212,20 @@ impl Agent {
     /// preempts the old owner's reservations, assembles (journal replay,
     /// resync), and turns its group Optimized. On failure it gives the
     /// volume back and leaves it to the others for a while.
-    async fn take_over(self: &Arc<Self>, s: &Session, sv: &mut Served, epoch: u64) {
+    ///
+    /// `steps` has the claim's times (the rest is measured here);
+    /// `move_from` is when a planned move began as this node saw it.
+    async fn take_over(
+        self: &Arc<Self>,
+        s: &Session,
+        sv: &mut Served,
+        epoch: u64,
+        mut steps: Steps,
+        move_from: Instant,
+    ) {
         let t0 = Instant::now();
         let name = sv.spec.name.clone();
+        let from = self.last_owner(&name);
         #[cfg(test)]
         {
             let stall = self.stall.lock().get(&name).copied();
@@ -242,6 +276,7 @@ impl Agent {
             return;
         };
         let info = res.expect("checked");
+        steps.assembled = Instant::now();
         sv.switch.activate(dev);
         sv.epoch = Some(epoch);
         self.owned
@@ -249,6 +284,7 @@ impl Agent {
             .insert(name.clone(), (sv.spec.ana_group, sv.switch.clone()));
         self.target
             .set_ana_state(sv.spec.ana_group, AnaState::Optimized);
+        steps.serving = Instant::now();
         let took = t0.elapsed();
         tracing::info!(
             "volume {name}: owned here at epoch {epoch}, generation {} (takeover {} ms)",
@@ -264,10 +300,17 @@ impl Agent {
         if let Err(e) = s.put_state(&name, &st).await {
             tracing::warn!("volume {name}: recording its state: {e}");
         }
-        if let Ok(Some(h)) = s.handoff(&name).await
-            && h.to == s.node()
-        {
+        let planned = matches!(s.handoff(&name).await, Ok(Some(h)) if h.to == s.node());
+        if planned {
             let _ = s.clear_handoff(&name).await;
+            let took = steps.serving.saturating_duration_since(move_from);
+            self.obs.moves.record(took);
+            let e = observe::moved(&name, epoch, from.as_deref(), took, &steps);
+            self.node.events.emit(e);
+        } else {
+            self.obs.takeovers.record(steps.total());
+            let e = observe::took_over(&name, epoch, from.as_deref(), &steps);
+            self.node.events.emit(e);
         }
         self.memory_of(&name, |m| m.handoff_seen = None);
     }
@@ -282,7 +325,7 @@ impl Agent {
         self.owned.lock().remove(&name);
         self.node.drop_fenced(&name, why).await;
         sv.epoch = None;
-        tracing::warn!("volume {name}: stepped down: {why}");
+        self.node.events.emit(observe::stepped_down(&name, why));
     }
 
     /// The lease is lost: every volume run here steps down. etcd's view
@@ -328,6 +371,7 @@ impl Agent {
         sv.switch.deactivate();
         let drained = sv.switch.drain(Duration::from_secs(5)).await;
         self.owned.lock().remove(&name);
+        let mut clean = drained;
         if !drained {
             self.node
                 .drop_fenced(&name, "commands still running after 5 s of a planned move")
@@ -335,15 +379,14 @@ impl Agent {
         } else if let Err(e) = self.node.hand_over(&name).await {
             tracing::error!("volume {name}: clean handover failed ({e}); letting go fenced");
             self.node.drop_fenced(&name, "clean handover failed").await;
+            clean = false;
         }
         sv.epoch = None;
         if let Err(e) = s.release(&name, epoch).await {
             tracing::warn!("volume {name}: releasing ownership: {e}");
         }
         self.target.set_ana_state(g, AnaState::Inaccessible);
-        tracing::info!(
-            "volume {name}: handed over to {to} ({} ms here)",
-            t0.elapsed().as_millis()
-        );
+        let e = observe::handed_off(&name, to, epoch, clean, t0.elapsed());
+        self.node.events.emit(e);
     }
 }

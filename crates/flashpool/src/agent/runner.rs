@@ -179,7 +179,9 @@ impl Agent {
             self.dirty.lock().merge(dirty);
             return;
         }
-        if let Err(e) = self.start_pass(s, &dirty).await {
+        let r = self.start_pass(s, &dirty).await;
+        self.etcd_answered(&r);
+        if let Err(e) = r {
             tracing::warn!("cluster {}: {e}", self.m.name);
             self.dirty.lock().merge(dirty);
         }
@@ -192,6 +194,7 @@ impl Agent {
             draining: s.draining().await?.into_iter().collect(),
         });
         self.update_peers(&nodes);
+        self.seen_nodes(&nodes);
         let mut specs: HashMap<String, VolumeSpec> = s
             .specs()
             .await?

@@ -70,6 +70,16 @@ async fn member(name: &str, enc: &Enclosure, etcd: &str) -> (Arc<Agent>, Arc<Tar
     (a, target)
 }
 
+/// The kept events of `a`'s node of `kind` (about `volume` when given).
+fn events_of(a: &Agent, kind: &str, volume: Option<&str>) -> Vec<Arc<crate::events::Event>> {
+    a.node
+        .events
+        .recent()
+        .into_iter()
+        .filter(|e| e.kind.name() == kind && (volume.is_none() || e.volume.as_deref() == volume))
+        .collect()
+}
+
 async fn wait(what: &str, secs: u64, mut ok: impl AsyncFnMut() -> bool) {
     let end = Instant::now() + Duration::from_secs(secs);
     while !ok().await {
@@ -199,6 +209,19 @@ async fn create_move_and_take_over() {
     assert_eq!(io(&nb, None).await.unwrap(), vec![0xA1; 16384]);
     assert!(io(&na, None).await.is_err());
     io(&nb, Some(0xB2)).await.unwrap();
+    // The move is told on both sides, and timed where it ended.
+    wait("a's handed_off and b's moved events", 10, async || {
+        !events_of(&a, "handed_off", Some("v")).is_empty()
+            && !events_of(&b, "moved", Some("v")).is_empty()
+    })
+    .await;
+    let m = events_of(&b, "moved", Some("v"));
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert!(
+        m[0].message.contains("moved here from a at epoch 2"),
+        "{m:?}"
+    );
+    assert_eq!(b.metrics_page().moves.count, 1);
 
     // b's lease is revoked behind its back (as a peer does when b's process
     // looks dead): a takes over and preempts b; b fences itself.
@@ -216,6 +239,47 @@ async fn create_move_and_take_over() {
         tb.ana_state(g) == AnaState::Inaccessible
     })
     .await;
+
+    // Told: a took it over (with its steps' times), b lost its lease and
+    // stepped down (fenced as well when its lease went first).
+    wait("a's took_over event", 10, async || {
+        !events_of(&a, "took_over", Some("v")).is_empty()
+    })
+    .await;
+    let t = events_of(&a, "took_over", Some("v"));
+    assert_eq!(t.len(), 1, "{t:?}");
+    assert!(
+        t[0].message.contains("taken over here from b at epoch 3"),
+        "{t:?}"
+    );
+    let steps: Vec<&str> = t[0].steps.iter().map(|s| &*s.step).collect();
+    assert_eq!(steps, ["detect", "claim", "assemble", "serve", "total"]);
+    let total = t[0].steps.last().unwrap().ms;
+    assert!(t[0].steps.iter().all(|s| s.ms <= total), "{t:?}");
+    wait("b's lease_lost and stepped_down events", 10, async || {
+        !events_of(&b, "lease_lost", None).is_empty()
+            && !events_of(&b, "stepped_down", Some("v")).is_empty()
+    })
+    .await;
+    let l = events_of(&b, "lease_lost", None);
+    assert_eq!(&*l[0].severity, "critical");
+    assert!(l[0].message.contains("lease is lost"), "{l:?}");
+
+    // a's metrics: it owns v at epoch 3, Optimized here; one takeover.
+    let page = a.metrics_page();
+    assert_eq!(page.takeovers.count, 1);
+    let text = a.node.metrics_with(Some(&page)).await;
+    for line in [
+        "flashpool_cluster_volume_owner{volume=\"v\",node=\"a\"} 1\n",
+        "flashpool_cluster_volume_is_owner{volume=\"v\"} 1\n",
+        "flashpool_cluster_volume_epoch{volume=\"v\"} 3\n",
+        "flashpool_cluster_volume_ana_state{volume=\"v\",state=\"optimized\"} 1\n",
+        "flashpool_cluster_takeover_duration_seconds_count 1\n",
+    ] {
+        assert!(text.contains(line), "{line} not in\n{text}");
+    }
+    assert!(page.lease_left > Duration::ZERO);
+    crate::metrics::check_exposition(&text);
     // b joins again as a standby node.
     wait("b back in the cluster", 15, async || {
         a.status()
@@ -223,6 +287,20 @@ async fn create_move_and_take_over() {
             .map(|s| s.nodes.len() == 2)
             .unwrap_or(false)
     })
+    .await;
+    // a saw b leave (its lease revoked) and join again.
+    wait(
+        "a's node_left and node_joined events for b",
+        10,
+        async || {
+            let left = events_of(&a, "node_left", None);
+            let joined = events_of(&a, "node_joined", None);
+            left.iter().any(|e| e.node.as_deref() == Some("b"))
+                && joined
+                    .iter()
+                    .any(|j| j.node.as_deref() == Some("b") && left.iter().any(|l| l.seq < j.seq))
+        },
+    )
     .await;
     a.leave().await;
     b.leave().await;
@@ -262,8 +340,34 @@ async fn drain_hands_over_and_a_delete_unserves_the_standby() {
     b.delete("v", true).await.unwrap().expect("found");
     assert!(ns_dev(&tb).is_none());
     wait("a to stop serving v", 10, async || ns_dev(&ta).is_none()).await;
-    a.leave().await;
-    b.leave().await;
+
+    // etcd goes: the cluster view says so in words (a 503), and a pass
+    // tells it as an event; no transport dump.
+    drop(etcd);
+    let e = a.status_or_unreachable().await.unwrap_err();
+    assert_eq!(e.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+    let m = e.to_string();
+    assert!(m.starts_with("this node cannot reach etcd ("), "{m}");
+    assert!(m.contains("no volume is owned here"), "{m}");
+    assert!(m.len() < 400, "{m}");
+    // What `flashpool cluster status` prints: the same words, from the API.
+    let api = a.record.api.clone().expect("member() gives an API");
+    let cli = tokio::task::spawn_blocking(move || {
+        let c = crate::client::Client::new(&crate::client::Endpoint {
+            api,
+            ..Default::default()
+        })
+        .unwrap();
+        c.get("/cluster").map(|_| ()).unwrap_err().to_string()
+    })
+    .await
+    .unwrap();
+    assert!(cli.starts_with("this node cannot reach etcd ("), "{cli}");
+    wait("an etcd_unreachable event", 10, async || {
+        !events_of(&a, "etcd_unreachable", None).is_empty()
+    })
+    .await;
+    assert!(!a.metrics_page().etcd_reachable);
 }
 
 /// Creates `v<i>` (raid1 on e1:d<2i>, e1:d<2i+1>, nsid i+1) through `a`.

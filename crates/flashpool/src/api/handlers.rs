@@ -54,10 +54,11 @@ fn force_of(b: &Bytes, q: &ForceQuery) -> Result<bool, ApiError> {
 }
 
 /// Prometheus text (the one answer that is not JSON; its errors still are).
-pub(super) async fn metrics(State(n): State<Arc<Node>>) -> Response {
+pub(super) async fn metrics(State(a): State<App>) -> Response {
+    let cluster = a.agent.as_ref().map(|ag| ag.metrics_page());
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
-        n.metrics().await,
+        a.node.metrics_with(cluster.as_ref()).await,
     )
         .into_response()
 }
@@ -209,7 +210,7 @@ pub(super) async fn audit(State(n): State<Arc<Node>>) -> ApiResult {
     ok(serde_json::json!({ "stale_writes": n.stale_write_audit() }))
 }
 pub(super) async fn cluster_status(State(a): State<App>) -> ApiResult {
-    ok(a.agent()?.status().await?)
+    ok(a.agent()?.status_or_unreachable().await?)
 }
 pub(super) async fn cluster_probe(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
     a.agent()?.probe(&name).await?;

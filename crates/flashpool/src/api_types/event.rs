@@ -28,6 +28,23 @@ pub enum EventKind {
     ThinPoolUsage,
     HostConnected,
     HostRefused,
+    /// Cluster mode: this node's etcd lease is gone; every volume owned
+    /// here was fenced.
+    LeaseLost,
+    /// Cluster mode: a volume owned here stopped taking I/O (and why).
+    Fenced,
+    /// Cluster mode: a volume run here was let go without writing.
+    SteppedDown,
+    /// Cluster mode: this node took a volume over (with its step times).
+    TookOver,
+    /// Cluster mode: a planned move: this node handed a volume over cleanly.
+    HandedOff,
+    /// Cluster mode: a planned move ended here: this node serves the volume.
+    Moved,
+    NodeJoined,
+    NodeLeft,
+    EtcdUnreachable,
+    EtcdBack,
 }
 
 impl EventKind {
@@ -51,6 +68,16 @@ impl EventKind {
             EventKind::ThinPoolUsage => "thin_pool_usage",
             EventKind::HostConnected => "host_connected",
             EventKind::HostRefused => "host_refused",
+            EventKind::LeaseLost => "lease_lost",
+            EventKind::Fenced => "fenced",
+            EventKind::SteppedDown => "stepped_down",
+            EventKind::TookOver => "took_over",
+            EventKind::HandedOff => "handed_off",
+            EventKind::Moved => "moved",
+            EventKind::NodeJoined => "node_joined",
+            EventKind::NodeLeft => "node_left",
+            EventKind::EtcdUnreachable => "etcd_unreachable",
+            EventKind::EtcdBack => "etcd_back",
         }
     }
 
@@ -58,14 +85,19 @@ impl EventKind {
     /// `warning` soon, `info` never.
     pub fn severity(self) -> &'static str {
         match self {
-            EventKind::VolumeFailed | EventKind::VolumeOffline | EventKind::RebuildFailed => {
-                "critical"
-            }
+            EventKind::VolumeFailed
+            | EventKind::VolumeOffline
+            | EventKind::RebuildFailed
+            | EventKind::LeaseLost => "critical",
             EventKind::DriveFailed
             | EventKind::VolumeDegraded
             | EventKind::ScrubMismatch
             | EventKind::ThinPoolUsage
-            | EventKind::HostRefused => "warning",
+            | EventKind::HostRefused
+            | EventKind::Fenced
+            | EventKind::SteppedDown
+            | EventKind::NodeLeft
+            | EventKind::EtcdUnreachable => "warning",
             _ => "info",
         }
     }
@@ -87,8 +119,21 @@ pub struct Event {
     /// A host NQN (host events).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// A cluster node (cluster events: the other node, when it is not this one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// How long each step took (`took_over`, `moved`), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepTime>,
     /// What a person reads: what happened, and what to do when it matters.
     pub message: String,
+}
+
+/// One step of a cluster action and its duration in milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepTime {
+    pub step: Cow<'static, str>,
+    pub ms: f64,
 }
 
 /// The stream's first message: the node's run (numbers count within it)

@@ -21,7 +21,7 @@ pub use cluster::{
 pub use drive::{
     DriveExport, DriveInfo, ExportDriveRequest, FailRequest, ReAddInfo, ReplaceRequest,
 };
-pub use event::{Event, EventKind, Hello, Lagged, TokenRotated};
+pub use event::{Event, EventKind, Hello, Lagged, StepTime, TokenRotated};
 pub use job::{JobInfo, JobKind, JobState, ScrubRequest};
 pub use volume::{
     AssembleByName, AssembleVolume, CreateVolume, Export, ExportRequest, ForceQuery, ForceRequest,

@@ -68,6 +68,10 @@ struct EventLine {
     volume: Option<String>,
     drive: Option<String>,
     host: Option<String>,
+    #[serde(default)]
+    node: Option<String>,
+    #[serde(default)]
+    steps: Vec<crate::api_types::StepTime>,
     message: String,
 }
 
@@ -77,13 +81,24 @@ fn event_line(e: &EventLine) -> String {
         ("volume", &e.volume),
         ("drive", &e.drive),
         ("host", &e.host),
+        ("node", &e.node),
     ] {
         if let Some(v) = v {
             about += &format!("{k}={v} ");
         }
     }
+    let steps = if e.steps.is_empty() {
+        String::new()
+    } else {
+        let s: Vec<String> = e
+            .steps
+            .iter()
+            .map(|s| format!("{} {} ms", s.step, s.ms))
+            .collect();
+        format!(" [{}]", s.join(", "))
+    };
     format!(
-        "{} {:<8} {:<16} {}{}",
+        "{} {:<8} {:<16} {}{}{steps}",
         e.time, e.severity, e.kind, about, e.message
     )
 }
@@ -269,6 +284,19 @@ mod tests {
         assert_eq!(
             event_line(&e),
             "2026-11-25T13:34:56.123Z warning  drive_failed     volume=v drive=d1 drive d1 has failed"
+        );
+    }
+
+    #[test]
+    fn a_cluster_event_line_has_its_node_and_step_times() {
+        let e: EventLine = serde_json::from_value(serde_json::json!({"seq": 4, "time": "t",
+            "kind": "took_over", "severity": "info", "volume": "v", "node": "b",
+            "steps": [{"step": "claim", "ms": 2.5}, {"step": "total", "ms": 80.0}],
+            "message": "volume v: taken over"}))
+        .unwrap();
+        assert_eq!(
+            event_line(&e),
+            "t info     took_over        volume=v node=b volume v: taken over [claim 2.5 ms, total 80 ms]"
         );
     }
 

@@ -5,8 +5,10 @@
 //! state. `docs/metrics.md` lists the families.
 //!
 //! `registry.rs` renders a scrape (families, samples, the text encoding);
-//! `node.rs` and `target.rs` say what is in it.
+//! `node.rs` and `target.rs` say what is in it, `cluster.rs` what a node
+//! in a cluster adds.
 
+pub mod cluster;
 mod node;
 mod registry;
 mod target;
@@ -36,6 +38,11 @@ const DRIVE_STATES: [&str; 5] = ["free", "spare", "member", "exported", "failed"
 impl Node {
     /// The Prometheus text page.
     pub async fn metrics(&self) -> String {
+        self.metrics_with(None).await
+    }
+
+    /// The page, with the cluster families when the node is in a cluster.
+    pub async fn metrics_with(&self, c: Option<&cluster::ClusterPage>) -> String {
         let mut p = Exposition::default();
         p.family(
             "flashpool_build_info",
@@ -50,6 +57,9 @@ impl Node {
             target::namespaces(&mut p, &st, t);
             drop(st);
             target::controllers(&mut p, t);
+        }
+        if let Some(c) = c {
+            cluster::cluster(&mut p, c);
         }
         p.finish()
     }

@@ -68,6 +68,19 @@ enum Value {
     Int(u64),
     Float(f64),
     Histogram(HistogramSnapshot),
+    Seconds(SecondsSnapshot),
+}
+
+/// A histogram in seconds with its own bounds (durations of cluster
+/// actions, far longer than an I/O).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SecondsSnapshot {
+    /// `le` bounds, increasing; `+Inf` is added.
+    pub bounds: &'static [f64],
+    /// Cumulative counts per bound.
+    pub cumulative: Vec<u64>,
+    pub count: u64,
+    pub sum: f64,
 }
 
 /// One family being filled (see [`Exposition::family`]).
@@ -127,6 +140,7 @@ impl Collector for Exposition {
                     (Value::Int(v), _) => ConstGauge::new(*v).encode(sample)?,
                     (Value::Float(v), _) => ConstGauge::new(*v).encode(sample)?,
                     (Value::Histogram(h), _) => LatencySeconds(h).encode(sample)?,
+                    (Value::Seconds(h), _) => h.encode(sample)?,
                 }
             }
         }
@@ -160,7 +174,34 @@ impl EncodeMetric for LatencySeconds<'_> {
     }
 }
 
+impl EncodeMetric for SecondsSnapshot {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let mut below = 0;
+        let buckets: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .zip(&self.cumulative)
+            .map(|(bound, &n)| {
+                let in_bucket = n.saturating_sub(below);
+                below = n;
+                (*bound, in_bucket)
+            })
+            .collect();
+        encoder.encode_histogram::<NoLabelSet>(self.sum, self.count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
 impl Family<'_> {
+    /// A histogram in seconds with its own bounds.
+    pub fn seconds(&mut self, labels: &Labels, h: &SecondsSnapshot) -> &mut Self {
+        debug_assert!(self.data.kind == Kind::Histogram);
+        self.push(labels, Value::Seconds(h.clone()))
+    }
+
     fn push(&mut self, labels: &Labels, value: Value) -> &mut Self {
         self.data.samples.push(Sample {
             labels: labels.iter().map(|&(k, v)| (k, v.to_string())).collect(),

@@ -44,6 +44,9 @@ pub enum NodeError {
     /// The node failed to do something it should have been able to do.
     #[error("{0}")]
     Internal(String),
+    /// Something the answer needs cannot be reached now (etcd): retry later.
+    #[error("{0}")]
+    Unavailable(String),
     /// No volume or drive of that name on this node.
     #[error("no {kind} {}; list them with `flashpool {kind} list`", Echo(name))]
     Missing { kind: Object, name: String },
@@ -60,6 +63,7 @@ impl NodeError {
             NodeError::NotFound(_) | NodeError::Missing { .. } => StatusCode::NOT_FOUND,
             NodeError::Conflict(_) | NodeError::AlreadyExists { .. } => StatusCode::CONFLICT,
             NodeError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            NodeError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
