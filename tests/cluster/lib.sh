@@ -708,7 +708,13 @@ fpc_running() {
   local i l=""
   for i in 1 2 3; do
     fpc_pid_alive "$(fpc_pid_of "c$i")" || continue
-    fpc_get "https://$(fpc_capi "$i")/v1/volumes" | grep "\"name\":\"$1\"" > /dev/null && l="$l c$i"
+    # A node lists every cluster volume (standby ones too): count those it runs.
+    fpc_get "https://$(fpc_capi "$i")/v1/volumes" | python3 -c '
+import json, sys
+vols = json.load(sys.stdin)
+vols = vols.get("volumes", vols) if isinstance(vols, dict) else vols
+sys.exit(0 if any(v.get("name") == sys.argv[1] and v.get("state") != "standby" for v in vols) else 1)
+' "$1" 2>/dev/null && l="$l c$i"
   done
   echo "${l# }"
 }
