@@ -1566,6 +1566,7 @@ mod failed;
 mod fence;
 mod force;
 mod readd;
+mod state_hook;
 mod sync;
 mod zerocopy;
 

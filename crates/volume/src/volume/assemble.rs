@@ -490,6 +490,7 @@ impl Inner {
             journal,
             records_at,
             records: parking_lot::Mutex::new(RecordState::default()),
+            state_hook: parking_lot::Mutex::new(Default::default()),
             fence,
             layout,
         })

@@ -167,11 +167,16 @@ impl Inner {
         }
         let _g = self.sb_lock.lock().await;
         let mut force = force;
+        // Versions count as persisted only once the states are recorded
+        // outside too (`state_hook.rs`): a writer that finds nothing to do
+        // must not pass one whose record is still on its way.
+        let mut upto = self.members.read().persisted_version;
+        let mut written: Option<(u64, Vec<MemberState>)> = None;
         loop {
             let (view, sbs, version) = {
                 let mut st = self.members.write();
-                if !force && st.version == st.persisted_version {
-                    return;
+                if !force && st.version == upto {
+                    break;
                 }
                 force = false;
                 st.generation += 1;
@@ -235,12 +240,15 @@ impl Inner {
                     self.mark_failed(p);
                 }
             }
-            let mut st = self.members.write();
-            st.persisted_version = st.persisted_version.max(version);
-            if st.version == st.persisted_version {
-                return;
-            }
+            upto = version;
+            let st = self.members.read();
+            written = Some((st.generation, st.states.clone()));
         }
+        if let Some((generation, states)) = written {
+            self.record_states(generation, &states).await;
+        }
+        let mut st = self.members.write();
+        st.persisted_version = st.persisted_version.max(upto);
     }
 
     /// Reads both record slots of every present member and keeps the newest

@@ -41,13 +41,14 @@ use crate::superblock::{MemberState, Superblock, SuperblockError, uuid_string};
 mod assemble;
 mod fence;
 mod force;
-mod member_io;
+pub(crate) mod member_io;
 mod meta;
 mod read;
 mod readd;
 mod rebuild;
 mod replay;
 mod resync;
+mod state_hook;
 mod sync;
 mod write;
 
@@ -55,6 +56,7 @@ pub(crate) use fence::Fence;
 pub use force::{ForceReport, ForcedFrom, ForcedMember, StaleRange};
 pub(crate) use member_io::collect_failed;
 pub use readd::ReAddReport;
+pub use state_hook::{StateHook, StateRecord};
 pub use sync::SyncControl;
 
 /// Default strip: 64 KiB per member per stripe.
@@ -285,6 +287,8 @@ pub(crate) struct Inner {
     /// initial sync runs in the background): each holds one write-intent
     /// reference, so its bit stays on disk until it is synced.
     pub(crate) unsynced: parking_lot::Mutex<Vec<u64>>,
+    /// Records member state changes outside (`state_hook.rs`).
+    pub(crate) state_hook: parking_lot::Mutex<state_hook::HookSlot>,
 }
 
 #[derive(Default)]

@@ -61,6 +61,28 @@ impl Volume {
         index: usize,
         dev: Arc<dyn BlockDevice>,
     ) -> Result<ReAddReport, VolumeError> {
+        self.re_add_opts(index, dev, false).await
+    }
+
+    /// [`Volume::re_add`] of a member this owner never assembled (it was
+    /// unreachable when the volume was taken over): the last owner may have
+    /// written its superblock after this one's generation, so a device
+    /// newer than the volume is not refused but rebuilt in full; an older
+    /// one resyncs through the bitmap as usual.
+    pub async fn re_add_distrusted(
+        &self,
+        index: usize,
+        dev: Arc<dyn BlockDevice>,
+    ) -> Result<ReAddReport, VolumeError> {
+        self.re_add_opts(index, dev, true).await
+    }
+
+    async fn re_add_opts(
+        &self,
+        index: usize,
+        dev: Arc<dyn BlockDevice>,
+        newer_rebuilds: bool,
+    ) -> Result<ReAddReport, VolumeError> {
         let inner = &self.inner;
         if inner.fence.is_set() {
             return Err(VolumeError::Fenced(inner.fence.error().to_string()));
@@ -120,7 +142,7 @@ impl Volume {
                 sb.position
             )));
         }
-        if sb.generation > generation {
+        if sb.generation > generation && !newer_rebuilds {
             return Err(refuse(format!(
                 "the device is at generation {} but the volume at {generation}: it was written \
                  after this node last updated the volume (another owner?)",
@@ -141,7 +163,13 @@ impl Volume {
         // held since it failed and it is no older than that failure (one
         // generation behind: its last superblock write may have been the
         // one that failed).
-        let why_full = if !inner.use_intent || !inner.intent.held() {
+        let why_full = if sb.generation > generation {
+            Some(format!(
+                "the device is at generation {} but the volume at {generation}: another owner \
+                 wrote it after this one took the volume over",
+                sb.generation
+            ))
+        } else if !inner.use_intent || !inner.intent.held() {
             Some("the volume keeps no intent bitmap of what the member missed".to_string())
         } else if failed_at == 0 {
             Some(

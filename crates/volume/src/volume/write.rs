@@ -117,8 +117,12 @@ impl Inner {
             r?;
         }
         // A member skipped because it failed must be recorded as failed before
-        // the write is acknowledged.
+        // the write is acknowledged (on the superblocks and, in a cluster,
+        // outside: a record that cannot land fences the volume).
         self.persist_superblock(false).await;
+        if self.fence.is_set() {
+            return Err(self.fence.error());
+        }
         Ok(())
     }
 
