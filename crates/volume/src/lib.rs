@@ -41,6 +41,6 @@ pub use thin::{
 };
 pub use volume::{
     DEFAULT_META_BYTES, DEFAULT_REGION_BYTES, DEFAULT_STRIP_BYTES, ForceReport, ForcedFrom,
-    ForcedMember, ReAddReport, ScrubReport, StaleRange, StateHook, StateRecord,
-    SyncControl, Volume, VolumeConfig, VolumeError, VolumeStats,
+    ForcedMember, ReAddReport, ScrubReport, StaleRange, StateHook, StateRecord, SyncControl,
+    Volume, VolumeConfig, VolumeError, VolumeStats,
 };

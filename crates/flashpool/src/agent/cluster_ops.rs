@@ -99,6 +99,7 @@ impl Agent {
                 ana_group: spec.ana_group,
                 drives: spec.drives,
                 name: spec.name,
+                note: st.map(|s| s.note).filter(|n| !n.is_empty()),
             });
         }
         Ok(ClusterStatus {
@@ -197,6 +198,12 @@ impl Agent {
             self.unserve(&spec);
             return Err(undo(format!("recording {name} in etcd: {e}")).await);
         }
+        // Its member states recorded before it takes any I/O (`record.rs`).
+        if let Err(e) = self.start_recording(&name, owner.epoch).await {
+            self.unserve(&spec);
+            let _ = s.delete_volume(&name, owner.epoch).await;
+            return Err(undo(e).await);
+        }
         let dev = self
             .node
             .volume_device(&name)
@@ -215,13 +222,6 @@ impl Agent {
             },
         );
         self.target.set_ana_state(ana_group, AnaState::Optimized);
-        let st = VolumeState {
-            epoch: owner.epoch,
-            generation: info.generation,
-            members: info.members.iter().map(|m| m.state.clone()).collect(),
-            note: format!("created on {}", self.name()),
-        };
-        let _ = s.put_state(&name, &st).await;
         tracing::info!(
             "cluster volume {name}: created, owned here at epoch {}, nsid {} of {} (ANA group {ana_group})",
             owner.epoch,

@@ -27,6 +27,9 @@ mod decide;
 mod observe;
 mod own;
 mod peers;
+mod record;
+#[cfg(test)]
+mod record_tests;
 mod runner;
 mod switch;
 #[cfg(test)]

@@ -123,6 +123,18 @@ pub(super) fn took_over(volume: &str, epoch: u64, from: Option<&str>, st: &Steps
     with_steps(e, st)
 }
 
+pub(super) fn takeover_failed(volume: &str, epoch: u64, why: &str, retry: Duration) -> NewEvent {
+    NewEvent::new(
+        EventKind::TakeoverFailed,
+        format!(
+            "volume {volume}: claimed here at epoch {epoch} but not run: {why}; released, no \
+             node serves it now; this node tries again in {} s",
+            retry.as_secs()
+        ),
+    )
+    .volume(volume)
+}
+
 fn with_steps(e: NewEvent, st: &Steps) -> NewEvent {
     let d = |a: Instant, b: Instant| b.saturating_duration_since(a);
     e.step("detect", d(st.first_seen, st.claim_started))

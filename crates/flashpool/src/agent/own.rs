@@ -17,7 +17,7 @@ use nvmf_target::AnaState;
 use super::decide::{self, Action, COOLDOWN, LocalVolume, Members, Plan, VolumeView, Wait};
 use super::observe::{self, Steps};
 use super::{Agent, Served};
-use crate::node::AssembleVolume;
+use crate::node::{AssembleVolume, Degraded, Recorded};
 
 impl Agent {
     /// Brings one volume's ownership where etcd says it should be: reads
@@ -233,6 +233,9 @@ impl Agent {
                 tokio::time::sleep(d).await;
             }
         }
+        // What the last owner recorded of the members: one that it failed
+        // (or that is older than its record) is not trusted (`degraded.rs`).
+        let recorded = s.state(&name).await;
         let req = AssembleVolume {
             // By the peer:drive names the volume was made with, as its creator shows them.
             drives: sv
@@ -245,7 +248,22 @@ impl Agent {
             export: None,
             force: false,
         };
-        let res = match self.node.assemble_volume(req).await {
+        let res = match &recorded {
+            Ok(rec) => {
+                let degraded = Degraded {
+                    wait: self.node.cluster().remote.takeover_wait,
+                    recorded: rec.as_ref().map(|r| Recorded {
+                        generation: r.generation,
+                        members: r.members.clone(),
+                    }),
+                };
+                self.node.assemble_volume_with(req, Some(degraded)).await
+            }
+            Err(e) => Err(crate::node::NodeError::Unavailable(format!(
+                "reading its member-state record in etcd: {e}"
+            ))),
+        };
+        let res = match res {
             Ok(info) if info.name == name => Ok(info),
             Ok(info) => {
                 self.node
@@ -258,21 +276,25 @@ impl Agent {
             }
             Err(e) => Err(e.to_string()),
         };
+        // Its first record before it takes any I/O.
+        let res = match res {
+            Ok(info) => match self.start_recording(&name, epoch).await {
+                Ok(()) => Ok(info),
+                Err(e) => {
+                    self.node.drop_fenced(&name, &e).await;
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
+        };
         let dev = match res {
             Ok(_) => self.node.volume_device(&name).await,
             Err(_) => None,
         };
         let Some(dev) = dev else {
             let why = res.err().unwrap_or_else(|| "assembled, then gone".into());
-            tracing::error!("volume {name}: cannot take it over at epoch {epoch}: {why}");
-            self.memory_of(&name, |m| {
-                m.cooldown_until = Some(Instant::now() + COOLDOWN)
-            });
-            // this volume alone retries, when its back-off is over
-            self.kick_after(&name, COOLDOWN);
-            if let Err(e) = s.release(&name, epoch).await {
-                tracing::warn!("volume {name}: releasing after a failed takeover: {e}");
-            }
+            self.takeover_failed(s, &name, epoch, &why, recorded.ok().flatten())
+                .await;
             return;
         };
         let info = res.expect("checked");
@@ -291,15 +313,6 @@ impl Agent {
             info.generation,
             took.as_millis()
         );
-        let st = VolumeState {
-            epoch,
-            generation: info.generation,
-            members: info.members.iter().map(|m| m.state.clone()).collect(),
-            note: format!("taken over by {} in {} ms", s.node(), took.as_millis()),
-        };
-        if let Err(e) = s.put_state(&name, &st).await {
-            tracing::warn!("volume {name}: recording its state: {e}");
-        }
         let planned = matches!(s.handoff(&name).await, Ok(Some(h)) if h.to == s.node());
         if planned {
             let _ = s.clear_handoff(&name).await;
@@ -313,6 +326,38 @@ impl Agent {
             self.node.events.emit(e);
         }
         self.memory_of(&name, |m| m.handoff_seen = None);
+    }
+
+    /// A claimed volume could not be run here: says why (log, event, and
+    /// the note of its record, which `cluster status` shows), gives it
+    /// back, and tries again after a back-off (enough members may answer
+    /// by then).
+    async fn takeover_failed(
+        self: &Arc<Self>,
+        s: &Session,
+        name: &str,
+        epoch: u64,
+        why: &str,
+        recorded: Option<VolumeState>,
+    ) {
+        tracing::error!("volume {name}: cannot take it over at epoch {epoch}: {why}");
+        self.memory_of(name, |m| m.cooldown_until = Some(Instant::now() + COOLDOWN));
+        // this volume alone retries, when its back-off is over
+        self.kick_after(name, COOLDOWN);
+        self.node
+            .events
+            .emit(observe::takeover_failed(name, epoch, why, COOLDOWN));
+        if let Some(mut st) = recorded {
+            // the record's members and generation stay as they are
+            st.epoch = epoch;
+            st.note = format!("not served: {} could not run it: {why}", s.node());
+            if let Err(e) = s.put_state(name, &st).await {
+                tracing::warn!("volume {name}: noting why it is not served: {e}");
+            }
+        }
+        if let Err(e) = s.release(name, epoch).await {
+            tracing::warn!("volume {name}: releasing after a failed takeover: {e}");
+        }
     }
 
     /// Lets go of a volume without writing: group Inaccessible first (the

@@ -38,6 +38,9 @@ pub struct VolumeStatus {
     pub ana_group: u32,
     #[serde(default)]
     pub drives: Vec<String>,
+    /// What its owner last noted: who owns it, or why no node could run it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -37,6 +37,9 @@ pub enum EventKind {
     SteppedDown,
     /// Cluster mode: this node took a volume over (with its step times).
     TookOver,
+    /// Cluster mode: this node claimed a volume but could not run it (too
+    /// many members unreachable or untrusted, ...); it let it go again.
+    TakeoverFailed,
     /// Cluster mode: a planned move: this node handed a volume over cleanly.
     HandedOff,
     /// Cluster mode: a planned move ended here: this node serves the volume.
@@ -72,6 +75,7 @@ impl EventKind {
             EventKind::Fenced => "fenced",
             EventKind::SteppedDown => "stepped_down",
             EventKind::TookOver => "took_over",
+            EventKind::TakeoverFailed => "takeover_failed",
             EventKind::HandedOff => "handed_off",
             EventKind::Moved => "moved",
             EventKind::NodeJoined => "node_joined",
@@ -88,7 +92,8 @@ impl EventKind {
             EventKind::VolumeFailed
             | EventKind::VolumeOffline
             | EventKind::RebuildFailed
-            | EventKind::LeaseLost => "critical",
+            | EventKind::LeaseLost
+            | EventKind::TakeoverFailed => "critical",
             EventKind::DriveFailed
             | EventKind::VolumeDegraded
             | EventKind::ScrubMismatch

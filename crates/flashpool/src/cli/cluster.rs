@@ -74,6 +74,12 @@ pub fn cluster(api: ApiArgs, cmd: ClusterCmd) -> Result<()> {
             x.nsid,
             x.ana_group
         );
+        // why nobody runs it, when a node said so
+        if x.owner.is_none()
+            && let Some(n) = &x.note
+        {
+            outln!("{:<12} {n}", "");
+        }
     }
     Ok(())
 }

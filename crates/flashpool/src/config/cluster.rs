@@ -57,6 +57,10 @@ pub struct RemoteSection {
     /// Commands in flight per queue.
     #[serde(default = "d_depth")]
     pub queue_depth: u16,
+    /// How long a takeover waits for each member's connection; one that
+    /// does not answer is left out if the layout tolerates it.
+    #[serde(default = "d_takeover_wait")]
+    pub takeover_wait_ms: u64,
 }
 
 fn d_fail_after() -> u64 {
@@ -74,6 +78,9 @@ fn d_queues() -> u16 {
 fn d_depth() -> u16 {
     RemoteSettings::DEFAULT_QUEUE_DEPTH
 }
+fn d_takeover_wait() -> u64 {
+    RemoteSettings::DEFAULT_TAKEOVER_WAIT_MS
+}
 
 impl Default for RemoteSection {
     fn default() -> Self {
@@ -83,6 +90,7 @@ impl Default for RemoteSection {
             kato_ms: d_kato(),
             queues: d_queues(),
             queue_depth: d_depth(),
+            takeover_wait_ms: d_takeover_wait(),
         }
     }
 }
@@ -194,6 +202,7 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
     super::values::range("remote.kato_ms", r.kato_ms, 500, 600_000)?;
     super::values::range("remote.queues", r.queues, 1, 64)?;
     super::values::range("remote.queue_depth", r.queue_depth, 2, 1024)?;
+    super::values::range("remote.takeover_wait_ms", r.takeover_wait_ms, 50, 60_000)?;
     for (i, d) in cfg.drive.iter().enumerate() {
         let key = format!("drive[{i}]");
         if !d.export && !d.export_hosts.is_empty() {
@@ -229,6 +238,7 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
             kato_ms: r.kato_ms,
             queues: r.queues,
             queue_depth: r.queue_depth,
+            takeover_wait: Duration::from_millis(r.takeover_wait_ms),
         },
         dhchap,
         tls,
@@ -319,14 +329,16 @@ mod tests {
                 a.io_timeout,
                 a.kato_ms,
                 a.queues,
-                a.queue_depth
+                a.queue_depth,
+                a.takeover_wait
             ),
             (
                 b.fail_after,
                 b.io_timeout,
                 b.kato_ms,
                 b.queues,
-                b.queue_depth
+                b.queue_depth,
+                b.takeover_wait
             )
         );
     }

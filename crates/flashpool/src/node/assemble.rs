@@ -15,7 +15,8 @@ use volume::{Layout, MemberState, Volume};
 use super::ops::VolumeInfo;
 use super::views::member_state_name;
 use super::{
-    Backing, Node, NodeError, NodeResult, NodeState, Offline, VolumeEntry, read_head, wipe_head,
+    Backing, Degraded, Node, NodeError, NodeResult, NodeState, Offline, VolumeEntry, read_head,
+    wipe_head,
 };
 pub use crate::api_types::AssembleVolume;
 
@@ -24,6 +25,8 @@ pub use crate::api_types::AssembleVolume;
 struct Found {
     newest: Superblock,
     chosen: BTreeMap<u16, String>,
+    /// The generation of each chosen drive's superblock.
+    generations: BTreeMap<u16, u64>,
     /// Assemble with force (`AssembleVolume::force`).
     force: bool,
 }
@@ -78,13 +81,38 @@ impl Node {
     /// assembling run without it, so a slow member of one volume delays no
     /// other request. A request that fails closes the drives it opened.
     pub async fn assemble_volume(self: &Arc<Self>, req: AssembleVolume) -> NodeResult<VolumeInfo> {
+        self.assemble_volume_with(req, None).await
+    }
+
+    /// [`Node::assemble_volume`]; with `degraded` (a takeover), members
+    /// that do not answer within its wait, or that the cluster's record
+    /// does not trust, are left out when the layout tolerates it
+    /// (`degraded.rs`), and brought back by re-add when they answer.
+    pub async fn assemble_volume_with(
+        self: &Arc<Self>,
+        req: AssembleVolume,
+        degraded: Option<Degraded>,
+    ) -> NodeResult<VolumeInfo> {
         let mut r = self.reserve(&req).await?;
-        self.connect_missing(&mut r).await?;
+        let unreachable = self
+            .connect_missing(&mut r, degraded.as_ref().map(|d| d.wait))
+            .await?;
         let handles = r.handles();
         let mut groups = group_by_volume(&handles, &req.drives).await;
         groups.iter_mut().for_each(|g| g.force = req.force);
         let f = match groups.len() {
             1 => groups.remove(0),
+            0 if !unreachable.is_empty() => {
+                return Err(NodeError::Conflict(format!(
+                    "no drive of {:?} answered with a volume superblock; unreachable: {}",
+                    req.drives,
+                    unreachable
+                        .iter()
+                        .map(|(d, why)| format!("{d} ({why})"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
             0 => {
                 return Err(NodeError::BadRequest(format!(
                     "no volume superblock on drives {:?}; they hold no volume",
@@ -104,9 +132,36 @@ impl Node {
                 )));
             }
         };
-        // Look before any write: a drive of another (offline) volume is refused.
+        // Look before any write: a drive of another (offline) volume is
+        // refused, and so is a degraded takeover beyond the tolerance.
         let uuid = uuid_string(&f.newest.uuid);
         parked_offline(&*self.state.lock().await, &req.drives, &uuid)?;
+        let mut f = f;
+        let mut left_out: Vec<String> = unreachable.iter().map(|(d, _)| d.clone()).collect();
+        if let Some(d) = &degraded {
+            let out = d.check(&f.newest, &f.chosen, &f.generations, &unreachable)?;
+            for p in out.distrusted {
+                if let Some(name) = f.chosen.remove(&p) {
+                    tracing::warn!(
+                        "volume {:?}: drive {name} (position {p}) is left out: the cluster's \
+                         record does not trust it; it comes back through re-add",
+                        f.newest.name
+                    );
+                    left_out.push(name);
+                }
+            }
+            if !unreachable.is_empty() {
+                tracing::warn!(
+                    "volume {:?}: taken over degraded; not reachable: {}",
+                    f.newest.name,
+                    unreachable
+                        .iter()
+                        .map(|(d, why)| format!("{d} ({why})"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
         let opened = self
             .open_group(&handles, f, req.takeover)
             .await
@@ -141,6 +196,9 @@ impl Node {
             .collect();
         let name = self.enter_group(&mut st, opened);
         r.release();
+        for d in left_out {
+            self.spawn_rejoin(name.clone(), uuid.clone(), d);
+        }
         if let Some(p) = parked.first() {
             if let Some(e) = st.volumes.get_mut(&name) {
                 e.from_config |= p.from_config;
@@ -203,21 +261,42 @@ impl Node {
     }
 
     /// Connects the reserved remote drives the node does not have yet, all
-    /// at once: each may take up to the connect timeout.
-    async fn connect_missing(self: &Arc<Self>, r: &mut Reserved) -> NodeResult<()> {
+    /// at once: each may take up to the connect timeout. With `wait` (a
+    /// takeover), a drive that fails or does not answer within it is
+    /// returned with the reason instead of failing the request.
+    async fn connect_missing(
+        self: &Arc<Self>,
+        r: &mut Reserved,
+        wait: Option<std::time::Duration>,
+    ) -> NodeResult<Vec<(String, String)>> {
         let mut tasks = tokio::task::JoinSet::new();
         for (i, n) in r.missing.iter().enumerate() {
             let (node, n) = (self.clone(), n.clone());
-            tasks.spawn(async move { (i, node.connect_remote(&n, None).await) });
+            tasks.spawn(async move {
+                let res = match wait {
+                    Some(w) => tokio::time::timeout(w, node.connect_remote(&n, None))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(NodeError::Unavailable(format!(
+                                "drive {n}: no answer in {} ms",
+                                w.as_millis()
+                            )))
+                        }),
+                    None => node.connect_remote(&n, None).await,
+                };
+                (i, n, res)
+            });
         }
         let mut first_err: Option<(usize, NodeError)> = None;
+        let mut unreachable = Vec::new();
         while let Some(res) = tasks.join_next().await {
             match res {
-                Ok((_, Ok(d))) => {
+                Ok((_, _, Ok(d))) => {
                     tracing::info!("drive {}: {}", d.name, d.dev.describe());
                     r.opened.push(d);
                 }
-                Ok((i, Err(e))) => {
+                Ok((_, n, Err(e))) if wait.is_some() => unreachable.push((n, e.to_string())),
+                Ok((i, _, Err(e))) => {
                     if first_err.as_ref().is_none_or(|(j, _)| i < *j) {
                         first_err = Some((i, e));
                     }
@@ -225,9 +304,10 @@ impl Node {
                 Err(e) => return Err(NodeError::Internal(format!("connecting a drive: {e}"))),
             }
         }
+        unreachable.sort();
         match first_err {
             Some((_, e)) => Err(e),
-            None => Ok(()),
+            None => Ok(unreachable),
         }
     }
 
@@ -295,6 +375,7 @@ impl Node {
             newest,
             chosen,
             force,
+            ..
         } = f;
         let drive_names: Vec<String> = chosen.values().cloned().collect();
         // Before any write: the superblocks are written at assembly.
@@ -605,6 +686,7 @@ async fn group_by_volume(handles: &BTreeMap<String, Handle>, names: &[String]) -
         found.sort_by_key(|(_, sb)| std::cmp::Reverse(sb.generation));
         let newest = found[0].1.clone();
         let mut chosen: BTreeMap<u16, String> = BTreeMap::new();
+        let mut generations: BTreeMap<u16, u64> = BTreeMap::new();
         for (drive, sb) in &found {
             if chosen.contains_key(&sb.position) {
                 tracing::warn!(
@@ -620,10 +702,12 @@ async fn group_by_volume(handles: &BTreeMap<String, Handle>, names: &[String]) -
                 continue;
             }
             chosen.insert(sb.position, drive.clone());
+            generations.insert(sb.position, sb.generation);
         }
         out.push(Found {
             newest,
             chosen,
+            generations,
             force: false,
         });
     }

@@ -45,6 +45,9 @@ pub struct RemoteSettings {
     pub kato_ms: u32,
     pub queues: u16,
     pub queue_depth: u16,
+    /// How long a takeover waits for each member before running degraded
+    /// without it (`node/degraded.rs`).
+    pub takeover_wait: Duration,
 }
 
 impl RemoteSettings {
@@ -54,6 +57,7 @@ impl RemoteSettings {
     pub const DEFAULT_KATO_MS: u32 = 2000;
     pub const DEFAULT_QUEUES: u16 = 2;
     pub const DEFAULT_QUEUE_DEPTH: u16 = 64;
+    pub const DEFAULT_TAKEOVER_WAIT_MS: u64 = 1000;
 }
 
 impl Default for RemoteSettings {
@@ -64,6 +68,7 @@ impl Default for RemoteSettings {
             kato_ms: Self::DEFAULT_KATO_MS,
             queues: Self::DEFAULT_QUEUES,
             queue_depth: Self::DEFAULT_QUEUE_DEPTH,
+            takeover_wait: Duration::from_millis(Self::DEFAULT_TAKEOVER_WAIT_MS),
         }
     }
 }

@@ -17,6 +17,9 @@
 //! TOML: `config/` turns it into the specs above.
 
 mod assemble;
+mod degraded;
+#[cfg(test)]
+mod degraded_tests;
 mod drive;
 mod drive_export;
 mod drive_ops;
@@ -51,6 +54,7 @@ use volume::thin::{ThinPool, ThinVolume};
 
 pub use crate::api_types::Export;
 pub use assemble::AssembleVolume;
+pub use degraded::{Degraded, Recorded};
 pub use drive::{Drive, DriveIoStats, DriveSpec};
 pub use drive_export::DriveExport;
 pub use error::{NodeError, NodeResult, Object};
@@ -58,6 +62,7 @@ pub use ops::{CreateVolume, VolumeInfo};
 pub use recovery::ForcedInfo;
 pub use scrub::ScrubSchedule;
 pub use validate::{check_name, parse_layout};
+pub(crate) use views::member_state_name;
 pub use volume_export::{VolumeNamespace, volume_namespace};
 // The node's tests name these API bodies by their old paths.
 #[cfg(test)]

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use blockdev::BlockDevice;
+use volume::StateHook;
 
 use super::{Node, NodeError, NodeResult, NodeState};
 
@@ -24,6 +25,26 @@ impl Node {
     /// registration another host had preempted (must stay 0).
     pub fn stale_write_audit(&self) -> u64 {
         self.target().map(|t| t.stale_write_audit()).unwrap_or(0)
+    }
+
+    /// Installs `hook` on volume `name` (a cluster owner records its member
+    /// states in etcd, `volume::StateHook`) and records the current states
+    /// through it. An error: the volume is gone, or the record failed.
+    pub async fn record_member_states(&self, name: &str, hook: StateHook) -> NodeResult<()> {
+        let v = {
+            let st = self.state.lock().await;
+            st.volumes
+                .get(name)
+                .and_then(|e| e.on_drives())
+                .cloned()
+                .ok_or_else(|| NodeError::Internal(format!("volume {name} vanished")))?
+        };
+        v.set_state_hook(Some(hook));
+        v.record_states_now().await.map_err(|e| {
+            NodeError::Unavailable(format!(
+                "volume {name}: recording its member states in the cluster: {e}"
+            ))
+        })
     }
 
     /// Whether the node's volume `name` fenced itself (a member answered

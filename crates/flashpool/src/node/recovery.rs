@@ -244,16 +244,21 @@ impl Node {
                 message,
             });
         }
-        self.re_add_member(&mut st, name).await
+        self.re_add_member(&mut st, name, false).await
     }
 
     /// Puts drive `name` back at its failed position (the operator's
     /// `re-add`, and a remote drive whose link came back) and starts the
     /// resync. Every refusal is decided before anything changes.
+    ///
+    /// With `distrusted` (a member left out at a takeover, `degraded.rs`),
+    /// the last owner's reservation on it is preempted, and a device that
+    /// another owner wrote since is rebuilt in full rather than refused.
     pub(super) async fn re_add_member(
         self: &Arc<Self>,
         st: &mut NodeState,
         name: &str,
+        distrusted: bool,
     ) -> NodeResult<ReAddInfo> {
         let Some((v, p)) = st.user_of(name).map(|(v, p)| (v.to_string(), p)) else {
             return Err(NodeError::Conflict(format!(
@@ -293,8 +298,13 @@ impl Node {
             )));
         }
         let dev = st.drives[name].dev.clone();
-        self.claim(st, &[name.to_string()], false).await?;
-        let rep = vol.re_add(p, dev).await.map_err(|err| match err {
+        self.claim(st, &[name.to_string()], distrusted).await?;
+        let rep = if distrusted {
+            vol.re_add_distrusted(p, dev).await
+        } else {
+            vol.re_add(p, dev).await
+        };
+        let rep = rep.map_err(|err| match err {
             VolumeError::ReAddRefused { .. } | VolumeError::Fenced(_) => NodeError::Conflict(
                 format!("volume {v}: drive {name}: {err}; nothing was changed"),
             ),

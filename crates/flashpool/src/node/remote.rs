@@ -299,7 +299,7 @@ impl Node {
         if vol.member_states()[p] != MemberState::Failed || vol.is_fenced() {
             return;
         }
-        if let Err(e) = self.re_add_member(&mut st, name).await {
+        if let Err(e) = self.re_add_member(&mut st, name, false).await {
             tracing::warn!("volume {v}: drive {name} is back but not re-added: {e}");
         }
     }

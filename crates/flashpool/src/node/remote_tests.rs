@@ -83,7 +83,7 @@ impl Enclosure {
         e
     }
 
-    fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         let subs = self
             .drives
             .iter()
@@ -120,7 +120,7 @@ impl Enclosure {
         }
     }
 
-    fn arm(&self) {
+    pub(super) fn arm(&self) {
         for d in &self.drives {
             d.armed.store(true, Ordering::SeqCst);
         }
@@ -147,10 +147,11 @@ pub(crate) fn settings() -> RemoteSettings {
         kato_ms: 1000,
         queues: 2,
         queue_depth: 32,
+        takeover_wait: Duration::from_millis(500),
     }
 }
 
-fn owner(name: &str, enc: &Enclosure) -> Arc<Node> {
+pub(super) fn owner(name: &str, enc: &Enclosure) -> Arc<Node> {
     owner_in(name, enc, None)
 }
 
@@ -179,7 +180,7 @@ fn owner_in(name: &str, enc: &Enclosure, dir: Option<&std::path::Path>) -> Arc<N
 }
 
 /// A volume exported as namespace 1 of the test subsystem.
-fn create(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
+pub(super) fn create(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
     CreateVolume {
         export: Some(ExportRequest {
             nqn: NQN.into(),
@@ -189,7 +190,7 @@ fn create(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
     }
 }
 
-fn served(node: &Node) -> Arc<dyn BlockDevice> {
+pub(super) fn served(node: &Node) -> Arc<dyn BlockDevice> {
     node.target()
         .unwrap()
         .subsystem(NQN)
@@ -199,7 +200,7 @@ fn served(node: &Node) -> Arc<dyn BlockDevice> {
         .dev
 }
 
-fn stamp(lba: u64, seq: u64) -> AlignedBuf {
+pub(super) fn stamp(lba: u64, seq: u64) -> AlignedBuf {
     let mut b = AlignedBuf::new(4096);
     b.set_len(4096);
     for (i, w) in b.chunks_exact_mut(8).enumerate() {
@@ -208,7 +209,7 @@ fn stamp(lba: u64, seq: u64) -> AlignedBuf {
     b
 }
 
-async fn write(dev: &dyn BlockDevice, lba: u64, seq: u64) -> Result<(), BlockError> {
+pub(super) async fn write(dev: &dyn BlockDevice, lba: u64, seq: u64) -> Result<(), BlockError> {
     dev.submit(IoRequest {
         op: BlockOp::Write { fua: false },
         lba,
@@ -219,7 +220,7 @@ async fn write(dev: &dyn BlockDevice, lba: u64, seq: u64) -> Result<(), BlockErr
     .result
 }
 
-async fn read(dev: &dyn BlockDevice, lba: u64) -> Result<AlignedBuf, BlockError> {
+pub(super) async fn read(dev: &dyn BlockDevice, lba: u64) -> Result<AlignedBuf, BlockError> {
     let mut b = AlignedBuf::new(4096);
     b.set_len(4096);
     let done = dev
@@ -233,7 +234,7 @@ async fn read(dev: &dyn BlockDevice, lba: u64) -> Result<AlignedBuf, BlockError>
     done.result.map(|_| done.buf)
 }
 
-async fn wait_for(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) {
+pub(super) async fn wait_for(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) {
     let t = Instant::now();
     while !f().await {
         assert!(t.elapsed() < limit, "{what}: not after {limit:?}");
@@ -241,7 +242,7 @@ async fn wait_for(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool)
     }
 }
 
-fn hosts(names: &[&str]) -> Vec<String> {
+pub(super) fn hosts(names: &[&str]) -> Vec<String> {
     names.iter().map(|n| node_host_nqn(n)).collect()
 }
 

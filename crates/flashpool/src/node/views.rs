@@ -7,7 +7,7 @@ use super::ops::{DriveInfo, MemberInfo, PoolInfo, RebuildInfo, VolumeInfo};
 use super::validate::{find_volume, no_drive};
 use super::{Backing, Node, NodeResult, NodeState};
 
-pub(super) fn member_state_name(s: MemberState) -> &'static str {
+pub(crate) fn member_state_name(s: MemberState) -> &'static str {
     match s {
         MemberState::Active => "active",
         MemberState::Failed => "failed",

@@ -16,7 +16,11 @@ use crate::volume::member_io::{abuf, dev_io};
 use crate::volume::{StateHook, StateRecord, Volume};
 
 /// A hook that keeps what it was given; fails while `fail` holds a reason.
-fn recorder() -> (StateHook, Arc<Mutex<Vec<StateRecord>>>, Arc<Mutex<Option<String>>>) {
+fn recorder() -> (
+    StateHook,
+    Arc<Mutex<Vec<StateRecord>>>,
+    Arc<Mutex<Option<String>>>,
+) {
     let got = Arc::new(Mutex::new(Vec::new()));
     let fail = Arc::new(Mutex::new(None::<String>));
     let (g, f) = (got.clone(), fail.clone());
@@ -131,6 +135,8 @@ fn a_member_written_by_another_owner_is_rebuilt_in_full() {
                 .all(|s| *s == MemberState::Active)
         );
         rig.faults[0].fail_now();
-        model.check(&vol, "served by the rebuilt member alone").await;
+        model
+            .check(&vol, "served by the rebuilt member alone")
+            .await;
     });
 }

@@ -51,6 +51,32 @@ impl Volume {
     }
 }
 
+impl Volume {
+    /// Records the current states through the hook now (a new owner's
+    /// first record), in order with the records of later changes.
+    pub async fn record_states_now(&self) -> Result<(), String> {
+        let inner = &self.inner;
+        let _g = inner.sb_lock.lock().await;
+        let hook = inner
+            .state_hook
+            .lock()
+            .hook
+            .clone()
+            .ok_or("no state hook installed")?;
+        let (generation, states) = {
+            let m = inner.members.read();
+            (m.generation, m.states.clone())
+        };
+        hook(StateRecord {
+            generation,
+            states: states.clone(),
+        })
+        .await?;
+        inner.state_hook.lock().recorded = states;
+        Ok(())
+    }
+}
+
 impl Inner {
     /// Called under the superblock lock after a superblock write: records
     /// the states if they changed since the last record; a failure fences.

@@ -1,0 +1,75 @@
+//! The owner's record of its volumes' member states in etcd.
+//!
+//! A node that takes a volume over while some members are unreachable
+//! trusts the members it does reach only as far as this record allows
+//! (`node/degraded.rs`), so the owner writes it before a write that depends
+//! on a member-state change is acknowledged (`volume::StateHook`). It is
+//! written with the owner's epoch as the guard: a deposed owner cannot
+//! write it, and a write that fails fences the volume.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cluster::VolumeState;
+use volume::{StateHook, StateRecord};
+
+use super::Agent;
+use crate::node::member_state_name;
+
+/// A record that takes longer than this fences the volume: by then the
+/// owner's lease is about gone anyway.
+const RECORD_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl Agent {
+    /// Installs the record hook on volume `name`, owned here at `epoch`,
+    /// and writes the first record. Before the volume takes any I/O.
+    pub(super) async fn start_recording(
+        self: &Arc<Self>,
+        name: &str,
+        epoch: u64,
+    ) -> Result<(), String> {
+        let hook = self.state_hook(name, epoch);
+        self.node
+            .record_member_states(name, hook)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    fn state_hook(self: &Arc<Self>, name: &str, epoch: u64) -> StateHook {
+        let agent = Arc::downgrade(self);
+        let name = name.to_string();
+        // The etcd client needs a tokio runtime; the volume's I/O may run on
+        // another executor, so the record runs on the agent's runtime.
+        let rt = tokio::runtime::Handle::current();
+        Arc::new(move |rec: StateRecord| {
+            let (agent, name, rt) = (agent.clone(), name.clone(), rt.clone());
+            Box::pin(async move {
+                let a = agent.upgrade().ok_or("the cluster agent stopped")?;
+                let st = VolumeState {
+                    epoch,
+                    generation: rec.generation,
+                    members: rec
+                        .states
+                        .iter()
+                        .map(|s| member_state_name(*s).to_string())
+                        .collect(),
+                    note: format!("owned by {} at epoch {epoch}", a.name()),
+                };
+                let s = a.session();
+                drop(a);
+                let task = rt.spawn(async move {
+                    tokio::time::timeout(RECORD_TIMEOUT, s.put_state(&name, &st)).await
+                });
+                match task.await {
+                    Ok(Ok(Ok(()))) => Ok(()),
+                    Ok(Ok(Err(e))) => Err(e.to_string()),
+                    Ok(Err(_)) => Err(format!(
+                        "etcd did not answer in {} ms",
+                        RECORD_TIMEOUT.as_millis()
+                    )),
+                    Err(e) => Err(format!("the record task failed: {e}")),
+                }
+            })
+        })
+    }
+}
