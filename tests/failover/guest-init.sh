@@ -18,7 +18,7 @@ guest_boot
 trap finish EXIT
 K=$(cat /etc/kver)
 
-NQN=""; CTRLS=""; NAMES=""; PORT=4420; KATO=1; IOTMO=0; ADMINTMO=0; CONNOPTS=""; CASES=""; RUNS=1; HOSTNQN=""; HOSTID=""
+NQN=""; CTRLS=""; NAMES=""; PORT=4420; KATO=1; IOTMO=0; ADMINTMO=0; CONNOPTS=""; PATHTMO=0; CASES=""; RUNS=1; HOSTNQN=""; HOSTID=""
 BS=16k; QD=16; REGION_MB=16; PRE_S=2; POST_S=4; FS=1; FS_NSID=2; ROUND_TMO=180; GAP_MS=250
 for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_nqn=*) NQN=$v;; fp_ctrls=*) CTRLS=$v;; fp_names=*) NAMES=$v;; fp_port=*) PORT=$v;;
@@ -28,6 +28,7 @@ for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_gap=*) GAP_MS=$v;; fp_fsnsid=*) FS_NSID=$v;;
   # -- host settings for fast failover (docs/cluster.md): nvme-core timeouts, connect options
   fp_iotmo=*) IOTMO=$v;; fp_admintmo=*) ADMINTMO=$v;; fp_connopts=*) CONNOPTS=$(echo "$v" | tr , ' ');;
+  fp_pathtmo=*) PATHTMO=$v;;
 esac; done
 log "init start, kernel $(uname -r), cpus $(nproc), controllers $CTRLS ($NAMES) port $PORT, KATO $KATO s"
 
@@ -208,6 +209,15 @@ wait_paths 30
 ctrls "$H1" | sed 's/^/  ctrl nsid 1: /'
 [ -n "$H2" ] && ctrls "$H2" | sed "s/^/  ctrl nsid $FS_NSID: /"
 SUB=$(ls -d /sys/class/nvme-subsystem/*/"$DEV" 2> /dev/null | cut -d/ -f5)
+# -- host settings: the block layer's I/O timeout of each path device (ms), what the udev
+# rule of docs/cluster.md sets; it persists across the controllers' reconnects
+if [ "${PATHTMO:-0}" != 0 ]; then
+  for p in $(ctrls "$H1" | awk '{print $1 "/" $4}') $([ -n "$H2" ] && ctrls "$H2" | awk '{print $1 "/" $4}'); do
+    f=/sys/class/nvme/$p/queue/io_timeout
+    echo "$PATHTMO" > "$f" 2> /dev/null || log "cannot set $f"
+    log "path ${p#*/}: queue/io_timeout $(cat "$f" 2> /dev/null) ms"
+  done
+fi
 STATS=$(ctrls "$H1" | awk '$4!="none"{print "/sys/class/nvme/" $1 "/" $4 "/stat"}')
 SIZE_MB=0; [ -b "/dev/$DEV" ] && SIZE_MB=$(( $(cat "/sys/block/$DEV/size") / 2048 ))
 SIZE2_MB=0; [ -b "/dev/$DEV2" ] && SIZE2_MB=$(( $(cat "/sys/block/$DEV2/size") / 2048 ))
