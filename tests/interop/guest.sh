@@ -32,8 +32,8 @@ GUEST_SUITE=${GUEST_SUITE:-}
 GUEST_USERLAND=${GUEST_USERLAND:-suite}
 if [ -n "$GUEST_SUITE" ] && [ "$GUEST_USERLAND" != host ]; then
   GUEST_PKGS="qemu-system-x86 busybox-static cpio kmod python3 xz-utils"
-else
-  GUEST_PKGS="qemu-system-x86 nvme-cli fio busybox-static cpio kmod python3"
+else   # (a suite's kernel ships its modules as .ko.xz)
+  GUEST_PKGS="qemu-system-x86 nvme-cli fio busybox-static cpio kmod python3${GUEST_SUITE:+ xz-utils}"
 fi
 GUEST_KROOT=$GUEST_CACHE/kroot          # dpkg -x of linux-image-*.deb
 GUEST_UROOT=${GUEST_SUITE:+$GUEST_CACHE/uroot}
