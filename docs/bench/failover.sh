@@ -11,7 +11,9 @@
 #   RUNS=5 CASES=kill9-owner,planned-move docs/bench/failover.sh
 #   docs/bench/failover.sh --from LOG      the table from a saved suite output (or its
 #                                          .cache/failover/run/stalls.txt)
-# Any other knob of tests/failover/run.sh (KATO, LEASE_MS, STOP_S, ...) passes through.
+# Any other knob of tests/failover/run.sh (KATO, LEASE_MS, STOP_S, ...) passes through, the
+# host's kernel and settings too: GUEST_SUITE=trixie (Debian 13's 6.12), PATH_IO_TIMEOUT_MS
+# (1000 by default; 0 for the kernel's), IO_TIMEOUT (docs/performance.md, "Silent failure").
 # Needs root, like the suite. The suite's output goes to $LOG (default
 # target/failover-bench.log), its per-case timelines to .cache/failover/run/timeline.txt.
 set -uo pipefail
@@ -20,7 +22,7 @@ FROM=""
 while [ $# -gt 0 ]; do
   case $1 in
     --from) FROM=${2:?--from needs a file}; shift 2;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0;;
     *) echo "usage: $0 [--from LOG]"; exit 2;;
   esac
 done

@@ -18,7 +18,7 @@ guest_boot
 trap finish EXIT
 K=$(cat /etc/kver)
 
-NQN=""; CTRLS=""; NAMES=""; PORT=4420; KATO=1; CASES=""; RUNS=1; HOSTNQN=""; HOSTID=""
+NQN=""; CTRLS=""; NAMES=""; PORT=4420; KATO=1; IOTMO=0; ADMINTMO=0; CONNOPTS=""; PATHTMO=0; CASES=""; RUNS=1; HOSTNQN=""; HOSTID=""
 BS=16k; QD=16; REGION_MB=16; PRE_S=2; POST_S=4; FS=1; FS_NSID=2; ROUND_TMO=180; GAP_MS=250
 for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_nqn=*) NQN=$v;; fp_ctrls=*) CTRLS=$v;; fp_names=*) NAMES=$v;; fp_port=*) PORT=$v;;
@@ -26,17 +26,25 @@ for x in $(cat /proc/cmdline); do v=${x#*=}; case $x in
   fp_hostnqn=*) HOSTNQN=$v;; fp_hostid=*) HOSTID=$v;; fp_bs=*) BS=$v;; fp_qd=*) QD=$v;;
   fp_region=*) REGION_MB=$v;; fp_pre=*) PRE_S=$v;; fp_post=*) POST_S=$v;; fp_fs=*) FS=$v;;
   fp_gap=*) GAP_MS=$v;; fp_fsnsid=*) FS_NSID=$v;;
+  # -- host settings for fast failover (docs/cluster.md): nvme-core timeouts, connect options
+  fp_iotmo=*) IOTMO=$v;; fp_admintmo=*) ADMINTMO=$v;; fp_connopts=*) CONNOPTS=$(echo "$v" | tr , ' ');;
+  fp_pathtmo=*) PATHTMO=$v;;
 esac; done
 log "init start, kernel $(uname -r), cpus $(nproc), controllers $CTRLS ($NAMES) port $PORT, KATO $KATO s"
 
+# -- host settings: nvme-core's io_timeout/admin_timeout (0: the kernel's default)
+NVME_CORE_ARGS=""
+[ "${IOTMO:-0}" = 0 ] || NVME_CORE_ARGS="io_timeout=$IOTMO"
+[ "${ADMINTMO:-0}" = 0 ] || NVME_CORE_ARGS="$NVME_CORE_ARGS admin_timeout=$ADMINTMO"
 while read -r m; do
-  out=$(insmod "/lib/modules/$K/$m" 2>&1) || log "insmod failed: $m: $out"
+  case $m in */nvme-core.ko) a=$NVME_CORE_ARGS;; *) a="";; esac
+  out=$(insmod "/lib/modules/$K/$m" $a 2>&1) || log "insmod failed: $m: $out"
 done < /etc/modules.list
 ip link set lo up
 i=0; while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
 ip addr add 10.0.2.15/24 dev eth0; ip link set eth0 up; ip route add default via 10.0.2.2
 echo "$HOSTNQN" > /etc/nvme/hostnqn; echo "$HOSTID" > /etc/nvme/hostid
-log "modules loaded, nvme_core multipath=$(cat /sys/module/nvme_core/parameters/multipath), hostnqn $HOSTNQN"
+log "modules loaded, nvme_core multipath=$(cat /sys/module/nvme_core/parameters/multipath) io_timeout=$(cat /sys/module/nvme_core/parameters/io_timeout) admin_timeout=$(cat /sys/module/nvme_core/parameters/admin_timeout), hostnqn $HOSTNQN"
 # the kernel's own console output could split a marker line: only emergencies go there;
 # the lines the host wants come through /dev/kmsg, one write each
 dmesg -n 1
@@ -184,9 +192,9 @@ wait_host fo-up 600 || { log "no cluster: $HOSTSAYS"; exit 0; }
 NCTRL=0; i=0
 for a in $(echo "$CTRLS" | tr , ' '); do
   i=$((i+1))
-  log "nvme connect -t tcp -a $a -s $PORT -n $NQN --ctrl-loss-tmo=-1 --reconnect-delay=1 --keep-alive-tmo=$KATO"
+  log "nvme connect -t tcp -a $a -s $PORT -n $NQN --ctrl-loss-tmo=-1 --reconnect-delay=1 --keep-alive-tmo=$KATO $CONNOPTS"
   timeout 60 nvme connect -t tcp -a "$a" -s "$PORT" -n "$NQN" --ctrl-loss-tmo=-1 --reconnect-delay=1 \
-    --keep-alive-tmo="$KATO" 2>&1 | sed 's/^/  | /'
+    --keep-alive-tmo="$KATO" $CONNOPTS 2>&1 | sed 's/^/  | /'
   NCTRL=$((NCTRL+1))
 done
 # the multipath devices: nvmeSnH, H the kernel's head instance (not the nsid)
@@ -201,6 +209,15 @@ wait_paths 30
 ctrls "$H1" | sed 's/^/  ctrl nsid 1: /'
 [ -n "$H2" ] && ctrls "$H2" | sed "s/^/  ctrl nsid $FS_NSID: /"
 SUB=$(ls -d /sys/class/nvme-subsystem/*/"$DEV" 2> /dev/null | cut -d/ -f5)
+# -- host settings: the block layer's I/O timeout of each path device (ms), what the udev
+# rule of docs/cluster.md sets; it persists across the controllers' reconnects
+if [ "${PATHTMO:-0}" != 0 ]; then
+  for p in $(ctrls "$H1" | awk '{print $1 "/" $4}') $([ -n "$H2" ] && ctrls "$H2" | awk '{print $1 "/" $4}'); do
+    f=/sys/class/nvme/$p/queue/io_timeout
+    echo "$PATHTMO" > "$f" 2> /dev/null || log "cannot set $f"
+    log "path ${p#*/}: queue/io_timeout $(cat "$f" 2> /dev/null) ms"
+  done
+fi
 STATS=$(ctrls "$H1" | awk '$4!="none"{print "/sys/class/nvme/" $1 "/" $4 "/stat"}')
 SIZE_MB=0; [ -b "/dev/$DEV" ] && SIZE_MB=$(( $(cat "/sys/block/$DEV/size") / 2048 ))
 SIZE2_MB=0; [ -b "/dev/$DEV2" ] && SIZE2_MB=$(( $(cat "/sys/block/$DEV2/size") / 2048 ))

@@ -11,8 +11,9 @@
 # nsid 2, the guest's ext4), each in its own ANA group; a volume's owner reports its group
 # optimized, the others inaccessible. The guest reaches the nodes through QEMU's user
 # networking (slirp connects from the root namespace, which has the bridge) and connects to
-# each with --ctrl-loss-tmo=-1 --reconnect-delay=1 --keep-alive-tmo=$KATO: two multipath
-# namespaces, three paths each. Its /init is tests/failover/guest-init.sh.
+# each with --ctrl-loss-tmo=-1 --reconnect-delay=1 --keep-alive-tmo=$KATO, and sets each path
+# device's I/O timeout to PATH_IO_TIMEOUT_MS: two multipath namespaces, three paths each. Its
+# /init is tests/failover/guest-init.sh.
 #
 # Each fault case runs fio randwrite + crc32c verify rounds on the multipath device while
 # the host does the fault; its RESULT needs fio exit 0 in every round, no verify error,
@@ -27,7 +28,11 @@
 #
 # Knobs (env): CASES (comma/space list, default all, in this order: planned-move
 #   kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild),
-#   RUNS=1 (each fault case that many times; names get #N), KATO=1 (host keep-alive, s),
+#   RUNS=1 (each fault case that many times; names get #N), GUEST_SUITE=trixie (Debian 13's
+#   kernel, 6.12; default Debian 12's, 6.1), KATO=1 (host keep-alive, s),
+#   PATH_IO_TIMEOUT_MS=1000 (each path device's queue/io_timeout; 0: nvme-core's),
+#   IO_TIMEOUT=0 / ADMIN_TIMEOUT=0 (nvme-core's, s; 0: the kernel's), CONNECT_OPTS (more
+#   nvme connect options) -- docs/cluster.md, "Host settings for fast failover";
 #   LEASE_MS=2000 (the nodes' lease_ttl_ms), STOP_S=3 (the frozen owner stays stopped this
 #   long after the takeover), CUT_S=3 (same for the cut link), RACE_FREEZE_S=3.5,
 #   ETCD_DOWN_S=2, PRE_S=2 / POST_S=4 (I/O before the fault, after the host is done),
@@ -50,12 +55,23 @@ ROOT=$(cd "$HERE/../.." && pwd)
 # shellcheck disable=SC2034   # (read by tests/lib/harness.sh)
 SERIAL_STAMPED=1 ANSWER_TRIES=40 ANSWER_PAUSE=0.4 CTL_LINGER=0.3 ANSWER_EXACT=1
 BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
-GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}
-CACHE=${FAILOVER_CACHE:-$ROOT/.cache/failover}
+# GUEST_SUITE=trixie: Debian 13's kernel (6.12, shared with tests/interop/secure.sh's cache)
+# with this host's userland (nvme-cli, fio: tests/interop/guest.sh, GUEST_USERLAND=host)
+GUEST_SUITE=${GUEST_SUITE:-}; GUEST_USERLAND=host
+if [ -n "$GUEST_SUITE" ]; then GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/secure}
+else GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}; fi
+CACHE=${FAILOVER_CACHE:-$ROOT/.cache/failover${GUEST_SUITE:+-$GUEST_SUITE}}
 IRD=$CACHE/initramfs; INITRD=$CACHE/initrd.img; RUN=$CACHE/run
 ALL_CASES="planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild"
 CASES=$(echo "${CASES:-$ALL_CASES}" | tr , ' ')
 RUNS=${RUNS:-1}; KATO=${KATO:-1}; LEASE_MS=${LEASE_MS:-2000}
+# the host settings for fast failover (docs/cluster.md, "Host settings for fast failover"):
+# nvme-core's I/O and admin timeouts (s; 0: the kernel's defaults, 30 and 60), extra
+# `nvme connect` options
+IO_TIMEOUT=${IO_TIMEOUT:-0}; ADMIN_TIMEOUT=${ADMIN_TIMEOUT:-0}; CONNECT_OPTS=${CONNECT_OPTS:-}
+# the block layer's I/O timeout of each path device to the cluster (ms; 0: nvme-core's io_timeout);
+# 1000 lets a silent path's I/O go after 1-2 s on both kernels
+PATH_IO_TIMEOUT_MS=${PATH_IO_TIMEOUT_MS:-1000}
 STOP_S=${STOP_S:-3}; CUT_S=${CUT_S:-3}; RACE_FREEZE_S=${RACE_FREEZE_S:-3.5}; ETCD_DOWN_S=${ETCD_DOWN_S:-2}
 GAP_MS=${GAP_MS:-250}; PRE_S=${PRE_S:-2}; POST_S=${POST_S:-4}; BS=${BS:-16k}; QD=${QD:-16}; REGION_MB=${REGION_MB:-16}; FS=${FS:-1}
 DRIVE_SIZE=${DRIVE_SIZE:-64MiB}; RUN_TIMEOUT=${RUN_TIMEOUT:-1800}; STUCK_S=${STUCK_S:-420}
@@ -81,7 +97,7 @@ build_files() {
   [ -f /etc/mke2fs.conf ] && install -m 0644 /etc/mke2fs.conf "$IRD/etc/mke2fs.conf"   # defines "ext4"
   return 0
 }
-build_stamp() { guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/guest.sh"; }
+build_stamp() { guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/guest.sh" "$GUEST_KROOT/.extracted"; }
 
 # ---------------------------------------------------------------- run
 HR=$RUN/host-results.txt
@@ -143,8 +159,9 @@ run_checks() {
   local append="console=ttyS0 panic=-1 quiet fp_nqn=$NQN fp_port=$FPC_PORT fp_kato=$KATO"
   append="$append fp_ctrls=$(fpc_cip 1),$(fpc_cip 2),$(fpc_cip 3) fp_names=c1,c2,c3"
   append="$append fp_cases=$(echo "$CASES" | tr ' ' ,) fp_runs=$RUNS fp_hostnqn=$HOSTNQN fp_hostid=$hostuuid"
+  append="$append fp_iotmo=$IO_TIMEOUT fp_admintmo=$ADMIN_TIMEOUT fp_connopts=$(echo "$CONNECT_OPTS" | tr ' ' ,) fp_pathtmo=$PATH_IO_TIMEOUT_MS"
   append="$append fp_bs=$BS fp_qd=$QD fp_region=$REGION_MB fp_pre=$PRE_S fp_post=$POST_S fp_fs=$FS fp_fsnsid=$FS_NSID fp_gap=$GAP_MS"
-  say "accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) cases: $CASES (x$RUNS); KATO $KATO s, lease $LEASE_MS ms; logs in $RUN"
+  say "accel=$accel kernel=$K initrd=$(du -h "$INITRD" | cut -f1) cases: $CASES (x$RUNS); KATO $KATO s, lease $LEASE_MS ms, nvme_core io_timeout=$IO_TIMEOUT admin_timeout=$ADMIN_TIMEOUT, path io_timeout $PATH_IO_TIMEOUT_MS ms (0: the kernel's)${CONNECT_OPTS:+, connect $CONNECT_OPTS}; logs in $RUN"
   # QPID: timeout's; QEMU's own pid is in $CACHE/qemu.pid (for the clean-up after a crash)
   qemu_start "$K" "$INITRD" "$append" "user,id=n0,ipv6=off,hostfwd=tcp:127.0.0.1:$CTL_PORT-10.0.2.15:5555" \
     -pidfile "$CACHE/qemu.pid"
@@ -191,7 +208,7 @@ run_checks() {
       [ -f "$FPC_DIR/$c.log" ] && { echo "----- $FPC_DIR/$c.log (WARN/ERROR, tail) -----"; grep -aE 'WARN|ERROR|panic' "$FPC_DIR/$c.log" | tail -n 25; }
     done
   fi
-  echo "----- summary (accel $accel, guest /init at ${tb:-?} s, total $(el "$t0") s; timelines: $RUN/timeline.txt) -----"
+  echo "----- summary (kernel $K, accel $accel, guest /init at ${tb:-?} s, total $(el "$t0") s; timelines: $RUN/timeline.txt) -----"
   cat "$RUN/summary.txt"
   report_results
 }

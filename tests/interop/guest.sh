@@ -11,6 +11,8 @@
 #    private apt configuration in $GUEST_CACHE/apt (the host's /etc/apt is never read or
 #    changed); guest_userland extracts packages and their dependencies into $GUEST_UROOT and
 #    the binaries are taken from there (paths as inside that root), with its ld.so.
+#    GUEST_USERLAND=host keeps that suite's kernel but takes the binaries from the host, as
+#    in the first flavour (tests/failover/run.sh: trixie's fio pulls in ceph and gluster).
 #
 # Caller sets: GUEST_CACHE (holds dl/ and kroot/), FORCE (1: download and extract the kernel
 # again, update the suite's package lists). Optional: GUEST_SUITE, GUEST_MIRROR. Its say, ts
@@ -27,13 +29,15 @@
 #   guest_stamp FILE...           what a cached initramfs was built from (compare to rebuild)
 
 GUEST_SUITE=${GUEST_SUITE:-}
-if [ -n "$GUEST_SUITE" ]; then
+GUEST_USERLAND=${GUEST_USERLAND:-suite}
+if [ -n "$GUEST_SUITE" ] && [ "$GUEST_USERLAND" != host ]; then
   GUEST_PKGS="qemu-system-x86 busybox-static cpio kmod python3 xz-utils"
-else
-  GUEST_PKGS="qemu-system-x86 nvme-cli fio busybox-static cpio kmod python3"
+else   # (a suite's kernel ships its modules as .ko.xz)
+  GUEST_PKGS="qemu-system-x86 nvme-cli fio busybox-static cpio kmod python3${GUEST_SUITE:+ xz-utils}"
 fi
 GUEST_KROOT=$GUEST_CACHE/kroot          # dpkg -x of linux-image-*.deb
 GUEST_UROOT=${GUEST_SUITE:+$GUEST_CACHE/uroot}
+if [ "$GUEST_USERLAND" = host ]; then GUEST_UROOT=""; fi
 GUEST_LIB=$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh
 
 # shellcheck source=tests/lib/harness.sh
@@ -120,7 +124,7 @@ guest_setup() {
   fi
   {
     echo "kernel package: $(cat "$GUEST_KROOT/.extracted")"
-    dpkg-query -W -f='${Package} ${Version}\n' qemu-system-x86 busybox-static $([ -n "$GUEST_SUITE" ] || echo nvme-cli libnvme1 fio)
+    dpkg-query -W -f='${Package} ${Version}\n' qemu-system-x86 busybox-static $([ -n "$GUEST_UROOT" ] || echo nvme-cli libnvme1 fio)
   } > "$GUEST_CACHE/versions.txt"
   sed 's/^/  /' "$GUEST_CACHE/versions.txt"
   say "setup done in $(el "$t0") s"
