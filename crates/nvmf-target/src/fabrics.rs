@@ -6,8 +6,8 @@ use nvme_wire::fabrics::{
     CNTLID_DYNAMIC, ConnectCmd, ConnectData, ConnectDataError, DISCOVERY_NQN, NQN_FIELD_LEN,
 };
 use nvme_wire::fabrics::{
-    CONNECT_DATA_OFF_CNTLID, CONNECT_DATA_OFF_HOSTID, CONNECT_DATA_OFF_HOSTNQN,
-    CONNECT_DATA_OFF_SUBNQN, CONNECT_SQE_OFF_QID, CONNECT_SQE_OFF_SQSIZE,
+    CONNECT_DATA_OFF_CNTLID, CONNECT_DATA_OFF_HOSTNQN, CONNECT_DATA_OFF_SUBNQN,
+    CONNECT_SQE_OFF_QID, CONNECT_SQE_OFF_SQSIZE,
 };
 use nvme_wire::status::{self, Status};
 use nvme_wire::tls_psk::PskIdentity;
@@ -296,13 +296,16 @@ pub fn connect_io(
         ));
     }
     if ctrl.hostid != data.hostid {
-        // Every queue of an association comes from one host (reservations
-        // name registrants by this identifier).
-        return Err(invalid_param(
-            true,
-            CONNECT_DATA_OFF_HOSTID,
-            "host identifier differs from the controller's",
-        ));
+        // Accepted, as nvmet and SPDK do (hosts in the field send a fresh
+        // Host ID per Connect): the host NQN and controller ID above tie
+        // the queue to the association, and reservations keep naming the
+        // registrant by the admin queue's Host ID, which the controller holds.
+        tracing::debug!(
+            "controller {}: I/O queue {} connects with another host identifier than the \
+             admin queue's; the admin queue's stays the host's",
+            ctrl.cntlid,
+            cmd.qid
+        );
     }
     if ctrl.is_discovery() {
         return Err(invalid_param(
@@ -445,6 +448,60 @@ mod tests {
         assert_eq!(r[0].subnqn, "nqn.test:s");
         assert!(r[0].not_allowed);
         assert_eq!(r[0].peer, "10.0.0.2:6");
+    }
+
+    #[test]
+    fn an_io_queue_may_bring_another_host_id_and_the_admin_queues_stays() {
+        let sub = Subsystem::new(
+            "nqn.test:s".into(),
+            "S1".into(),
+            "m".into(),
+            false,
+            vec!["nqn.test:good".into()],
+            Vec::new(),
+        );
+        let t = Target::new(Default::default(), vec![Arc::new(sub)]);
+        let c = connect(
+            &t,
+            &admin_connect(),
+            &data("nqn.test:s", "nqn.test:good"),
+            "10.0.0.1:5",
+            None,
+        )
+        .unwrap();
+        c.state.lock().csts |= nvme_wire::fabrics::prop::CSTS_RDY;
+        let io = ConnectCmd {
+            qid: 1,
+            ..admin_connect()
+        };
+        let other = |hostnqn: &str, hostid: [u8; 16]| {
+            ConnectData {
+                hostid,
+                cntlid: c.cntlid,
+                subnqn: "nqn.test:s".into(),
+                hostnqn: hostnqn.into(),
+            }
+            .encode()
+        };
+        let q = connect(
+            &t,
+            &io,
+            &other("nqn.test:good", [8; 16]),
+            "10.0.0.1:6",
+            None,
+        )
+        .unwrap();
+        assert_eq!(q.cntlid, c.cntlid);
+        assert_eq!(
+            c.hostid, [7; 16],
+            "the admin queue's Host ID names the host"
+        );
+        // The host NQN still must match.
+        let io2 = ConnectCmd {
+            qid: 2,
+            ..admin_connect()
+        };
+        assert!(connect(&t, &io2, &other("nqn.test:x", [7; 16]), "10.0.0.1:7", None).is_err());
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! commands each get the spec's status and leave the queue (and another
 //! connection) working; two hosts fence each other with Write Exclusive and
 //! Preempt and Abort, with the AEN and log page 80h that follow; an I/O queue
-//! Connect with another Host Identifier than its controller's is refused.
+//! Connect with another Host Identifier than its controller's is accepted (as
+//! nvmet and SPDK do) and the controller's stays the registrant's.
 
 use fault_tests::*;
 use nvme_wire::cqe::Cqe;
@@ -681,7 +682,7 @@ fn two_hosts_write_exclusive_and_preempt_and_abort() {
 // ---------------------------------------------------------------- Connect host ID
 
 #[test]
-fn io_connect_with_another_host_id_is_invalid_parameters() {
+fn io_connect_with_another_host_id_is_accepted_and_the_controllers_stays() {
     let t = TestTarget::start();
     let mut healthy = t.healthy();
     let mut admin = t.host_ic(true);
@@ -692,26 +693,34 @@ fn io_connect_with_another_host_id_is_invalid_parameters() {
     let mut flipped = HOST_A;
     flipped[15] ^= 1;
     let mut kept = Vec::new();
+    // Hosts in the field send a fresh Host ID per Connect: nvmet and SPDK
+    // accept the queue, and so do we.
     for (qid, other) in [(1u16, HOST_B), (2, [0u8; 16]), (3, flipped)] {
         let mut io = t.host_ic(true);
         let c = io.connect_io_hostid(admin.cntlid, qid, NQN_OPEN, HOST_NQN, other);
         assert_status(
             &c,
-            SCT_CMD_SPECIFIC,
-            status::SC_CONNECT_INVALID_PARAM,
+            0,
+            0,
             &format!("I/O Connect qid {qid} with host ID {other:02x?}"),
         );
-        assert!(c.status.dnr, "DNR");
-        assert_eq!(c.dw0, 1 << 16, "IATTR 1 (in Connect data), IPO 0 (HOSTID)");
-        // The queue ID is still free: the controller's host ID connects it.
-        let mut good = t.host_ic(true);
-        let c = good.connect_io_hostid(admin.cntlid, qid, NQN_OPEN, HOST_NQN, HOST_A);
-        assert_status(&c, 0, 0, "I/O Connect with the controller's host ID");
-        good.cntlid = admin.cntlid;
-        read_ok(&mut good, "refused I/O Connect");
-        kept.push(good);
+        io.cntlid = admin.cntlid;
+        read_ok(&mut io, "I/O Connect with another host ID");
+        kept.push(io);
     }
-    // A host NQN match does not make up for the host ID, nor the reverse.
+    // A registration through the queue that came with HOST_B is the
+    // controller's host's: HOST_A, as its admin queue said.
+    let c = register(&mut kept[0], 1, 0, 0, 0xA1);
+    assert_status(&c, 0, 0, "Register through that queue");
+    let r = parse_report(&report(&mut kept[1]));
+    assert_eq!(r.regctl, 1);
+    assert_eq!(
+        r.entries[0].3, HOST_A,
+        "the registrant is the controller's host"
+    );
+    let c = register(&mut kept[0], 1, 1, 0xA1, 0);
+    assert_status(&c, 0, 0, "Unregister");
+    // The host NQN must still match the controller's.
     let mut io = t.host_ic(true);
     let c = io.connect_io_hostid(admin.cntlid, 4, NQN_OPEN, HOST_ALLOWED, HOST_A);
     assert_status(
