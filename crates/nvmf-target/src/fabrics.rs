@@ -392,8 +392,8 @@ mod tests {
         .encode()
     }
 
-    #[test]
-    fn the_observer_hears_connects_and_refusals() {
+    /// A target with subsystem `nqn.test:s`, which `nqn.test:good` may use.
+    fn one_subsystem() -> Target {
         let sub = Subsystem::new(
             "nqn.test:s".into(),
             "S1".into(),
@@ -402,7 +402,12 @@ mod tests {
             vec!["nqn.test:good".into()],
             Vec::new(),
         );
-        let t = Target::new(Default::default(), vec![Arc::new(sub)]);
+        Target::new(Default::default(), vec![Arc::new(sub)])
+    }
+
+    #[test]
+    fn the_observer_hears_connects_and_refusals() {
+        let t = one_subsystem();
         let seen = Arc::new(Seen::default());
         t.set_connect_observer(seen.clone());
         let cmd = admin_connect();
@@ -452,15 +457,7 @@ mod tests {
 
     #[test]
     fn an_io_queue_may_bring_another_host_id_and_the_admin_queues_stays() {
-        let sub = Subsystem::new(
-            "nqn.test:s".into(),
-            "S1".into(),
-            "m".into(),
-            false,
-            vec!["nqn.test:good".into()],
-            Vec::new(),
-        );
-        let t = Target::new(Default::default(), vec![Arc::new(sub)]);
+        let t = one_subsystem();
         let c = connect(
             &t,
             &admin_connect(),

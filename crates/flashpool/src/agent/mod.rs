@@ -294,14 +294,17 @@ impl Agent {
     async fn fence_watch(self: Arc<Self>) {
         loop {
             let mut h = self.session().health();
-            let mut flipped: Vec<u32> = Vec::new();
+            // The groups the passed deadline turned Inaccessible, once it passed.
+            let mut flipped: Option<Vec<u32>> = None;
             loop {
                 let cur = h.borrow_and_update().clone();
                 match cur {
                     LeaseHealth::Live { valid_until } => {
                         self.clock.set(Some(valid_until));
-                        if self.clock.valid() {
-                            self.ana_unfence(std::mem::take(&mut flipped));
+                        if self.clock.valid()
+                            && let Some(groups) = flipped.take()
+                        {
+                            self.ana_unfence(groups);
                         }
                     }
                     LeaseHealth::Lost(why) => {
@@ -316,13 +319,10 @@ impl Agent {
                 let changed = loop {
                     tokio::select! {
                         r = h.changed() => break r,
-                        _ = sleep_until(until), if flipped.is_empty() && until.is_some() => {
+                        // once passed (even with nothing owned), only the watcher wakes us
+                        _ = sleep_until(until), if flipped.is_none() && until.is_some() => {
                             if !self.clock.valid() {
-                                flipped = self.ana_fence("the lease deadline passed");
-                                if flipped.is_empty() {
-                                    // nothing owned: wait for the watcher alone
-                                    flipped.push(0);
-                                }
+                                flipped = Some(self.ana_fence("the lease deadline passed"));
                             }
                         }
                     }

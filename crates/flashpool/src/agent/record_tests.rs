@@ -32,6 +32,24 @@ async fn the_record_follows_member_failures_and_a_takeover_that_cannot_run_says_
     assert_eq!(st.members, ["active", "failed", "active"], "{st:?}");
     let info = a.node.volume("v").await.unwrap();
     assert_eq!(st.generation, info.generation, "{st:?} {info:?}");
+    // `volume show v` on the standby answers as `volume list` does there.
+    let api = b.record.api.clone().expect("member() gives an API");
+    let shown = tokio::task::spawn_blocking(move || {
+        let c = crate::client::Client::new(&crate::client::Endpoint {
+            api,
+            ..Default::default()
+        })
+        .unwrap();
+        c.get("/volumes/v")
+            .unwrap()
+            .parse::<crate::node::VolumeInfo>()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(shown.state, "standby", "{shown:?}");
+    assert_eq!(shown.owner.as_deref(), Some("a"));
+    assert_eq!(shown.members[1].state, "failed", "as the owner recorded");
 
     // The enclosure goes, then the owner: b claims v but reaches no member.
     enc.stop();

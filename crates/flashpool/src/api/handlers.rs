@@ -184,7 +184,16 @@ pub(super) async fn create_volume(State(a): State<App>, b: Bytes) -> ApiResult {
     Ok((StatusCode::CREATED, axum::Json(info)).into_response())
 }
 pub(super) async fn volume(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
-    let mut v = a.node.volume(&name).await?;
+    let mut v = match (a.node.volume(&name).await, &a.agent) {
+        (Ok(v), _) => v,
+        // A cluster volume served here on standby: as `volume list` shows it.
+        (Err(e), Some(ag)) => {
+            let mut vs = Vec::new();
+            ag.list_cluster(&mut vs).await;
+            vs.into_iter().find(|v| v.name == name).ok_or(e)?
+        }
+        (Err(e), None) => return Err(e.into()),
+    };
     if let Some(ag) = &a.agent {
         ag.annotate(&mut v).await;
     }

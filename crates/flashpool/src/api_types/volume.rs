@@ -149,7 +149,8 @@ pub struct MemberInfo {
     pub state: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A volume's rebuild; the default is none running.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RebuildInfo {
     pub running: bool,
     pub members: Vec<usize>,

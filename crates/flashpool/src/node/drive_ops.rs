@@ -20,6 +20,7 @@ impl Node {
         if !st.drives.contains_key(name) {
             return Err(no_drive(name));
         }
+        st.check_not_assembling(name)?;
         if let Some((v, p)) = st.user_of(name) {
             let v = v.to_string();
             let e = &st.volumes[&v];
@@ -75,6 +76,8 @@ impl Node {
         if !st.drives.contains_key(name) {
             return Err(no_drive(name));
         }
+        st.check_not_assembling(name)?;
+        st.check_not_assembling(with)?;
         let Some((v, p)) = st.user_of(name).map(|(v, p)| (v.to_string(), p)) else {
             return Err(NodeError::Conflict(format!(
                 "drive {name} is not in any volume; nothing to replace"
