@@ -332,7 +332,7 @@ degraded_views() {
       F_WHY="$F_WHY $v: e$1's member active on $o while e$1 is cut ($m);"
     fi
   done
-  DEG=${d# }
+  d=${d# }; DEG=${d%;}
 }
 # back_views TAG: every volume optimal again on its owner, every member active, within
 # BACK_S of the restore; sets F_BACK (what each owner showed and when), F_WHY if not
@@ -354,7 +354,7 @@ back_views() {
     else F_BACK="$F_BACK $v NOT optimal ${w} s after the restore ($o: ${m:-no answer});"; F_WHY="$F_WHY $v not optimal within $BACK_S s of the restore ($o: ${m:-no answer});"; fi
   done
   hev "$1: after the restore:$F_BACK"
-  F_BACK="${F_BACK# }"
+  F_BACK="${F_BACK# }"; F_BACK=${F_BACK%;}
 }
 # fence_order OLD NEW: when OLD fenced (its first fence/step-down line) and when NEW
 # took vol over, both relative to the fault (s)
