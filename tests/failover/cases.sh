@@ -320,16 +320,22 @@ for m in v.get("members", []):
 print(" ".join(out + ["volume=" + str(v.get("state"))]))' 2> /dev/null
 }
 # degraded_views ENC: DEG = each volume's owner and what it shows, once it shows the volume
-# (up to 10 s); F_WHY gets a volume whose owner calls ENC's member active while ENC is cut off
-# from it (enclosure-and-owner only: in the other case the owner reaches ENC)
+# (up to 10 s); in enclosure-and-owner (not in the other case, where the new owner reaches
+# ENC) F_WHY gets a volume taken over (its owner was the one killed) whose new owner calls
+# ENC's member active, or the volume optimal, while ENC is cut off (the member left out
+# shows as drive "-", failed)
 degraded_views() {
-  local v o m d="" i
+  local v o m d="" i was
   for v in $(vols); do
+    was=$OWNER0; [ "$v" = "$VOL" ] || was=$FS_OWNER0
     fpc_wait_owner "$v" 30; o=$FPC_OWNER; m=""; i=0
     while [ $i -lt 20 ]; do m=$(vol_members "$v" "$o"); [ -n "$m" ] && break; sleep 0.5; i=$((i + 1)); done
     d="$d $v on $o/$FPC_EPOCH: ${m:-no answer};"
-    if [ "${name:-}" = enclosure-and-owner ] && echo " $m " | grep -q " e$1:d[0-9]*=active "; then
-      F_WHY="$F_WHY $v: e$1's member active on $o while e$1 is cut ($m);"
+    # (a volume whose owner was not killed fails the member only when its I/O there times out)
+    if [ "${name:-}" = enclosure-and-owner ] && [ "$was" = "$OWNER0" ]; then
+      echo " $m " | grep -qE " e$1:d[0-9]+=active | volume=optimal " \
+        && F_WHY="$F_WHY $v: e$1's member active or $v optimal on $o while e$1 is cut ($m);"
+      [ -n "$m" ] || F_WHY="$F_WHY $v: its owner $o does not show it;"
     fi
   done
   d=${d# }; DEG=${d%;}
