@@ -136,7 +136,8 @@ fi
 
 # ---- 6. cluster failover: etcd, three controller nodes in cluster mode, the Linux kernel
 # host with native multipath in the QEMU guest; fio verify while owners are moved, killed,
-# frozen and cut, and the etcd leader is killed (tests/failover/README.md); Debian 12's
+# frozen and cut, the etcd leader is killed, an enclosure is cut while the owner is killed,
+# and the owner is cut from an enclosure and etcd (tests/failover/README.md); Debian 12's
 # kernel (6.1), then Debian 13's (6.12)
 if [ "${SKIP_CLUSTER:-0}" != 1 ] && [ "${SKIP_FAILOVER:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
   say "cluster failover suite (etcd, 3 controller nodes, QEMU guest on native multipath)"

@@ -248,6 +248,36 @@ fpc_loss_on() {
     FPC_LOSS_HOW="no sch_netem in this kernel: tc tbf burst 64 (drops every frame) on $(fpc_veth "$1") and $(fpc_ns "$1")/eth0"
   fi
 }
+# fpc_cut_from SLOT PEER...: a silent partition between namespace SLOT and some peers
+# only (PEER: ADDR, or ADDR:PORT for the traffic of that port on ADDR, e.g. etcd's client
+# port on the bridge address, which the QEMU guest's slirp connections also come from),
+# both directions, the rest untouched. Only HTB, TBF and u32 (no netem, no gact action, no
+# iptables: what the suite's kernels all have): on each end of SLOT's veth an HTB whose
+# default class passes everything and whose class 1:2 has the passes-no-frame tbf of
+# fpc_loss_on as its leaf; u32 filters send the peers' frames there (SLOT's eth0: to the
+# peer; the bridge side of its veth: from the peer). fpc_loss_off SLOT removes it all.
+fpc_cut_from() {
+  local s=$1 v ns p ip port; shift
+  v=$(fpc_veth "$s"); ns=$(fpc_ns "$s")
+  local dev
+  for dev in "$v" "ns:eth0"; do
+    local t=(tc); [ "$dev" = ns:eth0 ] && { t=(tc -n "$ns"); dev=eth0; }
+    "${t[@]}" qdisc replace dev "$dev" root handle 1: htb default 1 || return 1
+    "${t[@]}" class add dev "$dev" parent 1: classid 1:1 htb rate 10gbit quantum 200000 || return 1
+    "${t[@]}" class add dev "$dev" parent 1: classid 1:2 htb rate 1mbit || return 1
+    "${t[@]}" qdisc add dev "$dev" parent 1:2 handle 2: tbf rate 1kbit burst 64 limit 1 || return 1
+  done
+  for p in "$@"; do
+    ip=${p%%:*}; port=""; [ "$p" = "$ip" ] || port=${p#*:}
+    # shellcheck disable=SC2086   # the port match: words, or none
+    tc filter add dev "$v" parent 1: protocol ip prio 1 u32 match ip src "$ip/32" \
+      ${port:+match ip sport $port 0xffff} flowid 1:2 || return 1
+    # shellcheck disable=SC2086
+    tc -n "$ns" filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst "$ip/32" \
+      ${port:+match ip dport $port 0xffff} flowid 1:2 || return 1
+  done
+  FPC_LOSS_HOW="tc htb + u32 on both ends of $v: frames between $(fpc_ip "$s") and $* dropped (a tbf leaf that passes none)"
+}
 fpc_loss_off() {
   local rc=1
   tc qdisc del dev "$(fpc_veth "$1")" root 2> /dev/null && rc=0

@@ -118,8 +118,11 @@ fo_prep() {
     fpc_pid_alive "$(fpc_pid_of "etcd-$i")" && continue
     hev "prep $1: etcd m$i restarted"; fpc_etcd_start "$i" || d="$d etcd m$i did not restart;"
   done
+  for i in $(seq 1 "$NENC"); do
+    fpc_loss_off "$i" 2> /dev/null && hev "prep $1: the loss on e$i removed"
+  done
   for i in 1 2 3; do
-    fpc_loss_off "$(fpc_cslot "$i")" 2> /dev/null && hev "prep $1: the loss on c$i removed"
+    fpc_loss_off "$(fpc_cslot "$i")" 2> /dev/null && hev "prep $1: the loss (or partial cut) on c$i removed"
     p=$(fpc_pid_of "c$i")
     if fpc_pid_alive "$p"; then kill -CONT "$p" 2> /dev/null
     else hev "prep $1: c$i restarted"; fpc_start_ctl "$i" || d="$d c$i did not restart;"; fi
@@ -139,9 +142,9 @@ fo_prep() {
 # fo_fault TAG: does the fault while the guest's fio runs; sets T_FAULT (epoch), F_DETAIL,
 # F_VICTIM (the node hit), F_WANT (the owner the case expects, if one)
 fo_fault() {
-  local tag=$1 name=${1%%#*} o=$OWNER0 oi=${OWNER0#c} t out rc p a b pa pb l nl w i
+  local tag=$1 name=${1%%#*} o=$OWNER0 oi=${OWNER0#c} t out rc p a b pa pb l nl w i k deg
   # shellcheck disable=SC2034   # F_VICTIM: for a reader of the state (the last fault's target)
-  F_DETAIL=""; F_VICTIM=$o; F_WANT=""; T_FAULT=$EPOCHREALTIME
+  F_DETAIL=""; F_WHY=""; F_VICTIM=$o; F_WANT=""; T_FAULT=$EPOCHREALTIME
   case $name in
     planned-move)
       t=$(next_node "$o"); F_WANT=$t
@@ -170,6 +173,40 @@ fo_fault() {
       hev "$tag: cluster status: owner $FPC_OWNER epoch $FPC_EPOCH"
       sleep "$CUT_S"; fpc_loss_off "$(fpc_cslot "$oi")"; hev "$tag: $o's link restored"
       F_DETAIL="$FPC_LOSS_HOW; $FPC_OWNER owned it after $w s; restored $CUT_S s later"; return $rc;;
+    enclosure-and-owner)
+      # an enclosure cut off silently and the owner killed in the same instant: a survivor
+      # takes both volumes over degraded, without the cut enclosure's members (it waits
+      # [remote] takeover_wait_ms for them); once the link is back they are re-added
+      k=$CUT_ENC; F_VICTIM="$o+e$k"
+      T_FAULT=$EPOCHREALTIME
+      if ! fpc_loss_on "$k"; then F_DETAIL="tc on $(fpc_veth "$k") failed"; return 1; fi
+      fpc_kill "$o"; hev "$tag: e$k cut ($FPC_LOSS_HOW) and kill -9 $o (the owner)"
+      fpc_wait_owner "$VOL" 30 "$o"; rc=$?; w=$FPC_WAITED; t=$FPC_OWNER
+      hev "$tag: cluster status: owner $FPC_OWNER epoch $FPC_EPOCH"
+      degraded_views "$k"; deg=$DEG
+      hev "$tag: while e$k is cut: $deg"
+      sleep "$CUT_S"; fpc_loss_off "$k"; hev "$tag: e$k's link restored"
+      back_views "$tag"
+      F_DETAIL="e$k cut ($FPC_LOSS_HOW) + kill -9 $o; $t owned $VOL after $w s; while cut: $deg; e$k restored $CUT_S s later: $F_BACK"
+      return $rc;;
+    owner-cut-from-enclosure-and-etcd)
+      # the owner loses one enclosure and etcd together, not the hosts nor the other
+      # nodes: its lease runs out, it fences and refuses I/O; a survivor (which reaches
+      # every member) takes over; restored CUT_S s after the takeover, it rejoins
+      k=$CUT_ENC; F_VICTIM=$o; a="$(fpc_ip "$k")"
+      for i in $(seq 1 "$FPC_ETCD_N"); do a="$a $FPC_BR_IP:$((FPC_ETCD_BASE + 10 * i))"; done
+      T_FAULT=$EPOCHREALTIME
+      # shellcheck disable=SC2086   # $a: the peers, one word each
+      if ! fpc_cut_from "$(fpc_cslot "$oi")" $a; then F_DETAIL="tc on $(fpc_veth "$(fpc_cslot "$oi")") failed"; fpc_loss_off "$(fpc_cslot "$oi")"; return 1; fi
+      hev "$tag: $o cut from e$k and etcd: $FPC_LOSS_HOW"
+      fpc_wait_owner "$VOL" 30 "$o"; rc=$?; w=$FPC_WAITED; t=$FPC_OWNER
+      hev "$tag: cluster status: owner $FPC_OWNER epoch $FPC_EPOCH"
+      degraded_views "$k"; deg=$DEG
+      hev "$tag: after the takeover: $deg"
+      sleep "$CUT_S"; fpc_loss_off "$(fpc_cslot "$oi")"; hev "$tag: $o's links to e$k and etcd restored"
+      back_views "$tag"
+      F_DETAIL="$o cut from e$k and etcd; $t owned $VOL after $w s ($(fence_order "$o" "$t")); after the takeover: $deg; restored $CUT_S s later: $F_BACK"
+      return $rc;;
     claim-race)
       # the owner dies while both other nodes are frozen past the lease TTL; they wake in
       # the same instant, both with their leases gone and the volume unowned: they rejoin
@@ -224,7 +261,7 @@ fo_check() {
     planned-move|rejoin-rebuild)
       [ "$now" = "$F_WANT" ] || why="$why owner $now, not $F_WANT;"
       [ "$e" != - ] && [ "$e" -gt "$EPOCH0" ] 2> /dev/null || why="$why epoch $EPOCH0 -> $e did not grow;";;
-    kill9-owner|claim-race)
+    kill9-owner|claim-race|enclosure-and-owner)
       [ "$now" != "$o" ] || why="$why $o still owns it;"
       [ "$e" != - ] && [ "$e" -gt "$EPOCH0" ] 2> /dev/null || why="$why epoch $EPOCH0 -> $e did not grow;"
       if [ "$name" = claim-race ]; then   # one claim won, and only one node took it over
@@ -236,7 +273,7 @@ fo_check() {
         F_DETAIL="$F_DETAIL; claims won:$cl, takeovers:$tk"
         [ "$(sum_counts "$tk")" = 1 ] || why="$why takeovers:$tk (one expected);"
       fi;;
-    sigstop-owner|cut-owner)
+    sigstop-owner|cut-owner|owner-cut-from-enclosure-and-etcd)
       [ "$now" != "$o" ] || why="$why $o still owns it;"
       [ "$e" != - ] && [ "$e" -gt "$EPOCH0" ] 2> /dev/null || why="$why epoch $EPOCH0 -> $e did not grow;"
       fpc_pid_alive "$(fpc_pid_of "$o")" || why="$why $o died;"
@@ -259,12 +296,80 @@ fo_check() {
   [ "$(kv ioerr "$g")" = 0 ] || why="$why $(kv ioerr "$g") I/O error lines in the guest kernel log;"
   fpc_audit_stale "$NENC"; stale=$FPC_STALE; [ "$stale" = 0 ] || why="$why stale writes: $FPC_AUDIT;"
   [ -n "$F_FAULT_ERR" ] && why="$why the fault step failed;"
+  why="$why$F_WHY"
   [ -n "$why" ] && ok=FAIL
   gap=$(case_gap "$T_FAULT")
   hres "$tag" $ok "${why:+$why }$F_DETAIL; owner $o/$EPOCH0 -> $now/$e${tk:+ ($tk)}${FS_DETAIL:+; $FS_DETAIL}; host-visible stall: clat max $(kv clat_ms "$g") ms, longest I/O gap ${gap:-?} ms; fio $(kv rounds "$g") rounds randwrite $BS qd$QD crc32c, $(kv failed "$g") failed, $(kv verr "$g") verify errors; guest I/O errors $(kv ioerr "$g"); stale writes $stale"
   echo "$tag clat_ms=$(kv clat_ms "$g") gap_ms=${gap:-} $ok" >> "$RUN/stalls.txt"
   case_timeline "$tag"
   [ $ok = PASS ]
+}
+# ---------------------------------------------------------------- the double faults
+# vol_members VOL NODE: "e1:d0=active ... volume=STATE" as NODE's API shows VOL (members
+# by enclosure drive, also when named by URL after a takeover); nothing if it does not answer
+vol_members() {
+  # shellcheck disable=SC2046   # fpc_auth: words
+  timeout 5 "$FPC_BIN" volume show "$1" --json --api "https://$(fpc_capi "${2#c}")" $(fpc_auth) 2> /dev/null | python3 -c '
+import json, re, sys
+v = json.load(sys.stdin)
+out = []
+for m in v.get("members", []):
+    d = str(m.get("drive", ""))
+    x = re.findall(r"(?:^|[:/])(e[0-9]+:d[0-9]+)", d)
+    out.append("%s=%s" % (x[-1] if x else d, m.get("state")))
+print(" ".join(out + ["volume=" + str(v.get("state"))]))' 2> /dev/null
+}
+# degraded_views ENC: DEG = each volume's owner and what it shows, once it shows the volume
+# (up to 10 s); in enclosure-and-owner (not in the other case, where the new owner reaches
+# ENC) F_WHY gets a volume taken over (its owner was the one killed) whose new owner calls
+# ENC's member active, or the volume optimal, while ENC is cut off (the member left out
+# shows as drive "-", failed)
+degraded_views() {
+  local v o m d="" i was
+  for v in $(vols); do
+    was=$OWNER0; [ "$v" = "$VOL" ] || was=$FS_OWNER0
+    fpc_wait_owner "$v" 30; o=$FPC_OWNER; m=""; i=0
+    while [ $i -lt 20 ]; do m=$(vol_members "$v" "$o"); [ -n "$m" ] && break; sleep 0.5; i=$((i + 1)); done
+    d="$d $v on $o/$FPC_EPOCH: ${m:-no answer};"
+    # (a volume whose owner was not killed fails the member only when its I/O there times out)
+    if [ "${name:-}" = enclosure-and-owner ] && [ "$was" = "$OWNER0" ]; then
+      echo " $m " | grep -qE " e$1:d[0-9]+=active | volume=optimal " \
+        && F_WHY="$F_WHY $v: e$1's member active or $v optimal on $o while e$1 is cut ($m);"
+      [ -n "$m" ] || F_WHY="$F_WHY $v: its owner $o does not show it;"
+    fi
+  done
+  d=${d# }; DEG=${d%;}
+}
+# back_views TAG: every volume optimal again on its owner, every member active, within
+# BACK_S of the restore; sets F_BACK (what each owner showed and when), F_WHY if not
+back_views() {
+  local v t0=$EPOCHREALTIME o m w="" ok
+  F_BACK=""
+  for v in $(vols); do
+    ok=0
+    while :; do
+      read -r o _ <<< "$(fpc_owner "$v")"; m=""
+      [ "$o" != - ] && m=$(vol_members "$v" "$o")
+      if [ -n "$m" ] && echo " $m " | grep -q ' volume=optimal ' \
+        && ! echo "$m" | tr ' ' '\n' | grep -v '^volume=' | grep -qv '=active$'; then ok=1; break; fi
+      awk -v a="$t0" -v b="$EPOCHREALTIME" -v l="$BACK_S" 'BEGIN{exit !(b - a >= l)}' && break
+      sleep 0.5
+    done
+    w=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}')
+    if [ $ok = 1 ]; then F_BACK="$F_BACK $v optimal on $o ${w} s after the restore;"
+    else F_BACK="$F_BACK $v NOT optimal ${w} s after the restore ($o: ${m:-no answer});"; F_WHY="$F_WHY $v not optimal within $BACK_S s of the restore ($o: ${m:-no answer});"; fi
+  done
+  hev "$1: after the restore:$F_BACK"
+  F_BACK="${F_BACK# }"; F_BACK=${F_BACK%;}
+}
+# fence_order OLD NEW: when OLD fenced (its first fence/step-down line) and when NEW
+# took vol over, both relative to the fault (s)
+fence_order() {
+  local f t
+  f=$(log_since "$1" "$T_FAULT" | grep -E 'stepped down|fenced|lease deadline' | head -n1 | cut -d' ' -f1)
+  t=$(log_since "$2" "$T_FAULT" | grep "volume $VOL: owned here at epoch" | head -n1 | cut -d' ' -f1)
+  rel() { [ -n "$1" ] && python3 -c 'import sys, datetime as d; print("%.2f s" % (d.datetime.strptime(sys.argv[1][:26], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=d.timezone.utc).timestamp() - float(sys.argv[2])))' "$1" "$T_FAULT" 2> /dev/null || echo "?"; }
+  echo "$1 fenced at $(rel "$f"), $2 took over at $(rel "$t")"
 }
 sum_counts() { awk '{ for (i = 1; i <= NF; i++) { split($i, a, ":"); s += a[2] } } END { print s + 0 }' <<< "$1"; }
 # fs_check NAME GUEST_FACTS (fo_check's locals why, o): fsvol after the case. It moves only
@@ -276,7 +381,8 @@ fs_check() {
   local name=$1 g=$2 moved=0 fnow fe ftk="" fc="" n
   case $name in
     claim-race) moved=1;;
-    kill9-owner|sigstop-owner|cut-owner|rejoin-rebuild) [ "$FS_OWNER0" = "$o" ] && moved=1;;
+    kill9-owner|sigstop-owner|cut-owner|rejoin-rebuild|enclosure-and-owner|owner-cut-from-enclosure-and-etcd)
+      [ "$FS_OWNER0" = "$o" ] && moved=1;;
   esac
   if [ $moved = 1 ]; then
     fpc_wait_owner "$FSVOL" 30 "$o" || why="$why $FSVOL: no owner other than $o;"

@@ -250,7 +250,9 @@ fi
 
 # ---- the fault cases
 IDX=0
-for c in planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild; do
+# (each case its own REGION_MB region of vol, in this order, after the pre-fault region at 0)
+for c in planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild \
+    enclosure-and-owner owner-cut-from-enclosure-and-etcd; do
   IDX=$((IDX+1)); eval "OFF_$(echo $c | tr - _)=$((IDX * REGION_MB))"
 done
 rm -f /tmp/iomon-stop; iomon &

@@ -27,7 +27,8 @@
 #   tests/failover/run.sh setup | build | run
 #
 # Knobs (env): CASES (comma/space list, default all, in this order: planned-move
-#   kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild),
+#   kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild
+#   enclosure-and-owner owner-cut-from-enclosure-and-etcd),
 #   RUNS=1 (each fault case that many times; names get #N), GUEST_SUITE=trixie (Debian 13's
 #   kernel, 6.12; default Debian 12's, 6.1), KATO=1 (host keep-alive, s),
 #   PATH_IO_TIMEOUT_MS=1000 (each path device's queue/io_timeout; 0: nvme-core's),
@@ -35,6 +36,8 @@
 #   nvme connect options) -- docs/cluster.md, "Host settings for fast failover";
 #   LEASE_MS=2000 (the nodes' lease_ttl_ms), STOP_S=3 (the frozen owner stays stopped this
 #   long after the takeover), CUT_S=3 (same for the cut link), RACE_FREEZE_S=3.5,
+#   CUT_ENC=3 (the enclosure of the double faults), BACK_S=60 (the volumes optimal again
+#   within this after it is restored),
 #   ETCD_DOWN_S=2, PRE_S=2 / POST_S=4 (I/O before the fault, after the host is done),
 #   BS=16k QD=16 REGION_MB=16 (fio), GAP_MS=250 (shorter I/O gaps count as 0), FS=1 (ext4 on
 #   fsvol, written during the faults, e2fsck at the end), FS_LAYOUT=ec4+2 (fsvol's layout on
@@ -62,7 +65,7 @@ if [ -n "$GUEST_SUITE" ]; then GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/secur
 else GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}; fi
 CACHE=${FAILOVER_CACHE:-$ROOT/.cache/failover${GUEST_SUITE:+-$GUEST_SUITE}}
 IRD=$CACHE/initramfs; INITRD=$CACHE/initrd.img; RUN=$CACHE/run
-ALL_CASES="planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild"
+ALL_CASES="planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild enclosure-and-owner owner-cut-from-enclosure-and-etcd"
 CASES=$(echo "${CASES:-$ALL_CASES}" | tr , ' ')
 RUNS=${RUNS:-1}; KATO=${KATO:-1}; LEASE_MS=${LEASE_MS:-2000}
 # the host settings for fast failover (docs/cluster.md, "Host settings for fast failover"):
@@ -73,6 +76,9 @@ IO_TIMEOUT=${IO_TIMEOUT:-0}; ADMIN_TIMEOUT=${ADMIN_TIMEOUT:-0}; CONNECT_OPTS=${C
 # 1000 lets a silent path's I/O go after 1-2 s on both kernels
 PATH_IO_TIMEOUT_MS=${PATH_IO_TIMEOUT_MS:-1000}
 STOP_S=${STOP_S:-3}; CUT_S=${CUT_S:-3}; RACE_FREEZE_S=${RACE_FREEZE_S:-3.5}; ETCD_DOWN_S=${ETCD_DOWN_S:-2}
+# the double faults: the enclosure cut (with the owner, or from the owner only), and how long
+# after its restore every volume must be optimal again on its owner
+CUT_ENC=${CUT_ENC:-3}; BACK_S=${BACK_S:-60}
 GAP_MS=${GAP_MS:-250}; PRE_S=${PRE_S:-2}; POST_S=${POST_S:-4}; BS=${BS:-16k}; QD=${QD:-16}; REGION_MB=${REGION_MB:-16}; FS=${FS:-1}
 DRIVE_SIZE=${DRIVE_SIZE:-64MiB}; RUN_TIMEOUT=${RUN_TIMEOUT:-1800}; STUCK_S=${STUCK_S:-420}
 VOL=vol; FSVOL=fsvol; FS_NSID=2; FS_LAYOUT=${FS_LAYOUT:-ec4+2}; NQN=nqn.2026-01.io.flashpool:failover; NENC=6
