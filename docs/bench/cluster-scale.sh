@@ -231,6 +231,7 @@ cluster_up() {
   done
   for i in 1 2 3; do fpc_ctl_toml "$i" "$ENCL" > "$FPC_DIR/c$i.toml"; done
   for i in 1 2 3; do fpc_start_ctl "$i" || return 1; done
+  disown -a   # (a node killed by a case is not reported as "Killed" by this shell)
   wait_nodes "c1 c2 c3" 30 || { say "cluster status lists '$(fpc_cluster_nodes)'"; return 1; }
   for i in $(seq 1 "$n"); do
     ccli 1 volume create "v$i" --layout "$LAYOUT" --drives "$(drives_of "$i")" --export "$NQN" --nsid "$i" \
@@ -242,7 +243,9 @@ cluster_up() {
 }
 restart_c1() {
   fpc_kill c1 2> /dev/null
-  fpc_start_ctl 1 && wait_nodes "c1 c2 c3" 30
+  fpc_start_ctl 1 || return 1
+  disown -a
+  wait_nodes "c1 c2 c3" 30
 }
 
 run_n() {
