@@ -20,7 +20,8 @@
 # another and reads that back through it: that is when the volume counts as served. It
 # samples the CPU time (/proc/PID/task/*/schedstat) of the survivors and the etcd members
 # from 1 s before the fault to AFTER s past the last volume ("quiet": the first moment from
-# which they use under 0.1 CPU together, per 100 ms). Around each probe the script reads
+# which they use at most their idle baseline + 0.1 CPU together over every 500 ms window,
+# sampled every 100 ms). Around each probe the script reads
 # etcd's request counters (grpc_server_handled_total, Range and Txn, summed over the
 # members: from 1 s before the fault to AFTER s past the last volume), the machine's load
 # average and busy CPUs (/proc/stat over the same window: other agents' work shows there),
@@ -30,6 +31,7 @@
 # usage (root; needs etcd, etcdctl, iproute2, python3, openssl and a release build):
 #   docs/bench/cluster-scale.sh                      COUNTS="1 8 48": the table at the end
 #   COUNTS=8 CASES="kill-warm drain" docs/bench/cluster-scale.sh
+#   OUT=/tmp/flashpool-scale TABLE_ONLY=1 docs/bench/cluster-scale.sh   (the tables of a saved run)
 #   CHECK=1 COUNTS=4 ENCL=6 DRIVES=4 docs/bench/cluster-scale.sh   (what CI runs:
 #                                    tests/cluster/run.sh scale; RESULT lines, exit 1 on FAIL)
 # env: COUNTS="1 8 48"  POOLS=0 THIN=0 (P cluster pools of M thin volumes: not supported yet)
@@ -73,8 +75,14 @@ RES=$OUT/results.txt
 say() { echo "[scale $(date +%T)] $*"; }
 die() { echo "cluster-scale: $*" >&2; exit 2; }
 # pools: the cluster-pool half of the bench (P pools of M thin volumes) waits for cluster pools
+# TABLE_ONLY=1: print the tables (and checks) of the run saved in $OUT again
+if [ "${TABLE_ONLY:-0}" = 1 ]; then
+  [ -s "$OUT/results.txt" ] || die "no saved run in $OUT"
+  RES=$OUT/results.txt
+fi
 [ "$POOLS" = 0 ] || die "POOLS=$POOLS: cluster pools (thin pools on a cluster volume) do not exist yet; only POOLS=0 (RAID volumes) runs"
 [ "$THIN" = 0 ] || die "THIN=$THIN needs POOLS > 0, which is not supported yet"
+if [ "${TABLE_ONLY:-0}" != 1 ]; then
 [ -x "$FPC_BIN" ] || die "no flashpool binary at $FPC_BIN (cargo build --release, or set BIN)"
 "$FPC_BIN" failover-probe --help > /dev/null 2>&1 || die "$FPC_BIN has no failover-probe (build this tree)"
 fpc_preflight || die "cannot run: $FPC_WHY"
@@ -89,6 +97,7 @@ mkdir -p "$OUT" "$FPC_DIR"
 rm -f "$OUT"/N*.json "$OUT"/N*.txt "$OUT"/table.md
 trap 'fpc_etcd_down; fpc_cleanup' EXIT
 trap 'exit 130' INT TERM
+fi
 
 # ---------------------------------------------------------------- helpers
 ccli() { fpc_ccli "$@"; }
@@ -237,7 +246,8 @@ cluster_up() {
     ccli 1 volume create "v$i" --layout "$LAYOUT" --drives "$(drives_of "$i")" --export "$NQN" --nsid "$i" \
       > "$FPC_DIR/create-v$i.txt" 2>&1 || { say "volume create v$i: $(tail -n 2 "$FPC_DIR/create-v$i.txt" | tr '\n' ' ')"; return 1; }
   done
-  wait_all_owned "$n" c1 60 || return 1
+  # a node may claim a new volume before its maker does: every one to c1 first
+  back_to_c1 "$n" || return 1
   wait_optimal "$n" 300 || return 1
   say "N=$n: etcd x3, $ENCL enclosures x $DRIVES $DRIVE_SIZE file drives, c1..c3 (lease $LEASE_MS ms), $n $LAYOUT volumes on c1, optimal, in $(($(date +%s) - t0)) s"
 }
@@ -288,8 +298,10 @@ run_n() {
   fpc_etcd_down; fpc_cleanup
 }
 
-say "COUNTS=$COUNTS LAYOUT=$LAYOUT ENCL=$ENCL DRIVES=$DRIVES x $DRIVE_SIZE CASES=$CASES WARM=$WARM; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); results in $OUT"
-for n in $COUNTS; do run_n "$n"; done
+if [ "${TABLE_ONLY:-0}" != 1 ]; then
+  say "COUNTS=$COUNTS LAYOUT=$LAYOUT ENCL=$ENCL DRIVES=$DRIVES x $DRIVE_SIZE CASES=$CASES WARM=$WARM; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); results in $OUT"
+  for n in $COUNTS; do run_n "$n"; done
+fi
 
 # ---------------------------------------------------------------- the tables, the checks
 python3 - "$RES" "$CHECK" "$SLACK" "$LAYOUT" "$ENCL" "$DRIVES" "$DRIVE_SIZE" "$LEASE_MS" "$AFTER" "$(git rev-parse --short HEAD 2> /dev/null)" "$OUT/table.md" << 'PY'
@@ -300,15 +312,23 @@ rows = [json.loads(l) for l in open(res) if l.strip()]
 s = lambda v: "–" if v is None else f"{v / 1e3:.3f}"
 out = []
 p = out.append
-p(f"{layout} volumes; 3 controllers (lease {lease} ms), {encl} enclosures x {drives} sparse {dsize} file drives, 3-member etcd; "
+p(f"{layout} volumes (N = {', '.join(sorted({str(r['n']) for r in rows}, key=int))}); 3 controllers (lease {lease} ms), {encl} enclosures x {drives} sparse {dsize} file drives, 3-member etcd; "
   f"{os.cpu_count()} CPUs; {rev}. Seconds from the fault until a survivor reports ANA Optimized and a write+read through it verifies.")
 p("")
-p("| N | case | served | first | median | last | etcd Range / Txn | quiet after last | load avg (1/5/15 min) | machine busy CPUs |")
-p("|---:|---|---:|---:|---:|---:|---:|---:|---|---:|")
+p("| N | case | served | first | median | last | last, ANA only | etcd Range / Txn | quiet after last | load avg (1/5/15 min) | machine busy CPUs |")
+p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+out_dir = os.path.dirname(tfile)
+def ana_last(r):
+    try:
+        v = json.load(open(f"{out_dir}/N{r['n']}-{r['tag']}.json"))["volumes"]
+        a = [x["ana_ms"] for x in v if x.get("ana_ms") is not None]
+        return max(a) if len(a) == len(v) else None
+    except Exception:
+        return None
 label = {"kill-cold": "`kill -9`, first (cold)", "kill-warm": "`kill -9`, warm", "drain": "`node drain`", "sigstop": "`SIGSTOP`"}
 for r in rows:
     if r.get("setup_failed"):
-        p(f"| {r['n']} | {label.get(r['case'], r['case'])} | set-up failed | | | | | | | |")
+        p(f"| {r['n']} | {label.get(r['case'], r['case'])} | set-up failed | | | | | | | | |")
         continue
     q = r.get("quiet_after_s")
     qs = "not within {} s".format(after) if q is None else ("–" if q == "none" else f"{q:.1f} s")
@@ -320,7 +340,7 @@ for r in rows:
     if r["case"] == "drain" and r.get("run"):
         extra += f" (drain returned {r['run']['ms'] / 1e3:.2f} s, exit {r['run']['exit']})"
     p(f"| {r['n']} | {label.get(r['case'], r['case'])}{' ' + r['tag'][-1] if r['case'] == 'kill-warm' else ''} | "
-      f"{r['served']}/{r['n']}{extra} | {s(r['first_ms'])} | {s(r['median_ms'])} | **{s(r['last_ms'])}** | "
+      f"{r['served']}/{r['n']}{extra} | {s(r['first_ms'])} | {s(r['median_ms'])} | **{s(r['last_ms'])}** | {s(ana_last(r))} | "
       f"{r['etcd_range']} / {r['etcd_txn']} | {qs} | {r['loadavg']} | {r['machine_busy_cores']} |")
 p("")
 p("Per-step times of the survivors' `took_over` / `moved` events (ms, median / max over the volumes):")

@@ -76,18 +76,21 @@ impl Samples {
     }
 
     /// Seconds after `t_last` until the watched processes are quiet: the end
-    /// of the last sampling interval from `t_last` on in which they used more
-    /// than `cores` CPUs together; 0 if none did; None if the last interval
-    /// sampled was still busy (quiet not seen).
-    pub(crate) fn quiet_after(&self, t_last: f64, cores: f64) -> Option<f64> {
+    /// of the last window of `k` sampling intervals ending after `t_last` in
+    /// which they used more than `cores` CPUs together (a window of several
+    /// intervals: one short burst, a heartbeat or a compaction, is no busy
+    /// machine); 0 if none did; None if the last window was still busy.
+    pub(crate) fn quiet_after(&self, t_last: f64, cores: f64, k: usize) -> Option<f64> {
+        let k = k.max(1);
         let mut quiet = 0.0f64;
         let n = self.at.len();
         for i in 1..n {
             if self.at[i] <= t_last {
                 continue;
             }
-            let dt = self.at[i] - self.at[i - 1];
-            let used = self.total(i).saturating_sub(self.total(i - 1)) as f64 / 1e9;
+            let from = i.saturating_sub(k);
+            let dt = self.at[i] - self.at[from];
+            let used = self.total(i).saturating_sub(self.total(from)) as f64 / 1e9;
             if dt > 0.0 && used / dt > cores {
                 if i == n - 1 {
                     return None;
@@ -156,9 +159,13 @@ mod tests {
             (0.5, &[135 * MS, 102 * MS]), // 0.06 cores: quiet at 0.1
             (0.6, &[135 * MS, 102 * MS]),
         ]);
-        assert!((x.quiet_after(0.2, 0.1).unwrap() - 0.1).abs() < 1e-9);
-        assert!((x.quiet_after(0.2, 0.05).unwrap() - 0.3).abs() < 1e-9);
-        assert_eq!(x.quiet_after(0.3, 0.5), Some(0.0));
+        assert!((x.quiet_after(0.2, 0.1, 1).unwrap() - 0.1).abs() < 1e-9);
+        assert!((x.quiet_after(0.2, 0.05, 1).unwrap() - 0.3).abs() < 1e-9);
+        assert_eq!(x.quiet_after(0.3, 0.5, 1), Some(0.0));
+        // over windows of two intervals: the one ending at 0.3 (0.65 CPUs) and at 0.4
+        // (0.031 s in 0.2 s = 0.155 CPUs) are busy at 0.1; at 0.2, only the first
+        assert!((x.quiet_after(0.2, 0.1, 2).unwrap() - 0.2).abs() < 1e-9);
+        assert!((x.quiet_after(0.2, 0.2, 2).unwrap() - 0.1).abs() < 1e-9);
         assert!((x.cpu_s(None, 0.0, 0.2) - 0.2).abs() < 1e-9);
         assert!((x.cpu_s(Some(1), 0.2, 0.6) - 0.002).abs() < 1e-9);
     }
@@ -166,7 +173,17 @@ mod tests {
     #[test]
     fn busy_to_the_end_is_not_quiet() {
         let x = s(&[(0.0, &[0]), (0.1, &[10 * MS]), (0.2, &[90 * MS])]);
-        assert_eq!(x.quiet_after(0.0, 0.5), None);
+        assert_eq!(x.quiet_after(0.0, 0.5, 1), None);
+        // one burst in a window of three is not busy
+        let y = s(&[
+            (0.0, &[0]),
+            (0.1, &[0]),
+            (0.2, &[30 * MS]),
+            (0.3, &[30 * MS]),
+            (0.4, &[30 * MS]),
+        ]);
+        assert_eq!(y.quiet_after(0.0, 0.15, 3), Some(0.0));
+        assert!((y.quiet_after(0.0, 0.15, 1).unwrap() - 0.2).abs() < 1e-9);
     }
 
     #[test]

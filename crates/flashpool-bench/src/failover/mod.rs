@@ -76,9 +76,12 @@ pub struct FailoverArgs {
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     pub(crate) after: Duration,
     /// Quiet: the --watch processes together use at most this many CPUs more than in the
-    /// baseline (before the fault), in every sampling interval from then on.
+    /// baseline (before the fault), in every --quiet-window from then on.
     #[arg(long, default_value_t = 0.1)]
     pub(crate) quiet_cores: f64,
+    /// Quiet is judged over windows this long (sliding by one sampling interval).
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub(crate) quiet_window: Duration,
     /// Write the result as JSON to this file.
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,

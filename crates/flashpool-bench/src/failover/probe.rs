@@ -328,6 +328,8 @@ pub(super) async fn run(args: &FailoverArgs, plan: &Plan) -> Result<Value> {
         // plus --quiet-cores
         let baseline = s.cpu_s(None, -base, 0.0) / base.max(1e-3);
         let threshold = baseline + args.quiet_cores;
+        let k = (args.quiet_window.as_secs_f64() / args.cpu_interval.as_secs_f64().max(1e-3))
+            .round() as usize;
         cpu_report = json!({
             "interval_ms": args.cpu_interval.as_secs_f64() * 1e3,
             "baseline_cores": baseline,
@@ -335,7 +337,10 @@ pub(super) async fn run(args: &FailoverArgs, plan: &Plan) -> Result<Value> {
             "after_s": s.cpu_s(None, tl, tl + after),
             "after_window_s": after,
             "quiet_threshold_cores": threshold,
-            "quiet_after_s": s.quiet_after(tl, threshold),
+            "quiet_window_ms": args.quiet_window.as_secs_f64() * 1e3,
+            "quiet_after_s": s.quiet_after(tl, threshold, k),
+            // the watched processes' CPU seconds together, sampled: [s since the fault, CPU s]
+            "samples": s.at.iter().zip(&s.ns).map(|(t, r)| json!([t, r.iter().sum::<u64>() as f64 / 1e9])).collect::<Vec<_>>(),
             "procs": procs,
         });
     }
