@@ -102,6 +102,9 @@ impl Samples {
     }
 }
 
+/// What the sampler thread saw: when, and each process's CPU nanoseconds then.
+pub(crate) type Raw = (Vec<Instant>, Vec<Vec<Option<u64>>>);
+
 /// Samples `pids` every `every` until `stop` is set, on its own thread (a
 /// busy runtime must not stretch the intervals); `t0` is set when the fault
 /// is done, samples before it get negative times.
@@ -110,7 +113,7 @@ pub(crate) fn sample(
     every: Duration,
     start: Instant,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<(Vec<Instant>, Vec<Vec<Option<u64>>>)> {
+) -> std::thread::JoinHandle<Raw> {
     std::thread::spawn(move || {
         let (mut at, mut rows) = (Vec::new(), Vec::new());
         let mut next = start;
@@ -198,11 +201,14 @@ mod tests {
     fn reads_this_process() {
         let me = std::process::id();
         let a = cpu_ns(me).unwrap();
+        // 50 ms on the CPU, then a sleep: the kernel adds a running thread's time at ticks
+        // and switches, so the next read sees it
+        let t = Instant::now();
         let mut x = 0u64;
-        for i in 0..3_000_000u64 {
-            x = x.wrapping_mul(31).wrapping_add(i);
+        while t.elapsed() < Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
         }
-        std::hint::black_box(x);
+        std::thread::sleep(Duration::from_millis(5));
         assert!(cpu_ns(me).unwrap() > a);
         assert!(cpu_ns(u32::MAX).is_none());
     }

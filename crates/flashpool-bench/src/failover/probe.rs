@@ -15,6 +15,9 @@ use super::cpu::{self, Samples};
 use super::stamp::{self, AFTER, BEFORE};
 use super::{FailoverArgs, Fault, Plan, ana};
 
+/// How the fault's command ended: ms after the fault, its exit code, its last lines.
+type RunEnd = (f64, Option<i32>, String);
+
 /// Where one volume stands after the fault.
 #[derive(Clone, Default)]
 struct Vol {
@@ -161,7 +164,7 @@ pub(super) async fn run(args: &FailoverArgs, plan: &Plan) -> Result<Value> {
     if sampler.is_some() {
         tokio::time::sleep(args.baseline).await;
     }
-    let run_result: Arc<Mutex<Option<(f64, Option<i32>, String)>>> = Arc::default();
+    let run_result: Arc<Mutex<Option<RunEnd>>> = Arc::default();
     let t0 = Instant::now();
     let fault = match &plan.fault {
         Fault::Signal { pid, sig, name } => {
