@@ -4,7 +4,7 @@
 #
 # A 3-member etcd, ENCL (6) enclosure nodes with DRIVES (24) sparse file drives each, and
 # three controller nodes c1..c3 in cluster mode (tests/cluster/lib.sh; its own bridge
-# fpsbr0 and network 10.78.0.0/24, so it runs beside the test suites). For each N of COUNTS
+# fpsbr0 and network 10.93.0.0/24, so it runs beside the test suites). For each N of COUNTS
 # a fresh cluster gets N volumes v1..vN (LAYOUT, members on distinct enclosures), made on c1
 # and exported under one NQN as nsid 1..N (one ANA group each). Then the cases, each with
 # every volume owned by c1 first (moved back when a case left them elsewhere):
@@ -35,7 +35,7 @@
 #   CHECK=1 COUNTS=4 ENCL=6 DRIVES=4 docs/bench/cluster-scale.sh   (what CI runs:
 #                                    tests/cluster/run.sh scale; RESULT lines, exit 1 on FAIL)
 # env: COUNTS="1 8 48"  POOLS=0 THIN=0 (P cluster pools of M thin volumes: not supported yet)
-#      ENCL=6 (4..6)  DRIVES=24  DRIVE_SIZE=32MiB (sparse)  LAYOUT=raid1 (raid1, raid5,
+#      ENCL=6 (2..6)  DRIVES=24  DRIVE_SIZE=32MiB (sparse)  LAYOUT=raid1 (raid1, raid5,
 #      raid6, ecK+M: width <= ENCL)  CASES="kill-cold kill-warm drain sigstop"  WARM=2
 #      LEASE_MS=2000  STOP_S=1  AFTER=3 (s of CPU/etcd watch past the last volume)
 #      TIMEOUT=30 (s per fault)  SLACK=0.5 (CHECK: the relaxed goal, below)
@@ -48,11 +48,13 @@
 # elsewhere, 0 verify errors, 0 stale writes on every node (hard); and the goal relaxed
 # for a shared 2-vCPU CI machine: a kill's last volume within 1.5 x its first + SLACK s
 # (the first volume of the same run stands for the single-volume time), a drain's last
-# within 0.5 + SLACK s. SLACK=0.5 s absorbs the scheduling stalls of a machine where other
-# jobs compile (a few hundred ms), but not a takeover that is serial at several tens of ms
-# per volume with a stalled one in front (4 s connect timeouts) or a lost volume.
+# within 0.5 + SLACK s. SLACK absorbs the scheduling stalls of a machine where other jobs
+# compile (tests/cluster/run.sh scale uses 0.8 s: the 4 volumes of one wave spread over up
+# to 0.55 s at load 10-18 on 2 vCPUs). It still fails a volume stalled behind a 4 s connect
+# timeout or a lost one; a finer regression (serial at 0.1 s per volume) it lets through:
+# that is what the full bench's table shows.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 ROOT=$(pwd)
 COUNTS=${COUNTS:-1 8 48}
 POOLS=${POOLS:-0}; THIN=${THIN:-0}
@@ -65,7 +67,7 @@ FPC_BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/flashpool}
 case $FPC_BIN in /*) ;; *) FPC_BIN=$ROOT/$FPC_BIN;; esac
 export FPC_BIN
 FPC_DIR=$OUT/nodes
-FPC_PREFIX=${FPC_PREFIX:-fps}; FPC_NET=${FPC_NET:-10.78.0}; FPC_ETCD_BASE=${FPC_ETCD_BASE:-12500}
+FPC_PREFIX=${FPC_PREFIX:-fps}; FPC_NET=${FPC_NET:-10.93.0}; FPC_ETCD_BASE=${FPC_ETCD_BASE:-12900}
 FPC_EXPORT_HOSTS="c1 c2 c3"; FPC_LEASE_MS=$LEASE_MS; FPC_CLUSTER=scale
 FPC_LOG_LEVEL=${FPC_LOG_LEVEL:-info}
 . tests/cluster/lib.sh

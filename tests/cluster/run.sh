@@ -203,7 +203,10 @@ do_scale() {
     fpc_result scale-setup FAIL "no etcd (apt-get install etcd-server etcd-client)"; return
   fi
   fpc_say "scale: docs/bench/cluster-scale.sh, CHECK=1 COUNTS=4 ENCL=6 DRIVES=4, state in $out"
-  CHECK=1 COUNTS=${SCALE_COUNTS:-4} ENCL=6 DRIVES=4 DRIVE_SIZE=32MiB WARM=1 AFTER=1 \
+  # SLACK 0.8 s: on the shared 2-vCPU CI machine (load 10-18) the 4 volumes of one wave
+  # spread over up to 0.55 s; the check still fails a stalled volume (4 s connect timeouts)
+  # or a lost one, not a fine regression (the bench's table is for that)
+  CHECK=1 SLACK=${SCALE_SLACK:-0.8} COUNTS=${SCALE_COUNTS:-4} ENCL=6 DRIVES=4 DRIVE_SIZE=32MiB WARM=1 AFTER=1 \
     CASES="kill-cold kill-warm drain sigstop" BIN=$FPC_BIN OUT=$out \
     timeout 600 "$ROOT/docs/bench/cluster-scale.sh" > "$FPC_DIR/scale.txt" 2>&1
   local rc=$?
