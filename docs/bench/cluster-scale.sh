@@ -302,11 +302,12 @@ run_n() {
 
 if [ "${TABLE_ONLY:-0}" != 1 ]; then
   say "COUNTS=$COUNTS LAYOUT=$LAYOUT ENCL=$ENCL DRIVES=$DRIVES x $DRIVE_SIZE CASES=$CASES WARM=$WARM; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); results in $OUT"
+  git rev-parse --short HEAD > "$OUT/rev" 2> /dev/null
   for n in $COUNTS; do run_n "$n"; done
 fi
 
 # ---------------------------------------------------------------- the tables, the checks
-python3 - "$RES" "$CHECK" "$SLACK" "$LAYOUT" "$ENCL" "$DRIVES" "$DRIVE_SIZE" "$LEASE_MS" "$AFTER" "$(git rev-parse --short HEAD 2> /dev/null)" "$OUT/table.md" << 'PY'
+python3 - "$RES" "$CHECK" "$SLACK" "$LAYOUT" "$ENCL" "$DRIVES" "$DRIVE_SIZE" "$LEASE_MS" "$AFTER" "$(cat "$OUT/rev" 2> /dev/null)" "$OUT/table.md" << 'PY'
 import json, statistics, sys, os
 res, check, slack, layout, encl, drives, dsize, lease, after, rev, tfile = sys.argv[1:]
 check, slack = check == "1", float(slack)
