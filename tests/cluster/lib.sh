@@ -17,7 +17,7 @@
 
 FPC_PREFIX=${FPC_PREFIX:-fpc}
 FPC_BR=${FPC_PREFIX}br0
-FPC_NET=${FPC_NET:-10.77.0}   # a bench beside the suites takes another /24 (docs/bench/cluster-scale.sh)
+FPC_NET=${FPC_NET:-10.77.0}   # another /24 (and FPC_PREFIX) lets two runs share a machine
 FPC_BR_IP=$FPC_NET.1
 FPC_PORT=${FPC_PORT:-4420}
 FPC_NODE_NQN=nqn.2026-01.io.flashpool:node        # :<name> = a node's host NQN
