@@ -16,6 +16,7 @@ mod args;
 mod backend;
 mod drive;
 mod engine;
+mod failover;
 mod open;
 mod progress;
 mod report;
@@ -29,6 +30,7 @@ use flashpool_util::output::out;
 
 pub use args::BenchArgs;
 pub use drive::run_workload;
+pub use failover::{FailoverArgs, run as failover_probe};
 pub use report::Matrix;
 pub use spec::{Engine, Rw, Target, Workload};
 pub use stats::Summary;

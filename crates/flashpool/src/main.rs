@@ -99,6 +99,10 @@ enum Cmd {
     },
     /// Load a target and measure it: tcp://ADDR:PORT/NQN, file:PATH (io_uring, O_DIRECT) or mem:SIZE.
     Bench(Box<flashpool_bench::BenchArgs>),
+    /// After a fault, when does a survivor serve each volume (ANA Optimized and a verified
+    /// write+read)? For docs/bench/cluster-scale.sh.
+    #[command(hide = true)]
+    FailoverProbe(Box<flashpool_bench::FailoverArgs>),
 }
 
 fn main() {
@@ -110,6 +114,7 @@ fn main() {
             log_format,
         } => serve::run(config.as_deref(), check, log_format),
         Cmd::Bench(args) => flashpool_bench::run(*args),
+        Cmd::FailoverProbe(args) => flashpool_bench::failover_probe(*args),
         Cmd::Volume { api, cmd } => cli::volume::volume(api, cmd),
         Cmd::Drive { api, cmd } => cli::drive::drive(api, cmd),
         Cmd::Job { api, cmd } => cli::job::job(api, cmd),
