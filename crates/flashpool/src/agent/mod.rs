@@ -38,7 +38,7 @@ mod views;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use cluster::{
@@ -79,6 +79,9 @@ pub struct Agent {
     dirty: Mutex<runner::Dirty>,
     /// Volumes whose task runs now; `true`: settle it again after.
     acting: Mutex<HashMap<String, bool>>,
+    /// When each volume's task was first started and not yet done: a
+    /// takeover's time counts from there (it may wait for a slot).
+    queued: Mutex<HashMap<String, Instant>>,
     /// Bounds how many volumes are settled at once.
     permits: Mutex<Arc<tokio::sync::Semaphore>>,
     /// Tests: a volume's takeover waits this long first (a slow member).
@@ -181,6 +184,7 @@ impl Agent {
             served: runner::ServedMap::new(),
             dirty: Mutex::new(runner::Dirty::default()),
             acting: Mutex::new(HashMap::new()),
+            queued: Mutex::new(HashMap::new()),
             permits: Mutex::new(Arc::new(tokio::sync::Semaphore::new(runner::concurrency()))),
             #[cfg(test)]
             stall: Mutex::new(HashMap::new()),

@@ -179,7 +179,7 @@ impl Agent {
                     let m = m.get(name);
                     (
                         m.and_then(|m| m.unowned_since),
-                        m.and_then(|m| m.handoff_seen.as_ref().map(|h| h.1)),
+                        m.and_then(|m| m.handoff_seen.clone()),
                     )
                 };
                 let claim_started = Instant::now();
@@ -189,7 +189,12 @@ impl Agent {
                 };
                 let claimed = Instant::now();
                 self.memory_of(name, |m| m.unowned_since = None);
-                let first_seen = unowned_since.unwrap_or(claim_started);
+                // from the first pass that saw it unowned, or from when its
+                // task was queued if that came first (waiting for a slot)
+                let queued = self.queued.lock().get(name.as_str()).copied();
+                let first_seen = unowned_since
+                    .unwrap_or(claim_started)
+                    .min(queued.unwrap_or(claim_started));
                 let steps = Steps {
                     first_seen,
                     claim_started,
@@ -197,8 +202,7 @@ impl Agent {
                     assembled: claimed,
                     serving: claimed,
                 };
-                let move_from = handoff_seen.map_or(first_seen, |h| h.min(first_seen));
-                self.take_over(s, sv, o.epoch, steps, move_from).await;
+                self.take_over(s, sv, o.epoch, steps, handoff_seen).await;
             }
             Action::Wait(Wait::Turn { due, .. }) => {
                 self.kick_after(name, due.saturating_duration_since(Instant::now()));
@@ -214,14 +218,16 @@ impl Agent {
     /// volume back and leaves it to the others for a while.
     ///
     /// `steps` has the claim's times (the rest is measured here);
-    /// `move_from` is when a planned move began as this node saw it.
+    /// `handoff_seen` is a handoff this node remembers and since when: a
+    /// planned move began then, if it is the handoff that brought the
+    /// volume here (an older one is not).
     async fn take_over(
         self: &Arc<Self>,
         s: &Session,
         sv: &mut Served,
         epoch: u64,
         mut steps: Steps,
-        move_from: Instant,
+        handoff_seen: Option<(Handoff, Instant)>,
     ) {
         let t0 = Instant::now();
         let name = sv.spec.name.clone();
@@ -313,7 +319,12 @@ impl Agent {
             info.generation,
             took.as_millis()
         );
-        let planned = matches!(s.handoff(&name).await, Ok(Some(h)) if h.to == s.node());
+        let current = s.handoff(&name).await.ok().flatten();
+        let planned = current.as_ref().is_some_and(|h| h.to == s.node());
+        let move_from = match handoff_seen {
+            Some((h, at)) if current.as_ref() == Some(&h) => at.min(steps.first_seen),
+            _ => steps.first_seen,
+        };
         if planned {
             let _ = s.clear_handoff(&name).await;
             let took = steps.serving.saturating_duration_since(move_from);
