@@ -18,7 +18,7 @@ use crate::node::identity::{Cluster, Peer, node_host_nqn, stable_id};
 use crate::node::remote_tests::{Enclosure, settings};
 use crate::node::{CreateVolume, ExportRequest, Node, NodeState};
 
-const NQN: &str = "nqn.2026-01.io.flashpool:cluster-test";
+pub(super) const NQN: &str = "nqn.2026-01.io.flashpool:cluster-test";
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -28,7 +28,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-async fn member(name: &str, enc: &Enclosure, etcd: &str) -> (Arc<Agent>, Arc<Target>) {
+pub(super) async fn member(name: &str, enc: &Enclosure, etcd: &str) -> (Arc<Agent>, Arc<Target>) {
     let node = Node::with_state_dir(NodeState::default(), None);
     let host_nqn = node_host_nqn(name);
     node.set_cluster(Cluster {
@@ -80,7 +80,7 @@ fn events_of(a: &Agent, kind: &str, volume: Option<&str>) -> Vec<Arc<crate::even
         .collect()
 }
 
-async fn wait(what: &str, secs: u64, mut ok: impl AsyncFnMut() -> bool) {
+pub(super) async fn wait(what: &str, secs: u64, mut ok: impl AsyncFnMut() -> bool) {
     let end = Instant::now() + Duration::from_secs(secs);
     while !ok().await {
         assert!(Instant::now() < end, "timed out waiting for {what}");
@@ -114,7 +114,7 @@ async fn io(dev: &Arc<dyn BlockDevice>, write: Option<u8>) -> Result<Vec<u8>, Bl
 }
 
 /// Creates `v` (raid5 on e1:d0..d2, nsid 1 of [`NQN`]) through `a`.
-async fn create_v(a: &Arc<Agent>) -> crate::node::VolumeInfo {
+pub(super) async fn create_v(a: &Arc<Agent>) -> crate::node::VolumeInfo {
     a.create(CreateVolume {
         name: "v".into(),
         layout: Some("raid5".into()),
