@@ -14,6 +14,8 @@
 # tests/interop/run.sh. Kernel log lines (nvme, block errors) are streamed as "@@K ..." and
 # I/O stalls as "@@IO ..." lines; the host stamps every serial line with its arrival time.
 . /etc/guest-lib.sh     # tests/interop/guest-lib.sh: guest_boot, log, finish, res, wait_host
+# shellcheck disable=SC1091
+. /etc/resv-guest.sh    # tests/failover/resv-guest.sh: the resv-follow case (resv_case)
 guest_boot
 trap finish EXIT
 K=$(cat /etc/kver)
@@ -244,6 +246,9 @@ for name in $(echo "$CASES" | tr , ' '); do
   r=0
   while [ $r -lt "$RUNS" ]; do
     r=$((r+1)); tag=$name; [ "$RUNS" -gt 1 ] && tag="$name#$r"
+    # ---- resv-follow: its own steps (tests/failover/resv-guest.sh), no fio load
+    if [ "$name" = resv-follow ]; then resv_case "$tag"; continue; fi
+    # ---- end resv-follow
     log "STEP $tag: prepare (every node up, every path live)"
     wait_host "prep:$tag" 240 || log "host: prepare $tag: $HOSTSAYS"
     wait_paths 60 || log "paths not settled before $tag: $PSUM"

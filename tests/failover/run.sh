@@ -53,7 +53,7 @@ BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
 GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}
 CACHE=${FAILOVER_CACHE:-$ROOT/.cache/failover}
 IRD=$CACHE/initramfs; INITRD=$CACHE/initrd.img; RUN=$CACHE/run
-ALL_CASES="planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild"
+ALL_CASES="planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild resv-follow"
 CASES=$(echo "${CASES:-$ALL_CASES}" | tr , ' ')
 RUNS=${RUNS:-1}; KATO=${KATO:-1}; LEASE_MS=${LEASE_MS:-2000}
 STOP_S=${STOP_S:-3}; CUT_S=${CUT_S:-3}; RACE_FREEZE_S=${RACE_FREEZE_S:-3.5}; ETCD_DOWN_S=${ETCD_DOWN_S:-2}
@@ -73,15 +73,18 @@ GUEST_BINS="nvme fio mke2fs e2fsck"
 . "$ROOT/tests/cluster/lib.sh"
 # shellcheck source=tests/failover/cases.sh
 . "$HERE/cases.sh"
+# shellcheck source=tests/failover/resv.sh
+. "$HERE/resv.sh"       # the resv-follow case (host side)
 
 # ---------------------------------------------------------------- build
 # (do_build: tests/lib/harness.sh, with these hooks)
 build_files() {
   install -m 0755 "$HERE/guest-init.sh" "$IRD/init"
+  install -m 0644 "$HERE/resv-guest.sh" "$IRD/etc/resv-guest.sh"   # resv-follow (guest side)
   [ -f /etc/mke2fs.conf ] && install -m 0644 /etc/mke2fs.conf "$IRD/etc/mke2fs.conf"   # defines "ext4"
   return 0
 }
-build_stamp() { guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/guest.sh"; }
+build_stamp() { guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/guest.sh" "$HERE/resv-guest.sh"; }
 
 # ---------------------------------------------------------------- run
 HR=$RUN/host-results.txt
@@ -107,6 +110,7 @@ handle() {
     connected) fo_connected "$args" || st=fail;;
     prep:*) fo_prep "${action#prep:}" || st=fail; pay="owner=${OWNER0:-none} epoch=${EPOCH0:-none} fsowner=${FS_OWNER0:-none} fsepoch=${FS_EPOCH0:-none}";;
     fault:*) F_FAULT_ERR=""; fo_fault "${action#fault:}" || { st=fail; F_FAULT_ERR=1; };;
+    resv:*|check:resv-follow*) resv_handle "$action" "$args" || st=fail; pay=$RESV_PAY;;   # resv-follow
     check:*) fo_check "${action#check:}" "$args" || st=fail;;
     final) fo_final "$args" || st=fail;;
     *) return 0;;
