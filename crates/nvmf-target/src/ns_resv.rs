@@ -39,7 +39,12 @@ pub struct NsReservations {
 }
 
 impl NsReservations {
-    fn with(state: ReservationState, preempted: Vec<HostId>, persistent: bool, shared: bool) -> Self {
+    fn with(
+        state: ReservationState,
+        preempted: Vec<HostId>,
+        persistent: bool,
+        shared: bool,
+    ) -> Self {
         NsReservations {
             reserved: AtomicBool::new(state.is_reserved()),
             state: Mutex::new(state),
@@ -203,7 +208,8 @@ impl NsReservations {
         }
         self.reserved.store(next.is_reserved(), Ordering::SeqCst);
         *cur = next;
-        self.any_preempted.store(!next_p.is_empty(), Ordering::SeqCst);
+        self.any_preempted
+            .store(!next_p.is_empty(), Ordering::SeqCst);
         *p = next_p;
         Ok(out)
     }

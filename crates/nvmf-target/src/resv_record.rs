@@ -124,11 +124,16 @@ mod tests {
         let s = state();
         for p in [vec![], vec![[9u8; 16]], vec![[7; 16], [8; 16]]] {
             let b = encode(&s, &p);
-            assert_eq!(b.len(), HEADER + 16 * p.len() + s.encode_persistent().len() + CRC);
+            assert_eq!(
+                b.len(),
+                HEADER + 16 * p.len() + s.encode_persistent().len() + CRC
+            );
             assert_eq!(decode(&b), Ok((s.clone(), p)));
         }
         // the newest MAX_PREEMPTED are kept
-        let many: Vec<HostId> = (0..MAX_PREEMPTED as u8 + 3).map(|i| [100 + i; 16]).collect();
+        let many: Vec<HostId> = (0..MAX_PREEMPTED as u8 + 3)
+            .map(|i| [100 + i; 16])
+            .collect();
         let (_, kept) = decode(&encode(&s, &many)).unwrap();
         assert_eq!(kept, many[3..]);
         // a PTPL record reads as a state with nobody preempted

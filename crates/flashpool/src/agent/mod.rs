@@ -27,10 +27,10 @@ mod decide;
 mod observe;
 mod own;
 mod peers;
-mod runner;
-mod switch;
 #[cfg(test)]
 mod resv_tests;
+mod runner;
+mod switch;
 #[cfg(test)]
 mod tests;
 mod views;

@@ -108,12 +108,26 @@ async fn reservations_follow_the_volume_through_a_move_and_a_takeover() {
     // Register both and reserve (Write Exclusive, host 1) through the owner.
     let q1 = a1.io_queue(1).unwrap();
     let q2 = a2.io_queue(1).unwrap();
-    q1.resv_register(1, RegisterAction::Register, 0, KEY_A, false, cptpl::NO_CHANGE)
-        .await
-        .unwrap();
-    q2.resv_register(1, RegisterAction::Register, 0, KEY_B, false, cptpl::NO_CHANGE)
-        .await
-        .unwrap();
+    q1.resv_register(
+        1,
+        RegisterAction::Register,
+        0,
+        KEY_A,
+        false,
+        cptpl::NO_CHANGE,
+    )
+    .await
+    .unwrap();
+    q2.resv_register(
+        1,
+        RegisterAction::Register,
+        0,
+        KEY_B,
+        false,
+        cptpl::NO_CHANGE,
+    )
+    .await
+    .unwrap();
     q1.resv_acquire(1, AcquireAction::Acquire, WX, KEY_A, 0, false)
         .await
         .unwrap();
@@ -124,7 +138,14 @@ async fn reservations_follow_the_volume_through_a_move_and_a_takeover() {
     a.move_volume("v", "b").await.unwrap();
     assert_eq!(tb.ana_state(g), AnaState::Optimized);
     check_owner(&b1, &b2, 2, "after the move").await;
-    assert!(tb.subsystem(NQN).unwrap().namespace(1).unwrap().resv.is_shared());
+    assert!(
+        tb.subsystem(NQN)
+            .unwrap()
+            .namespace(1)
+            .unwrap()
+            .resv
+            .is_shared()
+    );
     check_standby(&a1, "a after the move").await;
     // A change through the new owner: host 2 replaces its key and back.
     let q2b = b2.io_queue(1).unwrap();

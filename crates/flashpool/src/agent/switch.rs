@@ -109,7 +109,11 @@ impl SwitchDevice {
                 "volume {}: {} host registration(s), {}, generation {}, loaded from the volume",
                 self.name,
                 r.registrants().len(),
-                if r.is_reserved() { "reserved" } else { "not reserved" },
+                if r.is_reserved() {
+                    "reserved"
+                } else {
+                    "not reserved"
+                },
                 r.generation()
             );
         }
