@@ -80,7 +80,7 @@ resv_case() {
     timeout 60 nvme connect -t tcp -a "$a" -s "$PORT" -n "$RESV_NQN" --ctrl-loss-tmo=-1 --reconnect-delay=1 \
       --keep-alive-tmo="$KATO" 2>&1 | sed 's/^/  A | /'
     timeout 60 nvme connect -t tcp -a "$a" -s "$PORT" -n "$RESV_NQN" --ctrl-loss-tmo=-1 --reconnect-delay=1 \
-      --keep-alive-tmo="$KATO" --hostnqn="$RESV_BNQN" --hostid="$RESV_BID" 2>&1 | sed 's/^/  B | /'
+      --keep-alive-tmo="$KATO" --hostnqn="$RESV_BNQN" --hostid="$RESV_BID" --duplicate-connect 2>&1 | sed 's/^/  B | /'
   done
   for a in $(echo "$CTRLS" | tr , ' '); do
     resv_ctrl "$HOSTNQN" "$a" > /dev/null && resv_ctrl "$RESV_BNQN" "$a" > /dev/null || resv_fail "no live controller of both hosts at $a"
