@@ -292,6 +292,65 @@ mod tests {
         assert_eq!(s.inflight.load(Ordering::Relaxed), 0);
     }
 
+    /// A RAM device that keeps one record, as a volume keeps it on its members.
+    struct Recording {
+        mem: MemDevice,
+        record: parking_lot::Mutex<Option<Vec<u8>>>,
+    }
+
+    impl BlockDevice for Recording {
+        blockdev::forward_block_device!(self => self.mem, except [keeps_records, load_record, store_record]);
+        fn keeps_records(&self) -> bool {
+            true
+        }
+        fn load_record(&self, _: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
+            Ok(self.record.lock().clone())
+        }
+        fn store_record(&self, _: RecordKind, data: &[u8]) -> Result<(), BlockError> {
+            *self.record.lock() = Some(data.to_vec());
+            Ok(())
+        }
+    }
+
+    /// The reservations the volume keeps are loaded when the switch starts
+    /// passing I/O to it; a store is refused off the owner and past the
+    /// lease, like a write.
+    #[test]
+    fn activation_loads_the_reservations_and_stores_obey_the_lease() {
+        use nvmf_target::reservation::{HostRef, ReservationState};
+        let mut kept = ReservationState::new();
+        let h = HostRef {
+            hostid: [7; 16],
+            cntlid: 1,
+        };
+        kept.register(&h, 0, false, 0, 0x77, 0).unwrap();
+        kept.acquire(&h, 0, false, 1, 0x77, 0).unwrap();
+        let rec = Arc::new(Recording {
+            mem: MemDevice::new(1 << 20, 4096).unwrap(),
+            record: parking_lot::Mutex::new(Some(nvmf_target::resv_record::encode(&kept, &[]))),
+        });
+        let clock = LeaseClock::new();
+        clock.set(Some(Instant::now() + Duration::from_secs(5)));
+        let s = SwitchDevice::new("v", rec.geometry(), clock.clone());
+        let r = s.reservations();
+        assert!(r.is_shared() && r.snapshot() == ReservationState::new());
+        assert!(matches!(
+            s.store_record(RecordKind::Reservations, b"x"),
+            Err(BlockError::Fenced(m)) if m.contains("not owned")
+        ));
+        s.activate(rec.clone());
+        assert_eq!(r.snapshot(), kept, "loaded before the first command");
+        s.store_record(RecordKind::Reservations, b"new").unwrap();
+        assert_eq!(rec.record.lock().as_deref(), Some(&b"new"[..]));
+        clock.set(Some(Instant::now() - Duration::from_millis(1)));
+        assert!(matches!(
+            s.store_record(RecordKind::Reservations, b"late"),
+            Err(BlockError::Fenced(m)) if m.contains("lease")
+        ));
+        assert_eq!(rec.record.lock().as_deref(), Some(&b"new"[..]));
+        assert_eq!(s.inflight.load(Ordering::Relaxed), 0);
+    }
+
     /// A node frozen past its lease deadline (SIGSTOP) and woken: before
     /// its agent runs, its ANA log already says Inaccessible (a host that
     /// reads it right after SIGCONT must not see Optimized).
