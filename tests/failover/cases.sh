@@ -55,7 +55,7 @@ fo_up() {
   else
     leader=$(fpc_etcd_leader)
     rm -f "$FPC_DIR"/e*-d*.img; rm -rf "$FPC_DIR"/state-*
-    for i in $(seq 1 "$NENC"); do fpc_enclosure_toml "$i" "d0:file:$DRIVE_SIZE d1:file:$DRIVE_SIZE" > "$FPC_DIR/e$i.toml"; done
+    for i in $(seq 1 "$NENC"); do fpc_enclosure_toml "$i" "d0:file:$DRIVE_SIZE d1:file:$DRIVE_SIZE$(resv_drives)" > "$FPC_DIR/e$i.toml"; done
     for i in $(seq 1 "$NENC"); do fpc_start_enclosure "$i" || { d="enclosure e$i did not start (see $(fpc_log "e$i"))"; break; }; done
   fi
   if [ -z "$d" ]; then

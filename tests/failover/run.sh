@@ -65,7 +65,7 @@ if [ -n "$GUEST_SUITE" ]; then GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/secur
 else GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}; fi
 CACHE=${FAILOVER_CACHE:-$ROOT/.cache/failover${GUEST_SUITE:+-$GUEST_SUITE}}
 IRD=$CACHE/initramfs; INITRD=$CACHE/initrd.img; RUN=$CACHE/run
-ALL_CASES="planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild enclosure-and-owner owner-cut-from-enclosure-and-etcd"
+ALL_CASES="planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild enclosure-and-owner owner-cut-from-enclosure-and-etcd resv-follow"
 CASES=$(echo "${CASES:-$ALL_CASES}" | tr , ' ')
 RUNS=${RUNS:-1}; KATO=${KATO:-1}; LEASE_MS=${LEASE_MS:-2000}
 # the host settings for fast failover (docs/cluster.md, "Host settings for fast failover"):
@@ -95,15 +95,18 @@ GUEST_BINS="nvme fio mke2fs e2fsck"
 . "$ROOT/tests/cluster/lib.sh"
 # shellcheck source=tests/failover/cases.sh
 . "$HERE/cases.sh"
+# shellcheck source=tests/failover/resv.sh
+. "$HERE/resv.sh"       # the resv-follow case (host side)
 
 # ---------------------------------------------------------------- build
 # (do_build: tests/lib/harness.sh, with these hooks)
 build_files() {
   install -m 0755 "$HERE/guest-init.sh" "$IRD/init"
+  install -m 0644 "$HERE/resv-guest.sh" "$IRD/etc/resv-guest.sh"   # resv-follow (guest side)
   [ -f /etc/mke2fs.conf ] && install -m 0644 /etc/mke2fs.conf "$IRD/etc/mke2fs.conf"   # defines "ext4"
   return 0
 }
-build_stamp() { guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/guest.sh" "$GUEST_KROOT/.extracted"; }
+build_stamp() { guest_stamp "$0" "$HERE/guest-init.sh" "$ROOT/tests/interop/guest.sh" "$HERE/resv-guest.sh" "$GUEST_KROOT/.extracted"; }
 
 # ---------------------------------------------------------------- run
 HR=$RUN/host-results.txt
@@ -129,6 +132,7 @@ handle() {
     connected) fo_connected "$args" || st=fail;;
     prep:*) fo_prep "${action#prep:}" || st=fail; pay="owner=${OWNER0:-none} epoch=${EPOCH0:-none} fsowner=${FS_OWNER0:-none} fsepoch=${FS_EPOCH0:-none}";;
     fault:*) F_FAULT_ERR=""; fo_fault "${action#fault:}" || { st=fail; F_FAULT_ERR=1; };;
+    resv:*|check:resv-follow*) resv_handle "$action" "$args" || st=fail; pay=$RESV_PAY;;   # resv-follow
     check:*) fo_check "${action#check:}" "$args" || st=fail;;
     final) fo_final "$args" || st=fail;;
     *) return 0;;

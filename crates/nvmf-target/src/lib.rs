@@ -23,6 +23,7 @@ pub mod observer;
 pub mod queue;
 pub mod reservation;
 pub mod resv_cmd;
+pub mod resv_record;
 pub mod stats;
 pub mod subsystem;
 mod target;

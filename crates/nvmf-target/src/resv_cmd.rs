@@ -1,10 +1,10 @@
 //! Reservation commands on a namespace (Register 0Dh, Report 0Eh, Acquire
 //! 11h, Release 15h), run on the namespace's `NsReservations` (`ns_resv.rs`,
 //! the state machine of `reservation.rs` behind a lock), plus what their
-//! outcome asks for: log page 80h entries and AENs on the
-//! notified hosts' controllers, the record persisted in the device's own
-//! metadata when PTPL is on, and Preempt and Abort draining the preempted
-//! hosts' writes before the command completes.
+//! outcome asks for: log page 80h entries and AENs on the notified hosts'
+//! controllers, the record persisted in the device's own metadata when PTPL
+//! is on (always, for a device several nodes serve), and Preempt and Abort
+//! draining the preempted hosts' writes before the command completes.
 //!
 //! The I/O path's check costs one atomic load while nothing is reserved. A
 //! write first counts itself in flight on its queue, then checks (both
@@ -109,20 +109,15 @@ pub fn execute(
         }
         ResvCmd::Register(c) => {
             let d = RegisterData::decode(data).map_err(|_| bad_data())?;
-            let out = resv.apply(dev, |s| {
+            resv.apply(dev, |s| {
                 s.register(&me, c.rrega, c.iekey, d.crkey, d.nrkey, c.cptpl)
-            })?;
-            let registered = resv.state.lock().is_registered(&me.hostid);
-            resv.track_preempted(&out, registered.then_some(&me.hostid));
-            out
+            })?
         }
         ResvCmd::Acquire(c) => {
             let d = AcquireData::decode(data).map_err(|_| bad_data())?;
-            let out = resv.apply(dev, |s| {
+            resv.apply(dev, |s| {
                 s.acquire(&me, c.racqa, c.iekey, c.rtype, d.crkey, d.prkey)
-            })?;
-            resv.track_preempted(&out, None);
-            out
+            })?
         }
         ResvCmd::Release(c) => {
             let d = ReleaseData::decode(data).map_err(|_| bad_data())?;

@@ -30,6 +30,8 @@ mod peers;
 mod record;
 #[cfg(test)]
 mod record_tests;
+#[cfg(test)]
+mod resv_tests;
 mod runner;
 mod switch;
 #[cfg(test)]
@@ -398,8 +400,10 @@ impl Agent {
         self.target
             .set_ana_state(spec.ana_group, AnaState::Inaccessible);
         self.target.bind_ana_group_to_lease(spec.ana_group, true);
-        let ns = crate::node::volume_namespace(spec.nsid, sw.clone(), &spec.uuid)
+        let mut ns = crate::node::volume_namespace(spec.nsid, sw.clone(), &spec.uuid)
             .with_ana_group(spec.ana_group)?;
+        // reservations kept with the volume, not with this node
+        ns.resv = sw.reservations();
         self.target.add_namespace(&spec.nqn, ns)?;
         tracing::info!(
             "cluster volume {}: served as nsid {} of {} (ANA group {}, standby)",

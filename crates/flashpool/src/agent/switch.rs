@@ -3,13 +3,20 @@
 //! ran out) it refuses I/O with an ANA path error, so the host retries on
 //! another path. The namespace itself never changes, so the host sees the
 //! same NSID, NGUID and size on every path and through every takeover.
+//!
+//! The namespace's reservations live with the volume too: the switch holds
+//! them in shared mode ([`NsReservations::shared`]), so every change is
+//! stored in the volume's record area (members' metadata, written by the
+//! owner alone and fenced with the data), and [`SwitchDevice::activate`]
+//! reloads them before the node serves the volume.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use blockdev::{BlockDevice, BlockError, Geometry, IoFuture, IoRequest};
+use blockdev::{BlockDevice, BlockError, Geometry, IoFuture, IoRequest, RecordKind};
+use nvmf_target::ns_resv::NsReservations;
 
 /// The ownership lease as the I/O path sees it: a monotonic deadline past
 /// which this node must not write, whatever etcd says later.
@@ -62,6 +69,8 @@ pub struct SwitchDevice {
     active: ArcSwapOption<Arc<dyn BlockDevice>>,
     lease: Arc<LeaseClock>,
     inflight: Arc<AtomicUsize>,
+    /// The namespace's reservations (shared mode): kept in the volume.
+    resv: Arc<NsReservations>,
 }
 
 impl SwitchDevice {
@@ -72,11 +81,42 @@ impl SwitchDevice {
             active: ArcSwapOption::empty(),
             lease,
             inflight: Arc::new(AtomicUsize::new(0)),
+            resv: Arc::new(NsReservations::shared()),
         })
     }
 
-    /// Serves `dev` (this node owns the volume now).
+    /// The reservations of the namespace this switch is served through:
+    /// give them to that namespace (`Namespace::resv`).
+    pub fn reservations(&self) -> Arc<NsReservations> {
+        self.resv.clone()
+    }
+
+    /// Serves `dev` (this node owns the volume now). The registrations and
+    /// the reservation the volume keeps are loaded first, while the ANA
+    /// group still refuses commands: the host's first command here sees
+    /// what it registered through the previous owner. A record that cannot
+    /// be read leaves them empty (logged): the volume is served all the same.
     pub fn activate(&self, dev: Arc<dyn BlockDevice>) {
+        if let Err(e) = self.resv.reload(&*dev) {
+            tracing::error!(
+                "volume {}: host reservations lost: {e}; serving it without them",
+                self.name
+            );
+        }
+        let r = self.resv.snapshot();
+        if !r.registrants().is_empty() {
+            tracing::info!(
+                "volume {}: {} host registration(s), {}, generation {}, loaded from the volume",
+                self.name,
+                r.registrants().len(),
+                if r.is_reserved() {
+                    "reserved"
+                } else {
+                    "not reserved"
+                },
+                r.generation()
+            );
+        }
         self.active.store(Some(Arc::new(dev)));
     }
 
@@ -110,8 +150,8 @@ impl Drop for Inflight {
 
 impl BlockDevice for SwitchDevice {
     // While this node owns the volume, the prefetch hint and the device-kept
-    // records (PTPL) go to it; on standby they get the trait's defaults (no
-    // records). `allocated_blocks` stays the default (None) on every node:
+    // records (reservations) go to it; on standby they get the trait's
+    // defaults (no records). A store is a write: see `store_record`. `allocated_blocks` stays the default (None) on every node:
     // it sets the Identify Namespace thin bit, which must read the same on
     // every path.
     blockdev::forward_block_device!(self => if let Some(d) = self.active.load().as_ref(), except [
@@ -121,6 +161,7 @@ impl BlockDevice for SwitchDevice {
         describe,
         shutdown,
         allocated_blocks,
+        store_record,
     ]);
 
     fn geometry(&self) -> Geometry {
@@ -163,6 +204,30 @@ impl BlockDevice for SwitchDevice {
                 done
             })),
         }
+    }
+
+    /// A reservation change: like a write, refused off the owner and past
+    /// the lease, and counted in flight, so that a planned move's drain
+    /// waits for it and the next owner loads what the host was told.
+    fn store_record(&self, kind: RecordKind, data: &[u8]) -> Result<(), BlockError> {
+        // Counted before the owner is looked at: a drain that saw none in
+        // flight was after `deactivate`, so this store finds no device.
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        let _count = Inflight(self.inflight.clone());
+        let guard = self.active.load();
+        let Some(dev) = guard.as_ref() else {
+            return Err(BlockError::Fenced(format!(
+                "volume {} is not owned by this node",
+                self.name
+            )));
+        };
+        if !self.lease.valid() {
+            return Err(BlockError::Fenced(format!(
+                "volume {}: this node's ownership lease ran out",
+                self.name
+            )));
+        }
+        dev.store_record(kind, data)
     }
 
     fn deallocate_reads_zeroes(&self) -> bool {
@@ -224,6 +289,65 @@ mod tests {
         clock.set(Some(Instant::now() + Duration::from_secs(5)));
         s.deactivate();
         assert!(matches!(read(&s), Err(BlockError::Fenced(m)) if m.contains("not owned")));
+        assert_eq!(s.inflight.load(Ordering::Relaxed), 0);
+    }
+
+    /// A RAM device that keeps one record, as a volume keeps it on its members.
+    struct Recording {
+        mem: MemDevice,
+        record: parking_lot::Mutex<Option<Vec<u8>>>,
+    }
+
+    impl BlockDevice for Recording {
+        blockdev::forward_block_device!(self => self.mem, except [keeps_records, load_record, store_record]);
+        fn keeps_records(&self) -> bool {
+            true
+        }
+        fn load_record(&self, _: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
+            Ok(self.record.lock().clone())
+        }
+        fn store_record(&self, _: RecordKind, data: &[u8]) -> Result<(), BlockError> {
+            *self.record.lock() = Some(data.to_vec());
+            Ok(())
+        }
+    }
+
+    /// The reservations the volume keeps are loaded when the switch starts
+    /// passing I/O to it; a store is refused off the owner and past the
+    /// lease, like a write.
+    #[test]
+    fn activation_loads_the_reservations_and_stores_obey_the_lease() {
+        use nvmf_target::reservation::{HostRef, ReservationState};
+        let mut kept = ReservationState::new();
+        let h = HostRef {
+            hostid: [7; 16],
+            cntlid: 1,
+        };
+        kept.register(&h, 0, false, 0, 0x77, 0).unwrap();
+        kept.acquire(&h, 0, false, 1, 0x77, 0).unwrap();
+        let rec = Arc::new(Recording {
+            mem: MemDevice::new(1 << 20, 4096).unwrap(),
+            record: parking_lot::Mutex::new(Some(nvmf_target::resv_record::encode(&kept, &[]))),
+        });
+        let clock = LeaseClock::new();
+        clock.set(Some(Instant::now() + Duration::from_secs(5)));
+        let s = SwitchDevice::new("v", rec.geometry(), clock.clone());
+        let r = s.reservations();
+        assert!(r.is_shared() && r.snapshot() == ReservationState::new());
+        assert!(matches!(
+            s.store_record(RecordKind::Reservations, b"x"),
+            Err(BlockError::Fenced(m)) if m.contains("not owned")
+        ));
+        s.activate(rec.clone());
+        assert_eq!(r.snapshot(), kept, "loaded before the first command");
+        s.store_record(RecordKind::Reservations, b"new").unwrap();
+        assert_eq!(rec.record.lock().as_deref(), Some(&b"new"[..]));
+        clock.set(Some(Instant::now() - Duration::from_millis(1)));
+        assert!(matches!(
+            s.store_record(RecordKind::Reservations, b"late"),
+            Err(BlockError::Fenced(m)) if m.contains("lease")
+        ));
+        assert_eq!(rec.record.lock().as_deref(), Some(&b"new"[..]));
         assert_eq!(s.inflight.load(Ordering::Relaxed), 0);
     }
 

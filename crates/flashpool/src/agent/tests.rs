@@ -18,7 +18,7 @@ use crate::node::identity::{Cluster, Peer, node_host_nqn, stable_id};
 use crate::node::remote_tests::{Enclosure, settings};
 use crate::node::{CreateVolume, ExportRequest, Node, NodeState};
 
-const NQN: &str = "nqn.2026-01.io.flashpool:cluster-test";
+pub(super) const NQN: &str = "nqn.2026-01.io.flashpool:cluster-test";
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -1,0 +1,207 @@
+//! Host reservations on a cluster volume follow the volume: two hosts
+//! (different Host IDs, our own initiator) connected to both nodes register
+//! and reserve through the owner; after a planned move and after a takeover
+//! from a node whose lease was revoked, the new owner reports the same
+//! registrations and reservation, and the host without the reservation
+//! still gets Reservation Conflict on a write. A standby node answers no
+//! reservation command (ANA Inaccessible), so it never reports stale state.
+
+use std::sync::Arc;
+
+use cluster::testing::EtcdServer;
+use nvme_wire::status::{SC_ANA_INACCESSIBLE, SCT_PATH};
+use nvmf_host::{
+    AcquireAction, Controller, HostError, HostOptions, RegisterAction, ResvType, cptpl,
+};
+use nvmf_target::{AnaState, ListenerConfig, ListenerKind, Server, Target, TlsMode};
+
+use super::tests::{NQN, create_v, member, wait};
+use crate::node::identity::node_host_nqn;
+use crate::node::remote_tests::Enclosure;
+
+const WX: ResvType = ResvType::WriteExclusive;
+const KEY_A: u64 = 0xA1;
+const KEY_B: u64 = 0xB2;
+
+fn listen(t: &Arc<Target>) -> Server {
+    Server::start(
+        t.clone(),
+        &[ListenerConfig {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            kind: ListenerKind::Io,
+            tls: TlsMode::None,
+        }],
+    )
+    .unwrap()
+}
+
+/// Host `n` (Host ID [n; 16]) connected to the node listening on `s`.
+async fn host(n: u8, s: &Server) -> Controller {
+    let o = HostOptions {
+        hostnqn: format!(
+            "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000{n:02x}"
+        ),
+        hostid: [n; 16],
+        nr_io_queues: 1,
+        ..HostOptions::default()
+    };
+    Controller::connect(s.local_addrs()[0].0, NQN, o)
+        .await
+        .unwrap()
+}
+
+fn is_inaccessible(e: &HostError) -> bool {
+    e.status()
+        .is_some_and(|s| (s.sct, s.sc) == (SCT_PATH, SC_ANA_INACCESSIBLE))
+}
+
+/// Through the owner's controllers `a` (holder) and `b`: both registered,
+/// A holds Write Exclusive at `generation`; B reads, B's write conflicts,
+/// A writes.
+async fn check_owner(a: &Controller, b: &Controller, generation: u32, when: &str) {
+    let st = a.io_queue(1).unwrap().resv_report(1).await.unwrap();
+    assert_eq!(st.rtype, Some(WX), "{when}: {st:?}");
+    assert_eq!(st.generation, generation, "{when}: {st:?}");
+    assert_eq!(st.registrants.len(), 2, "{when}: {st:?}");
+    assert_eq!(st.holder().map(|h| h.hostid), Some([1; 16]), "{when}");
+    assert_eq!(st.key_of(&[1; 16]), Some(KEY_A), "{when}");
+    assert_eq!(st.key_of(&[2; 16]), Some(KEY_B), "{when}");
+    assert_eq!(b.io_queue(1).unwrap().resv_report(1).await.unwrap(), st);
+    b.read(1, 1, 0, 1, &mut vec![0u8; 4096]).await.unwrap();
+    let e = b.write(1, 1, 0, 1, &[0xB; 4096]).await.unwrap_err();
+    assert!(e.is_reservation_conflict(), "{when}: {e}");
+    a.write(1, 1, 0, 1, &[0xA; 4096]).await.unwrap();
+}
+
+/// A standby node refuses reservation commands and I/O with the path status.
+async fn check_standby(a: &Controller, when: &str) {
+    let e = a.io_queue(1).unwrap().resv_report(1).await.unwrap_err();
+    assert!(is_inaccessible(&e), "{when}: {e}");
+    let q = a.io_queue(1).unwrap();
+    let e = q
+        .resv_register(1, RegisterAction::Register, 0, 0xCC, false, 0)
+        .await
+        .unwrap_err();
+    assert!(is_inaccessible(&e), "{when}: {e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_follow_the_volume_through_a_move_and_a_takeover() {
+    if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
+        return;
+    }
+    let etcd = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
+    let enc = Enclosure::new("e1", 3, &[node_host_nqn("a"), node_host_nqn("b")]);
+    let (a, ta) = member("a", &enc, &etcd.endpoint()).await;
+    let (b, tb) = member("b", &enc, &etcd.endpoint()).await;
+    let (sa, sb) = (listen(&ta), listen(&tb));
+    create_v(&a).await;
+    let g = a.status().await.unwrap().volumes[0].ana_group;
+    wait("b to serve v on standby", 10, async || {
+        tb.subsystem(NQN).and_then(|s| s.namespace(1)).is_some()
+    })
+    .await;
+    // Hosts 1 and 2, each with a path to both nodes.
+    let (a1, a2) = (host(1, &sa).await, host(2, &sa).await);
+    let (b1, b2) = (host(1, &sb).await, host(2, &sb).await);
+
+    // Register both and reserve (Write Exclusive, host 1) through the owner.
+    let q1 = a1.io_queue(1).unwrap();
+    let q2 = a2.io_queue(1).unwrap();
+    q1.resv_register(
+        1,
+        RegisterAction::Register,
+        0,
+        KEY_A,
+        false,
+        cptpl::NO_CHANGE,
+    )
+    .await
+    .unwrap();
+    q2.resv_register(
+        1,
+        RegisterAction::Register,
+        0,
+        KEY_B,
+        false,
+        cptpl::NO_CHANGE,
+    )
+    .await
+    .unwrap();
+    q1.resv_acquire(1, AcquireAction::Acquire, WX, KEY_A, 0, false)
+        .await
+        .unwrap();
+    check_owner(&a1, &a2, 2, "on the first owner").await;
+    check_standby(&b1, "b on standby").await;
+
+    // Planned move to b: b reports them, a answers no reservation command.
+    a.move_volume("v", "b").await.unwrap();
+    assert_eq!(tb.ana_state(g), AnaState::Optimized);
+    check_owner(&b1, &b2, 2, "after the move").await;
+    assert!(
+        tb.subsystem(NQN)
+            .unwrap()
+            .namespace(1)
+            .unwrap()
+            .resv
+            .is_shared()
+    );
+    check_standby(&a1, "a after the move").await;
+    // A change through the new owner: host 2 replaces its key and back.
+    let q2b = b2.io_queue(1).unwrap();
+    q2b.resv_register(1, RegisterAction::Replace, KEY_B, 0xB3, false, 0)
+        .await
+        .unwrap();
+    q2b.resv_register(1, RegisterAction::Replace, 0xB3, KEY_B, false, 0)
+        .await
+        .unwrap();
+    let gen_now = q2b.resv_report(1).await.unwrap().generation;
+    assert!(gen_now > 2, "a Register command moves PRGEN");
+
+    // b's lease is revoked (as a peer does when b looks dead): a takes
+    // over, and still has them.
+    assert!(a.session().revoke_node("b").await.unwrap());
+    wait("a to take over", 10, async || {
+        ta.ana_state(g) == AnaState::Optimized
+    })
+    .await;
+    check_owner(&a1, &a2, gen_now, "after the takeover").await;
+    wait("b to step down", 10, async || {
+        tb.ana_state(g) == AnaState::Inaccessible
+    })
+    .await;
+    check_standby(&b1, "b after the takeover").await;
+
+    // Host 2 preempts host 1 through a and takes the reservation; moved
+    // back to b, host 1 is still out (and still audited as preempted).
+    a2.io_queue(1)
+        .unwrap()
+        .resv_acquire(1, AcquireAction::Preempt, WX, KEY_B, KEY_A, false)
+        .await
+        .unwrap();
+    wait("b back in the cluster", 15, async || {
+        a.status()
+            .await
+            .map(|s| s.nodes.len() == 2)
+            .unwrap_or(false)
+    })
+    .await;
+    a.move_volume("v", "b").await.unwrap();
+    let st = b2.io_queue(1).unwrap().resv_report(1).await.unwrap();
+    assert_eq!(st.registrants.len(), 1, "{st:?}");
+    assert_eq!(st.holder().map(|h| h.hostid), Some([2; 16]));
+    assert_eq!(st.generation, gen_now + 1, "{st:?}");
+    let e = b1.write(1, 1, 0, 1, &[0xA; 4096]).await.unwrap_err();
+    assert!(e.is_reservation_conflict(), "{e}");
+    b2.write(1, 1, 0, 1, &[0xB; 4096]).await.unwrap();
+    let ns_b = tb.subsystem(NQN).unwrap().namespace(1).unwrap();
+    assert_eq!(ns_b.resv.preempted_hosts(), [[1; 16]]);
+
+    for c in [a1, a2, b1, b2] {
+        let _ = c.disconnect().await;
+    }
+    sa.shutdown();
+    sb.shutdown();
+    a.leave().await;
+    b.leave().await;
+}
