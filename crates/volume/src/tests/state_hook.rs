@@ -16,11 +16,10 @@ use crate::volume::member_io::{abuf, dev_io};
 use crate::volume::{StateHook, StateRecord, Volume};
 
 /// A hook that keeps what it was given; fails while `fail` holds a reason.
-fn recorder() -> (
-    StateHook,
-    Arc<Mutex<Vec<StateRecord>>>,
-    Arc<Mutex<Option<String>>>,
-) {
+/// What a test hook keeps, and the failure it answers with while set.
+type Kept = (Arc<Mutex<Vec<StateRecord>>>, Arc<Mutex<Option<String>>>);
+
+fn recorder() -> (StateHook, Kept) {
     let got = Arc::new(Mutex::new(Vec::new()));
     let fail = Arc::new(Mutex::new(None::<String>));
     let (g, f) = (got.clone(), fail.clone());
@@ -36,7 +35,7 @@ fn recorder() -> (
             Ok(())
         })
     });
-    (hook, got, fail)
+    (hook, (got, fail))
 }
 
 #[test]
@@ -46,7 +45,7 @@ fn a_write_that_skips_a_member_is_acknowledged_after_the_record() {
         let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
             .await
             .unwrap();
-        let (hook, got, _) = recorder();
+        let (hook, (got, _)) = recorder();
         vol.set_state_hook(Some(hook));
         let mut model = Model::new(&vol);
         let mut rng = Rng::new(5);
@@ -78,7 +77,7 @@ fn a_record_that_cannot_land_fences_and_the_write_is_refused() {
         let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
             .await
             .unwrap();
-        let (hook, got, fail) = recorder();
+        let (hook, (got, fail)) = recorder();
         vol.set_state_hook(Some(hook));
         *fail.lock() = Some("etcd unreachable".into());
         rig.faults[1].fail_now();
