@@ -130,6 +130,10 @@ pub struct VolumeState {
     pub generation: u64,
     pub members: Vec<String>,
     pub note: String,
+    /// The owner of `epoch` serves it (its group Optimized): a move is
+    /// over. The owner records the states before it serves, then this.
+    #[serde(default)]
+    pub serving: bool,
 }
 
 /// `volumes/<v>/handoff`: the owner of `epoch` is asked to hand the volume to `to`.

@@ -250,6 +250,7 @@ async fn state_and_handoff_are_guarded_by_the_epoch() {
         generation: 7,
         members: vec!["m".into()],
         note: "ok".into(),
+        serving: false,
     };
     a.put_state("v", &st).await.unwrap();
     assert_eq!(b.state("v").await.unwrap(), Some(st.clone()));
@@ -423,7 +424,8 @@ async fn lease_loss_is_reported_by_the_deadline_and_owner_keys_vanish() {
                 epoch: o.epoch,
                 generation: 1,
                 members: vec![],
-                note: String::new()
+                note: String::new(),
+                serving: false,
             }
         )
         .await,
@@ -467,6 +469,7 @@ async fn three_members_survive_losing_the_leader() {
                     generation: ok,
                     members: vec![],
                     note: String::new(),
+                    serving: false,
                 };
                 match s.put_state(vol, &st).await {
                     Ok(()) => ok += 1,
@@ -536,6 +539,7 @@ async fn three_members_survive_losing_the_leader() {
         generation: 999,
         members: vec![],
         note: "after".into(),
+        serving: false,
     };
     a.put_state("va", &st).await.unwrap();
     assert_eq!(b.state("va").await.unwrap(), Some(st));
@@ -568,6 +572,7 @@ async fn three_members_survive_losing_the_leader() {
             generation: 1000,
             members: vec![],
             note: String::new(),
+            serving: false,
         },
     )
     .await
@@ -602,6 +607,7 @@ async fn one_range_read_gives_what_reads_per_volume_give() {
         generation: 3,
         members: vec!["m".into()],
         note: "ok".into(),
+        serving: false,
     };
     a.put_state("v1", &st).await.unwrap();
     a.put_state("v3", &st).await.unwrap();

@@ -199,11 +199,14 @@ impl Agent {
             return Err(undo(format!("recording {name} in etcd: {e}")).await);
         }
         // Its member states recorded before it takes any I/O (`record.rs`).
-        if let Err(e) = self.start_recording(&name, owner.epoch).await {
-            self.unserve(&spec);
-            let _ = s.delete_volume(&name, owner.epoch).await;
-            return Err(undo(e).await);
-        }
+        let serving = match self.start_recording(&name, owner.epoch).await {
+            Ok(serving) => serving,
+            Err(e) => {
+                self.unserve(&spec);
+                let _ = s.delete_volume(&name, owner.epoch).await;
+                return Err(undo(e).await);
+            }
+        };
         let dev = self
             .node
             .volume_device(&name)
@@ -222,6 +225,7 @@ impl Agent {
             },
         );
         self.target.set_ana_state(ana_group, AnaState::Optimized);
+        self.record_serving(&name, &serving).await;
         tracing::info!(
             "cluster volume {name}: created, owned here at epoch {}, nsid {} of {} (ANA group {ana_group})",
             owner.epoch,
@@ -327,7 +331,7 @@ impl Agent {
         .await
         .map_err(etcd)?;
         // Answered once `to` serves it (Optimized there: the new owner
-        // records the volume's state at its epoch only after that), not
+        // records `serving` at its epoch only after that), not
         // when the old owner lets go; `took_ms` is what a host sees.
         let end = t0 + MOVE_WAIT;
         loop {
@@ -337,7 +341,7 @@ impl Agent {
                 && s.state(name)
                     .await
                     .map_err(etcd)?
-                    .is_some_and(|st| st.epoch == o.epoch)
+                    .is_some_and(|st| st.epoch == o.epoch && st.serving)
             {
                 return Ok(MoveResult {
                     volume: name.to_string(),
@@ -588,6 +592,7 @@ mod tests {
             generation: 1,
             members: m.iter().map(|s| s.to_string()).collect(),
             note: String::new(),
+            serving: false,
         };
         assert_eq!(state_word(&st(&["active", "active"])), "optimal");
         assert_eq!(state_word(&st(&["active", "failed"])), "degraded");

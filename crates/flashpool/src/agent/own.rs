@@ -285,7 +285,7 @@ impl Agent {
         // Its first record before it takes any I/O.
         let res = match res {
             Ok(info) => match self.start_recording(&name, epoch).await {
-                Ok(()) => Ok(info),
+                Ok(serving) => Ok((info, serving)),
                 Err(e) => {
                     self.node.drop_fenced(&name, &e).await;
                     Err(e)
@@ -303,7 +303,7 @@ impl Agent {
                 .await;
             return;
         };
-        let info = res.expect("checked");
+        let (info, serving) = res.expect("checked");
         steps.assembled = Instant::now();
         sv.switch.activate(dev);
         sv.epoch = Some(epoch);
@@ -313,6 +313,7 @@ impl Agent {
         self.target
             .set_ana_state(sv.spec.ana_group, AnaState::Optimized);
         steps.serving = Instant::now();
+        self.record_serving(&name, &serving).await;
         let took = t0.elapsed();
         tracing::info!(
             "volume {name}: owned here at epoch {epoch}, generation {} (takeover {} ms)",

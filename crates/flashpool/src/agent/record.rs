@@ -8,6 +8,7 @@
 //! write it, and a write that fails fences the volume.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use cluster::VolumeState;
@@ -23,19 +24,33 @@ const RECORD_TIMEOUT: Duration = Duration::from_secs(2);
 impl Agent {
     /// Installs the record hook on volume `name`, owned here at `epoch`,
     /// and writes the first record. Before the volume takes any I/O.
+    ///
+    /// Returns the switch that [`Agent::record_serving`] turns on once the
+    /// volume is served: the records say so from then on.
     pub(super) async fn start_recording(
         self: &Arc<Self>,
         name: &str,
         epoch: u64,
-    ) -> Result<(), String> {
-        let hook = self.state_hook(name, epoch);
+    ) -> Result<Arc<AtomicBool>, String> {
+        let serving = Arc::new(AtomicBool::new(false));
+        let hook = self.state_hook(name, epoch, serving.clone());
         self.node
-            .record_member_states(name, hook)
+            .record_member_states(name, Some(hook))
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        Ok(serving)
     }
 
-    fn state_hook(self: &Arc<Self>, name: &str, epoch: u64) -> StateHook {
+    /// The volume is served here now: recorded (a planned move waits for
+    /// it), in order with the member-state records.
+    pub(super) async fn record_serving(&self, name: &str, serving: &AtomicBool) {
+        serving.store(true, Ordering::SeqCst);
+        if let Err(e) = self.node.record_member_states(name, None).await {
+            tracing::warn!("volume {name}: recording that it is served here: {e}");
+        }
+    }
+
+    fn state_hook(self: &Arc<Self>, name: &str, epoch: u64, serving: Arc<AtomicBool>) -> StateHook {
         let agent = Arc::downgrade(self);
         let name = name.to_string();
         // The etcd client needs a tokio runtime; the volume's I/O may run on
@@ -43,6 +58,7 @@ impl Agent {
         let rt = tokio::runtime::Handle::current();
         Arc::new(move |rec: StateRecord| {
             let (agent, name, rt) = (agent.clone(), name.clone(), rt.clone());
+            let serving = serving.load(Ordering::SeqCst);
             Box::pin(async move {
                 let a = agent.upgrade().ok_or("the cluster agent stopped")?;
                 let st = VolumeState {
@@ -54,6 +70,7 @@ impl Agent {
                         .map(|s| member_state_name(*s).to_string())
                         .collect(),
                     note: format!("owned by {} at epoch {epoch}", a.name()),
+                    serving,
                 };
                 let s = a.session();
                 drop(a);

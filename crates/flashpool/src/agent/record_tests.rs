@@ -2,11 +2,7 @@
 //! that cannot run (`node/degraded.rs`): two nodes, a real etcd, one
 //! enclosure.
 
-use cluster::testing::EtcdServer;
-
-use super::tests::{create_v, events_of, member, wait};
-use crate::node::identity::node_host_nqn;
-use crate::node::remote_tests::Enclosure;
+use super::tests::{Pair, create_v, events_of, pair, wait};
 
 /// The record follows a member failure before the failure's write is
 /// acknowledged; with the enclosure gone and the owner dead, the survivor
@@ -15,21 +11,27 @@ use crate::node::remote_tests::Enclosure;
 /// is back, it takes the volume over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_record_follows_member_failures_and_a_takeover_that_cannot_run_says_why() {
-    if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
+    let Some(Pair {
+        etcd: _etcd,
+        mut enc,
+        a,
+        ta: _,
+        b,
+        tb,
+    }) = pair().await
+    else {
         return;
-    }
-    let etcd = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
-    let mut enc = Enclosure::new("e1", 3, &[node_host_nqn("a"), node_host_nqn("b")]);
-    let (a, _ta) = member("a", &enc, &etcd.endpoint()).await;
-    let (b, tb) = member("b", &enc, &etcd.endpoint()).await;
+    };
     create_v(&a).await;
     let s = a.session();
     let st = s.state("v").await.unwrap().expect("recorded at create");
     assert_eq!(st.members, ["active", "active", "active"]);
+    assert!(st.serving, "recorded as served once Optimized: {st:?}");
     a.node.fail_drive("e1:d1", false).await.unwrap();
     // recorded before the call returned
     let st = s.state("v").await.unwrap().unwrap();
     assert_eq!(st.members, ["active", "failed", "active"], "{st:?}");
+    assert!(st.serving);
     let info = a.node.volume("v").await.unwrap();
     assert_eq!(st.generation, info.generation, "{st:?} {info:?}");
     // `volume show v` on the standby answers as `volume list` does there.

@@ -8,16 +8,13 @@
 
 use std::sync::Arc;
 
-use cluster::testing::EtcdServer;
 use nvme_wire::status::{SC_ANA_INACCESSIBLE, SCT_PATH};
 use nvmf_host::{
     AcquireAction, Controller, HostError, HostOptions, RegisterAction, ResvType, cptpl,
 };
 use nvmf_target::{AnaState, ListenerConfig, ListenerKind, Server, Target, TlsMode};
 
-use super::tests::{NQN, create_v, member, wait};
-use crate::node::identity::node_host_nqn;
-use crate::node::remote_tests::Enclosure;
+use super::tests::{NQN, Pair, create_v, pair, wait};
 
 const WX: ResvType = ResvType::WriteExclusive;
 const KEY_A: u64 = 0xA1;
@@ -87,13 +84,17 @@ async fn check_standby(a: &Controller, when: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservations_follow_the_volume_through_a_move_and_a_takeover() {
-    if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
+    let Some(Pair {
+        etcd: _etcd,
+        enc: _enc,
+        a,
+        ta,
+        b,
+        tb,
+    }) = pair().await
+    else {
         return;
-    }
-    let etcd = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
-    let enc = Enclosure::new("e1", 3, &[node_host_nqn("a"), node_host_nqn("b")]);
-    let (a, ta) = member("a", &enc, &etcd.endpoint()).await;
-    let (b, tb) = member("b", &enc, &etcd.endpoint()).await;
+    };
     let (sa, sb) = (listen(&ta), listen(&tb));
     create_v(&a).await;
     let g = a.status().await.unwrap().volumes[0].ana_group;

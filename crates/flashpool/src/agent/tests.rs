@@ -70,6 +70,35 @@ pub(super) async fn member(name: &str, enc: &Enclosure, etcd: &str) -> (Arc<Agen
     (a, target)
 }
 
+/// Two cluster nodes a and b on a fresh etcd and one enclosure e1 of three
+/// drives; None when etcd is missing and FLASHPOOL_SKIP_ETCD is set.
+pub(super) struct Pair {
+    pub etcd: EtcdServer,
+    pub enc: Enclosure,
+    pub a: Arc<Agent>,
+    pub ta: Arc<Target>,
+    pub b: Arc<Agent>,
+    pub tb: Arc<Target>,
+}
+
+pub(super) async fn pair() -> Option<Pair> {
+    if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
+        return None;
+    }
+    let etcd = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
+    let enc = Enclosure::new("e1", 3, &[node_host_nqn("a"), node_host_nqn("b")]);
+    let (a, ta) = member("a", &enc, &etcd.endpoint()).await;
+    let (b, tb) = member("b", &enc, &etcd.endpoint()).await;
+    Some(Pair {
+        etcd,
+        enc,
+        a,
+        ta,
+        b,
+        tb,
+    })
+}
+
 /// The kept events of `a`'s node of `kind` (about `volume` when given).
 pub(super) fn events_of(
     a: &Agent,
@@ -141,13 +170,17 @@ pub(super) async fn create_v(a: &Arc<Agent>) -> crate::node::VolumeInfo {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_move_and_take_over() {
-    if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
+    let Some(Pair {
+        etcd: _etcd,
+        enc: _enc,
+        a,
+        ta,
+        b,
+        tb,
+    }) = pair().await
+    else {
         return;
-    }
-    let etcd = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
-    let enc = Enclosure::new("e1", 3, &[node_host_nqn("a"), node_host_nqn("b")]);
-    let (a, ta) = member("a", &enc, &etcd.endpoint()).await;
-    let (b, tb) = member("b", &enc, &etcd.endpoint()).await;
+    };
 
     // Created on a: a owns it, b serves the same namespace on standby.
     let info = create_v(&a).await;
@@ -312,13 +345,17 @@ async fn create_move_and_take_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_hands_over_and_a_delete_unserves_the_standby() {
-    if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
+    let Some(Pair {
+        etcd,
+        enc: _enc,
+        a,
+        ta,
+        b,
+        tb,
+    }) = pair().await
+    else {
         return;
-    }
-    let etcd = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
-    let enc = Enclosure::new("e1", 3, &[node_host_nqn("a"), node_host_nqn("b")]);
-    let (a, ta) = member("a", &enc, &etcd.endpoint()).await;
-    let (b, tb) = member("b", &enc, &etcd.endpoint()).await;
+    };
     create_v(&a).await;
     let g = a.status().await.unwrap().volumes[0].ana_group;
     wait("b to serve v on standby", 10, async || {

@@ -28,9 +28,14 @@ impl Node {
     }
 
     /// Installs `hook` on volume `name` (a cluster owner records its member
-    /// states in etcd, `volume::StateHook`) and records the current states
-    /// through it. An error: the volume is gone, or the record failed.
-    pub async fn record_member_states(&self, name: &str, hook: StateHook) -> NodeResult<()> {
+    /// states in etcd, `volume::StateHook`), or keeps the installed one with
+    /// `None`, and records the current states through it. An error: the
+    /// volume is gone, or the record failed.
+    pub async fn record_member_states(
+        &self,
+        name: &str,
+        hook: Option<StateHook>,
+    ) -> NodeResult<()> {
         let v = {
             let st = self.state.lock().await;
             st.volumes
@@ -39,7 +44,9 @@ impl Node {
                 .cloned()
                 .ok_or_else(|| NodeError::Internal(format!("volume {name} vanished")))?
         };
-        v.set_state_hook(Some(hook));
+        if hook.is_some() {
+            v.set_state_hook(hook);
+        }
         v.record_states_now().await.map_err(|e| {
             NodeError::Unavailable(format!(
                 "volume {name}: recording its member states in the cluster: {e}"
@@ -66,6 +73,7 @@ impl Node {
         };
         if let Some(v) = e.on_drives() {
             v.fence(why);
+            v.set_state_hook(None);
         }
         close_remotes(&mut st, &e.drives);
         tracing::warn!("volume {name}: let go without writing ({why})");
@@ -86,6 +94,11 @@ impl Node {
             v.close()
                 .await
                 .map_err(|err| NodeError::Internal(format!("volume {name}: close: {err}")))?;
+            // Closed clean: nothing of this node may touch it or its record
+            // again (a background job would see its members go as the
+            // drives close, and record them failed for the next owner).
+            v.set_state_hook(None);
+            v.fence("handed over to another node");
         }
         let drives = e.drives.clone();
         self.unclaim(&st, &drives).await;
