@@ -35,6 +35,12 @@ async fn the_record_follows_member_failures_and_a_takeover_that_cannot_run_says_
     let info = a.node.volume("v").await.unwrap();
     assert_eq!(st.generation, info.generation, "{st:?} {info:?}");
     // `volume show v` on the standby answers as `volume list` does there.
+    wait("b to serve v on standby", 10, async || {
+        tb.subsystem(super::tests::NQN)
+            .and_then(|s| s.namespace(1))
+            .is_some()
+    })
+    .await;
     let api = b.record.api.clone().expect("member() gives an API");
     let shown = tokio::task::spawn_blocking(move || {
         let c = crate::client::Client::new(&crate::client::Endpoint {
