@@ -12,6 +12,9 @@
 //! | `volumes/<v>/epoch`     | last owner epoch | none         |
 //! | `volumes/<v>/state`     | [`VolumeState`]  | none         |
 //! | `volumes/<v>/handoff`   | [`Handoff`]      | none         |
+//! | `volumes/<p>/thin/<t>`  | [`ThinSpec`]     | none         |
+//! | `names/<t>`             | pool of thin `t` | none         |
+//! | `nsids/<nqn>/<nsid>`    | thin volume name | none         |
 //! | `drain/<name>`          | `true`           | none         |
 //!
 //! [`NodeRecord`]: crate::NodeRecord
@@ -19,6 +22,10 @@
 //! [`Owner`]: crate::Owner
 //! [`VolumeState`]: crate::VolumeState
 //! [`Handoff`]: crate::Handoff
+//! [`ThinSpec`]: crate::ThinSpec
+//!
+//! `names/` and `nsids/` keep thin volume names and namespace IDs unique
+//! across pools: a thin volume is created with both in one transaction.
 
 /// `/flashpool/<cluster>/`: the prefix of every key of one cluster.
 pub(crate) fn cluster_prefix(cluster: &str) -> String {
@@ -73,6 +80,8 @@ pub(crate) enum Key<'a> {
     Node(&'a str),
     Drain(&'a str),
     Volume(&'a str, VolumeKey),
+    /// A thin volume of a cluster pool: (pool, thin volume).
+    Thin(&'a str, &'a str),
 }
 
 /// The keys of one cluster.
@@ -126,6 +135,25 @@ impl Keys {
         format!("{}volumes/{vol}/{}", self.prefix, key.leaf())
     }
 
+    /// Every thin volume of cluster pool `pool`.
+    pub(crate) fn thins(&self, pool: &str) -> String {
+        format!("{}volumes/{pool}/thin/", self.prefix)
+    }
+
+    pub(crate) fn thin(&self, pool: &str, name: &str) -> String {
+        format!("{}volumes/{pool}/thin/{name}", self.prefix)
+    }
+
+    /// Which pool holds thin volume `name` (unique across pools).
+    pub(crate) fn thin_name(&self, name: &str) -> String {
+        format!("{}names/{name}", self.prefix)
+    }
+
+    /// Which thin volume is `nsid` of `nqn` (a `/` in the NQN is escaped).
+    pub(crate) fn nsid(&self, nqn: &str, nsid: u32) -> String {
+        format!("{}nsids/{}/{nsid}", self.prefix, nqn.replace('/', "%2F"))
+    }
+
     pub(crate) fn drains(&self) -> String {
         format!("{}drain/", self.prefix)
     }
@@ -142,7 +170,11 @@ impl Keys {
         match (parts.next()?, parts.next(), parts.next()) {
             ("nodes", Some(n), None) => Some(Key::Node(n)),
             ("drain", Some(n), None) => Some(Key::Drain(n)),
-            ("volumes", Some(v), Some(leaf)) => Some(Key::Volume(v, VolumeKey::parse(leaf)?)),
+            ("volumes", Some(v), Some(leaf)) => match leaf.strip_prefix("thin/") {
+                Some(t) if !t.is_empty() && !t.contains('/') => Some(Key::Thin(v, t)),
+                Some(_) => None,
+                None => Some(Key::Volume(v, VolumeKey::parse(leaf)?)),
+            },
             _ => None,
         }
     }
@@ -169,6 +201,12 @@ mod tests {
         for vk in VolumeKey::ALL {
             assert_eq!(k.parse(&k.volume("v", vk)), Some(Key::Volume("v", vk)));
         }
+        assert_eq!(k.parse(&k.thin("p", "t1")), Some(Key::Thin("p", "t1")));
+        // a thin volume named like a volume key is still a thin volume
+        assert_eq!(k.parse(&k.thin("p", "spec")), Some(Key::Thin("p", "spec")));
+        assert_eq!(k.parse("/flashpool/c1/volumes/p/thin/"), None);
+        assert_eq!(k.parse("/flashpool/c1/volumes/p/thin/a/b"), None);
+        assert_eq!(k.nsid("nqn.x:a/b", 7), "/flashpool/c1/nsids/nqn.x:a%2Fb/7");
         assert_eq!(k.parse(&k.slot(3)), None);
         assert_eq!(k.parse(&k.slot_home("a")), None);
         assert_eq!(k.parse("/flashpool/c1/nodes/a/b"), None);

@@ -11,6 +11,7 @@ mod keepalive;
 mod keys;
 mod liveness;
 mod session;
+mod thin;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod watch;
@@ -114,6 +115,25 @@ pub struct VolumeSpec {
     pub hosts: Vec<String>,
     pub serial: String,
     pub model: String,
+    /// A cluster pool: the volume is formatted as a thin pool and not
+    /// served itself (`nsid` 0); its thin volumes ([`ThinSpec`]) are the
+    /// namespaces, all in its ANA group, and move with it.
+    #[serde(default)]
+    pub thin_pool: bool,
+}
+
+/// `volumes/<pool>/thin/<name>`: a thin volume of cluster pool `pool`,
+/// served by every node as `nsid` of the pool's subsystem, in the pool's
+/// ANA group. Written only by the pool's owner (guarded by its epoch).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ThinSpec {
+    pub name: String,
+    pub pool: String,
+    pub uuid: String,
+    pub nsid: u32,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub serial: String,
 }
 
 /// `volumes/<v>/owner`: which node serves the volume, and since which epoch.
@@ -164,6 +184,8 @@ pub enum ClusterEvent {
     OwnerGone(String),
     HandoffSet(String, Handoff),
     HandoffCleared(String),
+    /// A thin volume of cluster pool `.0` was put, changed or deleted.
+    ThinChanged(String),
     Drain(String, bool),
     /// The watch was restarted: events may have been missed, re-read everything.
     Resync,
@@ -196,6 +218,8 @@ pub enum ClusterError {
     NodeNameInUse(String),
     #[error("no free controller-ID slot (0..={MAX_SLOT} all taken by live nodes)")]
     NoFreeSlot,
+    #[error("nsid {nsid} of {nqn} serves another cluster volume already")]
+    NsidTaken { nqn: String, nsid: u32 },
     #[error("no free ANA group (1..=128 all used by volume specs)")]
     NoFreeAnaGroup,
     #[error("cannot decode etcd key {key}: {err}")]

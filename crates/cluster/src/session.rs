@@ -308,7 +308,11 @@ impl Session {
         *self.inner.pause_until.lock() = Some(Instant::now() + d);
     }
 
-    fn vkey(&self, vol: &str, key: VolumeKey) -> String {
+    pub(crate) fn keys(&self) -> &Keys {
+        &self.inner.keys
+    }
+
+    pub(crate) fn vkey(&self, vol: &str, key: VolumeKey) -> String {
         self.inner.keys.volume(vol, key)
     }
 
@@ -320,7 +324,7 @@ impl Session {
         retry(&self.inner.cfg, what, || f(self.inner.client.clone())).await
     }
 
-    async fn get_one(&self, key: &str) -> Result<Option<KeyValue>, ClusterError> {
+    pub(crate) async fn get_one(&self, key: &str) -> Result<Option<KeyValue>, ClusterError> {
         let r = self
             .op(&format!("get {key}"), |mut c| {
                 let k = key.to_string();
@@ -330,7 +334,7 @@ impl Session {
         Ok(r.kvs().first().cloned())
     }
 
-    async fn get_prefix(&self, key: &str) -> Result<Vec<KeyValue>, ClusterError> {
+    pub(crate) async fn get_prefix(&self, key: &str) -> Result<Vec<KeyValue>, ClusterError> {
         let r = self
             .op(&format!("get {key}*"), |mut c| {
                 let k = key.to_string();
@@ -340,7 +344,7 @@ impl Session {
         Ok(r.kvs().to_vec())
     }
 
-    async fn txn(&self, what: &str, txn: Txn) -> Result<etcd_client::TxnResponse, ClusterError> {
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<etcd_client::TxnResponse, ClusterError> {
         self.op(what, |mut c| {
             let t = txn.clone();
             async move { c.txn(t).await }
@@ -412,10 +416,17 @@ impl Session {
     }
 
     pub async fn specs(&self) -> Result<Vec<VolumeSpec>, ClusterError> {
-        self.get_prefix(&self.inner.keys.volumes())
+        let keys = &self.inner.keys;
+        self.get_prefix(&keys.volumes())
             .await?
             .iter()
-            .filter(|kv| kv.key().ends_with(b"/spec"))
+            .filter(|kv| {
+                let key = std::str::from_utf8(kv.key()).unwrap_or_default();
+                matches!(
+                    keys.parse(key),
+                    Some(crate::keys::Key::Volume(_, VolumeKey::Spec))
+                )
+            })
             .map(decode)
             .collect()
     }
@@ -469,7 +480,16 @@ impl Session {
                 CompareOp::Equal,
                 encode(&me),
             )])
-            .and_then(VolumeKey::ALL.map(|key| TxnOp::delete(self.vkey(vol, key), None)));
+            .and_then(
+                VolumeKey::ALL
+                    .map(|key| TxnOp::delete(self.vkey(vol, key), None))
+                    .into_iter()
+                    .chain([TxnOp::delete(
+                        self.inner.keys.thins(vol),
+                        Some(etcd_client::DeleteOptions::new().with_prefix()),
+                    )])
+                    .collect::<Vec<_>>(),
+            );
         if self
             .txn(&format!("delete volume {vol}"), txn)
             .await?

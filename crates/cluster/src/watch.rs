@@ -27,6 +27,7 @@ fn decode_event(keys: &Keys, ev: &etcd_client::Event) -> Option<ClusterEvent> {
         },
         Key::Node(n) => Some(ClusterEvent::NodeDown(n.to_string())),
         Key::Drain(n) => Some(ClusterEvent::Drain(n.to_string(), put)),
+        Key::Thin(p, _) => Some(ClusterEvent::ThinChanged(p.to_string())),
         Key::Volume(v, leaf) => {
             let v = v.to_string();
             let r = match (leaf, put) {

@@ -40,6 +40,7 @@ fn spec(name: &str, ana_group: u32) -> VolumeSpec {
         hosts: vec![],
         serial: "S1".into(),
         model: "flashpool".into(),
+        thin_pool: false,
     }
 }
 
@@ -632,4 +633,101 @@ async fn one_range_read_gives_what_reads_per_volume_give() {
     assert_eq!(names, ["v1", "v10", "v2", "v3"]);
     assert_eq!(ranged[3].handoff, Some(h));
     assert!(ranged[2].owner.is_none() && ranged[2].state.is_none());
+}
+
+fn thin(name: &str, pool: &str, nsid: u32) -> cluster::ThinSpec {
+    cluster::ThinSpec {
+        name: name.into(),
+        pool: pool.into(),
+        uuid: format!("00000000-0000-0000-0000-0000000000{nsid:02}"),
+        nsid,
+        size_bytes: 1 << 30,
+        block_size: 4096,
+        serial: format!("T{nsid}"),
+    }
+}
+
+/// Thin volumes of cluster pools: only the pool's owner at its epoch
+/// writes them; names and NSIDs are unique across pools and against
+/// volumes; a refused create writes nothing; the watch names the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thin_volumes_are_guarded_by_the_pool_owner_and_unique() {
+    let etcd = etcd!();
+    let eps = vec![etcd.endpoint()];
+    let a = join(&eps, "a").await;
+    let b = join(&eps, "b").await;
+    let mut rx = b.events();
+    let nqn = "nqn.2024-01.io.flashpool:pools";
+    for (p, g) in [("p1", 1), ("p2", 2)] {
+        let mut sp = spec(p, g);
+        sp.thin_pool = true;
+        a.create_spec(&sp).await.unwrap();
+    }
+    a.create_spec(&spec("vol", 3)).await.unwrap();
+    let p1 = a.claim("p1").await.unwrap().unwrap();
+    let p2 = b.claim("p2").await.unwrap().unwrap();
+    a.create_thin(&thin("t1", "p1", 1), nqn, p1.epoch)
+        .await
+        .unwrap();
+    let e = next_event(
+        &mut rx,
+        |e| matches!(e, ClusterEvent::ThinChanged(_)),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(e, ClusterEvent::ThinChanged("p1".into()));
+    // not the owner of p1 (b), or an old epoch: refused
+    assert!(matches!(
+        b.create_thin(&thin("t2", "p1", 2), nqn, p1.epoch).await,
+        Err(ClusterError::Deposed { .. })
+    ));
+    assert!(matches!(
+        a.create_thin(&thin("t2", "p1", 2), nqn, p1.epoch + 1).await,
+        Err(ClusterError::Deposed { .. })
+    ));
+    // the name taken by a thin volume of another pool, or by a volume
+    assert!(matches!(
+        b.create_thin(&thin("t1", "p2", 5), nqn, p2.epoch).await,
+        Err(ClusterError::VolumeExists(n)) if n == "t1"
+    ));
+    assert!(matches!(
+        b.create_thin(&thin("vol", "p2", 5), nqn, p2.epoch).await,
+        Err(ClusterError::VolumeExists(n)) if n == "vol"
+    ));
+    // the NSID taken in the same subsystem; another subsystem is fine
+    assert!(matches!(
+        b.create_thin(&thin("t3", "p2", 1), nqn, p2.epoch).await,
+        Err(ClusterError::NsidTaken { nsid: 1, .. })
+    ));
+    b.create_thin(&thin("t3", "p2", 1), "nqn.2024-01.io.flashpool:other", p2.epoch)
+        .await
+        .unwrap();
+    assert_eq!(a.thin_specs("p1").await.unwrap(), vec![thin("t1", "p1", 1)]);
+    assert_eq!(a.all_thin_specs().await.unwrap().len(), 2);
+    assert_eq!(a.pool_of("t3").await.unwrap().as_deref(), Some("p2"));
+    assert_eq!(a.thin_nsids(nqn).await.unwrap(), vec![1]);
+    // a thin volume does not show as a volume spec, even named like a key
+    a.create_thin(&thin("spec", "p1", 9), nqn, p1.epoch)
+        .await
+        .unwrap();
+    let mut names: Vec<String> = a.specs().await.unwrap().into_iter().map(|s| s.name).collect();
+    names.sort();
+    assert_eq!(names, ["p1", "p2", "vol"]);
+    assert_eq!(a.volumes().await.unwrap().len(), 3);
+    // grown by its owner only
+    let mut grown = thin("t1", "p1", 1);
+    grown.size_bytes *= 2;
+    assert!(b.update_thin(&grown, p1.epoch).await.is_err());
+    a.update_thin(&grown, p1.epoch).await.unwrap();
+    assert_eq!(a.thin_specs("p1").await.unwrap()[1], grown);
+    // deleted by its owner only; the name and NSID are free again
+    assert!(b.delete_thin(&grown, nqn, p1.epoch).await.is_err());
+    a.delete_thin(&grown, nqn, p1.epoch).await.unwrap();
+    assert_eq!(a.pool_of("t1").await.unwrap(), None);
+    b.create_thin(&thin("t1", "p2", 1), nqn, p2.epoch)
+        .await
+        .unwrap();
+    // deleting a pool removes what is left of its thin volumes
+    a.delete_volume("p1", p1.epoch).await.unwrap();
+    assert_eq!(a.thin_specs("p1").await.unwrap(), vec![]);
 }

@@ -1,0 +1,187 @@
+//! The thin volumes of cluster pools: their specs under
+//! `volumes/<pool>/thin/`, written only by the pool's owner, each with its
+//! name (`names/`) and namespace ID (`nsids/`) claimed in the same
+//! transaction, so that two owners of two pools can never hand out the
+//! same name or NSID.
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+
+use crate::etcd::{decode, encode};
+use crate::keys::{Key, VolumeKey};
+use crate::{ClusterError, Owner, Session, ThinSpec};
+
+impl Session {
+    /// The thin volumes of cluster pool `pool`: one range read.
+    pub async fn thin_specs(&self, pool: &str) -> Result<Vec<ThinSpec>, ClusterError> {
+        self.get_prefix(&self.keys().thins(pool))
+            .await?
+            .iter()
+            .map(decode)
+            .collect()
+    }
+
+    /// Every thin volume of every cluster pool: one range read.
+    pub async fn all_thin_specs(&self) -> Result<Vec<ThinSpec>, ClusterError> {
+        let keys = self.keys();
+        self.get_prefix(&keys.volumes())
+            .await?
+            .iter()
+            .filter(|kv| {
+                let key = std::str::from_utf8(kv.key()).unwrap_or_default();
+                matches!(keys.parse(key), Some(Key::Thin(..)))
+            })
+            .map(decode)
+            .collect()
+    }
+
+    /// Which pool holds thin volume `name`, if any.
+    pub async fn pool_of(&self, name: &str) -> Result<Option<String>, ClusterError> {
+        self.get_one(&self.keys().thin_name(name))
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()
+    }
+
+    /// Records thin volume `t` of the pool this node owns at `pool_epoch`,
+    /// served as `t.nsid` of `nqn`. Refused (nothing written) when the pool
+    /// changed owner (`Deposed`), the name is taken by a volume or another
+    /// thin volume (`VolumeExists`), or the NSID is (`NsidTaken`).
+    pub async fn create_thin(
+        &self,
+        t: &ThinSpec,
+        nqn: &str,
+        pool_epoch: u64,
+    ) -> Result<(), ClusterError> {
+        let keys = self.keys();
+        let me = Owner {
+            node: self.node().to_string(),
+            epoch: pool_epoch,
+        };
+        let owner_key = self.vkey(&t.pool, VolumeKey::Owner);
+        let name_key = keys.thin_name(&t.name);
+        let nsid_key = keys.nsid(nqn, t.nsid);
+        let spec_key = self.vkey(&t.name, VolumeKey::Spec);
+        let txn = Txn::new()
+            .when([
+                Compare::value(owner_key.clone(), CompareOp::Equal, encode(&me)),
+                Compare::version(name_key.clone(), CompareOp::Equal, 0),
+                Compare::version(spec_key.clone(), CompareOp::Equal, 0),
+                Compare::version(nsid_key.clone(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(keys.thin(&t.pool, &t.name), encode(t), None),
+                TxnOp::put(name_key.clone(), encode(&t.pool), None),
+                TxnOp::put(nsid_key.clone(), encode(&t.name), None),
+            ])
+            .or_else([
+                TxnOp::get(owner_key, None),
+                TxnOp::get(name_key, None),
+                TxnOp::get(spec_key, None),
+                TxnOp::get(nsid_key, None),
+            ]);
+        let r = self
+            .txn(&format!("create thin volume {}", t.name), txn)
+            .await?;
+        if r.succeeded() {
+            return Ok(());
+        }
+        let gets = crate::etcd::txn_gets(&r);
+        let found = |i: usize| gets.get(i).and_then(|g| g.first());
+        let owner_ok = found(0)
+            .map(decode::<Owner>)
+            .transpose()?
+            .is_some_and(|o| o == me);
+        if !owner_ok {
+            return Err(ClusterError::Deposed {
+                volume: t.pool.clone(),
+                epoch: pool_epoch,
+            });
+        }
+        if found(1).is_some() || found(2).is_some() {
+            return Err(ClusterError::VolumeExists(t.name.clone()));
+        }
+        Err(ClusterError::NsidTaken {
+            nqn: nqn.to_string(),
+            nsid: t.nsid,
+        })
+    }
+
+    /// Rewrites thin volume `t` (its size grew), while this node owns its
+    /// pool at `pool_epoch` and the thin volume is recorded.
+    pub async fn update_thin(&self, t: &ThinSpec, pool_epoch: u64) -> Result<(), ClusterError> {
+        let key = self.keys().thin(&t.pool, &t.name);
+        let txn = Txn::new()
+            .when([
+                self.owned_at(&t.pool, pool_epoch),
+                Compare::version(key.clone(), CompareOp::Greater, 0),
+            ])
+            .and_then([TxnOp::put(key, encode(t), None)]);
+        self.guarded(&format!("update thin volume {}", t.name), txn, t, pool_epoch)
+            .await
+    }
+
+    /// Deletes thin volume `t` (and frees its name and NSID), while this
+    /// node owns its pool at `pool_epoch`.
+    pub async fn delete_thin(
+        &self,
+        t: &ThinSpec,
+        nqn: &str,
+        pool_epoch: u64,
+    ) -> Result<(), ClusterError> {
+        let keys = self.keys();
+        let txn = Txn::new()
+            .when([self.owned_at(&t.pool, pool_epoch)])
+            .and_then([
+                TxnOp::delete(keys.thin(&t.pool, &t.name), None),
+                TxnOp::delete(keys.thin_name(&t.name), None),
+                TxnOp::delete(keys.nsid(nqn, t.nsid), None),
+            ]);
+        self.guarded(&format!("delete thin volume {}", t.name), txn, t, pool_epoch)
+            .await
+    }
+
+    /// The NSIDs of `nqn` that thin volumes hold.
+    pub async fn thin_nsids(&self, nqn: &str) -> Result<Vec<u32>, ClusterError> {
+        let prefix = self.keys().nsid(nqn, 0);
+        let prefix = prefix.trim_end_matches('0');
+        Ok(self
+            .get_prefix(prefix)
+            .await?
+            .iter()
+            .filter_map(|kv| {
+                let k = std::str::from_utf8(kv.key()).ok()?;
+                k.strip_prefix(prefix)?.parse().ok()
+            })
+            .collect())
+    }
+
+    fn owned_at(&self, pool: &str, epoch: u64) -> Compare {
+        let me = Owner {
+            node: self.node().to_string(),
+            epoch,
+        };
+        Compare::value(
+            self.vkey(pool, VolumeKey::Owner),
+            CompareOp::Equal,
+            encode(&me),
+        )
+    }
+
+    async fn guarded(
+        &self,
+        what: &str,
+        txn: Txn,
+        t: &ThinSpec,
+        pool_epoch: u64,
+    ) -> Result<(), ClusterError> {
+        if self.txn(what, txn).await?.succeeded() {
+            Ok(())
+        } else {
+            Err(ClusterError::Deposed {
+                volume: t.pool.clone(),
+                epoch: pool_epoch,
+            })
+        }
+    }
+}
