@@ -291,7 +291,7 @@ fo_check() {
   tk=$(takeover "$now" "$T_FAULT" "$VOL")
   [ "$FS" != 0 ] && fs_check "$name" "$g"
   [ "$(kv rounds "$g")" -ge 1 ] 2> /dev/null || why="$why no fio round;"
-  [ "$(kv failed "$g")" = 0 ] || why="$why $(kv failed "$g") fio round(s) failed;"
+  [ "$(kv failed "$g")" = 0 ] || why="$why $(kv failed "$g") fio round(s) failed (first error: $(kv fioerr "$g"); the guest's kernel lines: $RUN/serial.log);"
   [ "$(kv verr "$g")" = 0 ] || why="$why $(kv verr "$g") verify error lines;"
   [ "$(kv ioerr "$g")" = 0 ] || why="$why $(kv ioerr "$g") I/O error lines in the guest kernel log;"
   fpc_audit_stale "$NENC"; stale=$FPC_STALE; [ "$stale" = 0 ] || why="$why stale writes: $FPC_AUDIT;"

@@ -164,6 +164,9 @@ load() {
     if [ $rc != 0 ]; then
       f=$((f+1)); log "$name round $n FAILED: fio exit $rc, $v verify lines"
       sed 's/^/  fio: /' "/tmp/fio-r$n.err" | head -n 8
+      # the first error fio printed, for the host's RESULT line (no spaces)
+      [ -s "/tmp/load-$name.why" ] || { grep -m1 -iE 'err|fail' "/tmp/fio-r$n.err" || echo "exit $rc"; } \
+        | tr -c 'A-Za-z0-9=:,._/-' '_' | cut -c1-160 > "/tmp/load-$name.why"
     else
       log "$name round $n ok, clat max $c ms"
     fi
@@ -184,7 +187,7 @@ fs_writer() {
   done
   echo "$n $f" > "/tmp/fs-$1.res"
 }
-KERR='I/O error|Buffer I/O|blk_update_request|critical (medium|target|nexus|space)|EXT4-fs error'
+KERR='I/O error|Buffer I/O|blk_update_request|critical (medium|target|nexus|space)|EXT4-fs error|no available path - failing|(transport|reservation conflict|protection|timeout|offline|not supported) error, dev'
 kerr() { dmesg | grep -E "$KERR"; }
 
 # ================================================================ the run
@@ -287,7 +290,8 @@ for name in $(echo "$CASES" | tr , ' '); do
     ioerr=$(kerr | wc -l)
     kerr | head -n 5 | sed 's/^/  kernel: /'
     dmesg -c >> /tmp/dmesg.all
-    wait_host "check:$tag" 240 "rounds=$1 failed=$2 verr=$3 clat_ms=$4 fsfiles=$5 fsfail=$6 ioerr=$ioerr live=$NLIVE nopt=$NOPT opt=$OPT paths=$(echo "$PSUM" | tr ' ' ,) nopt2=$NOPT2 opt2=$OPT2 paths2=$(echo "$PSUM2" | tr ' ' ,)"
+    why=$(cat "/tmp/load-$tag.why" 2> /dev/null)
+    wait_host "check:$tag" 240 "fioerr=${why:--} rounds=$1 failed=$2 verr=$3 clat_ms=$4 fsfiles=$5 fsfail=$6 ioerr=$ioerr live=$NLIVE nopt=$NOPT opt=$OPT paths=$(echo "$PSUM" | tr ' ' ,) nopt2=$NOPT2 opt2=$OPT2 paths2=$(echo "$PSUM2" | tr ' ' ,)"
   done
 done
 touch /tmp/iomon-stop

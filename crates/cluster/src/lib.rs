@@ -11,9 +11,9 @@ mod keepalive;
 mod keys;
 mod liveness;
 mod session;
-mod thin;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod thin;
 mod watch;
 
 use std::time::Duration;

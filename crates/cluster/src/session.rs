@@ -344,7 +344,11 @@ impl Session {
         Ok(r.kvs().to_vec())
     }
 
-    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<etcd_client::TxnResponse, ClusterError> {
+    pub(crate) async fn txn(
+        &self,
+        what: &str,
+        txn: Txn,
+    ) -> Result<etcd_client::TxnResponse, ClusterError> {
         self.op(what, |mut c| {
             let t = txn.clone();
             async move { c.txn(t).await }

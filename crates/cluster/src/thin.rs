@@ -117,8 +117,13 @@ impl Session {
                 Compare::version(key.clone(), CompareOp::Greater, 0),
             ])
             .and_then([TxnOp::put(key, encode(t), None)]);
-        self.guarded(&format!("update thin volume {}", t.name), txn, t, pool_epoch)
-            .await
+        self.guarded(
+            &format!("update thin volume {}", t.name),
+            txn,
+            t,
+            pool_epoch,
+        )
+        .await
     }
 
     /// Deletes thin volume `t` (and frees its name and NSID), while this
@@ -137,8 +142,13 @@ impl Session {
                 TxnOp::delete(keys.thin_name(&t.name), None),
                 TxnOp::delete(keys.nsid(nqn, t.nsid), None),
             ]);
-        self.guarded(&format!("delete thin volume {}", t.name), txn, t, pool_epoch)
-            .await
+        self.guarded(
+            &format!("delete thin volume {}", t.name),
+            txn,
+            t,
+            pool_epoch,
+        )
+        .await
     }
 
     /// The NSIDs of `nqn` that thin volumes hold.

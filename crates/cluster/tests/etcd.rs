@@ -699,9 +699,13 @@ async fn thin_volumes_are_guarded_by_the_pool_owner_and_unique() {
         b.create_thin(&thin("t3", "p2", 1), nqn, p2.epoch).await,
         Err(ClusterError::NsidTaken { nsid: 1, .. })
     ));
-    b.create_thin(&thin("t3", "p2", 1), "nqn.2024-01.io.flashpool:other", p2.epoch)
-        .await
-        .unwrap();
+    b.create_thin(
+        &thin("t3", "p2", 1),
+        "nqn.2024-01.io.flashpool:other",
+        p2.epoch,
+    )
+    .await
+    .unwrap();
     assert_eq!(a.thin_specs("p1").await.unwrap(), vec![thin("t1", "p1", 1)]);
     assert_eq!(a.all_thin_specs().await.unwrap().len(), 2);
     assert_eq!(a.pool_of("t3").await.unwrap().as_deref(), Some("p2"));
@@ -710,7 +714,13 @@ async fn thin_volumes_are_guarded_by_the_pool_owner_and_unique() {
     a.create_thin(&thin("spec", "p1", 9), nqn, p1.epoch)
         .await
         .unwrap();
-    let mut names: Vec<String> = a.specs().await.unwrap().into_iter().map(|s| s.name).collect();
+    let mut names: Vec<String> = a
+        .specs()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
     names.sort();
     assert_eq!(names, ["p1", "p2", "vol"]);
     assert_eq!(a.volumes().await.unwrap().len(), 3);

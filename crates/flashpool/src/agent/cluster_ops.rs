@@ -43,12 +43,25 @@ impl Agent {
     /// Fills in how a cluster volume is exported: the agent serves it
     /// through its switch device, not through the node's own export.
     pub async fn annotate(&self, v: &mut VolumeInfo) {
-        if v.export.is_none()
-            && let Some(sv) = self.served.lock().await.get(&v.name)
+        if v.export.is_some() {
+            return;
+        }
+        let served = self.served.lock().await;
+        if let Some(sv) = served.get(&v.name) {
+            v.export = (!sv.spec.thin_pool).then(|| crate::node::Export {
+                nqn: sv.spec.nqn.clone(),
+                nsid: sv.spec.nsid,
+                from_config: false,
+            });
+        } else if let Some((sv, t)) = v
+            .pool
+            .as_ref()
+            .and_then(|p| served.get(p))
+            .and_then(|sv| Some((sv, sv.thins.get(&v.name)?)))
         {
             v.export = Some(crate::node::Export {
                 nqn: sv.spec.nqn.clone(),
-                nsid: sv.spec.nsid,
+                nsid: t.spec.nsid,
                 from_config: false,
             });
         }
@@ -113,16 +126,29 @@ impl Agent {
     /// `POST /v1/volumes` in cluster mode: a volume on remote drives, owned
     /// by this node and served by every node.
     pub async fn create(self: &Arc<Self>, mut req: CreateVolume) -> NodeResult<VolumeInfo> {
+        if req.pool.is_some() {
+            return self.create_thin(req).await;
+        }
         let Some(x) = req.export.take() else {
+            return Err(NodeError::BadRequest(if req.thin_pool {
+                "a cluster pool's thin volumes are served by every node: give it --export NQN \
+                 (their subsystem)"
+                    .into()
+            } else {
+                "a cluster volume is served by every node: give it --export NQN --nsid N".into()
+            }));
+        };
+        if !req.thin_pool && x.nsid == 0 {
             return Err(NodeError::BadRequest(
                 "a cluster volume is served by every node: give it --export NQN --nsid N".into(),
             ));
-        };
-        if req.pool.is_some() || req.thin_pool {
-            return Err(NodeError::BadRequest(
-                "thin pools are not cluster volumes yet; make them on a node without [cluster]"
-                    .into(),
-            ));
+        }
+        if req.thin_pool && x.nsid != 0 {
+            return Err(NodeError::BadRequest(format!(
+                "a cluster pool is not a namespace itself (its thin volumes are): give --export \
+                 {} without --nsid",
+                x.nqn
+            )));
         }
         crate::node::check_name("volume", &req.name)?;
         let mut urls = Vec::new();
@@ -138,8 +164,20 @@ impl Agent {
                 req.name
             )));
         }
+        if !req.thin_pool && s.thin_nsids(&x.nqn).await.map_err(etcd)?.contains(&x.nsid) {
+            return Err(NodeError::Conflict(format!(
+                "nsid {} of {} serves a thin volume already; pick another nsid",
+                x.nsid, x.nqn
+            )));
+        }
+        if s.pool_of(&req.name).await.map_err(etcd)?.is_some() {
+            return Err(NodeError::Conflict(format!(
+                "a thin volume is called {} already",
+                req.name
+            )));
+        }
         for spec in s.specs().await.map_err(etcd)? {
-            if spec.nqn == x.nqn && spec.nsid == x.nsid {
+            if !req.thin_pool && spec.nqn == x.nqn && spec.nsid == x.nsid {
                 return Err(NodeError::Conflict(format!(
                     "nsid {} of {} serves cluster volume {} already; pick another nsid",
                     x.nsid, x.nqn, spec.name
@@ -162,6 +200,7 @@ impl Agent {
             )));
         };
         let name = req.name.clone();
+        let req_thin_pool = req.thin_pool;
         let info = match self.node.create_volume(req).await {
             Ok(i) => i,
             Err(e) => {
@@ -182,6 +221,7 @@ impl Agent {
             hosts: Vec::new(),
             serial: serial_of(&info.uuid),
             model: "flashpool cluster volume".into(),
+            thin_pool: req_thin_pool,
         };
         // Served here before etcd tells the others, owned before it is seen.
         let mut served = self.served.lock().await;
@@ -215,15 +255,8 @@ impl Agent {
         sw.activate(dev);
         self.owned
             .lock()
-            .insert(name.clone(), (ana_group, sw.clone()));
-        served.insert(
-            name.clone(),
-            Served {
-                spec,
-                switch: sw,
-                epoch: Some(owner.epoch),
-            },
-        );
+            .insert(name.clone(), (ana_group, vec![sw.clone()]));
+        served.insert(name.clone(), Served::new(spec, sw, Some(owner.epoch)));
         self.target.set_ana_state(ana_group, AnaState::Optimized);
         self.record_serving(&name, &serving).await;
         tracing::info!(
@@ -235,7 +268,7 @@ impl Agent {
         drop(served);
         // The agent serves it, not the node: the answer says where.
         let mut v = self.node.volume(&name).await?;
-        v.export = Some(crate::node::Export {
+        v.export = (!req_thin_pool).then_some(crate::node::Export {
             nqn: x.nqn,
             nsid: x.nsid,
             from_config: false,
@@ -249,8 +282,23 @@ impl Agent {
     pub async fn delete(&self, name: &str, force: bool) -> NodeResult<Option<()>> {
         let s = self.session();
         let Some(spec) = s.spec(name).await.map_err(etcd)? else {
-            return Ok(None);
+            return self.delete_thin(name, force).await;
         };
+        if spec.thin_pool {
+            let thins = s.thin_specs(name).await.map_err(etcd)?;
+            if !thins.is_empty() {
+                return Err(NodeError::Conflict(format!(
+                    "cluster pool {name} holds {} thin volume(s) ({}); delete them first. \
+                     Nothing was changed",
+                    thins.len(),
+                    thins
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
         if !force {
             return Err(NodeError::Conflict(format!(
                 "cluster volume {name} holds data (on drives {}); deleting it loses all of it. \
@@ -275,13 +323,15 @@ impl Agent {
         };
         self.target
             .set_ana_state(sv.spec.ana_group, AnaState::Inaccessible);
-        sv.switch.deactivate();
-        sv.switch.drain(Duration::from_secs(5)).await;
+        for sw in sv.switches() {
+            sw.deactivate();
+            sw.drain(Duration::from_secs(5)).await;
+        }
         self.owned.lock().remove(name);
         self.node.delete_volume(name, true).await?;
         s.delete_volume(name, epoch).await.map_err(etcd)?;
         let sv = served.remove(name).expect("found");
-        self.unserve(&sv.spec);
+        self.unserve_all(&sv);
         Ok(Some(()))
     }
 
@@ -536,7 +586,7 @@ async fn probe(spec: &VolumeSpec) -> NodeResult<()> {
 }
 
 /// A 20-character serial number from the volume's UUID, the same on every node.
-fn serial_of(uuid: &str) -> String {
+pub(super) fn serial_of(uuid: &str) -> String {
     let hex: String = uuid.chars().filter(|c| c.is_ascii_hexdigit()).collect();
     format!("FPC{}", &hex[..hex.len().min(17)]).to_uppercase()
 }
@@ -559,6 +609,7 @@ mod tests {
             hosts: Vec::new(),
             serial: serial_of("00112233-4455-6677-8899-aabbccddeeff"),
             model: "m".into(),
+            thin_pool: false,
         }
     }
 

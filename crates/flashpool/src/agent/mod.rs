@@ -27,6 +27,9 @@ mod decide;
 mod observe;
 mod own;
 mod peers;
+mod pools;
+#[cfg(test)]
+mod pools_tests;
 mod record;
 #[cfg(test)]
 mod record_tests;
@@ -65,6 +68,27 @@ struct Served {
     switch: Arc<SwitchDevice>,
     /// The epoch this node owns it at, when it does.
     epoch: Option<u64>,
+    /// A cluster pool's thin volumes, each a namespace of its own in the
+    /// pool's ANA group (`pools.rs`); empty for any other volume.
+    thins: BTreeMap<String, pools::ThinServed>,
+}
+
+impl Served {
+    fn new(spec: VolumeSpec, switch: Arc<SwitchDevice>, epoch: Option<u64>) -> Served {
+        Served {
+            spec,
+            switch,
+            epoch,
+            thins: BTreeMap::new(),
+        }
+    }
+
+    /// Every switch of the volume: its own and its thin volumes'.
+    fn switches(&self) -> Vec<Arc<SwitchDevice>> {
+        std::iter::once(self.switch.clone())
+            .chain(self.thins.values().map(|t| t.switch.clone()))
+            .collect()
+    }
 }
 
 pub struct Agent {
@@ -94,7 +118,7 @@ pub struct Agent {
     settles: std::sync::atomic::AtomicUsize,
     /// The owned volumes' groups and switches, for the fence path, which
     /// must not wait for the loop.
-    owned: Mutex<BTreeMap<String, (u32, Arc<SwitchDevice>)>>,
+    owned: Mutex<BTreeMap<String, (u32, Vec<Arc<SwitchDevice>>)>>,
     /// Peers whose liveness port is watched, by (name, lease).
     watching: Mutex<HashSet<(String, i64)>>,
     /// What the decisions remember of each volume between passes (claim
@@ -371,9 +395,11 @@ impl Agent {
     /// Turns every owned group Inaccessible and stops passing I/O on: the
     /// host retries elsewhere. The volumes are dropped by the loop.
     fn fence_fast(&self, why: &str) {
-        for (name, (g, sw)) in self.owned.lock().iter() {
+        for (name, (g, sws)) in self.owned.lock().iter() {
             self.target.set_ana_state(*g, AnaState::Inaccessible);
-            sw.deactivate();
+            for sw in sws {
+                sw.deactivate();
+            }
             self.tell_fenced(name, why);
         }
     }
@@ -392,6 +418,23 @@ impl Agent {
             )))?;
         }
         self.target.set_cluster_wide(&spec.nqn, true)?;
+        if spec.thin_pool {
+            // A pool is not a namespace; its thin volumes are (`pools.rs`).
+            self.target
+                .set_ana_state(spec.ana_group, AnaState::Inaccessible);
+            self.target.bind_ana_group_to_lease(spec.ana_group, true);
+            tracing::info!(
+                "cluster pool {}: served on standby (ANA group {} of {})",
+                spec.name,
+                spec.ana_group,
+                spec.nqn
+            );
+            let geometry = blockdev::Geometry {
+                block_size: spec.block_size,
+                num_blocks: spec.size_bytes / u64::from(spec.block_size.max(1)),
+            };
+            return Ok(SwitchDevice::new(&spec.name, geometry, self.clock.clone()));
+        }
         let geometry = blockdev::Geometry {
             block_size: spec.block_size,
             num_blocks: spec.size_bytes / u64::from(spec.block_size.max(1)),
@@ -415,8 +458,18 @@ impl Agent {
         Ok(sw)
     }
 
+    /// Stops serving a volume here, with its thin volumes if it is a pool.
+    fn unserve_all(&self, sv: &Served) {
+        for t in sv.thins.values() {
+            self.unserve_thin(&sv.spec, &t.spec);
+        }
+        self.unserve(&sv.spec);
+    }
+
     fn unserve(&self, spec: &VolumeSpec) {
-        let _ = self.target.remove_namespace(&spec.nqn, spec.nsid);
+        if !spec.thin_pool {
+            let _ = self.target.remove_namespace(&spec.nqn, spec.nsid);
+        }
         self.target.bind_ana_group_to_lease(spec.ana_group, false);
         if let Some(sub) = self.target.subsystem(&spec.nqn)
             && sub.cluster_wide()

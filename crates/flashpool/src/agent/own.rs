@@ -51,7 +51,14 @@ impl Agent {
             handoff,
         };
         let plan = decide::decide_volume(members, me, &view, &here, Instant::now());
-        self.act(s, spec, slot, plan).await
+        self.act(s, spec, slot, plan).await?;
+        // A pool's thin volumes: served as etcd lists them (one range read).
+        if spec.thin_pool
+            && let Some(sv) = slot
+        {
+            self.sync_thins(s, sv).await?;
+        }
+        Ok(())
     }
 
     /// This node's side of one volume, for a decision.
@@ -126,11 +133,7 @@ impl Agent {
         match step {
             Action::ServeStandby => match self.serve_standby(spec) {
                 Ok(sw) => {
-                    *slot = Some(Served {
-                        spec: spec.clone(),
-                        switch: sw,
-                        epoch: None,
-                    });
+                    *slot = Some(Served::new(spec.clone(), sw, None));
                 }
                 Err(e) => {
                     tracing::error!("cluster volume {name}: cannot serve it here: {e}");
@@ -138,7 +141,10 @@ impl Agent {
                 }
             },
             Action::Unserve => {
-                self.unserve(spec);
+                match slot.as_ref() {
+                    Some(sv) => self.unserve_all(sv),
+                    None => self.unserve(spec),
+                }
                 self.forget(name);
                 *slot = None;
             }
@@ -307,9 +313,17 @@ impl Agent {
         steps.assembled = Instant::now();
         sv.switch.activate(dev);
         sv.epoch = Some(epoch);
+        // A pool's thin volumes are served with it, in its ANA group: one
+        // step for all of them.
+        if sv.spec.thin_pool
+            && let Err(e) = self.sync_thins(s, sv).await
+        {
+            tracing::error!("pool {name}: reading its thin volumes: {e}; serving the ones known");
+            self.activate_thins(sv).await;
+        }
         self.owned
             .lock()
-            .insert(name.clone(), (sv.spec.ana_group, sv.switch.clone()));
+            .insert(name.clone(), (sv.spec.ana_group, sv.switches()));
         self.target
             .set_ana_state(sv.spec.ana_group, AnaState::Optimized);
         steps.serving = Instant::now();
@@ -378,7 +392,9 @@ impl Agent {
         let name = sv.spec.name.clone();
         self.target
             .set_ana_state(sv.spec.ana_group, AnaState::Inaccessible);
-        sv.switch.deactivate();
+        for sw in sv.switches() {
+            sw.deactivate();
+        }
         self.owned.lock().remove(&name);
         self.node.drop_fenced(&name, why).await;
         sv.epoch = None;
@@ -425,8 +441,14 @@ impl Agent {
         let name = sv.spec.name.clone();
         let g = sv.spec.ana_group;
         self.target.set_ana_state(g, AnaState::Change);
-        sv.switch.deactivate();
-        let drained = sv.switch.drain(Duration::from_secs(5)).await;
+        let switches = sv.switches();
+        for sw in &switches {
+            sw.deactivate();
+        }
+        let mut drained = true;
+        for sw in &switches {
+            drained &= sw.drain(Duration::from_secs(5)).await;
+        }
         self.owned.lock().remove(&name);
         let mut clean = drained;
         if !drained {

@@ -124,7 +124,8 @@ fn volume_of(e: &ClusterEvent) -> Option<&str> {
         | ClusterEvent::OwnerSet(v, _)
         | ClusterEvent::OwnerGone(v)
         | ClusterEvent::HandoffSet(v, _)
-        | ClusterEvent::HandoffCleared(v) => Some(v),
+        | ClusterEvent::HandoffCleared(v)
+        | ClusterEvent::ThinChanged(v) => Some(v),
         ClusterEvent::NodeUp(_)
         | ClusterEvent::NodeDown(_)
         | ClusterEvent::Drain(..)

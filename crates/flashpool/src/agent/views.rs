@@ -24,14 +24,21 @@ impl Agent {
     /// Marks the cluster volumes in `vs` (the node's own list) with their
     /// owner and ANA state, and adds those served here on standby.
     pub async fn list_cluster(&self, vs: &mut Vec<VolumeInfo>) {
-        let specs: Vec<_> = {
+        let (specs, thins): (Vec<_>, Vec<_>) = {
             let served = self.served.lock().await;
-            served
-                .values()
-                .map(|sv| (sv.spec.clone(), sv.epoch.is_some()))
-                .collect()
+            (
+                served
+                    .values()
+                    .map(|sv| (sv.spec.clone(), sv.epoch.is_some()))
+                    .collect(),
+                served
+                    .values()
+                    .flat_map(|sv| sv.thins.values().map(|t| (sv.spec.clone(), t.spec.clone())))
+                    .collect(),
+            )
         };
         let s = self.session();
+        self.list_thins(vs, &s, thins).await;
         for (spec, owned) in specs {
             let ana = ana_word(self.target.ana_state(spec.ana_group)).to_string();
             if let Some(v) = vs.iter_mut().find(|v| v.name == spec.name) {
@@ -72,7 +79,7 @@ impl Agent {
                 )),
                 generation: st.as_ref().map_or(0, |st| st.generation),
                 members,
-                export: Some(Export {
+                export: (!spec.thin_pool).then(|| Export {
                     nqn: spec.nqn.clone(),
                     nsid: spec.nsid,
                     from_config: false,
@@ -90,5 +97,60 @@ impl Agent {
             });
         }
         vs.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+
+    /// The thin volumes of cluster pools: marked where the pool runs here,
+    /// added as standby elsewhere.
+    async fn list_thins(
+        &self,
+        vs: &mut Vec<VolumeInfo>,
+        s: &cluster::Session,
+        thins: Vec<(cluster::VolumeSpec, cluster::ThinSpec)>,
+    ) {
+        let mut owners = std::collections::BTreeMap::new();
+        for (pool, t) in thins {
+            let ana = ana_word(self.target.ana_state(pool.ana_group)).to_string();
+            if let Some(v) = vs.iter_mut().find(|v| v.name == t.name) {
+                v.owner = Some(self.name().to_string());
+                v.ana_state = Some(ana);
+                continue;
+            }
+            if !owners.contains_key(&pool.name) {
+                let o = s.owner(&pool.name).await.ok().flatten().map(|o| o.node);
+                owners.insert(pool.name.clone(), o);
+            }
+            let owner = owners[&pool.name].clone();
+            vs.push(VolumeInfo {
+                name: t.name.clone(),
+                uuid: t.uuid.clone(),
+                layout: "thin".into(),
+                size_bytes: t.size_bytes,
+                block_size: t.block_size,
+                strip_bytes: 0,
+                state: "standby".into(),
+                reason: Some(format!(
+                    "in cluster pool {}, owned by {}; served here on standby",
+                    pool.name,
+                    owner.as_deref().unwrap_or("no node right now")
+                )),
+                generation: 0,
+                members: Vec::new(),
+                export: Some(Export {
+                    nqn: pool.nqn.clone(),
+                    nsid: t.nsid,
+                    from_config: false,
+                }),
+                from_config: false,
+                rebuild: RebuildInfo::default(),
+                pool: Some(pool.name.clone()),
+                allocated_bytes: None,
+                thin_pool: None,
+                jobs: Vec::new(),
+                last_scrub: None,
+                forced: None,
+                owner,
+                ana_state: Some(ana),
+            });
+        }
     }
 }

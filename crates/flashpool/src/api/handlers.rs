@@ -178,7 +178,7 @@ pub(super) async fn volumes(State(a): State<App>) -> ApiResult {
 pub(super) async fn create_volume(State(a): State<App>, b: Bytes) -> ApiResult {
     let req: CreateVolume = body(&b)?;
     let info = match &a.agent {
-        Some(ag) if req.pool.is_none() => ag.create(req).await?,
+        Some(ag) => ag.create(req).await?,
         _ => a.node.create_volume(req).await?,
     };
     Ok((StatusCode::CREATED, axum::Json(info)).into_response())

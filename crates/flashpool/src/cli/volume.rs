@@ -47,10 +47,12 @@ pub enum VolumeCmd {
         /// Rebuild speed limit per second, e.g. 200MiB.
         #[arg(long)]
         rebuild_rate: Option<String>,
-        /// Serve it at once in this subsystem...
-        #[arg(long, requires = "nsid")]
+        /// Serve it at once in this subsystem (a cluster pool: where its
+        /// thin volumes are served)...
+        #[arg(long)]
         export: Option<String>,
-        /// ...as this namespace ID.
+        /// ...as this namespace ID (a thin volume of a cluster pool: the
+        /// lowest free one when left out).
         #[arg(long, requires = "export")]
         nsid: Option<u32>,
     },
@@ -250,12 +252,12 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
     Ok(())
 }
 
-/// `--export NQN --nsid N` as a request's `export`.
+/// `--export NQN [--nsid N]` as a request's `export` (nsid 0: none given).
 fn export_request(nqn: Option<String>, nsid: Option<u32>) -> Option<ExportRequest> {
-    match (nqn, nsid) {
-        (Some(nqn), Some(nsid)) => Some(ExportRequest { nqn, nsid }),
-        _ => None,
-    }
+    nqn.map(|nqn| ExportRequest {
+        nqn,
+        nsid: nsid.unwrap_or(0),
+    })
 }
 
 fn export_text(v: &VolumeInfo) -> String {

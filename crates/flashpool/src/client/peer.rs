@@ -95,20 +95,64 @@ impl PeerApi {
         ))
     }
 
+    /// `POST /v1/volumes` on the node whose API is `api` (a thin volume
+    /// of a cluster pool that node owns): its answer.
+    pub fn create_volume(
+        &self,
+        api: &str,
+        req: &crate::api_types::CreateVolume,
+    ) -> Result<crate::api_types::VolumeInfo, PeerError> {
+        let r = self
+            .with_token(self.agent.post(&url(api, "/volumes")))
+            .send_json(req);
+        answer(r)
+    }
+
+    /// `DELETE /v1/volumes/{name}` on the node whose API is `api`.
+    pub fn delete_volume(&self, api: &str, name: &str, force: bool) -> Result<(), PeerError> {
+        let path = format!("/volumes/{name}?force={force}");
+        let r = self.with_token(self.agent.delete(&url(api, &path))).call();
+        answer::<serde_json::Value>(r).map(|_| ())
+    }
+
+    fn with_token<B>(&self, req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.token {
+            Some(t) => req.header("Authorization", &format!("Bearer {}", t.bearer())),
+            None => req,
+        }
+    }
+
     /// `POST <api>/v1<path>` with no body; `api` is a peer's advertised
     /// address (`ADDR:PORT` or `https://ADDR:PORT`).
     fn post(&self, api: &str, path: &str) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
-        let url = if api.contains("://") {
-            format!("{api}/v1{path}")
-        } else {
-            format!("http://{api}/v1{path}")
-        };
-        let req = self.agent.post(&url);
-        match &self.token {
-            Some(t) => req
-                .header("Authorization", &format!("Bearer {}", t.bearer()))
-                .send_empty(),
-            None => req.send_empty(),
-        }
+        self.with_token(self.agent.post(&url(api, path)))
+            .send_empty()
     }
+}
+
+/// The URL of `/v1<path>` on a peer's advertised API address.
+fn url(api: &str, path: &str) -> String {
+    if api.contains("://") {
+        format!("{api}/v1{path}")
+    } else {
+        format!("http://{api}/v1{path}")
+    }
+}
+
+/// A peer's JSON answer, or why there is none.
+fn answer<T: serde::de::DeserializeOwned>(
+    r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+) -> Result<T, PeerError> {
+    let mut r = r.map_err(|e| PeerError::Unreachable(e.to_string()))?;
+    if r.status().is_success() {
+        return r
+            .body_mut()
+            .read_json()
+            .map_err(|e| PeerError::Refused(format!("an answer that cannot be read: {e}")));
+    }
+    let why = r.body_mut().read_json::<ErrorBody>().ok();
+    Err(PeerError::Refused(why.map_or_else(
+        || format!("HTTP {} and no reason given", r.status()),
+        |b| b.error,
+    )))
 }

@@ -75,6 +75,8 @@ impl Node {
             v.fence(why);
             v.set_state_hook(None);
         }
+        // A pool's thin volumes go with it (their I/O fails through it).
+        drop_thin_of(&mut st, name);
         close_remotes(&mut st, &e.drives);
         tracing::warn!("volume {name}: let go without writing ({why})");
     }
@@ -90,6 +92,12 @@ impl Node {
                 crate::echo::Echo(name)
             )));
         };
+        // A pool's chunk map is made durable before the volume below it.
+        if let Some(p) = e.thin_pool() {
+            p.close()
+                .await
+                .map_err(|err| NodeError::Internal(format!("pool {name}: close: {err}")))?;
+        }
         if let Some(v) = e.on_drives() {
             v.close()
                 .await
@@ -103,10 +111,17 @@ impl Node {
         let drives = e.drives.clone();
         self.unclaim(&st, &drives).await;
         st.volumes.remove(name);
+        drop_thin_of(&mut st, name);
         close_remotes(&mut st, &drives);
         tracing::info!("volume {name}: handed over (clean, reservations released)");
         Ok(())
     }
+}
+
+/// Forgets the thin volumes of pool `pool`.
+fn drop_thin_of(st: &mut NodeState, pool: &str) {
+    st.volumes
+        .retain(|_, e| !matches!(&e.backing, super::Backing::Thin { pool: p, .. } if p == pool));
 }
 
 /// Closes and forgets the remote drives among `names`.

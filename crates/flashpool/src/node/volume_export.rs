@@ -52,6 +52,12 @@ pub fn volume_namespace(nsid: u32, dev: Arc<dyn BlockDevice>, uuid: &str) -> Nam
 
 impl Node {
     pub(super) fn check_export_free(&self, x: &ExportRequest) -> NodeResult<()> {
+        if x.nsid == 0 {
+            return Err(NodeError::BadRequest(format!(
+                "give the namespace ID to serve it as in {}: --nsid N (API: \"nsid\")",
+                Echo(&x.nqn)
+            )));
+        }
         let t = self.target()?;
         let sub = t.subsystem(&x.nqn).ok_or_else(|| {
             NodeError::BadRequest(format!(

@@ -1,0 +1,450 @@
+//! Cluster pools: a thin pool on a cluster volume (RAID/EC across
+//! enclosures), carved into thin volumes that every node serves as
+//! namespaces of the pool's subsystem.
+//!
+//! The pool is the unit of ownership: its owner runs the pool and every
+//! thin volume in it, and a takeover or move carries them all in one step.
+//! All of a pool's namespaces are in the pool's one ANA group: a host sees
+//! one ANA change per pool, however many thin volumes it holds, and the
+//! cluster never runs into the host's limit on ANA groups (ANAGRPMAX,
+//! 128 here) before its limit on namespaces.
+//!
+//! The thin volumes' specs are in etcd (`volumes/<pool>/thin/<t>`), written
+//! by the pool's owner at its epoch. A create makes the thin volume in the
+//! pool first and records it after (a create cut short leaves a thin volume
+//! no spec names: never served, logged); a delete removes the record first.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cluster::{ClusterError, Session, ThinSpec, VolumeSpec};
+
+use super::cluster_ops::serial_of;
+use super::{Agent, Served, SwitchDevice};
+use crate::api_types::CreateVolume;
+use crate::client::{PeerApi, PeerError};
+use crate::node::{Export, NodeError, NodeResult, VolumeInfo};
+
+/// One thin volume of a cluster pool as this node serves it.
+pub(super) struct ThinServed {
+    pub(super) spec: ThinSpec,
+    pub(super) switch: Arc<SwitchDevice>,
+}
+
+/// How many times a create picks another free NSID when a concurrent
+/// create took the one it picked.
+const NSID_TRIES: usize = 8;
+
+fn etcd(e: ClusterError) -> NodeError {
+    match e {
+        ClusterError::Deposed { .. } => NodeError::Conflict(format!(
+            "{e}; the pool changed owner meanwhile, nothing was done; retry"
+        )),
+        ClusterError::VolumeExists(_) | ClusterError::NsidTaken { .. } => {
+            NodeError::Conflict(e.to_string())
+        }
+        _ => NodeError::Internal(format!("cluster state (etcd): {e}")),
+    }
+}
+
+impl Agent {
+    /// The namespace of thin volume `t` of pool `pool`: standby (nothing
+    /// behind its switch), in the pool's ANA group.
+    fn serve_thin(&self, pool: &VolumeSpec, t: &ThinSpec) -> anyhow::Result<Arc<SwitchDevice>> {
+        let geometry = blockdev::Geometry {
+            block_size: t.block_size,
+            num_blocks: t.size_bytes / u64::from(t.block_size.max(1)),
+        };
+        let sw = SwitchDevice::new(&t.name, geometry, self.clock.clone());
+        let mut ns = crate::node::volume_namespace(t.nsid, sw.clone(), &t.uuid)
+            .with_ana_group(pool.ana_group)?;
+        ns.resv = sw.reservations();
+        self.target.add_namespace(&pool.nqn, ns)?;
+        tracing::info!(
+            "thin volume {} of cluster pool {}: served as nsid {} of {}",
+            t.name,
+            pool.name,
+            t.nsid,
+            pool.nqn
+        );
+        Ok(sw)
+    }
+
+    pub(super) fn unserve_thin(&self, pool: &VolumeSpec, t: &ThinSpec) {
+        let _ = self.target.remove_namespace(&pool.nqn, t.nsid);
+        tracing::info!(
+            "thin volume {} of cluster pool {}: no longer served here",
+            t.name,
+            pool.name
+        );
+    }
+
+    /// Serves pool `sv`'s thin volumes as etcd lists them: new ones
+    /// added (passing I/O on at once where the pool is owned here), deleted
+    /// ones removed. One range read.
+    pub(super) async fn sync_thins(
+        &self,
+        s: &Session,
+        sv: &mut Served,
+    ) -> Result<(), ClusterError> {
+        let specs = s.thin_specs(&sv.spec.name).await?;
+        let want: BTreeSet<&str> = specs.iter().map(|t| t.name.as_str()).collect();
+        let gone: Vec<String> = sv
+            .thins
+            .keys()
+            .filter(|n| !want.contains(n.as_str()))
+            .cloned()
+            .collect();
+        for n in gone {
+            if let Some(t) = sv.thins.remove(&n) {
+                t.switch.deactivate();
+                self.unserve_thin(&sv.spec, &t.spec);
+            }
+        }
+        for t in specs {
+            if sv.thins.contains_key(&t.name) {
+                continue;
+            }
+            match self.serve_thin(&sv.spec, &t) {
+                Ok(switch) => {
+                    sv.thins
+                        .insert(t.name.clone(), ThinServed { spec: t, switch });
+                }
+                Err(e) => tracing::error!(
+                    "thin volume {} of cluster pool {}: cannot serve it here: {e}",
+                    t.name,
+                    sv.spec.name
+                ),
+            }
+        }
+        if sv.epoch.is_some() {
+            self.activate_thins(sv).await;
+            if let Some(o) = self.owned.lock().get_mut(&sv.spec.name) {
+                o.1 = sv.switches();
+            }
+        }
+        Ok(())
+    }
+
+    /// On the pool's owner: every thin switch passes I/O to the thin
+    /// volume the pool holds. One the pool does not hold is left standby
+    /// (logged), as are the pool's thin volumes that no spec names.
+    pub(super) async fn activate_thins(&self, sv: &Served) {
+        for t in sv.thins.values() {
+            match self.node.volume_device(&t.spec.name).await {
+                Some(dev) => t.switch.activate(dev),
+                None => tracing::error!(
+                    "thin volume {} is recorded in cluster pool {} but the pool does not hold it; \
+                     not served",
+                    t.spec.name,
+                    sv.spec.name
+                ),
+            }
+        }
+        for v in self.node.volumes().await {
+            if v.pool.as_deref() == Some(sv.spec.name.as_str()) && !sv.thins.contains_key(&v.name) {
+                tracing::warn!(
+                    "thin volume {} of cluster pool {} is not recorded in the cluster (a create \
+                     or delete cut short); not served. Delete it with `flashpool volume delete {} \
+                     --force` on this node",
+                    v.name,
+                    sv.spec.name,
+                    v.name
+                );
+            }
+        }
+    }
+
+    /// `POST /v1/volumes` with a pool: a thin volume of a cluster pool
+    /// (made by the pool's owner; another node passes the request on), or
+    /// of a pool of this node's own.
+    pub(super) async fn create_thin(self: &Arc<Self>, req: CreateVolume) -> NodeResult<VolumeInfo> {
+        let pool = req.pool.clone().unwrap_or_default();
+        let s = self.session();
+        let Some(spec) = s.spec(&pool).await.map_err(etcd)? else {
+            // not a cluster pool: this node's own
+            return self.node.create_volume(req).await;
+        };
+        if !spec.thin_pool {
+            return Err(NodeError::BadRequest(format!(
+                "cluster volume {pool} is not a pool; make one with --thin-pool"
+            )));
+        }
+        crate::node::check_name("volume", &req.name)?;
+        if let Some(x) = &req.export
+            && x.nqn != spec.nqn
+        {
+            return Err(NodeError::BadRequest(format!(
+                "the thin volumes of cluster pool {pool} are served in its subsystem {}; \
+                 leave out --export or give that NQN",
+                spec.nqn
+            )));
+        }
+        let owner = s.owner(&pool).await.map_err(etcd)?.ok_or_else(|| {
+            NodeError::Conflict(format!(
+                "cluster pool {pool} has no owner right now (a takeover is under way); retry"
+            ))
+        })?;
+        if owner.node != s.node() {
+            return self
+                .on_owner(&s, &owner.node, move |p, api| p.create_volume(api, &req))
+                .await;
+        }
+        self.create_thin_here(&s, &spec, owner.epoch, req).await
+    }
+
+    /// Makes thin volume `req` in pool `spec`, owned here at `epoch`.
+    async fn create_thin_here(
+        &self,
+        s: &Session,
+        spec: &VolumeSpec,
+        epoch: u64,
+        mut req: CreateVolume,
+    ) -> NodeResult<VolumeInfo> {
+        let pool = spec.name.clone();
+        let served_epoch = self.served.lock().await.get(&pool).and_then(|sv| sv.epoch);
+        if served_epoch != Some(epoch) {
+            return Err(NodeError::Conflict(format!(
+                "cluster pool {pool} is not served here yet (owned at epoch {epoch}); retry"
+            )));
+        }
+        // Refused before the pool changes: a name or NSID taken.
+        if s.spec(&req.name).await.map_err(etcd)?.is_some()
+            || s.pool_of(&req.name).await.map_err(etcd)?.is_some()
+        {
+            return Err(NodeError::Conflict(format!(
+                "a cluster volume is called {} already",
+                req.name
+            )));
+        }
+        let want_nsid = req.export.take().map(|x| x.nsid).filter(|n| *n != 0);
+        if let Some(n) = want_nsid
+            && self.nsid_used(s, &spec.nqn, n).await?
+        {
+            return Err(NodeError::Conflict(format!(
+                "nsid {n} of {} serves another cluster volume already; pick another or leave \
+                 it out",
+                spec.nqn
+            )));
+        }
+        let name = req.name.clone();
+        let info = self.node.create_volume(req).await?;
+        let mut t = ThinSpec {
+            name: name.clone(),
+            pool: pool.clone(),
+            uuid: info.uuid.clone(),
+            nsid: 0,
+            size_bytes: info.size_bytes,
+            block_size: info.block_size,
+            serial: serial_of(&info.uuid),
+        };
+        let mut recorded = Err(NodeError::Internal("no NSID tried".into()));
+        for _ in 0..NSID_TRIES {
+            t.nsid = match want_nsid {
+                Some(n) => n,
+                None => match self.free_nsid(s, &spec.nqn).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        recorded = Err(e);
+                        break;
+                    }
+                },
+            };
+            match s.create_thin(&t, &spec.nqn, epoch).await {
+                Ok(()) => {
+                    recorded = Ok(());
+                    break;
+                }
+                Err(ClusterError::NsidTaken { .. }) if want_nsid.is_none() => continue,
+                Err(e) => {
+                    recorded = Err(etcd(e));
+                    break;
+                }
+            }
+        }
+        if let Err(e) = recorded {
+            // A refused request changes nothing: the new thin volume goes.
+            if let Err(d) = self.node.delete_volume(&name, true).await {
+                tracing::error!("thin volume {name}: undoing its create: {d}");
+            }
+            return Err(e);
+        }
+        // Served here at once (the pool's own pass would, a moment later).
+        {
+            let mut served = self.served.lock().await;
+            if let Some(sv) = served.get_mut(&pool)
+                && !sv.thins.contains_key(&name)
+            {
+                match self.serve_thin(&sv.spec, &t) {
+                    Ok(switch) => {
+                        if let Some(dev) = self.node.volume_device(&name).await {
+                            switch.activate(dev);
+                        }
+                        sv.thins.insert(
+                            name.clone(),
+                            ThinServed {
+                                spec: t.clone(),
+                                switch,
+                            },
+                        );
+                        if let Some(o) = self.owned.lock().get_mut(&pool) {
+                            o.1 = sv.switches();
+                        }
+                    }
+                    Err(e) => tracing::error!("thin volume {name}: cannot serve it here: {e}"),
+                }
+            }
+        }
+        tracing::info!(
+            "thin volume {name}: created in cluster pool {pool}, nsid {} of {}",
+            t.nsid,
+            spec.nqn
+        );
+        let mut v = self.node.volume(&name).await?;
+        v.export = Some(Export {
+            nqn: spec.nqn.clone(),
+            nsid: t.nsid,
+            from_config: false,
+        });
+        v.owner = Some(self.name().to_string());
+        Ok(v)
+    }
+
+    /// Whether `nsid` of `nqn` serves a cluster volume or a thin volume.
+    async fn nsid_used(&self, s: &Session, nqn: &str, nsid: u32) -> NodeResult<bool> {
+        Ok(self.used_nsids(s, nqn).await?.contains(&nsid))
+    }
+
+    async fn used_nsids(&self, s: &Session, nqn: &str) -> NodeResult<BTreeSet<u32>> {
+        let mut used: BTreeSet<u32> = s.thin_nsids(nqn).await.map_err(etcd)?.into_iter().collect();
+        used.extend(
+            s.specs()
+                .await
+                .map_err(etcd)?
+                .iter()
+                .filter(|v| v.nqn == nqn && !v.thin_pool)
+                .map(|v| v.nsid),
+        );
+        Ok(used)
+    }
+
+    /// The lowest NSID of `nqn` that nothing in the cluster serves.
+    async fn free_nsid(&self, s: &Session, nqn: &str) -> NodeResult<u32> {
+        let used = self.used_nsids(s, nqn).await?;
+        (1..=MAX_NSID)
+            .find(|n| !used.contains(n))
+            .ok_or_else(|| NodeError::Conflict(format!("every nsid of {nqn} is in use")))
+    }
+
+    /// `DELETE /v1/volumes/{name}` of a thin volume of a cluster pool; `None`
+    /// when no cluster pool holds one of that name.
+    pub(super) async fn delete_thin(&self, name: &str, force: bool) -> NodeResult<Option<()>> {
+        let s = self.session();
+        let Some(pool) = s.pool_of(name).await.map_err(etcd)? else {
+            return Ok(None);
+        };
+        let (spec, t) = match (
+            s.spec(&pool).await.map_err(etcd)?,
+            s.thin_specs(&pool)
+                .await
+                .map_err(etcd)?
+                .into_iter()
+                .find(|t| t.name == name),
+        ) {
+            (Some(spec), Some(t)) => (spec, t),
+            _ => return Ok(None),
+        };
+        let owner = s.owner(&pool).await.map_err(etcd)?.ok_or_else(|| {
+            NodeError::Conflict(format!(
+                "cluster pool {pool} has no owner right now (a takeover is under way); retry"
+            ))
+        })?;
+        if owner.node != s.node() {
+            let n = name.to_string();
+            self.on_owner(&s, &owner.node, move |p, api| {
+                p.delete_volume(api, &n, force)
+            })
+            .await?;
+            return Ok(Some(()));
+        }
+        let mut served = self.served.lock().await;
+        let Some(sv) = served
+            .get_mut(&pool)
+            .filter(|sv| sv.epoch == Some(owner.epoch))
+        else {
+            return Err(NodeError::Conflict(format!(
+                "cluster pool {pool} is not served here yet; retry"
+            )));
+        };
+        // Refused before anything changes: data would be lost.
+        let v = self.node.volume(name).await?;
+        if !force && v.allocated_bytes.unwrap_or(0) > 0 {
+            return Err(NodeError::Conflict(format!(
+                "thin volume {name} holds data ({} allocated in pool {pool}); deleting it \
+                 loses all of it. Nothing was changed; to delete it anyway use --force \
+                 (API: {{\"force\": true}})",
+                crate::units::human_bytes(v.allocated_bytes.unwrap_or(0))
+            )));
+        }
+        // The record first: a delete cut short leaves a thin volume that no
+        // spec names (never served again), not a spec without its data.
+        s.delete_thin(&t, &spec.nqn, owner.epoch)
+            .await
+            .map_err(etcd)?;
+        if let Some(ts) = sv.thins.remove(name) {
+            ts.switch.deactivate();
+            ts.switch.drain(Duration::from_secs(5)).await;
+            self.unserve_thin(&sv.spec, &ts.spec);
+        }
+        if let Some(o) = self.owned.lock().get_mut(&pool) {
+            o.1 = sv.switches();
+        }
+        drop(served);
+        self.node.delete_volume(name, true).await?;
+        tracing::info!("thin volume {name}: deleted from cluster pool {pool}");
+        Ok(Some(()))
+    }
+
+    /// Passes a call on to node `node` (the owner of a pool), through its
+    /// management API.
+    async fn on_owner<T: Send + 'static>(
+        &self,
+        s: &Session,
+        node: &str,
+        call: impl FnOnce(&PeerApi, &str) -> Result<T, PeerError> + Send + 'static,
+    ) -> NodeResult<T> {
+        let rec = s
+            .nodes()
+            .await
+            .map_err(etcd)?
+            .into_iter()
+            .find(|n| n.name == node)
+            .ok_or_else(|| {
+                NodeError::Conflict(format!("node {node} owns the pool but is not live; retry"))
+            })?;
+        let Some(api) = rec.api else {
+            return Err(NodeError::Conflict(format!(
+                "node {node} owns the pool but has no management API; call it there"
+            )));
+        };
+        let peer_api = self
+            .peer_api
+            .lock()
+            .clone()
+            .unwrap_or_else(|| Arc::new(PeerApi::anonymous()));
+        let who = node.to_string();
+        tokio::task::spawn_blocking(move || match call(&peer_api, &api) {
+            Ok(v) => Ok(v),
+            Err(PeerError::Unreachable(e)) => Err(NodeError::Unavailable(format!(
+                "node {who} ({api}) owns the pool and does not answer: {e}"
+            ))),
+            Err(PeerError::Refused(why)) => Err(NodeError::Conflict(format!("{who}: {why}"))),
+        })
+        .await
+        .map_err(|e| NodeError::Internal(e.to_string()))?
+    }
+}
+
+/// The highest NSID handed out to thin volumes (the target's).
+const MAX_NSID: u32 = nvmf_target::subsystem::MAX_NSID;
