@@ -62,6 +62,10 @@ pub use switch::{LeaseClock, SwitchDevice};
 /// Change during a planned move before it is Optimized or Inaccessible.
 pub const ANATT_SECS: u8 = 5;
 
+/// An owned volume's ANA group and every switch it serves through (its
+/// own, and a pool's thin volumes').
+type OwnedGroup = (u32, Vec<Arc<SwitchDevice>>);
+
 /// One cluster volume as this node serves it.
 struct Served {
     spec: VolumeSpec,
@@ -118,7 +122,7 @@ pub struct Agent {
     settles: std::sync::atomic::AtomicUsize,
     /// The owned volumes' groups and switches, for the fence path, which
     /// must not wait for the loop.
-    owned: Mutex<BTreeMap<String, (u32, Vec<Arc<SwitchDevice>>)>>,
+    owned: Mutex<BTreeMap<String, OwnedGroup>>,
     /// Peers whose liveness port is watched, by (name, lease).
     watching: Mutex<HashSet<(String, i64)>>,
     /// What the decisions remember of each volume between passes (claim
