@@ -992,3 +992,57 @@ fn thin_volume_on_a_raid5_volume() {
         pool.check().unwrap();
     });
 }
+
+/// A thin volume grows at once, and durably: handles see the new size, the
+/// new end is written and read back, the old data stays, a reopened pool
+/// has the new size; a smaller size is refused and changes nothing; the
+/// map reaches the largest volume (its far end is mapped and read back).
+#[test]
+fn a_thin_volume_grows_live_and_durably() {
+    let m = mem(4 << 20);
+    block_on(async {
+        let pool = ThinPool::format(dev(&m), CB).await.unwrap();
+        let a = pool.create_volume("a", 1 << 20, 4096).await.unwrap();
+        let before = vec![0xA5u8; 2 * BS as usize];
+        twrite(&a, 10, &before).await.unwrap();
+        let old_end = a.geometry().num_blocks;
+        // Beyond the end: refused before it grows.
+        assert!(twrite(&a, old_end, &before).await.is_err());
+        assert!(matches!(
+            pool.grow_volume("a", 512 << 10).await,
+            Err(ThinError::Shrink { .. })
+        ));
+        assert!(matches!(
+            pool.grow_volume("nope", 2 << 20).await,
+            Err(ThinError::NoSuchVolume(_))
+        ));
+        assert!(pool.grow_volume("a", (2 << 20) + 1).await.is_err(), "not whole blocks");
+        assert_eq!(a.geometry().num_blocks, old_end, "a refusal changes nothing");
+        pool.grow_volume("a", 3 << 20).await.unwrap();
+        pool.grow_volume("a", 3 << 20).await.unwrap(); // the same size: nothing
+        assert_eq!(a.geometry().num_blocks, 3 * old_end);
+        let after = vec![0x5Au8; 2 * BS as usize];
+        let last = a.geometry().num_blocks - 2;
+        twrite(&a, last, &after).await.unwrap();
+        assert_eq!(tread(&a, last, 2).await, after);
+        assert_eq!(tread(&a, 10, 2).await, before);
+        assert_eq!(pool.usage().provisioned_bytes, 3 << 20);
+        // The largest volume: its map reaches the far end.
+        let max = crate::thin::MAX_VOLUME_CLUSTERS * CB;
+        pool.grow_volume("a", max).await.unwrap();
+        let end = a.geometry().num_blocks;
+        twrite(&a, end - 2, &after).await.unwrap();
+        assert_eq!(tread(&a, end - 2, 2).await, after);
+        assert!(pool.grow_volume("a", max + CB).await.is_err());
+        pool.check().unwrap();
+        drop((a, pool));
+        // Reopened (journal replay, no clean close): the grown size holds.
+        let pool = ThinPool::open(dev(&m)).await.unwrap();
+        pool.check().unwrap();
+        let a = pool.volume("a").unwrap();
+        assert_eq!(a.geometry().num_blocks, end);
+        assert_eq!(tread(&a, 10, 2).await, before);
+        assert_eq!(tread(&a, last, 2).await, after);
+        assert_eq!(tread(&a, end - 2, 2).await, after);
+    });
+}

@@ -93,7 +93,7 @@ impl ThinVolume {
     pub fn mapped_clusters(&self) -> Vec<(u64, u64)> {
         self.vol
             .map
-            .mapped(0, self.vol.vclusters)
+            .mapped(0, self.vol.vclusters())
             .into_iter()
             .map(|(v, p)| (v, u64::from(p)))
             .collect()
@@ -108,7 +108,7 @@ impl BlockDevice for ThinVolume {
     fn geometry(&self) -> Geometry {
         Geometry {
             block_size: self.vol.meta.block_size,
-            num_blocks: self.vol.meta.size_bytes / self.bs(),
+            num_blocks: self.vol.size() / self.bs(),
         }
     }
 
@@ -345,11 +345,11 @@ impl ThinIo {
         self.pool.check_poisoned()?;
         self.vol.check_live()?;
         let cb = self.pool.geom.cluster_bytes;
-        let size = self.vol.meta.size_bytes;
+        let size = self.vol.size();
         // A cluster is covered whole when the range covers its readable part.
         let first_full = start.div_ceil(cb);
         let end_full = if end == size {
-            self.vol.vclusters
+            self.vol.vclusters()
         } else {
             end / cb
         };

@@ -139,7 +139,7 @@ impl PoolInner {
         for (slot, v) in st.slots.iter().enumerate() {
             if let Some(v) = v {
                 let at = BLOCK_USIZE + slot * VOL_ENTRY;
-                v.meta.encode(&mut b[at..at + VOL_ENTRY]);
+                v.meta_now().encode(&mut b[at..at + VOL_ENTRY]);
                 nvol += 1;
             }
         }

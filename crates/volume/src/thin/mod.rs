@@ -153,6 +153,12 @@ pub enum ThinError {
     #[error("the pool already holds {0} thin volumes, the most it can; delete one first")]
     TooManyVolumes(usize),
     #[error(
+        "thin volume {} is {size} bytes; {asked} would shrink it, which loses its end: \
+         only growing is supported",
+        shown(.name)
+    )]
+    Shrink { name: String, size: u64, asked: u64 },
+    #[error(
         "a thin pool metadata write failed earlier, so the pool refuses changes; \
          reopen it (ThinPool::open) once the device is healthy"
     )]
@@ -379,6 +385,50 @@ impl ThinPool {
         })
     }
 
+    /// Grows thin volume `name` to `size_bytes`: instant (its size is a
+    /// number in the volume table, the map needs nothing), and durable
+    /// before this returns. The same size changes nothing; a smaller one is
+    /// refused. Handles see the new size at once (`geometry`).
+    pub async fn grow_volume(&self, name: &str, size_bytes: u64) -> Result<(), ThinError> {
+        let p = &self.inner;
+        let vol = self
+            .volume(name)
+            .ok_or_else(|| ThinError::NoSuchVolume(name.to_string()))?
+            .vol;
+        validate_volume(
+            name,
+            size_bytes,
+            vol.meta.block_size,
+            p.geom.cluster_bytes,
+            p.dev_bs as u32,
+        )?;
+        let mut j = p.journal.lock().await;
+        p.check_poisoned().map_err(|_| ThinError::Poisoned)?;
+        vol.check_live()?;
+        let old = vol.size();
+        if size_bytes < old {
+            return Err(ThinError::Shrink {
+                name: name.to_string(),
+                size: old,
+                asked: size_bytes,
+            });
+        }
+        if size_bytes == old {
+            return Ok(());
+        }
+        vol.set_size(size_bytes);
+        if let Err(e) = p.checkpoint(&mut j).await {
+            // nobody was told the new size yet: the old one stands
+            vol.set_size(old);
+            return Err(e.into());
+        }
+        tracing::info!(
+            "thin pool {}: grew volume {name} from {old} to {size_bytes} bytes",
+            self.uuid()
+        );
+        Ok(())
+    }
+
     /// A handle on the thin volume called `name`.
     pub fn volume(&self, name: &str) -> Option<ThinVolume> {
         let st = self.inner.state.lock();
@@ -432,7 +482,7 @@ impl ThinPool {
             }
             let freed: Vec<u32> = vol
                 .map
-                .mapped(0, vol.vclusters)
+                .mapped(0, vol.vclusters())
                 .into_iter()
                 .map(|(_, c)| c)
                 .collect();
@@ -474,7 +524,7 @@ impl ThinPool {
             allocated_clusters: st.allocated,
             free_clusters: g.clusters - st.allocated,
             volumes: vols.len(),
-            provisioned_bytes: vols.iter().map(|v| v.meta.size_bytes).sum(),
+            provisioned_bytes: vols.iter().map(|v| v.size()).sum(),
             metadata_bytes: g.data_at,
         }
     }
@@ -527,7 +577,7 @@ impl ThinPool {
             if st.names.get(&vol.meta.name) != Some(&(slot as u16)) {
                 return Err(format!("volume {} not in the name index", vol.meta.name));
             }
-            let mapped = vol.map.mapped(0, vol.vclusters);
+            let mapped = vol.map.mapped(0, vol.vclusters());
             for &(vc, p) in &mapped {
                 if std::mem::replace(&mut seen[p as usize], true) {
                     return Err(format!("cluster {p} is in two maps"));
@@ -575,7 +625,7 @@ fn info(v: &VolInner, cluster_bytes: u64) -> ThinInfo {
     ThinInfo {
         name: v.meta.name.clone(),
         uuid: uuid_string(&v.meta.uuid),
-        size_bytes: v.meta.size_bytes,
+        size_bytes: v.size(),
         block_size: v.meta.block_size,
         allocated_bytes: v.allocated.load(Ordering::Relaxed) * cluster_bytes,
     }

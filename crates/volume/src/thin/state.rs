@@ -10,31 +10,46 @@ use parking_lot::Mutex;
 use tokio::sync::RwLock;
 
 use super::format::{PoolGeom, Record, VolMeta, io_err, owner_code};
-use super::{LOCK_SHARDS, MAP_PAGE, MAX_VOLUMES, NONE};
+use super::{LOCK_SHARDS, MAP_PAGE, MAX_VOLUME_CLUSTERS, MAX_VOLUMES, NONE};
 
 /// Virtual -> physical cluster map of one thin volume: pages of atomics,
-/// allocated on first use, so lookups take no lock and an empty volume of
-/// any size costs 16 bytes per 4096 clusters.
+/// allocated on first use, under a directory whose parts are also made on
+/// first use, so lookups take no lock, an empty volume of any size costs a
+/// few KiB, and a volume grows without its map being moved.
 pub(crate) struct ClusterMap {
-    pub(crate) pages: Box<[OnceLock<Box<[AtomicU32]>>]>,
+    dirs: Box<[OnceLock<Box<[Page]>>]>,
 }
 
+type Page = OnceLock<Box<[AtomicU32]>>;
+
+/// Pages per directory part; parts cover [`MAX_VOLUME_CLUSTERS`].
+const DIR_PAGES: u64 = 1024;
+
 impl ClusterMap {
-    pub(crate) fn new(vclusters: u64) -> ClusterMap {
-        let n = vclusters.div_ceil(MAP_PAGE) as usize;
+    pub(crate) fn new() -> ClusterMap {
+        let n = MAX_VOLUME_CLUSTERS.div_ceil(MAP_PAGE * DIR_PAGES) as usize;
         ClusterMap {
-            pages: (0..n).map(|_| OnceLock::new()).collect(),
+            dirs: (0..n).map(|_| OnceLock::new()).collect(),
         }
     }
 
+    fn page(&self, vc: u64) -> Option<&Page> {
+        let page = vc / MAP_PAGE;
+        let dir = self.dirs.get((page / DIR_PAGES) as usize)?.get()?;
+        dir.get((page % DIR_PAGES) as usize)
+    }
+
     pub(crate) fn get(&self, vc: u64) -> Option<u32> {
-        let page = self.pages.get((vc / MAP_PAGE) as usize)?.get()?;
+        let page = self.page(vc)?.get()?;
         let p = page[(vc % MAP_PAGE) as usize].load(Ordering::Acquire);
         (p != NONE).then_some(p)
     }
 
     pub(crate) fn set(&self, vc: u64, p: u32) {
-        let page = self.pages[(vc / MAP_PAGE) as usize]
+        let page = vc / MAP_PAGE;
+        let dir = self.dirs[(page / DIR_PAGES) as usize]
+            .get_or_init(|| (0..DIR_PAGES).map(|_| OnceLock::new()).collect());
+        let page = dir[(page % DIR_PAGES) as usize]
             .get_or_init(|| (0..MAP_PAGE).map(|_| AtomicU32::new(NONE)).collect());
         page[(vc % MAP_PAGE) as usize].store(p, Ordering::Release);
     }
@@ -45,11 +60,7 @@ impl ClusterMap {
         let mut vc = lo;
         while vc < hi {
             let page_end = ((vc / MAP_PAGE + 1) * MAP_PAGE).min(hi);
-            match self
-                .pages
-                .get((vc / MAP_PAGE) as usize)
-                .and_then(|p| p.get())
-            {
+            match self.page(vc).and_then(|p| p.get()) {
                 None => {}
                 Some(page) => {
                     for v in vc..page_end {
@@ -69,8 +80,10 @@ impl ClusterMap {
 /// One thin volume's in-memory state, shared by its handles and the pool.
 pub(crate) struct VolInner {
     pub(crate) slot: u16,
+    /// As created; the size is `size_bytes` (it grows).
     pub(crate) meta: VolMeta,
-    pub(crate) vclusters: u64,
+    size_bytes: AtomicU64,
+    cluster_bytes: u64,
     pub(crate) map: ClusterMap,
     pub(crate) locks: Box<[RwLock<()>]>,
     pub(crate) deleted: AtomicBool,
@@ -80,15 +93,38 @@ pub(crate) struct VolInner {
 
 impl VolInner {
     pub(crate) fn new(slot: u16, meta: VolMeta, cluster_bytes: u64) -> VolInner {
-        let vclusters = meta.size_bytes.div_ceil(cluster_bytes);
         VolInner {
             slot,
-            vclusters,
-            map: ClusterMap::new(vclusters),
+            size_bytes: AtomicU64::new(meta.size_bytes),
+            cluster_bytes,
+            map: ClusterMap::new(),
             locks: (0..LOCK_SHARDS).map(|_| RwLock::new(())).collect(),
             deleted: AtomicBool::new(false),
             allocated: AtomicU64::new(0),
             meta,
+        }
+    }
+
+    /// The virtual size now.
+    pub(crate) fn size(&self) -> u64 {
+        self.size_bytes.load(Ordering::Acquire)
+    }
+
+    /// Clusters the virtual size spans now.
+    pub(crate) fn vclusters(&self) -> u64 {
+        self.size().div_ceil(self.cluster_bytes)
+    }
+
+    /// Sets the virtual size (the caller validated it and checkpoints it).
+    pub(crate) fn set_size(&self, size_bytes: u64) {
+        self.size_bytes.store(size_bytes, Ordering::Release);
+    }
+
+    /// What the volume table records of it now.
+    pub(crate) fn meta_now(&self) -> VolMeta {
+        VolMeta {
+            size_bytes: self.size(),
+            ..self.meta.clone()
         }
     }
 
@@ -146,10 +182,10 @@ impl State {
             Record::Map { slot, vc, p } => {
                 let vol = self.vol(slot)?;
                 let owner = self.owner.get(p as usize).copied();
-                if owner != Some(0) || vc >= vol.vclusters || vol.map.get(vc).is_some() {
+                if owner != Some(0) || vc >= vol.vclusters() || vol.map.get(vc).is_some() {
                     return Err(format!(
                         "{r:?}: cluster owner {owner:?}, volume has {} clusters, maps it to {:?}",
-                        vol.vclusters,
+                        vol.vclusters(),
                         vol.map.get(vc)
                     ));
                 }
