@@ -220,6 +220,37 @@ impl Subsystem {
         Ok(old)
     }
 
+    /// Sets a namespace's size to what its device reports now (it grew);
+    /// returns the old and new block counts. Queues reload the snapshot,
+    /// so commands after this see the new size.
+    pub(crate) fn refresh_size(&self, nsid: u32) -> Result<(u64, u64), NamespaceError> {
+        let mut cur = self.namespaces.write();
+        let Some(old) = find_namespace(&cur, nsid).cloned() else {
+            return Err(NamespaceError::NoSuchNamespace {
+                nqn: self.nqn.clone(),
+                nsid,
+            });
+        };
+        let g = old.dev.geometry();
+        if g.block_size != old.block_size {
+            // a device never changes its block size under a namespace
+            return Ok((old.num_blocks, old.num_blocks));
+        }
+        let list: Vec<Namespace> = cur
+            .iter()
+            .map(|n| {
+                let mut n = n.clone();
+                if n.nsid == nsid {
+                    n.num_blocks = g.num_blocks;
+                }
+                n
+            })
+            .collect();
+        *cur = list.into();
+        self.ns_version.fetch_add(1, Ordering::AcqRel);
+        Ok((old.num_blocks, g.num_blocks))
+    }
+
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
     }

@@ -330,6 +330,21 @@ impl Target {
         Ok(ns)
     }
 
+    /// A namespace's device changed size (a volume grew): the namespace
+    /// takes the device's size and the hosts get the Namespace Attribute
+    /// Changed event (the Linux host then re-reads its size by itself).
+    /// Returns the old and new block counts.
+    pub fn namespace_resized(&self, nqn: &str, nsid: u32) -> Result<(u64, u64), NamespaceError> {
+        let sub = self
+            .subsystem(nqn)
+            .ok_or_else(|| NamespaceError::NoSuchSubsystem(nqn.to_string()))?;
+        let r = sub.refresh_size(nsid)?;
+        if r.0 != r.1 {
+            self.notify_namespace_changed(nqn, nsid);
+        }
+        Ok(r)
+    }
+
     fn notify_namespace_changed(&self, nqn: &str, nsid: u32) {
         let ctrls: Vec<_> = self.controllers.lock().values().cloned().collect();
         for c in ctrls.iter().filter(|c| c.subnqn() == nqn) {
@@ -660,6 +675,63 @@ mod tests {
         assert!(matches!(
             t.remove_namespace("nqn.a:s", 1),
             Err(NamespaceError::NoSuchNamespace { nsid: 1, .. })
+        ));
+    }
+
+    /// A device whose size the test sets (a volume that grows).
+    struct Growing {
+        inner: blockdev::NullDevice,
+        blocks: std::sync::atomic::AtomicU64,
+    }
+
+    impl blockdev::BlockDevice for Growing {
+        blockdev::forward_block_device!(self => self.inner, except [geometry]);
+        fn geometry(&self) -> blockdev::Geometry {
+            blockdev::Geometry {
+                block_size: 512,
+                num_blocks: self.blocks.load(std::sync::atomic::Ordering::Relaxed),
+            }
+        }
+    }
+
+    #[test]
+    fn a_grown_device_grows_its_namespace_with_an_event() {
+        let dev = Arc::new(Growing {
+            inner: blockdev::NullDevice::new(1 << 30, 512).unwrap(),
+            blocks: 2048.into(),
+        });
+        let sub = Arc::new(Subsystem::new(
+            "nqn.a:s".into(),
+            "S".into(),
+            "M".into(),
+            true,
+            Vec::new(),
+            vec![Namespace::new(3, dev.clone(), [3; 16], [3; 16]), ns(5)],
+        ));
+        let t = Target::new(TransportConfig::default(), vec![sub.clone()]);
+        let c = t
+            .add_controller(|id| {
+                Controller::new(id, CtrlKind::Io(sub.clone()), "h".into(), [0; 16], 0, 32, 4)
+            })
+            .unwrap();
+        c.state.lock().async_event_config = nvme_wire::identify::OAES_NS_ATTR;
+        // The same size: no event.
+        assert_eq!(t.namespace_resized("nqn.a:s", 3).unwrap(), (2048, 2048));
+        assert!(c.state.lock().pending_events.is_empty());
+        dev.blocks.store(8192, std::sync::atomic::Ordering::Relaxed);
+        let v0 = sub.ns_version();
+        assert_eq!(t.namespace_resized("nqn.a:s", 3).unwrap(), (2048, 8192));
+        assert!(sub.ns_version() > v0, "queues reload the namespaces");
+        assert_eq!(sub.namespace(3).unwrap().num_blocks, 8192);
+        assert_eq!(sub.namespace(5).unwrap().num_blocks, ns(5).num_blocks);
+        assert_eq!(c.state.lock().changed_ns, [3]);
+        assert_eq!(
+            c.state.lock().pending_events.iter().copied().collect::<Vec<_>>(),
+            [AsyncEvent::NS_CHANGED]
+        );
+        assert!(matches!(
+            t.namespace_resized("nqn.a:s", 9),
+            Err(NamespaceError::NoSuchNamespace { nsid: 9, .. })
         ));
     }
 }
