@@ -726,7 +726,12 @@ mod tests {
         assert_eq!(sub.namespace(5).unwrap().num_blocks, ns(5).num_blocks);
         assert_eq!(c.state.lock().changed_ns, [3]);
         assert_eq!(
-            c.state.lock().pending_events.iter().copied().collect::<Vec<_>>(),
+            c.state
+                .lock()
+                .pending_events
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
             [AsyncEvent::NS_CHANGED]
         );
         assert!(matches!(

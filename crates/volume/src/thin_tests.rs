@@ -1016,8 +1016,15 @@ fn a_thin_volume_grows_live_and_durably() {
             pool.grow_volume("nope", 2 << 20).await,
             Err(ThinError::NoSuchVolume(_))
         ));
-        assert!(pool.grow_volume("a", (2 << 20) + 1).await.is_err(), "not whole blocks");
-        assert_eq!(a.geometry().num_blocks, old_end, "a refusal changes nothing");
+        assert!(
+            pool.grow_volume("a", (2 << 20) + 1).await.is_err(),
+            "not whole blocks"
+        );
+        assert_eq!(
+            a.geometry().num_blocks,
+            old_end,
+            "a refusal changes nothing"
+        );
         pool.grow_volume("a", 3 << 20).await.unwrap();
         pool.grow_volume("a", 3 << 20).await.unwrap(); // the same size: nothing
         assert_eq!(a.geometry().num_blocks, 3 * old_end);

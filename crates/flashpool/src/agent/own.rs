@@ -56,7 +56,7 @@ impl Agent {
         if spec.thin_pool
             && let Some(sv) = slot
         {
-            self.sync_thins(s, sv).await?;
+            self.sync_thins(s, sv, false).await?;
         }
         Ok(())
     }
@@ -316,10 +316,10 @@ impl Agent {
         // A pool's thin volumes are served with it, in its ANA group: one
         // step for all of them.
         if sv.spec.thin_pool
-            && let Err(e) = self.sync_thins(s, sv).await
+            && let Err(e) = self.sync_thins(s, sv, true).await
         {
             tracing::error!("pool {name}: reading its thin volumes: {e}; serving the ones known");
-            self.activate_thins(sv).await;
+            self.activate_thins(sv, true).await;
         }
         self.owned
             .lock()

@@ -82,11 +82,15 @@ impl Agent {
 
     /// Serves pool `sv`'s thin volumes as etcd lists them: new ones
     /// added (passing I/O on at once where the pool is owned here), deleted
-    /// ones removed. One range read.
+    /// ones removed, grown ones served at their new size. One range read.
+    /// `taken_over`: the pool was just assembled here, so the thin volumes
+    /// it holds that no record names are told (at no other time: a create
+    /// in flight makes the thin volume before it records it).
     pub(super) async fn sync_thins(
         &self,
         s: &Session,
         sv: &mut Served,
+        taken_over: bool,
     ) -> Result<(), ClusterError> {
         let specs = s.thin_specs(&sv.spec.name).await?;
         let want: BTreeSet<&str> = specs.iter().map(|t| t.name.as_str()).collect();
@@ -103,7 +107,15 @@ impl Agent {
             }
         }
         for t in specs {
-            if sv.thins.contains_key(&t.name) {
+            if let Some(ts) = sv.thins.get_mut(&t.name) {
+                if t.size_bytes > ts.spec.size_bytes {
+                    // grown by the pool's owner: served at the new size
+                    ts.switch.grow_to(t.size_bytes);
+                    ts.spec = t;
+                    if let Err(e) = self.target.namespace_resized(&sv.spec.nqn, ts.spec.nsid) {
+                        tracing::error!("thin volume {}: its namespace: {e}", ts.spec.name);
+                    }
+                }
                 continue;
             }
             match self.serve_thin(&sv.spec, &t) {
@@ -119,7 +131,7 @@ impl Agent {
             }
         }
         if sv.epoch.is_some() {
-            self.activate_thins(sv).await;
+            self.activate_thins(sv, taken_over).await;
             if let Some(o) = self.owned.lock().get_mut(&sv.spec.name) {
                 o.1 = sv.switches();
             }
@@ -127,11 +139,12 @@ impl Agent {
         Ok(())
     }
 
-    /// On the pool's owner: every thin switch passes I/O to the thin
-    /// volume the pool holds. One the pool does not hold is left standby
-    /// (logged), as are the pool's thin volumes that no spec names.
-    pub(super) async fn activate_thins(&self, sv: &Served) {
-        for t in sv.thins.values() {
+    /// On the pool's owner: every thin switch not yet active passes I/O
+    /// to the thin volume the pool holds. One the pool does not hold is
+    /// left standby (logged); with `orphans`, so are the pool's thin
+    /// volumes that no record names.
+    pub(super) async fn activate_thins(&self, sv: &Served, orphans: bool) {
+        for t in sv.thins.values().filter(|t| !t.switch.is_active()) {
             match self.node.volume_device(&t.spec.name).await {
                 Some(dev) => t.switch.activate(dev),
                 None => tracing::error!(
@@ -141,6 +154,9 @@ impl Agent {
                     sv.spec.name
                 ),
             }
+        }
+        if !orphans {
+            return;
         }
         for v in self.node.volumes().await {
             if v.pool.as_deref() == Some(sv.spec.name.as_str()) && !sv.thins.contains_key(&v.name) {
@@ -309,6 +325,90 @@ impl Agent {
         });
         v.owner = Some(self.name().to_string());
         Ok(v)
+    }
+
+    /// `POST /v1/volumes/{name}/grow` of a thin volume of a cluster pool:
+    /// grown by the pool's owner (another node passes it on), recorded,
+    /// and served at the new size by every node. `None` when no cluster
+    /// pool holds a thin volume of that name.
+    pub async fn grow(&self, name: &str, size: &str) -> NodeResult<Option<VolumeInfo>> {
+        let s = self.session();
+        if s.spec(name).await.map_err(etcd)?.is_some() {
+            return Err(NodeError::BadRequest(format!(
+                "cluster volume {name} is not a thin volume: it takes its drives whole; make \
+                 thin volumes in a cluster pool to grow them"
+            )));
+        }
+        let Some(pool) = s.pool_of(name).await.map_err(etcd)? else {
+            return Ok(None);
+        };
+        let (Some(spec), Some(t)) = (
+            s.spec(&pool).await.map_err(etcd)?,
+            s.thin_specs(&pool)
+                .await
+                .map_err(etcd)?
+                .into_iter()
+                .find(|t| t.name == name),
+        ) else {
+            return Ok(None);
+        };
+        let owner = s.owner(&pool).await.map_err(etcd)?.ok_or_else(|| {
+            NodeError::Conflict(format!(
+                "cluster pool {pool} has no owner right now (a takeover is under way); retry"
+            ))
+        })?;
+        if owner.node != s.node() {
+            let (n, sz) = (name.to_string(), size.to_string());
+            let v = self
+                .on_owner(&s, &owner.node, move |p, api| p.grow_volume(api, &n, &sz))
+                .await?;
+            return Ok(Some(v));
+        }
+        let mut served = self.served.lock().await;
+        let Some(sv) = served
+            .get_mut(&pool)
+            .filter(|sv| sv.epoch == Some(owner.epoch))
+        else {
+            return Err(NodeError::Conflict(format!(
+                "cluster pool {pool} is not served here yet; retry"
+            )));
+        };
+        // The pool first (durable), then the record: a record cut short is
+        // redone by the same request (growing to the same size is nothing).
+        let mut v = self.node.grow_volume(name, size).await?;
+        let grown = ThinSpec {
+            size_bytes: v.size_bytes,
+            ..t.clone()
+        };
+        if grown.size_bytes > t.size_bytes {
+            s.update_thin(&grown, owner.epoch).await.map_err(|e| {
+                NodeError::Conflict(format!(
+                    "thin volume {name} grew in pool {pool} but the cluster has not recorded \
+                     it ({e}); run the same grow again"
+                ))
+            })?;
+        }
+        if let Some(ts) = sv.thins.get_mut(name)
+            && grown.size_bytes > ts.spec.size_bytes
+        {
+            ts.switch.grow_to(grown.size_bytes);
+            ts.spec = grown.clone();
+            if let Err(e) = self.target.namespace_resized(&sv.spec.nqn, grown.nsid) {
+                tracing::error!("thin volume {name}: its namespace: {e}");
+            }
+        }
+        drop(served);
+        tracing::info!(
+            "thin volume {name} of cluster pool {pool}: {} bytes",
+            grown.size_bytes
+        );
+        v.export = Some(Export {
+            nqn: spec.nqn,
+            nsid: t.nsid,
+            from_config: false,
+        });
+        v.owner = Some(self.name().to_string());
+        Ok(Some(v))
     }
 
     /// Whether `nsid` of `nqn` serves a cluster volume or a thin volume.

@@ -144,6 +144,33 @@ async fn a_cluster_pool_carries_its_thin_volumes_through_a_move_and_a_takeover()
     let l1 = listed.iter().find(|v| v.name == "t1").expect("a lists t1");
     assert_eq!(l1.ana_state.as_deref(), Some("optimized"));
 
+    // Grown through b (passed on to a): both nodes serve the new size; a
+    // smaller size, or the pool itself, is refused.
+    let blocks = |t: &Target, n: u32| t.subsystem(NQN).unwrap().namespace(n).unwrap().num_blocks;
+    assert_eq!(blocks(&tb, 1), (32 << 20) / 4096);
+    let g1 = b.grow("t1", "64MiB").await.unwrap().unwrap();
+    assert_eq!(g1.size_bytes, 64 << 20);
+    assert_eq!(blocks(&ta, 1), (64 << 20) / 4096);
+    wait("b to serve t1 at its new size", 10, async || {
+        blocks(&tb, 1) == (64 << 20) / 4096
+    })
+    .await;
+    assert_eq!(ns(&ta, 1).unwrap().geometry().num_blocks, (64 << 20) / 4096);
+    assert!(b.grow("t1", "16MiB").await.is_err());
+    assert!(matches!(
+        a.grow("p", "1GiB").await,
+        Err(NodeError::BadRequest(_))
+    ));
+    assert_eq!(
+        a.grow("nothing", "1GiB").await.unwrap().map(|v| v.name),
+        None
+    );
+    assert_eq!(
+        blocks(&ta, 1),
+        (64 << 20) / 4096,
+        "a refusal changes nothing"
+    );
+
     // Refused, and nothing changes: a name taken (here or as the pool), an
     // nsid taken, another subsystem, a pool that still holds thin volumes.
     for (r, what) in [
@@ -215,6 +242,7 @@ async fn a_cluster_pool_carries_its_thin_volumes_through_a_move_and_a_takeover()
         io(&ns(&ta, 2).unwrap(), None).await.unwrap(),
         vec![0xA2; 8192]
     );
+    assert_eq!(blocks(&ta, 1), (64 << 20) / 4096, "the grown size survives");
     assert!(matches!(
         io(&ns(&tb, 2).unwrap(), None).await,
         Err(BlockError::Fenced(_))

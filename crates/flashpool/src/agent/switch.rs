@@ -64,7 +64,9 @@ impl nvmf_target::ana::AnaLease for LeaseClock {
 }
 
 pub struct SwitchDevice {
-    geometry: Geometry,
+    block_size: u32,
+    /// The size every node serves (a thin volume of a cluster pool grows).
+    num_blocks: AtomicU64,
     name: String,
     active: ArcSwapOption<Arc<dyn BlockDevice>>,
     lease: Arc<LeaseClock>,
@@ -76,7 +78,8 @@ pub struct SwitchDevice {
 impl SwitchDevice {
     pub fn new(name: &str, geometry: Geometry, lease: Arc<LeaseClock>) -> Arc<Self> {
         Arc::new(SwitchDevice {
-            geometry,
+            block_size: geometry.block_size,
+            num_blocks: AtomicU64::new(geometry.num_blocks),
             name: name.to_string(),
             active: ArcSwapOption::empty(),
             lease,
@@ -118,6 +121,18 @@ impl SwitchDevice {
             );
         }
         self.active.store(Some(Arc::new(dev)));
+    }
+
+    /// Serves `bytes` from now on (the volume grew; never smaller). The
+    /// caller tells the target ([`nvmf_target::Target::namespace_resized`]).
+    pub fn grow_to(&self, bytes: u64) {
+        let blocks = bytes / u64::from(self.block_size.max(1));
+        self.num_blocks.fetch_max(blocks, Ordering::AcqRel);
+    }
+
+    /// Whether it passes I/O on (this node owns the volume).
+    pub fn is_active(&self) -> bool {
+        self.active.load().is_some()
     }
 
     /// Stops passing I/O on; commands already passed on complete.
@@ -165,7 +180,10 @@ impl BlockDevice for SwitchDevice {
     ]);
 
     fn geometry(&self) -> Geometry {
-        self.geometry
+        Geometry {
+            block_size: self.block_size,
+            num_blocks: self.num_blocks.load(Ordering::Acquire),
+        }
     }
 
     fn submit(&self, req: IoRequest) -> IoFuture {

@@ -13,7 +13,7 @@ use super::errors::{ApiError, ApiResult, body, ok};
 use crate::agent::Agent;
 use crate::api_types::{
     AssembleByName, AssembleVolume, CreateVolume, ExportDriveRequest, ExportRequest, FailRequest,
-    ForceQuery, ForceRequest, MoveRequest, ProbeResult, RebuildStatus, ReplaceRequest,
+    ForceQuery, ForceRequest, GrowRequest, MoveRequest, ProbeResult, RebuildStatus, ReplaceRequest,
     ScrubRequest, VolumeDeleted,
 };
 use crate::node::Node;
@@ -214,6 +214,25 @@ pub(super) async fn delete_volume(
         a.node.delete_volume(&name, force).await?;
     }
     ok(VolumeDeleted { deleted: name })
+}
+pub(super) async fn grow_volume(
+    State(a): State<App>,
+    Path(name): Path<String>,
+    b: Bytes,
+) -> ApiResult {
+    let r: GrowRequest = body(&b)?;
+    let grown = match &a.agent {
+        Some(ag) => ag.grow(&name, &r.size).await?,
+        None => None,
+    };
+    let mut v = match grown {
+        Some(v) => v,
+        None => a.node.grow_volume(&name, &r.size).await?,
+    };
+    if let Some(ag) = &a.agent {
+        ag.annotate(&mut v).await;
+    }
+    ok(v)
 }
 pub(super) async fn audit(State(n): State<Arc<Node>>) -> ApiResult {
     ok(serde_json::json!({ "stale_writes": n.stale_write_audit() }))

@@ -37,6 +37,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/volumes/{name}/export", post(export))
         .route("/v1/volumes/{name}/unexport", post(unexport))
         .route("/v1/volumes/{name}/rebuild", get(rebuild_status))
+        .route("/v1/volumes/{name}/grow", post(grow_volume))
         .route("/v1/volumes/{name}/scrub", post(scrub_volume))
         .route("/v1/volumes/{name}/scrub/stop", post(stop_scrub))
         .route("/v1/jobs", get(jobs))

@@ -25,8 +25,8 @@ pub use event::{Event, EventKind, Hello, Lagged, StepTime, TokenRotated};
 pub use job::{JobInfo, JobKind, JobState, ScrubRequest};
 pub use volume::{
     AssembleByName, AssembleVolume, CreateVolume, Export, ExportRequest, ForceQuery, ForceRequest,
-    ForcedInfo, ForcedMemberInfo, MemberInfo, PoolInfo, RebuildInfo, RebuildStatus, StaleRangeInfo,
-    VolumeDeleted, VolumeInfo,
+    ForcedInfo, ForcedMemberInfo, GrowRequest, MemberInfo, PoolInfo, RebuildInfo, RebuildStatus,
+    StaleRangeInfo, VolumeDeleted, VolumeInfo,
 };
 
 /// Every error answer: `{"error": "..."}`, with the status that says whose

@@ -49,6 +49,14 @@ pub struct ExportRequest {
     pub nsid: u32,
 }
 
+/// `POST /v1/volumes/{name}/grow`: a thin volume's new size.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrowRequest {
+    /// The new size, e.g. "200GiB" (not smaller than now).
+    pub size: String,
+}
+
 /// `POST /v1/volumes/assemble`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -8,8 +8,8 @@ use anyhow::{Result, bail};
 use super::ApiArgs;
 use super::job::ScrubArgs;
 use crate::api_types::{
-    AssembleByName, AssembleVolume, CreateVolume, ExportRequest, ForceRequest, MoveRequest,
-    MoveResult, RebuildInfo, RebuildStatus, VolumeDeleted, VolumeInfo,
+    AssembleByName, AssembleVolume, CreateVolume, ExportRequest, ForceRequest, GrowRequest,
+    MoveRequest, MoveResult, RebuildInfo, RebuildStatus, VolumeDeleted, VolumeInfo,
 };
 use crate::client::{Answer, Client};
 use crate::output::outln;
@@ -67,6 +67,14 @@ pub enum VolumeCmd {
         /// volume with data): all of it is lost.
         #[arg(long)]
         force: bool,
+    },
+    /// Grow a thin volume online: hosts see the new size by themselves
+    /// (Namespace Attribute Changed); then e.g. `resize2fs` on the host.
+    Grow {
+        name: String,
+        /// The new size, e.g. 200GiB (not smaller than now).
+        #[arg(long)]
+        size: String,
     },
     /// Serve a volume as namespace NSID of subsystem NQN.
     Export {
@@ -185,6 +193,10 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             }
             return Ok(());
         }
+        VolumeCmd::Grow { name, size } => c.post(
+            &format!("/volumes/{name}/grow"),
+            Some(&GrowRequest { size }),
+        )?,
         VolumeCmd::Export { name, nqn, nsid } => c.post(
             &format!("/volumes/{name}/export"),
             Some(&ExportRequest { nqn, nsid }),

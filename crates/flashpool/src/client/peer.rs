@@ -108,6 +108,21 @@ impl PeerApi {
         answer(r)
     }
 
+    /// `POST /v1/volumes/{name}/grow` on the node whose API is `api`.
+    pub fn grow_volume(
+        &self,
+        api: &str,
+        name: &str,
+        size: &str,
+    ) -> Result<crate::api_types::VolumeInfo, PeerError> {
+        let r = self
+            .with_token(self.agent.post(&url(api, &format!("/volumes/{name}/grow"))))
+            .send_json(crate::api_types::GrowRequest {
+                size: size.to_string(),
+            });
+        answer(r)
+    }
+
     /// `DELETE /v1/volumes/{name}` on the node whose API is `api`.
     pub fn delete_volume(&self, api: &str, name: &str, force: bool) -> Result<(), PeerError> {
         let path = format!("/volumes/{name}?force={force}");

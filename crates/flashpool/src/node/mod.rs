@@ -24,6 +24,7 @@ mod drive;
 mod drive_export;
 mod drive_ops;
 mod error;
+mod grow;
 pub mod identity;
 pub mod jobs;
 pub mod monitor;

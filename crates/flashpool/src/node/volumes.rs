@@ -16,11 +16,13 @@ use super::{
     Backing, Node, NodeError, NodeResult, NodeState, Object, Offline, VolumeEntry, wipe_head,
 };
 
-fn thin_err(e: ThinError) -> NodeError {
+pub(super) fn thin_err(e: ThinError) -> NodeError {
     match e {
         ThinError::NameTaken(_) => NodeError::Conflict(e.to_string()),
         ThinError::NoSuchVolume(_) => NodeError::NotFound(e.to_string()),
-        ThinError::Config(_) | ThinError::TooManyVolumes(_) => NodeError::BadRequest(e.to_string()),
+        ThinError::Config(_) | ThinError::TooManyVolumes(_) | ThinError::Shrink { .. } => {
+            NodeError::BadRequest(e.to_string())
+        }
         _ => NodeError::Internal(e.to_string()),
     }
 }
