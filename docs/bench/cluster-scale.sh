@@ -6,8 +6,14 @@
 # three controller nodes c1..c3 in cluster mode (tests/cluster/lib.sh; its own bridge
 # fpsbr0 and network 10.93.0.0/24, so it runs beside the test suites). For each N of COUNTS
 # a fresh cluster gets N volumes v1..vN (LAYOUT, members on distinct enclosures), made on c1
-# and exported under one NQN as nsid 1..N (one ANA group each). Then the cases, each with
-# every volume owned by c1 first (moved back when a case left them elsewhere):
+# and exported under one NQN as nsid 1..N (one ANA group each). With POOLS=P THIN=M also
+# P cluster pools p1..pP (LAYOUT --thin-pool, members on the drive slots after the volumes',
+# exported under the same NQN) of M thin volumes p1t1..pPtM each (THIN_SIZE, made through
+# c1..c3 in turn, 4 at a time; the nodes pick their nsids, read back from GET /v1/volumes):
+# a pool is one unit of ownership and one ANA group, however many thin volumes it holds.
+# COUNTS=0 POOLS=P runs the pools alone. Then the cases, each with every volume and pool
+# owned by c1 first (moved back when a case left them elsewhere); the probe times every
+# namespace (N + P x M):
 #   kill-cold  kill -9 of c1, the first fault of the cluster: the survivors never opened the
 #              volumes' members
 #   kill-warm  kill -9 of c1 again (WARM times), after c1 restarted and got them back
@@ -31,10 +37,14 @@
 # usage (root; needs etcd, etcdctl, iproute2, python3, openssl and a release build):
 #   docs/bench/cluster-scale.sh                      COUNTS="1 8 48": the table at the end
 #   COUNTS=8 CASES="kill-warm drain" docs/bench/cluster-scale.sh
+#   COUNTS=0 POOLS=2 THIN=250 DRIVES=8 docs/bench/cluster-scale.sh   (2 pools x 250 thin volumes)
 #   OUT=/tmp/flashpool-scale TABLE_ONLY=1 docs/bench/cluster-scale.sh   (the tables of a saved run)
 #   CHECK=1 COUNTS=4 ENCL=6 DRIVES=4 docs/bench/cluster-scale.sh   (what CI runs:
 #                                    tests/cluster/run.sh scale; RESULT lines, exit 1 on FAIL)
-# env: COUNTS="1 8 48"  POOLS=0 THIN=0 (P cluster pools of M thin volumes: not supported yet)
+# env: COUNTS="1 8 48" (0: no RAID volumes, with POOLS)  POOLS=0 THIN=0 (P cluster pools
+#      of M thin volumes each, beside the N volumes of every COUNTS run; N + P x M <= 1024)
+#      THIN_SIZE=16MiB  POOL_CLUSTER=64KiB (the pools' allocation unit: the probe writes
+#      LBAs 0 and 1 of each thin volume, one cluster each, so M x POOL_CLUSTER must fit)
 #      ENCL=6 (2..6)  DRIVES=24  DRIVE_SIZE=32MiB (sparse)  LAYOUT=raid1 (raid1, raid5,
 #      raid6, ecK+M: width <= ENCL)  CASES="kill-cold kill-warm drain sigstop"  WARM=2
 #      LEASE_MS=2000  STOP_S=1  AFTER=3 (s of CPU/etcd watch past the last volume)
@@ -44,8 +54,8 @@
 # docs/performance.md (first/median/last per N and case; the took_over step times), also in
 # $OUT/table.md; every probe's JSON in $OUT/N<n>-<case>.json.
 #
-# CHECK=1 (CI) reports, per case, RESULT scale-<case> PASS|FAIL: every volume served
-# elsewhere, 0 verify errors, 0 stale writes on every node (hard); and the goal relaxed
+# CHECK=1 (CI) reports, per case, RESULT scale-<case> PASS|FAIL (scale-pools-<case> with
+# POOLS > 0): every namespace (volume and thin volume) served elsewhere, 0 verify errors, 0 stale writes on every node (hard); and the goal relaxed
 # for a shared 2-vCPU CI machine: a kill's last volume within 1.5 x its first + SLACK s
 # (the first volume of the same run stands for the single-volume time), a drain's last
 # within 0.5 + SLACK s. SLACK absorbs the scheduling stalls of a machine where other jobs
@@ -57,7 +67,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$(pwd)
 COUNTS=${COUNTS:-1 8 48}
-POOLS=${POOLS:-0}; THIN=${THIN:-0}
+POOLS=${POOLS:-0}; THIN=${THIN:-0}; THIN_SIZE=${THIN_SIZE:-16MiB}; POOL_CLUSTER=${POOL_CLUSTER:-64KiB}
 ENCL=${ENCL:-6}; DRIVES=${DRIVES:-24}; DRIVE_SIZE=${DRIVE_SIZE:-32MiB}; LAYOUT=${LAYOUT:-raid1}
 CASES=${CASES:-kill-cold kill-warm drain sigstop}; WARM=${WARM:-2}
 LEASE_MS=${LEASE_MS:-2000}; STOP_S=${STOP_S:-1}; AFTER=${AFTER:-3}; TIMEOUT=${TIMEOUT:-30}
@@ -76,15 +86,17 @@ RES=$OUT/results.txt
 
 say() { echo "[scale $(date +%T)] $*"; }
 die() { echo "cluster-scale: $*" >&2; exit 2; }
-# pools: the cluster-pool half of the bench (P pools of M thin volumes) waits for cluster pools
 # TABLE_ONLY=1: print the tables (and checks) of the run saved in $OUT again
 if [ "${TABLE_ONLY:-0}" = 1 ]; then
   [ -s "$OUT/results.txt" ] || die "no saved run in $OUT"
   RES=$OUT/results.txt
 fi
-[ "$POOLS" = 0 ] || die "POOLS=$POOLS: cluster pools (thin pools on a cluster volume) do not exist yet; only POOLS=0 (RAID volumes) runs"
-[ "$THIN" = 0 ] || die "THIN=$THIN needs POOLS > 0, which is not supported yet"
 if [ "${TABLE_ONLY:-0}" != 1 ]; then
+case $POOLS$THIN in *[!0-9]*) die "POOLS and THIN are numbers";; esac
+[ "$POOLS" -gt 0 ] && [ "$THIN" -lt 1 ] && die "POOLS=$POOLS needs THIN >= 1 (thin volumes per pool)"
+[ "$POOLS" = 0 ] && [ "$THIN" != 0 ] && die "THIN=$THIN needs POOLS > 0"
+[ "$THIN" -le 1024 ] || die "THIN=$THIN: a pool holds at most 1024 thin volumes"
+for n in $COUNTS; do [ "$n" -gt 0 ] || [ "$POOLS" -gt 0 ] || die "N=0 needs POOLS > 0"; done
 [ -x "$FPC_BIN" ] || die "no flashpool binary at $FPC_BIN (cargo build --release, or set BIN)"
 "$FPC_BIN" failover-probe --help > /dev/null 2>&1 || die "$FPC_BIN has no failover-probe (build this tree)"
 fpc_preflight || die "cannot run: $FPC_WHY"
@@ -92,7 +104,18 @@ for c in etcd etcdctl python3 openssl; do command -v $c > /dev/null || die "need
 [ "$ENCL" -ge 2 ] && [ "$ENCL" -le 6 ] || die "ENCL must be 2..6 (namespace slots 7..9 are the controllers)"
 case $LAYOUT in raid1) WIDTH=2;; raid5) WIDTH=3;; raid6) WIDTH=4;; ec*+*) w=${LAYOUT#ec}; WIDTH=$(( ${w%+*} + ${w#*+} ));; *) die "LAYOUT $LAYOUT?";; esac
 [ "$WIDTH" -le "$ENCL" ] || die "$LAYOUT needs $WIDTH enclosures, ENCL=$ENCL"
-for n in $COUNTS; do [ $((n * WIDTH)) -le $((ENCL * DRIVES)) ] || die "N=$n x $WIDTH members > $ENCL x $DRIVES drives"; done
+for n in $COUNTS; do
+  [ $(((n + POOLS) * WIDTH)) -le $((ENCL * DRIVES)) ] || die "N=$n + POOLS=$POOLS x $WIDTH members > $ENCL x $DRIVES drives"
+  [ $((n + POOLS * THIN)) -le 1024 ] || die "N=$n + $POOLS x $THIN namespaces > 1024 in one subsystem"
+done
+if [ "$POOLS" -gt 0 ]; then
+  case $LAYOUT in raid1) DATA=1;; raid5) DATA=2;; raid6) DATA=$((WIDTH - 2));; ec*) DATA=${LAYOUT#ec}; DATA=${DATA%+*};; esac
+  dbytes=$(numfmt --from=iec-i "${DRIVE_SIZE%B}" 2> /dev/null) || die "DRIVE_SIZE $DRIVE_SIZE?"
+  cbytes=$(numfmt --from=iec-i "${POOL_CLUSTER%B}" 2> /dev/null) || die "POOL_CLUSTER $POOL_CLUSTER?"
+  # each thin volume gets one cluster (LBAs 0, 1); a pool's metadata takes well under a tenth
+  [ $((THIN * cbytes)) -le $((DATA * dbytes * 8 / 10)) ] \
+    || die "THIN=$THIN x POOL_CLUSTER=$POOL_CLUSTER does not fit a $LAYOUT pool of $DRIVE_SIZE drives (raise DRIVE_SIZE, lower POOL_CLUSTER)"
+fi
 ip -o addr show | grep -v " $FPC_BR " | grep -q " $FPC_NET\." && die "$FPC_NET.0/24 is in use here (another run? its bridge is $FPC_BR)"
 mkdir -p "$OUT" "$FPC_DIR"
 : > "$RES"
@@ -105,6 +128,8 @@ fi
 ccli() { fpc_ccli "$@"; }
 capi() { echo "https://$(fpc_capi "$1")"; }
 vols() { seq 1 "$1" | sed 's/^/v/'; }
+# units N: what has an owner: v1..vN, then the pools p1..pP
+units() { vols "$1"; seq 1 "$POOLS" | sed 's/^/p/'; }
 # drives_of I: volume I's members, WIDTH consecutive slots, so each on another enclosure
 drives_of() {
   local i=$1 j s l=""
@@ -120,34 +145,36 @@ import json, sys
 for v in json.load(sys.stdin)["volumes"]:
     print(v["name"], v.get("owner") or "-", v.get("state") or "-")' 2> /dev/null
 }
-# wait_all_owned N NODE SECONDS: every v1..vN owned by NODE (not unowned)
+# mine N: of `owners`, the lines of units N (v1..vN, p1..pP)
+mine() { owners | awk -v u="$(units "$1" | tr '\n' ' ')" 'BEGIN { split(u, a, " "); for (i in a) w[a[i]] = 1 } $1 in w'; }
+# wait_all_owned N NODE SECONDS: every v1..vN and p1..pP owned by NODE (not unowned)
 wait_all_owned() {
-  local end=$(($(date +%s) + $3)) bad
+  local end=$(($(date +%s) + $3)) want=$(($1 + POOLS)) l
   while :; do
-    bad=$(owners | awk -v n="$1" -v o="$2" '$1 ~ /^v[0-9]+$/ && substr($1, 2) + 0 <= n && ($2 != o || $3 == "unowned") { c++ } END { print c + 0 }')
-    [ "$(owners | awk -v n="$1" '$1 ~ /^v[0-9]+$/ && substr($1, 2) + 0 <= n' | wc -l)" = "$1" ] && [ "$bad" = 0 ] && return 0
-    [ "$(date +%s)" -lt "$end" ] || { say "not all $1 volumes owned by $2 after $3 s: $(owners | awk -v o="$2" '$2 != o' | head -n 5 | tr '\n' ';')"; return 1; }
+    l=$(mine "$1" | awk -v o="$2" '{ n++ } $2 != o || $3 == "unowned" { b++ } END { print n + 0, b + 0 }')
+    [ "$l" = "$want 0" ] && return 0
+    [ "$(date +%s)" -lt "$end" ] || { say "not all $want volumes/pools owned by $2 after $3 s: $(mine "$1" | awk -v o="$2" '$2 != o' | head -n 5 | tr '\n' ';')"; return 1; }
     sleep 0.3
   done
 }
-# wait_optimal N SECONDS: every volume optimal on c1 (initial syncs done)
+# wait_optimal N SECONDS: every volume and pool optimal on c1 (initial syncs done)
 wait_optimal() {
   local end=$(($(date +%s) + $2)) left
   while :; do
     left=$(fpc_get "$(capi 1)/v1/volumes" | python3 -c '
 import json, sys
 vs = json.load(sys.stdin); vs = vs.get("volumes", vs) if isinstance(vs, dict) else vs
-n = int(sys.argv[1])
 st = {v["name"]: v.get("state") for v in vs}
-print(sum(1 for i in range(1, n + 1) if st.get(f"v{i}") != "optimal"))' "$1" 2> /dev/null || echo "?")
+print(sum(1 for u in sys.argv[1:] if st.get(u) != "optimal"))' $(units "$1") 2> /dev/null || echo "?")
     [ "$left" = 0 ] && return 0
     [ "$(date +%s)" -lt "$end" ] || { say "$left volumes not optimal after $2 s"; return 1; }
     sleep 1
   done
 }
-# back_to_c1 N: move every volume c1 does not own to c1 (4 at a time), wait until it owns all
+# back_to_c1 N: move every volume and pool c1 does not own to c1 (4 at a time), wait until it
+# owns all (a pool's move carries its thin volumes)
 back_to_c1() {
-  owners | awk -v n="$1" '$1 ~ /^v[0-9]+$/ && substr($1, 2) + 0 <= n && $2 != "c1" { print $1 }' \
+  mine "$1" | awk '$2 != "c1" { print $1 }' \
     | xargs -r -P 4 -I{} bash -c "timeout 60 '$FPC_BIN' volume move {} --to c1 --api $(capi 1) $(fpc_auth) > /dev/null 2>&1 || echo 'move {} failed'"
   wait_all_owned "$1" c1 60
 }
@@ -177,6 +204,7 @@ probe() {
   local n=$1 cse=$2 tag=$3; shift 3
   local j="$OUT/N$n-$tag.json" e0 e1 b0 b1 s2 s3 la args="" i v rc watch=""
   for v in $(vols "$n"); do args="$args,$v=${v#v}"; done
+  [ "$POOLS" = 0 ] || args="$args,$(paste -sd, "$FPC_DIR/thin-nsids")"
   for i in 2 3; do watch="$watch --watch c$i=$(fpc_pid_of "c$i")"; done
   for i in $(seq 1 "$FPC_ETCD_N"); do watch="$watch --watch etcd-m$i=$(fpc_pid_of "etcd-$i")"; done
   s2=$(last_seq 2); s3=$(last_seq 3)
@@ -193,9 +221,9 @@ probe() {
     fpc_get "$(capi "$i")/v1/events?follow=false&since=$([ "$i" = 2 ] && echo "$s2" || echo "$s3")" > "$OUT/N$n-$tag.events-c$i.json" 2> /dev/null
   done
   fpc_audit_stale "$ENCL" || true
-  python3 - "$j" "$n" "$cse" "$tag" "$rc" "$e0" "$e1" "$b0" "$b1" "$la" "$FPC_STALE" "$FPC_AUDIT" "$OUT" >> "$RES" << 'PY'
+  python3 - "$j" "$n" "$cse" "$tag" "$rc" "$e0" "$e1" "$b0" "$b1" "$la" "$FPC_STALE" "$FPC_AUDIT" "$OUT" "$POOLS" "$THIN" >> "$RES" << 'PY'
 import json, sys, os
-jf, n, cse, tag, rc, e0, e1, b0, b1, la, stale, audit, out = sys.argv[1:]
+jf, n, cse, tag, rc, e0, e1, b0, b1, la, stale, audit, out, pools, thin = sys.argv[1:]
 r = json.load(open(jf)) if os.path.exists(jf) and os.path.getsize(jf) else {}
 e0, e1 = [int(x) for x in e0.split()], [int(x) for x in e1.split()]
 b0, b1 = [int(x) for x in b0.split()], [int(x) for x in b1.split()]
@@ -213,7 +241,8 @@ for i in (2, 3):
                 steps.setdefault(s["step"], []).append(s["ms"])
 cpu = r.get("cpu") or {}
 row = {
-    "n": int(n), "case": cse, "tag": tag, "rc": int(rc),
+    "n": int(n), "pools": int(pools), "thin": int(thin), "total": int(n) + int(pools) * int(thin),
+    "case": cse, "tag": tag, "rc": int(rc),
     "served": r.get("served", 0), "missing": r.get("missing", []), "verify_errors": r.get("verify_errors"),
     "first_ms": r.get("first_ms"), "median_ms": r.get("median_ms"), "last_ms": r.get("last_ms"),
     "by_node": r.get("by_node"), "run": r.get("run"),
@@ -248,10 +277,44 @@ cluster_up() {
     ccli 1 volume create "v$i" --layout "$LAYOUT" --drives "$(drives_of "$i")" --export "$NQN" --nsid "$i" \
       > "$FPC_DIR/create-v$i.txt" 2>&1 || { say "volume create v$i: $(tail -n 2 "$FPC_DIR/create-v$i.txt" | tr '\n' ' ')"; return 1; }
   done
+  for i in $(seq 1 "$POOLS"); do
+    ccli 1 volume create "p$i" --layout "$LAYOUT" --drives "$(drives_of $((n + i)))" --thin-pool --cluster "$POOL_CLUSTER" \
+      --export "$NQN" > "$FPC_DIR/create-p$i.txt" 2>&1 || { say "pool create p$i: $(tail -n 2 "$FPC_DIR/create-p$i.txt" | tr '\n' ' ')"; return 1; }
+  done
   # a node may claim a new volume before its maker does: every one to c1 first
   back_to_c1 "$n" || return 1
+  [ "$POOLS" = 0 ] || make_thin || return 1
   wait_optimal "$n" 300 || return 1
-  say "N=$n: etcd x3, $ENCL enclosures x $DRIVES $DRIVE_SIZE file drives, c1..c3 (lease $LEASE_MS ms), $n $LAYOUT volumes on c1, optimal, in $(($(date +%s) - t0)) s"
+  say "N=$n: etcd x3, $ENCL enclosures x $DRIVES $DRIVE_SIZE file drives, c1..c3 (lease $LEASE_MS ms), $n $LAYOUT volumes$([ "$POOLS" = 0 ] || echo " and $POOLS pool(s) x $THIN thin volumes") on c1, optimal, in $(($(date +%s) - t0)) s"
+}
+# make_thin: THIN thin volumes in each pool (pKtJ), 4 creates at a time through c1, c2, c3 in
+# turn (a node that does not own the pool passes the create on), each tried up to 3 times;
+# then $FPC_DIR/thin-nsids: NAME=NSID a line, as c1's GET /v1/volumes says
+make_thin() {
+  local k j t0; t0=$(date +%s.%N)
+  for k in $(seq 1 "$POOLS"); do for j in $(seq 1 "$THIN"); do
+    echo "p$k p${k}t$j https://$(fpc_capi $(((j - 1) % 3 + 1)))"
+  done; done | xargs -P 4 -L 1 bash -c '
+    for t in 1 2 3; do
+      timeout 60 "$0" volume create "$4" --pool "$3" --size "$1" --api "$5" --token-file "$2/api-token" \
+        --ca-file "$2/api-ca.pem" > "$2/create-$4.txt" 2>&1 && exit 0
+      sleep 0.5
+    done
+    echo "thin volume create $4 in $3 through $5: $(tail -n 2 "$2/create-$4.txt" | tr "\n" " ")"; exit 1' \
+      "$FPC_BIN" "$THIN_SIZE" "$FPC_DIR" || { say "thin volume creates failed"; return 1; }
+  fpc_get "$(capi 1)/v1/volumes" | python3 -c '
+import json, sys
+vs = json.load(sys.stdin); vs = vs.get("volumes", vs) if isinstance(vs, dict) else vs
+pools = {f"p{k}" for k in range(1, int(sys.argv[1]) + 1)}
+got = sorted(((v.get("export") or {}).get("nsid"), v["name"]) for v in vs if v.get("pool") in pools)
+for nsid, name in got:
+    print(f"{name}={nsid}")
+' "$POOLS" > "$FPC_DIR/thin-nsids" 2> "$FPC_DIR/thin-nsids.err"
+  if [ "$(grep -c '^p[0-9]*t[0-9]*=[0-9][0-9]*$' "$FPC_DIR/thin-nsids")" != $((POOLS * THIN)) ]; then
+    say "c1 lists $(wc -l < "$FPC_DIR/thin-nsids") thin volumes with an nsid, not $((POOLS * THIN)): $(head -c 300 "$FPC_DIR/thin-nsids.err" "$FPC_DIR/thin-nsids" | tr '\n' ' ')"
+    return 1
+  fi
+  say "$((POOLS * THIN)) thin volumes made in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s, nsids $(cut -d= -f2 "$FPC_DIR/thin-nsids" | sort -n | sed -n '1p;$p' | paste -sd-)"
 }
 restart_c1() {
   fpc_kill c1 2> /dev/null
@@ -263,7 +326,7 @@ restart_c1() {
 run_n() {
   local n=$1 c k
   if ! cluster_up "$n"; then
-    for c in $CASES; do echo "{\"n\": $n, \"case\": \"$c\", \"tag\": \"$c\", \"rc\": 9, \"setup_failed\": true}" >> "$RES"; done
+    for c in $CASES; do echo "{\"n\": $n, \"pools\": $POOLS, \"thin\": $THIN, \"total\": $((n + POOLS * THIN)), \"case\": \"$c\", \"tag\": \"$c\", \"rc\": 9, \"setup_failed\": true}" >> "$RES"; done
     return 1
   fi
   for c in $CASES; do
@@ -301,22 +364,36 @@ run_n() {
 }
 
 if [ "${TABLE_ONLY:-0}" != 1 ]; then
-  say "COUNTS=$COUNTS LAYOUT=$LAYOUT ENCL=$ENCL DRIVES=$DRIVES x $DRIVE_SIZE CASES=$CASES WARM=$WARM; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); results in $OUT"
+  say "COUNTS=$COUNTS POOLS=$POOLS THIN=$THIN LAYOUT=$LAYOUT ENCL=$ENCL DRIVES=$DRIVES x $DRIVE_SIZE CASES=$CASES WARM=$WARM; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); results in $OUT"
   git rev-parse --short HEAD > "$OUT/rev" 2> /dev/null
   for n in $COUNTS; do run_n "$n"; done
 fi
 
 # ---------------------------------------------------------------- the tables, the checks
-python3 - "$RES" "$CHECK" "$SLACK" "$LAYOUT" "$ENCL" "$DRIVES" "$DRIVE_SIZE" "$LEASE_MS" "$AFTER" "$(cat "$OUT/rev" 2> /dev/null)" "$OUT/table.md" << 'PY'
+python3 - "$RES" "$CHECK" "$SLACK" "$LAYOUT" "$ENCL" "$DRIVES" "$DRIVE_SIZE" "$LEASE_MS" "$AFTER" "$(cat "$OUT/rev" 2> /dev/null)" "$OUT/table.md" "$THIN_SIZE" "$POOL_CLUSTER" << 'PY'
 import json, statistics, sys, os
-res, check, slack, layout, encl, drives, dsize, lease, after, rev, tfile = sys.argv[1:]
+res, check, slack, layout, encl, drives, dsize, lease, after, rev, tfile, tsize, pcl = sys.argv[1:]
 check, slack = check == "1", float(slack)
 rows = [json.loads(l) for l in open(res) if l.strip()]
+for r in rows:  # a run from before the pools
+    r.setdefault("pools", 0); r.setdefault("thin", 0); r.setdefault("total", r["n"])
 s = lambda v: "–" if v is None else f"{v / 1e3:.3f}"
+# the N column: "48" (raid volumes), "2x250 thin" (pools of thin volumes), "4 + 1x6 thin"
+def units(r):
+    if not r["pools"]:
+        return str(r["n"])
+    t = f"{r['pools']}x{r['thin']} thin"
+    return t if not r["n"] else f"{r['n']} + {t}"
 out = []
 p = out.append
-p(f"{layout} volumes (N = {', '.join(sorted({str(r['n']) for r in rows}, key=int))}); 3 controllers (lease {lease} ms), {encl} enclosures x {drives} sparse {dsize} file drives, 3-member etcd; "
-  f"{os.cpu_count()} CPUs; {rev}. Seconds from the fault until a survivor reports ANA Optimized and a write+read through it verifies.")
+what = f"{layout} volumes (N = {', '.join(sorted({str(r['n']) for r in rows}, key=int))})"
+pk = sorted({(r["pools"], r["thin"]) for r in rows if r["pools"]})
+if pk:
+    what += (f"; PxM thin: {', '.join(f'{a}x{b}' for a, b in pk)} = P cluster pools ({layout} --thin-pool, "
+             f"allocation unit {pcl}, one ANA group each) of M thin volumes of {tsize}, in the subsystem of the N volumes")
+p(f"{what}; 3 controllers (lease {lease} ms), {encl} enclosures x {drives} sparse {dsize} file drives, 3-member etcd; "
+  f"{os.cpu_count()} CPUs; {rev}. Seconds from the fault until a survivor reports ANA Optimized and a write+read through it verifies "
+  f"(served: namespaces, N + P x M).")
 p("")
 p("| N | case | served | first | median | last | last, ANA only | etcd Range / Txn | quiet after last | load avg (1/5/15 min) | machine busy CPUs |")
 p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
@@ -331,7 +408,7 @@ def ana_last(r):
 label = {"kill-cold": "`kill -9`, first (cold)", "kill-warm": "`kill -9`, warm", "drain": "`node drain`", "sigstop": "`SIGSTOP`"}
 for r in rows:
     if r.get("setup_failed"):
-        p(f"| {r['n']} | {label.get(r['case'], r['case'])} | set-up failed | | | | | | | | |")
+        p(f"| {units(r)} | {label.get(r['case'], r['case'])} | set-up failed | | | | | | | | |")
         continue
     q = r.get("quiet_after_s")
     qs = "not within {} s".format(after) if q is None else ("–" if q == "none" else f"{q:.1f} s")
@@ -342,8 +419,8 @@ for r in rows:
         extra += f", **{r['stale']} stale writes**"
     if r["case"] == "drain" and r.get("run"):
         extra += f" (drain returned {r['run']['ms'] / 1e3:.2f} s, exit {r['run']['exit']})"
-    p(f"| {r['n']} | {label.get(r['case'], r['case'])}{' ' + r['tag'][-1] if r['case'] == 'kill-warm' else ''} | "
-      f"{r['served']}/{r['n']}{extra} | {s(r['first_ms'])} | {s(r['median_ms'])} | **{s(r['last_ms'])}** | {s(ana_last(r))} | "
+    p(f"| {units(r)} | {label.get(r['case'], r['case'])}{' ' + r['tag'][-1] if r['case'] == 'kill-warm' else ''} | "
+      f"{r['served']}/{r['total']}{extra} | {s(r['first_ms'])} | {s(r['median_ms'])} | **{s(r['last_ms'])}** | {s(ana_last(r))} | "
       f"{r['etcd_range']} / {r['etcd_txn']} | {qs} | {r['loadavg']} | {r['machine_busy_cores']} |")
 p("")
 p("Per-step times of the survivors' `took_over` / `moved` events (ms, median / max over the volumes):")
@@ -356,7 +433,7 @@ for r in rows:
     if not st:
         continue
     cell = lambda k: "–" if k not in st else f"{statistics.median(st[k]):.0f} / {max(st[k]):.0f}"
-    p(f"| {r['n']} | {r['tag']} | " + " | ".join(cell(k) for k in names) + " |")
+    p(f"| {units(r)} | {r['tag']} | " + " | ".join(cell(k) for k in names) + " |")
 text = "\n".join(out)
 open(tfile, "w").write(text + "\n")
 print("\n" + text)
@@ -368,8 +445,8 @@ if check:
         if r.get("setup_failed"):
             why.append("set-up failed")
         else:
-            if r["served"] != r["n"]:
-                why.append(f"{r['served']}/{r['n']} served, missing {' '.join(r['missing'][:5])}")
+            if r["served"] != r["total"]:
+                why.append(f"{r['served']}/{r['total']} served, missing {' '.join(r['missing'][:5])}")
             if r.get("verify_errors"):
                 why.append(f"{r['verify_errors']} verify errors")
             if r.get("stale"):
@@ -384,7 +461,7 @@ if check:
                     why.append(f"last {l / 1e3:.3f} s > 0.5 + {slack} s")
         ok = "FAIL" if why else "PASS"
         bad += bool(why)
-        print(f"RESULT scale-{r['tag']} {ok} N={r['n']}: {r.get('served')}/{r['n']} served, first {s(r.get('first_ms'))} s, "
+        print(f"RESULT scale-{'pools-' if r['pools'] else ''}{r['tag']} {ok} N={units(r).replace(' ', '')}: {r.get('served')}/{r['total']} served, first {s(r.get('first_ms'))} s, "
               f"last {s(r.get('last_ms'))} s, verify errors {r.get('verify_errors')}, stale writes {r.get('stale')}"
               + (": " + "; ".join(why) if why else ""))
     sys.exit(1 if bad else 0)

@@ -17,7 +17,10 @@
 #                                   drives, 4 raid1 volumes on c1; kill -9 (first and warm),
 #                                   drain, SIGSTOP of c1: every volume served by a survivor
 #                                   (ANA Optimized + verified write/read), 0 stale writes, and
-#                                   the takeover goal relaxed for CI (the script's header)
+#                                   the takeover goal relaxed for CI (the script's header);
+#                                   then a cluster pool of 6 thin volumes alone (COUNTS=0
+#                                   POOLS=1 THIN=6): kill -9 and drain of c1 carry the pool
+#                                   with all its namespaces (RESULT scale-pools-*)
 #   tests/cluster/run.sh all        plumbing and host (default; scale is asked for by name)
 #
 # Output: RESULT lines, then "N passed, N failed"; exit 0 only if all passed.
@@ -214,6 +217,17 @@ do_scale() {
   grep -q '^RESULT ' "$FPC_DIR/scale.txt" \
     || fpc_result scale-run FAIL "docs/bench/cluster-scale.sh exit $rc: $(tail -n 3 "$FPC_DIR/scale.txt" | tr '\n' ' ')"
   sed -n '/^| N | case | served/,/^$/p' "$FPC_DIR/scale.txt"
+  # cluster pools: one pool (raid1 on the drives the volumes left free) of 6 thin volumes in
+  # its one ANA group; a kill (takeover) and a drain (planned move) must carry all 6
+  fpc_say "scale: docs/bench/cluster-scale.sh, CHECK=1 COUNTS=0 POOLS=1 THIN=6, state in $out-pools"
+  CHECK=1 SLACK=${SCALE_SLACK:-0.8} COUNTS=0 POOLS=1 THIN=${SCALE_THIN:-6} ENCL=6 DRIVES=4 DRIVE_SIZE=32MiB WARM=1 AFTER=1 \
+    CASES="kill-cold drain" BIN=$FPC_BIN OUT=$out-pools \
+    timeout 600 "$ROOT/docs/bench/cluster-scale.sh" > "$FPC_DIR/scale-pools.txt" 2>&1
+  rc=$?
+  grep '^RESULT ' "$FPC_DIR/scale-pools.txt" | tee -a "$HR"
+  grep -q '^RESULT ' "$FPC_DIR/scale-pools.txt" \
+    || fpc_result scale-pools-run FAIL "docs/bench/cluster-scale.sh POOLS=1 exit $rc: $(tail -n 3 "$FPC_DIR/scale-pools.txt" | tr '\n' ' ')"
+  sed -n '/^| N | case | served/,/^$/p' "$FPC_DIR/scale-pools.txt"
 }
 
 ACTION=${1:-all}
