@@ -99,7 +99,7 @@ GUEST_CHECKS="discover discover-hides-denied connect-plain identify-list identif
 HOST_CHECKS="target-restart denied-host-log kato-timeout target-alive-after-run target-clean-stop"
 # volumes (flashpool only): the guest runs fio on a raid6 volume while it asks the host to
 # fail, replace and rebuild drives with the `flashpool` CLI ("@@HOST cli:NAME ARGS")
-VOL_CHECKS="raid6-fio-degraded raid6-fio-rebuild raid6-verify-rebuilt ns-add-aen ns-remove-aen"
+VOL_CHECKS="raid6-fio-degraded raid6-fio-rebuild raid6-verify-rebuilt ns-add-aen ns-remove-aen ns-grow-aen"
 # reservations (flashpool only): two hosts in the guest (own host NQN, host ID and source
 # address) share the namespace of $NQN_RESV; each step of the sequence is a check
 RESV_CHECKS="resv-connect-2hosts resv-register resv-report-2 resv-acquire-we resv-we-b-write-conflict
@@ -741,9 +741,38 @@ if [ "${VOL:-0}" = 1 ]; then
         sleep 0.2; i=$((i+1)); done
     fi
     res ns-remove-aen $ok
+    # online growth: a thin volume grows while connected; the kernel sees the new size by
+    # itself (Namespace Attribute Changed) and a write past the old end works
+    step ns-grow-aen "host: a thin volume (pool on e0,e1) as nsid 2, 8 MiB, grown to 12 MiB; the kernel sees it"
+    ok=FAIL; d=""
+    if ask_cli r6-extra-delete "volume delete extra --force" \
+      && ask_cli r6-pool "volume create pl --layout raid1 --drives e0,e1 --thin-pool" \
+      && ask_cli r6-thin "volume create tg --pool pl --size 8MiB --export $NQN_R6 --nsid 2"; then
+      nsd=""; i=0; while [ $i -lt 50 ]; do
+        nsd=$(ls /sys/class/nvme/$R6C | grep -E '^nvme[0-9]+(c[0-9]+)?n2$' | head -n 1)
+        [ -n "$nsd" ] && [ "$(cat /sys/class/nvme/$R6C/$nsd/size 2> /dev/null)" = 16384 ] && break
+        sleep 0.2; i=$((i+1)); done
+      s0=$(cat /sys/class/nvme/$R6C/$nsd/size 2> /dev/null)
+      if [ -n "$nsd" ] && ask_cli r6-grow "volume grow tg --size 12MiB"; then
+        i=0; while [ $i -lt 50 ]; do
+          [ "$(cat /sys/class/nvme/$R6C/$nsd/size 2> /dev/null)" = 24576 ] && break
+          sleep 0.2; i=$((i+1)); done
+        s1=$(cat /sys/class/nvme/$R6C/$nsd/size 2> /dev/null)
+        bdev=$(echo "$nsd" | sed 's/c[0-9]*n/n/')
+        [ -b "/dev/$bdev" ] || bdev=$nsd
+        # the block past the old end (8 MiB = 2048 blocks of 4 KiB), written and read back
+        head -c 4096 /dev/urandom > /tmp/grow.blk
+        dd if=/tmp/grow.blk of=/dev/$bdev bs=4096 seek=2050 count=1 oflag=direct 2> /tmp/grow.dd \
+          && dd if=/dev/$bdev of=/tmp/grow.back bs=4096 skip=2050 count=1 iflag=direct 2>> /tmp/grow.dd \
+          && cmp -s /tmp/grow.blk /tmp/grow.back && w=ok || w="failed: $(tail -n 1 /tmp/grow.dd)"
+        d="$nsd: $s0 -> $s1 sectors; write+read past the old end on /dev/$bdev: $w"
+        [ "$s0" = 16384 ] && [ "$s1" = 24576 ] && [ "$w" = ok ] && ok=PASS
+      else d="nsid 2 not seen at 8 MiB (size ${s0:-none}) or the grow failed"; fi
+    else d="making the pool or the thin volume failed"; fi
+    res ns-grow-aen $ok "$d"
     nvdisconnect $NQN_R6
   else
-    for c in raid6-fio-degraded raid6-fio-rebuild raid6-verify-rebuilt ns-add-aen ns-remove-aen; do
+    for c in raid6-fio-degraded raid6-fio-rebuild raid6-verify-rebuilt ns-add-aen ns-remove-aen ns-grow-aen; do
       res $c FAIL "no connection to $NQN_R6"; done
   fi
 fi
