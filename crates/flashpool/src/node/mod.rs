@@ -25,6 +25,8 @@ mod drive_export;
 mod drive_ops;
 mod error;
 mod grow;
+#[cfg(test)]
+mod grow_tests;
 pub mod identity;
 pub mod jobs;
 pub mod monitor;
