@@ -56,12 +56,14 @@ pub(super) async fn member(name: &str, enc: &Enclosure, etcd: &str) -> (Arc<Agen
         discovery: Vec::new(),
         liveness: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
     };
-    let api = format!("127.0.0.1:{}", free_port());
+    // Bound before the join: a port picked and bound later may be taken
+    // meanwhile (the join's own connections use ephemeral ports too).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api = listener.local_addr().unwrap().to_string();
     let a = Agent::join(node.clone(), target.clone(), m, Some(api.clone()))
         .await
         .unwrap();
     a.spawn();
-    let listener = tokio::net::TcpListener::bind(&api).await.unwrap();
     let app = crate::api::router(crate::api::App {
         node,
         agent: Some(a.clone()),
