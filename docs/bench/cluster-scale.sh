@@ -173,10 +173,16 @@ print(sum(1 for u in sys.argv[1:] if st.get(u) != "optimal"))' $(units "$1") 2> 
 }
 # back_to_c1 N: move every volume and pool c1 does not own to c1 (4 at a time), wait until it
 # owns all (a pool's move carries its thin volumes)
+# (in rounds: a cluster status read that fails under load lists nothing to move, and a move
+# refused while the last fault settles is asked again)
 back_to_c1() {
-  mine "$1" | awk '$2 != "c1" { print $1 }' \
-    | xargs -r -P 4 -I{} bash -c "timeout 60 '$FPC_BIN' volume move {} --to c1 --api $(capi 1) $(fpc_auth) > /dev/null 2>&1 || echo 'move {} failed'"
-  wait_all_owned "$1" c1 60
+  local round
+  for round in 1 2 3; do
+    mine "$1" | awk '$2 != "c1" { print $1 }' \
+      | xargs -r -P 4 -I{} bash -c "timeout 60 '$FPC_BIN' volume move {} --to c1 --api $(capi 1) $(fpc_auth) > /dev/null 2>&1 || echo 'move {} failed (round $round)'"
+    wait_all_owned "$1" c1 20 && return 0
+  done
+  return 1
 }
 # start_all_ctl: c1..c3 up, listed by cluster status
 wait_nodes() {

@@ -339,24 +339,10 @@ impl Agent {
                  thin volumes in a cluster pool to grow them"
             )));
         }
-        let Some(pool) = s.pool_of(name).await.map_err(etcd)? else {
+        let Some(Located { spec, t, owner }) = locate(&s, name).await? else {
             return Ok(None);
         };
-        let (Some(spec), Some(t)) = (
-            s.spec(&pool).await.map_err(etcd)?,
-            s.thin_specs(&pool)
-                .await
-                .map_err(etcd)?
-                .into_iter()
-                .find(|t| t.name == name),
-        ) else {
-            return Ok(None);
-        };
-        let owner = s.owner(&pool).await.map_err(etcd)?.ok_or_else(|| {
-            NodeError::Conflict(format!(
-                "cluster pool {pool} has no owner right now (a takeover is under way); retry"
-            ))
-        })?;
+        let pool = spec.name.clone();
         if owner.node != s.node() {
             let (n, sz) = (name.to_string(), size.to_string());
             let v = self
@@ -365,14 +351,7 @@ impl Agent {
             return Ok(Some(v));
         }
         let mut served = self.served.lock().await;
-        let Some(sv) = served
-            .get_mut(&pool)
-            .filter(|sv| sv.epoch == Some(owner.epoch))
-        else {
-            return Err(NodeError::Conflict(format!(
-                "cluster pool {pool} is not served here yet; retry"
-            )));
-        };
+        let sv = owned_pool(&mut served, &pool, owner.epoch)?;
         // The pool first (durable), then the record: a record cut short is
         // redone by the same request (growing to the same size is nothing).
         let mut v = self.node.grow_volume(name, size).await?;
@@ -441,25 +420,10 @@ impl Agent {
     /// when no cluster pool holds one of that name.
     pub(super) async fn delete_thin(&self, name: &str, force: bool) -> NodeResult<Option<()>> {
         let s = self.session();
-        let Some(pool) = s.pool_of(name).await.map_err(etcd)? else {
+        let Some(Located { spec, t, owner }) = locate(&s, name).await? else {
             return Ok(None);
         };
-        let (spec, t) = match (
-            s.spec(&pool).await.map_err(etcd)?,
-            s.thin_specs(&pool)
-                .await
-                .map_err(etcd)?
-                .into_iter()
-                .find(|t| t.name == name),
-        ) {
-            (Some(spec), Some(t)) => (spec, t),
-            _ => return Ok(None),
-        };
-        let owner = s.owner(&pool).await.map_err(etcd)?.ok_or_else(|| {
-            NodeError::Conflict(format!(
-                "cluster pool {pool} has no owner right now (a takeover is under way); retry"
-            ))
-        })?;
+        let pool = spec.name.clone();
         if owner.node != s.node() {
             let n = name.to_string();
             self.on_owner(&s, &owner.node, move |p, api| {
@@ -469,14 +433,7 @@ impl Agent {
             return Ok(Some(()));
         }
         let mut served = self.served.lock().await;
-        let Some(sv) = served
-            .get_mut(&pool)
-            .filter(|sv| sv.epoch == Some(owner.epoch))
-        else {
-            return Err(NodeError::Conflict(format!(
-                "cluster pool {pool} is not served here yet; retry"
-            )));
-        };
+        let sv = owned_pool(&mut served, &pool, owner.epoch)?;
         // Refused before anything changes: data would be lost.
         let v = self.node.volume(name).await?;
         if !force && v.allocated_bytes.unwrap_or(0) > 0 {
@@ -544,6 +501,52 @@ impl Agent {
         .await
         .map_err(|e| NodeError::Internal(e.to_string()))?
     }
+}
+
+/// A thin volume of a cluster pool as etcd records it: its pool's spec,
+/// its own, and the pool's owner.
+struct Located {
+    spec: VolumeSpec,
+    t: ThinSpec,
+    owner: cluster::Owner,
+}
+
+/// Where thin volume `name` is: `None` when no cluster pool holds it;
+/// refused while its pool has no owner.
+async fn locate(s: &Session, name: &str) -> NodeResult<Option<Located>> {
+    let Some(pool) = s.pool_of(name).await.map_err(etcd)? else {
+        return Ok(None);
+    };
+    let spec = s.spec(&pool).await.map_err(etcd)?;
+    let t = s
+        .thin_specs(&pool)
+        .await
+        .map_err(etcd)?
+        .into_iter()
+        .find(|t| t.name == name);
+    let (Some(spec), Some(t)) = (spec, t) else {
+        return Ok(None);
+    };
+    let owner = s.owner(&pool).await.map_err(etcd)?.ok_or_else(|| {
+        NodeError::Conflict(format!(
+            "cluster pool {pool} has no owner right now (a takeover is under way); retry"
+        ))
+    })?;
+    Ok(Some(Located { spec, t, owner }))
+}
+
+/// Pool `pool` as served here, owned at `epoch`.
+fn owned_pool<'a>(
+    served: &'a mut std::collections::BTreeMap<String, Served>,
+    pool: &str,
+    epoch: u64,
+) -> NodeResult<&'a mut Served> {
+    served
+        .get_mut(pool)
+        .filter(|sv| sv.epoch == Some(epoch))
+        .ok_or_else(|| {
+            NodeError::Conflict(format!("cluster pool {pool} is not served here yet; retry"))
+        })
 }
 
 /// The highest NSID handed out to thin volumes (the target's).

@@ -6,51 +6,21 @@
 
 use std::sync::Arc;
 
-use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoRequest};
+use blockdev::{BlockDevice, BlockError};
 use nvmf_target::{AnaState, Target};
 
 use super::Agent;
-use super::tests::{NQN, Pair, pair, wait};
+use super::tests::{NQN, Pair, io, pair, wait};
 use crate::node::{CreateVolume, ExportRequest, NodeError};
 
 fn ns(t: &Target, nsid: u32) -> Option<Arc<dyn BlockDevice>> {
     Some(t.subsystem(NQN)?.namespace(nsid)?.dev.clone())
 }
 
-async fn io(dev: &Arc<dyn BlockDevice>, write: Option<u8>) -> Result<Vec<u8>, BlockError> {
-    let mut buf = AlignedBuf::new(8192);
-    buf.set_len(8192);
-    let op = match write {
-        Some(b) => {
-            buf.fill(b);
-            BlockOp::Write { fua: false }
-        }
-        None => BlockOp::Read,
-    };
-    let done = dev
-        .submit(IoRequest {
-            op,
-            lba: 16,
-            blocks: 2,
-            buf,
-        })
-        .await;
-    done.result.map(|_| done.buf[..8192].to_vec())
-}
-
 fn req(name: &str) -> CreateVolume {
     CreateVolume {
-        name: name.into(),
         layout: None,
-        drives: Vec::new(),
-        thin_pool: false,
-        cluster: None,
-        pool: None,
-        size: None,
-        strip: None,
-        block_size: None,
-        rebuild_rate: None,
-        export: None,
+        ..crate::node::testing::volume(name, "", &[])
     }
 }
 
@@ -204,11 +174,11 @@ async fn a_cluster_pool_carries_its_thin_volumes_through_a_move_and_a_takeover()
     assert_eq!(ta.ana_state(g), AnaState::Inaccessible);
     assert_eq!(
         io(&ns(&tb, 1).unwrap(), None).await.unwrap(),
-        vec![0xA1; 8192]
+        vec![0xA1; 16384]
     );
     assert_eq!(
         io(&ns(&tb, 2).unwrap(), None).await.unwrap(),
-        vec![0xA2; 8192]
+        vec![0xA2; 16384]
     );
     assert!(
         a.node.volume("t1").await.is_err(),
@@ -236,11 +206,11 @@ async fn a_cluster_pool_carries_its_thin_volumes_through_a_move_and_a_takeover()
     .await;
     assert_eq!(
         io(&ns(&ta, 1).unwrap(), None).await.unwrap(),
-        vec![0xA1; 8192]
+        vec![0xA1; 16384]
     );
     assert_eq!(
         io(&ns(&ta, 2).unwrap(), None).await.unwrap(),
-        vec![0xA2; 8192]
+        vec![0xA2; 16384]
     );
     assert_eq!(blocks(&ta, 1), (64 << 20) / 4096, "the grown size survives");
     assert!(matches!(

@@ -127,7 +127,10 @@ fn ns_dev(t: &Target) -> Option<Arc<dyn BlockDevice>> {
     Some(t.subsystem(NQN)?.namespace(1)?.dev.clone())
 }
 
-async fn io(dev: &Arc<dyn BlockDevice>, write: Option<u8>) -> Result<Vec<u8>, BlockError> {
+pub(super) async fn io(
+    dev: &Arc<dyn BlockDevice>,
+    write: Option<u8>,
+) -> Result<Vec<u8>, BlockError> {
     let mut buf = AlignedBuf::new(16384);
     buf.set_len(16384);
     let op = match write {

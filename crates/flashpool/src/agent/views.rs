@@ -65,36 +65,18 @@ impl Agent {
                         .unwrap_or_else(|| "unknown".into()),
                 })
                 .collect();
-            vs.push(VolumeInfo {
-                name: spec.name.clone(),
-                uuid: spec.uuid.clone(),
-                layout: spec.layout.clone(),
-                size_bytes: spec.size_bytes,
-                block_size: spec.block_size,
-                strip_bytes: 0,
-                state: "standby".into(),
-                reason: Some(format!(
-                    "owned by {}; served here on standby",
-                    owner.as_deref().unwrap_or("no node right now")
-                )),
-                generation: st.as_ref().map_or(0, |st| st.generation),
-                members,
-                export: (!spec.thin_pool).then(|| Export {
-                    nqn: spec.nqn.clone(),
-                    nsid: spec.nsid,
-                    from_config: false,
-                }),
+            let mut v = standby(&spec.name, &spec.uuid, owner, ana);
+            v.layout = spec.layout.clone();
+            v.size_bytes = spec.size_bytes;
+            v.block_size = spec.block_size;
+            v.generation = st.as_ref().map_or(0, |st| st.generation);
+            v.members = members;
+            v.export = (!spec.thin_pool).then(|| Export {
+                nqn: spec.nqn.clone(),
+                nsid: spec.nsid,
                 from_config: false,
-                rebuild: RebuildInfo::default(),
-                pool: None,
-                allocated_bytes: None,
-                thin_pool: None,
-                jobs: Vec::new(),
-                last_scrub: None,
-                forced: None,
-                owner,
-                ana_state: Some(ana),
             });
+            vs.push(v);
         }
         vs.sort_by(|a, b| a.name.cmp(&b.name));
     }
@@ -120,37 +102,53 @@ impl Agent {
                 owners.insert(pool.name.clone(), o);
             }
             let owner = owners[&pool.name].clone();
-            vs.push(VolumeInfo {
-                name: t.name.clone(),
-                uuid: t.uuid.clone(),
-                layout: "thin".into(),
-                size_bytes: t.size_bytes,
-                block_size: t.block_size,
-                strip_bytes: 0,
-                state: "standby".into(),
-                reason: Some(format!(
-                    "in cluster pool {}, owned by {}; served here on standby",
-                    pool.name,
-                    owner.as_deref().unwrap_or("no node right now")
-                )),
-                generation: 0,
-                members: Vec::new(),
-                export: Some(Export {
-                    nqn: pool.nqn.clone(),
-                    nsid: t.nsid,
-                    from_config: false,
-                }),
+            let mut v = standby(&t.name, &t.uuid, owner, ana);
+            v.reason = Some(format!(
+                "in cluster pool {}, {}",
+                pool.name,
+                v.reason.unwrap_or_default()
+            ));
+            v.layout = "thin".into();
+            v.size_bytes = t.size_bytes;
+            v.block_size = t.block_size;
+            v.export = Some(Export {
+                nqn: pool.nqn.clone(),
+                nsid: t.nsid,
                 from_config: false,
-                rebuild: RebuildInfo::default(),
-                pool: Some(pool.name.clone()),
-                allocated_bytes: None,
-                thin_pool: None,
-                jobs: Vec::new(),
-                last_scrub: None,
-                forced: None,
-                owner,
-                ana_state: Some(ana),
             });
+            v.pool = Some(pool.name.clone());
+            vs.push(v);
         }
+    }
+}
+
+/// What a node lists of a cluster volume it serves on standby (the
+/// caller fills in its shape).
+fn standby(name: &str, uuid: &str, owner: Option<String>, ana: String) -> VolumeInfo {
+    VolumeInfo {
+        name: name.to_string(),
+        uuid: uuid.to_string(),
+        layout: String::new(),
+        size_bytes: 0,
+        block_size: 0,
+        strip_bytes: 0,
+        state: "standby".into(),
+        reason: Some(format!(
+            "owned by {}; served here on standby",
+            owner.as_deref().unwrap_or("no node right now")
+        )),
+        generation: 0,
+        members: Vec::new(),
+        export: None,
+        from_config: false,
+        rebuild: RebuildInfo::default(),
+        pool: None,
+        allocated_bytes: None,
+        thin_pool: None,
+        jobs: Vec::new(),
+        last_scrub: None,
+        forced: None,
+        owner,
+        ana_state: Some(ana),
     }
 }
