@@ -7,7 +7,7 @@
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use crate::etcd::{decode, encode};
-use crate::keys::{Key, VolumeKey};
+use crate::keys::VolumeKey;
 use crate::{ClusterError, Owner, Session, ThinSpec};
 
 impl Session {
@@ -16,20 +16,6 @@ impl Session {
         self.get_prefix(&self.keys().thins(pool))
             .await?
             .iter()
-            .map(decode)
-            .collect()
-    }
-
-    /// Every thin volume of every cluster pool: one range read.
-    pub async fn all_thin_specs(&self) -> Result<Vec<ThinSpec>, ClusterError> {
-        let keys = self.keys();
-        self.get_prefix(&keys.volumes())
-            .await?
-            .iter()
-            .filter(|kv| {
-                let key = std::str::from_utf8(kv.key()).unwrap_or_default();
-                matches!(keys.parse(key), Some(Key::Thin(..)))
-            })
             .map(decode)
             .collect()
     }
