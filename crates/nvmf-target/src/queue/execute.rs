@@ -14,6 +14,7 @@ use super::sgl::Sgl;
 use super::{AfterData, QueueCore, SlotState, Transport};
 use crate::admin::{self, AdminCtx, AdminOutcome};
 use crate::io::{self, IoPlan, IoReject, ns_instance};
+use crate::qos::{self, QosCost};
 use crate::reservation::Access;
 use crate::resv_cmd;
 use crate::subsystem::find_namespace;
@@ -75,6 +76,7 @@ impl QueueCore {
             if v != b.ns_version {
                 b.namespaces = sub.namespaces();
                 b.ns_version = v;
+                self.qos.retain(&b.namespaces);
             }
         }
         if b.ctrl.reset_generation() != b.reset_gen {
@@ -163,35 +165,72 @@ impl QueueCore {
             }
         }
         let dev = ns.dev.clone();
-        let req = |op, lba, blocks, buf| IoRequest {
-            op,
-            lba,
-            blocks,
-            buf,
-        };
-        let fut = match plan {
-            IoPlan::Read { lba, blocks } => dev.submit(req(BlockOp::Read, lba, blocks, buf)),
-            IoPlan::Write { lba, blocks, fua } => {
-                dev.submit(req(BlockOp::Write { fua }, lba, blocks, buf))
-            }
-            IoPlan::Flush => dev.submit(req(BlockOp::Flush, 0, 0, buf)),
-            IoPlan::WriteZeroes { lba, blocks } => {
-                dev.submit(req(BlockOp::WriteZeroes, lba, blocks, buf))
-            }
+        // Dataset Management ranges are checked before the command can be held.
+        let dsm = match plan {
             IoPlan::Dsm { ranges, deallocate } => match io::dsm_ranges(ns, &buf, ranges) {
                 Err(rej) => {
                     self.pool.put(buf);
                     return self.complete_lba(i, rej.status, rej.lba, t);
                 }
-                Ok(_) if !deallocate => IoFuture::ready(buf, Ok(())),
-                Ok(list) => io::deallocate_all(dev, list, buf),
+                Ok(_) if !deallocate => None,
+                Ok(list) => Some(list),
             },
-            IoPlan::Reservation(_) => unreachable!("run above"),
+            _ => None,
+        };
+        // QoS: an unlimited namespace pays this one relaxed load.
+        let hold = if ns.qos.enabled() {
+            self.qos_hold(nsid, &plan)
+        } else {
+            None
+        };
+        let start = move || {
+            let req = |op, lba, blocks, buf| IoRequest {
+                op,
+                lba,
+                blocks,
+                buf,
+            };
+            match plan {
+                IoPlan::Read { lba, blocks } => dev.submit(req(BlockOp::Read, lba, blocks, buf)),
+                IoPlan::Write { lba, blocks, fua } => {
+                    dev.submit(req(BlockOp::Write { fua }, lba, blocks, buf))
+                }
+                IoPlan::Flush => dev.submit(req(BlockOp::Flush, 0, 0, buf)),
+                IoPlan::WriteZeroes { lba, blocks } => {
+                    dev.submit(req(BlockOp::WriteZeroes, lba, blocks, buf))
+                }
+                IoPlan::Dsm { .. } => match dsm {
+                    None => IoFuture::ready(buf, Ok(())),
+                    Some(list) => io::deallocate_all(dev, list, buf),
+                },
+                IoPlan::Reservation(_) => unreachable!("run above"),
+            }
+        };
+        let fut = match hold {
+            None => start(),
+            // Held, not failed: the device sees it when the namespace's
+            // limits let it go; the queue's other commands go on meanwhile.
+            Some(until) => IoFuture::Pending(Box::pin(async move {
+                tokio::time::sleep_until(until.into()).await;
+                start().await
+            })),
         };
         match fut {
             IoFuture::Ready(Some(done)) => self.on_io_done(i, done, t),
             fut => t.wait_io(i, fut),
         }
+    }
+
+    /// A limited namespace's command: when it may start, if not now.
+    #[cold]
+    fn qos_hold(&mut self, nsid: u32, plan: &IoPlan) -> Option<Instant> {
+        let b = self.bound.as_ref().expect("I/O queue");
+        let ns = find_namespace(&b.namespaces, nsid)?;
+        let cost = QosCost::of(plan, ns.block_size)?;
+        let now = self.now.unwrap_or_else(Instant::now);
+        let at = qos::clock_ns(now);
+        let go = ns.qos.admit(self.qos.get(&ns.qos), &cost, at);
+        (go > at).then(|| qos::instant_of(go, now))
     }
 
     /// Runs a reservation command; Report returns its data, Preempt and

@@ -16,6 +16,8 @@ mod execute;
 pub mod sgl;
 
 #[cfg(test)]
+mod qos_tests;
+#[cfg(test)]
 mod resv_tests;
 #[cfg(test)]
 mod tests;
@@ -39,6 +41,7 @@ use crate::config::ADMIN_IN_CAPSULE_DATA;
 use crate::controller::{AER_LIMIT, Controller, FreeReason, QueueStats};
 use crate::fabrics;
 use crate::io::{self, IoPlan};
+use crate::qos::QosCaches;
 use crate::stats::NsIoStats;
 use crate::subsystem::{Namespace, find_namespace};
 use sgl::{Sgl, check_sgl};
@@ -148,6 +151,8 @@ pub struct QueueCore {
     /// The transport's clock for this batch of PDUs or completions (see
     /// `tick`); None: read the clock at each command.
     now: Option<Instant>,
+    /// Tokens this queue took from limited namespaces' QoS buckets.
+    qos: QosCaches,
 }
 
 impl QueueCore {
@@ -171,6 +176,7 @@ impl QueueCore {
             sqhd: 0,
             last_touch: Instant::now(),
             now: None,
+            qos: QosCaches::default(),
             target,
             peer,
             local_ip,
