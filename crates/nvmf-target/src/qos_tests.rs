@@ -53,7 +53,10 @@ fn unlimited_admits_at_once_and_is_off() {
         ..Default::default()
     });
     assert!(q.enabled());
-    assert_eq!(offer(&q, &mut [QosCache::default()], read(4096), S, 1000, S), 1000);
+    assert_eq!(
+        offer(&q, &mut [QosCache::default()], read(4096), S, 1000, S),
+        1000
+    );
 }
 
 #[test]
@@ -65,7 +68,14 @@ fn the_rate_holds_over_a_second_with_a_full_queue() {
             ..Default::default()
         });
         // far more offered than the limit, all at t = 1 s
-        let n = offer(&q, &mut [QosCache::default()], read(4096), S, 3 * iops as usize, 2 * S);
+        let n = offer(
+            &q,
+            &mut [QosCache::default()],
+            read(4096),
+            S,
+            3 * iops as usize,
+            2 * S,
+        );
         let burst = iops / 100;
         let batch = iops / 1000;
         assert!(
@@ -126,7 +136,14 @@ fn bandwidth_limits_bytes() {
         burst_ms: 10,
         ..Default::default()
     });
-    let n = offer(&q, &mut [QosCache::default()], read(128 << 10), S, 1000, 2 * S);
+    let n = offer(
+        &q,
+        &mut [QosCache::default()],
+        read(128 << 10),
+        S,
+        1000,
+        2 * S,
+    );
     let bytes = n as u64 * (128 << 10);
     assert!(
         (20_000_000..=20_000_000 + 200_000 + 20_000 + (128 << 10)).contains(&bytes),

@@ -114,7 +114,11 @@ fn a_limited_namespace_is_held_at_its_rate_and_its_neighbour_is_not() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     });
-    let late: Vec<_> = rec.take_resps().into_iter().filter(|c| c.cid >= 300).collect();
+    let late: Vec<_> = rec
+        .take_resps()
+        .into_iter()
+        .filter(|c| c.cid >= 300)
+        .collect();
     assert_eq!(late.len(), 50);
     assert_eq!(q1.throttled().1, before);
 }
