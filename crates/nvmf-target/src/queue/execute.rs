@@ -19,6 +19,25 @@ use crate::reservation::Access;
 use crate::resv_cmd;
 use crate::subsystem::find_namespace;
 
+/// Returns once the queue closes (or is gone).
+async fn closed(mut rx: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        let now = *rx.borrow_and_update();
+        if now || rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A held command whose queue closed before its turn.
+fn abandoned() -> blockdev::BlockError {
+    blockdev::BlockError::Unreachable {
+        what: "namespace".into(),
+        after_ms: 0,
+        why: "the queue closed while QoS held the command; it was not run".into(),
+    }
+}
+
 impl QueueCore {
     pub(super) fn admin<T: Transport>(&mut self, i: u16, sgl: Sgl, t: &mut T) {
         let ctrl = self.bound.as_ref().expect("admin queue").ctrl.clone();
@@ -183,7 +202,7 @@ impl QueueCore {
         } else {
             None
         };
-        let start = move || {
+        let start = move |buf: AlignedBuf| {
             let req = |op, lba, blocks, buf| IoRequest {
                 op,
                 lba,
@@ -207,17 +226,43 @@ impl QueueCore {
             }
         };
         let fut = match hold {
-            None => start(),
+            None => start(buf),
             // Held, not failed: the device sees it when the namespace's
             // limits let it go; the queue's other commands go on meanwhile.
-            Some(until) => IoFuture::Pending(Box::pin(async move {
-                tokio::time::sleep_until(until.into()).await;
-                start().await
-            })),
+            // If the queue closes first, it never reaches the device.
+            Some(until) => {
+                let gone = self.held_watch();
+                IoFuture::Pending(Box::pin(async move {
+                    tokio::select! {
+                        biased;
+                        _ = closed(gone) => IoDone {
+                            buf,
+                            result: Err(abandoned()),
+                        },
+                        _ = tokio::time::sleep_until(until.into()) => start(buf).await,
+                    }
+                }))
+            }
         };
         match fut {
             IoFuture::Ready(Some(done)) => self.on_io_done(i, done, t),
             fut => t.wait_io(i, fut),
+        }
+    }
+
+    /// What held commands watch: true once the queue closes.
+    fn held_watch(&mut self) -> tokio::sync::watch::Receiver<bool> {
+        self.held
+            .get_or_insert_with(|| tokio::sync::watch::channel(false).0)
+            .subscribe()
+    }
+
+    /// The connection is closing: commands held by QoS end now, unrun
+    /// (answered, if at all, as retryable Namespace Not Ready), so that
+    /// teardown does not wait out their holds nor run them afterwards.
+    pub fn abandon_held(&self) {
+        if let Some(tx) = &self.held {
+            tx.send_replace(true);
         }
     }
 

@@ -153,6 +153,8 @@ pub struct QueueCore {
     now: Option<Instant>,
     /// Tokens this queue took from limited namespaces' QoS buckets.
     qos: QosCaches,
+    /// Set when the queue closes: commands QoS holds end unrun.
+    held: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl QueueCore {
@@ -177,6 +179,7 @@ impl QueueCore {
             last_touch: Instant::now(),
             now: None,
             qos: QosCaches::default(),
+            held: None,
             target,
             peer,
             local_ip,

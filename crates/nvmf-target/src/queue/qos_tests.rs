@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use blockdev::MemDevice;
+use blockdev::{BlockDevice, MemDevice};
 use nvme_wire::sqe::{Sqe, io_opc};
 
 use super::tests::{NQN, admin_queue, io_queue, target_with, xfer};
@@ -121,4 +121,76 @@ fn a_limited_namespace_is_held_at_its_rate_and_its_neighbour_is_not() {
         .collect();
     assert_eq!(late.len(), 50);
     assert_eq!(q1.throttled().1, before);
+}
+
+#[test]
+fn a_held_write_never_runs_once_its_queue_closes() {
+    let dev = Arc::new(MemDevice::new(1 << 20, 512).unwrap());
+    let ns = Namespace::new(1, dev.clone(), [1; 16], [1; 16]);
+    // one command a second, a burst of one: the second write waits ~1 s
+    ns.qos.set(QosLimits {
+        iops: 1,
+        burst_ms: 1,
+        ..Default::default()
+    });
+    let sub = Subsystem::new(
+        NQN.into(),
+        "QOS00002".into(),
+        "qos".into(),
+        true,
+        Vec::new(),
+        vec![ns],
+    );
+    let t = target_with(sub);
+    let (_a, _, cntlid) = admin_queue(&t, [1; 16]);
+    let (mut q, mut rec) = io_queue(&t, cntlid, [1; 16]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let write = |cid: u16, lba: u32| {
+        let mut s = Sqe::new(io_opc::WRITE, cid);
+        s.nsid = 1;
+        s.cdw10 = lba;
+        super::tests::in_capsule(s, 512)
+    };
+    rt.block_on(async {
+        let mut cx = Context::from_waker(Waker::noop());
+        let started = Instant::now();
+        q.on_command(&write(1, 0), &[0xAA; 512], true, &mut rec);
+        q.on_command(&write(2, 1), &[0xBB; 512], true, &mut rec);
+        // the first runs, the second is held
+        let mut still = Vec::new();
+        for (tag, mut fut) in std::mem::take(&mut rec.waiting) {
+            match std::pin::Pin::new(&mut fut).poll(&mut cx) {
+                Poll::Ready(done) => q.on_io_done(tag, done, &mut rec),
+                Poll::Pending => still.push((tag, fut)),
+            }
+        }
+        assert_eq!(still.len(), 1);
+        assert_eq!(rec.take_resps().len(), 1);
+        q.abandon_held();
+        let (tag, mut fut) = still.pop().unwrap();
+        let Poll::Ready(done) = std::pin::Pin::new(&mut fut).poll(&mut cx) else {
+            panic!("an abandoned command still waits");
+        };
+        assert!(started.elapsed() < Duration::from_millis(500));
+        q.on_io_done(tag, done, &mut rec);
+        let c = rec.one();
+        assert_eq!(c.cid, 2);
+        assert_eq!(c.status.sc, nvme_wire::status::SC_NS_NOT_READY);
+        assert!(!c.status.dnr, "retryable: {c:?}");
+    });
+    // the device never saw the held write
+    let mut buf = blockdev::AlignedBuf::new(512);
+    buf.set_len(512);
+    let done = futures_util::FutureExt::now_or_never(dev.submit(blockdev::IoRequest {
+        op: blockdev::BlockOp::Read,
+        lba: 1,
+        blocks: 1,
+        buf,
+    }))
+    .unwrap();
+    done.result.unwrap();
+    assert!(done.buf[..512].iter().all(|&b| b == 0));
 }
