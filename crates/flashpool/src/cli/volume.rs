@@ -58,14 +58,14 @@ pub enum VolumeCmd {
         nsid: Option<u32>,
         /// QoS limits, held by the target from the first command.
         #[command(flatten)]
-        qos: QosArgs,
+        qos: Box<QosArgs>,
     },
     /// Show a volume's QoS limits, or change them live (0 or --clear: unlimited;
     /// a limit not given keeps its value).
     Qos {
         name: String,
         #[command(flatten)]
-        limits: QosArgs,
+        limits: Box<QosArgs>,
         /// Start from no limits (and the default burst), then apply the flags given.
         #[arg(long)]
         clear: bool,
