@@ -96,6 +96,7 @@ pub fn run(
     )));
     node.attach_target(target.clone());
     rt.block_on(node.restore_exports())?;
+    rt.block_on(node.restore_qos())?;
     let drive_exports: Vec<(String, Vec<String>)> = drive_specs
         .iter()
         .filter(|d| d.export)

@@ -5,9 +5,10 @@
 //! `fabrics.rs` (Connect, Property Get/Set), `admin.rs` (Identify, Get Log
 //! Page, features, AER, Keep Alive), `io.rs` (Read, Write, Flush, Write
 //! Zeroes, Dataset Management, Reservations), `reservation.rs` (the
-//! reservation state machine), `discovery.rs`, `ana.rs`. `queue/` is the
-//! transport-free command core every command goes through; `tcp/` is only
-//! the transport: PDU framing, R2T tracking, reactors.
+//! reservation state machine), `qos.rs` (per-namespace limits),
+//! `discovery.rs`, `ana.rs`. `queue/` is the transport-free command core
+//! every command goes through; `tcp/` is only the transport: PDU framing,
+//! R2T tracking, reactors.
 
 pub mod admin;
 pub mod ana;
@@ -20,6 +21,7 @@ pub mod fabrics;
 pub mod io;
 pub mod ns_resv;
 pub mod observer;
+pub mod qos;
 pub mod queue;
 pub mod reservation;
 pub mod resv_cmd;

@@ -13,6 +13,7 @@ use nvme_wire::tls_psk::ConfiguredPsk;
 use parking_lot::RwLock;
 
 use crate::ns_resv::NsReservations;
+use crate::qos::NsQos;
 use crate::stats::NsIoStats;
 
 /// One namespace: a block device with its identifiers. Immutable once built,
@@ -31,6 +32,8 @@ pub struct Namespace {
     pub resv: Arc<NsReservations>,
     /// I/O counters and latencies, shared by every snapshot.
     pub stats: Arc<NsIoStats>,
+    /// QoS limits and buckets, shared by every snapshot (and changed live).
+    pub qos: Arc<NsQos>,
 }
 
 impl Namespace {
@@ -46,8 +49,16 @@ impl Namespace {
             ana_group: crate::ana::DEFAULT_GROUP,
             resv: Arc::new(NsReservations::load(&*dev)),
             stats: Arc::default(),
+            qos: Arc::default(),
             dev,
         }
+    }
+
+    /// The same namespace under these QoS limits (kept by the caller, who
+    /// changes them live with [`NsQos::set`]).
+    pub fn with_qos(mut self, qos: Arc<NsQos>) -> Self {
+        self.qos = qos;
+        self
     }
 
     /// The same namespace in ANA group `grpid` (1..=`ana::MAX_GROUPS`).

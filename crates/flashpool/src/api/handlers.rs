@@ -13,7 +13,8 @@ use super::errors::{ApiError, ApiResult, body, ok};
 use crate::agent::Agent;
 use crate::api_types::{
     AssembleByName, AssembleVolume, CreateVolume, ExportDriveRequest, ExportRequest, FailRequest,
-    ForceQuery, ForceRequest, GrowRequest, MoveRequest, ProbeResult, RebuildStatus, ReplaceRequest,
+    ForceQuery, ForceRequest, GrowRequest, MoveRequest, ProbeResult, QosRequest, RebuildStatus,
+    ReplaceRequest,
     ScrubRequest, VolumeDeleted,
 };
 use crate::node::Node;
@@ -176,10 +177,17 @@ pub(super) async fn volumes(State(a): State<App>) -> ApiResult {
     ok(vs)
 }
 pub(super) async fn create_volume(State(a): State<App>, b: Bytes) -> ApiResult {
-    let req: CreateVolume = body(&b)?;
+    // `qos` is taken out before the rest is read as a `CreateVolume`.
+    let mut v: serde_json::Value = body(&b)?;
+    let qos = match v.as_object_mut().and_then(|m| m.remove("qos")) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(q) => Some(value::<QosRequest>(q, "qos")?),
+    };
+    let req: CreateVolume = value(v, "request body")?;
     let info = match &a.agent {
+        Some(_) if qos.is_some() => return Err(no_cluster_qos()),
         Some(ag) => ag.create(req).await?,
-        _ => a.node.create_volume(req).await?,
+        _ => a.node.create_volume_qos(req, qos).await?,
     };
     Ok((StatusCode::CREATED, axum::Json(info)).into_response())
 }
@@ -234,6 +242,44 @@ pub(super) async fn grow_volume(
     }
     ok(v)
 }
+
+/// A JSON value as `T`, with the same error shape as a bad body.
+fn value<T: serde::de::DeserializeOwned>(v: serde_json::Value, what: &str) -> Result<T, ApiError> {
+    serde_json::from_value(v).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("{what} is not what this call takes: {e}; see docs/api.md"),
+        )
+    })
+}
+
+/// Cluster volumes are served by namespaces the agent makes on every node;
+/// their limits would have to follow them (see docs/api.md).
+fn no_cluster_qos() -> ApiError {
+    ApiError(
+        StatusCode::CONFLICT,
+        "QoS limits are not supported in cluster mode yet (only on a node running alone); \
+         nothing was changed"
+            .into(),
+    )
+}
+
+pub(super) async fn volume_qos(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
+    ok(a.node.volume_qos(&name).await?)
+}
+
+pub(super) async fn set_volume_qos(
+    State(a): State<App>,
+    Path(name): Path<String>,
+    b: Bytes,
+) -> ApiResult {
+    let r: QosRequest = body(&b)?;
+    if a.agent.is_some() {
+        return Err(no_cluster_qos());
+    }
+    ok(a.node.set_volume_qos(&name, r).await?)
+}
+
 pub(super) async fn audit(State(n): State<Arc<Node>>) -> ApiResult {
     ok(serde_json::json!({ "stale_writes": n.stale_write_audit() }))
 }

@@ -36,6 +36,10 @@ pub fn router(app: App) -> Router {
         .route("/v1/volumes/{name}", get(volume).delete(delete_volume))
         .route("/v1/volumes/{name}/export", post(export))
         .route("/v1/volumes/{name}/unexport", post(unexport))
+        .route(
+            "/v1/volumes/{name}/qos",
+            get(volume_qos).post(set_volume_qos),
+        )
         .route("/v1/volumes/{name}/rebuild", get(rebuild_status))
         .route("/v1/volumes/{name}/grow", post(grow_volume))
         .route("/v1/volumes/{name}/scrub", post(scrub_volume))

@@ -469,3 +469,64 @@ fn follow_false_answers_the_kept_events_as_json() {
         .collect();
     assert_eq!(seqs, [2, 3]);
 }
+
+#[test]
+fn qos_is_set_at_create_changed_live_and_bad_values_are_400() {
+    let node = crate::node::testing::TestNode::new()
+        .mem_drives(2, 8 << 20)
+        .target("nqn.2026-01.io.flashpool:api")
+        .build();
+    let api = serve(router(App { node, agent: None }));
+    let post = |path: &str, body: serde_json::Value| {
+        http(api, &format!("POST {path}"), body.to_string().into_bytes())
+    };
+    let get = |path: &str| http(api, &format!("GET {path}"), Vec::new());
+    let vol = |qos: serde_json::Value| serde_json::json!({"name": "v", "layout": "raid1", "drives": ["d0", "d1"], "qos": qos});
+    // a bad qos makes nothing
+    let a = post("/v1/volumes", vol(serde_json::json!({"iops": "many"})));
+    assert_eq!(a.status, 400, "{}", a.json);
+    assert!(error_of(&a).contains("qos"), "{}", a.json);
+    let a = post("/v1/volumes", vol(serde_json::json!({"burst_ms": 0})));
+    assert_eq!(a.status, 400, "{}", a.json);
+    assert!(error_of(&a).contains("burst_ms 0"), "{}", a.json);
+    assert_eq!(get("/v1/volumes/v").status, 404);
+
+    let a = post(
+        "/v1/volumes",
+        vol(serde_json::json!({"iops": 500, "bandwidth": "20MiB"})),
+    );
+    assert_eq!(a.status, 201, "{}", a.json);
+    let q = get("/v1/volumes/v/qos").json;
+    assert_eq!(q["iops"], 500);
+    assert_eq!(q["bandwidth"], 20 << 20);
+    assert_eq!(q["burst_ms"], 100);
+    assert_eq!(q["unlimited"], false);
+
+    for (body, want) in [
+        (
+            serde_json::json!({"burst_ms": 0}),
+            "burst_ms 0 is out of range",
+        ),
+        (serde_json::json!({"bandwidth": "fast"}), "bandwidth"),
+        (serde_json::json!({"read_bandwidth": 10}), "below 4096"),
+        (serde_json::json!({"iops": 5, "bogus": 1}), "unknown field"),
+        (serde_json::json!({"iops": -1}), "request body"),
+    ] {
+        let a = post("/v1/volumes/v/qos", body.clone());
+        assert_eq!(a.status, 400, "{body}: {}", a.json);
+        assert!(error_of(&a).contains(want), "{body}: {}", a.json);
+        assert_eq!(get("/v1/volumes/v/qos").json["iops"], 500, "{body}");
+    }
+    let a = post("/v1/volumes/v/qos", serde_json::json!({"write_iops": 50}));
+    assert_eq!(a.status, 200, "{}", a.json);
+    assert_eq!(
+        (a.json["iops"].clone(), a.json["write_iops"].clone()),
+        (500.into(), 50.into())
+    );
+    let a = post("/v1/volumes/v/qos", serde_json::json!({"clear": true}));
+    assert_eq!(a.json["unlimited"], true, "{}", a.json);
+    assert_eq!(
+        post("/v1/volumes/nope/qos", serde_json::json!({})).status,
+        404
+    );
+}

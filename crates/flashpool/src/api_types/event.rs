@@ -26,6 +26,8 @@ pub enum EventKind {
     ScrubFinished,
     ScrubMismatch,
     ThinPoolUsage,
+    /// A volume's QoS limits changed (the message says from what to what).
+    QosChanged,
     HostConnected,
     HostRefused,
     /// Cluster mode: this node's etcd lease is gone; every volume owned
@@ -69,6 +71,7 @@ impl EventKind {
             EventKind::ScrubFinished => "scrub_finished",
             EventKind::ScrubMismatch => "scrub_mismatch",
             EventKind::ThinPoolUsage => "thin_pool_usage",
+            EventKind::QosChanged => "qos_changed",
             EventKind::HostConnected => "host_connected",
             EventKind::HostRefused => "host_refused",
             EventKind::LeaseLost => "lease_lost",

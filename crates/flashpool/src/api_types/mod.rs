@@ -9,6 +9,7 @@ mod cluster;
 mod drive;
 mod event;
 mod job;
+mod qos;
 #[cfg(test)]
 mod tests;
 mod volume;
@@ -23,6 +24,7 @@ pub use drive::{
 };
 pub use event::{Event, EventKind, Hello, Lagged, StepTime, TokenRotated};
 pub use job::{JobInfo, JobKind, JobState, ScrubRequest};
+pub use qos::{QosInfo, QosLimitsInfo, QosRequest, Rate};
 pub use volume::{
     AssembleByName, AssembleVolume, CreateVolume, Export, ExportRequest, ForceQuery, ForceRequest,
     ForcedInfo, ForcedMemberInfo, GrowRequest, MemberInfo, PoolInfo, RebuildInfo, RebuildStatus,

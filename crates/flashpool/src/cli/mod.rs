@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod drive;
 pub mod events;
 pub mod job;
+pub mod qos;
 pub mod token;
 pub mod volume;
 

@@ -7,9 +7,10 @@ use anyhow::{Result, bail};
 
 use super::ApiArgs;
 use super::job::ScrubArgs;
+use super::qos::QosArgs;
 use crate::api_types::{
     AssembleByName, AssembleVolume, CreateVolume, ExportRequest, ForceRequest, GrowRequest,
-    MoveRequest, MoveResult, RebuildInfo, RebuildStatus, VolumeDeleted, VolumeInfo,
+    MoveRequest, MoveResult, QosInfo, RebuildInfo, RebuildStatus, VolumeDeleted, VolumeInfo,
 };
 use crate::client::{Answer, Client};
 use crate::output::outln;
@@ -55,6 +56,19 @@ pub enum VolumeCmd {
         /// lowest free one when left out).
         #[arg(long, requires = "export")]
         nsid: Option<u32>,
+        /// QoS limits, held by the target from the first command.
+        #[command(flatten)]
+        qos: Box<QosArgs>,
+    },
+    /// Show a volume's QoS limits, or change them live (0 or --clear: unlimited;
+    /// a limit not given keeps its value).
+    Qos {
+        name: String,
+        #[command(flatten)]
+        limits: Box<QosArgs>,
+        /// Start from no limits (and the default burst), then apply the flags given.
+        #[arg(long)]
+        clear: bool,
     },
     /// All volumes.
     List,
@@ -152,6 +166,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             rebuild_rate,
             export,
             nsid,
+            qos,
         } => {
             let (pool, size) = match (pool, size) {
                 (Some(p), Some(sz)) => (Some(p), Some(sz)),
@@ -170,7 +185,24 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
                 rebuild_rate,
                 export: export_request(export, nsid),
             };
-            c.post("/volumes", Some(&req))?
+            let mut body = serde_json::to_value(&req)?;
+            if let Some(q) = qos.request(false)? {
+                body["qos"] = serde_json::to_value(q)?;
+            }
+            c.post("/volumes", Some(&body))?
+        }
+        VolumeCmd::Qos {
+            name,
+            limits,
+            clear,
+        } => {
+            let a = super::qos::qos(&c, &name, &limits, clear)?;
+            if api.json {
+                api.print_json(a.json())?;
+            } else {
+                outln!("{}", super::qos::qos_text(&a.parse::<QosInfo>()?));
+            }
+            return Ok(());
         }
         VolumeCmd::List => {
             let a = c.get("/volumes")?;

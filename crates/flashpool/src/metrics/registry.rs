@@ -138,6 +138,7 @@ impl Collector for Exposition {
                 match (&s.value, f.kind) {
                     (Value::Int(v), Kind::Counter) => ConstCounter::new(*v).encode(sample)?,
                     (Value::Int(v), _) => ConstGauge::new(*v).encode(sample)?,
+                    (Value::Float(v), Kind::Counter) => ConstCounter::new(*v).encode(sample)?,
                     (Value::Float(v), _) => ConstGauge::new(*v).encode(sample)?,
                     (Value::Histogram(h), _) => LatencySeconds(h).encode(sample)?,
                     (Value::Seconds(h), _) => h.encode(sample)?,
@@ -219,6 +220,12 @@ impl Family<'_> {
     /// A gauge sample.
     pub fn float(&mut self, labels: &Labels, v: f64) -> &mut Self {
         debug_assert!(self.data.kind == Kind::Gauge);
+        self.push(labels, Value::Float(v))
+    }
+
+    /// A counter that is not whole (seconds added up).
+    pub fn float_counter(&mut self, labels: &Labels, v: f64) -> &mut Self {
+        debug_assert!(self.data.kind == Kind::Counter);
         self.push(labels, Value::Float(v))
     }
 

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::registry::{Exposition, Kind, bounded};
 use crate::node::NodeState;
+use nvmf_target::stats::NsIoStats;
 
 /// What a namespace serves, as labels: its volume or drive.
 fn served(st: &NodeState) -> HashMap<(String, u32), (&'static str, String)> {
@@ -27,11 +28,13 @@ fn served(st: &NodeState) -> HashMap<(String, u32), (&'static str, String)> {
 pub(super) fn namespaces(p: &mut Exposition, st: &NodeState, t: &nvmf_target::Target) {
     let names = served(st);
     let mut rows = Vec::new();
+    let mut qos = Vec::new();
     for sub in t.subsystems().iter() {
         for ns in sub.namespaces().iter() {
             let nsid = ns.nsid.to_string();
             let what = names.get(&(sub.nqn.clone(), ns.nsid)).cloned();
             rows.push((sub.nqn.clone(), nsid, what, ns.stats.clone()));
+            qos.push(ns.qos.clone());
         }
     }
     let labels = |(nqn, nsid, what, _): &(String, String, Option<(&'static str, String)>, _)| {
@@ -99,6 +102,69 @@ pub(super) fn namespaces(p: &mut Exposition, st: &NodeState, t: &nvmf_target::Ta
     for r in &rows {
         let l = labels(r);
         f.histogram(&as_refs(&l), &r.3.write_latency.snapshot());
+    }
+    qos_families(p, &rows, &qos, labels);
+}
+
+type Row = (
+    String,
+    String,
+    Option<(&'static str, String)>,
+    std::sync::Arc<NsIoStats>,
+);
+
+/// QoS: time held and commands held (every namespace), and the limits of
+/// those that have any.
+fn qos_families(
+    p: &mut Exposition,
+    rows: &[Row],
+    qos: &[std::sync::Arc<nvmf_target::qos::NsQos>],
+    labels: impl Fn(&Row) -> Vec<(&'static str, String)>,
+) {
+    let mut f = p.family(
+        "flashpool_namespace_qos_throttled_seconds_total",
+        Kind::Counter,
+        "Time the namespace's commands were held by its QoS limits, added up over commands.",
+    );
+    for (r, q) in rows.iter().zip(qos) {
+        f.float_counter(&as_refs(&labels(r)), q.throttled().0.as_secs_f64());
+    }
+    let mut f = p.family(
+        "flashpool_namespace_qos_throttled_commands_total",
+        Kind::Counter,
+        "Commands held by the namespace's QoS limits before they ran.",
+    );
+    for (r, q) in rows.iter().zip(qos) {
+        f.int(&as_refs(&labels(r)), q.throttled().1);
+    }
+    let mut f = p.family(
+        "flashpool_namespace_qos_limit",
+        Kind::Gauge,
+        "The namespace's QoS limits now, by limit (iops, read_iops, write_iops in commands per \
+         second; bandwidth, read_bandwidth, write_bandwidth in bytes per second; burst_ms); \
+         absent: unlimited.",
+    );
+    for (r, q) in rows.iter().zip(qos) {
+        let l = q.limits();
+        if l.is_unlimited() {
+            continue;
+        }
+        let base = labels(r);
+        for (name, v) in [
+            ("iops", l.iops),
+            ("read_iops", l.read_iops),
+            ("write_iops", l.write_iops),
+            ("bandwidth", l.bandwidth),
+            ("read_bandwidth", l.read_bandwidth),
+            ("write_bandwidth", l.write_bandwidth),
+            ("burst_ms", l.burst().as_millis() as u64),
+        ] {
+            if v > 0 {
+                let mut lab = base.clone();
+                lab.push(("limit", name.to_string()));
+                f.int(&as_refs(&lab), v);
+            }
+        }
     }
 }
 

@@ -11,10 +11,11 @@
 //! (make and delete volumes), `assemble.rs` and `recovery.rs` (find them on
 //! their drives, force them up), `drive_ops.rs` and `spares.rs` (fail,
 //! replace, re-add), `volume_export.rs` and `drive_export.rs` (what the
-//! target serves), `jobs.rs`, `scrub.rs` and `monitor.rs` (background work),
-//! `views.rs` (what the API shows), `validate.rs` (request checks),
-//! `error.rs` (failures and their HTTP status). The node never reads the
-//! TOML: `config/` turns it into the specs above.
+//! target serves), `qos.rs` (volumes' QoS limits), `jobs.rs`, `scrub.rs`
+//! and `monitor.rs` (background work), `views.rs` (what the API shows),
+//! `validate.rs` (request checks), `error.rs` (failures and their HTTP
+//! status). The node never reads the TOML: `config/` turns it into the
+//! specs above.
 
 mod assemble;
 mod degraded;
@@ -32,6 +33,9 @@ pub mod jobs;
 pub mod monitor;
 mod ops;
 mod owned;
+mod qos;
+#[cfg(test)]
+mod qos_tests;
 mod recovery;
 mod remote;
 #[cfg(test)]
@@ -117,6 +121,9 @@ pub struct VolumeEntry {
     pub rebuild_task: bool,
     /// Forced up by `assemble --force`: what was forced and may be stale.
     pub forced: Option<ForcedInfo>,
+    /// Its QoS limits, shared with the namespace that serves it (so a
+    /// change applies live, and survives unexport and export).
+    pub qos: Arc<nvmf_target::qos::NsQos>,
 }
 
 impl VolumeEntry {
@@ -136,6 +143,7 @@ impl VolumeEntry {
             last_rebuild_error: None,
             rebuild_task: false,
             forced: None,
+            qos: Arc::default(),
         }
     }
 
@@ -222,6 +230,8 @@ pub struct Node {
     /// `state_dir/exports.json`: the exports made through the API, so that
     /// they survive a restart as the TOML's do.
     exports_file: Option<std::path::PathBuf>,
+    /// `state_dir/qos.json`: volumes' QoS limits, kept over a restart.
+    qos_file: Option<std::path::PathBuf>,
     /// This node as other nodes know it, and its peers.
     cluster: std::sync::OnceLock<identity::Cluster>,
     /// Cluster mode: etcd says which volumes the node runs, so remote drives
@@ -238,6 +248,7 @@ impl Node {
             state: tokio::sync::Mutex::new(state),
             target: std::sync::OnceLock::new(),
             exports_file: dir.map(|d| d.join("exports.json")),
+            qos_file: dir.map(|d| d.join("qos.json")),
             cluster: std::sync::OnceLock::new(),
             etcd_managed: std::sync::atomic::AtomicBool::new(false),
             events: Arc::default(),

@@ -37,7 +37,7 @@ fn uuid_bytes(uuid: &str) -> [u8; 16] {
 
 impl VolumeEntry {
     fn namespace(&self, nsid: u32) -> Namespace {
-        volume_namespace(nsid, self.device(), &self.uuid())
+        volume_namespace(nsid, self.device(), &self.uuid()).with_qos(self.qos.clone())
     }
 }
 

@@ -10,11 +10,14 @@ use volume::{Volume, VolumeConfig};
 
 use crate::echo::Echo;
 
+use nvmf_target::qos::QosLimits;
+
 use super::ops::{CreateVolume, ExportRequest, VolumeInfo};
 use super::validate::{check_name, find_volume, parse_layout, size_arg};
 use super::{
     Backing, Node, NodeError, NodeResult, NodeState, Object, Offline, VolumeEntry, wipe_head,
 };
+use crate::api_types::QosRequest;
 
 pub(super) fn thin_err(e: ThinError) -> NodeError {
     match e {
@@ -193,15 +196,36 @@ impl Node {
     }
 
     pub async fn create_volume(self: &Arc<Self>, req: CreateVolume) -> NodeResult<VolumeInfo> {
+        self.create_volume_qos(req, None).await
+    }
+
+    /// [`Node::create_volume`] under QoS limits (`qos` of `POST /v1/volumes`),
+    /// checked before anything is made and set before it is served.
+    pub async fn create_volume_qos(
+        self: &Arc<Self>,
+        req: CreateVolume,
+        qos: Option<QosRequest>,
+    ) -> NodeResult<VolumeInfo> {
+        let limits = Self::create_qos(qos.as_ref())?;
         let drives = req.drives.clone();
-        self.undo_remotes_on_err(&drives, self.create_volume_inner(req))
+        self.undo_remotes_on_err(&drives, self.create_volume_inner(req, limits))
             .await
     }
 
-    async fn create_volume_inner(self: &Arc<Self>, req: CreateVolume) -> NodeResult<VolumeInfo> {
+    async fn create_volume_inner(
+        self: &Arc<Self>,
+        req: CreateVolume,
+        limits: QosLimits,
+    ) -> NodeResult<VolumeInfo> {
         check_name("volume", &req.name)?;
         if req.pool.is_some() {
-            return self.create_thin(req).await;
+            return self.create_thin(req, limits).await;
+        }
+        if req.thin_pool && !limits.is_unlimited() {
+            return Err(NodeError::BadRequest(format!(
+                "volume {}: a thin pool is not served itself; set QoS on its thin volumes",
+                req.name
+            )));
         }
         let (Some(layout), false) = (req.layout.as_deref(), req.drives.is_empty()) else {
             return Err(NodeError::BadRequest(format!(
@@ -290,7 +314,7 @@ impl Node {
             req.drives.clone(),
             rebuild_rate,
         );
-        let info = self.register(&mut st, entry, req.export)?;
+        let info = self.register(&mut st, entry, req.export, limits)?;
         if let Some(vol) = st.volumes.get(&req.name).and_then(|e| e.on_drives())
             && vol.unsynced_regions() > 0
         {
@@ -307,7 +331,7 @@ impl Node {
     }
 
     /// A thin volume in the pool on volume `req.pool`.
-    async fn create_thin(&self, req: CreateVolume) -> NodeResult<VolumeInfo> {
+    async fn create_thin(&self, req: CreateVolume, limits: QosLimits) -> NodeResult<VolumeInfo> {
         let pool_name = req.pool.clone().unwrap_or_default();
         if req.layout.is_some() || !req.drives.is_empty() || req.thin_pool || req.strip.is_some() {
             return Err(NodeError::BadRequest(format!(
@@ -379,7 +403,7 @@ impl Node {
             Vec::new(),
             None,
         );
-        let info = self.register(&mut st, entry, req.export)?;
+        let info = self.register(&mut st, entry, req.export, limits)?;
         tracing::info!(
             "volume {}: thin, {} in pool {pool_name}",
             req.name,
@@ -388,19 +412,23 @@ impl Node {
         Ok(info)
     }
 
-    /// Adds a new volume to the node, exported if asked.
+    /// Adds a new volume to the node, under its limits, exported if asked.
     fn register(
         &self,
         st: &mut NodeState,
         mut entry: VolumeEntry,
         export: Option<ExportRequest>,
+        limits: QosLimits,
     ) -> NodeResult<VolumeInfo> {
+        // Before the export: the namespace is limited from its first command.
+        entry.qos.set(limits);
         if let Some(x) = export {
             self.export_entry(&mut entry, x)?;
         }
         let name = entry.name.clone();
         st.volumes.insert(name.clone(), entry);
         self.save_exports(st)?;
+        self.note_new_qos(st, &name, limits)?;
         Ok(st.volume_info(&name).expect("just inserted"))
     }
 
@@ -444,6 +472,7 @@ impl Node {
                  changed; to delete it anyway use --force (API: {{\"force\": true}})"
             )));
         }
+        let limited = !e.qos.limits().is_unlimited();
         // Its sync or scrub must not write to drives that are free again.
         jobs.stop(Some(name)).await;
         if let Backing::Thin { pool, .. } = &e.backing {
@@ -456,10 +485,16 @@ impl Node {
                 .ok_or_else(|| NodeError::Internal(format!("the pool of {name} is gone")))?;
             p.delete_volume(name).await.map_err(thin_err)?;
             st.volumes.remove(name);
+            if limited {
+                self.forget_qos(&st, name);
+            }
             tracing::info!("volume {name}: deleted from pool {pool}; its clusters are free");
             return Ok(());
         }
         let e = st.volumes.remove(name).expect("found above");
+        if limited {
+            self.forget_qos(&st, name);
+        }
         if e.offline().is_some() {
             // Its drives hold its superblocks (and the data): wiped, they
             // are free; a missing position has no drive.

@@ -14,9 +14,29 @@ use super::sgl::Sgl;
 use super::{AfterData, QueueCore, SlotState, Transport};
 use crate::admin::{self, AdminCtx, AdminOutcome};
 use crate::io::{self, IoPlan, IoReject, ns_instance};
+use crate::qos::{self, QosCost};
 use crate::reservation::Access;
 use crate::resv_cmd;
 use crate::subsystem::find_namespace;
+
+/// Returns once the queue closes (or is gone).
+async fn closed(mut rx: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        let now = *rx.borrow_and_update();
+        if now || rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A held command whose queue closed before its turn.
+fn abandoned() -> blockdev::BlockError {
+    blockdev::BlockError::Unreachable {
+        what: "namespace".into(),
+        after_ms: 0,
+        why: "the queue closed while QoS held the command; it was not run".into(),
+    }
+}
 
 impl QueueCore {
     pub(super) fn admin<T: Transport>(&mut self, i: u16, sgl: Sgl, t: &mut T) {
@@ -75,6 +95,7 @@ impl QueueCore {
             if v != b.ns_version {
                 b.namespaces = sub.namespaces();
                 b.ns_version = v;
+                self.qos.retain(&b.namespaces);
             }
         }
         if b.ctrl.reset_generation() != b.reset_gen {
@@ -163,35 +184,98 @@ impl QueueCore {
             }
         }
         let dev = ns.dev.clone();
-        let req = |op, lba, blocks, buf| IoRequest {
-            op,
-            lba,
-            blocks,
-            buf,
-        };
-        let fut = match plan {
-            IoPlan::Read { lba, blocks } => dev.submit(req(BlockOp::Read, lba, blocks, buf)),
-            IoPlan::Write { lba, blocks, fua } => {
-                dev.submit(req(BlockOp::Write { fua }, lba, blocks, buf))
-            }
-            IoPlan::Flush => dev.submit(req(BlockOp::Flush, 0, 0, buf)),
-            IoPlan::WriteZeroes { lba, blocks } => {
-                dev.submit(req(BlockOp::WriteZeroes, lba, blocks, buf))
-            }
+        // Dataset Management ranges are checked before the command can be held.
+        let dsm = match plan {
             IoPlan::Dsm { ranges, deallocate } => match io::dsm_ranges(ns, &buf, ranges) {
                 Err(rej) => {
                     self.pool.put(buf);
                     return self.complete_lba(i, rej.status, rej.lba, t);
                 }
-                Ok(_) if !deallocate => IoFuture::ready(buf, Ok(())),
-                Ok(list) => io::deallocate_all(dev, list, buf),
+                Ok(_) if !deallocate => None,
+                Ok(list) => Some(list),
             },
-            IoPlan::Reservation(_) => unreachable!("run above"),
+            _ => None,
+        };
+        // QoS: an unlimited namespace pays this one relaxed load.
+        let hold = if ns.qos.enabled() {
+            self.qos_hold(nsid, &plan)
+        } else {
+            None
+        };
+        let start = move |buf: AlignedBuf| {
+            let req = |op, lba, blocks, buf| IoRequest {
+                op,
+                lba,
+                blocks,
+                buf,
+            };
+            match plan {
+                IoPlan::Read { lba, blocks } => dev.submit(req(BlockOp::Read, lba, blocks, buf)),
+                IoPlan::Write { lba, blocks, fua } => {
+                    dev.submit(req(BlockOp::Write { fua }, lba, blocks, buf))
+                }
+                IoPlan::Flush => dev.submit(req(BlockOp::Flush, 0, 0, buf)),
+                IoPlan::WriteZeroes { lba, blocks } => {
+                    dev.submit(req(BlockOp::WriteZeroes, lba, blocks, buf))
+                }
+                IoPlan::Dsm { .. } => match dsm {
+                    None => IoFuture::ready(buf, Ok(())),
+                    Some(list) => io::deallocate_all(dev, list, buf),
+                },
+                IoPlan::Reservation(_) => unreachable!("run above"),
+            }
+        };
+        let fut = match hold {
+            None => start(buf),
+            // Held, not failed: the device sees it when the namespace's
+            // limits let it go; the queue's other commands go on meanwhile.
+            // If the queue closes first, it never reaches the device.
+            Some(until) => {
+                let gone = self.held_watch();
+                IoFuture::Pending(Box::pin(async move {
+                    tokio::select! {
+                        biased;
+                        _ = closed(gone) => IoDone {
+                            buf,
+                            result: Err(abandoned()),
+                        },
+                        _ = tokio::time::sleep_until(until.into()) => start(buf).await,
+                    }
+                }))
+            }
         };
         match fut {
             IoFuture::Ready(Some(done)) => self.on_io_done(i, done, t),
             fut => t.wait_io(i, fut),
         }
+    }
+
+    /// What held commands watch: true once the queue closes.
+    fn held_watch(&mut self) -> tokio::sync::watch::Receiver<bool> {
+        self.held
+            .get_or_insert_with(|| tokio::sync::watch::channel(false).0)
+            .subscribe()
+    }
+
+    /// The connection is closing: commands held by QoS end now, unrun
+    /// (answered, if at all, as retryable Namespace Not Ready), so that
+    /// teardown does not wait out their holds nor run them afterwards.
+    pub fn abandon_held(&self) {
+        if let Some(tx) = &self.held {
+            tx.send_replace(true);
+        }
+    }
+
+    /// A limited namespace's command: when it may start, if not now.
+    #[cold]
+    fn qos_hold(&mut self, nsid: u32, plan: &IoPlan) -> Option<Instant> {
+        let b = self.bound.as_ref().expect("I/O queue");
+        let ns = find_namespace(&b.namespaces, nsid)?;
+        let cost = QosCost::of(plan, ns.block_size)?;
+        let now = self.now.unwrap_or_else(Instant::now);
+        let at = qos::clock_ns(now);
+        let go = ns.qos.admit(self.qos.get(&ns.qos), &cost, at);
+        (go > at).then(|| qos::instant_of(go, now))
     }
 
     /// Runs a reservation command; Report returns its data, Preempt and

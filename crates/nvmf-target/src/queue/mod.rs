@@ -16,6 +16,8 @@ mod execute;
 pub mod sgl;
 
 #[cfg(test)]
+mod qos_tests;
+#[cfg(test)]
 mod resv_tests;
 #[cfg(test)]
 mod tests;
@@ -39,6 +41,7 @@ use crate::config::ADMIN_IN_CAPSULE_DATA;
 use crate::controller::{AER_LIMIT, Controller, FreeReason, QueueStats};
 use crate::fabrics;
 use crate::io::{self, IoPlan};
+use crate::qos::QosCaches;
 use crate::stats::NsIoStats;
 use crate::subsystem::{Namespace, find_namespace};
 use sgl::{Sgl, check_sgl};
@@ -148,6 +151,10 @@ pub struct QueueCore {
     /// The transport's clock for this batch of PDUs or completions (see
     /// `tick`); None: read the clock at each command.
     now: Option<Instant>,
+    /// Tokens this queue took from limited namespaces' QoS buckets.
+    qos: QosCaches,
+    /// Set when the queue closes: commands QoS holds end unrun.
+    held: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl QueueCore {
@@ -171,6 +178,8 @@ impl QueueCore {
             sqhd: 0,
             last_touch: Instant::now(),
             now: None,
+            qos: QosCaches::default(),
+            held: None,
             target,
             peer,
             local_ip,

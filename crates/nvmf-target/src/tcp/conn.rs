@@ -533,7 +533,9 @@ impl Conn {
             _ => {}
         }
         // In-flight backend I/O finishes before the queue goes away, so that
-        // shutdown never leaves a write half-issued behind an answer.
+        // shutdown never leaves a write half-issued behind an answer; what
+        // QoS still holds has not started and ends at once, unrun.
+        self.core.abandon_held();
         while let Some((tag, done)) = self.io.inflight.next().await {
             if graceful {
                 self.core.tick();
