@@ -78,6 +78,7 @@ macro_rules! forward_block_device {
         $crate::forward_block_device!(@not prefetch $ex { $s $t prefetch (lba: u64, blocks: u32) ; {} });
         $crate::forward_block_device!(@not deallocate_reads_zeroes $ex { $s $t deallocate_reads_zeroes () -> bool ; required });
         $crate::forward_block_device!(@not allocated_blocks $ex { $s $t allocated_blocks () -> Option<u64> ; { None } });
+        $crate::forward_block_device!(@not read_only $ex { $s $t read_only () -> bool ; { false } });
         $crate::forward_block_device!(@not describe $ex { $s $t describe () -> String ; required });
         $crate::forward_block_device!(@not shutdown $ex { $s $t shutdown () -> Result<(), $crate::BlockError> ; { Ok(()) } });
         $crate::forward_block_device!(@not keeps_records $ex { $s $t keeps_records () -> bool ; { false } });
@@ -93,6 +94,7 @@ macro_rules! forward_block_device {
     (@not prefetch [prefetch $($r:ident)*] $m:tt) => {};
     (@not deallocate_reads_zeroes [deallocate_reads_zeroes $($r:ident)*] $m:tt) => {};
     (@not allocated_blocks [allocated_blocks $($r:ident)*] $m:tt) => {};
+    (@not read_only [read_only $($r:ident)*] $m:tt) => {};
     (@not describe [describe $($r:ident)*] $m:tt) => {};
     (@not shutdown [shutdown $($r:ident)*] $m:tt) => {};
     (@not keeps_records [keeps_records $($r:ident)*] $m:tt) => {};
@@ -140,6 +142,7 @@ macro_rules! forward_block_device {
     (@known prefetch) => {};
     (@known deallocate_reads_zeroes) => {};
     (@known allocated_blocks) => {};
+    (@known read_only) => {};
     (@known describe) => {};
     (@known shutdown) => {};
     (@known keeps_records) => {};

@@ -123,6 +123,10 @@ pub enum BlockError {
     BufferTooSmall { have: usize, need: usize },
     #[error("device has no space left")]
     NoSpace,
+    /// A write to a read-only device (a snapshot): NVMe "Namespace Is
+    /// Write Protected".
+    #[error("read-only: {0}")]
+    ReadOnly(String),
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
@@ -201,6 +205,11 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// NUSE, with NSFEAT thin provisioning). None: fully provisioned.
     fn allocated_blocks(&self) -> Option<u64> {
         None
+    }
+    /// Whether writes are refused ([`BlockError::ReadOnly`]), e.g. a
+    /// snapshot; reported to hosts as a write-protected namespace (NSATTR).
+    fn read_only(&self) -> bool {
+        false
     }
     /// One line for logs and the startup banner, e.g. `file /var/lib/x.img (O_DIRECT, io_uring)`.
     fn describe(&self) -> String;

@@ -174,6 +174,8 @@ pub struct NamespaceInfo {
     pub npwg: u16,
     /// Reservation Capabilities (RESCAP).
     pub rescap: u8,
+    /// NSATTR bit 0: writes are refused (a snapshot); Linux sets the disk read-only.
+    pub write_protected: bool,
 }
 
 impl NamespaceInfo {
@@ -202,6 +204,7 @@ impl NamespaceInfo {
             put16(b, 72, g); // NOWS
         }
         put32(b, 92, self.anagrpid);
+        b[99] = u8::from(self.write_protected); // NSATTR
         b[104..120].copy_from_slice(&self.nguid);
         b[120..128].copy_from_slice(&self.eui64);
         // LBA format 0: no metadata, LBADS, relative performance "best".
@@ -216,6 +219,7 @@ pub struct CsIndepNamespaceInfo {
     pub shared: bool,
     pub anagrpid: u32,
     pub ready: bool,
+    pub write_protected: bool,
 }
 
 impl CsIndepNamespaceInfo {
@@ -225,7 +229,7 @@ impl CsIndepNamespaceInfo {
         b[1] = if self.shared { NMIC_SHARED } else { 0 }; // NMIC
         // RESCAP 0 (no reservations), FPI 0 (no format in progress reported).
         put32(b, 4, self.anagrpid);
-        // NSATTR 0: not write protected. NVMSETID/ENDGID 0.
+        b[8] = u8::from(self.write_protected); // NSATTR; NVMSETID/ENDGID 0
         b[14] = if self.ready { NSTAT_READY } else { 0 }; // NSTAT
     }
 }
@@ -387,9 +391,11 @@ mod tests {
             eui64: [2; 8],
             npwg: 8,
             rescap: 0xFE,
+            write_protected: true,
         }
         .encode(&mut b);
         assert_eq!(b[31], 0xFE, "RESCAP");
+        assert_eq!(b[99], 1, "NSATTR: write protected");
         assert_eq!(le64(&b, 0), 2048);
         assert_eq!(le64(&b, 16), 2048, "NUSE never exceeds NSZE");
         assert_eq!(b[24], NSFEAT_THIN | NSFEAT_OPTPERF);
@@ -422,9 +428,10 @@ mod tests {
             shared: true,
             anagrpid: 7,
             ready: true,
+            write_protected: true,
         }
         .encode(&mut b);
-        assert_eq!((b[0], b[1], le32(&b, 4), b[14]), (1, 1, 7, 1));
+        assert_eq!((b[0], b[1], le32(&b, 4), b[8], b[14]), (1, 1, 7, 1, 1));
         assert!(b[15..].iter().all(|&x| x == 0));
         NvmControllerInfo {
             dmrsl: 9,

@@ -81,6 +81,8 @@ pub const SC_SGL_INVALID_TYPE: u8 = 0x11;
 pub const SC_SGL_INVALID_OFFSET: u8 = 0x16;
 /// The host asked for a format whose Host Identifier width differs from the one it connected with.
 pub const SC_HOST_ID_INCONSISTENT: u8 = 0x18;
+/// A write to a write-protected namespace (a snapshot).
+pub const SC_NS_WRITE_PROTECTED: u8 = 0x20;
 pub const SC_LBA_RANGE: u8 = 0x80;
 pub const SC_CAP_EXCEEDED: u8 = 0x81;
 pub const SC_NS_NOT_READY: u8 = 0x82;

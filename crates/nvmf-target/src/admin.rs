@@ -241,6 +241,7 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                     eui64: [0; 8],
                     npwg: opt_blocks,
                     rescap: crate::resv_cmd::rescap(ns),
+                    write_protected: ns.dev.read_only(),
                 }
                 .encode(&mut b);
             }
@@ -281,6 +282,7 @@ fn identify(cx: &AdminCtx<'_>, sqe: &Sqe, out: &mut [u8]) -> AdminOutcome {
                         shared: true,
                         anagrpid: ns.ana_group,
                         ready: true,
+                        write_protected: ns.dev.read_only(),
                     }
                     .encode(&mut b);
                 }

@@ -224,6 +224,11 @@ pub fn status_of(err: &BlockError, op: BlockOp) -> Status {
     match err {
         BlockError::OutOfRange { .. } => Status::generic(status::SC_LBA_RANGE),
         BlockError::NoSpace => Status::generic(status::SC_CAP_EXCEEDED),
+        // Retrying cannot help: the namespace is a snapshot.
+        BlockError::ReadOnly(_) => Status {
+            dnr: true,
+            ..Status::generic(status::SC_NS_WRITE_PROTECTED)
+        },
         BlockError::Io(_) | BlockError::IdentityChanged(_) => match op {
             BlockOp::Read => Status::media(status::SC_UNRECOVERED_READ),
             _ => Status::media(status::SC_WRITE_FAULT),
@@ -281,6 +286,13 @@ mod tests {
         assert_eq!((w.sct, w.sc, w.dnr), (2, status::SC_WRITE_FAULT, true));
         let f = status_of(&e, BlockOp::Flush);
         assert_eq!((f.sc, f.dnr), (status::SC_WRITE_FAULT, true));
+    }
+
+    #[test]
+    fn a_write_to_a_snapshot_answers_write_protected_without_retry() {
+        let e = BlockError::ReadOnly("snapshot s".into());
+        let w = status_of(&e, BlockOp::Write { fua: false });
+        assert_eq!((w.sct, w.sc, w.dnr), (0, status::SC_NS_WRITE_PROTECTED, true));
     }
 
     #[test]

@@ -18,14 +18,14 @@ use crate::thin::{ThinError, ThinPool, ThinVolume};
 use crate::volume::{Volume, VolumeConfig};
 
 /// Small clusters keep the tests quick: 4 blocks of 4 KiB per cluster.
-const CB: u64 = 16 << 10;
-const BS: u64 = 4096;
+pub(crate) const CB: u64 = 16 << 10;
+pub(crate) const BS: u64 = 4096;
 
-fn mem(bytes: u64) -> Arc<MemDevice> {
+pub(crate) fn mem(bytes: u64) -> Arc<MemDevice> {
     Arc::new(MemDevice::new(bytes, 4096).unwrap())
 }
 
-fn dev(m: &Arc<MemDevice>) -> Arc<dyn BlockDevice> {
+pub(crate) fn dev(m: &Arc<MemDevice>) -> Arc<dyn BlockDevice> {
     m.clone()
 }
 
@@ -36,13 +36,13 @@ fn buf_with(data: &[u8]) -> AlignedBuf {
     b
 }
 
-fn rand_data(rng: &mut Rng, len: usize) -> Vec<u8> {
+pub(crate) fn rand_data(rng: &mut Rng, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     rng.fill(&mut v);
     v
 }
 
-async fn twrite(d: &dyn BlockDevice, lba: u64, data: &[u8]) -> Result<(), BlockError> {
+pub(crate) async fn twrite(d: &dyn BlockDevice, lba: u64, data: &[u8]) -> Result<(), BlockError> {
     let bs = d.geometry().block_size as usize;
     d.submit(IoRequest {
         op: BlockOp::Write { fua: false },
@@ -54,7 +54,7 @@ async fn twrite(d: &dyn BlockDevice, lba: u64, data: &[u8]) -> Result<(), BlockE
     .result
 }
 
-async fn tread(d: &dyn BlockDevice, lba: u64, blocks: u64) -> Vec<u8> {
+pub(crate) async fn tread(d: &dyn BlockDevice, lba: u64, blocks: u64) -> Vec<u8> {
     let bs = d.geometry().block_size as usize;
     let mut b = AlignedBuf::new(blocks as usize * bs);
     b.set_len(blocks as usize * bs);
@@ -71,7 +71,12 @@ async fn tread(d: &dyn BlockDevice, lba: u64, blocks: u64) -> Vec<u8> {
     done.buf.to_vec()
 }
 
-async fn tzero(d: &dyn BlockDevice, op: BlockOp, lba: u64, blocks: u64) -> Result<(), BlockError> {
+pub(crate) async fn tzero(
+    d: &dyn BlockDevice,
+    op: BlockOp,
+    lba: u64,
+    blocks: u64,
+) -> Result<(), BlockError> {
     d.submit(IoRequest {
         op,
         lba,
@@ -82,7 +87,7 @@ async fn tzero(d: &dyn BlockDevice, op: BlockOp, lba: u64, blocks: u64) -> Resul
     .result
 }
 
-async fn tflush(d: &dyn BlockDevice) -> Result<(), BlockError> {
+pub(crate) async fn tflush(d: &dyn BlockDevice) -> Result<(), BlockError> {
     tzero(d, BlockOp::Flush, 0, 0).await
 }
 

@@ -14,8 +14,7 @@ use crate::agent::Agent;
 use crate::api_types::{
     AssembleByName, AssembleVolume, CreateVolume, ExportDriveRequest, ExportRequest, FailRequest,
     ForceQuery, ForceRequest, GrowRequest, MoveRequest, ProbeResult, QosRequest, RebuildStatus,
-    ReplaceRequest,
-    ScrubRequest, VolumeDeleted,
+    ReplaceRequest, ScrubRequest, VolumeDeleted,
 };
 use crate::node::Node;
 

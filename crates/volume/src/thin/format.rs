@@ -176,24 +176,45 @@ impl PoolGeom {
     }
 }
 
-/// What the volume table stores of one thin volume.
+/// What the volume table stores of one thin volume or snapshot.
+///
+/// Entry layout (128 bytes): 0 in use, 1 name length, 2 flags, 4 block
+/// size, 8 size, 16 uuid, 32 name (64), 96 parent slot + 1 (0: none),
+/// 104 creation time (Unix seconds). Pools written before snapshots have
+/// zeroes in flags and parent, which read as plain volumes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct VolMeta {
     pub(crate) name: String,
     pub(crate) uuid: [u8; 16],
     pub(crate) size_bytes: u64,
     pub(crate) block_size: u32,
+    /// A read-only point-in-time image whose clusters its children share.
+    pub(crate) snapshot: bool,
+    /// A deleted snapshot kept because two or more children still read
+    /// through it; it has no name in the pool and is not listed.
+    pub(crate) hidden: bool,
+    /// The snapshot this one reads unwritten clusters from.
+    pub(crate) parent: Option<u16>,
+    pub(crate) created: u64,
 }
+
+const FLAG_SNAPSHOT: u8 = 1;
+const FLAG_HIDDEN: u8 = 2;
 
 impl VolMeta {
     pub(crate) fn encode(&self, b: &mut [u8]) {
         b[..VOL_ENTRY].fill(0);
         b[0] = 1;
         b[1] = self.name.len() as u8;
+        b[2] = if self.snapshot { FLAG_SNAPSHOT } else { 0 }
+            | if self.hidden { FLAG_HIDDEN } else { 0 };
         put_u32(b, 4, self.block_size);
         put_u64(b, 8, self.size_bytes);
         b[16..32].copy_from_slice(&self.uuid);
         b[32..32 + self.name.len()].copy_from_slice(self.name.as_bytes());
+        let parent = self.parent.map_or(0, |p| p + 1);
+        b[96..98].copy_from_slice(&parent.to_le_bytes());
+        put_u64(b, 104, self.created);
     }
 
     pub(crate) fn decode(
@@ -206,6 +227,14 @@ impl VolMeta {
             1 => {}
             x => return Err(format!("volume slot {slot}: in-use byte {x}")),
         }
+        let flags = b[2];
+        if flags & !(FLAG_SNAPSHOT | FLAG_HIDDEN) != 0 || flags == FLAG_HIDDEN {
+            return Err(format!("volume slot {slot}: flags {flags:#x}"));
+        }
+        let parent = u16::from_le_bytes([b[96], b[97]]);
+        if usize::from(parent) > MAX_VOLUMES || usize::from(parent) == slot + 1 {
+            return Err(format!("volume slot {slot}: parent slot {parent} - 1"));
+        }
         let len = usize::from(b[1]);
         let name = std::str::from_utf8(b.get(32..32 + len).unwrap_or(&[]))
             .map_err(|_| format!("volume slot {slot}: name is not UTF-8"))?;
@@ -214,11 +243,27 @@ impl VolMeta {
             uuid: b[16..32].try_into().expect("16 bytes"),
             size_bytes: le_u64(b, 8),
             block_size: le_u32(b, 4),
+            snapshot: flags & FLAG_SNAPSHOT != 0,
+            hidden: flags & FLAG_HIDDEN != 0,
+            parent: parent.checked_sub(1),
+            created: le_u64(b, 104),
         };
         validate_volume(&m.name, m.size_bytes, m.block_size, cluster_bytes, 512)
             .map_err(|e| format!("volume slot {slot}: {e}"))?;
         Ok(Some(m))
     }
+}
+
+pub(crate) fn validate_name(name: &str) -> Result<(), ThinError> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.:".contains(c);
+    if name.is_empty() || name.len() > MAX_NAME_BYTES || !name.chars().all(ok_char) {
+        return Err(ThinError::Config(format!(
+            "thin volume name {} must be 1 to {MAX_NAME_BYTES} characters of \
+             A-Z a-z 0-9 - _ . :",
+            super::shown(name)
+        )));
+    }
+    Ok(())
 }
 
 pub(crate) fn validate_volume(
@@ -228,14 +273,7 @@ pub(crate) fn validate_volume(
     cluster_bytes: u64,
     device_block: u32,
 ) -> Result<(), ThinError> {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.:".contains(c);
-    if name.is_empty() || name.len() > MAX_NAME_BYTES || !name.chars().all(ok_char) {
-        return Err(ThinError::Config(format!(
-            "thin volume name {} must be 1 to {MAX_NAME_BYTES} characters of \
-             A-Z a-z 0-9 - _ . :",
-            super::shown(name)
-        )));
-    }
+    validate_name(name)?;
     if block_size != 512 && block_size != 4096 {
         return Err(ThinError::Config(format!(
             "block size {block_size} is not supported; use 4096 or 512"

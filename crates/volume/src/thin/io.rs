@@ -116,6 +116,13 @@ impl BlockDevice for ThinVolume {
         if let Err(e) = check_request(self.geometry(), &req) {
             return IoFuture::ready(req.buf, Err(e));
         }
+        if self.vol.meta.snapshot && !matches!(req.op, BlockOp::Read | BlockOp::Flush) {
+            let e = BlockError::ReadOnly(format!(
+                "thin volume {} is a snapshot; clone it to write",
+                self.vol.meta.name
+            ));
+            return IoFuture::ready(req.buf, Err(e));
+        }
         if req.blocks == 0 && req.op != BlockOp::Flush {
             return IoFuture::ready(req.buf, Ok(()));
         }
@@ -153,6 +160,10 @@ impl BlockDevice for ThinVolume {
         true
     }
 
+    fn read_only(&self) -> bool {
+        self.vol.meta.snapshot
+    }
+
     fn describe(&self) -> String {
         let v = &self.vol.meta;
         format!(
@@ -164,6 +175,12 @@ impl BlockDevice for ThinVolume {
             uuid_string(&self.pool.geom.uuid)
         )
     }
+}
+
+/// What a new cluster's piece holds.
+pub(crate) enum Fill {
+    Data(AlignedBuf),
+    Zero,
 }
 
 /// One request's view of its volume and pool.
@@ -200,17 +217,21 @@ impl ThinIo {
         p: Piece,
         mut buf: AlignedBuf,
     ) -> (AlignedBuf, Result<(), BlockError>) {
-        if self.vol.map.get(p.vc).is_none() {
+        if self.vol.map.get(p.vc).is_none() && !self.vol.has_parent() {
             // Unallocated (a write racing this read may be allocating it;
-            // either order is a valid outcome).
+            // either order is a valid outcome). A snapshot taken meanwhile
+            // sets the parent before it clears the map, so a miss here with
+            // no parent was a true miss when the map was read.
             buf[..p.len as usize].fill(0);
             return (buf, self.vol.check_live());
         }
+        // The shard lock also keeps a merge (snapshot delete) from freeing
+        // an ancestor's cluster this read resolves to.
         let _g = self.vol.lock(p.vc).read().await;
         if let Err(e) = self.vol.check_live() {
             return (buf, Err(e));
         }
-        match self.vol.map.get(p.vc) {
+        match self.vol.resolve(p.vc) {
             None => {
                 buf[..p.len as usize].fill(0);
                 (buf, Ok(()))
@@ -298,32 +319,85 @@ impl ThinIo {
             let at = self.pool.cluster_at(c) + p.off;
             return self.pool.io(BlockOp::Write { fua }, at, p.len, buf).await;
         }
-        let c = match reserved.lock().pop() {
-            Some(c) => c,
-            // Deallocated since the reservation was counted.
-            None => match self.pool.reserve(1) {
-                Ok(v) => v[0],
-                Err(e) => return (buf, Err(e)),
-            },
+        // None reserved: deallocated since the reservation was counted.
+        let c = match self.take_reserved(reserved) {
+            Ok(c) => c,
+            Err(e) => return (buf, Err(e)),
         };
+        let (buf, r) = self.fill_new(c, p, Fill::Data(buf)).await;
+        (buf.expect("data fill gives its buffer back"), r)
+    }
+
+    /// Fills new cluster `c` for piece `p` of a cluster this volume does not
+    /// map yet, and maps it: the piece's data (or zeroes), the rest zeroes
+    /// or, copy-on-write, what an ancestor holds there. The caller holds the
+    /// piece's shard lock exclusively. On failure `c` is released (or, if
+    /// the record failed, the pool is poisoned and `c` stays taken).
+    pub(crate) async fn fill_new(
+        &self,
+        c: u32,
+        p: Piece,
+        fill: Fill,
+    ) -> (Option<AlignedBuf>, Result<(), BlockError>) {
         let cb = self.pool.geom.cluster_bytes;
         let base = self.pool.cluster_at(c);
-        let zero = |off: u64, len: u64| async move {
-            if len == 0 {
-                return Ok(());
+        let whole = p.off == 0 && p.len == cb;
+        let (buf, r) = match (self.vol.inherited(p.vc), fill) {
+            (Some(src), fill) if !whole => {
+                // Copy-on-write: the ancestor's cluster with this piece over it.
+                let (mut cbuf, r) = self
+                    .pool
+                    .io(
+                        BlockOp::Read,
+                        self.pool.cluster_at(src),
+                        cb,
+                        zbuf(cb as usize),
+                    )
+                    .await;
+                let range = p.off as usize..(p.off + p.len) as usize;
+                let buf = match fill {
+                    Fill::Data(b) => {
+                        cbuf[range].copy_from_slice(&b[..p.len as usize]);
+                        Some(b)
+                    }
+                    Fill::Zero => {
+                        cbuf[range].fill(0);
+                        None
+                    }
+                };
+                let r = match r {
+                    Ok(()) => {
+                        let w = BlockOp::Write { fua: false };
+                        self.pool.io(w, base, cb, cbuf).await.1
+                    }
+                    Err(e) => Err(e),
+                };
+                (buf, r)
             }
-            let z = BlockOp::WriteZeroes;
-            self.pool.io(z, base + off, len, AlignedBuf::new(0)).await.1
+            (_, Fill::Zero) => {
+                let z = BlockOp::WriteZeroes;
+                (None, self.pool.io(z, base, cb, AlignedBuf::new(0)).await.1)
+            }
+            (_, Fill::Data(buf)) => {
+                let zero = |off: u64, len: u64| async move {
+                    if len == 0 {
+                        return Ok(());
+                    }
+                    let z = BlockOp::WriteZeroes;
+                    self.pool.io(z, base + off, len, AlignedBuf::new(0)).await.1
+                };
+                let tail = p.off + p.len;
+                let (head, (buf, data), tail) = futures_util::future::join3(
+                    zero(0, p.off),
+                    self.pool
+                        .io(BlockOp::Write { fua: false }, base + p.off, p.len, buf),
+                    zero(tail, cb - tail),
+                )
+                .await;
+                (Some(buf), head.and(data).and(tail))
+            }
         };
-        let tail = p.off + p.len;
-        let (head, (buf, data), tail) = futures_util::future::join3(
-            zero(0, p.off),
-            self.pool
-                .io(BlockOp::Write { fua: false }, base + p.off, p.len, buf),
-            zero(tail, cb - tail),
-        )
-        .await;
-        if let Err(e) = head.and(data).and(tail) {
+        if let Err(e) = r {
             self.pool.release(&[c]);
             return (buf, Err(e));
         }
@@ -339,8 +413,10 @@ impl ThinIo {
         (buf, r)
     }
 
-    /// Write Zeroes and Deallocate: clusters covered whole are freed; the
-    /// covered part of others is zeroed if they are allocated.
+    /// Write Zeroes and Deallocate: clusters covered whole are freed (or,
+    /// where an ancestor snapshot holds data this volume must now hide,
+    /// zeroed in place or given a zeroed cluster of their own); the covered
+    /// part of others is zeroed.
     pub(crate) async fn zero(&self, start: u64, end: u64) -> Result<(), BlockError> {
         self.pool.check_poisoned()?;
         self.vol.check_live()?;
@@ -360,54 +436,158 @@ impl ThinIo {
         } else {
             partial.extend(pieces(cb, start, end));
         }
-        let res = join_all(partial.iter().map(|&p| self.zero_piece(p))).await;
-        res.into_iter().collect::<Result<(), _>>()?;
-        if first_full >= end_full {
-            return Ok(());
-        }
-        let mapped = self.vol.map.mapped(first_full, end_full);
-        for chunk in mapped.chunks(UNMAP_CHUNK) {
-            let mut shards: Vec<usize> = chunk
-                .iter()
-                .map(|&(vc, _)| vc as usize % LOCK_SHARDS)
-                .collect();
-            shards.sort_unstable();
-            shards.dedup();
-            let mut guards = Vec::with_capacity(shards.len());
-            for s in shards {
-                guards.push(self.vol.locks[s].write().await);
-            }
-            self.vol.check_live()?;
-            let recs: Vec<Record> = chunk
-                .iter()
-                .filter_map(|&(vc, _)| {
-                    self.vol.map.get(vc).map(|p| Record::Unmap {
-                        slot: self.vol.slot,
-                        vc,
-                        p,
-                    })
-                })
-                .collect();
-            if !recs.is_empty() {
-                self.pool.commit(recs).await?;
+        // Every cluster that reads as non-zero now: this volume's own and
+        // its ancestors'. (A snapshot taken meanwhile moves own clusters to
+        // an ancestor, so each is decided again under its lock.)
+        let mut cands: Vec<u64> = Vec::new();
+        if first_full < end_full {
+            cands.extend(
+                self.vol
+                    .map
+                    .mapped(first_full, end_full)
+                    .into_iter()
+                    .map(|(vc, _)| vc),
+            );
+            let mut at = self.vol.parent.load_full();
+            if at.is_some() {
+                while let Some(a) = at {
+                    cands.extend(
+                        a.map
+                            .mapped(first_full, end_full)
+                            .into_iter()
+                            .map(|(vc, _)| vc),
+                    );
+                    at = a.parent.load_full();
+                }
+                cands.sort_unstable();
+                cands.dedup();
             }
         }
-        Ok(())
+        // Hiding an ancestor's data takes a cluster: take them all first, so
+        // that running out of space fails before anything changes.
+        let cow = |vc: u64| self.vol.map.get(vc).is_none() && self.vol.inherited(vc).is_some();
+        let need = partial.iter().filter(|p| cow(p.vc)).count()
+            + cands.iter().filter(|&&vc| cow(vc)).count();
+        let reserved = Mutex::new(self.pool.reserve(need)?);
+        let r = async {
+            let res = join_all(partial.iter().map(|&p| self.zero_piece(p, &reserved))).await;
+            res.into_iter().collect::<Result<(), _>>()?;
+            for chunk in cands.chunks(UNMAP_CHUNK) {
+                self.zero_clusters(chunk, &reserved).await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.pool.release(&reserved.into_inner());
+        r
     }
 
-    pub(crate) async fn zero_piece(&self, p: Piece) -> Result<(), BlockError> {
-        if self.vol.map.get(p.vc).is_none() {
-            return Ok(());
+    /// A cluster reserved for this request, or a new one.
+    fn take_reserved(&self, reserved: &Mutex<Vec<u32>>) -> Result<u32, BlockError> {
+        match reserved.lock().pop() {
+            Some(c) => Ok(c),
+            None => Ok(self.pool.reserve(1)?[0]),
         }
-        let _g = self.vol.lock(p.vc).read().await;
+    }
+
+    /// Zeroes whole clusters `vcs` (one chunk, under its shard locks).
+    async fn zero_clusters(
+        &self,
+        vcs: &[u64],
+        reserved: &Mutex<Vec<u32>>,
+    ) -> Result<(), BlockError> {
+        let cb = self.pool.geom.cluster_bytes;
+        let mut shards: Vec<usize> = vcs.iter().map(|&vc| vc as usize % LOCK_SHARDS).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let mut guards = Vec::with_capacity(shards.len());
+        for s in shards {
+            guards.push(self.vol.locks[s].write().await);
+        }
         self.vol.check_live()?;
-        match self.vol.map.get(p.vc) {
-            None => Ok(()),
-            Some(c) => {
-                let at = self.pool.cluster_at(c) + p.off;
-                let z = BlockOp::WriteZeroes;
-                self.pool.io(z, at, p.len, AlignedBuf::new(0)).await.1
+        let (mut recs, mut in_place, mut cow) = (Vec::new(), Vec::new(), Vec::new());
+        for &vc in vcs {
+            match (self.vol.map.get(vc), self.vol.inherited(vc)) {
+                (Some(p), None) => recs.push(Record::Unmap {
+                    slot: self.vol.slot,
+                    vc,
+                    p,
+                }),
+                // Unmapping would show the ancestor's data.
+                (Some(p), Some(_)) => in_place.push(p),
+                (None, Some(_)) => cow.push(vc),
+                (None, None) => {}
             }
         }
+        if !recs.is_empty() {
+            self.pool.commit(recs).await?;
+        }
+        let z = BlockOp::WriteZeroes;
+        let res = join_all(in_place.iter().map(|&c| {
+            let at = self.pool.cluster_at(c);
+            async move { self.pool.io(z, at, cb, AlignedBuf::new(0)).await.1 }
+        }))
+        .await;
+        res.into_iter().collect::<Result<(), _>>()?;
+        if cow.is_empty() {
+            return Ok(());
+        }
+        let mut new = Vec::with_capacity(cow.len());
+        for _ in &cow {
+            match self.take_reserved(reserved) {
+                Ok(c) => new.push(c),
+                Err(e) => {
+                    self.pool.release(&new);
+                    return Err(e);
+                }
+            }
+        }
+        let res = join_all(cow.iter().zip(new).map(|(&vc, c)| {
+            let p = Piece {
+                vc,
+                off: 0,
+                len: cb,
+                at: 0,
+            };
+            async move { self.fill_new(c, p, Fill::Zero).await.1 }
+        }))
+        .await;
+        drop(guards);
+        res.into_iter().collect()
+    }
+
+    pub(crate) async fn zero_piece(
+        &self,
+        p: Piece,
+        reserved: &Mutex<Vec<u32>>,
+    ) -> Result<(), BlockError> {
+        if self.vol.map.get(p.vc).is_none() && !self.vol.has_parent() {
+            return Ok(());
+        }
+        let lock = self.vol.lock(p.vc);
+        let _g = lock.read().await;
+        self.vol.check_live()?;
+        if let Some(c) = self.vol.map.get(p.vc) {
+            let at = self.pool.cluster_at(c) + p.off;
+            let z = BlockOp::WriteZeroes;
+            return self.pool.io(z, at, p.len, AlignedBuf::new(0)).await.1;
+        }
+        if self.vol.inherited(p.vc).is_none() {
+            return Ok(());
+        }
+        drop(_g);
+        // An ancestor's data shows here: this volume needs a cluster of its own.
+        let _g = lock.write().await;
+        self.vol.check_live()?;
+        if let Some(c) = self.vol.map.get(p.vc) {
+            let at = self.pool.cluster_at(c) + p.off;
+            let z = BlockOp::WriteZeroes;
+            return self.pool.io(z, at, p.len, AlignedBuf::new(0)).await.1;
+        }
+        if self.vol.inherited(p.vc).is_none() {
+            return Ok(());
+        }
+        let c = self.take_reserved(reserved)?;
+        self.fill_new(c, p, Fill::Zero).await.1
     }
 }

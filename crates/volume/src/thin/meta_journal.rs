@@ -233,12 +233,13 @@ impl PoolInner {
         for slot in 0..MAX_VOLUMES {
             let at = BLOCK_USIZE + slot * VOL_ENTRY;
             if let Some(meta) = VolMeta::decode(&b[at..at + VOL_ENTRY], slot, g.cluster_bytes)? {
-                if st.names.contains_key(&meta.name) {
+                if !meta.hidden && st.names.contains_key(&meta.name) {
                     return Err(format!("two volumes are named {:?}", meta.name));
                 }
                 st.add_volume(Arc::new(VolInner::new(slot as u16, meta, g.cluster_bytes)));
             }
         }
+        st.link_parents()?;
         let owners_at = (BLOCK + VOL_TABLE_BYTES) as usize;
         for p in 0..g.clusters as usize {
             let code = le_u64(b, owners_at + p * 8);
@@ -260,8 +261,9 @@ impl PoolInner {
 
     // ---- journal
 
-    /// Replays the journal blocks of `epoch`; returns how many there were.
-    pub(crate) async fn replay(&self, epoch: u64) -> Result<u64, ThinError> {
+    /// Replays the journal blocks of `epoch` onto `st`; returns how many
+    /// there were.
+    pub(crate) async fn replay(&self, epoch: u64, st: &mut State) -> Result<u64, ThinError> {
         let g = &self.geom;
         let per_read = META_IO / BLOCK;
         let mut block = 0u64;
@@ -286,7 +288,6 @@ impl PoolInner {
                         "journal block {block} holds {count} records"
                     )));
                 }
-                let mut st = self.state.lock();
                 for i in 0..count {
                     let at = JOURNAL_HDR + i * RECORD_BYTES;
                     // Freed clusters need no bookkeeping: the free bitmap is

@@ -84,12 +84,15 @@ use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoRequest};
 
 use crate::superblock::{new_uuid, uuid_string};
 
+mod check;
 mod format;
 mod io;
 mod meta_journal;
 mod state;
+mod tree;
 
-use format::{PoolGeom, VolMeta, owner_code, sealed, validate_volume, zbuf};
+pub use check::PoolCheck;
+use format::{PoolGeom, VolMeta, sealed, validate_volume, zbuf};
 pub use io::ThinVolume;
 use state::{PoolInner, State, VolInner};
 
@@ -178,7 +181,11 @@ pub struct PoolUsage {
     pub total_clusters: u64,
     pub allocated_clusters: u64,
     pub free_clusters: u64,
+    /// Thin volumes (clones included, snapshots not).
     pub volumes: usize,
+    pub snapshots: usize,
+    /// Deleted snapshots kept while two or more clones read through them.
+    pub hidden_snapshots: usize,
     /// Sum of the thin volumes' virtual sizes (may exceed the capacity).
     pub provisioned_bytes: u64,
     /// Bytes of the pool device used by metadata (superblock, checkpoints, journal).
@@ -192,8 +199,19 @@ pub struct ThinInfo {
     pub uuid: String,
     pub size_bytes: u64,
     pub block_size: u32,
-    /// Allocated clusters times the cluster size.
+    /// Its own clusters times the cluster size (for a snapshot: what it
+    /// holds of the volume as it was; its clones may read them too).
     pub allocated_bytes: u64,
+    /// Read-only point-in-time image of a volume.
+    pub snapshot: bool,
+    /// The snapshot this one was taken after (a volume, a snapshot) or
+    /// cloned from (a clone): the nearest one that was not deleted.
+    pub parent: Option<String>,
+    /// Bytes this one reads from its snapshots, shared with them (clusters
+    /// it has not written since).
+    pub shared_bytes: u64,
+    /// When it was made (Unix seconds; 0 in pools made before snapshots).
+    pub created: u64,
 }
 
 /// Metadata traffic, to see what group commit saves.
@@ -302,9 +320,9 @@ impl ThinPool {
             )));
         }
         let pool = PoolInner::new(dev, dev_bs, geom, State::empty(geom.clusters), 0, 0);
-        let (epoch, state) = pool.load_checkpoint().await?;
+        let (epoch, mut state) = pool.load_checkpoint().await?;
+        let next_block = pool.replay(epoch, &mut state).await?;
         *pool.state.lock() = state;
-        let next_block = pool.replay(epoch).await?;
         {
             let st = pool.state.lock();
             let mut a = pool.alloc.lock();
@@ -322,6 +340,9 @@ impl ThinPool {
         let pool = ThinPool {
             inner: Arc::new(pool),
         };
+        // A crash between a delete and the reclaim it starts leaves a
+        // deleted snapshot that nothing reads through any more.
+        pool.reclaim_hidden().await?;
         let u = pool.usage();
         tracing::info!(
             "opened thin pool {} on {}: {} volumes, {} of {} clusters allocated \
@@ -369,6 +390,10 @@ impl ThinPool {
                 uuid: new_uuid(),
                 size_bytes,
                 block_size,
+                snapshot: false,
+                hidden: false,
+                parent: None,
+                created: tree::now_secs(),
             };
             let vol = Arc::new(VolInner::new(slot as u16, meta, p.geom.cluster_bytes));
             st.add_volume(vol.clone());
@@ -444,77 +469,27 @@ impl ThinPool {
     pub fn volumes(&self) -> Vec<ThinInfo> {
         let cb = self.inner.geom.cluster_bytes;
         let st = self.inner.state.lock();
-        let mut out: Vec<ThinInfo> = st.slots.iter().flatten().map(|v| info(v, cb)).collect();
+        let mut out: Vec<ThinInfo> = st
+            .slots
+            .iter()
+            .flatten()
+            .filter(|v| !v.hidden.load(Ordering::Acquire))
+            .map(|v| info(v, cb))
+            .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
 
-    /// Deletes the thin volume `name` and frees its clusters. I/O in flight
-    /// on it finishes first; later I/O through its handles fails.
-    pub async fn delete_volume(&self, name: &str) -> Result<(), ThinError> {
-        let p = &self.inner;
-        let vol = self
-            .volume(name)
-            .ok_or_else(|| ThinError::NoSuchVolume(name.to_string()))?
-            .vol;
-        p.check_poisoned().map_err(|_| ThinError::Poisoned)?;
-        vol.deleted.store(true, Ordering::Release);
-        // Wait out the I/O that holds a cluster lock (in ascending order, as
-        // Deallocate takes several).
-        let mut guards = Vec::with_capacity(LOCK_SHARDS);
-        for l in vol.locks.iter() {
-            guards.push(l.write().await);
-        }
-        let mut j = p.journal.lock().await;
-        if let Err(e) = p.check_poisoned() {
-            vol.deleted.store(false, Ordering::Release);
-            return Err(e.into());
-        }
-        let freed: Vec<u32> = {
-            let mut st = p.state.lock();
-            // A delete that raced this one may have removed it (and a create
-            // may have reused the slot or the name) while this one waited.
-            let same = st.slots[usize::from(vol.slot)]
-                .as_ref()
-                .is_some_and(|v| Arc::ptr_eq(v, &vol));
-            if !same {
-                return Err(ThinError::NoSuchVolume(name.to_string()));
-            }
-            let freed: Vec<u32> = vol
-                .map
-                .mapped(0, vol.vclusters())
-                .into_iter()
-                .map(|(_, c)| c)
-                .collect();
-            for &c in &freed {
-                st.owner[c as usize] = 0;
-            }
-            st.allocated -= freed.len() as u64;
-            st.names.remove(name);
-            st.slots[usize::from(vol.slot)] = None;
-            freed
-        };
-        p.checkpoint(&mut j).await?;
-        {
-            let mut a = p.alloc.lock();
-            for &c in &freed {
-                a.put(c);
-            }
-        }
-        drop(j);
-        drop(guards);
-        tracing::info!(
-            "thin pool {}: deleted volume {name}, freed {} clusters",
-            self.uuid(),
-            freed.len()
-        );
-        Ok(())
+    pub fn usage(&self) -> PoolUsage {
+        let st = self.inner.state.lock();
+        self.usage_of(&st)
     }
 
-    pub fn usage(&self) -> PoolUsage {
+    fn usage_of(&self, st: &State) -> PoolUsage {
         let g = &self.inner.geom;
-        let st = self.inner.state.lock();
-        let vols: Vec<_> = st.slots.iter().flatten().collect();
+        let all: Vec<_> = st.slots.iter().flatten().collect();
+        let vols: Vec<_> = all.iter().filter(|v| !v.meta.snapshot).collect();
+        let visible = |v: &&&Arc<VolInner>| !v.hidden.load(Ordering::Acquire);
         PoolUsage {
             capacity_bytes: g.capacity(),
             allocated_bytes: st.allocated * g.cluster_bytes,
@@ -524,6 +499,15 @@ impl ThinPool {
             allocated_clusters: st.allocated,
             free_clusters: g.clusters - st.allocated,
             volumes: vols.len(),
+            snapshots: all
+                .iter()
+                .filter(|v| v.meta.snapshot)
+                .filter(visible)
+                .count(),
+            hidden_snapshots: all
+                .iter()
+                .filter(|v| v.hidden.load(Ordering::Acquire))
+                .count(),
             provisioned_bytes: vols.iter().map(|v| v.size()).sum(),
             metadata_bytes: g.data_at,
         }
@@ -561,73 +545,33 @@ impl ThinPool {
         p.checkpoint(&mut j).await?;
         Ok(())
     }
-
-    /// Cross-checks the in-memory metadata: every map entry owned by its
-    /// volume in the owner table and the other way round, no physical cluster
-    /// in two maps, counts and the free bitmap agreeing. Call it with no I/O
-    /// in flight (a write allocating a cluster holds one the bitmap counts).
-    pub fn check(&self) -> Result<(), String> {
-        let g = &self.inner.geom;
-        let st = self.inner.state.lock();
-        let a = self.inner.alloc.lock();
-        let mut seen = vec![false; g.clusters as usize];
-        let mut total = 0u64;
-        for (slot, vol) in st.slots.iter().enumerate() {
-            let Some(vol) = vol else { continue };
-            if st.names.get(&vol.meta.name) != Some(&(slot as u16)) {
-                return Err(format!("volume {} not in the name index", vol.meta.name));
-            }
-            let mapped = vol.map.mapped(0, vol.vclusters());
-            for &(vc, p) in &mapped {
-                if std::mem::replace(&mut seen[p as usize], true) {
-                    return Err(format!("cluster {p} is in two maps"));
-                }
-                if st.owner[p as usize] != owner_code(slot as u16, vc) {
-                    return Err(format!(
-                        "volume {} maps {vc} to {p}, whose owner entry is {:#x}",
-                        vol.meta.name, st.owner[p as usize]
-                    ));
-                }
-            }
-            let n = mapped.len() as u64;
-            if vol.allocated.load(Ordering::Relaxed) != n {
-                return Err(format!(
-                    "volume {} counts {} clusters but maps {n}",
-                    vol.meta.name,
-                    vol.allocated.load(Ordering::Relaxed)
-                ));
-            }
-            total += n;
-        }
-        for (p, &code) in st.owner.iter().enumerate() {
-            if (code != 0) != seen[p] {
-                return Err(format!("cluster {p}: owner entry {code:#x} but in no map"));
-            }
-            let taken = a.bits[p / 64] & (1 << (p % 64)) != 0;
-            if taken != seen[p] {
-                return Err(format!(
-                    "cluster {p}: free bitmap says taken = {taken}, maps say {}",
-                    seen[p]
-                ));
-            }
-        }
-        if total != st.allocated || a.used != total {
-            return Err(format!(
-                "maps hold {total} clusters, pool counts {}, bitmap {}",
-                st.allocated, a.used
-            ));
-        }
-        Ok(())
-    }
 }
 
 fn info(v: &VolInner, cluster_bytes: u64) -> ThinInfo {
+    let mut parent = None;
+    let mut shared = std::collections::HashSet::new();
+    let mut at = v.parent.load_full();
+    while let Some(a) = at {
+        if parent.is_none() && !a.hidden.load(Ordering::Acquire) {
+            parent = Some(a.meta.name.clone());
+        }
+        for (vc, _) in a.map.mapped(0, v.vclusters()) {
+            if v.map.get(vc).is_none() {
+                shared.insert(vc);
+            }
+        }
+        at = a.parent.load_full();
+    }
     ThinInfo {
         name: v.meta.name.clone(),
         uuid: uuid_string(&v.meta.uuid),
         size_bytes: v.size(),
         block_size: v.meta.block_size,
         allocated_bytes: v.allocated.load(Ordering::Relaxed) * cluster_bytes,
+        snapshot: v.meta.snapshot,
+        parent,
+        shared_bytes: shared.len() as u64 * cluster_bytes,
+        created: v.meta.created,
     }
 }
 

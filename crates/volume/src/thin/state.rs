@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use arc_swap::ArcSwapOption;
 use blockdev::{BlockDevice, BlockError};
 use parking_lot::Mutex;
 use tokio::sync::RwLock;
@@ -77,11 +78,18 @@ impl ClusterMap {
     }
 }
 
-/// One thin volume's in-memory state, shared by its handles and the pool.
+/// One thin volume's (or snapshot's) in-memory state, shared by its
+/// handles and the pool.
 pub(crate) struct VolInner {
     pub(crate) slot: u16,
-    /// As created; the size is `size_bytes` (it grows).
+    /// As created; the size is `size_bytes` (it grows), the parent is
+    /// `parent` and hidden is `hidden` (both change).
     pub(crate) meta: VolMeta,
+    /// The snapshot unwritten clusters are read from. Set before the map
+    /// entries it replaces are cleared, so a lock-free reader that misses in
+    /// the map finds them there.
+    pub(crate) parent: ArcSwapOption<VolInner>,
+    pub(crate) hidden: AtomicBool,
     size_bytes: AtomicU64,
     cluster_bytes: u64,
     pub(crate) map: ClusterMap,
@@ -101,6 +109,8 @@ impl VolInner {
             locks: (0..LOCK_SHARDS).map(|_| RwLock::new(())).collect(),
             deleted: AtomicBool::new(false),
             allocated: AtomicU64::new(0),
+            parent: ArcSwapOption::empty(),
+            hidden: AtomicBool::new(meta.hidden),
             meta,
         }
     }
@@ -124,8 +134,33 @@ impl VolInner {
     pub(crate) fn meta_now(&self) -> VolMeta {
         VolMeta {
             size_bytes: self.size(),
+            hidden: self.hidden.load(Ordering::Acquire),
+            parent: self.parent.load().as_ref().map(|p| p.slot),
             ..self.meta.clone()
         }
+    }
+
+    pub(crate) fn has_parent(&self) -> bool {
+        self.parent.load().is_some()
+    }
+
+    /// The physical cluster an ancestor holds for `vc`: the nearest one
+    /// that maps it. Ancestors are snapshots, whose clusters never change
+    /// and are freed only when no descendant can read them.
+    pub(crate) fn inherited(&self, vc: u64) -> Option<u32> {
+        let mut at = self.parent.load_full();
+        while let Some(a) = at {
+            if let Some(p) = a.map.get(vc) {
+                return Some(p);
+            }
+            at = a.parent.load_full();
+        }
+        None
+    }
+
+    /// Where `vc` reads from: this volume's own cluster, else an ancestor's.
+    pub(crate) fn resolve(&self, vc: u64) -> Option<u32> {
+        self.map.get(vc).or_else(|| self.inherited(vc))
     }
 
     pub(crate) fn lock(&self, vc: u64) -> &RwLock<()> {
@@ -164,9 +199,52 @@ impl State {
     }
 
     pub(crate) fn add_volume(&mut self, vol: Arc<VolInner>) {
-        self.names.insert(vol.meta.name.clone(), vol.slot);
+        if !vol.hidden.load(Ordering::Acquire) {
+            self.names.insert(vol.meta.name.clone(), vol.slot);
+        }
         let slot = usize::from(vol.slot);
         self.slots[slot] = Some(vol);
+    }
+
+    /// Links each volume to the parent its entry names: a snapshot in
+    /// use, no chain longer than the table (so no cycle).
+    pub(crate) fn link_parents(&self) -> Result<(), String> {
+        for v in self.slots.iter().flatten() {
+            let Some(ps) = v.meta.parent else { continue };
+            let p = self.vol(ps)?;
+            if !p.meta.snapshot {
+                return Err(format!(
+                    "volume {:?} names slot {ps} ({:?}) as its parent, which is not a snapshot",
+                    v.meta.name, p.meta.name
+                ));
+            }
+            v.parent.store(Some(p.clone()));
+        }
+        for v in self.slots.iter().flatten() {
+            let mut depth = 0;
+            let mut at = v.parent.load_full();
+            while let Some(a) = at {
+                depth += 1;
+                if depth > MAX_VOLUMES {
+                    return Err(format!(
+                        "volume {:?}: its parents form a cycle",
+                        v.meta.name
+                    ));
+                }
+                at = a.parent.load_full();
+            }
+        }
+        Ok(())
+    }
+
+    /// Volumes whose parent is `slot`.
+    pub(crate) fn children(&self, slot: u16) -> Vec<Arc<VolInner>> {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|v| v.parent.load().as_ref().is_some_and(|p| p.slot == slot))
+            .cloned()
+            .collect()
     }
 
     pub(crate) fn vol(&self, slot: u16) -> Result<&Arc<VolInner>, String> {
