@@ -54,6 +54,20 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cli::volume::VolumeCmd,
     },
+    /// Snapshots of thin volumes (through the management API).
+    Snapshot {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(subcommand)]
+        cmd: cli::snapshot::SnapshotCmd,
+    },
+    /// Thin pools: the metadata check.
+    Pool {
+        #[command(flatten)]
+        api: cli::ApiArgs,
+        #[command(subcommand)]
+        cmd: cli::snapshot::PoolCmd,
+    },
     /// Drives of a running node (through its management API).
     Drive {
         #[command(flatten)]
@@ -116,6 +130,8 @@ fn main() {
         Cmd::Bench(args) => flashpool_bench::run(*args),
         Cmd::FailoverProbe(args) => flashpool_bench::failover_probe(*args),
         Cmd::Volume { api, cmd } => cli::volume::volume(api, cmd),
+        Cmd::Snapshot { api, cmd } => cli::snapshot::snapshot(api, cmd),
+        Cmd::Pool { api, cmd } => cli::snapshot::pool(api, cmd),
         Cmd::Drive { api, cmd } => cli::drive::drive(api, cmd),
         Cmd::Job { api, cmd } => cli::job::job(api, cmd),
         Cmd::Cluster { api, cmd } => cli::cluster::cluster(api, cmd),

@@ -292,7 +292,10 @@ mod tests {
     fn a_write_to_a_snapshot_answers_write_protected_without_retry() {
         let e = BlockError::ReadOnly("snapshot s".into());
         let w = status_of(&e, BlockOp::Write { fua: false });
-        assert_eq!((w.sct, w.sc, w.dnr), (0, status::SC_NS_WRITE_PROTECTED, true));
+        assert_eq!(
+            (w.sct, w.sc, w.dnr),
+            (0, status::SC_NS_WRITE_PROTECTED, true)
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ mod limiter;
 mod listen;
 mod router;
 mod server;
+mod snapshots;
 #[cfg(test)]
 mod tests;
 mod tls;

@@ -10,6 +10,7 @@ use axum::routing::{get, post};
 use super::errors::{ApiError, BODY_LIMIT, json_errors};
 use super::events::events;
 use super::handlers::*;
+use super::snapshots::*;
 
 pub fn router(app: App) -> Router {
     let calls = Router::new()
@@ -42,6 +43,11 @@ pub fn router(app: App) -> Router {
         )
         .route("/v1/volumes/{name}/rebuild", get(rebuild_status))
         .route("/v1/volumes/{name}/grow", post(grow_volume))
+        .route("/v1/volumes/{name}/snapshots", post(take_snapshot))
+        .route("/v1/snapshots", get(snapshots).post(take_snapshots))
+        .route("/v1/volumes/{name}/clone", post(clone_volume))
+        .route("/v1/volumes/{name}/revert", post(revert_volume))
+        .route("/v1/volumes/{name}/check", get(check_pool))
         .route("/v1/volumes/{name}/scrub", post(scrub_volume))
         .route("/v1/volumes/{name}/scrub/stop", post(stop_scrub))
         .route("/v1/jobs", get(jobs))

@@ -28,6 +28,10 @@ pub enum EventKind {
     ThinPoolUsage,
     /// A volume's QoS limits changed (the message says from what to what).
     QosChanged,
+    /// A snapshot of a thin volume was taken.
+    SnapshotTaken,
+    /// A thin volume was reverted to one of its snapshots.
+    VolumeReverted,
     HostConnected,
     HostRefused,
     /// Cluster mode: this node's etcd lease is gone; every volume owned
@@ -72,6 +76,8 @@ impl EventKind {
             EventKind::ScrubMismatch => "scrub_mismatch",
             EventKind::ThinPoolUsage => "thin_pool_usage",
             EventKind::QosChanged => "qos_changed",
+            EventKind::SnapshotTaken => "snapshot_taken",
+            EventKind::VolumeReverted => "volume_reverted",
             EventKind::HostConnected => "host_connected",
             EventKind::HostRefused => "host_refused",
             EventKind::LeaseLost => "lease_lost",

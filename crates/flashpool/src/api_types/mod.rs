@@ -26,8 +26,9 @@ pub use event::{Event, EventKind, Hello, Lagged, StepTime, TokenRotated};
 pub use job::{JobInfo, JobKind, JobState, ScrubRequest};
 pub use qos::{QosInfo, QosLimitsInfo, QosRequest, Rate};
 pub use volume::{
-    AssembleByName, AssembleVolume, CreateVolume, Export, ExportRequest, ForceQuery, ForceRequest,
-    ForcedInfo, ForcedMemberInfo, GrowRequest, MemberInfo, PoolInfo, RebuildInfo, RebuildStatus,
+    AssembleByName, AssembleVolume, CloneRequest, CreateVolume, Export, ExportRequest, ForceQuery,
+    ForceRequest, ForcedInfo, ForcedMemberInfo, GrowRequest, MemberInfo, PoolCheckInfo, PoolInfo,
+    RebuildInfo, RebuildStatus, RevertRequest, SnapshotGroupRequest, SnapshotPair, SnapshotRequest,
     StaleRangeInfo, VolumeDeleted, VolumeInfo,
 };
 

@@ -126,6 +126,18 @@ pub struct VolumeInfo {
     pub pool: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocated_bytes: Option<u64>,
+    /// Thin volumes: a read-only snapshot (served write-protected).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub snapshot: bool,
+    /// Thin volumes: the snapshot it was taken after or cloned from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// Thin volumes: bytes it reads from its snapshots (shared with them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_bytes: Option<u64>,
+    /// Thin volumes: when it was made (Unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<u64>,
     /// Pool volumes: the pool's space.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thin_pool: Option<PoolInfo>,
@@ -184,7 +196,72 @@ pub struct PoolInfo {
     pub free_bytes: u64,
     /// Sum of the thin volumes' sizes (may exceed the capacity).
     pub provisioned_bytes: u64,
+    /// Its thin volumes and snapshots, by name.
     pub volumes: Vec<String>,
+    #[serde(default)]
+    pub snapshots: usize,
+    /// Deleted snapshots still read by two or more clones (space they hold
+    /// is freed when fewer are left).
+    #[serde(default)]
+    pub hidden_snapshots: usize,
+}
+
+/// `POST /v1/volumes/{name}/snapshots`: one snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    pub name: String,
+}
+
+/// One pair of `POST /v1/snapshots`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotPair {
+    pub volume: String,
+    pub name: String,
+}
+
+/// `POST /v1/snapshots`: snapshots of several volumes of one pool at one
+/// instant (a consistency group).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotGroupRequest {
+    pub snapshots: Vec<SnapshotPair>,
+}
+
+/// `POST /v1/volumes/{snapshot}/clone`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneRequest {
+    pub name: String,
+    #[serde(default)]
+    pub export: Option<ExportRequest>,
+}
+
+/// `POST /v1/volumes/{name}/revert`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RevertRequest {
+    pub snapshot: String,
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `GET /v1/volumes/{pool}/check`: the thin pool's metadata check.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolCheckInfo {
+    pub pool: String,
+    /// No cluster in two maps, none taken that no map holds, the volume
+    /// tree sound, and memory equal to what the device says.
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+    pub volumes: usize,
+    pub snapshots: usize,
+    pub hidden_snapshots: usize,
+    pub allocated_clusters: u64,
+    pub total_clusters: u64,
+    pub journal_blocks: u64,
 }
 
 /// Where a volume is served.

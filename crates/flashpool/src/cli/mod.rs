@@ -8,6 +8,7 @@ pub mod drive;
 pub mod events;
 pub mod job;
 pub mod qos;
+pub mod snapshot;
 pub mod token;
 pub mod volume;
 

@@ -9,8 +9,9 @@ use super::ApiArgs;
 use super::job::ScrubArgs;
 use super::qos::QosArgs;
 use crate::api_types::{
-    AssembleByName, AssembleVolume, CreateVolume, ExportRequest, ForceRequest, GrowRequest,
-    MoveRequest, MoveResult, QosInfo, RebuildInfo, RebuildStatus, VolumeDeleted, VolumeInfo,
+    AssembleByName, AssembleVolume, CloneRequest, CreateVolume, ExportRequest, ForceRequest,
+    GrowRequest, MoveRequest, MoveResult, QosInfo, RebuildInfo, RebuildStatus, RevertRequest,
+    VolumeDeleted, VolumeInfo,
 };
 use crate::client::{Answer, Client};
 use crate::output::outln;
@@ -89,6 +90,27 @@ pub enum VolumeCmd {
         /// The new size, e.g. 200GiB (not smaller than now).
         #[arg(long)]
         size: String,
+    },
+    /// A writable thin volume NEW from snapshot SNAPSHOT, sharing its data
+    /// until written (instant).
+    Clone {
+        snapshot: String,
+        new: String,
+        /// Serve it at once in this subsystem...
+        #[arg(long, requires = "nsid")]
+        export: Option<String>,
+        /// ...as this namespace ID.
+        #[arg(long, requires = "export")]
+        nsid: Option<u32>,
+    },
+    /// Revert a thin volume to one of its snapshots (what was written since
+    /// is lost). Refused while hosts are connected, unless --force.
+    Revert {
+        name: String,
+        snapshot: String,
+        /// Revert even while hosts are connected (their data changes under them).
+        #[arg(long)]
+        force: bool,
     },
     /// Serve a volume as namespace NSID of subsystem NQN.
     Export {
@@ -228,6 +250,26 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::Grow { name, size } => c.post(
             &format!("/volumes/{name}/grow"),
             Some(&GrowRequest { size }),
+        )?,
+        VolumeCmd::Clone {
+            snapshot,
+            new,
+            export,
+            nsid,
+        } => c.post(
+            &format!("/volumes/{snapshot}/clone"),
+            Some(&CloneRequest {
+                name: new,
+                export: export_request(export, nsid),
+            }),
+        )?,
+        VolumeCmd::Revert {
+            name,
+            snapshot,
+            force,
+        } => c.post(
+            &format!("/volumes/{name}/revert"),
+            Some(&RevertRequest { snapshot, force }),
         )?,
         VolumeCmd::Export { name, nqn, nsid } => c.post(
             &format!("/volumes/{name}/export"),
@@ -397,11 +439,25 @@ pub(super) fn print_volume(v: &VolumeInfo) {
     }
     outln!("  exported as: {}", export_text(v));
     if let Some(p) = &v.pool {
+        let kind = if v.snapshot {
+            "snapshot (read-only)"
+        } else {
+            "thin"
+        };
         outln!(
-            "  thin, in pool {p}: {} of {} allocated",
+            "  {kind}, in pool {p}: {} of {} allocated, {} shared with snapshots",
             human_bytes(v.allocated_bytes.unwrap_or(0)),
-            human_bytes(v.size_bytes)
+            human_bytes(v.size_bytes),
+            human_bytes(v.shared_bytes.unwrap_or(0))
         );
+        if let Some(parent) = &v.parent {
+            let how = if v.snapshot {
+                "taken after"
+            } else {
+                "from snapshot"
+            };
+            outln!("  {how}: {parent}");
+        }
     }
     if let Some(p) = &v.thin_pool {
         outln!(

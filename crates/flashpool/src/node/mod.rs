@@ -41,6 +41,9 @@ mod remote;
 #[cfg(test)]
 pub(crate) mod remote_tests;
 mod scrub;
+mod snapshots;
+#[cfg(test)]
+mod snapshots_tests;
 mod spares;
 #[cfg(test)]
 pub(crate) mod testing;

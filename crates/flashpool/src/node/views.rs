@@ -110,6 +110,10 @@ impl NodeState {
             rebuild: RebuildInfo::default(),
             pool: None,
             allocated_bytes: None,
+            snapshot: false,
+            parent: None,
+            shared_bytes: None,
+            created: None,
             thin_pool: None,
             owner: None,
             ana_state: None,
@@ -158,12 +162,19 @@ impl NodeState {
                         free_bytes: u.free_bytes,
                         provisioned_bytes: u.provisioned_bytes,
                         volumes: p.volumes().into_iter().map(|t| t.name).collect(),
+                        snapshots: u.snapshots,
+                        hidden_snapshots: u.hidden_snapshots,
                     });
                 }
             }
             Backing::Thin { pool, tv } => {
+                let t = tv.info();
                 info.pool = Some(pool.clone());
-                info.allocated_bytes = Some(tv.allocated_bytes());
+                info.allocated_bytes = Some(t.allocated_bytes);
+                info.snapshot = t.snapshot;
+                info.parent = t.parent;
+                info.shared_bytes = Some(t.shared_bytes);
+                info.created = (t.created > 0).then_some(t.created);
                 if let Some(pe) = self.volumes.get(pool)
                     && let Some(vol) = pe.on_drives()
                 {

@@ -413,7 +413,7 @@ impl Node {
     }
 
     /// Adds a new volume to the node, under its limits, exported if asked.
-    fn register(
+    pub(super) fn register(
         &self,
         st: &mut NodeState,
         mut entry: VolumeEntry,
@@ -544,10 +544,12 @@ fn data_held(e: &VolumeEntry) -> Option<String> {
     let size = |b: u64| crate::units::human_bytes(b);
     match &e.backing {
         Backing::Thin { tv, .. } => {
-            let a = tv.allocated_bytes();
+            // A clone's data may all be shared with its snapshot: still its data.
+            let t = tv.info();
+            let a = t.allocated_bytes + t.shared_bytes;
             (a > 0).then(|| {
                 format!(
-                    "{} written of {}",
+                    "{} of data in {}",
                     size(a),
                     size(e.device().geometry().size_bytes())
                 )

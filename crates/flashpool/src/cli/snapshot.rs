@@ -1,0 +1,137 @@
+//! `flashpool snapshot create|list|delete` and `flashpool pool check`:
+//! snapshots of thin volumes (one, or several of one pool at one instant)
+//! and the thin pool's metadata check.
+
+use anyhow::{Result, bail};
+
+use super::ApiArgs;
+use super::volume::print_volume;
+use crate::api_types::{
+    PoolCheckInfo, SnapshotGroupRequest, SnapshotPair, VolumeDeleted, VolumeInfo,
+};
+use crate::output::outln;
+use crate::units::human_bytes;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SnapshotCmd {
+    /// Take a snapshot: VOLUME SNAPSHOT; several pairs (volumes of one pool)
+    /// are taken at one instant, as a consistency group.
+    Create {
+        /// VOLUME SNAPSHOT [VOLUME SNAPSHOT ...]
+        #[arg(required = true, num_args = 2..)]
+        pairs: Vec<String>,
+    },
+    /// All snapshots.
+    List,
+    /// Delete a snapshot (its clones keep their data).
+    Delete {
+        name: String,
+        /// Delete it even though it holds data.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum PoolCmd {
+    /// Check a thin pool's metadata: no cluster in two maps, none leaked,
+    /// the snapshot tree sound, memory equal to the device. Exits 1 if not.
+    Check { pool: String },
+}
+
+/// `flashpool snapshot ...`.
+pub fn snapshot(api: ApiArgs, cmd: SnapshotCmd) -> Result<()> {
+    let c = api.client()?;
+    match cmd {
+        SnapshotCmd::Create { pairs } => {
+            if pairs.len() % 2 != 0 {
+                bail!(
+                    "give VOLUME SNAPSHOT pairs: {} names is an odd count",
+                    pairs.len()
+                );
+            }
+            let req = SnapshotGroupRequest {
+                snapshots: pairs
+                    .chunks(2)
+                    .map(|p| SnapshotPair {
+                        volume: p[0].clone(),
+                        name: p[1].clone(),
+                    })
+                    .collect(),
+            };
+            let a = c.post("/snapshots", Some(&req))?;
+            if api.json {
+                return api.print_json(a.json());
+            }
+            for s in a.parse::<Vec<VolumeInfo>>()? {
+                print_volume(&s);
+            }
+        }
+        SnapshotCmd::List => {
+            let a = c.get("/snapshots")?;
+            if api.json {
+                return api.print_json(a.json());
+            }
+            outln!(
+                "{:<20} {:<14} {:>10} {:>10} {:<20}",
+                "SNAPSHOT",
+                "POOL",
+                "SIZE",
+                "OWN",
+                "AFTER"
+            );
+            for s in a.parse::<Vec<VolumeInfo>>()? {
+                outln!(
+                    "{:<20} {:<14} {:>10} {:>10} {:<20}",
+                    s.name,
+                    s.pool.as_deref().unwrap_or("-"),
+                    human_bytes(s.size_bytes),
+                    human_bytes(s.allocated_bytes.unwrap_or(0)),
+                    s.parent.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        SnapshotCmd::Delete { name, force } => {
+            let q = if force { "?force=true" } else { "" };
+            let a = c.delete(&format!("/volumes/{name}{q}"))?;
+            if api.json {
+                return api.print_json(a.json());
+            }
+            let d: VolumeDeleted = a.parse()?;
+            outln!("snapshot {}: deleted", d.deleted);
+        }
+    }
+    Ok(())
+}
+
+/// `flashpool pool ...`.
+pub fn pool(api: ApiArgs, cmd: PoolCmd) -> Result<()> {
+    let c = api.client()?;
+    let PoolCmd::Check { pool } = cmd;
+    let a = c.get(&format!("/volumes/{pool}/check"))?;
+    let r: PoolCheckInfo = a.parse()?;
+    if api.json {
+        api.print_json(a.json())?;
+    } else if r.ok {
+        outln!(
+            "pool {}: ok: {} volume(s), {} snapshot(s), {} deleted snapshot(s) still read by \
+             clones; {} of {} clusters allocated, each in exactly one map; memory matches the \
+             device (checkpoint + {} journal blocks)",
+            r.pool,
+            r.volumes,
+            r.snapshots,
+            r.hidden_snapshots,
+            r.allocated_clusters,
+            r.total_clusters,
+            r.journal_blocks
+        );
+    }
+    if !r.ok {
+        bail!(
+            "pool {}: check FAILED: {}",
+            r.pool,
+            r.problem.as_deref().unwrap_or("?")
+        );
+    }
+    Ok(())
+}
