@@ -99,7 +99,8 @@ GUEST_CHECKS="discover discover-hides-denied connect-plain identify-list identif
 HOST_CHECKS="target-restart denied-host-log kato-timeout target-alive-after-run target-clean-stop"
 # volumes (flashpool only): the guest runs fio on a raid6 volume while it asks the host to
 # fail, replace and rebuild drives with the `flashpool` CLI ("@@HOST cli:NAME ARGS")
-VOL_CHECKS="raid6-fio-degraded raid6-fio-rebuild raid6-verify-rebuilt ns-add-aen ns-remove-aen ns-grow-aen"
+VOL_CHECKS="raid6-fio-degraded raid6-fio-rebuild raid6-verify-rebuilt ns-add-aen ns-remove-aen ns-grow-aen
+  fs-grow-online snap-during-fio snap-ro-mount clone-rw-fsck"
 # reservations (flashpool only): two hosts in the guest (own host NQN, host ID and source
 # address) share the namespace of $NQN_RESV; each step of the sequence is a check
 RESV_CHECKS="resv-connect-2hosts resv-register resv-report-2 resv-acquire-we resv-we-b-write-conflict
@@ -136,10 +137,16 @@ GUEST_CACHE=$CACHE
 # shellcheck disable=SC2034   # (GUEST_MODS, GUEST_BINS: do_build)
 GUEST_MODS="configfs crc32c_generic crc32c-intel libcrc32c nvme-auth dh_generic hmac
             sha256_generic sha512_generic nvme-core nvme-fabrics nvme-tcp
-            nvmet nvmet-tcp brd virtio_pci virtio_net"
+            nvmet nvmet-tcp brd virtio_pci virtio_net ext4"
 # shellcheck disable=SC2034
-GUEST_BINS="nvme fio"
-build_files() { write_guest_init > "$IRD/init"; chmod 0755 "$IRD/init"; }
+GUEST_BINS="nvme fio mke2fs e2fsck resize2fs"
+# shellcheck disable=SC2034   # (do_setup: tests/lib/harness.sh) the guest's mke2fs, e2fsck, resize2fs
+SETUP_PKGS="e2fsprogs"
+build_files() {
+  write_guest_init > "$IRD/init"; chmod 0755 "$IRD/init"
+  [ -f /etc/mke2fs.conf ] && install -m 0644 /etc/mke2fs.conf "$IRD/etc/mke2fs.conf"   # defines "ext4"
+  return 0
+}
 build_stamp() { guest_stamp "$0" "$HERE/guest.sh"; }
 
 # ---------------------------------------------------------------- guest /init
@@ -288,6 +295,89 @@ nvme_core_reload() {
 }
 # ask_cli NAME ARGS: the host runs `flashpool ARGS --api ...` and answers ok/fail
 ask_cli() { local n=$1; shift; wait_host "cli:$n" 180 "$*"; }
+# ns_bdev NSID: the block device of namespace NSID of controller $R6C (waits up to 10 s)
+ns_bdev() {
+  local i=0 n
+  while [ $i -lt 50 ]; do
+    n=$(ls /sys/class/nvme/$R6C | grep -E "^nvme[0-9]+(c[0-9]+)?n$1\$" | head -n 1 | sed 's/c[0-9]*n/n/')
+    [ -n "$n" ] && [ -b "/dev/$n" ] && { echo "$n"; return 0; }
+    sleep 0.2; i=$((i+1)); done
+  return 1
+}
+# Snapshots and clones of the thin volume tg (nsid 2 of $NQN_R6, 12 MiB after ns-grow-aen),
+# as a Linux host uses them: ext4 on tg grown online with resize2fs while fio writes; a
+# snapshot taken while fio writes with crc32c verify; the snapshot exported (nsid 3) is
+# write-protected and mounts read-only with the files of before; a clone (nsid 4) mounts
+# read-write, takes a file the origin never sees, and passes e2fsck -fn.
+snapshot_checks() {
+  local tg s1 c1 a b ok d w fpid
+  step fs-grow-online "ext4 on tg (12 MiB), mounted; grown to 32 MiB (volume grow) and resize2fs online while fio writes"
+  ok=FAIL; d=""
+  tg=$(ns_bdev 2) || tg=""
+  mkdir -p /mnt/tg /mnt/s1 /mnt/c1
+  if [ -n "$tg" ] && timeout 120 /usr/sbin/mke2fs -q -t ext4 -b 4096 -F -E nodiscard /dev/$tg > /tmp/mkfs.txt 2>&1 \
+     && mount -t ext4 /dev/$tg /mnt/tg; then
+    head -c 2097152 /dev/urandom > /mnt/tg/a.bin; sync
+    a=$(md5sum < /mnt/tg/a.bin | cut -c1-32)
+    b0=$(df -k /mnt/tg | awk 'NR==2{print $2}')
+    fio_run grow 300 --filename=/mnt/tg/f1.dat --size=2M --rw=randwrite --bs=4k --iodepth=8 \
+      --verify=crc32c --do_verify=1 > /dev/null 2>&1 & fpid=$!
+    w=FAIL
+    if ask_cli fs-grow "volume grow tg --size 32MiB"; then
+      i=0; while [ $i -lt 50 ]; do [ "$(cat /sys/block/$tg/size)" = 65536 ] && break; sleep 0.2; i=$((i+1)); done
+      timeout 120 /usr/sbin/resize2fs /dev/$tg > /tmp/resize.txt 2>&1 && w=PASS
+      sed 's/^/  | /' /tmp/resize.txt
+    fi
+    wait $fpid && f=PASS || f=FAIL
+    b1=$(df -k /mnt/tg | awk 'NR==2{print $2}')
+    d="df: $b0 -> $b1 KiB; resize2fs $w; fio verify during it $f"
+    [ "$w" = PASS ] && [ "$f" = PASS ] && [ "${b1:-0}" -gt $((b0 * 2)) ] && ok=PASS
+  else d="no tg device (${tg:-none}) or mke2fs/mount failed: $(tail -n 2 /tmp/mkfs.txt 2> /dev/null | tr '\n' ' ')"; fi
+  res fs-grow-online $ok "$d"
+
+  step snap-during-fio "snapshot create tg tg-s1 while fio randwrite with crc32c verify runs on tg's ext4"
+  ok=FAIL; d=""
+  if grep -q ' /mnt/tg ' /proc/mounts; then
+    fio_run snap 300 --filename=/mnt/tg/f2.dat --size=4M --rw=randwrite --bs=4k --iodepth=8 \
+      --verify=crc32c --do_verify=1 > /dev/null 2>&1 & fpid=$!
+    sleep 1
+    ask_cli snap-create "snapshot create tg tg-s1" && w=PASS || w=FAIL
+    wait $fpid && f=PASS || f=FAIL
+    d="snapshot $w, fio verify $f"
+    [ "$w" = PASS ] && [ "$f" = PASS ] && ok=PASS
+  else d="tg is not mounted"; fi
+  res snap-during-fio $ok "$d"
+
+  step snap-ro-mount "volume export tg-s1 as nsid 3: the kernel sees it write-protected; mounted ro, a.bin as before"
+  ok=FAIL; d=""
+  if ask_cli snap-export "volume export tg-s1 --nqn $NQN_R6 --nsid 3" && s1=$(ns_bdev 3); then
+    ro=$(cat /sys/block/$s1/ro)
+    dd if=/dev/zero of=/dev/$s1 bs=4096 count=1 oflag=direct 2> /dev/null && wr=accepted || wr=refused
+    if mount -t ext4 -o ro,noload /dev/$s1 /mnt/s1; then
+      b=$(md5sum < /mnt/s1/a.bin | cut -c1-32)
+    else b="mount failed"; fi
+    d="/dev/$s1 ro=$ro, a write was $wr, a.bin $b (origin $a)"
+    [ "$ro" = 1 ] && [ "$wr" = refused ] && [ "$b" = "$a" ] && ok=PASS
+  else d="export of tg-s1 failed or nsid 3 not seen"; fi
+  res snap-ro-mount $ok "$d"
+
+  step clone-rw-fsck "volume clone tg-s1 tg-c1 as nsid 4: mounted rw, a.bin as before, a new file the origin never sees; e2fsck -fn clean"
+  ok=FAIL; d=""
+  if ask_cli clone "volume clone tg-s1 tg-c1 --export $NQN_R6 --nsid 4" && c1=$(ns_bdev 4); then
+    if mount -t ext4 /dev/$c1 /mnt/c1; then
+      b=$(md5sum < /mnt/c1/a.bin | cut -c1-32)
+      echo "clone only" > /mnt/c1/new.txt; sync
+      umount /mnt/c1
+      timeout 120 /usr/sbin/e2fsck -fn /dev/$c1 > /tmp/fsck.txt 2>&1; rc=$?
+      tail -n 3 /tmp/fsck.txt | sed 's/^/  | /'
+      [ -e /mnt/tg/new.txt ] && seen=yes || seen=no
+      d="a.bin $b (origin $a), e2fsck -fn rc=$rc, new.txt in the origin: $seen"
+      [ "$b" = "$a" ] && [ $rc = 0 ] && [ $seen = no ] && ok=PASS
+    else d="mount of /dev/$c1 failed"; fi
+  else d="clone of tg-s1 failed or nsid 4 not seen"; fi
+  res clone-rw-fsck $ok "$d"
+  umount /mnt/s1 2> /dev/null; umount /mnt/tg 2> /dev/null
+}
 
 # ================================================================ checks
 # 1. discovery
@@ -770,9 +860,11 @@ if [ "${VOL:-0}" = 1 ]; then
       else d="nsid 2 not seen at 8 MiB (size ${s0:-none}) or the grow failed"; fi
     else d="making the pool or the thin volume failed"; fi
     res ns-grow-aen $ok "$d"
+    snapshot_checks
     nvdisconnect $NQN_R6
   else
-    for c in raid6-fio-degraded raid6-fio-rebuild raid6-verify-rebuilt ns-add-aen ns-remove-aen ns-grow-aen; do
+    for c in raid6-fio-degraded raid6-fio-rebuild raid6-verify-rebuilt ns-add-aen ns-remove-aen ns-grow-aen \
+      fs-grow-online snap-during-fio snap-ro-mount clone-rw-fsck; do
       res $c FAIL "no connection to $NQN_R6"; done
   fi
 fi
@@ -947,7 +1039,7 @@ write_config() {
     interop_subsystem "$NQN_R6"
     toml_namespace 1 volume 'volume = "r6"'
     for d in d0 d1 d2 d3 d4 d5 s0 s1 e0 e1; do
-      toml_drive "$d" mem "$(case $d in e*) echo 16MiB;; *) echo 32MiB;; esac)"
+      toml_drive "$d" mem "$(case $d in e*) echo 64MiB;; *) echo 32MiB;; esac)"
     done
   } > "$RUN/target.toml"
 }

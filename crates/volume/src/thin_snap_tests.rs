@@ -199,6 +199,39 @@ fn revert_groups_and_reopen() {
     });
 }
 
+#[test]
+fn shrink_cuts_only_an_unused_end() {
+    block_on(async {
+        let pool = ThinPool::format(dev(&mem(4 << 20)), CB).await.unwrap();
+        let v = pool.create_volume("v", 8 * CB, 4096).await.unwrap();
+        pattern(&v, 5 * PER + 1, 1, 1).await;
+        pool.snapshot(&[("v", "s")]).await.unwrap();
+        // Cluster 5 holds data (in the snapshot): cutting into it is refused.
+        for size in [5 * CB + BS, 4 * CB] {
+            let e = pool.shrink_volume("v", size).await.unwrap_err();
+            assert!(
+                matches!(e, ThinError::ShrinkInUse { cluster: 5, .. }),
+                "{e:?}"
+            );
+        }
+        assert!(matches!(
+            pool.shrink_volume("s", 6 * CB).await,
+            Err(ThinError::Config(_))
+        ));
+        assert_eq!(v.geometry().num_blocks, 8 * PER);
+        // Past it: cut; the end is refused, and grown back it reads zeroes.
+        pool.shrink_volume("v", 6 * CB).await.unwrap();
+        assert_eq!(v.geometry().num_blocks, 6 * PER);
+        let e = twrite(&v, 6 * PER, &[2u8; 4096]).await.unwrap_err();
+        assert!(matches!(e, BlockError::OutOfRange { .. }), "{e:?}");
+        pool.grow_volume("v", 8 * CB).await.unwrap();
+        assert!(all(&tread(&v, 6 * PER, 2 * PER).await, 0));
+        let got = tread(&v, 5 * PER, PER).await;
+        assert!(all(&got[4096..8192], 1) && all(&got[..4096], 0));
+        checked(&pool).await;
+    });
+}
+
 /// The model of one visible volume or snapshot.
 #[derive(Clone)]
 struct Model {

@@ -229,12 +229,19 @@ pub(super) async fn grow_volume(
 ) -> ApiResult {
     let r: GrowRequest = body(&b)?;
     let grown = match &a.agent {
+        Some(_) if r.force => {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                "shrinking (force) is not supported in cluster mode yet; nothing was changed"
+                    .into(),
+            ));
+        }
         Some(ag) => ag.grow(&name, &r.size).await?,
         None => None,
     };
     let mut v = match grown {
         Some(v) => v,
-        None => a.node.grow_volume(&name, &r.size).await?,
+        None => a.node.resize_volume(&name, &r.size, r.force).await?,
     };
     if let Some(ag) = &a.agent {
         ag.annotate(&mut v).await;

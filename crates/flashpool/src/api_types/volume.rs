@@ -53,8 +53,11 @@ pub struct ExportRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GrowRequest {
-    /// The new size, e.g. "200GiB" (not smaller than now).
+    /// The new size, e.g. "200GiB" (smaller than now only with `force`).
     pub size: String,
+    /// A smaller size shrinks the volume, when the end it cuts holds no data.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// `POST /v1/volumes/assemble`.

@@ -87,9 +87,13 @@ pub enum VolumeCmd {
     /// (Namespace Attribute Changed); then e.g. `resize2fs` on the host.
     Grow {
         name: String,
-        /// The new size, e.g. 200GiB (not smaller than now).
+        /// The new size, e.g. 200GiB (smaller than now only with --force).
         #[arg(long)]
         size: String,
+        /// Shrink to a smaller size, when the end it cuts holds no data
+        /// (shrink the filesystem first; deallocate the end, e.g. blkdiscard).
+        #[arg(long)]
+        force: bool,
     },
     /// A writable thin volume NEW from snapshot SNAPSHOT, sharing its data
     /// until written (instant).
@@ -247,9 +251,9 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             }
             return Ok(());
         }
-        VolumeCmd::Grow { name, size } => c.post(
+        VolumeCmd::Grow { name, size, force } => c.post(
             &format!("/volumes/{name}/grow"),
-            Some(&GrowRequest { size }),
+            Some(&GrowRequest { size, force }),
         )?,
         VolumeCmd::Clone {
             snapshot,

@@ -119,6 +119,7 @@ impl PeerApi {
             .with_token(self.agent.post(&url(api, &format!("/volumes/{name}/grow"))))
             .send_json(crate::api_types::GrowRequest {
                 size: size.to_string(),
+                force: false,
             });
         answer(r)
     }

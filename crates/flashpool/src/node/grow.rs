@@ -12,6 +12,18 @@ impl Node {
     /// grows (a volume on drives takes its drives whole); a smaller size is
     /// refused and the same size changes nothing.
     pub async fn grow_volume(&self, name: &str, size: &str) -> NodeResult<VolumeInfo> {
+        self.resize_volume(name, size, false).await
+    }
+
+    /// As `grow_volume`; with `force` a smaller size shrinks the volume
+    /// when the end it cuts holds no data (else refused, changing nothing).
+    /// Hosts see the new size by the same event.
+    pub async fn resize_volume(
+        &self,
+        name: &str,
+        size: &str,
+        force: bool,
+    ) -> NodeResult<VolumeInfo> {
         let bytes = crate::units::parse_size(size).map_err(|e| {
             NodeError::BadRequest(format!("size {}: {e}; e.g. \"2GiB\"", Echo(size)))
         })?;
@@ -37,13 +49,18 @@ impl Node {
                 })?;
             (p, e.export.clone())
         };
-        pool.grow_volume(name, bytes).await.map_err(thin_err)?;
+        let now = self.volume(name).await?.size_bytes;
+        if bytes < now && force {
+            pool.shrink_volume(name, bytes).await.map_err(thin_err)?;
+        } else {
+            pool.grow_volume(name, bytes).await.map_err(thin_err)?;
+        }
         if let Some(x) = export
             && let Some(t) = self.running_target()
         {
             match t.namespace_resized(&x.nqn, x.nsid) {
                 Ok((old, new)) if old != new => tracing::info!(
-                    "volume {name}: nsid {} of {} grew from {old} to {new} blocks",
+                    "volume {name}: nsid {} of {} went from {old} to {new} blocks",
                     x.nsid,
                     x.nqn
                 ),

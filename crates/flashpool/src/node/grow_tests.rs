@@ -82,6 +82,27 @@ async fn a_thin_volume_grows_while_served_and_refusals_change_nothing() {
         .await;
     r.result.unwrap();
     assert!(r.buf[..4096].iter().all(|&b| b == 0x6B));
+    // Shrink: refused without force, and with force while the end holds data.
+    let e = node.resize_volume("t", "16MiB", false).await.unwrap_err();
+    assert!(e.to_string().contains("shrink"), "{e}");
+    let e = node.resize_volume("t", "16MiB", true).await.unwrap_err();
+    assert!(matches!(e, NodeError::Conflict(_)), "{e}");
+    assert_eq!(ns().num_blocks, 24 * MIB / 4096);
+    // The end deallocated: the shrink goes through, and the namespace follows.
+    let dev = ns().dev;
+    let d = dev
+        .submit(IoRequest {
+            op: BlockOp::Deallocate,
+            lba: 16 * MIB / 4096,
+            blocks: (8 * MIB / 4096) as u32,
+            buf: AlignedBuf::new(0),
+        })
+        .await;
+    d.result.unwrap();
+    let v = node.resize_volume("t", "16MiB", true).await.unwrap();
+    assert_eq!(v.size_bytes, 16 * MIB);
+    assert_eq!(ns().num_blocks, 16 * MIB / 4096);
+    node.grow_volume("t", "24MiB").await.unwrap();
     // The same size again: nothing changes.
     assert_eq!(
         node.grow_volume("t", "24MiB").await.unwrap().size_bytes,

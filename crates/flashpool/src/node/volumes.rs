@@ -21,7 +21,9 @@ use crate::api_types::QosRequest;
 
 pub(super) fn thin_err(e: ThinError) -> NodeError {
     match e {
-        ThinError::NameTaken(_) => NodeError::Conflict(e.to_string()),
+        ThinError::NameTaken(_) | ThinError::ShrinkInUse { .. } => {
+            NodeError::Conflict(e.to_string())
+        }
         ThinError::NoSuchVolume(_) => NodeError::NotFound(e.to_string()),
         ThinError::Config(_) | ThinError::TooManyVolumes(_) | ThinError::Shrink { .. } => {
             NodeError::BadRequest(e.to_string())

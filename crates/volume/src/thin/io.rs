@@ -183,6 +183,15 @@ pub(crate) enum Fill {
     Zero,
 }
 
+impl Fill {
+    fn into_buf(self) -> Option<AlignedBuf> {
+        match self {
+            Fill::Data(b) => Some(b),
+            Fill::Zero => None,
+        }
+    }
+}
+
 /// One request's view of its volume and pool.
 pub(crate) struct ThinIo {
     pub(crate) pool: Arc<PoolInner>,
@@ -190,6 +199,10 @@ pub(crate) struct ThinIo {
 }
 
 impl ThinIo {
+    fn bs(&self) -> u64 {
+        u64::from(self.vol.meta.block_size)
+    }
+
     pub(crate) async fn read(&self, start: u64, end: u64, mut buf: AlignedBuf) -> IoDone {
         let cb = self.pool.geom.cluster_bytes;
         if let Some(p) = single_piece(cb, start, end) {
@@ -339,6 +352,17 @@ impl ThinIo {
         p: Piece,
         fill: Fill,
     ) -> (Option<AlignedBuf>, Result<(), BlockError>) {
+        if p.vc >= self.vol.vclusters() {
+            // Shrunk below this piece after the request was checked.
+            self.pool.release(&[c]);
+            let bs = self.bs();
+            let e = BlockError::OutOfRange {
+                lba: (p.vc * self.pool.geom.cluster_bytes + p.off) / bs,
+                blocks: p.len / bs,
+                num_blocks: self.vol.size() / bs,
+            };
+            return (fill.into_buf(), Err(e));
+        }
         let cb = self.pool.geom.cluster_bytes;
         let base = self.pool.cluster_at(c);
         let whole = p.off == 0 && p.len == cb;

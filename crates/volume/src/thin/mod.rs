@@ -17,7 +17,7 @@
 //! | where | what |
 //! |---|---|
 //! | block 0 | pool superblock: magic `FLPLTHN1`, version, pool uuid, cluster bytes, cluster count, where each area below starts. Written once, at format. |
-//! | checkpoint A, B | two copies of the whole metadata: a 4 KiB header (magic `FLPLTCP1`, pool uuid, epoch, CRC of the body), then a table of [`MAX_VOLUMES`] volume entries (name, uuid, size, block size; 128 bytes each), then the *owner table*: one u64 per physical cluster, 0 for free or `(slot + 1) << 48 \| virtual cluster`. The copy for epoch `e` is at `e % 2`. |
+//! | checkpoint A, B | two copies of the whole metadata: a 4 KiB header (magic `FLPLTCP1`, pool uuid, epoch, CRC of the body), then a table of [`MAX_VOLUMES`] volume entries (name, uuid, size, block size, snapshot and hidden flags, parent slot, creation time; 128 bytes each), then the *owner table*: one u64 per physical cluster, 0 for free or `(slot + 1) << 48 \| virtual cluster`. The copy for epoch `e` is at `e % 2`. |
 //! | journal | 4 KiB blocks (magic `FLPLTJN1`, pool uuid, epoch, block index, records) of 16-byte map records: `Map`/`Unmap` (slot, virtual cluster, physical cluster). |
 //! | data | `cluster count` clusters, the first aligned to the cluster size. |
 //!
@@ -70,6 +70,15 @@
 //! record queued while the previous commit was in flight, with one flush and
 //! one journal write for all of them. Lookups of the in-memory map are lock
 //! free (atomics in lazily allocated pages).
+//!
+//! # Snapshots and clones
+//!
+//! Volumes form a tree (`tree.rs`): a snapshot takes its volume's clusters
+//! and becomes its parent; a clone is a volume whose parent is a snapshot;
+//! unwritten clusters are read from the nearest ancestor that has them and
+//! copied on first write. Each physical cluster keeps exactly one owner, so
+//! the owner table and its crash safety are unchanged; snapshot, clone,
+//! revert and delete are each one checkpoint.
 //!
 //! Zero-filling a new cluster (instead of tracking which blocks were written)
 //! keeps the map one entry per cluster; the pool device's Write Zeroes does
@@ -157,10 +166,22 @@ pub enum ThinError {
     TooManyVolumes(usize),
     #[error(
         "thin volume {} is {size} bytes; {asked} would shrink it, which loses its end: \
-         only growing is supported",
+         shrinking needs force, and only an end that holds no data is cut",
         shown(.name)
     )]
     Shrink { name: String, size: u64, asked: u64 },
+    #[error(
+        "thin volume {} is {size} bytes; shrinking it to {asked} would cut cluster {cluster}, \
+         which holds data (deallocate the end first, e.g. blkdiscard, or shrink less); \
+         nothing was changed",
+        shown(.name)
+    )]
+    ShrinkInUse {
+        name: String,
+        size: u64,
+        asked: u64,
+        cluster: u64,
+    },
     #[error(
         "a thin pool metadata write failed earlier, so the pool refuses changes; \
          reopen it (ThinPool::open) once the device is healthy"
@@ -427,6 +448,12 @@ impl ThinPool {
             p.geom.cluster_bytes,
             p.dev_bs as u32,
         )?;
+        if vol.meta.snapshot {
+            return Err(ThinError::Config(format!(
+                "{} is a snapshot, which keeps the size it was taken at",
+                shown(name)
+            )));
+        }
         let mut j = p.journal.lock().await;
         p.check_poisoned().map_err(|_| ThinError::Poisoned)?;
         vol.check_live()?;

@@ -303,6 +303,67 @@ impl ThinPool {
         self.reclaim_hidden().await
     }
 
+    /// Shrinks thin volume `name` to `size_bytes` when the end it cuts
+    /// holds no data (no cluster of its own or of its snapshots there, the
+    /// cluster cut in part included): otherwise refused, changing nothing.
+    /// I/O in flight finishes first; later I/O past the new end is refused.
+    pub async fn shrink_volume(&self, name: &str, size_bytes: u64) -> Result<(), ThinError> {
+        let p = &self.inner;
+        let vol = self.lookup(name)?;
+        if vol.meta.snapshot {
+            return Err(ThinError::Config(format!(
+                "{} is a snapshot, which keeps the size it was taken at",
+                super::shown(name)
+            )));
+        }
+        super::format::validate_volume(
+            name,
+            size_bytes,
+            vol.meta.block_size,
+            p.geom.cluster_bytes,
+            p.dev_bs as u32,
+        )?;
+        let guards = quiesce(std::slice::from_ref(&vol)).await;
+        let mut j = p.journal.lock().await;
+        p.check_poisoned().map_err(|_| ThinError::Poisoned)?;
+        if !current(&p.state.lock(), &vol) {
+            return Err(ThinError::NoSuchVolume(name.to_string()));
+        }
+        let old = vol.size();
+        if size_bytes >= old {
+            return Ok(());
+        }
+        let (lo, hi) = (size_bytes / p.geom.cluster_bytes, vol.vclusters());
+        let mut used = vol.map.mapped(lo, hi).first().map(|m| m.0);
+        let mut at = vol.parent.load_full();
+        while let Some(a) = at {
+            if let Some(&(vc, _)) = a.map.mapped(lo, hi).first() {
+                used = Some(used.map_or(vc, |u: u64| u.min(vc)));
+            }
+            at = a.parent.load_full();
+        }
+        if let Some(cluster) = used {
+            return Err(ThinError::ShrinkInUse {
+                name: name.to_string(),
+                size: old,
+                asked: size_bytes,
+                cluster,
+            });
+        }
+        vol.set_size(size_bytes);
+        if let Err(e) = p.checkpoint(&mut j).await {
+            vol.set_size(old);
+            return Err(e.into());
+        }
+        drop(j);
+        drop(guards);
+        tracing::info!(
+            "thin pool {}: shrank volume {name} from {old} to {size_bytes} bytes",
+            self.uuid()
+        );
+        Ok(())
+    }
+
     /// Deletes thin volume or snapshot `name`. I/O in flight on it finishes
     /// first; later I/O through its handles fails. Clusters are freed once
     /// nothing reads them: a snapshot's go to its only child, or wait

@@ -1,0 +1,169 @@
+//! Snapshot cost, in process on RAM: 4 KiB random writes at QD 32 on a thin
+//! volume with no snapshot, then with 1 and with 8 snapshots (a chain: the
+//! data sits in the oldest, so a first write looks through all of them):
+//! the first write to each cluster after the snapshot (copy-on-write of one
+//! cluster, a map record) and later writes (the cluster is the volume's own
+//! again), as ratios to no snapshot; also 4 KiB random reads through the
+//! chain before any write.
+//!
+//! `cargo bench -p volume --bench snapshot`. `SNAP_BENCH_MIB` sets the
+//! volume's size (default 256 MiB), `SNAP_BENCH_OPS` the I/Os of the
+//! random-write runs (default 100000). One thread drives everything, so the
+//! numbers are CPU and memory-copy cost per I/O, not device speed; RAM
+//! completes after 0 to 2 executor yields, as a drive completes later.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::Instant;
+
+use blockdev::testutil::{Rng, block_on};
+use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest, MemDevice};
+use futures_util::future::join_all;
+use volume::{FaultDevice, ThinPool};
+
+const QD: usize = 32;
+const BS: u64 = 4096;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// 4 KiB I/Os at the LBAs `lba(i)` for i in 0..ops, `QD` at a time; I/Os per second.
+async fn run(dev: &dyn BlockDevice, op: BlockOp, ops: u64, lba: &(dyn Fn(u64) -> u64)) -> f64 {
+    let issued = Cell::new(0u64);
+    let start = Instant::now();
+    join_all((0..QD).map(|_| {
+        let issued = &issued;
+        async move {
+            let mut buf = AlignedBuf::new(BS as usize);
+            buf.set_len(BS as usize);
+            buf.fill(0xC3);
+            while issued.get() < ops {
+                let i = issued.get();
+                issued.set(i + 1);
+                let done = dev
+                    .submit(IoRequest {
+                        op,
+                        lba: lba(i),
+                        blocks: 1,
+                        buf,
+                    })
+                    .await;
+                done.result.expect("bench I/O");
+                buf = done.buf;
+            }
+        }
+    }))
+    .await;
+    ops as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn fill(dev: &dyn BlockDevice, blocks: u64) {
+    let per = (1 << 20) / BS;
+    let mut lba = 0;
+    while lba < blocks {
+        let n = per.min(blocks - lba);
+        let mut buf = AlignedBuf::new((n * BS) as usize);
+        buf.set_len((n * BS) as usize);
+        buf.fill(0x5A);
+        let done = dev
+            .submit(IoRequest {
+                op: BlockOp::Write { fua: false },
+                lba,
+                blocks: n as u32,
+                buf,
+            })
+            .await;
+        done.result.expect("fill");
+        lba += n;
+    }
+}
+
+fn async_mem(bytes: u64) -> Arc<dyn BlockDevice> {
+    let f = FaultDevice::new(Arc::new(MemDevice::new(bytes, 4096).unwrap()));
+    f.set_yields(2, 7);
+    f
+}
+
+/// Random LBAs over `blocks`, fixed per seed.
+fn random_lbas(blocks: u64, ops: u64, seed: u64) -> Vec<u64> {
+    let mut rng = Rng::new(seed);
+    (0..ops).map(|_| rng.below(blocks)).collect()
+}
+
+/// One LBA in each cluster, clusters in random order: every write is a first.
+fn one_per_cluster(clusters: u64, per: u64, seed: u64) -> Vec<u64> {
+    let mut rng = Rng::new(seed);
+    let mut v: Vec<u64> = (0..clusters).map(|c| c * per + rng.below(per)).collect();
+    for i in (1..v.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        v.swap(i, j);
+    }
+    v
+}
+
+fn main() {
+    let size = env("SNAP_BENCH_MIB", 256) << 20;
+    let ops = env("SNAP_BENCH_OPS", 100_000);
+    let blocks = size / BS;
+    let w = BlockOp::Write { fua: false };
+    println!(
+        "4 KiB, QD {QD}, thin volume of {} MiB, written whole first, one thread",
+        size >> 20
+    );
+    println!(
+        "{:>8} {:>6} {:>12} {:>12} {:>8} {:>12} {:>8} {:>12} {:>8}",
+        "cluster",
+        "snaps",
+        "rand write/s",
+        "first/s",
+        "ratio",
+        "later/s",
+        "ratio",
+        "read/s",
+        "ratio"
+    );
+    block_on(async {
+        for cluster in [1u64 << 20, 64 << 10] {
+            let per = cluster / BS;
+            let clusters = size / cluster;
+            let mut base = (0.0, 0.0);
+            for snaps in [0usize, 1, 8] {
+                // Room for the origin and one copy of every cluster, plus metadata.
+                let dev = async_mem(2 * size + (64 << 20));
+                let pool = ThinPool::format(dev, cluster).await.unwrap();
+                let vol = pool.create_volume("v", size, 4096).await.unwrap();
+                fill(&vol, blocks).await;
+                for i in 0..snaps {
+                    let name = format!("s{i}");
+                    pool.snapshot(&[("v", name.as_str())]).await.unwrap();
+                }
+                let reads = random_lbas(blocks, ops, 5);
+                let read = run(&vol, BlockOp::Read, ops, &|i| reads[i as usize]).await;
+                let firsts = one_per_cluster(clusters, per, 3);
+                let first = if snaps == 0 {
+                    f64::NAN
+                } else {
+                    run(&vol, w, clusters, &|i| firsts[i as usize]).await
+                };
+                let lbas = random_lbas(blocks, ops, 4);
+                let later = run(&vol, w, ops, &|i| lbas[i as usize]).await;
+                pool.check().unwrap();
+                if snaps == 0 {
+                    base = (later, read);
+                }
+                println!(
+                    "{:>6}Ki {snaps:>6} {:>12.0} {first:>12.0} {:>8.2} {later:>12.0} {:>8.2} {read:>12.0} {:>8.2}",
+                    cluster >> 10,
+                    base.0,
+                    first / base.0,
+                    later / base.0,
+                    read / base.1
+                );
+            }
+        }
+    });
+}
