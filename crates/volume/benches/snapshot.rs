@@ -12,87 +12,12 @@
 //! numbers are CPU and memory-copy cost per I/O, not device speed; RAM
 //! completes after 0 to 2 executor yields, as a drive completes later.
 
-use std::cell::Cell;
-use std::sync::Arc;
-use std::time::Instant;
+mod common;
 
+use blockdev::BlockOp;
 use blockdev::testutil::{Rng, block_on};
-use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest, MemDevice};
-use futures_util::future::join_all;
-use volume::{FaultDevice, ThinPool};
-
-const QD: usize = 32;
-const BS: u64 = 4096;
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// 4 KiB I/Os at the LBAs `lba(i)` for i in 0..ops, `QD` at a time; I/Os per second.
-async fn run(dev: &dyn BlockDevice, op: BlockOp, ops: u64, lba: &(dyn Fn(u64) -> u64)) -> f64 {
-    let issued = Cell::new(0u64);
-    let start = Instant::now();
-    join_all((0..QD).map(|_| {
-        let issued = &issued;
-        async move {
-            let mut buf = AlignedBuf::new(BS as usize);
-            buf.set_len(BS as usize);
-            buf.fill(0xC3);
-            while issued.get() < ops {
-                let i = issued.get();
-                issued.set(i + 1);
-                let done = dev
-                    .submit(IoRequest {
-                        op,
-                        lba: lba(i),
-                        blocks: 1,
-                        buf,
-                    })
-                    .await;
-                done.result.expect("bench I/O");
-                buf = done.buf;
-            }
-        }
-    }))
-    .await;
-    ops as f64 / start.elapsed().as_secs_f64()
-}
-
-async fn fill(dev: &dyn BlockDevice, blocks: u64) {
-    let per = (1 << 20) / BS;
-    let mut lba = 0;
-    while lba < blocks {
-        let n = per.min(blocks - lba);
-        let mut buf = AlignedBuf::new((n * BS) as usize);
-        buf.set_len((n * BS) as usize);
-        buf.fill(0x5A);
-        let done = dev
-            .submit(IoRequest {
-                op: BlockOp::Write { fua: false },
-                lba,
-                blocks: n as u32,
-                buf,
-            })
-            .await;
-        done.result.expect("fill");
-        lba += n;
-    }
-}
-
-fn async_mem(bytes: u64) -> Arc<dyn BlockDevice> {
-    let f = FaultDevice::new(Arc::new(MemDevice::new(bytes, 4096).unwrap()));
-    f.set_yields(2, 7);
-    f
-}
-
-/// Random LBAs over `blocks`, fixed per seed.
-fn random_lbas(blocks: u64, ops: u64, seed: u64) -> Vec<u64> {
-    let mut rng = Rng::new(seed);
-    (0..ops).map(|_| rng.below(blocks)).collect()
-}
+use common::{BS, QD, async_mem, env, fill, random_lbas, run};
+use volume::ThinPool;
 
 /// One LBA in each cluster, clusters in random order: every write is a first.
 fn one_per_cluster(clusters: u64, per: u64, seed: u64) -> Vec<u64> {
@@ -142,15 +67,15 @@ fn main() {
                     pool.snapshot(&[("v", name.as_str())]).await.unwrap();
                 }
                 let reads = random_lbas(blocks, ops, 5);
-                let read = run(&vol, BlockOp::Read, ops, &|i| reads[i as usize]).await;
+                let read = run(&vol, BlockOp::Read, &reads).await;
                 let firsts = one_per_cluster(clusters, per, 3);
                 let first = if snaps == 0 {
                     f64::NAN
                 } else {
-                    run(&vol, w, clusters, &|i| firsts[i as usize]).await
+                    run(&vol, w, &firsts).await
                 };
                 let lbas = random_lbas(blocks, ops, 4);
-                let later = run(&vol, w, ops, &|i| lbas[i as usize]).await;
+                let later = run(&vol, w, &lbas).await;
                 pool.check().unwrap();
                 if snaps == 0 {
                     base = (later, read);

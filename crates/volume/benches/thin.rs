@@ -10,84 +10,12 @@
 //! 2 executor yields (as a drive completes later than it is submitted), so
 //! concurrent allocations can share a commit.
 
-use std::cell::Cell;
-use std::sync::Arc;
-use std::time::Instant;
+mod common;
 
-use blockdev::testutil::{Rng, block_on};
-use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest, MemDevice};
-use futures_util::future::join_all;
-use volume::{FaultDevice, ThinPool};
-
-const QD: usize = 32;
-const BS: u64 = 4096;
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// `ops` random 4 KiB I/Os over the first `blocks` blocks, `QD` at a time;
-/// returns I/Os per second.
-async fn run(dev: &dyn BlockDevice, op: BlockOp, blocks: u64, ops: u64, seed: u64) -> f64 {
-    let issued = Cell::new(0u64);
-    let start = Instant::now();
-    join_all((0..QD).map(|q| {
-        let issued = &issued;
-        async move {
-            let mut rng = Rng::new(seed * 1000 + q as u64);
-            let mut buf = AlignedBuf::new(BS as usize);
-            buf.set_len(BS as usize);
-            rng.fill(&mut buf);
-            while issued.get() < ops {
-                issued.set(issued.get() + 1);
-                let done = dev
-                    .submit(IoRequest {
-                        op,
-                        lba: rng.below(blocks),
-                        blocks: 1,
-                        buf,
-                    })
-                    .await;
-                done.result.expect("bench I/O");
-                buf = done.buf;
-            }
-        }
-    }))
-    .await;
-    ops as f64 / start.elapsed().as_secs_f64()
-}
-
-/// Writes every block of the range once, 1 MiB at a time.
-async fn fill(dev: &dyn BlockDevice, blocks: u64) {
-    let per = (1 << 20) / BS;
-    let mut lba = 0;
-    while lba < blocks {
-        let n = per.min(blocks - lba);
-        let mut buf = AlignedBuf::new((n * BS) as usize);
-        buf.set_len((n * BS) as usize);
-        buf.fill(0x5A);
-        let done = dev
-            .submit(IoRequest {
-                op: BlockOp::Write { fua: false },
-                lba,
-                blocks: n as u32,
-                buf,
-            })
-            .await;
-        done.result.expect("fill");
-        lba += n;
-    }
-}
-
-/// A RAM device whose completions come 0 to 2 executor yields later.
-fn async_mem(bytes: u64) -> Arc<dyn BlockDevice> {
-    let f = FaultDevice::new(Arc::new(MemDevice::new(bytes, 4096).unwrap()));
-    f.set_yields(2, 7);
-    f
-}
+use blockdev::BlockOp;
+use blockdev::testutil::block_on;
+use common::{BS, QD, async_mem, env, fill, random_lbas, run};
+use volume::ThinPool;
 
 fn main() {
     let range = env("THIN_BENCH_MIB", 512) << 20;
@@ -97,8 +25,8 @@ fn main() {
         let direct = async_mem(range);
         let w = BlockOp::Write { fua: false };
         fill(&*direct, blocks).await;
-        let raw_w = run(&*direct, w, blocks, ops, 1).await;
-        let raw_r = run(&*direct, BlockOp::Read, blocks, ops, 2).await;
+        let raw_w = run(&*direct, w, &random_lbas(blocks, ops, 1)).await;
+        let raw_r = run(&*direct, BlockOp::Read, &random_lbas(blocks, ops, 2)).await;
         drop(direct);
         println!(
             "4 KiB random, QD {QD}, {} MiB range, {ops} I/Os, one thread",
@@ -114,14 +42,14 @@ fn main() {
             // Fresh: as many writes as there are clusters, so most allocate.
             let fresh_ops = clusters.min(ops);
             let before = pool.stats();
-            let fresh = run(&vol, w, blocks, fresh_ops, 3).await;
+            let fresh = run(&vol, w, &random_lbas(blocks, fresh_ops, 3)).await;
             let after = pool.stats();
             let allocated = pool.usage().allocated_clusters;
             let commits = after.commits - before.commits;
             let records = after.records - before.records;
             fill(&vol, blocks).await;
-            let over = run(&vol, w, blocks, ops, 4).await;
-            let read = run(&vol, BlockOp::Read, blocks, ops, 5).await;
+            let over = run(&vol, w, &random_lbas(blocks, ops, 4)).await;
+            let read = run(&vol, BlockOp::Read, &random_lbas(blocks, ops, 5)).await;
             println!(
                 "thin, {:>4} KiB clusters: fresh write {fresh:>9.0}/s ({fresh_ops} writes, \
                  {allocated} allocations, {records} records in {commits} commits, {:.1}/commit) \

@@ -4,7 +4,7 @@
 //! ext4 then grows with `resize2fs`).
 
 use super::volumes::thin_err;
-use super::{Backing, Node, NodeError, NodeResult, VolumeInfo};
+use super::{Node, NodeError, NodeResult, VolumeInfo};
 use crate::echo::Echo;
 
 impl Node {
@@ -29,25 +29,14 @@ impl Node {
         })?;
         let (pool, export) = {
             let st = self.state.lock().await;
-            let e = st
-                .volumes
-                .get(name)
-                .ok_or_else(|| NodeError::no_volume(name))?;
-            let Backing::Thin { pool, .. } = &e.backing else {
-                return Err(NodeError::BadRequest(format!(
+            let (_, pool, e) = st.thin_of(name).map_err(|e| match e {
+                NodeError::BadRequest(_) => NodeError::BadRequest(format!(
                     "volume {name} is not a thin volume: a volume on drives takes its drives \
                      whole; make thin volumes in a pool (--pool) to grow them"
-                )));
-            };
-            let p = st
-                .volumes
-                .get(pool)
-                .and_then(|p| p.thin_pool())
-                .cloned()
-                .ok_or_else(|| {
-                    NodeError::Conflict(format!("pool {pool} of {name} is not running"))
-                })?;
-            (p, e.export.clone())
+                )),
+                e => e,
+            })?;
+            (pool, e.export.clone())
         };
         let now = self.volume(name).await?.size_bytes;
         if bytes < now && force {

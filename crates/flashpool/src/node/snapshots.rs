@@ -16,7 +16,7 @@ use crate::events::{EventKind, NewEvent};
 
 impl NodeState {
     /// The pool (name and handle) that thin volume `name` lives in.
-    fn thin_of(&self, name: &str) -> NodeResult<(String, ThinPool, &VolumeEntry)> {
+    pub(super) fn thin_of(&self, name: &str) -> NodeResult<(String, ThinPool, &VolumeEntry)> {
         let e = self
             .volumes
             .get(name)

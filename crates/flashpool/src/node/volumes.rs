@@ -551,7 +551,7 @@ fn data_held(e: &VolumeEntry) -> Option<String> {
             let a = t.allocated_bytes + t.shared_bytes;
             (a > 0).then(|| {
                 format!(
-                    "{} of data in {}",
+                    "{} written (its own or shared with snapshots) of {}",
                     size(a),
                     size(e.device().geometry().size_bytes())
                 )

@@ -589,29 +589,30 @@ impl ThinIo {
             return Ok(());
         }
         let lock = self.vol.lock(p.vc);
-        let _g = lock.read().await;
-        self.vol.check_live()?;
-        if let Some(c) = self.vol.map.get(p.vc) {
-            let at = self.pool.cluster_at(c) + p.off;
-            let z = BlockOp::WriteZeroes;
-            return self.pool.io(z, at, p.len, AlignedBuf::new(0)).await.1;
+        if self.vol.map.get(p.vc).is_some() {
+            let _g = lock.read().await;
+            self.vol.check_live()?;
+            if let Some(c) = self.vol.map.get(p.vc) {
+                return self.zero_at(c, p).await;
+            }
         }
-        if self.vol.inherited(p.vc).is_none() {
-            return Ok(());
-        }
-        drop(_g);
-        // An ancestor's data shows here: this volume needs a cluster of its own.
+        // An ancestor's data may show here: this volume needs a cluster of its own.
         let _g = lock.write().await;
         self.vol.check_live()?;
-        if let Some(c) = self.vol.map.get(p.vc) {
-            let at = self.pool.cluster_at(c) + p.off;
-            let z = BlockOp::WriteZeroes;
-            return self.pool.io(z, at, p.len, AlignedBuf::new(0)).await.1;
+        match (self.vol.map.get(p.vc), self.vol.inherited(p.vc)) {
+            (Some(c), _) => self.zero_at(c, p).await,
+            (None, Some(_)) => {
+                let c = self.take_reserved(reserved)?;
+                self.fill_new(c, p, Fill::Zero).await.1
+            }
+            (None, None) => Ok(()),
         }
-        if self.vol.inherited(p.vc).is_none() {
-            return Ok(());
-        }
-        let c = self.take_reserved(reserved)?;
-        self.fill_new(c, p, Fill::Zero).await.1
+    }
+
+    /// Zeroes piece `p` in place in cluster `c`.
+    async fn zero_at(&self, c: u32, p: Piece) -> Result<(), BlockError> {
+        let at = self.pool.cluster_at(c) + p.off;
+        let z = BlockOp::WriteZeroes;
+        self.pool.io(z, at, p.len, AlignedBuf::new(0)).await.1
     }
 }

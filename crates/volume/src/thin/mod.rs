@@ -101,7 +101,7 @@ mod state;
 mod tree;
 
 pub use check::PoolCheck;
-use format::{PoolGeom, VolMeta, sealed, validate_volume, zbuf};
+use format::{PoolGeom, sealed, validate_volume, zbuf};
 pub use io::ThinVolume;
 use state::{PoolInner, State, VolInner};
 
@@ -398,27 +398,8 @@ impl ThinPool {
         p.check_poisoned().map_err(|_| ThinError::Poisoned)?;
         let vol = {
             let mut st = p.state.lock();
-            if st.names.contains_key(name) {
-                return Err(ThinError::NameTaken(name.to_string()));
-            }
-            let slot = st
-                .slots
-                .iter()
-                .position(|s| s.is_none())
-                .ok_or(ThinError::TooManyVolumes(MAX_VOLUMES))?;
-            let meta = VolMeta {
-                name: name.to_string(),
-                uuid: new_uuid(),
-                size_bytes,
-                block_size,
-                snapshot: false,
-                hidden: false,
-                parent: None,
-                created: tree::now_secs(),
-            };
-            let vol = Arc::new(VolInner::new(slot as u16, meta, p.geom.cluster_bytes));
-            st.add_volume(vol.clone());
-            vol
+            let (size, cb) = ((size_bytes, block_size), p.geom.cluster_bytes);
+            tree::new_entry(&mut st, name, size, false, None, cb)?
         };
         p.checkpoint(&mut j).await?;
         tracing::info!(

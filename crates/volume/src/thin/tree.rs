@@ -51,10 +51,7 @@ async fn quiesce(vols: &[Arc<VolInner>]) -> Vec<RwLockWriteGuard<'_, ()>> {
 /// Whether `vol` is still the volume in its slot (a delete that raced may
 /// have removed it, and a create reused the slot).
 fn current(st: &State, vol: &Arc<VolInner>) -> bool {
-    st.slots[usize::from(vol.slot)]
-        .as_ref()
-        .is_some_and(|v| Arc::ptr_eq(v, vol))
-        && !vol.deleted.load(Ordering::Acquire)
+    in_slot(st, vol) && !vol.deleted.load(Ordering::Acquire)
 }
 
 fn is_ancestor(vol: &VolInner, of: &Arc<VolInner>) -> bool {
@@ -66,6 +63,47 @@ fn is_ancestor(vol: &VolInner, of: &Arc<VolInner>) -> bool {
         at = a.parent.load_full();
     }
     false
+}
+
+/// Enters a new volume (or snapshot) in the first free slot: its name must
+/// be free. Nothing is durable until the caller's checkpoint.
+pub(crate) fn new_entry(
+    st: &mut State,
+    name: &str,
+    (size_bytes, block_size): (u64, u32),
+    snapshot: bool,
+    parent: Option<Arc<VolInner>>,
+    cluster_bytes: u64,
+) -> Result<Arc<VolInner>, ThinError> {
+    if st.names.contains_key(name) {
+        return Err(ThinError::NameTaken(name.to_string()));
+    }
+    let slot = st
+        .slots
+        .iter()
+        .position(|s| s.is_none())
+        .ok_or(ThinError::TooManyVolumes(MAX_VOLUMES))?;
+    let meta = VolMeta {
+        name: name.to_string(),
+        uuid: new_uuid(),
+        size_bytes,
+        block_size,
+        snapshot,
+        hidden: false,
+        parent: None,
+        created: now_secs(),
+    };
+    let v = Arc::new(VolInner::new(slot as u16, meta, cluster_bytes));
+    v.parent.store(parent);
+    st.add_volume(v.clone());
+    Ok(v)
+}
+
+/// Whether `vol` still holds its slot (deleted or not).
+fn in_slot(st: &State, vol: &Arc<VolInner>) -> bool {
+    st.slots[usize::from(vol.slot)]
+        .as_ref()
+        .is_some_and(|v| Arc::ptr_eq(v, vol))
 }
 
 /// Moves every cluster of `from` to `to` (owner entries and maps).
@@ -151,28 +189,15 @@ impl ThinPool {
                     return Err(ThinError::NameTaken(snap.to_string()));
                 }
             }
-            let free: Vec<usize> = (0..MAX_VOLUMES)
-                .filter(|&s| st.slots[s].is_none())
-                .take(pairs.len())
-                .collect();
-            if free.len() < pairs.len() {
+            let free = st.slots.iter().filter(|s| s.is_none()).count();
+            if free < pairs.len() {
                 return Err(ThinError::TooManyVolumes(MAX_VOLUMES));
             }
-            let created = now_secs();
+            let cb = p.geom.cluster_bytes;
             let mut snaps = Vec::with_capacity(pairs.len());
-            for ((o, &(_, snap)), slot) in origins.iter().zip(pairs).zip(free) {
-                let meta = VolMeta {
-                    name: snap.to_string(),
-                    uuid: new_uuid(),
-                    size_bytes: o.size(),
-                    block_size: o.meta.block_size,
-                    snapshot: true,
-                    hidden: false,
-                    parent: None,
-                    created,
-                };
-                let s = Arc::new(VolInner::new(slot as u16, meta, p.geom.cluster_bytes));
-                s.parent.store(o.parent.load_full());
+            for (o, &(_, snap)) in origins.iter().zip(pairs) {
+                let size = (o.size(), o.meta.block_size);
+                let s = new_entry(&mut st, snap, size, true, o.parent.load_full(), cb)?;
                 // The snapshot's map first, then the parent, then the clear:
                 // a reader that misses in the volume's map finds the parent.
                 move_clusters(&mut st, o, &s);
@@ -180,7 +205,6 @@ impl ThinPool {
                 for (vc, _) in o.map.mapped(0, o.vclusters()) {
                     o.map.set(vc, NONE);
                 }
-                st.add_volume(s.clone());
                 snaps.push(s);
             }
             snaps
@@ -224,28 +248,15 @@ impl ThinPool {
             if !current(&st, &s) {
                 return Err(ThinError::NoSuchVolume(snapshot.to_string()));
             }
-            if st.names.contains_key(name) {
-                return Err(ThinError::NameTaken(name.to_string()));
-            }
-            let slot = st
-                .slots
-                .iter()
-                .position(|s| s.is_none())
-                .ok_or(ThinError::TooManyVolumes(MAX_VOLUMES))?;
-            let meta = VolMeta {
-                name: name.to_string(),
-                uuid: new_uuid(),
-                size_bytes: s.size(),
-                block_size: s.meta.block_size,
-                snapshot: false,
-                hidden: false,
-                parent: None,
-                created: now_secs(),
-            };
-            let v = Arc::new(VolInner::new(slot as u16, meta, p.geom.cluster_bytes));
-            v.parent.store(Some(s.clone()));
-            st.add_volume(v.clone());
-            v
+            let size = (s.size(), s.meta.block_size);
+            new_entry(
+                &mut st,
+                name,
+                size,
+                false,
+                Some(s.clone()),
+                p.geom.cluster_bytes,
+            )?
         };
         p.checkpoint(&mut j).await?;
         tracing::info!(
@@ -394,10 +405,7 @@ impl ThinPool {
             let gone = || ThinError::NoSuchVolume(name.to_string());
             let (set, seen) = {
                 let st = p.state.lock();
-                let mine = st.slots[usize::from(vol.slot)]
-                    .as_ref()
-                    .is_some_and(|v| Arc::ptr_eq(v, vol));
-                if !mine {
+                if !in_slot(&st, vol) {
                     return Err(gone());
                 }
                 let children = st.children(vol.slot);
@@ -412,10 +420,7 @@ impl ThinPool {
             p.check_poisoned().map_err(|_| ThinError::Poisoned)?;
             let (freed, what) = {
                 let mut st = p.state.lock();
-                let mine = st.slots[usize::from(vol.slot)]
-                    .as_ref()
-                    .is_some_and(|v| Arc::ptr_eq(v, vol));
-                if !mine {
+                if !in_slot(&st, vol) {
                     return Err(gone());
                 }
                 let children = st.children(vol.slot);
