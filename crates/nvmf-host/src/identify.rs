@@ -233,6 +233,7 @@ mod tests {
             nguid: [5; 16],
             eui64: [6; 8],
             npwg: 1,
+            write_protected: false,
         }
         .encode(&mut b);
         let n = NamespaceInfo::parse(3, &b).unwrap();
