@@ -1,0 +1,240 @@
+//! `flashpool attach TARGET DIR`: a namespace as a local file, `DIR/disk`,
+//! through FUSE and the user-space NVMe/TCP host, for containers and for
+//! kernels without `nvme-tcp`. `losetup --direct-io=on` makes it a block
+//! device again (docs/attach.md).
+//!
+//! - `target.rs`: the TARGET words (tcp://, mem:, file:) and opening them;
+//! - `disk.rs`: file offsets onto blocks (read-modify-write at the edges),
+//!   with `ranges.rs`, the block-range locks that keep concurrent edges apart;
+//! - `fs.rs`: the FUSE filesystem, each request a task on the attach runtime;
+//! - this file: the command line, the checks before mounting, the mount,
+//!   and the unmount on SIGTERM/SIGINT or `fusermount3 -u`.
+
+mod disk;
+mod fs;
+mod ranges;
+mod target;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use fuser::{Config, MountOption, SessionACL};
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+use crate::output::outln;
+use disk::Disk;
+use target::{OpenOptions, Target};
+
+#[derive(clap::Args, Debug)]
+pub struct AttachArgs {
+    /// What to attach: tcp://HOST:PORT/NQN?nsid=N (a namespace over NVMe/TCP),
+    /// mem:SIZE (RAM in this process) or file:PATH (a local file or block device).
+    pub target: String,
+    /// An empty directory to mount; the namespace appears as DIR/disk.
+    pub dir: PathBuf,
+    /// I/O queues (TCP connections) to a tcp:// namespace.
+    #[arg(long, default_value_t = 4)]
+    pub queues: u16,
+    /// Commands in flight per I/O queue.
+    #[arg(long, default_value_t = 128)]
+    pub queue_depth: u16,
+    /// Requests the kernel may send at once (FUSE max_background).
+    #[arg(long, default_value_t = 128)]
+    pub fuse_queue: u16,
+    /// Threads reading requests from the kernel.
+    #[arg(long, default_value_t = 2)]
+    pub fuse_threads: usize,
+    /// How long I/O waits for a lost connection to come back before it fails (EIO).
+    #[arg(long, default_value = "30s", value_parser = crate::units::parse_duration)]
+    pub fail_after: Duration,
+    /// Block size of a mem: disk or file: device (512 or 4096).
+    #[arg(long, default_value_t = 512)]
+    pub block_size: u32,
+    /// Every open of DIR/disk goes around the page cache, as O_DIRECT would.
+    #[arg(long)]
+    pub direct_io: bool,
+    /// Let users other than the one who attached open DIR/disk.
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Host NQN to connect with (default: this machine's).
+    #[arg(long)]
+    pub hostnqn: Option<String>,
+}
+
+pub fn run(a: AttachArgs) -> Result<()> {
+    let target = Target::parse(&a.target)?;
+    check_dir(&a.dir)?;
+    check_fuse()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("attach")
+        .enable_all()
+        .build()
+        .context("cannot start the attach runtime")?;
+    let o = OpenOptions {
+        queues: a.queues.max(1),
+        queue_depth: a.queue_depth.max(2),
+        fail_after: a.fail_after,
+        block_size: a.block_size,
+        hostnqn: a.hostnqn.clone(),
+    };
+    let dev = rt.block_on(target::open(&target, &o))?;
+    let disk = Disk::new(dev);
+    let what = disk.describe();
+    let size = disk.size();
+    let fs = fs::DiskFs::new(disk, rt.handle().clone(), a.fuse_queue, a.direct_io);
+
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(format!("flashpool:{}", a.target)),
+        MountOption::Subtype("flashpool".into()),
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::NoExec,
+    ];
+    if a.allow_other {
+        config.acl = SessionACL::All;
+    }
+    config.n_threads = Some(a.fuse_threads.max(1));
+    config.clone_fd = a.fuse_threads > 1;
+    let mut session = fuser::Session::new(fs, &a.dir, &config)
+        .map_err(|e| mount_error(&a.dir, e))?;
+    let mut unmounter = session.unmount_callable();
+    let disk_path = a.dir.join(fs::DISK_NAME);
+    outln!(
+        "attached {} ({} bytes) at {}",
+        what,
+        size,
+        disk_path.display()
+    );
+    tracing::info!("attached {what} at {}", disk_path.display());
+
+    // The session runs on its own thread until the mount goes away (our
+    // unmount below, or `fusermount3 -u DIR` / `umount DIR` by the user).
+    let (tx, rx) = mpsc::channel::<Event>();
+    let done = tx.clone();
+    let serving = std::thread::Builder::new()
+        .name("fuse-session".into())
+        .spawn(move || {
+            let r = session.run();
+            let _ = done.send(Event::Ended(r));
+        })
+        .context("cannot start the FUSE session thread")?;
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+        .context("cannot install the SIGTERM/SIGINT handlers")?;
+    let sig_handle = signals.handle();
+    std::thread::Builder::new()
+        .name("attach-signals".into())
+        .spawn(move || {
+            for s in signals.forever() {
+                if tx.send(Event::Signal(s)).is_err() {
+                    return;
+                }
+            }
+        })
+        .context("cannot start the signal thread")?;
+
+    let ended = loop {
+        match rx.recv().expect("the session thread reports its end") {
+            Event::Ended(r) => break r,
+            Event::Signal(s) => {
+                let name = if s == SIGINT { "SIGINT" } else { "SIGTERM" };
+                match unmounter.unmount() {
+                    Ok(()) => tracing::info!("{name}: unmounted {}", a.dir.display()),
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                        // Exiting now would pull the disk from under its user
+                        // (a loop device, a mounted filesystem): keep serving.
+                        tracing::warn!(
+                            "{name}: {} is still in use (a loop device or an open file?): \
+                             still serving; detach it (umount, losetup -d) and signal again",
+                            a.dir.display()
+                        );
+                        let _ = writeln_err(format_args!(
+                            "flashpool attach: {} is busy; detach its users, then signal again",
+                            a.dir.display()
+                        ));
+                    }
+                    Err(e) => {
+                        tracing::warn!("{name}: cannot unmount {}: {e}", a.dir.display())
+                    }
+                }
+            }
+        }
+    };
+    sig_handle.close();
+    let _ = serving.join();
+    let r = ended.with_context(|| format!("the FUSE session at {} failed", a.dir.display()));
+    rt.shutdown_timeout(Duration::from_secs(2));
+    r?;
+    outln!("detached {}", a.dir.display());
+    Ok(())
+}
+
+enum Event {
+    Signal(i32),
+    Ended(std::io::Result<()>),
+}
+
+fn writeln_err(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    use std::io::Write;
+    writeln!(std::io::stderr(), "{args}")
+}
+
+/// DIR must exist, be a directory, and not already be a mount of ours.
+fn check_dir(dir: &Path) -> Result<()> {
+    let m = std::fs::metadata(dir).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: {e}; create an empty directory to mount on (mkdir -p {})",
+            dir.display(),
+            dir.display()
+        )
+    })?;
+    if !m.is_dir() {
+        bail!(
+            "{} is not a directory; give an empty directory to mount on (the disk appears as DIR/disk)",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// FUSE needs /dev/fuse, and fusermount3 unless we are root.
+fn check_fuse() -> Result<()> {
+    if !Path::new("/dev/fuse").exists() {
+        bail!(
+            "FUSE is not available: /dev/fuse is missing (load the module: modprobe fuse; in a \
+             container, pass the device: --device /dev/fuse)"
+        );
+    }
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root && !on_path("fusermount3") && !on_path("fusermount") {
+        bail!(
+            "FUSE is not usable by this user: fusermount3 is not installed (Debian/Ubuntu: \
+             apt-get install fuse3), and only root can mount without it"
+        );
+    }
+    Ok(())
+}
+
+fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p).any(|d| d.join(bin).is_file())
+    })
+}
+
+/// A failed mount, with what to do about it.
+fn mount_error(dir: &Path, e: std::io::Error) -> anyhow::Error {
+    let hint = match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => {
+            " (not allowed to mount here: run as root, or install fuse3's fusermount3 and own DIR)"
+        }
+        Some(libc::ENODEV) => " (the kernel has no FUSE: modprobe fuse)",
+        Some(libc::ENOENT) => " (fusermount3 is missing: apt-get install fuse3)",
+        Some(libc::EBUSY) => " (something is already mounted there)",
+        _ => "",
+    };
+    anyhow::anyhow!("cannot mount FUSE at {}: {e}{hint}", dir.display())
+}
