@@ -99,9 +99,9 @@ pub fn run(a: AttachArgs) -> Result<()> {
     }
     config.n_threads = Some(a.fuse_threads.max(1));
     config.clone_fd = a.fuse_threads > 1;
-    let mut session = fuser::Session::new(fs, &a.dir, &config)
+    let session = fuser::Session::new(fs, &a.dir, &config)
         .map_err(|e| mount_error(&a.dir, e))?;
-    let mut unmounter = session.unmount_callable();
+    let mount_point = a.dir.canonicalize().unwrap_or_else(|_| a.dir.clone());
     let disk_path = a.dir.join(fs::DISK_NAME);
     outln!(
         "attached {} ({} bytes) at {}",
@@ -141,7 +141,7 @@ pub fn run(a: AttachArgs) -> Result<()> {
             Event::Ended(r) => break r,
             Event::Signal(s) => {
                 let name = if s == SIGINT { "SIGINT" } else { "SIGTERM" };
-                match unmounter.unmount() {
+                match unmount(&mount_point) {
                     Ok(()) => tracing::info!("{name}: unmounted {}", a.dir.display()),
                     Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                         // Exiting now would pull the disk from under its user
@@ -223,6 +223,36 @@ fn on_path(bin: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| {
         std::env::split_paths(&p).any(|d| d.join(bin).is_file())
     })
+}
+
+/// Unmounts DIR: umount(2) as root, else `fusermount3 -u`. A mount still
+/// in use fails with EBUSY and stays (fuser's own unmounter gives up its
+/// handle on the first try, so a second signal could not retry).
+fn unmount(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: a valid NUL-terminated path; umount2 touches nothing else.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EPERM) {
+        return Err(e);
+    }
+    let bin = if on_path("fusermount3") { "fusermount3" } else { "fusermount" };
+    let out = std::process::Command::new(bin)
+        .arg("-u")
+        .arg("--")
+        .arg(dir)
+        .output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if why.contains("busy") {
+        return Err(std::io::Error::from_raw_os_error(libc::EBUSY));
+    }
+    Err(std::io::Error::other(format!("{bin} -u: {why}")))
 }
 
 /// A failed mount, with what to do about it.
