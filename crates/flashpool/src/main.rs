@@ -5,8 +5,8 @@
 
 mod agent;
 mod api;
-mod attach;
 mod api_types;
+mod attach;
 mod cli;
 mod client;
 mod config;

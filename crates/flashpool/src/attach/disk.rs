@@ -185,7 +185,12 @@ impl Disk {
     /// (`dealloc`, where the device promises zeroes after it) or written
     /// as zeroes, partial blocks at the edges written with zeroes. The
     /// range is cut at the end of the disk (as a punched hole is).
-    pub async fn zero(self: &Arc<Self>, off: u64, len: u64, dealloc: bool) -> Result<(), DiskError> {
+    pub async fn zero(
+        self: &Arc<Self>,
+        off: u64,
+        len: u64,
+        dealloc: bool,
+    ) -> Result<(), DiskError> {
         let end = off.saturating_add(len).min(self.size);
         if off >= end {
             return Ok(());

@@ -28,7 +28,10 @@ fn pattern(len: usize, salt: u8) -> Vec<u8> {
 async fn filled() -> (Arc<Disk>, Vec<u8>) {
     let d = Disk::new(Arc::new(MemDevice::new(SIZE, BS as u32).unwrap()));
     let model = pattern(SIZE as usize, 7);
-    assert_eq!(d.write(0, &model).unwrap().run().await.unwrap(), SIZE as u32);
+    assert_eq!(
+        d.write(0, &model).unwrap().run().await.unwrap(),
+        SIZE as u32
+    );
     (d, model)
 }
 
@@ -54,23 +57,39 @@ async fn unaligned_writes_keep_the_bytes_around_them() {
         let n = d.write(off, &data).unwrap().run().await.unwrap();
         assert_eq!(n as u64, len);
         model[off as usize..(off + len) as usize].copy_from_slice(&data);
-        assert!(whole(&d).await == model, "write {off}+{len} changed other bytes");
+        assert!(
+            whole(&d).await == model,
+            "write {off}+{len} changed other bytes"
+        );
     }
 }
 
 #[tokio::test]
 async fn unaligned_reads_return_exactly_the_range() {
     let (d, model) = filled().await;
-    for (off, len) in [(1u64, 1u32), (511, 2), (100, 3000), (BS, BS as u32), (0, 17)] {
+    for (off, len) in [
+        (1u64, 1u32),
+        (511, 2),
+        (100, 3000),
+        (BS, BS as u32),
+        (0, 17),
+    ] {
         let got = d.read(off, len).await.unwrap();
-        assert_eq!(&*got, &model[off as usize..off as usize + len as usize], "{off}+{len}");
+        assert_eq!(
+            &*got,
+            &model[off as usize..off as usize + len as usize],
+            "{off}+{len}"
+        );
     }
 }
 
 #[tokio::test]
 async fn reads_stop_at_the_end_and_writes_past_it_are_refused_whole() {
     let (d, model) = filled().await;
-    assert_eq!(&*d.read(SIZE - 10, 100).await.unwrap(), &model[SIZE as usize - 10..]);
+    assert_eq!(
+        &*d.read(SIZE - 10, 100).await.unwrap(),
+        &model[SIZE as usize - 10..]
+    );
     assert!(d.read(SIZE, 10).await.unwrap().is_empty());
     assert!(d.read(u64::MAX - 1, 10).await.unwrap().is_empty());
     for (off, len) in [(SIZE - 10, 20usize), (SIZE, 1), (u64::MAX - 2, 8)] {
@@ -80,7 +99,10 @@ async fn reads_stop_at_the_end_and_writes_past_it_are_refused_whole() {
     }
     assert!(whole(&d).await == model, "a refused write changed the disk");
     // Up to the last byte is fine.
-    assert_eq!(d.write(SIZE - 3, &[1, 2, 3]).unwrap().run().await.unwrap(), 3);
+    assert_eq!(
+        d.write(SIZE - 3, &[1, 2, 3]).unwrap().run().await.unwrap(),
+        3
+    );
     assert_eq!(&*d.read(SIZE - 3, 3).await.unwrap(), &[1, 2, 3]);
     assert_eq!(d.write(5, &[]).unwrap().run().await.unwrap(), 0);
 }
@@ -88,12 +110,21 @@ async fn reads_stop_at_the_end_and_writes_past_it_are_refused_whole() {
 #[tokio::test]
 async fn zeroing_a_range_keeps_its_edges() {
     for dealloc in [true, false] {
-        for (off, len) in [(100u64, 3000u64), (2 * BS, 4 * BS), (10, 20), (BS - 5, 10), (SIZE - 100, 1000)] {
+        for (off, len) in [
+            (100u64, 3000u64),
+            (2 * BS, 4 * BS),
+            (10, 20),
+            (BS - 5, 10),
+            (SIZE - 100, 1000),
+        ] {
             let (d, mut model) = filled().await;
             d.zero(off, len, dealloc).await.unwrap();
             let end = (off + len).min(SIZE) as usize;
             model[off as usize..end].fill(0);
-            assert!(whole(&d).await == model, "zero {off}+{len} (dealloc {dealloc})");
+            assert!(
+                whole(&d).await == model,
+                "zero {off}+{len} (dealloc {dealloc})"
+            );
         }
     }
     let (d, model) = filled().await;
@@ -174,7 +205,10 @@ async fn random_ranges_match_the_model() {
             model[off as usize..off as usize + len].copy_from_slice(&data);
         } else {
             let got = d.read(off, len as u32).await.unwrap();
-            assert!(*got == model[off as usize..off as usize + len], "read {off}+{len}");
+            assert!(
+                *got == model[off as usize..off as usize + len],
+                "read {off}+{len}"
+            );
         }
     }
     assert!(whole(&d).await == model);

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, WriteFlags,
 };
 
 use super::disk::{Disk, DiskError};
@@ -45,12 +45,7 @@ pub struct DiskFs {
 }
 
 impl DiskFs {
-    pub fn new(
-        disk: Arc<Disk>,
-        rt: tokio::runtime::Handle,
-        queue: u16,
-        direct_io: bool,
-    ) -> DiskFs {
+    pub fn new(disk: Arc<Disk>, rt: tokio::runtime::Handle, queue: u16, direct_io: bool) -> DiskFs {
         // SAFETY: getuid/getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         DiskFs {

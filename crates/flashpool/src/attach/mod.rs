@@ -99,8 +99,7 @@ pub fn run(a: AttachArgs) -> Result<()> {
     }
     config.n_threads = Some(a.fuse_threads.max(1));
     config.clone_fd = a.fuse_threads > 1;
-    let session = fuser::Session::new(fs, &a.dir, &config)
-        .map_err(|e| mount_error(&a.dir, e))?;
+    let session = fuser::Session::new(fs, &a.dir, &config).map_err(|e| mount_error(&a.dir, e))?;
     let mount_point = a.dir.canonicalize().unwrap_or_else(|_| a.dir.clone());
     let disk_path = a.dir.join(fs::DISK_NAME);
     outln!(
@@ -220,9 +219,8 @@ fn check_fuse() -> Result<()> {
 }
 
 fn on_path(bin: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| {
-        std::env::split_paths(&p).any(|d| d.join(bin).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
 }
 
 /// Unmounts DIR: umount(2) as root, else `fusermount3 -u`. A mount still
@@ -239,7 +237,11 @@ fn unmount(dir: &Path) -> std::io::Result<()> {
     if e.raw_os_error() != Some(libc::EPERM) {
         return Err(e);
     }
-    let bin = if on_path("fusermount3") { "fusermount3" } else { "fusermount" };
+    let bin = if on_path("fusermount3") {
+        "fusermount3"
+    } else {
+        "fusermount"
+    };
     let out = std::process::Command::new(bin)
         .arg("-u")
         .arg("--")

@@ -54,9 +54,9 @@ impl RangeLocks {
             freed.as_mut().enable();
             {
                 let mut held = self.held.lock();
-                let conflict = held.iter().any(|h| {
-                    h.first <= last && first <= h.last && (exclusive || h.exclusive)
-                });
+                let conflict = held
+                    .iter()
+                    .any(|h| h.first <= last && first <= h.last && (exclusive || h.exclusive));
                 if !conflict {
                     held.push(Held {
                         id,
@@ -106,7 +106,10 @@ mod tests {
             let _g = l2.lock(1..=1, true).await;
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!waiter.is_finished(), "an exclusive lock went past a holder");
+        assert!(
+            !waiter.is_finished(),
+            "an exclusive lock went past a holder"
+        );
         drop(a);
         tokio::time::timeout(Duration::from_secs(5), waiter)
             .await

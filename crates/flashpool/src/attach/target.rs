@@ -36,7 +36,9 @@ impl Target {
         }
         if let Some(p) = s.strip_prefix("file:") {
             if p.is_empty() {
-                bail!("target {s:?}: give a path, e.g. file:/var/tmp/disk.img or file:/dev/nvme0n1");
+                bail!(
+                    "target {s:?}: give a path, e.g. file:/var/tmp/disk.img or file:/dev/nvme0n1"
+                );
             }
             return Ok(Target::File(PathBuf::from(p)));
         }
@@ -125,10 +127,20 @@ async fn check_namespace(url: &RemoteUrl, host: &HostOptions) -> Result<()> {
         kato_ms: 0,
         ..host.clone()
     };
-    let ctrl = tokio::time::timeout(Duration::from_secs(10), Controller::connect(addr, &url.nqn, opts))
-        .await
-        .map_err(|_| anyhow!("{url}: no answer from {addr} within 10 s (is a flashpool node serving there?)"))?
-        .map_err(|e| anyhow!("{url}: cannot connect to subsystem {} at {addr}: {e}", url.nqn))?;
+    let ctrl = tokio::time::timeout(
+        Duration::from_secs(10),
+        Controller::connect(addr, &url.nqn, opts),
+    )
+    .await
+    .map_err(|_| {
+        anyhow!("{url}: no answer from {addr} within 10 s (is a flashpool node serving there?)")
+    })?
+    .map_err(|e| {
+        anyhow!(
+            "{url}: cannot connect to subsystem {} at {addr}: {e}",
+            url.nqn
+        )
+    })?;
     let active = ctrl.active_namespaces().await;
     let _ = ctrl.disconnect().await;
     let active = active.with_context(|| format!("{url}: cannot list its namespaces"))?;
@@ -159,7 +171,9 @@ mod tests {
             Target::parse("file:/tmp/x.img").unwrap(),
             Target::File("/tmp/x.img".into())
         );
-        let Target::Tcp(u) = Target::parse("tcp://127.0.0.1:4420/nqn.2026-01.io.flashpool:v?nsid=2").unwrap() else {
+        let Target::Tcp(u) =
+            Target::parse("tcp://127.0.0.1:4420/nqn.2026-01.io.flashpool:v?nsid=2").unwrap()
+        else {
             panic!("tcp");
         };
         assert_eq!((u.port, u.nsid), (4420, 2));
