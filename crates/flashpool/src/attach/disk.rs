@@ -246,14 +246,14 @@ impl WriteJob {
         let tail_at = (self.blocks as usize - 1) * bs;
         match (partial_head, partial_tail) {
             (true, true) if self.blocks == 1 => {
-                self.merge_block(0, &[0..self.head, tail..bs]).await?
+                self.merge_block(0, 0..self.head, Some(tail..bs)).await?
             }
             (head, tail_partial) => {
                 if head {
-                    self.merge_block(0, &[0..self.head]).await?;
+                    self.merge_block(0, 0..self.head, None).await?;
                 }
                 if tail_partial {
-                    self.merge_block(self.blocks - 1, &[tail - tail_at..bs])
+                    self.merge_block(self.blocks - 1, tail - tail_at..bs, None)
                         .await?;
                 }
             }
@@ -266,16 +266,21 @@ impl WriteJob {
         Ok(self.len as u32)
     }
 
-    /// Reads block `i` of the job and copies the `keep` ranges (offsets
+    /// Reads block `i` of the job and copies `keep` and `also` (offsets
     /// within the block) from it into the job's buffer.
-    async fn merge_block(&mut self, i: u64, keep: &[Range<usize>]) -> Result<(), DiskError> {
+    async fn merge_block(
+        &mut self,
+        i: u64,
+        keep: Range<usize>,
+        also: Option<Range<usize>>,
+    ) -> Result<(), DiskError> {
         let bs = self.disk.bs as usize;
         let mut one = AlignedBuf::new(bs);
         one.set_len(bs);
         let (one, r) = self.disk.io(BlockOp::Read, self.first + i, 1, one).await;
         r?;
         let at = i as usize * bs;
-        for k in keep {
+        for k in std::iter::once(keep).chain(also) {
             self.buf[at + k.start..at + k.end].copy_from_slice(&one[k.clone()]);
         }
         Ok(())

@@ -6,12 +6,14 @@
 //! - `target.rs`: the TARGET words (tcp://, mem:, file:) and opening them;
 //! - `disk.rs`: file offsets onto blocks (read-modify-write at the edges),
 //!   with `ranges.rs`, the block-range locks that keep concurrent edges apart;
+//! - `multipath.rs`: ANA multipath over every portal of a cluster subsystem;
 //! - `fs.rs`: the FUSE filesystem, each request a task on the attach runtime;
 //! - this file: the command line, the checks before mounting, the mount,
 //!   and the unmount on SIGTERM/SIGINT or `fusermount3 -u`.
 
 mod disk;
 mod fs;
+mod multipath;
 mod ranges;
 mod target;
 
@@ -58,12 +60,21 @@ pub struct AttachArgs {
     /// Let users other than the one who attached open DIR/disk.
     #[arg(long)]
     pub allow_other: bool,
+    /// Discovery service of a tcp:// target (ADDR:PORT): every portal it lists for the
+    /// subsystem becomes a path, and I/O follows ANA (the Optimized path; after a path
+    /// error or an ANA change the new one). Default: the target's host, port 8009.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub discovery: Option<String>,
+    /// Only the URL's portal: no discovery, no multipath.
+    #[arg(long, conflicts_with = "discovery")]
+    pub single_path: bool,
     /// Host NQN to connect with (default: this machine's).
     #[arg(long)]
     pub hostnqn: Option<String>,
 }
 
 pub fn run(a: AttachArgs) -> Result<()> {
+    init_logging();
     let target = Target::parse(&a.target)?;
     check_dir(&a.dir)?;
     check_fuse()?;
@@ -79,6 +90,17 @@ pub fn run(a: AttachArgs) -> Result<()> {
         fail_after: a.fail_after,
         block_size: a.block_size,
         hostnqn: a.hostnqn.clone(),
+        discovery: match &target {
+            Target::Tcp(_) if a.single_path => None,
+            Target::Tcp(u) => Some(a.discovery.clone().unwrap_or_else(|| {
+                if u.host.contains(':') {
+                    format!("[{}]:8009", u.host)
+                } else {
+                    format!("{}:8009", u.host)
+                }
+            })),
+            _ => None,
+        },
     };
     let dev = rt.block_on(target::open(&target, &o))?;
     let disk = Disk::new(dev);
@@ -108,7 +130,6 @@ pub fn run(a: AttachArgs) -> Result<()> {
         size,
         disk_path.display()
     );
-    tracing::info!("attached {what} at {}", disk_path.display());
 
     // The session runs on its own thread until the mount goes away (our
     // unmount below, or `fusermount3 -u DIR` / `umount DIR` by the user).
@@ -146,14 +167,11 @@ pub fn run(a: AttachArgs) -> Result<()> {
                         // Exiting now would pull the disk from under its user
                         // (a loop device, a mounted filesystem): keep serving.
                         tracing::warn!(
-                            "{name}: {} is still in use (a loop device or an open file?): \
-                             still serving; detach it (umount, losetup -d) and signal again",
+                            "{name}: {} is busy (a loop device, a mount or an open file uses \
+                             DIR/disk): still serving; detach it (umount, losetup -d) and \
+                             signal again",
                             a.dir.display()
                         );
-                        let _ = writeln_err(format_args!(
-                            "flashpool attach: {} is busy; detach its users, then signal again",
-                            a.dir.display()
-                        ));
                     }
                     Err(e) => {
                         tracing::warn!("{name}: cannot unmount {}: {e}", a.dir.display())
@@ -171,14 +189,21 @@ pub fn run(a: AttachArgs) -> Result<()> {
     Ok(())
 }
 
+/// Log lines on stderr: `info` (the attach, path changes, failed I/O) unless RUST_LOG says.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
+}
+
 enum Event {
     Signal(i32),
     Ended(std::io::Result<()>),
-}
-
-fn writeln_err(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
-    use std::io::Write;
-    writeln!(std::io::stderr(), "{args}")
 }
 
 /// DIR must exist, be a directory, and not already be a mount of ours.

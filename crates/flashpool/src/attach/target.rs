@@ -11,7 +11,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice};
 use nvmf_host::remote::{RemoteDevice, RemoteOptions, RemoteUrl};
-use nvmf_host::{Controller, HostOptions};
+use nvmf_host::{Controller, HostOptions, discover_with};
+
+use super::multipath::{AnaPath, Multipath};
 
 /// A parsed target.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +62,9 @@ pub struct OpenOptions {
     /// Block size of a mem: disk (and of a new file: one).
     pub block_size: u32,
     pub hostnqn: Option<String>,
+    /// Discovery service (ADDR:PORT) to find every portal of a tcp://
+    /// subsystem (ANA multipath); None: the URL's portal alone.
+    pub discovery: Option<String>,
 }
 
 /// Opens `t` as a block device.
@@ -83,17 +88,113 @@ pub async fn open(t: &Target, o: &OpenOptions) -> Result<Arc<dyn BlockDevice>> {
             let host = host_options(o);
             check_namespace(url, &host).await?;
             let opts = RemoteOptions {
-                host,
+                host: host.clone(),
                 io_queues: o.queues,
                 fail_after: o.fail_after,
                 ..RemoteOptions::default()
             };
+            let portals = match &o.discovery {
+                Some(d) => portals(url, d, &host).await,
+                None => Vec::new(),
+            };
+            if portals.len() > 1 {
+                return multipath(url, portals, opts, o.fail_after).await;
+            }
             let dev = RemoteDevice::connect(&url.to_string(), opts)
                 .await
                 .with_context(|| format!("cannot attach {url}"))?;
             Ok(Arc::new(dev))
         }
     }
+}
+
+/// The portals (address, port) the discovery service at `disc` lists for
+/// `url`'s subsystem; none if it cannot be asked (a node without discovery:
+/// the URL's portal alone is used).
+async fn portals(url: &RemoteUrl, disc: &str, host: &HostOptions) -> Vec<(String, u16)> {
+    let addr = match tokio::net::lookup_host(disc).await.map(|mut a| a.next()) {
+        Ok(Some(a)) => a,
+        _ => {
+            tracing::info!("discovery {disc}: cannot resolve it; one path, to {url}");
+            return Vec::new();
+        }
+    };
+    let opts = HostOptions {
+        timeout: Duration::from_secs(3),
+        ..host.clone()
+    };
+    let log = match tokio::time::timeout(Duration::from_secs(5), discover_with(addr, opts)).await {
+        Ok(Ok(log)) => log,
+        Ok(Err(e)) => {
+            tracing::info!("discovery {addr}: {e}; one path, to {url}");
+            return Vec::new();
+        }
+        Err(_) => {
+            tracing::info!("discovery {addr}: no answer in 5 s; one path, to {url}");
+            return Vec::new();
+        }
+    };
+    let mut out: Vec<(String, u16)> = Vec::new();
+    for e in log.iter().filter(|e| e.subnqn == url.nqn) {
+        if let Ok(port) = e.trsvcid.trim().parse::<u16>() {
+            let p = (e.traddr.trim().to_string(), port);
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    tracing::info!("discovery {addr}: {} portal(s) for {}", out.len(), url.nqn);
+    out
+}
+
+/// One path per portal, as one device that follows ANA. A portal that
+/// cannot be reached now, or shows another namespace, is left out.
+async fn multipath(
+    url: &RemoteUrl,
+    portals: Vec<(String, u16)>,
+    opts: RemoteOptions,
+    fail_after: Duration,
+) -> Result<Arc<dyn BlockDevice>> {
+    // A path gives up on a dead node soon; the request then moves on to
+    // another path, for up to `fail_after` in all.
+    let per_path = RemoteOptions {
+        fail_after: fail_after.min(Duration::from_secs(1)),
+        ..opts
+    };
+    let mut paths: Vec<Arc<dyn AnaPath>> = Vec::new();
+    let mut identity = None;
+    for (host, port) in portals {
+        let u = RemoteUrl {
+            host,
+            port,
+            nqn: url.nqn.clone(),
+            nsid: url.nsid,
+        };
+        let dev = match RemoteDevice::connect(&u.to_string(), per_path.clone()).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!("path {u}: {e}; left out");
+                continue;
+            }
+        };
+        let id = dev.identity();
+        match &identity {
+            None => identity = id,
+            Some(want) if id.as_ref() != Some(want) => {
+                tracing::warn!("path {u}: another namespace ({id:?}, not {want}); left out");
+                continue;
+            }
+            Some(_) => {}
+        }
+        paths.push(Arc::new(dev));
+    }
+    if paths.is_empty() {
+        bail!(
+            "{url}: no portal that discovery lists for {} could be reached",
+            url.nqn
+        );
+    }
+    Ok(Arc::new(Multipath::new(paths, fail_after).await))
 }
 
 fn host_options(o: &OpenOptions) -> HostOptions {
