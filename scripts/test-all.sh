@@ -147,6 +147,13 @@ if [ "${SKIP_CLUSTER:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
   say "cluster scale, small (docs/bench/cluster-scale.sh CHECK=1)"
   tests/cluster/run.sh scale 2>&1 | tee "$LOG/cluster-scale.txt" | grep -E 'RESULT|passed, .* failed|cannot' || true
   count_suite "cluster scale" "$LOG/cluster-scale.txt"
+  # `flashpool attach` on a cluster subsystem (~20 s): ANA multipath through a kill -9 of the
+  # owner and a volume move back (etcd, 3 enclosures, 2 controllers; its own net 10.94.0.0/24)
+  if [ "${SKIP_ATTACH:-0}" != 1 ]; then
+    say "attach failover (FUSE file on a cluster volume: kill -9 of the owner, then a move)"
+    tests/attach/failover.sh 2>&1 | tee "$LOG/attach-failover.txt" | grep -E '^FAIL|passed, .* failed' || true
+    count_suite "attach failover" "$LOG/attach-failover.txt"
+  fi
 fi
 
 # ---- 6. cluster failover: etcd, three controller nodes in cluster mode, the Linux kernel

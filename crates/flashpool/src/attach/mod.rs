@@ -156,13 +156,36 @@ pub fn run(a: AttachArgs) -> Result<()> {
         })
         .context("cannot start the signal thread")?;
 
+    // Once our unmount succeeded the session normally ends at once; a copy of
+    // the mount in another mount namespace (a process that unshared its
+    // mounts after we mounted, e.g. `ip netns exec`) keeps the connection
+    // open, and nobody can reach that copy's file by path from here: stop then.
+    let mut unmounted = false;
     let ended = loop {
-        match rx.recv().expect("the session thread reports its end") {
+        let ev = if unmounted {
+            match rx.recv_timeout(Duration::from_secs(2)) {
+                Ok(ev) => ev,
+                Err(_) => {
+                    tracing::warn!(
+                        "{} is unmounted here but still mounted in another mount namespace; \
+                         ending the FUSE connection",
+                        a.dir.display()
+                    );
+                    break Ok(());
+                }
+            }
+        } else {
+            rx.recv().expect("the session thread reports its end")
+        };
+        match ev {
             Event::Ended(r) => break r,
             Event::Signal(s) => {
                 let name = if s == SIGINT { "SIGINT" } else { "SIGTERM" };
                 match unmount(&mount_point) {
-                    Ok(()) => tracing::info!("{name}: unmounted {}", a.dir.display()),
+                    Ok(()) => {
+                        tracing::info!("{name}: unmounted {}", a.dir.display());
+                        unmounted = true;
+                    }
                     Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                         // Exiting now would pull the disk from under its user
                         // (a loop device, a mounted filesystem): keep serving.
@@ -181,7 +204,9 @@ pub fn run(a: AttachArgs) -> Result<()> {
         }
     };
     sig_handle.close();
-    let _ = serving.join();
+    if !unmounted || serving.is_finished() {
+        let _ = serving.join();
+    }
     let r = ended.with_context(|| format!("the FUSE session at {} failed", a.dir.display()));
     rt.shutdown_timeout(Duration::from_secs(2));
     r?;

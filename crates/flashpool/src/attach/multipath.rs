@@ -125,8 +125,10 @@ impl Inner {
                 Err(_) => UNKNOWN,
             };
             self.states[i].store(s, Ordering::Release);
+            // At once: a survivor that says Optimized need not wait for a
+            // dead path's read to time out.
+            self.choose();
         }
-        self.choose();
     }
 
     /// Points I/O at the best path: the current one while it stays

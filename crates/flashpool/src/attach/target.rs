@@ -155,10 +155,11 @@ async fn multipath(
     opts: RemoteOptions,
     fail_after: Duration,
 ) -> Result<Arc<dyn BlockDevice>> {
-    // A path gives up on a dead node soon; the request then moves on to
-    // another path, for up to `fail_after` in all.
+    // A path gives up on a lost connection at once (it reconnects in the
+    // background); the request moves on to whichever path is Optimized,
+    // waiting for one for up to `fail_after` in all, as the kernel does.
     let per_path = RemoteOptions {
-        fail_after: fail_after.min(Duration::from_secs(1)),
+        fail_after: fail_after.min(Duration::from_millis(100)),
         ..opts
     };
     let mut paths: Vec<Arc<dyn AnaPath>> = Vec::new();
