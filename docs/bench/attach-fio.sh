@@ -7,7 +7,7 @@
 #   docs/bench/attach-fio.sh                      # after cargo build --release -p flashpool
 #   RUNS=5 SECONDS_EACH=10 QD=32 docs/bench/attach-fio.sh
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$(pwd)
 # shellcheck source=tests/lib/harness.sh
 . tests/lib/harness.sh
@@ -41,7 +41,7 @@ mkdir -p "$DIR"
 } > "$RUN/target.toml"
 
 attach() { # TARGET
-  "$BIN" attach "$1" "$DIR" >"$RUN/attach.log" 2>&1 &
+  "$BIN" attach --single-path "$1" "$DIR" >"$RUN/attach.log" 2>&1 &
   APID=$!
   for _ in $(seq 1 100); do [ -f "$DIR/disk" ] && return 0; sleep 0.1; done
   cat "$RUN/attach.log"; return 1

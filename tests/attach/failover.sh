@@ -11,7 +11,7 @@
 #
 #   tests/attach/failover.sh          # needs etcd, iproute2, openssl, a release build
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$(pwd)
 # shellcheck source=tests/lib/harness.sh
 . tests/lib/harness.sh

@@ -13,7 +13,7 @@
 # Ports 4640, 4641 (I/O: two portals of one subsystem, for the multipath attach) and 4642
 # (discovery), the next free ones if taken: apart from the other suites.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 # shellcheck disable=SC2034   # (read by flashpool_bin and start_target)
 ROOT=$(pwd)
 # shellcheck source=tests/lib/harness.sh
