@@ -12,6 +12,7 @@
 #                                         and no failover suite)
 #   SKIP_FAILOVER=1 scripts/test-all.sh  (no tests/failover/run.sh, on either guest kernel)
 #   SKIP_METRICS=1 scripts/test-all.sh   (no tests/metrics/run.sh)
+#   SKIP_ATTACH=1 scripts/test-all.sh    (no tests/attach/run.sh: FUSE and loop devices, root)
 #   SKIP_SECURE=1 scripts/test-all.sh    (no tests/interop/secure.sh: DH-HMAC-CHAP and TLS
 #                                         against Debian 13's kernel)
 #   FUZZ_SECONDS=20 scripts/test-all.sh
@@ -46,7 +47,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   say "apt-get install (test dependencies)"
   # Quiet on success; a failed update or install shows apt's own error (logs in $LOG).
   scripts/apt-install.sh "$LOG" qemu-system-x86 nvme-cli busybox-static cpio kmod fio libisal-dev \
-    python3 fonts-dejavu-core iproute2 etcd-server etcd-client protobuf-compiler prometheus xz-utils ||
+    python3 fonts-dejavu-core iproute2 etcd-server etcd-client protobuf-compiler prometheus xz-utils \
+    fuse3 e2fsprogs ||
     say "apt-get install failed (above); continuing with what is installed"
 fi
 
@@ -109,6 +111,14 @@ if [ "${SKIP_METRICS:-0}" != 1 ]; then
   count_suite metrics "$LOG/metrics.txt"
 fi
 
+# ---- 3c. attach: `flashpool attach` (FUSE) of a node's namespace on 127.0.0.1 (port 4640): O_DIRECT
+# pattern, loop device + mkfs.ext4 + e2fsck, unmount by SIGTERM and fusermount3 -u (root: FUSE, loop)
+if [ "${SKIP_ATTACH:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
+  say "attach suite (FUSE file over NVMe/TCP, loop device, ext4)"
+  tests/attach/run.sh 2>&1 | tee "$LOG/attach.txt" | grep -E '^FAIL|passed, .* failed' || true
+  count_suite attach "$LOG/attach.txt"
+fi
+
 # ---- 4. interop: the Linux kernel NVMe/TCP host in a QEMU guest against flashpool serve
 if [ "${SKIP_INTEROP:-0}" != 1 ]; then
   say "interop suite (QEMU guest, Linux nvme-tcp host)"
@@ -137,6 +147,13 @@ if [ "${SKIP_CLUSTER:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
   say "cluster scale, small (docs/bench/cluster-scale.sh CHECK=1)"
   tests/cluster/run.sh scale 2>&1 | tee "$LOG/cluster-scale.txt" | grep -E 'RESULT|passed, .* failed|cannot' || true
   count_suite "cluster scale" "$LOG/cluster-scale.txt"
+  # `flashpool attach` on a cluster subsystem (~20 s): ANA multipath through a kill -9 of the
+  # owner and a volume move back (etcd, 3 enclosures, 2 controllers; its own net 10.94.0.0/24)
+  if [ "${SKIP_ATTACH:-0}" != 1 ]; then
+    say "attach failover (FUSE file on a cluster volume: kill -9 of the owner, then a move)"
+    tests/attach/failover.sh 2>&1 | tee "$LOG/attach-failover.txt" | grep -E '^FAIL|passed, .* failed' || true
+    count_suite "attach failover" "$LOG/attach-failover.txt"
+  fi
 fi
 
 # ---- 6. cluster failover: etcd, three controller nodes in cluster mode, the Linux kernel

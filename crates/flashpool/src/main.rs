@@ -6,6 +6,7 @@
 mod agent;
 mod api;
 mod api_types;
+mod attach;
 mod cli;
 mod client;
 mod config;
@@ -111,6 +112,9 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cli::token::ApiCmd,
     },
+    /// A namespace as a local file through FUSE, without the kernel's NVMe/TCP host:
+    /// DIR/disk is tcp://HOST:PORT/NQN?nsid=N (or mem:SIZE, file:PATH). Ctrl-C unmounts.
+    Attach(Box<attach::AttachArgs>),
     /// Load a target and measure it: tcp://ADDR:PORT/NQN, file:PATH (io_uring, O_DIRECT) or mem:SIZE.
     Bench(Box<flashpool_bench::BenchArgs>),
     /// After a fault, when does a survivor serve each volume (ANA Optimized and a verified
@@ -128,6 +132,7 @@ fn main() {
             log_format,
         } => serve::run(config.as_deref(), check, log_format),
         Cmd::Bench(args) => flashpool_bench::run(*args),
+        Cmd::Attach(args) => attach::run(*args),
         Cmd::FailoverProbe(args) => flashpool_bench::failover_probe(*args),
         Cmd::Volume { api, cmd } => cli::volume::volume(api, cmd),
         Cmd::Snapshot { api, cmd } => cli::snapshot::snapshot(api, cmd),

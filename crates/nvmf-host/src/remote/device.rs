@@ -106,6 +106,38 @@ impl RemoteDevice {
         self.link.current().map(|s| s.identity.clone())
     }
 
+    /// The ANA state this controller reports for the namespace
+    /// (`nvme_wire::log_page::ana::STATE_*`), read from its ANA log page on
+    /// the current connection (waiting for a reconnect like I/O does).
+    /// `None`: the controller keeps no ANA log, or lists no group for the
+    /// namespace; a multipath host then treats the path as usable.
+    pub async fn ana_state(&self) -> Result<Option<u8>, BlockError> {
+        let s = self.link.session(0).await?;
+        match s
+            .ctrl
+            .get_log_page(nvme_wire::log_page::lid::ANA, super::ana::ANA_LOG_LEN, 0)
+            .await
+        {
+            Ok(log) => super::ana::state_of(&log, self.link.url.nsid).map_err(|why| {
+                BlockError::Io(std::io::Error::other(format!(
+                    "remote {}: {why}",
+                    self.link.url
+                )))
+            }),
+            // A status: the controller answered, it has no ANA log.
+            Err(e) if e.status().is_some() => Ok(None),
+            Err(e) => {
+                if e.is_transport() {
+                    self.link.report_broken(s.generation, &e);
+                }
+                Err(BlockError::Io(std::io::Error::other(format!(
+                    "remote {}: ANA log: {e}",
+                    self.link.url
+                ))))
+            }
+        }
+    }
+
     /// Registers `key` for this host (its host ID is the registrant). A
     /// host registered with another key replaces it (IEKEY). Asks for
     /// Persist Through Power Loss where the drive can keep it, so that a

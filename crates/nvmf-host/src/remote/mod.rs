@@ -6,6 +6,7 @@
 //! - `link.rs`: one association at a time (admin queue with keep-alive,
 //!   several I/O queues), the identity check on every connect, and the
 //!   task that reconnects with back-off and publishes the [`LinkState`].
+//! - `ana.rs`: a namespace's state in an ANA log page ([`RemoteDevice::ana_state`]).
 //! - `device.rs`: [`RemoteDevice`]: the I/O path (queue choice, MDTS
 //!   splitting, one retry on a new connection, NVMe status to
 //!   `BlockError`), and the reservation helpers.
@@ -16,6 +17,7 @@
 //! other runtimes, and its future only needs a waker, so it can be polled by
 //! any executor.
 
+mod ana;
 mod device;
 mod link;
 mod url;
