@@ -219,6 +219,23 @@ pub fn deallocate_all(
     }))
 }
 
+impl IoPlan {
+    /// What the command costs against its namespace's QoS limits: reads
+    /// and writes count against their side and the total; Write Zeroes and
+    /// Dataset Management as write commands without bytes; Flush and
+    /// reservation commands are never held.
+    pub fn qos_cost(&self, block_size: u32) -> Option<crate::qos::QosCost> {
+        use crate::qos::QosCost;
+        let bytes = |blocks: u32| u64::from(blocks) * u64::from(block_size);
+        match *self {
+            IoPlan::Read { blocks, .. } => Some(QosCost::read(bytes(blocks))),
+            IoPlan::Write { blocks, .. } => Some(QosCost::write(bytes(blocks))),
+            IoPlan::WriteZeroes { .. } | IoPlan::Dsm { .. } => Some(QosCost::write(0)),
+            IoPlan::Flush | IoPlan::Reservation(_) => None,
+        }
+    }
+}
+
 /// The status a failed backend I/O reports to the host.
 pub fn status_of(err: &BlockError, op: BlockOp) -> Status {
     match err {
@@ -286,6 +303,17 @@ mod tests {
         assert_eq!((w.sct, w.sc, w.dnr), (2, status::SC_WRITE_FAULT, true));
         let f = status_of(&e, BlockOp::Flush);
         assert_eq!((f.sc, f.dnr), (status::SC_WRITE_FAULT, true));
+    }
+
+    #[test]
+    fn flush_and_reservations_cost_no_qos() {
+        assert_eq!(IoPlan::Flush.qos_cost(512), None);
+        let wz = IoPlan::WriteZeroes { lba: 0, blocks: 8 }
+            .qos_cost(512)
+            .unwrap();
+        assert_eq!(wz, crate::qos::QosCost::write(0));
+        let r = IoPlan::Read { lba: 0, blocks: 8 }.qos_cost(512).unwrap();
+        assert_eq!(r, crate::qos::QosCost::read(4096));
     }
 
     #[test]

@@ -19,13 +19,11 @@
 //!
 //! Unlimited namespaces pay one relaxed load of [`NsQos::enabled`].
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-
-use crate::io::IoPlan;
 
 /// How much of each limit a full bucket holds when no burst is given.
 pub const DEFAULT_BURST_MS: u32 = 100;
@@ -92,33 +90,19 @@ impl QosLimits {
 pub struct QosCost([u64; N]);
 
 impl QosCost {
-    /// Reads and writes count against their side and the total; Write
-    /// Zeroes and Dataset Management count as write commands without bytes
-    /// (no data moves); Flush and reservation commands are never held.
-    pub fn of(plan: &IoPlan, block_size: u32) -> Option<QosCost> {
+    /// A read of `bytes`: its side, the total, and their bandwidth.
+    pub fn read(bytes: u64) -> QosCost {
         let mut c = [0u64; N];
-        match *plan {
-            IoPlan::Read { blocks, .. } => {
-                let bytes = u64::from(blocks) * u64::from(block_size);
-                c[IOPS] = 1;
-                c[READ_IOPS] = 1;
-                c[BW] = bytes;
-                c[READ_BW] = bytes;
-            }
-            IoPlan::Write { blocks, .. } => {
-                let bytes = u64::from(blocks) * u64::from(block_size);
-                c[IOPS] = 1;
-                c[WRITE_IOPS] = 1;
-                c[BW] = bytes;
-                c[WRITE_BW] = bytes;
-            }
-            IoPlan::WriteZeroes { .. } | IoPlan::Dsm { .. } => {
-                c[IOPS] = 1;
-                c[WRITE_IOPS] = 1;
-            }
-            IoPlan::Flush | IoPlan::Reservation(_) => return None,
-        }
-        Some(QosCost(c))
+        (c[IOPS], c[READ_IOPS], c[BW], c[READ_BW]) = (1, 1, bytes, bytes);
+        QosCost(c)
+    }
+
+    /// A write of `bytes` (0 for Write Zeroes and Dataset Management, which
+    /// count as write commands without bytes: no data moves).
+    pub fn write(bytes: u64) -> QosCost {
+        let mut c = [0u64; N];
+        (c[IOPS], c[WRITE_IOPS], c[BW], c[WRITE_BW]) = (1, 1, bytes, bytes);
+        QosCost(c)
     }
 }
 
@@ -306,11 +290,9 @@ impl QosCaches {
     /// Keeps only the caches of namespaces in `live` (after a reload of
     /// the namespace list), so that a new namespace at a freed address
     /// starts empty.
-    pub fn retain(&mut self, live: &[crate::subsystem::Namespace]) {
-        self.0.retain(|(k, _)| {
-            live.iter()
-                .any(|ns| std::sync::Arc::as_ptr(&ns.qos) as usize == *k)
-        });
+    pub fn retain<'a>(&mut self, live: impl Iterator<Item = &'a Arc<NsQos>> + Clone) {
+        self.0
+            .retain(|(k, _)| live.clone().any(|q| Arc::as_ptr(q) as usize == *k));
     }
 }
 

@@ -7,26 +7,11 @@ const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
 
 fn read(bytes: u32) -> QosCost {
-    QosCost::of(
-        &IoPlan::Read {
-            lba: 0,
-            blocks: bytes / 512,
-        },
-        512,
-    )
-    .unwrap()
+    QosCost::read(u64::from(bytes))
 }
 
 fn write(bytes: u32) -> QosCost {
-    QosCost::of(
-        &IoPlan::Write {
-            lba: 0,
-            blocks: bytes / 512,
-            fua: false,
-        },
-        512,
-    )
-    .unwrap()
+    QosCost::write(u64::from(bytes))
 }
 
 /// Offers `n` commands at `at` on `caches` in turn; how many may start
@@ -202,13 +187,6 @@ fn a_live_change_applies_to_the_next_command() {
     q.set(QosLimits::default());
     assert!(!q.enabled());
     assert_eq!(offer(&q, &mut c, read(4096), 4 * S, 1000, 4 * S), 1000);
-}
-
-#[test]
-fn flush_and_reservations_cost_nothing() {
-    assert_eq!(QosCost::of(&IoPlan::Flush, 512), None);
-    let wz = QosCost::of(&IoPlan::WriteZeroes { lba: 0, blocks: 8 }, 512).unwrap();
-    assert_eq!(wz.0, [1, 0, 1, 0, 0, 0]);
 }
 
 #[test]

@@ -14,7 +14,7 @@ use super::sgl::Sgl;
 use super::{AfterData, QueueCore, SlotState, Transport};
 use crate::admin::{self, AdminCtx, AdminOutcome};
 use crate::io::{self, IoPlan, IoReject, ns_instance};
-use crate::qos::{self, QosCost};
+use crate::qos;
 use crate::reservation::Access;
 use crate::resv_cmd;
 use crate::subsystem::find_namespace;
@@ -95,7 +95,7 @@ impl QueueCore {
             if v != b.ns_version {
                 b.namespaces = sub.namespaces();
                 b.ns_version = v;
-                self.qos.retain(&b.namespaces);
+                self.qos.retain(b.namespaces.iter().map(|n| &n.qos));
             }
         }
         if b.ctrl.reset_generation() != b.reset_gen {
@@ -271,7 +271,7 @@ impl QueueCore {
     fn qos_hold(&mut self, nsid: u32, plan: &IoPlan) -> Option<Instant> {
         let b = self.bound.as_ref().expect("I/O queue");
         let ns = find_namespace(&b.namespaces, nsid)?;
-        let cost = QosCost::of(plan, ns.block_size)?;
+        let cost = plan.qos_cost(ns.block_size)?;
         let now = self.now.unwrap_or_else(Instant::now);
         let at = qos::clock_ns(now);
         let go = ns.qos.admit(self.qos.get(&ns.qos), &cost, at);
