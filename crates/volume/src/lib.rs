@@ -28,6 +28,8 @@ mod tests;
 #[cfg(test)]
 pub(crate) mod testutil;
 #[cfg(test)]
+mod thin_extent_tests;
+#[cfg(test)]
 mod thin_snap_tests;
 #[cfg(test)]
 mod thin_tests;

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::extent::ExtentHeader;
 use super::format::owner_code;
 use super::state::State;
 use super::{ThinError, ThinPool};
@@ -78,11 +79,10 @@ impl ThinPool {
     /// agreeing. Call it with no I/O in flight (a write allocating a
     /// cluster holds one the bitmap counts).
     pub fn check(&self) -> Result<(), String> {
-        let g = &self.inner.geom;
         let st = self.inner.state.lock();
         let a = self.inner.alloc.lock();
         check_state(&st)?;
-        let mut seen = vec![false; g.clusters as usize];
+        let mut seen = vec![false; st.owner.len()];
         let mut total = 0u64;
         for (slot, vol) in st.slots.iter().enumerate() {
             let Some(vol) = vol else { continue };
@@ -136,7 +136,26 @@ impl ThinPool {
         let p = &self.inner;
         let j = p.journal.lock().await;
         self.check().map_err(ThinError::Corrupt)?;
-        let (epoch, mut disk) = p.load_checkpoint().await?;
+        let ext = p.ext.load_full();
+        let found: Vec<_> = ext
+            .iter()
+            .map(|e| {
+                let h = ExtentHeader {
+                    pool: p.geom.uuid,
+                    uuid: e.uuid,
+                    cluster_bytes: p.geom.cluster_bytes,
+                    clusters: e.clusters,
+                };
+                (h, e.dev.clone())
+            })
+            .collect();
+        let (epoch, mut disk, disk_ext) = p.load_checkpoint(&found).await?;
+        let uuids = |x: &[super::extent::Extent]| x.iter().map(|e| e.uuid).collect::<Vec<_>>();
+        if uuids(&disk_ext) != uuids(&ext) {
+            return Err(ThinError::Corrupt(
+                "the device's checkpoint names other extents than memory holds".into(),
+            ));
+        }
         if epoch != j.epoch {
             return Err(ThinError::Corrupt(format!(
                 "the newest valid checkpoint on the device is epoch {epoch}, memory is at {}",
@@ -174,7 +193,7 @@ impl ThinPool {
             snapshots: u.snapshots,
             hidden_snapshots: u.hidden_snapshots,
             allocated_clusters: st.allocated,
-            total_clusters: p.geom.clusters,
+            total_clusters: st.owner.len() as u64,
             journal_blocks: blocks,
         })
     }

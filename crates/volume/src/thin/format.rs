@@ -170,10 +170,6 @@ impl PoolGeom {
         }
         Ok(g)
     }
-
-    pub(crate) fn capacity(&self) -> u64 {
-        self.clusters * self.cluster_bytes
-    }
 }
 
 /// What the volume table stores of one thin volume or snapshot.

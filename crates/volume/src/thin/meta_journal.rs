@@ -8,6 +8,10 @@ use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoDone, IoRequest};
 use futures_util::future::join_all;
 use parking_lot::Mutex;
 
+use super::extent::{
+    EXT_LIST_AT, EXT_LIST_ENTRY, EXT_OFF_MASK, EXT_SHIFT, Extent, ExtentHeader, MAX_EXTENTS,
+};
+
 use super::format::{
     PoolGeom, Record, VolMeta, io_err, le_u32, le_u64, owner_slot_vc, poisoned_err, put_u32,
     put_u64, seal, sealed, zbuf,
@@ -33,6 +37,7 @@ impl PoolInner {
             dev,
             dev_bs,
             geom,
+            ext: arc_swap::ArcSwap::from_pointee(Vec::new()),
             state: Mutex::new(state),
             alloc: Mutex::new(Alloc::new(geom.clusters)),
             pending: Mutex::new(Pending {
@@ -66,8 +71,28 @@ impl PoolInner {
         }
     }
 
+    /// Where physical cluster `p` starts, as a pool address (the extent
+    /// number above [`EXT_SHIFT`], 0 for the base).
     pub(crate) fn cluster_at(&self, p: u32) -> u64 {
-        self.geom.data_at + u64::from(p) * self.geom.cluster_bytes
+        let (p, cb) = (u64::from(p), self.geom.cluster_bytes);
+        if p < self.geom.clusters {
+            return self.geom.data_at + p * cb;
+        }
+        let ext = self.ext.load();
+        let i = ext.partition_point(|e| e.first + e.clusters <= p);
+        match ext.get(i) {
+            Some(e) => ((i as u64 + 1) << EXT_SHIFT) | (e.data_at + (p - e.first) * cb),
+            // Past the end: the device answers it out of range.
+            None => self.geom.device_bytes,
+        }
+    }
+
+    /// All clusters, the base's and the extents'.
+    pub(crate) fn total_clusters(&self) -> u64 {
+        self.ext
+            .load()
+            .last()
+            .map_or(self.geom.clusters, |e| e.first + e.clusters)
     }
 
     pub(crate) async fn io(
@@ -77,20 +102,38 @@ impl PoolInner {
         bytes: u64,
         buf: AlignedBuf,
     ) -> (AlignedBuf, Result<(), BlockError>) {
-        let IoDone { buf, result } = self
-            .dev
-            .submit(IoRequest {
-                op,
-                lba: byte_off / self.dev_bs,
-                blocks: (bytes / self.dev_bs) as u32,
-                buf,
-            })
-            .await;
+        let req = |bs: u64, off: u64, buf| IoRequest {
+            op,
+            lba: off / bs,
+            blocks: (bytes / bs) as u32,
+            buf,
+        };
+        let n = (byte_off >> EXT_SHIFT) as usize;
+        let IoDone { buf, result } = if n == 0 {
+            self.dev.submit(req(self.dev_bs, byte_off, buf)).await
+        } else {
+            let e = self
+                .ext
+                .load()
+                .get(n - 1)
+                .map(|e| (e.dev.clone(), e.dev_bs));
+            let Some((dev, bs)) = e else {
+                let msg = format!("thin pool: no extent {n} (internal)");
+                return (buf, Err(io_err(msg)));
+            };
+            dev.submit(req(bs, byte_off & EXT_OFF_MASK, buf)).await
+        };
         (buf, result)
     }
 
+    /// Flushes the base and every extent.
     pub(crate) async fn flush_dev(&self) -> Result<(), BlockError> {
-        self.io(BlockOp::Flush, 0, 0, AlignedBuf::new(0)).await.1
+        let n = self.ext.load().len() as u64;
+        let res = join_all(
+            (0..=n).map(|i| self.io(BlockOp::Flush, i << EXT_SHIFT, 0, AlignedBuf::new(0))),
+        )
+        .await;
+        res.into_iter().map(|(_, r)| r).collect()
     }
 
     /// Writes metadata bytes at `at`, in pieces of at most [`META_IO`].
@@ -131,8 +174,12 @@ impl PoolInner {
 
     // ---- checkpoints
 
-    pub(crate) fn encode_checkpoint(&self, epoch: u64) -> Vec<u8> {
+    /// The checkpoint of `epoch`: the base's copy (header, volume table,
+    /// the base clusters' owner entries) and one part per extent (its
+    /// clusters' owner entries), whose checksums the base header lists.
+    pub(crate) fn encode_checkpoint(&self, epoch: u64) -> (Vec<u8>, Vec<Vec<u8>>) {
         let g = &self.geom;
+        let ext = self.ext.load();
         let mut b = vec![0u8; g.checkpoint_bytes as usize];
         let st = self.state.lock();
         let mut nvol = 0u32;
@@ -144,9 +191,20 @@ impl PoolInner {
             }
         }
         let owners_at = (BLOCK + VOL_TABLE_BYTES) as usize;
-        for (i, &code) in st.owner.iter().enumerate() {
+        for (i, &code) in st.owner[..g.clusters as usize].iter().enumerate() {
             put_u64(&mut b, owners_at + i * 8, code);
         }
+        let parts: Vec<Vec<u8>> = ext
+            .iter()
+            .map(|e| {
+                let mut pb = vec![0u8; e.part_bytes as usize];
+                let own = &st.owner[e.first as usize..(e.first + e.clusters) as usize];
+                for (i, &code) in own.iter().enumerate() {
+                    put_u64(&mut pb, i * 8, code);
+                }
+                pb
+            })
+            .collect();
         drop(st);
         let body_crc = crc32c(&b[BLOCK_USIZE..]);
         b[0..8].copy_from_slice(&CP_MAGIC);
@@ -155,18 +213,34 @@ impl PoolInner {
         put_u64(&mut b, 32, g.clusters);
         put_u32(&mut b, 40, body_crc);
         put_u32(&mut b, 44, nvol);
+        put_u32(&mut b, 48, ext.len() as u32);
+        for (k, (e, pb)) in ext.iter().zip(&parts).enumerate() {
+            let at = EXT_LIST_AT + k * EXT_LIST_ENTRY;
+            b[at..at + 16].copy_from_slice(&e.uuid);
+            put_u64(&mut b, at + 16, e.clusters);
+            put_u32(&mut b, at + 24, crc32c(pb));
+        }
         seal(&mut b[..BLOCK_USIZE]);
-        b
+        (b, parts)
     }
 
     /// Writes the committed state as checkpoint `epoch + 1` into the copy not
-    /// holding the current one, flushes, and restarts the journal. The caller
-    /// holds the journal lock. A failure poisons the pool.
+    /// holding the current one (in the base and in every extent), flushes,
+    /// and restarts the journal. The caller holds the journal lock. A
+    /// failure poisons the pool.
     pub(crate) async fn checkpoint(&self, j: &mut Journal) -> Result<(), BlockError> {
         let epoch = j.epoch + 1;
-        let b = self.encode_checkpoint(epoch);
-        let at = self.geom.checkpoint_at[(epoch % 2) as usize];
-        let r = match self.write_meta(at, &b, false).await {
+        let (b, parts) = self.encode_checkpoint(epoch);
+        let copy = (epoch % 2) as usize;
+        let at = self.geom.checkpoint_at[copy];
+        let ext = self.ext.load_full();
+        let writes = ext.iter().zip(&parts).enumerate().map(|(k, (e, pb))| {
+            let addr = ((k as u64 + 1) << EXT_SHIFT) | e.part_at[copy];
+            self.write_meta(addr, pb, false)
+        });
+        let (base, parts) =
+            futures_util::future::join(self.write_meta(at, &b, false), join_all(writes)).await;
+        let r = match parts.into_iter().fold(base, Result::and) {
             Ok(()) => self.flush_dev().await,
             Err(e) => Err(e),
         };
@@ -189,23 +263,31 @@ impl PoolInner {
             .then(|| le_u64(b, 24))
     }
 
-    /// Reads both checkpoint copies and builds the state of the newest valid one.
-    pub(crate) async fn load_checkpoint(&self) -> Result<(u64, State), ThinError> {
+    /// Reads both checkpoint copies and builds the state of the newest valid
+    /// one, with the extents it names, found among `found` (the extent
+    /// headers of this pool that the caller's devices hold). A copy with a
+    /// torn part is passed over for the older one; an extent the newest
+    /// valid copy names but `found` lacks is an error (the older copy
+    /// would lose what was written there).
+    pub(crate) async fn load_checkpoint(
+        &self,
+        found: &[(ExtentHeader, Arc<dyn BlockDevice>)],
+    ) -> Result<(u64, State, Vec<Extent>), ThinError> {
         let g = &self.geom;
         let mut headers = Vec::new();
         for i in 0..2 {
             let h = self.read_meta(g.checkpoint_at[i], BLOCK).await?;
             if let Some(e) = self.checkpoint_epoch(&h) {
-                headers.push((e, i, le_u32(&h, 40)));
+                headers.push((e, i, h));
             }
         }
         headers.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
         let mut why = Vec::new();
-        for (epoch, i, body_crc) in headers {
+        'copies: for (epoch, i, h) in headers {
             let b = self
                 .read_meta(g.checkpoint_at[i], g.checkpoint_bytes)
                 .await?;
-            if crc32c(&b[BLOCK_USIZE..]) != body_crc {
+            if crc32c(&b[BLOCK_USIZE..]) != le_u32(&h, 40) {
                 tracing::warn!(
                     "thin pool {}: checkpoint copy {i} (epoch {epoch}) is torn; using the other",
                     uuid_string(&g.uuid)
@@ -213,9 +295,45 @@ impl PoolInner {
                 why.push(format!("copy {i} (epoch {epoch}) fails its body checksum"));
                 continue;
             }
+            let n = le_u32(&h, 48) as usize;
+            if n > MAX_EXTENTS {
+                return Err(ThinError::Corrupt(format!(
+                    "checkpoint epoch {epoch} names {n} extents"
+                )));
+            }
+            let mut exts = Vec::with_capacity(n);
+            let mut parts = Vec::with_capacity(n);
+            let mut first = g.clusters;
+            for k in 0..n {
+                let at = EXT_LIST_AT + k * EXT_LIST_ENTRY;
+                let uuid: [u8; 16] = h[at..at + 16].try_into().expect("16 bytes");
+                let clusters = le_u64(&h, at + 16);
+                let hit = found.iter().find(|(x, _)| {
+                    x.uuid == uuid && x.clusters == clusters && x.cluster_bytes == g.cluster_bytes
+                });
+                let Some((xh, dev)) = hit else {
+                    return Err(ThinError::MissingExtent(uuid_string(&uuid)));
+                };
+                let e = Extent::from_header(dev.clone(), xh, first)?;
+                let pb = read_dev(&e.dev, e.dev_bs, e.part_at[i], e.part_bytes).await?;
+                if crc32c(&pb) != le_u32(&h, at + 24) {
+                    tracing::warn!(
+                        "thin pool {}: checkpoint copy {i} (epoch {epoch}) has a torn part on                          extent {}; using the other",
+                        uuid_string(&g.uuid),
+                        uuid_string(&uuid)
+                    );
+                    why.push(format!(
+                        "copy {i} (epoch {epoch}): extent {k}'s part is torn"
+                    ));
+                    continue 'copies;
+                }
+                first += clusters;
+                exts.push(e);
+                parts.push(pb);
+            }
             return self
-                .decode_state(&b)
-                .map(|st| (epoch, st))
+                .decode_state(&b, &exts, &parts)
+                .map(|st| (epoch, st, exts))
                 .map_err(|e| ThinError::Corrupt(format!("checkpoint epoch {epoch}: {e}")));
         }
         if why.is_empty() {
@@ -227,9 +345,15 @@ impl PoolInner {
         )))
     }
 
-    pub(crate) fn decode_state(&self, b: &[u8]) -> Result<State, String> {
+    pub(crate) fn decode_state(
+        &self,
+        b: &[u8],
+        exts: &[Extent],
+        parts: &[Vec<u8>],
+    ) -> Result<State, String> {
         let g = &self.geom;
-        let mut st = State::empty(g.clusters);
+        let total = exts.last().map_or(g.clusters, |e| e.first + e.clusters);
+        let mut st = State::empty(total);
         for slot in 0..MAX_VOLUMES {
             let at = BLOCK_USIZE + slot * VOL_ENTRY;
             if let Some(meta) = VolMeta::decode(&b[at..at + VOL_ENTRY], slot, g.cluster_bytes)? {
@@ -241,8 +365,11 @@ impl PoolInner {
         }
         st.link_parents()?;
         let owners_at = (BLOCK + VOL_TABLE_BYTES) as usize;
-        for p in 0..g.clusters as usize {
-            let code = le_u64(b, owners_at + p * 8);
+        let base = (0..g.clusters).map(|p| (p, le_u64(b, owners_at + p as usize * 8)));
+        let extents = exts.iter().zip(parts).flat_map(|(e, pb)| {
+            (0..e.clusters).map(move |i| (e.first + i, le_u64(pb, i as usize * 8)))
+        });
+        for (p, code) in base.chain(extents) {
             if code == 0 {
                 continue;
             }
@@ -440,4 +567,31 @@ impl PoolInner {
             a.put(p);
         }
     }
+}
+
+/// Reads `len` bytes at `at` of `dev` (an extent not yet in the pool's
+/// routing), in pieces of at most [`META_IO`].
+async fn read_dev(
+    dev: &Arc<dyn BlockDevice>,
+    bs: u64,
+    at: u64,
+    len: u64,
+) -> Result<Vec<u8>, BlockError> {
+    let pieces = len.div_ceil(META_IO);
+    let res = join_all((0..pieces).map(|i| {
+        let n = META_IO.min(len - i * META_IO);
+        dev.submit(IoRequest {
+            op: BlockOp::Read,
+            lba: (at + i * META_IO) / bs,
+            blocks: (n / bs) as u32,
+            buf: zbuf(n as usize),
+        })
+    }))
+    .await;
+    let mut out = Vec::with_capacity(len as usize);
+    for d in res {
+        d.result?;
+        out.extend_from_slice(&d.buf);
+    }
+    Ok(out)
 }

@@ -94,6 +94,7 @@ use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoRequest};
 use crate::superblock::{new_uuid, uuid_string};
 
 mod check;
+mod extent;
 mod format;
 mod io;
 mod meta_journal;
@@ -101,6 +102,7 @@ mod state;
 mod tree;
 
 pub use check::PoolCheck;
+pub use extent::{ExtentInfo, MAX_EXTENTS};
 use format::{PoolGeom, sealed, validate_volume, zbuf};
 pub use io::ThinVolume;
 use state::{PoolInner, State, VolInner};
@@ -187,6 +189,11 @@ pub enum ThinError {
          reopen it (ThinPool::open) once the device is healthy"
     )]
     Poisoned,
+    #[error(
+        "the pool's metadata names extent {0}, which none of the devices given holds; \
+         assemble the volume it lies on first (the pool is not opened without it)"
+    )]
+    MissingExtent(String),
     #[error("thin pool I/O: {0}")]
     Io(#[from] BlockError),
 }
@@ -209,7 +216,7 @@ pub struct PoolUsage {
     pub hidden_snapshots: usize,
     /// Sum of the thin volumes' virtual sizes (may exceed the capacity).
     pub provisioned_bytes: u64,
-    /// Bytes of the pool device used by metadata (superblock, checkpoints, journal).
+    /// Bytes used by metadata (superblock, checkpoints, journal; extents' headers and parts).
     pub metadata_bytes: u64,
 }
 
@@ -322,6 +329,18 @@ impl ThinPool {
     /// the journal, and writes a fresh checkpoint. Fails with
     /// [`ThinError::NotAPool`] on a device that was never formatted.
     pub async fn open(dev: Arc<dyn BlockDevice>) -> Result<ThinPool, ThinError> {
+        Self::open_with_extents(dev, &[]).await
+    }
+
+    /// [`ThinPool::open`] for a pool that may have grown: `extents` are
+    /// devices that may hold its extents (others are ignored; an extent of
+    /// this pool that its metadata does not name, left by an
+    /// [`ThinPool::add_extent`] cut short, is ignored too). Fails with
+    /// [`ThinError::MissingExtent`] when one it names is not among them.
+    pub async fn open_with_extents(
+        dev: Arc<dyn BlockDevice>,
+        extents: &[Arc<dyn BlockDevice>],
+    ) -> Result<ThinPool, ThinError> {
         let dev_bs = check_device(&dev)?;
         let device = dev.describe();
         let size = dev.geometry().size_bytes();
@@ -340,13 +359,24 @@ impl ThinPool {
                 geom.device_bytes
             )));
         }
+        let mut found = Vec::new();
+        for x in extents {
+            if let Some(h) = extent::read_header(x).await
+                && h.pool == geom.uuid
+            {
+                found.push((h, x.clone()));
+            }
+        }
         let pool = PoolInner::new(dev, dev_bs, geom, State::empty(geom.clusters), 0, 0);
-        let (epoch, mut state) = pool.load_checkpoint().await?;
+        let (epoch, mut state, exts) = pool.load_checkpoint(&found).await?;
+        let total = state.owner.len() as u64;
+        pool.ext.store(Arc::new(exts));
         let next_block = pool.replay(epoch, &mut state).await?;
         *pool.state.lock() = state;
         {
             let st = pool.state.lock();
             let mut a = pool.alloc.lock();
+            *a = state::Alloc::new(total);
             for (p, &code) in st.owner.iter().enumerate() {
                 if code != 0 {
                     a.mark(p as u32);
@@ -495,17 +525,19 @@ impl ThinPool {
 
     fn usage_of(&self, st: &State) -> PoolUsage {
         let g = &self.inner.geom;
+        let total = st.owner.len() as u64;
+        let ext_meta: u64 = self.inner.ext.load().iter().map(|e| e.data_at).sum();
         let all: Vec<_> = st.slots.iter().flatten().collect();
         let vols: Vec<_> = all.iter().filter(|v| !v.meta.snapshot).collect();
         let visible = |v: &&&Arc<VolInner>| !v.hidden.load(Ordering::Acquire);
         PoolUsage {
-            capacity_bytes: g.capacity(),
+            capacity_bytes: total * g.cluster_bytes,
             allocated_bytes: st.allocated * g.cluster_bytes,
-            free_bytes: (g.clusters - st.allocated) * g.cluster_bytes,
+            free_bytes: (total - st.allocated) * g.cluster_bytes,
             cluster_bytes: g.cluster_bytes,
-            total_clusters: g.clusters,
+            total_clusters: total,
             allocated_clusters: st.allocated,
-            free_clusters: g.clusters - st.allocated,
+            free_clusters: total - st.allocated,
             volumes: vols.len(),
             snapshots: all
                 .iter()
@@ -517,7 +549,7 @@ impl ThinPool {
                 .filter(|v| v.hidden.load(Ordering::Acquire))
                 .count(),
             provisioned_bytes: vols.iter().map(|v| v.size()).sum(),
-            metadata_bytes: g.data_at,
+            metadata_bytes: g.data_at + ext_meta,
         }
     }
 

@@ -5,11 +5,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use blockdev::{BlockDevice, BlockError};
 use parking_lot::Mutex;
 use tokio::sync::RwLock;
 
+use super::extent::Extent;
 use super::format::{PoolGeom, Record, VolMeta, io_err, owner_code};
 use super::{LOCK_SHARDS, MAP_PAGE, MAX_VOLUME_CLUSTERS, MAX_VOLUMES, NONE};
 
@@ -348,6 +349,21 @@ impl Alloc {
         Some(out)
     }
 
+    /// Makes clusters `total..new_total` (a new extent) allocatable.
+    pub(crate) fn grow(&mut self, new_total: u64) {
+        let words = new_total.div_ceil(64).max(1) as usize;
+        self.bits.resize(words, u64::MAX);
+        for p in self.total..words as u64 * 64 {
+            let bit = 1 << (p % 64);
+            if p < new_total {
+                self.bits[(p / 64) as usize] &= !bit;
+            } else {
+                self.bits[(p / 64) as usize] |= bit;
+            }
+        }
+        self.total = new_total;
+    }
+
     pub(crate) fn put(&mut self, p: u32) {
         let (w, b) = (p as usize / 64, p % 64);
         debug_assert!(self.bits[w] & (1 << b) != 0, "cluster {p} freed twice");
@@ -382,6 +398,8 @@ pub(crate) struct PoolInner {
     pub(crate) dev: Arc<dyn BlockDevice>,
     pub(crate) dev_bs: u64,
     pub(crate) geom: PoolGeom,
+    /// The extents after the base (pool growth), in cluster order.
+    pub(crate) ext: ArcSwap<Vec<Extent>>,
     pub(crate) state: Mutex<State>,
     pub(crate) alloc: Mutex<Alloc>,
     pub(crate) pending: Mutex<Pending>,
