@@ -154,5 +154,6 @@ fn standby(name: &str, uuid: &str, owner: Option<String>, ana: String) -> Volume
         forced: None,
         owner,
         ana_state: Some(ana),
+        extent_of: None,
     }
 }

@@ -48,6 +48,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/volumes/{name}/clone", post(clone_volume))
         .route("/v1/volumes/{name}/revert", post(revert_volume))
         .route("/v1/volumes/{name}/check", get(check_pool))
+        .route("/v1/volumes/{name}/expand", post(expand_pool))
         .route("/v1/volumes/{name}/scrub", post(scrub_volume))
         .route("/v1/volumes/{name}/scrub/stop", post(stop_scrub))
         .route("/v1/jobs", get(jobs))

@@ -1,6 +1,6 @@
-//! The snapshot calls: take (one or a consistency group), clone, revert,
-//! and the pool check. On a node running alone; cluster pools answer 409
-//! until their snapshots are carried by the agent (see docs/api.md).
+//! The snapshot calls: take (one or a consistency group), clone, revert;
+//! the pool check and pool growth. On a node running alone; cluster pools
+//! answer 409 until the agent carries these (see docs/api.md).
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -9,7 +9,9 @@ use axum::response::IntoResponse;
 
 use super::errors::{ApiError, ApiResult, body, ok};
 use super::handlers::App;
-use crate::api_types::{CloneRequest, RevertRequest, SnapshotGroupRequest, SnapshotRequest};
+use crate::api_types::{
+    CloneRequest, ExpandPool, RevertRequest, SnapshotGroupRequest, SnapshotRequest,
+};
 
 fn node_only(a: &App, what: &str) -> Result<(), ApiError> {
     match a.agent {
@@ -81,4 +83,14 @@ pub(super) async fn revert_volume(
 
 pub(super) async fn check_pool(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
     ok(a.node.check_pool(&name).await?)
+}
+
+pub(super) async fn expand_pool(
+    State(a): State<App>,
+    Path(name): Path<String>,
+    b: Bytes,
+) -> ApiResult {
+    let r: ExpandPool = body(&b)?;
+    node_only(&a, "growing a pool")?;
+    ok(a.node.expand_pool(&name, r).await?)
 }

@@ -32,6 +32,8 @@ pub enum EventKind {
     SnapshotTaken,
     /// A thin volume was reverted to one of its snapshots.
     VolumeReverted,
+    /// A thin pool grew by an extent (`pool expand`).
+    PoolExpanded,
     HostConnected,
     HostRefused,
     /// Cluster mode: this node's etcd lease is gone; every volume owned
@@ -78,6 +80,7 @@ impl EventKind {
             EventKind::QosChanged => "qos_changed",
             EventKind::SnapshotTaken => "snapshot_taken",
             EventKind::VolumeReverted => "volume_reverted",
+            EventKind::PoolExpanded => "pool_expanded",
             EventKind::HostConnected => "host_connected",
             EventKind::HostRefused => "host_refused",
             EventKind::LeaseLost => "lease_lost",

@@ -26,10 +26,10 @@ pub use event::{Event, EventKind, Hello, Lagged, StepTime, TokenRotated};
 pub use job::{JobInfo, JobKind, JobState, ScrubRequest};
 pub use qos::{QosInfo, QosLimitsInfo, QosRequest, Rate};
 pub use volume::{
-    AssembleByName, AssembleVolume, CloneRequest, CreateVolume, Export, ExportRequest, ForceQuery,
-    ForceRequest, ForcedInfo, ForcedMemberInfo, GrowRequest, MemberInfo, PoolCheckInfo, PoolInfo,
-    RebuildInfo, RebuildStatus, RevertRequest, SnapshotGroupRequest, SnapshotPair, SnapshotRequest,
-    StaleRangeInfo, VolumeDeleted, VolumeInfo,
+    AssembleByName, AssembleVolume, CloneRequest, CreateVolume, ExpandPool, Export, ExportRequest,
+    ForceQuery, ForceRequest, ForcedInfo, ForcedMemberInfo, GrowRequest, MemberInfo, PoolCheckInfo,
+    PoolExtentInfo, PoolInfo, RebuildInfo, RebuildStatus, RevertRequest, SnapshotGroupRequest,
+    SnapshotPair, SnapshotRequest, StaleRangeInfo, VolumeDeleted, VolumeInfo,
 };
 
 /// Every error answer: `{"error": "..."}`, with the status that says whose

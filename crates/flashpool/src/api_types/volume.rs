@@ -60,6 +60,23 @@ pub struct GrowRequest {
     pub force: bool,
 }
 
+/// `POST /v1/volumes/{pool}/expand`: grow a thin pool by a new volume on
+/// `drives`, added as an extent of the pool.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpandPool {
+    pub drives: Vec<String>,
+    /// The extent volume's name (default `POOL-xN`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Its layout (default: the pool volume's own).
+    #[serde(default)]
+    pub layout: Option<String>,
+    /// Its strip size (default: the pool volume's own).
+    #[serde(default)]
+    pub strip: Option<String>,
+}
+
 /// `POST /v1/volumes/assemble`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -161,6 +178,10 @@ pub struct VolumeInfo {
     /// the owner, inaccessible where it is served on standby).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ana_state: Option<String>,
+    /// An extent of this thin pool (`pool expand`): not served itself,
+    /// deleted with its pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extent_of: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -207,6 +228,18 @@ pub struct PoolInfo {
     /// is freed when fewer are left).
     #[serde(default)]
     pub hidden_snapshots: usize,
+    /// The volumes it grew by (`pool expand`), in cluster order.
+    #[serde(default)]
+    pub extents: Vec<PoolExtentInfo>,
+}
+
+/// One extent of a thin pool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PoolExtentInfo {
+    /// The volume it lies on (empty if the node does not know it).
+    pub volume: String,
+    pub uuid: String,
+    pub capacity_bytes: u64,
 }
 
 /// `POST /v1/volumes/{name}/snapshots`: one snapshot.

@@ -1,13 +1,13 @@
-//! `flashpool snapshot create|list|delete` and `flashpool pool check`:
-//! snapshots of thin volumes (one, or several of one pool at one instant)
-//! and the thin pool's metadata check.
+//! `flashpool snapshot create|list|delete` and `flashpool pool
+//! check|expand`: snapshots of thin volumes (one, or several of one pool at
+//! one instant), the thin pool's metadata check, and its growth.
 
 use anyhow::{Result, bail};
 
 use super::ApiArgs;
 use super::volume::print_volume;
 use crate::api_types::{
-    PoolCheckInfo, SnapshotGroupRequest, SnapshotPair, VolumeDeleted, VolumeInfo,
+    ExpandPool, PoolCheckInfo, SnapshotGroupRequest, SnapshotPair, VolumeDeleted, VolumeInfo,
 };
 use crate::output::outln;
 use crate::units::human_bytes;
@@ -37,6 +37,25 @@ pub enum PoolCmd {
     /// Check a thin pool's metadata: no cluster in two maps, none leaked,
     /// the snapshot tree sound, memory equal to the device. Exits 1 if not.
     Check { pool: String },
+    /// Grow a thin pool: make a volume on DRIVES (by default with the
+    /// pool's layout and strip) and add it to the pool as an extent. Its
+    /// clusters are free at once; the volume is not served itself and is
+    /// deleted with the pool.
+    Expand {
+        pool: String,
+        /// The new extent's drives, comma-separated (e.g. d6,d7,d8,d9).
+        #[arg(long, value_delimiter = ',', required = true)]
+        drives: Vec<String>,
+        /// Its layout (default: the pool volume's).
+        #[arg(long)]
+        layout: Option<String>,
+        /// Its strip size, e.g. 64KiB (default: the pool volume's).
+        #[arg(long)]
+        strip: Option<String>,
+        /// Its volume name (default POOL-xN).
+        #[arg(long)]
+        name: Option<String>,
+    },
 }
 
 /// `flashpool snapshot ...`.
@@ -107,7 +126,29 @@ pub fn snapshot(api: ApiArgs, cmd: SnapshotCmd) -> Result<()> {
 /// `flashpool pool ...`.
 pub fn pool(api: ApiArgs, cmd: PoolCmd) -> Result<()> {
     let c = api.client()?;
-    let PoolCmd::Check { pool } = cmd;
+    let pool = match cmd {
+        PoolCmd::Check { pool } => pool,
+        PoolCmd::Expand {
+            pool,
+            drives,
+            layout,
+            strip,
+            name,
+        } => {
+            let req = ExpandPool {
+                drives,
+                name,
+                layout,
+                strip,
+            };
+            let a = c.post(&format!("/volumes/{pool}/expand"), Some(&req))?;
+            if api.json {
+                return api.print_json(a.json());
+            }
+            print_volume(&a.parse::<VolumeInfo>()?);
+            return Ok(());
+        }
+    };
     let a = c.get(&format!("/volumes/{pool}/check"))?;
     let r: PoolCheckInfo = a.parse()?;
     if api.json {

@@ -473,6 +473,17 @@ pub(super) fn print_volume(v: &VolumeInfo) {
             p.volumes.len(),
             human_bytes(p.cluster_bytes)
         );
+        for x in &p.extents {
+            outln!(
+                "  extent: volume {} ({}), {}",
+                if x.volume.is_empty() { "?" } else { &x.volume },
+                x.uuid,
+                human_bytes(x.capacity_bytes)
+            );
+        }
+    }
+    if let Some(p) = &v.extent_of {
+        outln!("  extent of thin pool {p} (not served itself; deleted with the pool)");
     }
     for m in &v.members {
         outln!("  member {:>2}: {:<12} {}", m.position, m.drive, m.state);

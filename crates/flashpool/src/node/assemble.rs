@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use blockdev::BlockDevice;
 use volume::superblock::{Superblock, uuid_string};
-use volume::thin::ThinPool;
+use volume::thin::{ThinError, ThinPool};
 use volume::{Layout, MemberState, Volume};
 
 use super::ops::VolumeInfo;
@@ -69,6 +69,7 @@ impl Node {
                 tracing::error!("volume {name:?}: not assembled: {e}");
             }
         }
+        self.open_waiting_pools(&mut st).await;
         Ok(())
     }
 
@@ -195,6 +196,7 @@ impl Node {
             .filter_map(|v| st.volumes.remove(v))
             .collect();
         let name = self.enter_group(&mut st, opened);
+        self.open_waiting_pools(&mut st).await;
         r.release();
         for d in left_out {
             self.spawn_rejoin(name.clone(), uuid.clone(), d);
@@ -413,22 +415,33 @@ impl Node {
         };
         tracing::info!("volume {}: assembled on {drive_names:?}", vol.name());
         let as_dev: Arc<dyn BlockDevice> = Arc::new(vol.clone());
-        let pool = if ThinPool::is_pool(&as_dev).await {
-            Some(ThinPool::open(as_dev).await.map_err(|e| {
-                AssembleError::Volume(NodeError::Internal(format!(
-                    "volume {}: its thin pool: {e}",
-                    vol.name()
-                )))
-            })?)
+        let (mut pool, mut extent, mut pool_waiting) = (None, None, None);
+        if ThinPool::is_pool(&as_dev).await {
+            match ThinPool::open(as_dev).await {
+                Ok(p) => pool = Some(p),
+                // Its extents are other volumes, perhaps not assembled yet.
+                Err(e @ ThinError::MissingExtent(_)) => {
+                    tracing::info!("volume {}: its thin pool waits: {e}", vol.name());
+                    pool_waiting = Some(e.to_string());
+                }
+                Err(e) => {
+                    return Err(AssembleError::Volume(NodeError::Internal(format!(
+                        "volume {}: its thin pool: {e}",
+                        vol.name()
+                    ))));
+                }
+            }
         } else {
-            None
-        };
+            extent = ThinPool::extent_of(&as_dev).await;
+        }
         Ok(Opened {
             members: newest.members.len(),
             chosen,
             vol,
             forced,
             pool,
+            extent,
+            pool_waiting,
         })
     }
 
@@ -441,6 +454,8 @@ impl Node {
             vol,
             forced,
             pool,
+            extent,
+            pool_waiting,
         } = o;
         let mut name = vol.name();
         if name.is_empty() || st.volumes.contains_key(&name) {
@@ -464,33 +479,11 @@ impl Node {
             .iter()
             .any(|s| matches!(s, MemberState::Rebuilding { .. }));
         if let Some(p) = &pool {
-            for t in p.volumes() {
-                let Some(tv) = p.volume(&t.name) else {
-                    continue;
-                };
-                if st.volumes.contains_key(&t.name) {
-                    tracing::warn!(
-                        "thin volume {} in pool {name}: another volume has that name; not served",
-                        t.name
-                    );
-                    continue;
-                }
-                tracing::info!("thin volume {} found in pool {name}", t.name);
-                st.volumes.insert(
-                    t.name.clone(),
-                    VolumeEntry::new(
-                        &t.name,
-                        Backing::Thin {
-                            pool: name.clone(),
-                            tv,
-                        },
-                        Vec::new(),
-                        None,
-                    ),
-                );
-            }
+            enter_thins(st, &name, p);
         }
         let mut entry = VolumeEntry::new(&name, Backing::Drives { vol, pool }, drives, None);
+        entry.extent = extent;
+        entry.pool_waiting = pool_waiting;
         if let Some(rep) = forced {
             let info = super::ForcedInfo::new(&rep, &entry.drives);
             tracing::warn!("volume {name}: assembled with --force: {}", info.message);
@@ -513,6 +506,80 @@ impl Node {
     }
 }
 
+/// Enters the thin volumes of pool `name` (on assembly, or once its
+/// extents are there).
+fn enter_thins(st: &mut NodeState, name: &str, p: &ThinPool) {
+    for t in p.volumes() {
+        let Some(tv) = p.volume(&t.name) else {
+            continue;
+        };
+        if st.volumes.contains_key(&t.name) {
+            tracing::warn!(
+                "thin volume {} in pool {name}: another volume has that name; not served",
+                t.name
+            );
+            continue;
+        }
+        tracing::info!("thin volume {} found in pool {name}", t.name);
+        let backing = Backing::Thin {
+            pool: name.to_string(),
+            tv,
+        };
+        st.volumes.insert(
+            t.name.clone(),
+            VolumeEntry::new(&t.name, backing, Vec::new(), None),
+        );
+    }
+}
+
+impl Node {
+    /// Opens the thin pools that wait for extents, with every extent the
+    /// node has assembled: at start after all volumes, and after each
+    /// assembly on request.
+    pub(super) async fn open_waiting_pools(&self, st: &mut NodeState) {
+        let waiting: Vec<String> = st
+            .volumes
+            .iter()
+            .filter(|(_, e)| e.pool_waiting.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in waiting {
+            let Some(vol) = st.volumes.get(&name).and_then(|e| e.on_drives()).cloned() else {
+                continue;
+            };
+            let extents: Vec<Arc<dyn BlockDevice>> = st
+                .volumes
+                .values()
+                .filter(|e| e.extent.is_some())
+                .filter_map(|e| e.on_drives())
+                .map(|v| Arc::new(v.clone()) as Arc<dyn BlockDevice>)
+                .collect();
+            let opened = ThinPool::open_with_extents(Arc::new(vol.clone()), &extents).await;
+            let e = st.volumes.get_mut(&name).expect("listed above");
+            match opened {
+                Ok(p) => {
+                    tracing::info!(
+                        "volume {name}: its thin pool is open with {} extent(s)",
+                        p.extents().len()
+                    );
+                    e.backing = Backing::Drives {
+                        vol,
+                        pool: Some(p.clone()),
+                    };
+                    e.pool_waiting = None;
+                    enter_thins(st, &name, &p);
+                }
+                Err(err) => {
+                    if !matches!(err, ThinError::MissingExtent(_)) {
+                        tracing::error!("volume {name}: its thin pool: {err}");
+                    }
+                    e.pool_waiting = Some(err.to_string());
+                }
+            }
+        }
+    }
+}
+
 /// A drive as an assembly uses it outside the node's lock.
 #[derive(Clone)]
 struct Handle {
@@ -528,6 +595,8 @@ struct Opened {
     vol: Volume,
     forced: Option<volume::ForceReport>,
     pool: Option<ThinPool>,
+    extent: Option<volume::thin::ExtentLabel>,
+    pool_waiting: Option<String>,
 }
 
 /// The drives one assembly request has set aside in

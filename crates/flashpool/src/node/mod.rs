@@ -25,6 +25,9 @@ mod drive;
 mod drive_export;
 mod drive_ops;
 mod error;
+mod expand;
+#[cfg(test)]
+mod expand_tests;
 mod grow;
 #[cfg(test)]
 mod grow_tests;
@@ -127,6 +130,12 @@ pub struct VolumeEntry {
     /// Its QoS limits, shared with the namespace that serves it (so a
     /// change applies live, and survives unexport and export).
     pub qos: Arc<nvmf_target::qos::NsQos>,
+    /// An extent of a thin pool (`pool expand`): the pool's UUID and its
+    /// own, from its header. Not exported; deleted with its pool.
+    pub extent: Option<volume::thin::ExtentLabel>,
+    /// A thin pool whose extents are not all assembled yet: not opened
+    /// until they are (`Node::open_waiting_pools`).
+    pub pool_waiting: Option<String>,
 }
 
 impl VolumeEntry {
@@ -147,6 +156,26 @@ impl VolumeEntry {
             rebuild_task: false,
             forced: None,
             qos: Arc::default(),
+            extent: None,
+            pool_waiting: None,
+        }
+    }
+
+    /// Why this volume is not served itself, when it is part of a thin
+    /// pool: the pool (serve its thin volumes), a pool waiting for its
+    /// extents, or an extent.
+    pub fn pool_part(&self) -> Option<String> {
+        if self.thin_pool().is_some() {
+            Some("a thin pool; export its thin volumes instead".into())
+        } else if let Some(w) = &self.pool_waiting {
+            Some(format!("a thin pool that waits for its extents ({w})"))
+        } else {
+            self.extent.as_ref().map(|x| {
+                format!(
+                    "extent {} of thin pool {} (it holds part of the pool's clusters)",
+                    x.extent, x.pool
+                )
+            })
         }
     }
 

@@ -4,5 +4,6 @@
 //! `volume_export.rs`, `views.rs`, `drive_ops.rs`).
 
 pub use crate::api_types::{
-    CreateVolume, DriveInfo, ExportRequest, MemberInfo, PoolInfo, RebuildInfo, VolumeInfo,
+    CreateVolume, DriveInfo, ExpandPool, ExportRequest, MemberInfo, PoolExtentInfo, PoolInfo,
+    RebuildInfo, VolumeInfo,
 };

@@ -10,18 +10,18 @@ use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest, RecordKind};
 use super::testing::{TestNode, mem_drive, volume};
 use super::*;
 
-const NQN: &str = "nqn.2026-01.io.flashpool:test";
-const MIB: u64 = 1 << 20;
+pub(super) const NQN: &str = "nqn.2026-01.io.flashpool:test";
+pub(super) const MIB: u64 = 1 << 20;
 
 /// Namespace 1 of the test subsystem.
-fn ns1() -> ExportRequest {
+pub(super) fn ns1() -> ExportRequest {
     ExportRequest {
         nqn: NQN.into(),
         nsid: 1,
     }
 }
 
-fn node_of(specs: &[DriveSpec]) -> Arc<Node> {
+pub(super) fn node_of(specs: &[DriveSpec]) -> Arc<Node> {
     node_in(specs, None)
 }
 
@@ -37,7 +37,7 @@ pub(super) fn mem_node(n: usize, size: u64) -> Arc<Node> {
     TestNode::new().mem_drives(n, size).target(NQN).build()
 }
 
-fn req(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
+pub(super) fn req(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
     volume(name, layout, drives)
 }
 
@@ -67,13 +67,13 @@ async fn io(dev: &dyn BlockDevice, op: BlockOp, lba: u64, data: Option<&[u8]>) -
     done.buf[..4096].to_vec()
 }
 
-async fn write_all(dev: &dyn BlockDevice, lbas: &[u64], seed: u64) {
+pub(super) async fn write_all(dev: &dyn BlockDevice, lbas: &[u64], seed: u64) {
     for &l in lbas {
         io(dev, BlockOp::Write { fua: false }, l, Some(&stamp(l, seed))).await;
     }
 }
 
-async fn check_all(dev: &dyn BlockDevice, lbas: &[u64], seed: u64) {
+pub(super) async fn check_all(dev: &dyn BlockDevice, lbas: &[u64], seed: u64) {
     for &l in lbas {
         let got = io(dev, BlockOp::Read, l, None).await;
         assert!(
@@ -83,7 +83,7 @@ async fn check_all(dev: &dyn BlockDevice, lbas: &[u64], seed: u64) {
     }
 }
 
-fn served(node: &Node) -> Arc<dyn BlockDevice> {
+pub(super) fn served(node: &Node) -> Arc<dyn BlockDevice> {
     node.target()
         .unwrap()
         .subsystem(NQN)
@@ -459,7 +459,7 @@ pub(super) fn tempdir() -> std::path::PathBuf {
     d
 }
 
-fn thin_req(name: &str, pool: &str, size: &str) -> CreateVolume {
+pub(super) fn thin_req(name: &str, pool: &str, size: &str) -> CreateVolume {
     CreateVolume {
         name: name.into(),
         layout: None,
@@ -634,7 +634,7 @@ async fn two_replacements_in_a_row_are_both_rebuilt() {
     check_all(&*dev, &l, 51).await;
 }
 
-fn file_specs(dir: &std::path::Path, n: usize, size: u64) -> Vec<DriveSpec> {
+pub(super) fn file_specs(dir: &std::path::Path, n: usize, size: u64) -> Vec<DriveSpec> {
     (0..n)
         .map(|i| DriveSpec {
             name: format!("f{i}"),

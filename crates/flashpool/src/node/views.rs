@@ -3,7 +3,7 @@
 
 use volume::{MemberState, Volume};
 
-use super::ops::{DriveInfo, MemberInfo, PoolInfo, RebuildInfo, VolumeInfo};
+use super::ops::{DriveInfo, MemberInfo, PoolExtentInfo, PoolInfo, RebuildInfo, VolumeInfo};
 use super::validate::{find_volume, no_drive};
 use super::{Backing, Node, NodeResult, NodeState};
 
@@ -91,6 +91,23 @@ fn failed_reason(vol: &Volume, drives: &[String]) -> Option<String> {
 impl NodeState {
     /// A volume as the API shows it. A thin volume's state is its pool
     /// volume's: it is degraded when the drives under it are.
+    /// The name of the thin pool with UUID `uuid` (the UUID itself when
+    /// the node has no such pool open).
+    fn pool_named(&self, uuid: &str) -> String {
+        self.volumes
+            .values()
+            .find(|e| e.thin_pool().is_some_and(|p| p.uuid() == uuid))
+            .map_or_else(|| uuid.to_string(), |e| e.name.clone())
+    }
+
+    /// The volume holding extent `uuid`.
+    fn extent_volume(&self, uuid: &str) -> Option<String> {
+        self.volumes
+            .values()
+            .find(|e| e.extent.as_ref().is_some_and(|x| x.extent == uuid))
+            .map(|e| e.name.clone())
+    }
+
     pub fn volume_info(&self, name: &str) -> Option<VolumeInfo> {
         let e = self.volumes.get(name)?;
         let geo = e.device().geometry();
@@ -117,6 +134,7 @@ impl NodeState {
             thin_pool: None,
             owner: None,
             ana_state: None,
+            extent_of: e.extent.as_ref().map(|x| self.pool_named(&x.pool)),
             jobs: self
                 .jobs
                 .all()
@@ -164,6 +182,15 @@ impl NodeState {
                         volumes: p.volumes().into_iter().map(|t| t.name).collect(),
                         snapshots: u.snapshots,
                         hidden_snapshots: u.hidden_snapshots,
+                        extents: p
+                            .extents()
+                            .into_iter()
+                            .map(|x| PoolExtentInfo {
+                                volume: self.extent_volume(&x.uuid).unwrap_or_default(),
+                                uuid: x.uuid,
+                                capacity_bytes: x.capacity_bytes,
+                            })
+                            .collect(),
                     });
                 }
             }

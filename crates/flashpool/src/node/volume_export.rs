@@ -81,11 +81,8 @@ impl Node {
                 e.name, o.reason
             )));
         }
-        if e.thin_pool().is_some() {
-            return Err(NodeError::Conflict(format!(
-                "volume {} is a thin pool; export its thin volumes instead",
-                e.name
-            )));
+        if let Some(why) = e.pool_part() {
+            return Err(NodeError::Conflict(format!("volume {} is {why}", e.name)));
         }
         if let Some(cur) = &e.export {
             return Err(NodeError::Conflict(format!(
@@ -123,8 +120,8 @@ impl Node {
         if let Some(o) = e.offline() {
             return VolumeNamespace::NotServed(format!("volume {volume} is offline: {}", o.reason));
         }
-        if e.thin_pool().is_some() {
-            tracing::error!("volume {volume} is a thin pool; export its thin volumes instead");
+        if let Some(why) = e.pool_part() {
+            tracing::error!("volume {volume} is {why}");
             return VolumeNamespace::Unknown;
         }
         e.export = Some(Export {

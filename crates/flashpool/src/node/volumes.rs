@@ -438,8 +438,35 @@ impl Node {
     /// volume with allocated clusters) needs `force`: without it the delete
     /// is refused, saying what would be lost, and nothing changes.
     pub async fn delete_volume(&self, name: &str, force: bool) -> NodeResult<()> {
+        let extents = {
+            let st = self.state.lock().await;
+            match st.volumes.get(name).and_then(|e| e.thin_pool()) {
+                Some(p) => st
+                    .volumes
+                    .values()
+                    .filter(|e| e.extent.as_ref().is_some_and(|x| x.pool == p.uuid()))
+                    .map(|e| e.name.clone())
+                    .collect(),
+                None => Vec::new(),
+            }
+        };
+        self.delete_one_volume(name, force).await?;
+        // A pool's extents go with it: nothing else can use their clusters.
+        for x in extents {
+            tracing::info!("volume {x}: deleted with its thin pool {name}");
+            if let Err(e) = self.delete_one_volume(&x, true).await {
+                tracing::error!("volume {x}: an extent of deleted pool {name}, not deleted: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete_one_volume(&self, name: &str, force: bool) -> NodeResult<()> {
         let mut st = self.state.lock().await;
         let jobs = st.jobs.clone();
+        if let Some(why) = extent_in_use(&st, name) {
+            return Err(NodeError::Conflict(why));
+        }
         let e = find_volume(&mut st, name)?;
         if let Some(x) = &e.export {
             return Err(NodeError::Conflict(format!(
@@ -542,6 +569,37 @@ impl Node {
 /// What a volume holds that a delete would lose, in words; None when it
 /// holds nothing (a thin volume never written). A volume on drives keeps no
 /// record of having been written, so it counts as holding data.
+/// Why volume `name`, an extent, cannot be deleted on its own: a pool
+/// holds clusters on it (or may: a pool waiting for its extents).
+fn extent_in_use(st: &NodeState, name: &str) -> Option<String> {
+    let x = st.volumes.get(name)?.extent.as_ref()?;
+    let named = st.volumes.values().find(|e| {
+        e.thin_pool()
+            .is_some_and(|p| p.uuid() == x.pool && p.extents().iter().any(|i| i.uuid == x.extent))
+    });
+    if let Some(pool) = named {
+        return Some(format!(
+            "volume {name} is an extent of thin pool {}, which holds clusters on it; it is \
+             deleted with the pool (delete the pool's thin volumes, then the pool)",
+            pool.name
+        ));
+    }
+    let waiting: Vec<&str> = st
+        .volumes
+        .values()
+        .filter(|e| e.pool_waiting.is_some())
+        .map(|e| e.name.as_str())
+        .collect();
+    (!waiting.is_empty()).then(|| {
+        format!(
+            "volume {name} is an extent of thin pool {}, and pool(s) {} wait for their \
+             extents; assemble them first",
+            x.pool,
+            waiting.join(", ")
+        )
+    })
+}
+
 fn data_held(e: &VolumeEntry) -> Option<String> {
     let size = |b: u64| crate::units::human_bytes(b);
     match &e.backing {

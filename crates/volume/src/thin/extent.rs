@@ -61,6 +61,13 @@ pub struct ExtentInfo {
     pub capacity_bytes: u64,
 }
 
+/// Which pool an extent device was added to (UUIDs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtentLabel {
+    pub pool: String,
+    pub extent: String,
+}
+
 /// What an extent's block 0 says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ExtentHeader {
@@ -176,9 +183,13 @@ pub(crate) async fn read_header(dev: &Arc<dyn BlockDevice>) -> Option<ExtentHead
 }
 
 impl ThinPool {
-    /// The pool `dev` is an extent of (its UUID), if it is one.
-    pub async fn extent_of(dev: &Arc<dyn BlockDevice>) -> Option<String> {
-        read_header(dev).await.map(|h| uuid_string(&h.pool))
+    /// What `dev`'s extent header says, if it has one: the pool it was
+    /// added to and the extent's UUID.
+    pub async fn extent_of(dev: &Arc<dyn BlockDevice>) -> Option<ExtentLabel> {
+        read_header(dev).await.map(|h| ExtentLabel {
+            pool: uuid_string(&h.pool),
+            extent: uuid_string(&h.uuid),
+        })
     }
 
     /// The pool's extents after its base, in cluster order.

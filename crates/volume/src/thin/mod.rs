@@ -102,7 +102,7 @@ mod state;
 mod tree;
 
 pub use check::PoolCheck;
-pub use extent::{ExtentInfo, MAX_EXTENTS};
+pub use extent::{ExtentInfo, ExtentLabel, MAX_EXTENTS};
 use format::{PoolGeom, sealed, validate_volume, zbuf};
 pub use io::ThinVolume;
 use state::{PoolInner, State, VolInner};
