@@ -72,6 +72,42 @@ pub struct MemberEntry {
     pub failed_at: u64,
 }
 
+/// What a volume is for, recorded at create so that the node never takes
+/// data a host wrote at the volume's start for pool metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VolumeRole {
+    /// Made before roles were recorded: what block 0 holds decides.
+    #[default]
+    Unknown,
+    /// Served to hosts (or unused): block 0 is theirs.
+    Plain,
+    /// Formatted as a thin pool.
+    ThinPool,
+    /// An extent of a thin pool.
+    PoolExtent,
+}
+
+impl VolumeRole {
+    pub fn code(self) -> u8 {
+        match self {
+            VolumeRole::Unknown => 0,
+            VolumeRole::Plain => 1,
+            VolumeRole::ThinPool => 2,
+            VolumeRole::PoolExtent => 3,
+        }
+    }
+
+    pub fn from_code(c: u8) -> Option<VolumeRole> {
+        Some(match c {
+            0 => VolumeRole::Unknown,
+            1 => VolumeRole::Plain,
+            2 => VolumeRole::ThinPool,
+            3 => VolumeRole::PoolExtent,
+            _ => return None,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
     pub uuid: [u8; 16],
@@ -85,6 +121,8 @@ pub struct Superblock {
     pub region_stripes: u64,
     /// Where the device-kept records live in each member; 0: nowhere.
     pub records_at: u64,
+    /// Byte 12 (zero in volumes made before it: `Unknown`).
+    pub role: VolumeRole,
     pub members: Vec<MemberEntry>,
     /// The operator's name for the volume; names longer than
     /// [`MAX_NAME_BYTES`] are cut at a character boundary.
@@ -108,6 +146,7 @@ impl Superblock {
         let mut b = [0u8; SB_BYTES];
         b[0..8].copy_from_slice(&MAGIC);
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[12] = self.role.code();
         b[16..32].copy_from_slice(&self.uuid);
         b[32..40].copy_from_slice(&self.generation.to_le_bytes());
         b[40..42].copy_from_slice(&self.position.to_le_bytes());
@@ -191,6 +230,8 @@ impl Superblock {
                 "record area at {records_at} does not fit the {meta_bytes}-byte metadata area"
             )));
         }
+        let role = VolumeRole::from_code(b[12])
+            .ok_or_else(|| SuperblockError::Bad(format!("volume role {}", b[12])))?;
         let mut members = Vec::with_capacity(n);
         for i in 0..n {
             let at = TABLE_AT + i * ENTRY;
@@ -226,6 +267,7 @@ impl Superblock {
             meta_bytes,
             region_stripes: u64_at(64),
             records_at,
+            role,
             members,
             name: {
                 let len = usize::from(b[NAME_AT]);
@@ -304,6 +346,7 @@ mod tests {
             meta_bytes: 1 << 20,
             region_stripes: 4,
             records_at: (1 << 20) - 8192,
+            role: VolumeRole::ThinPool,
             members: (0..10)
                 .map(|i| MemberEntry {
                     state: match i {

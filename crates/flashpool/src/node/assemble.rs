@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use blockdev::BlockDevice;
-use volume::superblock::{Superblock, uuid_string};
+use volume::superblock::{Superblock, VolumeRole, uuid_string};
 use volume::thin::{ThinError, ThinPool};
 use volume::{Layout, MemberState, Volume};
 
@@ -416,7 +416,16 @@ impl Node {
         tracing::info!("volume {}: assembled on {drive_names:?}", vol.name());
         let as_dev: Arc<dyn BlockDevice> = Arc::new(vol.clone());
         let (mut pool, mut extent, mut pool_waiting) = (None, None, None);
-        if ThinPool::is_pool(&as_dev).await {
+        // Block 0 is read as pool metadata only where the superblocks say
+        // the volume holds some (or, made before roles, where it looks so):
+        // on a plain volume it is the hosts' data.
+        let role = vol.role();
+        let pool_role = match role {
+            VolumeRole::ThinPool => true,
+            VolumeRole::Unknown => ThinPool::is_pool(&as_dev).await,
+            VolumeRole::Plain | VolumeRole::PoolExtent => false,
+        };
+        if pool_role {
             match ThinPool::open(as_dev).await {
                 Ok(p) => pool = Some(p),
                 // Its extents are other volumes, perhaps not assembled yet.
@@ -431,8 +440,15 @@ impl Node {
                     ))));
                 }
             }
-        } else {
+        } else if matches!(role, VolumeRole::PoolExtent | VolumeRole::Unknown) {
             extent = ThinPool::extent_of(&as_dev).await;
+            if extent.is_none() && role == VolumeRole::PoolExtent {
+                // Made for an expansion that was cut before the pool took it.
+                extent = Some(volume::thin::ExtentLabel {
+                    pool: String::new(),
+                    extent: String::new(),
+                });
+            }
         }
         Ok(Opened {
             members: newest.members.len(),

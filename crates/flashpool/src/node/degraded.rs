@@ -258,6 +258,7 @@ mod tests {
             meta_bytes: 1 << 20,
             region_stripes: 1,
             records_at: 0,
+            role: Default::default(),
             members: states
                 .iter()
                 .map(|s| MemberEntry {

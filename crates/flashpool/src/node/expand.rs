@@ -67,7 +67,7 @@ impl Node {
             rebuild_rate: None,
             export: None,
         };
-        self.create_volume(create).await?;
+        self.create_extent_volume(create).await?;
         let mut st = self.state.lock().await;
         let Some(vol) = st.volumes.get(&name).and_then(|e| e.on_drives()).cloned() else {
             return Err(NodeError::Internal(format!(

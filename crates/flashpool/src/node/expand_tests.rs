@@ -98,3 +98,67 @@ async fn a_pool_grows_by_an_extent_and_comes_back_with_it() {
     node.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A host that writes what looks like a thin pool (or an extent header)
+/// at the start of its plain volume does not turn it into one: the
+/// volume's superblocks record what it is for, and only pools and extents
+/// have block 0 read as metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_cannot_make_its_volume_a_pool() {
+    use blockdev::BlockDevice;
+    use std::sync::Arc;
+    use volume::thin::ThinPool;
+
+    let dir = tempdir();
+    let specs = file_specs(&dir, 2, 8 * MIB);
+    // A real pool superblock, made elsewhere.
+    let fake = blockdev::mem::MemDevice::new(8 * MIB, 4096).unwrap();
+    let fake: Arc<dyn BlockDevice> = Arc::new(fake);
+    ThinPool::format(fake.clone(), 256 << 10).await.unwrap();
+    let block0 = |d: Arc<dyn BlockDevice>| async move {
+        let mut b = blockdev::AlignedBuf::new(4096);
+        b.set_len(4096);
+        let r = d
+            .submit(blockdev::IoRequest {
+                op: blockdev::BlockOp::Read,
+                lba: 0,
+                blocks: 1,
+                buf: b,
+            })
+            .await;
+        r.result.unwrap();
+        r.buf[..4096].to_vec()
+    };
+    let sb = block0(fake).await;
+    {
+        let node = node_of(&specs);
+        let mut v = req("v", "raid1", &["f0", "f1"]);
+        v.export = Some(ns1());
+        node.create_volume(v).await.unwrap();
+        let mut b = blockdev::AlignedBuf::new(4096);
+        b.set_len(4096);
+        b.copy_from_slice(&sb);
+        let w = served(&node)
+            .submit(blockdev::IoRequest {
+                op: blockdev::BlockOp::Write { fua: true },
+                lba: 0,
+                blocks: 1,
+                buf: b,
+            })
+            .await;
+        w.result.unwrap();
+        node.shutdown().await;
+    }
+    let node = node_of(&specs);
+    node.assemble_found(&[]).await.unwrap();
+    let v = node.volume("v").await.unwrap();
+    assert!(v.thin_pool.is_none() && v.extent_of.is_none(), "{v:?}");
+    node.export("v", ns1()).await.unwrap();
+    assert_eq!(
+        block0(served(&node)).await,
+        sb,
+        "the host's data is untouched"
+    );
+    node.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -170,11 +170,14 @@ impl VolumeEntry {
         } else if let Some(w) = &self.pool_waiting {
             Some(format!("a thin pool that waits for its extents ({w})"))
         } else {
-            self.extent.as_ref().map(|x| {
-                format!(
+            self.extent.as_ref().map(|x| match x.pool.is_empty() {
+                true => "made as a thin pool's extent, but no pool took it (an expansion was \
+                         cut short); delete it"
+                    .to_string(),
+                false => format!(
                     "extent {} of thin pool {} (it holds part of the pool's clusters)",
                     x.extent, x.pool
-                )
+                ),
             })
         }
     }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use blockdev::BlockDevice;
+use volume::superblock::VolumeRole;
 use volume::thin::{DEFAULT_CLUSTER_BYTES, ThinError, ThinPool};
 use volume::{Volume, VolumeConfig};
 
@@ -210,7 +211,19 @@ impl Node {
     ) -> NodeResult<VolumeInfo> {
         let limits = Self::create_qos(qos.as_ref())?;
         let drives = req.drives.clone();
-        self.undo_remotes_on_err(&drives, self.create_volume_inner(req, limits))
+        self.undo_remotes_on_err(&drives, self.create_volume_inner(req, limits, false))
+            .await
+    }
+
+    /// A volume on drives made to be a thin pool's extent (`pool expand`):
+    /// its superblocks say so, and it is never served.
+    pub(super) async fn create_extent_volume(
+        self: &Arc<Self>,
+        req: CreateVolume,
+    ) -> NodeResult<VolumeInfo> {
+        let drives = req.drives.clone();
+        let limits = Self::create_qos(None)?;
+        self.undo_remotes_on_err(&drives, self.create_volume_inner(req, limits, true))
             .await
     }
 
@@ -218,6 +231,7 @@ impl Node {
         self: &Arc<Self>,
         req: CreateVolume,
         limits: QosLimits,
+        extent: bool,
     ) -> NodeResult<VolumeInfo> {
         check_name("volume", &req.name)?;
         if req.pool.is_some() {
@@ -262,6 +276,11 @@ impl Node {
         kind.shape(req.drives.len())
             .map_err(|e| NodeError::BadRequest(format!("volume {}: {e}", req.name)))?;
         let mut cfg = VolumeConfig::new(kind);
+        cfg.role = match (req.thin_pool, extent) {
+            (true, _) => VolumeRole::ThinPool,
+            (false, true) => VolumeRole::PoolExtent,
+            (false, false) => VolumeRole::Plain,
+        };
         if let Some(s) = &req.strip {
             let b = size_arg("strip", s)?;
             cfg.strip_bytes = u32::try_from(b).map_err(|_| {
@@ -299,6 +318,13 @@ impl Node {
             if let Some(dr) = st.drives.get_mut(d) {
                 dr.fresh = false;
             }
+        }
+        // Block 0 of a volume says whether it is a thin pool or a pool's
+        // extent: one made on drives a deleted pool used must not say so.
+        if !req.thin_pool
+            && let Err(e) = wipe_head(&(Arc::new(vol.clone()) as Arc<dyn BlockDevice>)).await
+        {
+            tracing::warn!("volume {}: clearing its first block: {e}", req.name);
         }
         let pool = if req.thin_pool {
             let pool = ThinPool::format(Arc::new(vol.clone()), cluster)

@@ -20,7 +20,7 @@ use crate::layout::Layout;
 use crate::parity::{Code, Parity};
 use crate::rebuild::RebuildState;
 use crate::records;
-use crate::superblock::{MemberState, SB_BYTES, Superblock, new_uuid, uuid_string};
+use crate::superblock::{MemberState, SB_BYTES, Superblock, VolumeRole, new_uuid, uuid_string};
 
 impl Volume {
     /// Builds a new volume on `members`, writing fresh superblocks and an empty
@@ -123,7 +123,11 @@ impl Volume {
         };
         // Empty bitmaps first, so a crash before the superblock lands leaves no
         // half-made volume that assembles.
-        vol.inner.members.write().name = cfg.name.clone();
+        {
+            let mut m = vol.inner.members.write();
+            m.name = cfg.name.clone();
+            m.role = cfg.role;
+        }
         vol.inner.write_bitmap_all_zero().await?;
         vol.inner.wipe_journal().await;
         vol.inner.persist_superblock(true).await;
@@ -328,6 +332,7 @@ impl Volume {
             let mut m = vol.inner.members.write();
             m.version += 1;
             m.name = newest.name.clone();
+            m.role = newest.role;
             // What a failed member missed is on the bitmap since it failed
             // (the superblocks say when), or, for one found missing now that
             // was in use until the last run, since now.
@@ -473,6 +478,7 @@ impl Inner {
                 persisted_version: 0,
                 clean: false,
                 name: String::new(),
+                role: VolumeRole::Unknown,
                 failed_at: vec![0; n],
                 stale: None,
                 snapshot: None,

@@ -202,6 +202,7 @@ impl Inner {
                                 meta_bytes: self.meta_bytes,
                                 region_stripes: self.intent.region_stripes,
                                 records_at: self.records_at,
+                                role: st.role,
                                 members: entries.clone(),
                                 name: st.name.clone(),
                             }

@@ -36,7 +36,7 @@ use crate::layout::{Layout, LayoutError, LayoutKind};
 use crate::parity::{Code, Parity, ParityError};
 use crate::rebuild::RebuildState;
 use crate::records;
-use crate::superblock::{MemberState, Superblock, SuperblockError, uuid_string};
+use crate::superblock::{MemberState, Superblock, SuperblockError, VolumeRole, uuid_string};
 
 mod assemble;
 mod fence;
@@ -103,6 +103,8 @@ pub struct VolumeConfig {
     pub write_journal: bool,
     /// The operator's name, stored in the superblocks (at most 63 bytes).
     pub name: String,
+    /// Recorded in the superblocks (`Unknown` unless the caller says).
+    pub role: VolumeRole,
 }
 
 impl VolumeConfig {
@@ -117,6 +119,7 @@ impl VolumeConfig {
             intent_log: true,
             write_journal: true,
             name: String::new(),
+            role: VolumeRole::Unknown,
         }
     }
 }
@@ -238,6 +241,8 @@ pub(crate) struct Members {
     pub clean: bool,
     /// The operator's name for the volume, kept in the superblocks.
     pub name: String,
+    /// What the volume is for, kept in the superblocks.
+    pub role: VolumeRole,
     /// Per member: for a failed member, the generation at which it failed
     /// while the intent bitmap was kept from then on (every region written
     /// since is set on the others' bitmaps), so it can be re-added through
@@ -385,6 +390,11 @@ impl Volume {
     }
 
     /// The name stored in the superblocks (empty if none was given).
+    /// What it was made for (`Unknown` for volumes made before roles).
+    pub fn role(&self) -> VolumeRole {
+        self.inner.members.read().role
+    }
+
     pub fn name(&self) -> String {
         self.inner.members.read().name.clone()
     }
