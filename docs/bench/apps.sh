@@ -199,8 +199,12 @@ phase_rocksdb() {
         check "$c: db_bench readrandomwriterandom $pct% reads, $DB_SECS s (round $r)" \
           db_run "db$pct-$c-r$r" "$c" "$pct" "$DB_SECS" --report_interval_seconds=1 --report_file="$RUN/db$pct-$c-r$r.csv"
         record rocksdb "db$pct-$c-r$r" "$c" "$r"
-        [ "$CHECK" = 1 ] && check "$c: db_bench reported reads and writes" \
-          grep -q 'readrandomwriterandom .* ops/sec.*reads:[1-9].*writes:[1-9]' "$RUN/db$pct-$c-r$r.txt"
+        if [ "$CHECK" = 1 ]; then
+          check "$c: db_bench reported reads and writes" \
+            grep -q 'readrandomwriterandom .* ops/sec.*reads:[1-9].*writes:[1-9]' "$RUN/db$pct-$c-r$r.txt"
+          tail -n 1 "$RES" | python3 -c 'import json, sys; r = json.load(sys.stdin)
+print("     {:,.0f} ops/s, read p99 {:,.0f} us".format(r.get("ops_s", 0), (r.get("read") or {}).get("p99_us", 0)))'
+        fi
       done
     done
   done
