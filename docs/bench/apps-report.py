@@ -144,6 +144,7 @@ def report(out, binary):
     # ---- fio
     fios = [("fio-randread", "4 KiB random read", "iops"), ("fio-randwrite", "4 KiB random write", "iops"),
             ("fio-read", "128 KiB sequential read", "mb_s")]
+    short = {"fio-randread": "fio 4k rand. read", "fio-randwrite": "fio 4k rand. write", "fio-read": "fio 128k seq. read"}
     if any(runs("fio", w, c) for w, _, _ in fios for c in configs):
         head = ["workload (ext4 file, QD 32)"] + [LABEL[c] for c in configs] + ["tcp ÷ mem:", "mem: ÷ local"]
         t = []
@@ -170,7 +171,7 @@ def report(out, binary):
     for w, lab, k in fios:
         b = m("fio", w, "local", k)
         if b:
-            groups.append(lab)
+            groups.append(short[w])
             for c in configs:
                 series[c].append(ratio(m("fio", w, c, k), b))
     charts = []
@@ -268,8 +269,11 @@ def report(out, binary):
                                                        "rows": goals}, "text": []})
     intro = [f"docs/bench/apps.sh, {cond.get('date', '?')}, commit {cond.get('commit', '?')}, kernel {cond.get('kernel', '?')}, "
              f"{cond.get('nproc', '?')} CPUs shared with other work. Load at the start: {cond.get('uptime', '?').split('load average:')[-1].strip()}; "
-             f"at the end: {cond.get('uptime-end', '?').split('load average:')[-1].strip()}. Busy processes at the start: {cond.get('others', '').strip() or 'none'}. "
-             f"Medians of {max([r['round'] for r in rows] or [0])} rounds, the configurations in a rotated order each round. "
+             f"at the end: {cond.get('uptime-end', '?').split('load average:')[-1].strip()}. "
+             + "".join(f"At the start of phase {k[5:]}: load {v.rstrip(', ')}. " for k, v in cond.items() if k.startswith("load-"))
+             + ("(Processes over 5% of a CPU there; flashpool, db_bench, mariadbd and sysbench are this run's.) "
+                if any(k.startswith("load-") for k in cond) else "")
+             + f"Medians of {max([r['round'] for r in rows] or [0])} rounds, the configurations in a rotated order each round. "
              "Each configuration is ext4 on a loop device with direct I/O: (1) over a file on tmpfs, (2) over "
              "`flashpool attach mem:`, (3) over `flashpool attach` of one node's RAM namespace on 127.0.0.1, "
              "(4) over `flashpool attach` (multipath) of a raid6 volume of a cluster: 6 enclosures with one RAM drive "

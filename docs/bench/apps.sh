@@ -108,11 +108,14 @@ rm -rf "$RUN"; mkdir -p "$RUN"
   echo "date $(date -u +%FT%TZ)"; echo "uptime $(uptime)"; echo "nproc $(nproc)"
   echo "kernel $(uname -r)"; echo "commit $(git rev-parse --short HEAD 2>/dev/null)"
   echo "db_bench $(dpkg-query -W -f '${Version}' rocksdb-tools 2>/dev/null)"
-  echo "others $(ps -eo pcpu,comm --sort=-pcpu | awk 'NR > 1 && $1 > 5 {printf "%s(%s%%) ", $2, $1}')"
 } > "$OUT/conditions.txt"
+# what else runs: the load, and the processes that used over 5% of a CPU in one second
+# (top's second sample), at the start of each phase
+others() {
+  echo "load-$1 $(cut -d' ' -f1-3 /proc/loadavg); $(top -b -n 2 -d 1 -w 200 | awk '/^top -/ {n++} n == 2 && $9 + 0 > 5 && $12 != "top" {printf "%s %s%%, ", $12, $9}')" >> "$OUT/conditions.txt"
+}
 
 # ---------------------------------------------------------------- configurations
-DEVPIDS_tcp=""
 cfg_up() { # CONFIG: its ext4 mounted at $RUN/fs-CONFIG
   local c=$1 f
   case $c in
@@ -326,7 +329,7 @@ for c in $CONFIGS; do
 done
 for p in $PHASES; do
   case $p in
-    rocksdb|mariadb|fio|failover) say "phase $p"; "phase_$p";;
+    rocksdb|mariadb|fio|failover) say "phase $p"; others "$p"; "phase_$p";;
     *) echo "unknown phase $p (rocksdb mariadb fio failover)"; failed=$((failed + 1));;
   esac
 done
