@@ -242,13 +242,20 @@ def report(out, binary):
         probe = json.load(open(f"{out}/run/probe.json")) if os.path.exists(f"{out}/run/probe.json") else {}
         ev = json.load(open(f"{out}/run/fo.events.json")) if os.path.exists(f"{out}/run/fo.events.json") else {}
         tl = r.get("timeline") or []
-        steady = med([q for _, q in tl[2:]]) or 0
-        zero = longest = 0
-        for _, q in tl:
-            zero = zero + 1 if q < 0.1 * steady else 0
-            longest = max(longest, zero)
+        # the first seconds warm the block cache (direct reads): the steady rate is the median
+        # after them; each event's dip is its worst second from 1 s before it (the script's
+        # clock starts while db_bench opens the database, before db_bench's) to 4 s after
+        steady = med([q for t, q in tl if t > 3]) or 0
+        dips = {}
+        for k in ("move_at_s", "kill_at_s"):
+            if k in ev and steady:
+                w = [q for t, q in tl if ev[k] - 1 <= t <= ev[k] + 4]
+                dips[k] = (min(w) / steady) if w else None
         goal("through failover: db_bench exit status 0 (0 application errors)", "exit %d" % r["rc"], r["rc"] == 0)
         gap = probe.get("longest_gap_s")
+        gap_at = ""
+        if probe.get("gap_from") and os.path.exists(f"{out}/run/fo.t0"):
+            gap_at = f", from {probe['gap_from'] - float(open(f'{out}/run/fo.t0').read()):.1f} s on the script's clock"
         goal("through failover: longest stall ≤ 1.5 s (4 KiB O_DIRECT write probe every 10 ms)",
              None if gap is None else f"{gap:.2f} s", gap is not None and gap <= 1.5)
         lines = [{"name": "db_bench 80/20 on (4), ops/s each second", "points": tl}]
@@ -258,13 +265,15 @@ def report(out, binary):
                 lines.append({"name": f"{lab} at {ev[k]:.0f} s", "dashed": True, "points": [[ev[k], 0], [ev[k], top]]})
         sections.append({"heading": "Through failover: RocksDB 80/20 on (4) while its owner moves, then is killed", "text": [
             f"Owners: {ev.get('owners', '?')}. db_bench exit status {r['rc']}; {r.get('ops_s') or 0:,.0f} ops/s over the run "
-            f"({steady:,.0f} ops/s median per second). Seconds below 10% of that median in a row, at most: {longest}. "
+            f"({steady:,.0f} ops/s median per second after the first 3 s, which warm the block cache). "
+            f"Worst second after the move: {rs(dips.get('move_at_s'))} of that median; after the kill: {rs(dips.get('kill_at_s'))}. "
             f"Probe: {probe.get('writes', 0)} writes, {len(probe.get('errors', []))} errors, longest gap between two "
-            f"completions {gap} s."],
+            f"completions {gap} s{gap_at}."],
             "charts": [{"stem": "failover", "title": "RocksDB 80/20 through a planned move and a kill -9 of the owner",
                         "x_label": "seconds since db_bench started", "y_label": "operations per second",
                         "format": "compact", "caption": "db_bench --report_interval_seconds=1 on configuration (4); "
-                        "dashed: when the volume was moved and when its owner was killed.", "lines": lines}]})
+                        "dashed: when the volume was moved and when its owner was killed, on the script's clock, "
+                        "which starts up to a second before db_bench's (it opens the database first).", "lines": lines}]})
     sections.insert(1, {"heading": "Goals", "table": {"head": ["goal", "measured", ""], "right": [False, True, False],
                                                        "rows": goals}, "text": []})
     intro = [f"docs/bench/apps.sh, {cond.get('date', '?')}, commit {cond.get('commit', '?')}, kernel {cond.get('kernel', '?')}, "

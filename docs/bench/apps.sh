@@ -112,7 +112,7 @@ rm -rf "$RUN"; mkdir -p "$RUN"
 # what else runs: the load, and the processes that used over 5% of a CPU in one second
 # (top's second sample), at the start of each phase
 others() {
-  echo "load-$1 $(cut -d' ' -f1-3 /proc/loadavg); $(top -b -n 2 -d 1 -w 200 | awk '/^top -/ {n++} n == 2 && $9 + 0 > 5 && $12 != "top" {printf "%s %s%%, ", $12, $9}')" >> "$OUT/conditions.txt"
+  echo "load-$1 $(cut -d' ' -f1-3 /proc/loadavg); $(top -b -n 2 -d 1 -w 200 | awk '/^top -/ {n++} n == 2 && $1 ~ /^[0-9]+$/ && $9 + 0 > 5 && $12 != "top" {printf "%s %s%%, ", $12, $9}')" >> "$OUT/conditions.txt"
 }
 
 # ---------------------------------------------------------------- configurations
