@@ -92,6 +92,14 @@ def rs(v):
     return "n/a" if v is None else f"{v:.2f}×"
 
 
+def busy_list(v):
+    """'7.36 8.20 8.05; rustc 110.0%, ...': the load and the named processes (an entry with
+    no name is a line of top's header that an older apps.sh let through)."""
+    load, _, procs = v.partition(";")
+    named = [p.strip() for p in procs.split(",") if p.strip() and not p.strip()[0].isdigit()]
+    return load.strip() + (", busy: " + ", ".join(named) if named else "")
+
+
 def report(out, binary):
     rows = [json.loads(l) for l in open(f"{out}/results.jsonl") if l.strip()]
     cond = dict(l.rstrip("\n").split(" ", 1) for l in open(f"{out}/conditions.txt") if " " in l)
@@ -279,7 +287,7 @@ def report(out, binary):
     intro = [f"docs/bench/apps.sh, {cond.get('date', '?')}, commit {cond.get('commit', '?')}, kernel {cond.get('kernel', '?')}, "
              f"{cond.get('nproc', '?')} CPUs shared with other work. Load at the start: {cond.get('uptime', '?').split('load average:')[-1].strip()}; "
              f"at the end: {cond.get('uptime-end', '?').split('load average:')[-1].strip()}. "
-             + "".join(f"At the start of phase {k[5:]}: load {v.rstrip(', ')}. " for k, v in cond.items() if k.startswith("load-"))
+             + "".join(f"At the start of phase {k[5:]}: load {busy_list(v)}. " for k, v in cond.items() if k.startswith("load-"))
              + ("(Processes over 5% of a CPU there; flashpool, db_bench, mariadbd and sysbench are this run's.) "
                 if any(k.startswith("load-") for k in cond) else "")
              + f"Medians of {max([r['round'] for r in rows] or [0])} rounds, the configurations in a rotated order each round. "
