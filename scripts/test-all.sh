@@ -12,7 +12,8 @@
 #                                         and no failover suite)
 #   SKIP_FAILOVER=1 scripts/test-all.sh  (no tests/failover/run.sh, on either guest kernel)
 #   SKIP_METRICS=1 scripts/test-all.sh   (no tests/metrics/run.sh)
-#   SKIP_ATTACH=1 scripts/test-all.sh    (no tests/attach/run.sh: FUSE and loop devices, root)
+#   SKIP_ATTACH=1 scripts/test-all.sh    (no tests/attach/run.sh nor tests/attach/apps.sh: FUSE and
+#                                         loop devices, root)
 #   SKIP_SECURE=1 scripts/test-all.sh    (no tests/interop/secure.sh: DH-HMAC-CHAP and TLS
 #                                         against Debian 13's kernel)
 #   FUZZ_SECONDS=20 scripts/test-all.sh
@@ -48,7 +49,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   # Quiet on success; a failed update or install shows apt's own error (logs in $LOG).
   scripts/apt-install.sh "$LOG" qemu-system-x86 nvme-cli busybox-static cpio kmod fio libisal-dev \
     python3 fonts-dejavu-core iproute2 etcd-server etcd-client protobuf-compiler prometheus xz-utils \
-    fuse3 e2fsprogs ||
+    fuse3 e2fsprogs rocksdb-tools ||
     say "apt-get install failed (above); continuing with what is installed"
 fi
 
@@ -117,6 +118,11 @@ if [ "${SKIP_ATTACH:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
   say "attach suite (FUSE file over NVMe/TCP, loop device, ext4)"
   tests/attach/run.sh 2>&1 | tee "$LOG/attach.txt" | grep -E '^FAIL|passed, .* failed' || true
   count_suite attach "$LOG/attach.txt"
+  # an application on it (~1 min): RocksDB db_bench 80/20 for 10 s on ext4 over a local file
+  # and over `flashpool attach` tcp://, then ldb checkconsistency (docs/bench/apps.sh CHECK=1)
+  say "attach apps (RocksDB db_bench on ext4 over attach, small)"
+  tests/attach/apps.sh 2>&1 | tee "$LOG/attach-apps.txt" | grep -E '^FAIL|passed, .* failed' || true
+  count_suite "attach apps" "$LOG/attach-apps.txt"
 fi
 
 # ---- 4. interop: the Linux kernel NVMe/TCP host in a QEMU guest against flashpool serve

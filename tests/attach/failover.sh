@@ -21,6 +21,8 @@ export FPC_BIN=$BIN FPC_DIR=$RUN/cluster FPC_PREFIX=fpa FPC_NET=10.94.0 FPC_ETCD
 export FPC_CLUSTER=attach FPC_LEASE_MS=2000 FPC_EXPORT_HOSTS="c1 c2"
 # shellcheck source=tests/cluster/lib.sh
 . tests/cluster/lib.sh
+# shellcheck source=tests/lib/attach.sh
+. tests/lib/attach.sh
 NQN=nqn.2026-01.io.flashpool:attach-fo
 DIR=$RUN/mnt
 APID=""
@@ -35,7 +37,7 @@ check() { # what, command...
 }
 finish() {
   if [ "$failed" -gt 0 ]; then
-    echo "----- attach.log -----"; tail -n 40 "$RUN/attach.log" 2>/dev/null
+    echo "----- attach.log -----"; tail -n 40 "$RUN/attach-fo.log" 2>/dev/null
     for n in c1 c2; do echo "----- $n -----"; tail -n 15 "$(fpc_log "$n")" 2>/dev/null; done
   fi
   echo "$passed passed, $failed failed"; [ "$failed" -eq 0 ]; exit $?
@@ -51,33 +53,14 @@ trap cleanup EXIT
 fpc_preflight || { echo "cannot run here: $FPC_WHY"; failed=1; finish; }
 [ -e /dev/fuse ] || { echo "/dev/fuse missing"; failed=1; finish; }
 mkdir -p "$DIR" "$FPC_DIR"
-setup() {
-  fpc_net_up 8 || return 1
-  fpc_etcd_up 1 || return 1
-  local i
-  for i in 1 2 3; do
-    fpc_enclosure_toml "$i" "d0:file:64MiB" > "$FPC_DIR/e$i.toml"
-    fpc_start_enclosure "$i" || return 1
-  done
-  for i in 1 2; do
-    fpc_ctl_toml "$i" 3 > "$FPC_DIR/c$i.toml"
-    fpc_start_ctl "$i" || return 1
-  done
-  for _ in $(seq 1 100); do [ "$(fpc_cluster_nodes)" = "c1 c2" ] && break; sleep 0.3; done
-  fpc_ccli 1 volume create vol --layout raid1 --drives e1:d0,e2:d0,e3:d0 --export "$NQN" --nsid 1 \
-    > "$RUN/create.txt" 2>&1 || { cat "$RUN/create.txt"; return 1; }
-  fpc_wait_owner vol 30 || return 1
-  [ "$FPC_OWNER" = c1 ] || { echo "owner $FPC_OWNER, not c1"; return 1; }
-}
+setup() { att_cluster_up 3 2 file:64MiB raid1 "$NQN" vol; }
 check "cluster up: etcd, e1..e3, c1 c2; raid1 volume owned by c1" setup || finish
 
 URL="tcp://$(fpc_cip 1):$FPC_PORT/$NQN?nsid=1"
-"$BIN" attach --discovery "$(fpc_cip 1):$FPC_DISC_PORT" --fail-after 30s "$URL" "$DIR" >"$RUN/attach.log" 2>&1 &
-APID=$!
-up() { for _ in $(seq 1 100); do [ -f "$DIR/disk" ] && return 0; kill -0 "$APID" || return 1; sleep 0.1; done; return 1; }
-check "attach through discovery" up || finish
+check "attach through discovery" att_start fo "$URL" "$DIR" --discovery "$(fpc_cip 1):$FPC_DISC_PORT" --fail-after 30s || finish
+APID=$(att_pid fo)
 check "two paths, I/O to c1 (Optimized)" sh -c \
-  "grep -q 'multipath (2 paths' '$RUN/attach.log' && grep -q 'I/O now goes to remote tcp://$(fpc_cip 1):' '$RUN/attach.log'"
+  "grep -q 'multipath (2 paths' '$RUN/attach-fo.log' && grep -q 'I/O now goes to remote tcp://$(fpc_cip 1):' '$RUN/attach-fo.log'"
 
 # kill -9 of the owner while a writer rewrites a 16 MiB pattern in 4 KiB O_DIRECT writes
 head -c $((16 << 20)) /dev/urandom > "$RUN/p1"
@@ -98,7 +81,7 @@ touch "$RUN/stop"
 wait "$WRITER"; rc=$?
 check "the writer goes on through the kill of c1 without an error (exit $rc, $(cat "$RUN/passes" 2>/dev/null) passes)" \
   test "$rc" = 0
-sw=$(grep -m1 "I/O now goes to remote tcp://$(fpc_cip 2):" "$RUN/attach.log" | cut -d' ' -f1)
+sw=$(grep -m1 "I/O now goes to remote tcp://$(fpc_cip 2):" "$RUN/attach-fo.log" | cut -d' ' -f1)
 after=""
 [ -n "$sw" ] && after=$(awk -v a="$t0" -v b="$(date -d "$sw" +%s.%N)" 'BEGIN{printf "%.2f s after the kill", b-a}')
 check "the attach moved to c2 (${after:-never})" test -n "$sw"
@@ -113,7 +96,7 @@ movec1() {
 check "volume move vol --to c1" movec1
 follow() {
   for _ in $(seq 1 50); do
-    [ "$(grep -c "I/O now goes to remote tcp://$(fpc_cip 1):" "$RUN/attach.log")" -ge 2 ] && return 0
+    [ "$(grep -c "I/O now goes to remote tcp://$(fpc_cip 1):" "$RUN/attach-fo.log")" -ge 2 ] && return 0
     sleep 0.2
   done
   return 1
@@ -123,7 +106,7 @@ head -c $((8 << 20)) /dev/urandom > "$RUN/p2"
 check "a second pattern through c1 reads back" sh -c \
   "dd if='$RUN/p2' of='$DIR/disk' bs=64k seek=256 oflag=direct conv=notrunc status=none &&
    dd if='$DIR/disk' bs=64k skip=256 count=128 iflag=direct status=none | cmp - '$RUN/p2'"
-check "no I/O error reported by the attach" sh -c "! grep -q 'failed again\|EIO\|every path' '$RUN/attach.log'"
+check "no I/O error reported by the attach" sh -c "! grep -q 'failed again\|EIO\|every path' '$RUN/attach-fo.log'"
 kill -TERM "$APID"
 for _ in $(seq 1 100); do kill -0 "$APID" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$APID" 2>/dev/null; then

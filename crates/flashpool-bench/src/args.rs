@@ -13,12 +13,16 @@ use crate::spec::{self, Engine, Rw, Workload};
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// What to load: tcp://ADDR:PORT/NQN[?nsid=N], file:PATH (io_uring, O_DIRECT) or mem:SIZE (in process).
-    #[arg(long, required_unless_present = "compare", conflicts_with = "compare")]
+    #[arg(long, required_unless_present_any = ["compare", "render"], conflicts_with_all = ["compare", "render"])]
     pub(crate) target: Option<String>,
     /// Run --matrix on each of these targets (2 or more, same forms as --target) and write a
     /// report to --report; the first target is the baseline of the ratios.
     #[arg(long, num_args = 2.., value_name = "TARGET", requires = "matrix")]
     pub(crate) compare: Vec<String>,
+    /// Draw a report of numbers measured elsewhere (tables and charts in a JSON spec, e.g.
+    /// docs/bench/apps.sh's) into DIR: report.md, report.html, charts/ (docs/bench.md).
+    #[arg(long, num_args = 2, value_names = ["SPEC.json", "DIR"], conflicts_with = "compare")]
+    pub(crate) render: Vec<PathBuf>,
     /// With --compare: the workloads to run on each target (docs/bench.md).
     #[arg(long, value_enum, requires = "compare")]
     pub(crate) matrix: Option<Matrix>,

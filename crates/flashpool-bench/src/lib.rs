@@ -26,7 +26,7 @@ mod stats;
 mod verify;
 
 use anyhow::{Context, Result, bail};
-use flashpool_util::output::out;
+use flashpool_util::output::{out, outln};
 
 pub use args::BenchArgs;
 pub use drive::run_workload;
@@ -37,6 +37,12 @@ pub use stats::Summary;
 
 /// `flashpool bench ...`
 pub fn run(args: BenchArgs) -> Result<()> {
+    if let [spec, dir] = args.render.as_slice() {
+        for f in report::doc::render(spec, dir)? {
+            outln!("{}", f.display());
+        }
+        return Ok(());
+    }
     if !args.compare.is_empty() {
         let matrix = args
             .matrix

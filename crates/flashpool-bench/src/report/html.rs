@@ -9,7 +9,7 @@ use super::svg::escape;
 use super::tables::{self, Table};
 use super::{CHARTS_DIR, JSON, MARKDOWN, Report};
 
-const CSS: &str = "\
+pub(super) const CSS: &str = "\
 body{font-family:'DejaVu Sans',system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}\
 h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ddd}\
 code,pre{font-family:'DejaVu Sans Mono',monospace;font-size:.9em}\
@@ -21,7 +21,7 @@ figure{margin:1.5em 0}figure svg{max-width:100%;height:auto;border:1px solid #ee
 figcaption{color:#555;font-size:.9em;max-width:960px}\
 .failed{color:#b00}";
 
-fn table(t: &Table, group_col: Option<usize>) -> String {
+pub(super) fn table(t: &Table, group_col: Option<usize>) -> String {
     let mut s = String::from("<table>\n<tr>");
     for (h, r) in t.head.iter().zip(&t.right) {
         let _ = write!(

@@ -30,7 +30,7 @@ fn text(s: &str) -> String {
     out
 }
 
-fn table(t: &Table) -> String {
+pub(super) fn table(t: &Table) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,

@@ -7,6 +7,7 @@
 //! IOPS and latency as a ratio of it ("how much does the fabric cost against local?").
 
 mod charts;
+pub mod doc;
 mod html;
 mod markdown;
 #[cfg(feature = "png")]
