@@ -133,7 +133,7 @@ impl PoolInner {
             (0..=n).map(|i| self.io(BlockOp::Flush, i << EXT_SHIFT, 0, AlignedBuf::new(0))),
         )
         .await;
-        res.into_iter().map(|(_, r)| r).collect()
+        res.into_iter().try_for_each(|(_, r)| r)
     }
 
     /// Writes metadata bytes at `at`, in pieces of at most [`META_IO`].
