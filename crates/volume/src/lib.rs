@@ -9,6 +9,7 @@
 //! journal, and at the end the device-kept [`records`]; data starts after.
 
 mod crc;
+pub mod crypt;
 #[cfg(feature = "testing")]
 pub mod fault;
 pub mod intent;

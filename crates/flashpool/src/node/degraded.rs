@@ -258,6 +258,7 @@ mod tests {
             meta_bytes: 1 << 20,
             region_stripes: 1,
             records_at: 0,
+            key: None,
             members: states
                 .iter()
                 .map(|s| MemberEntry {

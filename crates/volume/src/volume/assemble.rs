@@ -2,7 +2,7 @@
 //! superblocks after a restart (journal replay, then bitmap resync).
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use blockdev::{BlockDevice, BlockOp};
 use futures_util::future::join_all;
@@ -124,6 +124,11 @@ impl Volume {
         // Empty bitmaps first, so a crash before the superblock lands leaves no
         // half-made volume that assembles.
         vol.inner.members.write().name = cfg.name.clone();
+        if let Some((env, key)) = &cfg.key {
+            vol.inner.members.write().key = Some(*env);
+            vol.inner.encrypted.store(true, Ordering::Relaxed);
+            vol.unlock(key)?;
+        }
         vol.inner.write_bitmap_all_zero().await?;
         vol.inner.wipe_journal().await;
         vol.inner.persist_superblock(true).await;
@@ -328,6 +333,10 @@ impl Volume {
             let mut m = vol.inner.members.write();
             m.version += 1;
             m.name = newest.name.clone();
+            m.key = newest.key;
+            vol.inner
+                .encrypted
+                .store(newest.key.is_some(), Ordering::Relaxed);
             // What a failed member missed is on the bitmap since it failed
             // (the superblocks say when), or, for one found missing now that
             // was in use until the last run, since now.
@@ -473,6 +482,7 @@ impl Inner {
                 persisted_version: 0,
                 clean: false,
                 name: String::new(),
+                key: None,
                 failed_at: vec![0; n],
                 stale: None,
                 snapshot: None,
@@ -491,6 +501,8 @@ impl Inner {
             records_at,
             records: parking_lot::Mutex::new(RecordState::default()),
             state_hook: parking_lot::Mutex::new(Default::default()),
+            encrypted: std::sync::atomic::AtomicBool::new(false),
+            crypt: arc_swap::ArcSwapOption::empty(),
             fence,
             layout,
         })

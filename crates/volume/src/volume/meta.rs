@@ -204,6 +204,7 @@ impl Inner {
                                 records_at: self.records_at,
                                 members: entries.clone(),
                                 name: st.name.clone(),
+                                key: st.key,
                             }
                             .encode()
                         })

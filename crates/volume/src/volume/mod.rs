@@ -30,6 +30,7 @@ use blockdev::{
 };
 use parking_lot::RwLock;
 
+use crate::crypt::{CryptPath, DataKey, KeyEnvelope};
 use crate::intent::IntentLog;
 use crate::journal::Journal;
 use crate::layout::{Layout, LayoutError, LayoutKind};
@@ -39,6 +40,7 @@ use crate::records;
 use crate::superblock::{MemberState, Superblock, SuperblockError, uuid_string};
 
 mod assemble;
+mod encrypt;
 mod fence;
 mod force;
 pub(crate) mod member_io;
@@ -103,6 +105,10 @@ pub struct VolumeConfig {
     pub write_journal: bool,
     /// The operator's name, stored in the superblocks (at most 63 bytes).
     pub name: String,
+    /// Encrypt the volume (AES-XTS-256, [`crate::crypt`]) with this data
+    /// key, kept in the superblocks as this envelope (the key wrapped by a
+    /// key-encryption key). None: not encrypted.
+    pub key: Option<(KeyEnvelope, DataKey)>,
 }
 
 impl VolumeConfig {
@@ -117,6 +123,7 @@ impl VolumeConfig {
             intent_log: true,
             write_journal: true,
             name: String::new(),
+            key: None,
         }
     }
 }
@@ -238,6 +245,8 @@ pub(crate) struct Members {
     pub clean: bool,
     /// The operator's name for the volume, kept in the superblocks.
     pub name: String,
+    /// An encrypted volume's wrapped data key, kept in the superblocks.
+    pub key: Option<KeyEnvelope>,
     /// Per member: for a failed member, the generation at which it failed
     /// while the intent bitmap was kept from then on (every region written
     /// since is set on the others' bitmaps), so it can be re-added through
@@ -289,6 +298,10 @@ pub(crate) struct Inner {
     pub(crate) unsynced: parking_lot::Mutex<Vec<u64>>,
     /// Records member state changes outside (`state_hook.rs`).
     pub(crate) state_hook: parking_lot::Mutex<state_hook::HookSlot>,
+    /// Whether the volume is encrypted (fixed when made); its I/O then
+    /// needs `crypt`, the unwrapped key, and fails while it is None.
+    pub(crate) encrypted: std::sync::atomic::AtomicBool,
+    pub(crate) crypt: arc_swap::ArcSwapOption<CryptPath>,
 }
 
 #[derive(Default)]
@@ -606,6 +619,11 @@ impl BlockDevice for Volume {
             return IoFuture::ready(req.buf, Ok(()));
         }
         let inner = self.inner.clone();
+        if self.inner.encrypted.load(Ordering::Relaxed)
+            && matches!(req.op, BlockOp::Read | BlockOp::Write { .. })
+        {
+            return self.submit_encrypted(req);
+        }
         IoFuture::Pending(Box::pin(inner.handle(req)))
     }
 
