@@ -1569,6 +1569,7 @@ mod readd;
 mod state_hook;
 mod sync;
 mod zerocopy;
+mod encrypted;
 
 /// A host's discard of the whole device (mkfs does one) on a redundant
 /// layout: one Deallocate far larger than a stripe, 512 B blocks.
