@@ -30,6 +30,7 @@ mod grow;
 mod grow_tests;
 pub mod identity;
 pub mod jobs;
+pub mod keys;
 pub mod monitor;
 mod ops;
 mod owned;
@@ -242,6 +243,8 @@ pub struct Node {
     etcd_managed: std::sync::atomic::AtomicBool,
     /// What the node reports to operators (`GET /v1/events`).
     pub events: Arc<crate::events::Events>,
+    /// The key-encryption key(s) that wrap encrypted volumes' keys.
+    keys: parking_lot::RwLock<keys::Keyring>,
 }
 
 impl Node {
@@ -255,6 +258,7 @@ impl Node {
             cluster: std::sync::OnceLock::new(),
             etcd_managed: std::sync::atomic::AtomicBool::new(false),
             events: Arc::default(),
+            keys: parking_lot::RwLock::new(keys::Keyring::default()),
         })
     }
 

@@ -85,7 +85,7 @@ impl std::fmt::Debug for DataKey {
 }
 
 /// Overwrites key bytes; volatile so the stores are not optimised away.
-pub(crate) fn wipe(b: &mut [u8]) {
+pub fn wipe(b: &mut [u8]) {
     for x in b.iter_mut() {
         // SAFETY: x is a valid, aligned, exclusive reference to a u8.
         unsafe { std::ptr::write_volatile(x, 0) };
