@@ -45,6 +45,8 @@ mod scrub;
 mod snapshots;
 #[cfg(test)]
 mod snapshots_tests;
+#[cfg(test)]
+mod crypt_tests;
 mod spares;
 #[cfg(test)]
 pub(crate) mod testing;
