@@ -33,8 +33,14 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
 
 fn cipher(secs: f64) {
     let xts = Xts::new(DataKey::generate().unwrap()).unwrap();
-    println!("AES-XTS-256 (OpenSSL {}), one thread:", openssl::version::version());
-    println!("{:>8} {:>6} {:>12} {:>12}", "request", "unit", "encrypt GB/s", "decrypt GB/s");
+    println!(
+        "AES-XTS-256 (OpenSSL {}), one thread:",
+        openssl::version::version()
+    );
+    println!(
+        "{:>8} {:>6} {:>12} {:>12}",
+        "request", "unit", "encrypt GB/s", "decrypt GB/s"
+    );
     for req in [4096usize, 128 << 10] {
         for unit in [4096usize, 512] {
             let src = vec![0x5au8; req];
@@ -62,7 +68,14 @@ fn cipher(secs: f64) {
     }
 }
 
-async fn run(dev: &dyn BlockDevice, op: BlockOp, range: u64, bytes: u64, qd: usize, secs: f64) -> f64 {
+async fn run(
+    dev: &dyn BlockDevice,
+    op: BlockOp,
+    range: u64,
+    bytes: u64,
+    qd: usize,
+    secs: f64,
+) -> f64 {
     let slots = range / bytes;
     let blocks = (bytes / BS) as u32;
     let done_ops = Cell::new(0u64);
@@ -125,17 +138,32 @@ fn main() {
     let enc = volume(true, range);
     for v in [&plain, &enc] {
         // Touch every chunk of the RAM members before timing.
-        block_on(run(v, BlockOp::Write { fua: false }, range, 1 << 20, 1, 0.3));
+        block_on(run(
+            v,
+            BlockOp::Write { fua: false },
+            range,
+            1 << 20,
+            1,
+            0.3,
+        ));
     }
     println!(
         "\nraid0 x4 RAM members, one thread, median of {repeat} x {secs} s; IOPS and ratio encrypted/plain"
     );
-    println!("{:<22} {:>12} {:>12} {:>7}", "case", "plain", "encrypted", "ratio");
+    println!(
+        "{:<22} {:>12} {:>12} {:>7}",
+        "case", "plain", "encrypted", "ratio"
+    );
     for (name, op, bytes, qd) in [
         ("4K randread QD32", BlockOp::Read, 4096u64, 32usize),
         ("4K randwrite QD32", BlockOp::Write { fua: false }, 4096, 32),
         ("128K read QD8", BlockOp::Read, 128 << 10, 8),
-        ("128K write QD8", BlockOp::Write { fua: false }, 128 << 10, 8),
+        (
+            "128K write QD8",
+            BlockOp::Write { fua: false },
+            128 << 10,
+            8,
+        ),
     ] {
         let mut p = Vec::new();
         let mut e = Vec::new();

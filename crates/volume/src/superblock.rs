@@ -358,7 +358,11 @@ mod tests {
         // Not encrypted: version 1, zeroes where the envelope would be.
         let plain = sample().encode();
         assert_eq!(u32::from_le_bytes(plain[8..12].try_into().unwrap()), 1);
-        assert!(plain[KEY_AT..KEY_AT + ENVELOPE_BYTES].iter().all(|&b| b == 0));
+        assert!(
+            plain[KEY_AT..KEY_AT + ENVELOPE_BYTES]
+                .iter()
+                .all(|&b| b == 0)
+        );
         let mut sb = sample();
         let kek = Kek::generate().unwrap();
         sb.key = Some(kek.wrap(&DataKey::generate().unwrap()).unwrap());
@@ -370,7 +374,10 @@ mod tests {
         bad[KEY_AT..KEY_AT + ENVELOPE_BYTES].fill(0);
         let crc = crc32c(&bad[..CRC_AT]);
         bad[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
-        assert!(matches!(Superblock::decode(&bad), Err(SuperblockError::Bad(_))));
+        assert!(matches!(
+            Superblock::decode(&bad),
+            Err(SuperblockError::Bad(_))
+        ));
     }
 
     #[test]

@@ -1562,6 +1562,7 @@ fn records_follow_every_member_replacement() {
     });
 }
 
+mod encrypted;
 mod failed;
 mod fence;
 mod force;
@@ -1569,7 +1570,6 @@ mod readd;
 mod state_hook;
 mod sync;
 mod zerocopy;
-mod encrypted;
 
 /// A host's discard of the whole device (mkfs does one) on a redundant
 /// layout: one Deallocate far larger than a stripe, 512 B blocks.

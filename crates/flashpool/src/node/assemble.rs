@@ -421,7 +421,11 @@ impl Node {
         tracing::info!(
             "volume {}: assembled on {drive_names:?}{}",
             vol.name(),
-            if vol.is_encrypted() { " (encrypted, key unwrapped)" } else { "" }
+            if vol.is_encrypted() {
+                " (encrypted, key unwrapped)"
+            } else {
+                ""
+            }
         );
         let as_dev: Arc<dyn BlockDevice> = Arc::new(vol.clone());
         let pool = if ThinPool::is_pool(&as_dev).await {

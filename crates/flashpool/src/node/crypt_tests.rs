@@ -103,7 +103,10 @@ async fn encrypted_volume_on_file_drives_end_to_end() {
         assert!(info.encrypted);
         // The control: the same pattern on an unencrypted volume is found,
         // so the scan below would see plaintext if it were there.
-        let plain = n.create_volume(volume("plain", "raid1", &["f3", "f4"])).await.unwrap();
+        let plain = n
+            .create_volume(volume("plain", "raid1", &["f3", "f4"]))
+            .await
+            .unwrap();
         assert!(!plain.encrypted);
         write_pattern(&*dev_of(&n, "sec").await).await;
         write_pattern(&*dev_of(&n, "plain").await).await;
@@ -116,7 +119,10 @@ async fn encrypted_volume_on_file_drives_end_to_end() {
             "plaintext in member file f{i}"
         );
     }
-    assert!(file_holds(&dir.join("f3.img"), PATTERN), "control: plaintext");
+    assert!(
+        file_holds(&dir.join("f3.img"), PATTERN),
+        "control: plaintext"
+    );
     // The KEK file: made at first start, 0600, no volume key in the log or files.
     {
         use std::os::unix::fs::PermissionsExt;
@@ -165,7 +171,10 @@ async fn encrypted_volume_on_file_drives_end_to_end() {
     {
         let n = node(&specs, &state);
         n.assemble_found(&[]).await.unwrap();
-        assert!(n.volume("sec").await.is_err(), "crypto-erased: nothing to assemble");
+        assert!(
+            n.volume("sec").await.is_err(),
+            "crypto-erased: nothing to assemble"
+        );
         n.shutdown().await;
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -59,7 +59,8 @@ pub fn read_kek(path: &Path) -> Result<Kek> {
             m.mode() & 0o777
         );
     }
-    let text = std::fs::read_to_string(path).with_context(|| format!("kek_file {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("kek_file {}", path.display()))?;
     let t = text.trim();
     let bytes: Option<Vec<u8>> = (t.len() == 2 * KEK_BYTES)
         .then(|| {

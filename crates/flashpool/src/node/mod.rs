@@ -18,6 +18,8 @@
 //! specs above.
 
 mod assemble;
+#[cfg(test)]
+mod crypt_tests;
 mod degraded;
 #[cfg(test)]
 mod degraded_tests;
@@ -45,8 +47,6 @@ mod scrub;
 mod snapshots;
 #[cfg(test)]
 mod snapshots_tests;
-#[cfg(test)]
-mod crypt_tests;
 mod spares;
 #[cfg(test)]
 pub(crate) mod testing;

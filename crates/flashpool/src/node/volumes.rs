@@ -393,10 +393,15 @@ impl Node {
                 ))
             })?,
         };
-        if req.encrypt && !st.volumes.get(&pool_name).is_some_and(|e| match &e.backing {
-            Backing::Drives { vol, .. } => vol.is_encrypted(),
-            _ => false,
-        }) {
+        if req.encrypt
+            && !st
+                .volumes
+                .get(&pool_name)
+                .is_some_and(|e| match &e.backing {
+                    Backing::Drives { vol, .. } => vol.is_encrypted(),
+                    _ => false,
+                })
+        {
             return Err(NodeError::BadRequest(format!(
                 "volume {}: pool {pool_name} is not encrypted; a thin volume is encrypted with its                  pool's key, so create the pool with --encrypt (or leave encrypt out)",
                 req.name
@@ -556,7 +561,11 @@ impl Node {
         tracing::info!(
             "volume {name}: deleted; drives {:?} are free{}",
             e.drives,
-            if erased { "; its data key is destroyed (crypto-erased)" } else { "" }
+            if erased {
+                "; its data key is destroyed (crypto-erased)"
+            } else {
+                ""
+            }
         );
         Ok(())
     }

@@ -68,9 +68,12 @@ pub(crate) fn encrypt_write(
 ) -> Result<(IoRequest, AlignedBuf), IoDone> {
     let len = req.blocks as usize * bs as usize;
     let mut out = c.take(len);
-    let r = c
-        .xts
-        .encrypt(req.lba, bs as usize, &req.buf[..len], &mut out.spare()[..len]);
+    let r = c.xts.encrypt(
+        req.lba,
+        bs as usize,
+        &req.buf[..len],
+        &mut out.spare()[..len],
+    );
     if let Err(e) = r {
         c.give(out);
         return Err(IoDone {
@@ -97,7 +100,13 @@ pub(crate) fn finish_write(c: &CryptPath, done: IoDone, caller: AlignedBuf) -> I
 }
 
 /// Decrypts a read's buffer in place after the members filled it.
-pub(crate) fn decrypt_read(c: &CryptPath, bs: u32, lba: u64, blocks: u32, mut done: IoDone) -> IoDone {
+pub(crate) fn decrypt_read(
+    c: &CryptPath,
+    bs: u32,
+    lba: u64,
+    blocks: u32,
+    mut done: IoDone,
+) -> IoDone {
     if done.result.is_err() {
         return done;
     }
@@ -108,7 +117,10 @@ pub(crate) fn decrypt_read(c: &CryptPath, bs: u32, lba: u64, blocks: u32, mut do
         ));
         return done;
     }
-    if let Err(e) = c.xts.decrypt_in_place(lba, bs as usize, &mut done.buf[..len]) {
+    if let Err(e) = c
+        .xts
+        .decrypt_in_place(lba, bs as usize, &mut done.buf[..len])
+    {
         // Never hand back ciphertext as data.
         done.buf[..len].fill(0);
         done.result = Err(crypt_error("decrypting a read", e));
@@ -152,9 +164,9 @@ impl BlockDevice for EncryptedDevice {
                 Err(done) => IoFuture::Ready(Some(done)),
                 Ok((down, caller)) => {
                     let fut = self.inner.submit(down);
-                    IoFuture::Pending(Box::pin(async move {
-                        finish_write(&path, fut.await, caller)
-                    }))
+                    IoFuture::Pending(Box::pin(
+                        async move { finish_write(&path, fut.await, caller) },
+                    ))
                 }
             },
             _ => {

@@ -159,9 +159,7 @@ impl Kek {
         let n = wrap_key(&aes, None, &mut wrapped, &key.0[..])
             .map_err(|_| CryptError::Library("AES key wrap failed".into()))?;
         if n != WRAPPED_BYTES {
-            return Err(CryptError::Library(format!(
-                "AES key wrap gave {n} bytes"
-            )));
+            return Err(CryptError::Library(format!("AES key wrap gave {n} bytes")));
         }
         Ok(KeyEnvelope {
             kek: self.id,

@@ -33,9 +33,7 @@ mod tests;
 
 pub use device::EncryptedDevice;
 pub(crate) use device::{CryptPath, decrypt_read, encrypt_write, finish_write};
-pub use key::{
-    DATA_KEY_BYTES, DataKey, ENVELOPE_BYTES, KEK_BYTES, Kek, KekId, KeyEnvelope, wipe,
-};
+pub use key::{DATA_KEY_BYTES, DataKey, ENVELOPE_BYTES, KEK_BYTES, Kek, KekId, KeyEnvelope, wipe};
 pub use xts::Xts;
 
 /// Why a key could not be made, wrapped or used.

@@ -22,7 +22,11 @@ const V10_CT: &str = "1c3b3a102f770386e4836c99e370cf9bea00803f5e482357a4ae12d414
 fn v10() -> (Xts, Vec<u8>, Vec<u8>) {
     let key: [u8; 64] = unhex(V10_KEY).try_into().unwrap();
     let pt: Vec<u8> = (0..512).map(|i| (i % 256) as u8).collect();
-    (Xts::new(DataKey::from_bytes(key)).unwrap(), pt, unhex(V10_CT))
+    (
+        Xts::new(DataKey::from_bytes(key)).unwrap(),
+        pt,
+        unhex(V10_CT),
+    )
 }
 
 #[test]
@@ -96,12 +100,22 @@ fn wrap_unwrap_and_wrong_keks() {
     assert_eq!(format!("{kek:?}"), format!("Kek({})", kek.id()));
 }
 
-fn io(dev: &dyn BlockDevice, op: BlockOp, lba: u64, data: &[u8]) -> (AlignedBuf, Result<(), blockdev::BlockError>) {
+fn io(
+    dev: &dyn BlockDevice,
+    op: BlockOp,
+    lba: u64,
+    data: &[u8],
+) -> (AlignedBuf, Result<(), blockdev::BlockError>) {
     let mut buf = AlignedBuf::new(data.len());
     buf.set_len(data.len());
     buf.copy_from_slice(data);
     let blocks = (data.len() / dev.geometry().block_size as usize) as u32;
-    let done = block_on(dev.submit(IoRequest { op, lba, blocks, buf }));
+    let done = block_on(dev.submit(IoRequest {
+        op,
+        lba,
+        blocks,
+        buf,
+    }));
     (done.buf, done.result)
 }
 
@@ -109,7 +123,8 @@ fn io(dev: &dyn BlockDevice, op: BlockOp, lba: u64, data: &[u8]) -> (AlignedBuf,
 fn decorator_round_trip_keeps_the_callers_buffer_and_stores_ciphertext() {
     for bs in [512u32, 4096] {
         let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 20, bs).unwrap());
-        let dev = EncryptedDevice::new(mem.clone(), Xts::new(DataKey::generate().unwrap()).unwrap());
+        let dev =
+            EncryptedDevice::new(mem.clone(), Xts::new(DataKey::generate().unwrap()).unwrap());
         let data: Vec<u8> = (0..3 * bs as usize).map(|i| (i * 7 % 251) as u8).collect();
         let (back, r) = io(&dev, BlockOp::Write { fua: false }, 5, &data);
         r.unwrap();
@@ -137,7 +152,12 @@ fn decorator_round_trip_keeps_the_callers_buffer_and_stores_ciphertext() {
         r.unwrap();
         assert!(z.iter().all(|&b| b == 0));
         // Out of range is refused before anything is encrypted.
-        let (_, r) = io(&dev, BlockOp::Write { fua: false }, dev.geometry().num_blocks, &data);
+        let (_, r) = io(
+            &dev,
+            BlockOp::Write { fua: false },
+            dev.geometry().num_blocks,
+            &data,
+        );
         assert!(r.is_err());
         assert!(dev.describe().starts_with("aes-xts-256 over "));
     }

@@ -102,7 +102,12 @@ impl Xts {
     /// Decrypts `buf` in place (whole units, the first at data unit
     /// `first`). A unit whose ciphertext is all zeroes stays zeroes (see the
     /// module docs: never-written and deallocated blocks read as zeroes).
-    pub fn decrypt_in_place(&self, first: u64, unit: usize, buf: &mut [u8]) -> Result<(), CryptError> {
+    pub fn decrypt_in_place(
+        &self,
+        first: u64,
+        unit: usize,
+        buf: &mut [u8],
+    ) -> Result<(), CryptError> {
         check_units(unit, buf.len())?;
         self.with_pair(|p| {
             for (i, u) in buf.chunks_mut(unit).enumerate() {
@@ -119,7 +124,12 @@ impl Xts {
     }
 
     /// Encrypts `buf` in place (tests and benches).
-    pub fn encrypt_in_place(&self, first: u64, unit: usize, buf: &mut [u8]) -> Result<(), CryptError> {
+    pub fn encrypt_in_place(
+        &self,
+        first: u64,
+        unit: usize,
+        buf: &mut [u8],
+    ) -> Result<(), CryptError> {
         check_units(unit, buf.len())?;
         self.with_pair(|p| {
             for (i, u) in buf.chunks_mut(unit).enumerate() {

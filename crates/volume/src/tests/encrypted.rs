@@ -69,7 +69,10 @@ fn every_layout_keeps_only_ciphertext_on_members_and_needs_the_key() {
             assert!(vread(&vol, 12, 2).await.iter().all(|&b| b == 0), "{kind}");
             vol.close().await.unwrap();
             for m in &rig.mems {
-                assert!(!holds(m, b"FLASHPOOL-PLAINTEXT-"), "{kind}: plaintext on a member");
+                assert!(
+                    !holds(m, b"FLASHPOOL-PLAINTEXT-"),
+                    "{kind}: plaintext on a member"
+                );
             }
             drop(vol);
             // Reassembled: locked until the key is given; I/O refused, not garbage.
@@ -111,9 +114,7 @@ fn rebuild_and_scrub_work_on_ciphertext_and_a_rewrap_keeps_the_data() {
         vol.fail_member(1).await.unwrap();
         let s = {
             let size = rig.mems[0].geometry().size_bytes();
-            crate::fault::FaultDevice::new(Arc::new(
-                blockdev::MemDevice::new(size, 512).unwrap(),
-            ))
+            crate::fault::FaultDevice::new(Arc::new(blockdev::MemDevice::new(size, 512).unwrap()))
         };
         vol.replace_member(1, s.clone()).await.unwrap();
         rig.faults[1] = s.clone();
