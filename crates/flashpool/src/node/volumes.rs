@@ -136,6 +136,15 @@ impl Node {
                             req.name
                         );
                     }
+                    // Encrypting in place would turn its data into garbage.
+                    if req.encrypt && !vol.is_encrypted() {
+                        anyhow::bail!(
+                            "volume {}: the TOML says encrypt = true but the volume on its drives is \
+                             not encrypted (a volume is encrypted when it is made); remove encrypt, \
+                             or copy the data to a new encrypted volume",
+                            req.name
+                        );
+                    }
                     if e.drives != req.drives {
                         tracing::warn!(
                             "volume {}: runs on drives {:?} but the TOML lists {:?} (a drive was replaced); update the TOML",
@@ -403,7 +412,8 @@ impl Node {
                 })
         {
             return Err(NodeError::BadRequest(format!(
-                "volume {}: pool {pool_name} is not encrypted; a thin volume is encrypted with its                  pool's key, so create the pool with --encrypt (or leave encrypt out)",
+                "volume {}: pool {pool_name} is not encrypted; a thin volume is encrypted with its \
+                 pool's key, so create the pool with --encrypt (or leave encrypt out)",
                 req.name
             )));
         }
