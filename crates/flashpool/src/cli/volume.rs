@@ -447,6 +447,9 @@ pub(super) fn print_volume(v: &VolumeInfo) {
     if let Some(r) = &v.reason {
         outln!("  {}: {r}", v.state);
     }
+    if v.encrypted {
+        outln!("  encrypted at rest (AES-XTS-256)");
+    }
     outln!("  exported as: {}", export_text(v));
     if let Some(p) = &v.pool {
         let kind = if v.snapshot {
