@@ -71,6 +71,9 @@ pub fn run(
         })?;
     }
     let node = Node::with_state_dir(state, cfg.node.state_dir.as_deref());
+    if let Some(p) = cfg.node.kek_path() {
+        node.set_keyring(crate::node::keys::load_keyring(&p).context("config: node.kek_file")?);
+    }
     node.set_cluster(cluster);
     rt.block_on(async {
         node.open_configured_remotes(&drive_specs).await;

@@ -2,13 +2,15 @@
 //! raid1 (n-way), raid5, raid6 and k+m Reed-Solomon, with a write-intent
 //! bitmap against the write hole, degraded I/O, and throttled, resumable
 //! rebuild. A [`Volume`] is itself a `BlockDevice`, so the target serves it
-//! like any other namespace.
+//! like any other namespace. A volume made with a key ([`crypt`]) encrypts
+//! every block (AES-XTS-256) before it leaves for a member.
 //!
 //! On-member format: the first `meta_bytes` of every member hold the
 //! [`superblock`] (4 KiB), then the [`intent`] bitmap, then the write
 //! journal, and at the end the device-kept [`records`]; data starts after.
 
 mod crc;
+pub mod crypt;
 #[cfg(feature = "testing")]
 pub mod fault;
 pub mod intent;

@@ -19,6 +19,7 @@
 //! | 72 | 8 | member byte offset of the device-kept record area ([`crate::records`]); 0: none (volumes made before it: zero here) |
 //! | 80 | 24 * n | member table: state (0 active, 1 failed, 2 rebuilding, 3 resyncing), pad, then 8 bytes: the rebuild or resync checkpoint (stripe) for states 2 and 3, for state 1 the generation at which the member failed with the intent bitmap kept from then on (0: unknown), then data-area blocks |
 //! | 3072 | 64 | name: length byte, then up to 63 bytes of UTF-8 (zero when unnamed) |
+//! | 3136 | 128 | format version 2 only: the wrapped data key of an encrypted volume ([`crate::crypt::KeyEnvelope`]) |
 //! | 4092 | 4 | CRC32C of bytes 0..4092 |
 //!
 //! Compatibility (format version stays 1): state 3 (resyncing, a re-added
@@ -31,13 +32,24 @@
 //! bitmap while degraded), so after such a build ran, re-add falls back to
 //! a full rebuild, which is safe.
 
+//! Encrypted volumes (with a key envelope) are written as format version 2,
+//! every other volume as version 1, as before: a build from before
+//! encryption refuses an encrypted volume ("format version 2 is not
+//! supported") instead of serving its ciphertext as data, and reads every
+//! volume it made itself unchanged.
+
 // Public here as before it had a module of its own.
 pub use crate::crc::crc32c;
+use crate::crypt::{ENVELOPE_BYTES, KeyEnvelope};
 use crate::layout::{LayoutKind, MAX_MEMBERS};
 
 pub const SB_BYTES: usize = 4096;
 pub const MAGIC: [u8; 8] = *b"FLPLVOL1";
 const VERSION: u32 = 1;
+/// The format of an encrypted volume's superblocks (a key envelope at [`KEY_AT`]).
+const VERSION_ENCRYPTED: u32 = 2;
+/// Where an encrypted volume's key envelope lives.
+pub const KEY_AT: usize = NAME_AT + 64;
 const TABLE_AT: usize = 80;
 const ENTRY: usize = 24;
 const CRC_AT: usize = SB_BYTES - 4;
@@ -127,6 +139,8 @@ pub struct Superblock {
     /// The operator's name for the volume; names longer than
     /// [`MAX_NAME_BYTES`] are cut at a character boundary.
     pub name: String,
+    /// An encrypted volume's wrapped data key; None: not encrypted.
+    pub key: Option<KeyEnvelope>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -135,7 +149,7 @@ pub enum SuperblockError {
     NoMagic([u8; 8]),
     #[error("superblock checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
     Checksum { stored: u32, computed: u32 },
-    #[error("superblock format version {0} is not supported (this build reads 1)")]
+    #[error("superblock format version {0} is not supported (this build reads 1 and 2)")]
     Version(u32),
     #[error("superblock is inconsistent: {0}")]
     Bad(String),
@@ -145,7 +159,12 @@ impl Superblock {
     pub fn encode(&self) -> [u8; SB_BYTES] {
         let mut b = [0u8; SB_BYTES];
         b[0..8].copy_from_slice(&MAGIC);
-        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let version = if self.key.is_some() {
+            VERSION_ENCRYPTED
+        } else {
+            VERSION
+        };
+        b[8..12].copy_from_slice(&version.to_le_bytes());
         b[12] = self.role.code();
         b[16..32].copy_from_slice(&self.uuid);
         b[32..40].copy_from_slice(&self.generation.to_le_bytes());
@@ -180,6 +199,9 @@ impl Superblock {
         }
         b[NAME_AT] = len as u8;
         b[NAME_AT + 1..NAME_AT + 1 + len].copy_from_slice(&self.name.as_bytes()[..len]);
+        if let Some(k) = &self.key {
+            b[KEY_AT..KEY_AT + ENVELOPE_BYTES].copy_from_slice(&k.encode());
+        }
         let crc = crc32c(&b[..CRC_AT]);
         b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -205,9 +227,17 @@ impl Superblock {
             return Err(SuperblockError::Checksum { stored, computed });
         }
         let version = u32_at(8);
-        if version != VERSION {
-            return Err(SuperblockError::Version(version));
-        }
+        let key = match version {
+            VERSION => None,
+            VERSION_ENCRYPTED => Some(
+                KeyEnvelope::decode(&b[KEY_AT..KEY_AT + ENVELOPE_BYTES])
+                    .map_err(|e| SuperblockError::Bad(e.to_string()))?
+                    .ok_or_else(|| {
+                        SuperblockError::Bad("format version 2 without a key envelope".into())
+                    })?,
+            ),
+            _ => return Err(SuperblockError::Version(version)),
+        };
         let n = u16_at(42) as usize;
         if n == 0 || n > MAX_MEMBERS {
             return Err(SuperblockError::Bad(format!("member count {n}")));
@@ -277,6 +307,7 @@ impl Superblock {
                 String::from_utf8(b[NAME_AT + 1..NAME_AT + 1 + len].to_vec())
                     .map_err(|_| SuperblockError::Bad("name is not UTF-8".into()))?
             },
+            key,
         })
     }
 
@@ -360,7 +391,36 @@ mod tests {
                 })
                 .collect(),
             name: "vol-ü".into(),
+            key: None,
         }
+    }
+
+    #[test]
+    fn key_envelope_makes_format_version_2() {
+        use crate::crypt::{DataKey, Kek};
+        // Not encrypted: version 1, zeroes where the envelope would be.
+        let plain = sample().encode();
+        assert_eq!(u32::from_le_bytes(plain[8..12].try_into().unwrap()), 1);
+        assert!(
+            plain[KEY_AT..KEY_AT + ENVELOPE_BYTES]
+                .iter()
+                .all(|&b| b == 0)
+        );
+        let mut sb = sample();
+        let kek = Kek::generate().unwrap();
+        sb.key = Some(kek.wrap(&DataKey::generate().unwrap()).unwrap());
+        let b = sb.encode();
+        assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 2);
+        assert_eq!(Superblock::decode(&b).unwrap(), sb);
+        // Version 2 without an envelope is refused, not read as plaintext.
+        let mut bad = b;
+        bad[KEY_AT..KEY_AT + ENVELOPE_BYTES].fill(0);
+        let crc = crc32c(&bad[..CRC_AT]);
+        bad[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            Superblock::decode(&bad),
+            Err(SuperblockError::Bad(_))
+        ));
     }
 
     #[test]

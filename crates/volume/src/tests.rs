@@ -1562,6 +1562,7 @@ fn records_follow_every_member_replacement() {
     });
 }
 
+mod encrypted;
 mod failed;
 mod fence;
 mod force;

@@ -168,6 +168,7 @@ pub(super) async fn create_v(a: &Arc<Agent>) -> crate::node::VolumeInfo {
             nqn: NQN.into(),
             nsid: 1,
         }),
+        encrypt: false,
     })
     .await
     .unwrap()
@@ -433,6 +434,7 @@ async fn create_raid1(a: &Arc<Agent>, i: usize) {
             nqn: NQN.into(),
             nsid: i as u32 + 1,
         }),
+        encrypt: false,
     })
     .await
     .unwrap();

@@ -133,6 +133,7 @@ fn standby(name: &str, uuid: &str, owner: Option<String>, ana: String) -> Volume
         block_size: 0,
         strip_bytes: 0,
         state: "standby".into(),
+        encrypted: false,
         reason: Some(format!(
             "owned by {}; served here on standby",
             owner.as_deref().unwrap_or("no node right now")

@@ -310,6 +310,10 @@ pub(super) async fn move_volume(
 pub(super) async fn drain_node(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
     ok(a.agent()?.drain(&name, true).await?)
 }
+/// Rewraps every encrypted volume's key under a new key-encryption key.
+pub(super) async fn rotate_kek(State(n): State<Arc<Node>>) -> ApiResult {
+    ok(n.rotate_kek().await?)
+}
 pub(super) async fn undrain_node(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
     ok(a.agent()?.drain(&name, false).await?)
 }

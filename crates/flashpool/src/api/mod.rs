@@ -23,7 +23,7 @@ mod snapshots;
 #[cfg(test)]
 mod tests;
 mod tls;
-mod token;
+pub(crate) mod token;
 
 pub use handlers::App;
 // The node and agent tests serve the router without the server around it.

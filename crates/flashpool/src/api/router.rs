@@ -22,6 +22,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/volumes/{name}/move", post(move_volume))
         .route("/v1/nodes/{name}/drain", post(drain_node))
         .route("/v1/nodes/{name}/undrain", post(undrain_node))
+        .route("/v1/node/rotate-kek", post(rotate_kek))
         .route("/v1/drives", get(drives))
         .route("/v1/drives/{name}", get(drive))
         .route("/v1/drives/{name}/fail", post(fail_drive))

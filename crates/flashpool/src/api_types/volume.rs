@@ -39,6 +39,12 @@ pub struct CreateVolume {
     /// Serve it at once as this namespace.
     #[serde(default)]
     pub export: Option<ExportRequest>,
+    /// Encrypt it at rest (AES-XTS-256, a data key of its own wrapped by
+    /// the node's key-encryption key). A thin pool's key covers its thin
+    /// volumes, snapshots and clones: a thin volume is encrypted when its
+    /// pool is (`encrypt` on it asks for that and is refused otherwise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypt: bool,
 }
 
 /// `POST /v1/volumes/{name}/export`.
@@ -132,6 +138,9 @@ pub struct VolumeInfo {
     /// failed or not yet rebuilt than the layout tolerates: I/O that needs
     /// them fails), or offline (not assembled: not served).
     pub state: String,
+    /// Encrypted at rest (AES-XTS-256); a thin volume when its pool is.
+    #[serde(default)]
+    pub encrypted: bool,
     /// Why the volume is failed or offline.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

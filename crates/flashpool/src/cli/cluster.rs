@@ -19,6 +19,9 @@ pub enum NodeCmd {
     Drain { node: String },
     /// Let NODE own volumes again.
     Undrain { node: String },
+    /// Rewrap every encrypted volume's key under a new key-encryption key
+    /// (the node asked; its kek_file is replaced). No data is rewritten.
+    RotateKek,
 }
 
 /// `flashpool cluster ...`.
@@ -90,6 +93,21 @@ pub fn node(api: ApiArgs, cmd: NodeCmd) -> Result<()> {
     let (node, verb) = match &cmd {
         NodeCmd::Drain { node } => (node, "drain"),
         NodeCmd::Undrain { node } => (node, "undrain"),
+        NodeCmd::RotateKek => {
+            let a = c.post::<()>("/node/rotate-kek", None)?;
+            if api.json {
+                return api.print_json(a.json());
+            }
+            let r: crate::node::keys::RotateReport = a.parse()?;
+            outln!(
+                "key-encryption key is now {}; rewrapped the keys of {} volume(s){}{}",
+                r.kek_id,
+                r.rewrapped.len(),
+                if r.rewrapped.is_empty() { "" } else { ": " },
+                r.rewrapped.join(", ")
+            );
+            return Ok(());
+        }
     };
     let a = c.post::<()>(&format!("/nodes/{node}/{verb}"), None)?;
     if api.json {

@@ -49,6 +49,10 @@ pub enum VolumeCmd {
         /// Rebuild speed limit per second, e.g. 200MiB.
         #[arg(long)]
         rebuild_rate: Option<String>,
+        /// Encrypt it at rest (AES-XTS-256, a key of its own wrapped by the
+        /// node's kek_file); a thin volume is encrypted when its pool is.
+        #[arg(long)]
+        encrypt: bool,
         /// Serve it at once in this subsystem (a cluster pool: where its
         /// thin volumes are served)...
         #[arg(long)]
@@ -190,6 +194,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             strip,
             block_size,
             rebuild_rate,
+            encrypt,
             export,
             nsid,
             qos,
@@ -210,6 +215,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
                 block_size,
                 rebuild_rate,
                 export: export_request(export, nsid),
+                encrypt,
             };
             let mut body = serde_json::to_value(&req)?;
             if let Some(q) = qos.request(false)? {
@@ -440,6 +446,9 @@ pub(super) fn print_volume(v: &VolumeInfo) {
     );
     if let Some(r) = &v.reason {
         outln!("  {}: {r}", v.state);
+    }
+    if v.encrypted {
+        outln!("  encrypted at rest (AES-XTS-256)");
     }
     outln!("  exported as: {}", export_text(v));
     if let Some(p) = &v.pool {

@@ -44,6 +44,20 @@ pub struct NodeSection {
     /// This node's configured TLS PSK, for TLS to other nodes' exports
     /// (their `[[peer]] tls_key_file` holds the same key).
     pub tls_key_file: Option<PathBuf>,
+    /// The key-encryption key that wraps encrypted volumes' keys (64 hex
+    /// digits, mode 0600), made at the first start when absent. Default
+    /// `<state_dir>/kek`. Every node of a cluster needs the same file.
+    pub kek_file: Option<PathBuf>,
+}
+
+impl NodeSection {
+    /// Where the KEK is kept: `kek_file`, else `<state_dir>/kek`; None
+    /// without either (the node then refuses to make encrypted volumes).
+    pub fn kek_path(&self) -> Option<PathBuf> {
+        self.kek_file
+            .clone()
+            .or_else(|| self.state_dir.as_ref().map(|d| d.join("kek")))
+    }
 }
 
 impl Default for NodeSection {
@@ -61,6 +75,7 @@ impl Default for NodeSection {
             dhchap_key_file: None,
             dhchap_ctrl_key_file: None,
             tls_key_file: None,
+            kek_file: None,
         }
     }
 }

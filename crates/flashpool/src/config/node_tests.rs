@@ -218,3 +218,15 @@ fn subsystem_host_hashes_and_groups() {
     ));
     assert!(e.contains("no dhchap_key_file"), "{e}");
 }
+
+#[test]
+fn kek_file_defaults_to_the_state_dir() {
+    let c: NodeConfig = toml::from_str("[node]\nstate_dir = \"/var/lib/fp\"\n").unwrap();
+    assert_eq!(c.node.kek_path(), Some("/var/lib/fp/kek".into()));
+    let c: NodeConfig =
+        toml::from_str("[node]\nstate_dir = \"/var/lib/fp\"\nkek_file = \"/etc/fp/kek\"\n")
+            .unwrap();
+    assert_eq!(c.node.kek_path(), Some("/etc/fp/kek".into()));
+    let c: NodeConfig = toml::from_str("").unwrap();
+    assert_eq!(c.node.kek_path(), None);
+}

@@ -29,6 +29,9 @@ pub struct VolumeSection {
     /// A thin volume in the pool on this volume, of `size` bytes.
     pub pool: Option<String>,
     pub size: Option<Size>,
+    /// Encrypt the volume when it is made (AES-XTS-256, `[node] kek_file`).
+    #[serde(default)]
+    pub encrypt: bool,
 }
 
 /// `[scrub]`: scrub every redundant volume on a schedule.
@@ -136,6 +139,7 @@ pub fn volume_specs(
             pool: v.pool.clone(),
             size: v.size.map(|s| s.bytes().to_string()),
             export: None,
+            encrypt: v.encrypt,
         });
     }
     // Pools before the thin volumes they hold.

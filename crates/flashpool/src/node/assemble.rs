@@ -413,7 +413,22 @@ impl Node {
                 ))));
             }
         };
-        tracing::info!("volume {}: assembled on {drive_names:?}", vol.name());
+        if let Err(why) = self.unlock_volume(&vol) {
+            // Locked, it would serve nothing; it never serves ciphertext.
+            return Err(AssembleError::Volume(NodeError::Conflict(format!(
+                "volume {:?} on drives {drive_names:?}: {why}",
+                newest.name
+            ))));
+        }
+        tracing::info!(
+            "volume {}: assembled on {drive_names:?}{}",
+            vol.name(),
+            if vol.is_encrypted() {
+                " (encrypted, key unwrapped)"
+            } else {
+                ""
+            }
+        );
         let as_dev: Arc<dyn BlockDevice> = Arc::new(vol.clone());
         let (mut pool, mut extent, mut pool_waiting) = (None, None, None);
         // Block 0 is read as pool metadata only where the superblocks say

@@ -259,6 +259,7 @@ mod tests {
             region_stripes: 1,
             records_at: 0,
             role: Default::default(),
+            key: None,
             members: states
                 .iter()
                 .map(|s| MemberEntry {

@@ -23,7 +23,7 @@ impl Node {
         pool: &str,
         req: ExpandPool,
     ) -> NodeResult<VolumeInfo> {
-        let (p, layout, strip, block_size, n) = {
+        let (p, layout, strip, block_size, n, encrypt) = {
             let st = self.state.lock().await;
             let e = st
                 .volumes
@@ -43,6 +43,7 @@ impl Node {
                 format!("{strip}"),
                 geo.block_size,
                 p.extents().len(),
+                vol.is_encrypted(),
             )
         };
         if req.drives.is_empty() {
@@ -66,6 +67,8 @@ impl Node {
             block_size: Some(block_size),
             rebuild_rate: None,
             export: None,
+            // The pool's data on the extent is as protected as on its base.
+            encrypt,
         };
         self.create_extent_volume(create).await?;
         let mut st = self.state.lock().await;

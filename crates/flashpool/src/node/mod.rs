@@ -18,6 +18,8 @@
 //! specs above.
 
 mod assemble;
+#[cfg(test)]
+mod crypt_tests;
 mod degraded;
 #[cfg(test)]
 mod degraded_tests;
@@ -33,6 +35,7 @@ mod grow;
 mod grow_tests;
 pub mod identity;
 pub mod jobs;
+pub mod keys;
 pub mod monitor;
 mod ops;
 mod owned;
@@ -274,6 +277,8 @@ pub struct Node {
     etcd_managed: std::sync::atomic::AtomicBool,
     /// What the node reports to operators (`GET /v1/events`).
     pub events: Arc<crate::events::Events>,
+    /// The key-encryption key(s) that wrap encrypted volumes' keys.
+    keys: parking_lot::RwLock<keys::Keyring>,
 }
 
 impl Node {
@@ -287,6 +292,7 @@ impl Node {
             cluster: std::sync::OnceLock::new(),
             etcd_managed: std::sync::atomic::AtomicBool::new(false),
             events: Arc::default(),
+            keys: parking_lot::RwLock::new(keys::Keyring::default()),
         })
     }
 

@@ -37,6 +37,7 @@ pub(crate) fn volume(name: &str, layout: &str, drives: &[&str]) -> CreateVolume 
         block_size: None,
         rebuild_rate: None,
         export: None,
+        encrypt: false,
     }
 }
 
@@ -88,6 +89,10 @@ impl TestNode {
             st.drives.insert(s.name.clone(), s.open().unwrap());
         }
         let node = Node::with_state_dir(st, self.state_dir.as_deref());
+        // As `serve` without `[node] kek_file`: the KEK in the state directory.
+        if let Some(d) = &self.state_dir {
+            node.set_keyring(super::keys::load_keyring(&d.join("kek")).unwrap());
+        }
         if let Some(c) = self.cluster {
             node.set_cluster(c);
         }

@@ -472,6 +472,7 @@ pub(super) fn thin_req(name: &str, pool: &str, size: &str) -> CreateVolume {
         block_size: None,
         rebuild_rate: None,
         export: None,
+        encrypt: false,
     }
 }
 

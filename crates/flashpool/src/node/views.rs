@@ -119,6 +119,7 @@ impl NodeState {
             block_size: geo.block_size,
             strip_bytes: 0,
             state: "optimal".into(),
+            encrypted: false,
             reason: None,
             generation: 0,
             members: Vec::new(),
@@ -152,6 +153,7 @@ impl NodeState {
             Backing::Drives { vol, pool } => {
                 let states = vol.member_states();
                 info.layout = vol.layout().kind().to_string();
+                info.encrypted = vol.is_encrypted();
                 info.strip_bytes = vol.layout().strip_blocks() * u64::from(geo.block_size);
                 info.state = volume_state(vol).into();
                 if info.state == "optimal" && vol.unsynced_regions() > 0 {
@@ -206,6 +208,7 @@ impl NodeState {
                     && let Some(vol) = pe.on_drives()
                 {
                     info.state = volume_state(vol).into();
+                    info.encrypted = vol.is_encrypted();
                     info.reason =
                         failed_reason(vol, &pe.drives).map(|r| format!("pool {pool}: {r}"));
                 }

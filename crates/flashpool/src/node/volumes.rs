@@ -137,6 +137,15 @@ impl Node {
                             req.name
                         );
                     }
+                    // Encrypting in place would turn its data into garbage.
+                    if req.encrypt && !vol.is_encrypted() {
+                        anyhow::bail!(
+                            "volume {}: the TOML says encrypt = true but the volume on its drives is \
+                             not encrypted (a volume is encrypted when it is made); remove encrypt, \
+                             or copy the data to a new encrypted volume",
+                            req.name
+                        );
+                    }
                     if e.drives != req.drives {
                         tracing::warn!(
                             "volume {}: runs on drives {:?} but the TOML lists {:?} (a drive was replaced); update the TOML",
@@ -296,6 +305,9 @@ impl Node {
             .map(|r| size_arg("rebuild_rate", r))
             .transpose()?;
         cfg.name = req.name.clone();
+        if req.encrypt {
+            cfg.key = Some(self.new_volume_key(&req.name)?);
+        }
         let mut st = self.state.lock().await;
         if st.volumes.contains_key(&req.name) {
             return Err(NodeError::AlreadyExists {
@@ -350,10 +362,11 @@ impl Node {
             self.spawn_sync(&st, &req.name, &vol);
         }
         tracing::info!(
-            "volume {}: created ({} on {:?})",
+            "volume {}: created ({} on {:?}{})",
             req.name,
             kind,
-            req.drives
+            req.drives,
+            if req.encrypt { ", encrypted" } else { "" }
         );
         Ok(info)
     }
@@ -415,6 +428,21 @@ impl Node {
                 ))
             })?,
         };
+        if req.encrypt
+            && !st
+                .volumes
+                .get(&pool_name)
+                .is_some_and(|e| match &e.backing {
+                    Backing::Drives { vol, .. } => vol.is_encrypted(),
+                    _ => false,
+                })
+        {
+            return Err(NodeError::BadRequest(format!(
+                "volume {}: pool {pool_name} is not encrypted; a thin volume is encrypted with its \
+                 pool's key, so create the pool with --encrypt (or leave encrypt out)",
+                req.name
+            )));
+        }
         if let Some(x) = &req.export {
             self.check_export_free(x)?;
         }
@@ -543,7 +571,10 @@ impl Node {
             if limited {
                 self.forget_qos(&st, name);
             }
-            tracing::info!("volume {name}: deleted from pool {pool}; its clusters are free");
+            tracing::info!(
+                "volume {name}: deleted from pool {pool}; its clusters are free (an encrypted \
+                 pool's key stays: it is erased with the pool)"
+            );
             return Ok(());
         }
         let e = st.volumes.remove(name).expect("found above");
@@ -587,7 +618,18 @@ impl Node {
             }
         }
         self.unclaim(&st, &e.drives).await;
-        tracing::info!("volume {name}: deleted; drives {:?} are free", e.drives);
+        // The superblocks held the only copies of an encrypted volume's
+        // wrapped key: with them gone its data is unreadable (crypto-erase).
+        let erased = e.on_drives().is_some_and(|v| v.is_encrypted());
+        tracing::info!(
+            "volume {name}: deleted; drives {:?} are free{}",
+            e.drives,
+            if erased {
+                "; its data key is destroyed (crypto-erased)"
+            } else {
+                ""
+            }
+        );
         Ok(())
     }
 }

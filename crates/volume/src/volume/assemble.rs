@@ -2,7 +2,7 @@
 //! superblocks after a restart (journal replay, then bitmap resync).
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use blockdev::{BlockDevice, BlockOp};
 use futures_util::future::join_all;
@@ -127,6 +127,11 @@ impl Volume {
             let mut m = vol.inner.members.write();
             m.name = cfg.name.clone();
             m.role = cfg.role;
+        }
+        if let Some((env, key)) = &cfg.key {
+            vol.inner.members.write().key = Some(*env);
+            vol.inner.encrypted.store(true, Ordering::Relaxed);
+            vol.unlock(key)?;
         }
         vol.inner.write_bitmap_all_zero().await?;
         vol.inner.wipe_journal().await;
@@ -333,6 +338,10 @@ impl Volume {
             m.version += 1;
             m.name = newest.name.clone();
             m.role = newest.role;
+            m.key = newest.key;
+            vol.inner
+                .encrypted
+                .store(newest.key.is_some(), Ordering::Relaxed);
             // What a failed member missed is on the bitmap since it failed
             // (the superblocks say when), or, for one found missing now that
             // was in use until the last run, since now.
@@ -479,6 +488,7 @@ impl Inner {
                 clean: false,
                 name: String::new(),
                 role: VolumeRole::Unknown,
+                key: None,
                 failed_at: vec![0; n],
                 stale: None,
                 snapshot: None,
@@ -497,6 +507,8 @@ impl Inner {
             records_at,
             records: parking_lot::Mutex::new(RecordState::default()),
             state_hook: parking_lot::Mutex::new(Default::default()),
+            encrypted: std::sync::atomic::AtomicBool::new(false),
+            crypt: arc_swap::ArcSwapOption::empty(),
             fence,
             layout,
         })

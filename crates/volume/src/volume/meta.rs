@@ -205,6 +205,7 @@ impl Inner {
                                 role: st.role,
                                 members: entries.clone(),
                                 name: st.name.clone(),
+                                key: st.key,
                             }
                             .encode()
                         })

@@ -30,6 +30,7 @@ use blockdev::{
 };
 use parking_lot::RwLock;
 
+use crate::crypt::{CryptPath, DataKey, KeyEnvelope};
 use crate::intent::IntentLog;
 use crate::journal::Journal;
 use crate::layout::{Layout, LayoutError, LayoutKind};
@@ -39,6 +40,7 @@ use crate::records;
 use crate::superblock::{MemberState, Superblock, SuperblockError, VolumeRole, uuid_string};
 
 mod assemble;
+mod encrypt;
 mod fence;
 mod force;
 pub(crate) mod member_io;
@@ -105,6 +107,10 @@ pub struct VolumeConfig {
     pub name: String,
     /// Recorded in the superblocks (`Unknown` unless the caller says).
     pub role: VolumeRole,
+    /// Encrypt the volume (AES-XTS-256, [`crate::crypt`]) with this data
+    /// key, kept in the superblocks as this envelope (the key wrapped by a
+    /// key-encryption key). None: not encrypted.
+    pub key: Option<(KeyEnvelope, DataKey)>,
 }
 
 impl VolumeConfig {
@@ -120,6 +126,7 @@ impl VolumeConfig {
             write_journal: true,
             name: String::new(),
             role: VolumeRole::Unknown,
+            key: None,
         }
     }
 }
@@ -243,6 +250,8 @@ pub(crate) struct Members {
     pub name: String,
     /// What the volume is for, kept in the superblocks.
     pub role: VolumeRole,
+    /// An encrypted volume's wrapped data key, kept in the superblocks.
+    pub key: Option<KeyEnvelope>,
     /// Per member: for a failed member, the generation at which it failed
     /// while the intent bitmap was kept from then on (every region written
     /// since is set on the others' bitmaps), so it can be re-added through
@@ -294,6 +303,10 @@ pub(crate) struct Inner {
     pub(crate) unsynced: parking_lot::Mutex<Vec<u64>>,
     /// Records member state changes outside (`state_hook.rs`).
     pub(crate) state_hook: parking_lot::Mutex<state_hook::HookSlot>,
+    /// Whether the volume is encrypted (fixed when made); its I/O then
+    /// needs `crypt`, the unwrapped key, and fails while it is None.
+    pub(crate) encrypted: std::sync::atomic::AtomicBool,
+    pub(crate) crypt: arc_swap::ArcSwapOption<CryptPath>,
 }
 
 #[derive(Default)]
@@ -616,6 +629,11 @@ impl BlockDevice for Volume {
             return IoFuture::ready(req.buf, Ok(()));
         }
         let inner = self.inner.clone();
+        if self.inner.encrypted.load(Ordering::Relaxed)
+            && matches!(req.op, BlockOp::Read | BlockOp::Write { .. })
+        {
+            return self.submit_encrypted(req);
+        }
         IoFuture::Pending(Box::pin(inner.handle(req)))
     }
 
