@@ -9,7 +9,7 @@ use std::sync::Arc;
 use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
 
 use super::testing::{TestNode, volume};
-use super::tests::tempdir;
+use super::tests::{io, tempdir};
 use super::{DriveSpec, Node};
 
 const MIB: u64 = 1 << 20;
@@ -43,29 +43,11 @@ fn block(lba: u64) -> Vec<u8> {
     b
 }
 
-async fn rw(dev: &dyn BlockDevice, op: BlockOp, lba: u64, data: Option<&[u8]>) -> Vec<u8> {
-    let mut buf = AlignedBuf::new(4096);
-    buf.set_len(4096);
-    if let Some(d) = data {
-        buf.copy_from_slice(d);
-    }
-    let done = dev
-        .submit(IoRequest {
-            op,
-            lba,
-            blocks: 1,
-            buf,
-        })
-        .await;
-    done.result.unwrap();
-    done.buf.to_vec()
-}
-
 const LBAS: [u64; 4] = [0, 1, 77, 1000];
 
 async fn write_pattern(dev: &dyn BlockDevice) {
     for l in LBAS {
-        rw(dev, BlockOp::Write { fua: false }, l, Some(&block(l))).await;
+        io(dev, BlockOp::Write { fua: false }, l, Some(&block(l))).await;
     }
     dev.submit(IoRequest {
         op: BlockOp::Flush,
@@ -80,7 +62,7 @@ async fn write_pattern(dev: &dyn BlockDevice) {
 
 async fn check_pattern(dev: &dyn BlockDevice) {
     for l in LBAS {
-        assert_eq!(rw(dev, BlockOp::Read, l, None).await, block(l), "lba {l}");
+        assert_eq!(io(dev, BlockOp::Read, l, None).await, block(l), "lba {l}");
     }
 }
 

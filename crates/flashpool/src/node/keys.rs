@@ -265,7 +265,7 @@ mod tests {
     #[test]
     fn kek_file_is_made_0600_and_read_back() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile_dir();
+        let dir = crate::node::tests::tempdir();
         let p = dir.join("kek");
         let a = load_keyring(&p).unwrap();
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
@@ -282,18 +282,5 @@ mod tests {
         let e = load_keyring(&p).err().unwrap();
         assert!(format!("{e:#}").contains("64 hex digits"), "{e:#}");
         let _ = std::fs::remove_dir_all(dir);
-    }
-
-    pub(crate) fn tempfile_dir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "flashpool-kek-{}-{:x}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&d).unwrap();
-        d
     }
 }

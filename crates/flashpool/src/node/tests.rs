@@ -49,7 +49,12 @@ fn stamp(lba: u64, seed: u64) -> Vec<u8> {
     b
 }
 
-async fn io(dev: &dyn BlockDevice, op: BlockOp, lba: u64, data: Option<&[u8]>) -> Vec<u8> {
+pub(super) async fn io(
+    dev: &dyn BlockDevice,
+    op: BlockOp,
+    lba: u64,
+    data: Option<&[u8]>,
+) -> Vec<u8> {
     let mut buf = AlignedBuf::new(4096);
     buf.set_len(4096);
     if let Some(d) = data {
