@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use nvme_wire::fabrics::prop;
@@ -176,6 +176,9 @@ pub struct Controller {
     /// Wakes the admin queue when an async event is queued.
     pub event_notify: Notify,
     pub created: Instant,
+    /// Set by the first I/O queue Connect that brings another Host ID than
+    /// the admin queue's, so that is logged once per controller, not per queue.
+    pub other_hostid_seen: AtomicBool,
 }
 
 impl Controller {
@@ -221,6 +224,7 @@ impl Controller {
             last_activity_ms: AtomicU64::new(0),
             epoch: now,
             event_notify: Notify::new(),
+            other_hostid_seen: AtomicBool::new(false),
             created: now,
         }
     }

@@ -1,6 +1,7 @@
 //! Fabrics commands: Connect (admin and I/O queues), Property Get/Set, Disconnect.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use nvme_wire::fabrics::{
     CNTLID_DYNAMIC, ConnectCmd, ConnectData, ConnectDataError, DISCOVERY_NQN, NQN_FIELD_LEN,
@@ -300,12 +301,17 @@ pub fn connect_io(
         // Host ID per Connect): the host NQN and controller ID above tie
         // the queue to the association, and reservations keep naming the
         // registrant by the admin queue's Host ID, which the controller holds.
-        tracing::debug!(
-            "controller {}: I/O queue {} connects with another host identifier than the \
-             admin queue's; the admin queue's stays the host's",
-            ctrl.cntlid,
-            cmd.qid
-        );
+        // Once per controller: a host that does this does it on every queue.
+        if !ctrl.other_hostid_seen.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                "controller {} ({}): I/O queue {} connects with another host identifier than \
+                 the admin queue's; accepted, and the admin queue's stays the host's for \
+                 reservations (logged once per controller)",
+                ctrl.cntlid,
+                ctrl.hostnqn,
+                cmd.qid
+            );
+        }
     }
     if ctrl.is_discovery() {
         return Err(invalid_param(
@@ -492,6 +498,10 @@ mod tests {
         assert_eq!(
             c.hostid, [7; 16],
             "the admin queue's Host ID names the host"
+        );
+        assert!(
+            c.other_hostid_seen.load(Ordering::Relaxed),
+            "noted, so it is logged once for this controller"
         );
         // The host NQN still must match.
         let io2 = ConnectCmd {
