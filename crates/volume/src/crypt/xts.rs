@@ -108,19 +108,7 @@ impl Xts {
         unit: usize,
         buf: &mut [u8],
     ) -> Result<(), CryptError> {
-        check_units(unit, buf.len())?;
-        self.with_pair(|p| {
-            for (i, u) in buf.chunks_mut(unit).enumerate() {
-                if is_zero(u) {
-                    continue;
-                }
-                p.dec
-                    .decrypt_init(None, None, Some(&tweak(first + i as u64)))?;
-                let n = u.len();
-                p.dec.cipher_update_inplace(u, n)?;
-            }
-            Ok(())
-        })
+        self.in_place(false, first, unit, buf)
     }
 
     /// Encrypts `buf` in place (tests and benches).
@@ -130,13 +118,31 @@ impl Xts {
         unit: usize,
         buf: &mut [u8],
     ) -> Result<(), CryptError> {
+        self.in_place(true, first, unit, buf)
+    }
+
+    fn in_place(
+        &self,
+        encrypt: bool,
+        first: u64,
+        unit: usize,
+        buf: &mut [u8],
+    ) -> Result<(), CryptError> {
         check_units(unit, buf.len())?;
         self.with_pair(|p| {
+            let ctx = if encrypt { &mut p.enc } else { &mut p.dec };
             for (i, u) in buf.chunks_mut(unit).enumerate() {
-                p.enc
-                    .encrypt_init(None, None, Some(&tweak(first + i as u64)))?;
+                if !encrypt && is_zero(u) {
+                    continue;
+                }
+                let iv = tweak(first + i as u64);
+                if encrypt {
+                    ctx.encrypt_init(None, None, Some(&iv))?;
+                } else {
+                    ctx.decrypt_init(None, None, Some(&iv))?;
+                }
                 let n = u.len();
-                p.enc.cipher_update_inplace(u, n)?;
+                ctx.cipher_update_inplace(u, n)?;
             }
             Ok(())
         })

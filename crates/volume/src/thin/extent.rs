@@ -166,20 +166,10 @@ impl Extent {
 
 /// Block 0 of `dev`, if it holds an extent header.
 pub(crate) async fn read_header(dev: &Arc<dyn BlockDevice>) -> Option<ExtentHeader> {
-    let bs = u64::from(dev.geometry().block_size);
     if check_device(dev).is_err() || dev.geometry().size_bytes() < BLOCK {
         return None;
     }
-    let done = dev
-        .submit(IoRequest {
-            op: BlockOp::Read,
-            lba: 0,
-            blocks: (BLOCK / bs) as u32,
-            buf: zbuf(BLOCK_USIZE),
-        })
-        .await;
-    done.result.ok()?;
-    ExtentHeader::decode(&done.buf)
+    ExtentHeader::decode(&super::read_block0(dev).await.ok()?)
 }
 
 impl ThinPool {
