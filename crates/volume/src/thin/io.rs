@@ -375,7 +375,7 @@ impl ThinIo {
                         BlockOp::Read,
                         self.pool.cluster_at(src),
                         cb,
-                        zbuf(cb as usize),
+                        self.pool.cow_buf(),
                     )
                     .await;
                 let range = p.off as usize..(p.off + p.len) as usize;
@@ -392,7 +392,9 @@ impl ThinIo {
                 let r = match r {
                     Ok(()) => {
                         let w = BlockOp::Write { fua: false };
-                        self.pool.io(w, base, cb, cbuf).await.1
+                        let (cbuf, r) = self.pool.io(w, base, cb, cbuf).await;
+                        self.pool.recycle_cow_buf(cbuf);
+                        r
                     }
                     Err(e) => Err(e),
                 };

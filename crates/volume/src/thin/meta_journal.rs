@@ -51,6 +51,7 @@ impl PoolInner {
             }),
             poisoned: AtomicBool::new(false),
             counters: Counters::default(),
+            cow_bufs: Mutex::new(Vec::new()),
         }
     }
 
