@@ -15,6 +15,7 @@ use super::format::{Record, zbuf};
 use super::state::{PoolInner, VolInner};
 use super::{LOCK_SHARDS, ThinInfo, UNMAP_CHUNK, info};
 use crate::superblock::uuid_string;
+use crate::volume::member_io::{abuf, recycle};
 
 /// A thin volume: a [`BlockDevice`] whose clusters come from its pool on
 /// first write. Cheap to clone.
@@ -375,7 +376,9 @@ impl ThinIo {
                         BlockOp::Read,
                         self.pool.cluster_at(src),
                         cb,
-                        self.pool.cow_buf(),
+                        // A pooled buffer: a fresh zeroed one faults in
+                        // every page and is unmapped again, per write.
+                        abuf(cb as usize),
                     )
                     .await;
                 let range = p.off as usize..(p.off + p.len) as usize;
@@ -393,7 +396,7 @@ impl ThinIo {
                     Ok(()) => {
                         let w = BlockOp::Write { fua: false };
                         let (cbuf, r) = self.pool.io(w, base, cb, cbuf).await;
-                        self.pool.recycle_cow_buf(cbuf);
+                        recycle(cbuf);
                         r
                     }
                     Err(e) => Err(e),

@@ -51,7 +51,6 @@ impl PoolInner {
             }),
             poisoned: AtomicBool::new(false),
             counters: Counters::default(),
-            cow_bufs: Mutex::new(Vec::new()),
         }
     }
 

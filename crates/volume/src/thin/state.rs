@@ -406,32 +406,4 @@ pub(crate) struct PoolInner {
     pub(crate) journal: tokio::sync::Mutex<Journal>,
     pub(crate) poisoned: AtomicBool,
     pub(crate) counters: Counters,
-    /// Cluster-sized buffers that copy-on-write reuses: a fresh one is a
-    /// zeroed allocation that faults in every page and is unmapped again.
-    pub(crate) cow_bufs: Mutex<Vec<blockdev::AlignedBuf>>,
-}
-
-/// How many copy-on-write buffers a pool keeps for reuse.
-const COW_BUFS_KEPT: usize = 8;
-
-impl PoolInner {
-    /// A buffer of one cluster for copy-on-write. Its contents are
-    /// whatever it held last: the caller reads a whole cluster into it.
-    pub(crate) fn cow_buf(&self) -> blockdev::AlignedBuf {
-        let cb = self.geom.cluster_bytes as usize;
-        match self.cow_bufs.lock().pop() {
-            Some(mut b) if b.capacity() >= cb => {
-                b.set_len(cb);
-                b
-            }
-            _ => super::format::zbuf(cb),
-        }
-    }
-
-    pub(crate) fn recycle_cow_buf(&self, b: blockdev::AlignedBuf) {
-        let mut kept = self.cow_bufs.lock();
-        if kept.len() < COW_BUFS_KEPT {
-            kept.push(b);
-        }
-    }
 }
