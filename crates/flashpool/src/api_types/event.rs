@@ -34,6 +34,9 @@ pub enum EventKind {
     VolumeReverted,
     /// A thin pool grew by an extent (`pool expand`).
     PoolExpanded,
+    /// The node's key-encryption key was rotated (`rotate-kek`): every
+    /// encrypted volume's key is wrapped by the new one.
+    KekRotated,
     HostConnected,
     HostRefused,
     /// Cluster mode: this node's etcd lease is gone; every volume owned
@@ -81,6 +84,7 @@ impl EventKind {
             EventKind::SnapshotTaken => "snapshot_taken",
             EventKind::VolumeReverted => "volume_reverted",
             EventKind::PoolExpanded => "pool_expanded",
+            EventKind::KekRotated => "kek_rotated",
             EventKind::HostConnected => "host_connected",
             EventKind::HostRefused => "host_refused",
             EventKind::LeaseLost => "lease_lost",

@@ -36,6 +36,14 @@ pub(super) fn volumes(p: &mut Exposition, st: &NodeState) {
     for v in &infos {
         f.int(&[("volume", &v.name)], v.size_bytes);
     }
+    let mut f = p.family(
+        "flashpool_volume_encrypted",
+        Kind::Gauge,
+        "1 when the volume's data is encrypted at rest (AES-XTS-256 above its members), else 0.",
+    );
+    for v in &infos {
+        f.int(&[("volume", &v.name)], u64::from(v.encrypted));
+    }
 
     // The stripe engine's counters (volumes on drives).
     let engine: Vec<_> = st

@@ -97,6 +97,10 @@ async fn a_scrape_reads_volume_drive_and_namespace_counters() {
         ),
         0.0
     );
+    assert_eq!(
+        value(&page, "flashpool_volume_encrypted{volume=\"v1\"}"),
+        0.0
+    );
     // Partial-stripe writes read old data or the other strips.
     let rmw = value(
         &page,

@@ -133,10 +133,24 @@ async fn encrypted_volume_on_file_drives_end_to_end() {
         assert_eq!(v.state, "optimal");
         assert!(v.encrypted);
         check_pattern(&*dev_of(&n, "sec").await).await;
+        assert!(
+            n.metrics()
+                .await
+                .contains("flashpool_volume_encrypted{volume=\"sec\"} 1"),
+            "the metric says the volume is encrypted"
+        );
         // Rotation rewraps the key; the data stays as it is.
         let before = std::fs::read(state.join("kek")).unwrap();
         let r = n.rotate_kek().await.unwrap();
         assert_eq!(r.rewrapped, ["sec"]);
+        let said: Vec<_> = n
+            .events
+            .recent()
+            .into_iter()
+            .filter(|e| e.kind == crate::events::EventKind::KekRotated)
+            .collect();
+        assert_eq!(said.len(), 1, "one kek_rotated event");
+        assert!(said[0].message.contains(&r.kek_id), "{}", said[0].message);
         assert_ne!(std::fs::read(state.join("kek")).unwrap(), before);
         assert!(!state.join("kek.next").exists());
         check_pattern(&*dev_of(&n, "sec").await).await;

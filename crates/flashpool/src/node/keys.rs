@@ -22,6 +22,7 @@ use volume::Volume;
 use volume::crypt::{DataKey, KEK_BYTES, Kek, KeyEnvelope};
 
 use super::{Backing, Node, NodeError, NodeResult};
+use crate::events::{EventKind, NewEvent};
 
 /// The KEKs a node holds: the current one (wraps new keys) and, after an
 /// interrupted rotation, the next one.
@@ -251,6 +252,16 @@ impl Node {
             next.id(),
             rewrapped.len()
         );
+        self.events.emit(NewEvent::new(
+            EventKind::KekRotated,
+            format!(
+                "key-encryption key rotated to {}; the keys of {} encrypted volumes are wrapped \
+                 by it ({}); no data was rewritten",
+                next.id(),
+                rewrapped.len(),
+                rewrapped.join(", ")
+            ),
+        ));
         Ok(RotateReport {
             kek_id: next.id().to_string(),
             rewrapped,
