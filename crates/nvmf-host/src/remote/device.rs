@@ -6,6 +6,7 @@ use blockdev::{
     AlignedBuf, BlockDevice, BlockError, BlockOp, Geometry, IoDone, IoFuture, IoRequest,
     check_request,
 };
+use futures_util::future::join_all;
 use nvme_wire::reservation::{
     AcquireAction, ONCS_RESERVATIONS, RegisterAction, ReleaseAction, ResvType, cptpl,
 };
@@ -408,35 +409,68 @@ async fn exec(
             (b, r)
         }
         BlockOp::Read | BlockOp::Write { .. } => {
-            // Larger than one command moves: pieces through a bounce buffer.
+            // Larger than one command moves: one command per piece, all in
+            // flight together, each on a view of the request's own buffer
+            // (no bounce buffer, no copy).
             let bs = s.ns.lba_size as usize;
-            let mut tmp = zeroed_buf(s.max_blocks as usize * bs);
-            let mut at = 0u32;
-            while at < blocks {
-                let n = (blocks - at).min(s.max_blocks);
-                let range = at as usize * bs..(at + n) as usize * bs;
-                tmp.set_len(range.len());
-                let slba = lba + u64::from(at);
-                let (t, r) = match op {
-                    BlockOp::Read => q.read_buf(nsid, slba, n, tmp).await,
-                    BlockOp::Write { fua } => {
-                        tmp.copy_from_slice(&buf[range.clone()]);
-                        q.write_buf_fua(nsid, slba, n, fua, tmp).await
+            let max = s.max_blocks;
+            let pieces: Vec<(u64, u32, std::ops::Range<usize>)> = (0..blocks)
+                .step_by(max as usize)
+                .map(|at| {
+                    let n = (blocks - at).min(max);
+                    let r = at as usize * bs..(at + n) as usize * bs;
+                    (lba + u64::from(at), n, r)
+                })
+                .collect();
+            match op {
+                BlockOp::Write { fua } => {
+                    let shared = buf.share();
+                    let done = join_all(pieces.iter().map(|(slba, n, r)| {
+                        q.write_buf_fua(nsid, *slba, *n, fua, shared.view(r.clone()))
+                    }))
+                    .await;
+                    let r = first_error(done);
+                    match shared.try_unwrap() {
+                        Ok(b) => (b, r),
+                        // No queue keeps a view past its command; should one,
+                        // the bytes are still the caller's: copy them back.
+                        Err(sh) => {
+                            let mut b = zeroed_buf(sh.len());
+                            b.copy_from_slice(&sh);
+                            (b, r)
+                        }
                     }
-                    _ => unreachable!("read or write"),
-                };
-                tmp = t;
-                if let Err(e) = r {
-                    return (buf, Err(e));
                 }
-                if op == BlockOp::Read {
-                    buf[range].copy_from_slice(&tmp);
+                _ => {
+                    let ranges: Vec<_> = pieces.iter().map(|p| p.2.clone()).collect();
+                    let (held, views) = buf.split_mut(&ranges);
+                    let done = join_all(
+                        pieces
+                            .iter()
+                            .zip(views)
+                            .map(|((slba, n, _), v)| q.read_buf(nsid, *slba, *n, v)),
+                    )
+                    .await;
+                    let r = first_error(done);
+                    match held.try_unwrap() {
+                        Ok(b) => (b, r),
+                        // A view still held elsewhere: its bytes cannot be trusted.
+                        Err(_) => (
+                            zeroed_buf(need),
+                            Err(HostError::Invalid(
+                                "a read view outlived its command".into(),
+                            )),
+                        ),
+                    }
                 }
-                at += n;
             }
-            (buf, Ok(()))
         }
     }
+}
+
+/// The first error of commands that all ran; their views are dropped.
+fn first_error(done: Vec<(AlignedBuf, Result<(), HostError>)>) -> Result<(), HostError> {
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 /// The error of a reservation call on a target without reservations.
