@@ -470,7 +470,7 @@ async fn exec(
 
 /// The first error of commands that all ran; their views are dropped.
 fn first_error(done: Vec<(AlignedBuf, Result<(), HostError>)>) -> Result<(), HostError> {
-    done.into_iter().map(|(_, r)| r).collect()
+    done.into_iter().try_for_each(|(_, r)| r)
 }
 
 /// The error of a reservation call on a target without reservations.
