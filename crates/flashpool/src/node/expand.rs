@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use blockdev::BlockDevice;
-use volume::thin::{ExtentLabel, ThinError};
+use volume::thin::{ExtentLabel, ThinError, ThinPool};
 
 use super::ops::{CreateVolume, ExpandPool, VolumeInfo};
 use super::volumes::thin_err;
@@ -78,7 +78,7 @@ impl Node {
             )));
         };
         let dev: Arc<dyn BlockDevice> = Arc::new(vol);
-        match p.add_extent(dev).await {
+        match p.add_extent(dev.clone()).await {
             Ok(x) => {
                 if let Some(e) = st.volumes.get_mut(&name) {
                     e.extent = Some(ExtentLabel {
@@ -106,12 +106,15 @@ impl Node {
                     .ok_or_else(|| NodeError::Internal(format!("pool {pool} vanished")))
             }
             Err(err @ (ThinError::Io(_) | ThinError::Poisoned)) => {
-                // The pool may name the extent already: keep its volume.
+                // The pool may name the extent already: keep its volume,
+                // labelled with the extent header written before the
+                // checkpoint (empty if even that write failed).
+                let label = ThinPool::extent_of(&dev).await.unwrap_or(ExtentLabel {
+                    pool: p.uuid(),
+                    extent: String::new(),
+                });
                 if let Some(e) = st.volumes.get_mut(&name) {
-                    e.extent = Some(ExtentLabel {
-                        pool: p.uuid(),
-                        extent: String::new(),
-                    });
+                    e.extent = Some(label);
                 }
                 Err(NodeError::Internal(format!(
                     "pool {pool}: adding volume {name} failed in a metadata write ({err}); \
