@@ -58,6 +58,7 @@ impl Agent {
             .as_ref()
             .and_then(|p| served.get(p))
             .and_then(|sv| Some((sv, sv.thins.get(&v.name)?)))
+            .filter(|(_, t)| t.spec.nsid != 0)
         {
             v.export = Some(crate::node::Export {
                 nqn: sv.spec.nqn.clone(),

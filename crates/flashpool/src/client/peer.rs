@@ -131,6 +131,47 @@ impl PeerApi {
         answer::<serde_json::Value>(r).map(|_| ())
     }
 
+    /// `POST /v1/snapshots` on the node whose API is `api` (the owner of
+    /// the volumes' cluster pool).
+    pub fn snapshot_volumes(
+        &self,
+        api: &str,
+        req: &crate::api_types::SnapshotGroupRequest,
+    ) -> Result<Vec<crate::api_types::VolumeInfo>, PeerError> {
+        let r = self
+            .with_token(self.agent.post(&url(api, "/snapshots")))
+            .send_json(req);
+        answer(r)
+    }
+
+    /// `POST /v1/volumes/{snapshot}/clone` on the node whose API is `api`.
+    pub fn clone_volume(
+        &self,
+        api: &str,
+        snapshot: &str,
+        req: &crate::api_types::CloneRequest,
+    ) -> Result<crate::api_types::VolumeInfo, PeerError> {
+        let path = format!("/volumes/{snapshot}/clone");
+        let r = self
+            .with_token(self.agent.post(&url(api, &path)))
+            .send_json(req);
+        answer(r)
+    }
+
+    /// `POST /v1/volumes/{name}/revert` on the node whose API is `api`.
+    pub fn revert_volume(
+        &self,
+        api: &str,
+        name: &str,
+        req: &crate::api_types::RevertRequest,
+    ) -> Result<crate::api_types::VolumeInfo, PeerError> {
+        let path = format!("/volumes/{name}/revert");
+        let r = self
+            .with_token(self.agent.post(&url(api, &path)))
+            .send_json(req);
+        answer(r)
+    }
+
     fn with_token<B>(&self, req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
         match &self.token {
             Some(t) => req.header("Authorization", &format!("Bearer {}", t.bearer())),
