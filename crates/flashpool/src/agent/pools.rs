@@ -567,7 +567,17 @@ impl Agent {
             Err(PeerError::Unreachable(e)) => Err(NodeError::Unavailable(format!(
                 "node {who} ({api}) owns the pool and does not answer: {e}"
             ))),
-            Err(PeerError::Refused(why)) => Err(NodeError::Conflict(format!("{who}: {why}"))),
+            // The owner's refusal, answered as it answered it (a name
+            // unknown there is 404 here too); any other as a conflict.
+            Err(PeerError::Answered { status: 400, why }) => {
+                Err(NodeError::BadRequest(format!("{who}: {why}")))
+            }
+            Err(PeerError::Answered { status: 404, why }) => {
+                Err(NodeError::NotFound(format!("{who}: {why}")))
+            }
+            Err(PeerError::Refused(why) | PeerError::Answered { why, .. }) => {
+                Err(NodeError::Conflict(format!("{who}: {why}")))
+            }
         })
         .await
         .map_err(|e| NodeError::Internal(e.to_string()))?

@@ -456,6 +456,10 @@ async fn a_cluster_pool_snapshots_clones_and_reverts_through_either_node() {
             "on the owner too",
             a.snapshot(vec![snap("p", "x", None)]).await.map(drop),
         ),
+        (
+            "revert to nothing",
+            b.revert("t1", revert("nothing")).await.map(drop),
+        ),
     ];
     for (what, r) in &refusals {
         assert!(r.is_err(), "{what}: {r:?}");
@@ -493,6 +497,10 @@ async fn a_cluster_pool_snapshots_clones_and_reverts_through_either_node() {
         "{:?}",
         kind(10)
     );
+    // Refused by the owner, answered by b as the owner answered it.
+    assert!(matches!(kind(5), NodeError::BadRequest(m) if m.starts_with("a: ")));
+    assert!(matches!(kind(11), NodeError::BadRequest(m) if m.starts_with("a: ")));
+    assert!(matches!(kind(14), NodeError::NotFound(m) if m.starts_with("a: ")));
     assert_eq!(pool_state(&a).await, before, "the refusals changed nothing");
     assert_eq!(ta.subsystem(NQN).unwrap().namespaces().len(), 4);
 

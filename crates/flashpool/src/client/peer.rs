@@ -37,6 +37,10 @@ pub enum PeerError {
     /// It answered with an error; its message.
     #[error("{0}")]
     Refused(String),
+    /// It answered a call passed on to it with an error status (a client
+    /// error is the caller's to answer the same way); its message.
+    #[error("{why}")]
+    Answered { status: u16, why: String },
 }
 
 fn agent(tls: ureq::tls::TlsConfig) -> ureq::Agent {
@@ -207,9 +211,10 @@ fn answer<T: serde::de::DeserializeOwned>(
             .read_json()
             .map_err(|e| PeerError::Refused(format!("an answer that cannot be read: {e}")));
     }
+    let status = r.status();
     let why = r.body_mut().read_json::<ErrorBody>().ok();
-    Err(PeerError::Refused(why.map_or_else(
-        || format!("HTTP {} and no reason given", r.status()),
-        |b| b.error,
-    )))
+    Err(PeerError::Answered {
+        status: status.as_u16(),
+        why: why.map_or_else(|| format!("HTTP {status} and no reason given"), |b| b.error),
+    })
 }
