@@ -130,10 +130,20 @@ pub struct ThinSpec {
     pub name: String,
     pub pool: String,
     pub uuid: String,
+    /// 0: recorded but not served (a snapshot nobody asked to export).
     pub nsid: u32,
     pub size_bytes: u64,
     pub block_size: u32,
     pub serial: String,
+    /// A snapshot: served (if at all) write-protected. The pool's metadata
+    /// holds the snapshot tree; records older than snapshots read false.
+    #[serde(default)]
+    pub snapshot: bool,
+    /// What it was made from, as of its making: the volume a snapshot was
+    /// taken of, the snapshot a clone was made from (later snapshots and
+    /// deletes change the pool's live tree, not this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 /// `volumes/<v>/owner`: which node serves the volume, and since which epoch.

@@ -30,7 +30,7 @@ impl Session {
     }
 
     /// Records thin volume `t` of the pool this node owns at `pool_epoch`,
-    /// served as `t.nsid` of `nqn`. Refused (nothing written) when the pool
+    /// served as `t.nsid` of `nqn` (none claimed for NSID 0: not served). Refused (nothing written) when the pool
     /// changed owner (`Deposed`), the name is taken by a volume or another
     /// thin volume (`VolumeExists`), or the NSID is (`NsidTaken`).
     pub async fn create_thin(
@@ -48,24 +48,26 @@ impl Session {
         let name_key = keys.thin_name(&t.name);
         let nsid_key = keys.nsid(nqn, t.nsid);
         let spec_key = self.vkey(&t.name, VolumeKey::Spec);
-        let txn = Txn::new()
-            .when([
-                Compare::value(owner_key.clone(), CompareOp::Equal, encode(&me)),
-                Compare::version(name_key.clone(), CompareOp::Equal, 0),
-                Compare::version(spec_key.clone(), CompareOp::Equal, 0),
-                Compare::version(nsid_key.clone(), CompareOp::Equal, 0),
-            ])
-            .and_then([
-                TxnOp::put(keys.thin(&t.pool, &t.name), encode(t), None),
-                TxnOp::put(name_key.clone(), encode(&t.pool), None),
-                TxnOp::put(nsid_key.clone(), encode(&t.name), None),
-            ])
-            .or_else([
-                TxnOp::get(owner_key, None),
-                TxnOp::get(name_key, None),
-                TxnOp::get(spec_key, None),
-                TxnOp::get(nsid_key, None),
-            ]);
+        let mut when = vec![
+            Compare::value(owner_key.clone(), CompareOp::Equal, encode(&me)),
+            Compare::version(name_key.clone(), CompareOp::Equal, 0),
+            Compare::version(spec_key.clone(), CompareOp::Equal, 0),
+        ];
+        let mut then = vec![
+            TxnOp::put(keys.thin(&t.pool, &t.name), encode(t), None),
+            TxnOp::put(name_key.clone(), encode(&t.pool), None),
+        ];
+        // NSID 0 (a snapshot not served) claims no NSID.
+        if t.nsid != 0 {
+            when.push(Compare::version(nsid_key.clone(), CompareOp::Equal, 0));
+            then.push(TxnOp::put(nsid_key.clone(), encode(&t.name), None));
+        }
+        let txn = Txn::new().when(when).and_then(then).or_else([
+            TxnOp::get(owner_key, None),
+            TxnOp::get(name_key, None),
+            TxnOp::get(spec_key, None),
+            TxnOp::get(nsid_key, None),
+        ]);
         let r = self
             .txn(&format!("create thin volume {}", t.name), txn)
             .await?;
@@ -121,13 +123,16 @@ impl Session {
         pool_epoch: u64,
     ) -> Result<(), ClusterError> {
         let keys = self.keys();
+        let mut ops = vec![
+            TxnOp::delete(keys.thin(&t.pool, &t.name), None),
+            TxnOp::delete(keys.thin_name(&t.name), None),
+        ];
+        if t.nsid != 0 {
+            ops.push(TxnOp::delete(keys.nsid(nqn, t.nsid), None));
+        }
         let txn = Txn::new()
             .when([self.owned_at(&t.pool, pool_epoch)])
-            .and_then([
-                TxnOp::delete(keys.thin(&t.pool, &t.name), None),
-                TxnOp::delete(keys.thin_name(&t.name), None),
-                TxnOp::delete(keys.nsid(nqn, t.nsid), None),
-            ]);
+            .and_then(ops);
         self.guarded(
             &format!("delete thin volume {}", t.name),
             txn,

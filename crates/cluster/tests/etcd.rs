@@ -644,6 +644,8 @@ fn thin(name: &str, pool: &str, nsid: u32) -> cluster::ThinSpec {
         size_bytes: 1 << 30,
         block_size: 4096,
         serial: format!("T{nsid}"),
+        snapshot: false,
+        origin: None,
     }
 }
 
@@ -737,6 +739,25 @@ async fn thin_volumes_are_guarded_by_the_pool_owner_and_unique() {
     b.create_thin(&thin("t1", "p2", 1), nqn, p2.epoch)
         .await
         .unwrap();
+    // snapshots not served (NSID 0) claim no NSID: any number of them,
+    // and a delete frees no NSID another holds
+    let snap = |n: &str| cluster::ThinSpec {
+        snapshot: true,
+        origin: Some("t1".into()),
+        ..thin(n, "p2", 0)
+    };
+    b.create_thin(&snap("s1"), nqn, p2.epoch).await.unwrap();
+    b.create_thin(&snap("s2"), nqn, p2.epoch).await.unwrap();
+    assert!(matches!(
+        b.create_thin(&snap("s1"), nqn, p2.epoch).await,
+        Err(ClusterError::VolumeExists(n)) if n == "s1"
+    ));
+    assert_eq!(a.thin_nsids(nqn).await.unwrap(), vec![1, 9]);
+    b.delete_thin(&snap("s1"), nqn, p2.epoch).await.unwrap();
+    assert_eq!(a.thin_nsids(nqn).await.unwrap(), vec![1, 9]);
+    let left = a.thin_specs("p2").await.unwrap();
+    assert_eq!(left.len(), 3, "{left:?}");
+    assert!(left.contains(&snap("s2")));
     // deleting a pool removes what is left of its thin volumes
     a.delete_volume("p1", p1.epoch).await.unwrap();
     assert_eq!(a.thin_specs("p1").await.unwrap(), vec![]);

@@ -58,6 +58,7 @@ impl Agent {
             .as_ref()
             .and_then(|p| served.get(p))
             .and_then(|sv| Some((sv, sv.thins.get(&v.name)?)))
+            .filter(|(_, t)| t.spec.nsid != 0)
         {
             v.export = Some(crate::node::Export {
                 nqn: sv.spec.nqn.clone(),
@@ -445,9 +446,11 @@ impl Agent {
             Err(PeerError::Unreachable(e)) => Err(NodeError::Conflict(format!(
                 "node {who} ({api}) does not answer: {e}"
             ))),
-            Err(PeerError::Refused(why)) => Err(NodeError::Conflict(format!(
-                "node {who} cannot serve {vol}: {why}; nothing changed"
-            ))),
+            Err(PeerError::Refused(why) | PeerError::Answered { why, .. }) => {
+                Err(NodeError::Conflict(format!(
+                    "node {who} cannot serve {vol}: {why}; nothing changed"
+                )))
+            }
         })
         .await
         .map_err(|e| NodeError::Internal(e.to_string()))?

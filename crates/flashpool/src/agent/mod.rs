@@ -19,14 +19,16 @@
 //! concurrently; `own.rs` gathers one volume's views and carries its
 //! actions out (taking over, letting go); `peers.rs` the other nodes,
 //! `cluster_ops.rs` the cluster operations the API calls into (create,
-//! move, drain, status); `views.rs` what the volume list shows of them;
-//! `observe.rs` the events and metrics it tells.
+//! move, drain, status); `pools.rs` and `pool_snaps.rs` the cluster
+//! pools' thin volumes, snapshots and clones; `views.rs` what the volume
+//! list shows of them; `observe.rs` the events and metrics it tells.
 
 mod cluster_ops;
 mod decide;
 mod observe;
 mod own;
 mod peers;
+mod pool_snaps;
 mod pools;
 #[cfg(test)]
 mod pools_tests;
@@ -56,6 +58,7 @@ use tokio::sync::Notify;
 use crate::config::Membership;
 use crate::node::Node;
 
+pub use pool_snaps::node_pairs;
 pub use switch::{LeaseClock, SwitchDevice};
 
 /// ANA transition time reported to hosts: the longest a group stays in

@@ -13,6 +13,7 @@
 //! by the pool's owner at its epoch. A create makes the thin volume in the
 //! pool first and records it after (a create cut short leaves a thin volume
 //! no spec names: never served, logged); a delete removes the record first.
+//! Snapshots, clones and revert follow the same rules (`pool_snaps.rs`).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -36,7 +37,17 @@ pub(super) struct ThinServed {
 /// create took the one it picked.
 const NSID_TRIES: usize = 8;
 
-fn etcd(e: ClusterError) -> NodeError {
+/// Which NSID a thin volume being recorded is served as.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum NsidChoice {
+    /// None: recorded, not served (a snapshot nobody asked to export).
+    Unserved,
+    /// The lowest free one.
+    Free,
+    Given(u32),
+}
+
+pub(super) fn etcd(e: ClusterError) -> NodeError {
     match e {
         ClusterError::Deposed { .. } => NodeError::Conflict(format!(
             "{e}; the pool changed owner meanwhile, nothing was done; retry"
@@ -50,13 +61,20 @@ fn etcd(e: ClusterError) -> NodeError {
 
 impl Agent {
     /// The namespace of thin volume `t` of pool `pool`: standby (nothing
-    /// behind its switch), in the pool's ANA group.
+    /// behind its switch), in the pool's ANA group; write-protected for a
+    /// snapshot. A snapshot with no NSID gets its switch only (no namespace).
     fn serve_thin(&self, pool: &VolumeSpec, t: &ThinSpec) -> anyhow::Result<Arc<SwitchDevice>> {
         let geometry = blockdev::Geometry {
             block_size: t.block_size,
             num_blocks: t.size_bytes / u64::from(t.block_size.max(1)),
         };
         let sw = SwitchDevice::new(&t.name, geometry, self.clock.clone());
+        if t.snapshot {
+            sw.set_read_only();
+        }
+        if t.nsid == 0 {
+            return Ok(sw);
+        }
         let mut ns = crate::node::volume_namespace(t.nsid, sw.clone(), &t.uuid)
             .with_ana_group(pool.ana_group)?;
         ns.resv = sw.reservations();
@@ -72,6 +90,9 @@ impl Agent {
     }
 
     pub(super) fn unserve_thin(&self, pool: &VolumeSpec, t: &ThinSpec) {
+        if t.nsid == 0 {
+            return;
+        }
         let _ = self.target.remove_namespace(&pool.nqn, t.nsid);
         tracing::info!(
             "thin volume {} of cluster pool {}: no longer served here",
@@ -219,34 +240,13 @@ impl Agent {
         mut req: CreateVolume,
     ) -> NodeResult<VolumeInfo> {
         let pool = spec.name.clone();
-        let served_epoch = self.served.lock().await.get(&pool).and_then(|sv| sv.epoch);
-        if served_epoch != Some(epoch) {
-            return Err(NodeError::Conflict(format!(
-                "cluster pool {pool} is not served here yet (owned at epoch {epoch}); retry"
-            )));
-        }
-        // Refused before the pool changes: a name or NSID taken.
-        if s.spec(&req.name).await.map_err(etcd)?.is_some()
-            || s.pool_of(&req.name).await.map_err(etcd)?.is_some()
-        {
-            return Err(NodeError::Conflict(format!(
-                "a cluster volume is called {} already",
-                req.name
-            )));
-        }
         let want_nsid = req.export.take().map(|x| x.nsid).filter(|n| *n != 0);
-        if let Some(n) = want_nsid
-            && self.nsid_used(s, &spec.nqn, n).await?
-        {
-            return Err(NodeError::Conflict(format!(
-                "nsid {n} of {} serves another cluster volume already; pick another or leave \
-                 it out",
-                spec.nqn
-            )));
-        }
+        // Refused before the pool changes: a name or NSID taken.
+        self.check_new(s, spec, epoch, &[(&req.name, want_nsid)])
+            .await?;
         let name = req.name.clone();
         let info = self.node.create_volume(req).await?;
-        let mut t = ThinSpec {
+        let t = ThinSpec {
             name: name.clone(),
             pool: pool.clone(),
             uuid: info.uuid.clone(),
@@ -254,71 +254,140 @@ impl Agent {
             size_bytes: info.size_bytes,
             block_size: info.block_size,
             serial: serial_of(&info.uuid),
+            snapshot: false,
+            origin: None,
         };
-        let mut recorded = Err(NodeError::Internal("no NSID tried".into()));
-        for _ in 0..NSID_TRIES {
-            t.nsid = match want_nsid {
-                Some(n) => n,
-                None => match self.free_nsid(s, &spec.nqn).await {
-                    Ok(n) => n,
-                    Err(e) => {
-                        recorded = Err(e);
-                        break;
-                    }
-                },
-            };
-            match s.create_thin(&t, &spec.nqn, epoch).await {
-                Ok(()) => {
-                    recorded = Ok(());
-                    break;
+        let choice = want_nsid.map_or(NsidChoice::Free, NsidChoice::Given);
+        let t = match self.record_thin(s, spec, epoch, t, choice).await {
+            Ok(t) => t,
+            Err(e) => {
+                // A refused request changes nothing: the new thin volume goes.
+                if let Err(d) = self.node.delete_volume(&name, true).await {
+                    tracing::error!("thin volume {name}: undoing its create: {d}");
                 }
-                Err(ClusterError::NsidTaken { .. }) if want_nsid.is_none() => continue,
-                Err(e) => {
-                    recorded = Err(etcd(e));
-                    break;
-                }
+                return Err(e);
             }
-        }
-        if let Err(e) = recorded {
-            // A refused request changes nothing: the new thin volume goes.
-            if let Err(d) = self.node.delete_volume(&name, true).await {
-                tracing::error!("thin volume {name}: undoing its create: {d}");
-            }
-            return Err(e);
-        }
-        // Served here at once (the pool's own pass would, a moment later).
-        {
-            let mut served = self.served.lock().await;
-            if let Some(sv) = served.get_mut(&pool)
-                && !sv.thins.contains_key(&name)
-            {
-                match self.serve_thin(&sv.spec, &t) {
-                    Ok(switch) => {
-                        if let Some(dev) = self.node.volume_device(&name).await {
-                            switch.activate(dev);
-                        }
-                        sv.thins.insert(
-                            name.clone(),
-                            ThinServed {
-                                spec: t.clone(),
-                                switch,
-                            },
-                        );
-                        if let Some(o) = self.owned.lock().get_mut(&pool) {
-                            o.1 = sv.switches();
-                        }
-                    }
-                    Err(e) => tracing::error!("thin volume {name}: cannot serve it here: {e}"),
-                }
-            }
-        }
+        };
+        self.serve_new_thin(&pool, &t).await;
         tracing::info!(
             "thin volume {name}: created in cluster pool {pool}, nsid {} of {}",
             t.nsid,
             spec.nqn
         );
-        let mut v = self.node.volume(&name).await?;
-        v.export = Some(Export {
+        self.thin_info(spec, &t).await
+    }
+
+    /// Refuses, before the pool changes, new thin volumes (or snapshots)
+    /// `new` of pool `spec` (name, NSID asked for) when the pool is not
+    /// served here at `epoch` yet, a name is taken, or an NSID is.
+    pub(super) async fn check_new(
+        &self,
+        s: &Session,
+        spec: &VolumeSpec,
+        epoch: u64,
+        new: &[(&str, Option<u32>)],
+    ) -> NodeResult<()> {
+        let pool = &spec.name;
+        let served_epoch = self.served.lock().await.get(pool).and_then(|sv| sv.epoch);
+        if served_epoch != Some(epoch) {
+            return Err(NodeError::Conflict(format!(
+                "cluster pool {pool} is not served here yet (owned at epoch {epoch}); retry"
+            )));
+        }
+        for (i, &(name, nsid)) in new.iter().enumerate() {
+            if s.spec(name).await.map_err(etcd)?.is_some()
+                || s.pool_of(name).await.map_err(etcd)?.is_some()
+            {
+                return Err(NodeError::Conflict(format!(
+                    "a cluster volume is called {name} already"
+                )));
+            }
+            let Some(n) = nsid else { continue };
+            if new[..i].iter().any(|&(_, m)| m == Some(n)) {
+                return Err(NodeError::BadRequest(format!(
+                    "nsid {n} is asked for twice; give each its own or leave it out"
+                )));
+            }
+            if self.nsid_used(s, &spec.nqn, n).await? {
+                return Err(NodeError::Conflict(format!(
+                    "nsid {n} of {} serves another cluster volume already; pick another or \
+                     leave it out",
+                    spec.nqn
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records `t`, just made in pool `spec` owned here at `epoch`, with
+    /// the NSID `choice` says (another free one when a concurrent create
+    /// took the one picked). The caller undoes what the pool made when
+    /// this is refused.
+    pub(super) async fn record_thin(
+        &self,
+        s: &Session,
+        spec: &VolumeSpec,
+        epoch: u64,
+        mut t: ThinSpec,
+        choice: NsidChoice,
+    ) -> NodeResult<ThinSpec> {
+        for _ in 0..NSID_TRIES {
+            t.nsid = match choice {
+                NsidChoice::Unserved => 0,
+                NsidChoice::Given(n) => n,
+                NsidChoice::Free => self.free_nsid(s, &spec.nqn).await?,
+            };
+            match s.create_thin(&t, &spec.nqn, epoch).await {
+                Ok(()) => return Ok(t),
+                Err(ClusterError::NsidTaken { .. }) if choice == NsidChoice::Free => continue,
+                Err(e) => return Err(etcd(e)),
+            }
+        }
+        Err(NodeError::Conflict(format!(
+            "the free nsids of {} were taken by other creates meanwhile; nothing was changed, \
+             retry",
+            spec.nqn
+        )))
+    }
+
+    /// Serves thin volume `t` of pool `pool`, just recorded, here at once
+    /// (the pool's own pass would, a moment later).
+    pub(super) async fn serve_new_thin(&self, pool: &str, t: &ThinSpec) {
+        let mut served = self.served.lock().await;
+        let Some(sv) = served.get_mut(pool) else {
+            return;
+        };
+        if sv.thins.contains_key(&t.name) {
+            return;
+        }
+        match self.serve_thin(&sv.spec, t) {
+            Ok(switch) => {
+                if let Some(dev) = self.node.volume_device(&t.name).await {
+                    switch.activate(dev);
+                }
+                sv.thins.insert(
+                    t.name.clone(),
+                    ThinServed {
+                        spec: t.clone(),
+                        switch,
+                    },
+                );
+                if let Some(o) = self.owned.lock().get_mut(pool) {
+                    o.1 = sv.switches();
+                }
+            }
+            Err(e) => tracing::error!("thin volume {}: cannot serve it here: {e}", t.name),
+        }
+    }
+
+    /// What the API answers of thin volume `t` of pool `spec`, owned here.
+    pub(super) async fn thin_info(
+        &self,
+        spec: &VolumeSpec,
+        t: &ThinSpec,
+    ) -> NodeResult<VolumeInfo> {
+        let mut v = self.node.volume(&t.name).await?;
+        v.export = (t.nsid != 0).then(|| Export {
             nqn: spec.nqn.clone(),
             nsid: t.nsid,
             from_config: false,
@@ -435,13 +504,15 @@ impl Agent {
         let mut served = self.served.lock().await;
         let sv = owned_pool(&mut served, &pool, owner.epoch)?;
         // Refused before anything changes: data would be lost.
+        // A clone's data may all be shared with its snapshot: still its data.
         let v = self.node.volume(name).await?;
-        if !force && v.allocated_bytes.unwrap_or(0) > 0 {
+        let held = v.allocated_bytes.unwrap_or(0) + v.shared_bytes.unwrap_or(0);
+        if !force && held > 0 {
             return Err(NodeError::Conflict(format!(
-                "thin volume {name} holds data ({} allocated in pool {pool}); deleting it \
-                 loses all of it. Nothing was changed; to delete it anyway use --force \
-                 (API: {{\"force\": true}})",
-                crate::units::human_bytes(v.allocated_bytes.unwrap_or(0))
+                "thin volume {name} holds data ({} written, its own or shared with snapshots, \
+                 in pool {pool}); deleting it loses all of it. Nothing was changed; to delete \
+                 it anyway use --force (API: {{\"force\": true}})",
+                crate::units::human_bytes(held)
             )));
         }
         // The record first: a delete cut short leaves a thin volume that no
@@ -465,7 +536,7 @@ impl Agent {
 
     /// Passes a call on to node `node` (the owner of a pool), through its
     /// management API.
-    async fn on_owner<T: Send + 'static>(
+    pub(super) async fn on_owner<T: Send + 'static>(
         &self,
         s: &Session,
         node: &str,
@@ -496,7 +567,17 @@ impl Agent {
             Err(PeerError::Unreachable(e)) => Err(NodeError::Unavailable(format!(
                 "node {who} ({api}) owns the pool and does not answer: {e}"
             ))),
-            Err(PeerError::Refused(why)) => Err(NodeError::Conflict(format!("{who}: {why}"))),
+            // The owner's refusal, answered as it answered it (a name
+            // unknown there is 404 here too); any other as a conflict.
+            Err(PeerError::Answered { status: 400, why }) => {
+                Err(NodeError::BadRequest(format!("{who}: {why}")))
+            }
+            Err(PeerError::Answered { status: 404, why }) => {
+                Err(NodeError::NotFound(format!("{who}: {why}")))
+            }
+            Err(PeerError::Refused(why) | PeerError::Answered { why, .. }) => {
+                Err(NodeError::Conflict(format!("{who}: {why}")))
+            }
         })
         .await
         .map_err(|e| NodeError::Internal(e.to_string()))?
@@ -505,15 +586,15 @@ impl Agent {
 
 /// A thin volume of a cluster pool as etcd records it: its pool's spec,
 /// its own, and the pool's owner.
-struct Located {
-    spec: VolumeSpec,
-    t: ThinSpec,
-    owner: cluster::Owner,
+pub(super) struct Located {
+    pub(super) spec: VolumeSpec,
+    pub(super) t: ThinSpec,
+    pub(super) owner: cluster::Owner,
 }
 
 /// Where thin volume `name` is: `None` when no cluster pool holds it;
 /// refused while its pool has no owner.
-async fn locate(s: &Session, name: &str) -> NodeResult<Option<Located>> {
+pub(super) async fn locate(s: &Session, name: &str) -> NodeResult<Option<Located>> {
     let Some(pool) = s.pool_of(name).await.map_err(etcd)? else {
         return Ok(None);
     };
@@ -536,7 +617,7 @@ async fn locate(s: &Session, name: &str) -> NodeResult<Option<Located>> {
 }
 
 /// Pool `pool` as served here, owned at `epoch`.
-fn owned_pool<'a>(
+pub(super) fn owned_pool<'a>(
     served: &'a mut std::collections::BTreeMap<String, Served>,
     pool: &str,
     epoch: u64,

@@ -11,7 +11,7 @@
 //! reloads them before the node serves the volume.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
@@ -73,6 +73,9 @@ pub struct SwitchDevice {
     inflight: Arc<AtomicUsize>,
     /// The namespace's reservations (shared mode): kept in the volume.
     resv: Arc<NsReservations>,
+    /// A snapshot's: write-protected on every node, owner or standby, so
+    /// Identify Namespace reads the same on every path.
+    read_only: AtomicBool,
 }
 
 impl SwitchDevice {
@@ -85,7 +88,14 @@ impl SwitchDevice {
             lease,
             inflight: Arc::new(AtomicUsize::new(0)),
             resv: Arc::new(NsReservations::shared()),
+            read_only: AtomicBool::new(false),
         })
+    }
+
+    /// Serves a snapshot: write-protected (the owner's thin volume refuses
+    /// writes too, with the same status).
+    pub fn set_read_only(&self) {
+        self.read_only.store(true, Ordering::Release);
     }
 
     /// The reservations of the namespace this switch is served through:
@@ -177,7 +187,12 @@ impl BlockDevice for SwitchDevice {
         shutdown,
         allocated_blocks,
         store_record,
+        read_only,
     ]);
+
+    fn read_only(&self) -> bool {
+        self.read_only.load(Ordering::Acquire)
+    }
 
     fn geometry(&self) -> Geometry {
         Geometry {

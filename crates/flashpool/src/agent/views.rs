@@ -103,15 +103,23 @@ impl Agent {
             }
             let owner = owners[&pool.name].clone();
             let mut v = standby(&t.name, &t.uuid, owner, ana);
+            let made = match (&t.origin, t.snapshot) {
+                (Some(o), true) => format!("snapshot of {o} "),
+                (Some(o), false) => format!("clone of {o} "),
+                (None, true) => "snapshot ".into(),
+                (None, false) => String::new(),
+            };
             v.reason = Some(format!(
-                "in cluster pool {}, {}",
+                "{made}in cluster pool {}, {}",
                 pool.name,
                 v.reason.unwrap_or_default()
             ));
             v.layout = "thin".into();
             v.size_bytes = t.size_bytes;
             v.block_size = t.block_size;
-            v.export = Some(Export {
+            v.snapshot = t.snapshot;
+            // NSID 0: a snapshot recorded but not served.
+            v.export = (t.nsid != 0).then(|| Export {
                 nqn: pool.nqn.clone(),
                 nsid: t.nsid,
                 from_config: false,

@@ -256,6 +256,11 @@ pub struct PoolExtentInfo {
 #[serde(deny_unknown_fields)]
 pub struct SnapshotRequest {
     pub name: String,
+    /// Cluster mode: serve the snapshot (write-protected) in its pool's
+    /// subsystem, as `nsid` (0: a free one). A node running alone exports
+    /// snapshots with `POST /v1/volumes/{name}/export` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<ExportRequest>,
 }
 
 /// One pair of `POST /v1/snapshots`.
@@ -264,6 +269,9 @@ pub struct SnapshotRequest {
 pub struct SnapshotPair {
     pub volume: String,
     pub name: String,
+    /// As [`SnapshotRequest::export`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<ExportRequest>,
 }
 
 /// `POST /v1/snapshots`: snapshots of several volumes of one pool at one

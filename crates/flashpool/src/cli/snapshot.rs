@@ -7,7 +7,8 @@ use anyhow::{Result, bail};
 use super::ApiArgs;
 use super::volume::print_volume;
 use crate::api_types::{
-    ExpandPool, PoolCheckInfo, SnapshotGroupRequest, SnapshotPair, VolumeDeleted, VolumeInfo,
+    ExpandPool, ExportRequest, PoolCheckInfo, SnapshotGroupRequest, SnapshotPair, VolumeDeleted,
+    VolumeInfo,
 };
 use crate::output::outln;
 use crate::units::human_bytes;
@@ -20,6 +21,13 @@ pub enum SnapshotCmd {
         /// VOLUME SNAPSHOT [VOLUME SNAPSHOT ...]
         #[arg(required = true, num_args = 2..)]
         pairs: Vec<String>,
+        /// Cluster mode: serve the snapshot(s), write-protected, in the
+        /// pool's subsystem NQN (a node's own pool: `volume export` after).
+        #[arg(long)]
+        export: Option<String>,
+        /// ...as this namespace ID (one snapshot; default: a free one).
+        #[arg(long, requires = "export")]
+        nsid: Option<u32>,
     },
     /// All snapshots.
     List,
@@ -62,12 +70,19 @@ pub enum PoolCmd {
 pub fn snapshot(api: ApiArgs, cmd: SnapshotCmd) -> Result<()> {
     let c = api.client()?;
     match cmd {
-        SnapshotCmd::Create { pairs } => {
+        SnapshotCmd::Create {
+            pairs,
+            export,
+            nsid,
+        } => {
             if pairs.len() % 2 != 0 {
                 bail!(
                     "give VOLUME SNAPSHOT pairs: {} names is an odd count",
                     pairs.len()
                 );
+            }
+            if nsid.is_some_and(|n| n != 0) && pairs.len() > 2 {
+                bail!("--nsid serves one snapshot; leave it out to give each a free one");
             }
             let req = SnapshotGroupRequest {
                 snapshots: pairs
@@ -75,6 +90,10 @@ pub fn snapshot(api: ApiArgs, cmd: SnapshotCmd) -> Result<()> {
                     .map(|p| SnapshotPair {
                         volume: p[0].clone(),
                         name: p[1].clone(),
+                        export: export.clone().map(|nqn| ExportRequest {
+                            nqn,
+                            nsid: nsid.unwrap_or(0),
+                        }),
                     })
                     .collect(),
             };

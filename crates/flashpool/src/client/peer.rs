@@ -37,6 +37,10 @@ pub enum PeerError {
     /// It answered with an error; its message.
     #[error("{0}")]
     Refused(String),
+    /// It answered a call passed on to it with an error status (a client
+    /// error is the caller's to answer the same way); its message.
+    #[error("{why}")]
+    Answered { status: u16, why: String },
 }
 
 fn agent(tls: ureq::tls::TlsConfig) -> ureq::Agent {
@@ -131,6 +135,47 @@ impl PeerApi {
         answer::<serde_json::Value>(r).map(|_| ())
     }
 
+    /// `POST /v1/snapshots` on the node whose API is `api` (the owner of
+    /// the volumes' cluster pool).
+    pub fn snapshot_volumes(
+        &self,
+        api: &str,
+        req: &crate::api_types::SnapshotGroupRequest,
+    ) -> Result<Vec<crate::api_types::VolumeInfo>, PeerError> {
+        let r = self
+            .with_token(self.agent.post(&url(api, "/snapshots")))
+            .send_json(req);
+        answer(r)
+    }
+
+    /// `POST /v1/volumes/{snapshot}/clone` on the node whose API is `api`.
+    pub fn clone_volume(
+        &self,
+        api: &str,
+        snapshot: &str,
+        req: &crate::api_types::CloneRequest,
+    ) -> Result<crate::api_types::VolumeInfo, PeerError> {
+        let path = format!("/volumes/{snapshot}/clone");
+        let r = self
+            .with_token(self.agent.post(&url(api, &path)))
+            .send_json(req);
+        answer(r)
+    }
+
+    /// `POST /v1/volumes/{name}/revert` on the node whose API is `api`.
+    pub fn revert_volume(
+        &self,
+        api: &str,
+        name: &str,
+        req: &crate::api_types::RevertRequest,
+    ) -> Result<crate::api_types::VolumeInfo, PeerError> {
+        let path = format!("/volumes/{name}/revert");
+        let r = self
+            .with_token(self.agent.post(&url(api, &path)))
+            .send_json(req);
+        answer(r)
+    }
+
     fn with_token<B>(&self, req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
         match &self.token {
             Some(t) => req.header("Authorization", &format!("Bearer {}", t.bearer())),
@@ -166,9 +211,10 @@ fn answer<T: serde::de::DeserializeOwned>(
             .read_json()
             .map_err(|e| PeerError::Refused(format!("an answer that cannot be read: {e}")));
     }
+    let status = r.status();
     let why = r.body_mut().read_json::<ErrorBody>().ok();
-    Err(PeerError::Refused(why.map_or_else(
-        || format!("HTTP {} and no reason given", r.status()),
-        |b| b.error,
-    )))
+    Err(PeerError::Answered {
+        status: status.as_u16(),
+        why: why.map_or_else(|| format!("HTTP {status} and no reason given"), |b| b.error),
+    })
 }
