@@ -19,10 +19,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cluster::{ClusterError, Session, ThinSpec, VolumeSpec};
+use nvmf_target::qos::QosLimits;
 
 use super::cluster_ops::serial_of;
 use super::{Agent, Served, SwitchDevice};
-use crate::api_types::CreateVolume;
+use crate::api_types::{CreateVolume, QosRequest};
 use crate::client::{PeerApi, PeerError};
 use crate::node::{Export, NodeError, NodeResult, VolumeInfo};
 
@@ -58,9 +59,12 @@ impl Agent {
         };
         let sw = SwitchDevice::new(&t.name, geometry, self.clock.clone());
         let mut ns = crate::node::volume_namespace(t.nsid, sw.clone(), &t.uuid)
-            .with_ana_group(pool.ana_group)?;
+            .with_ana_group(pool.ana_group)?
+            .with_qos(self.ns_qos(&t.name, &pool.nqn, t.nsid));
         ns.resv = sw.reservations();
-        self.target.add_namespace(&pool.nqn, ns)?;
+        self.target
+            .add_namespace(&pool.nqn, ns)
+            .inspect_err(|_| self.qos_unserved(&t.name))?;
         tracing::info!(
             "thin volume {} of cluster pool {}: served as nsid {} of {}",
             t.name,
@@ -73,6 +77,7 @@ impl Agent {
 
     pub(super) fn unserve_thin(&self, pool: &VolumeSpec, t: &ThinSpec) {
         let _ = self.target.remove_namespace(&pool.nqn, t.nsid);
+        self.qos_unserved(&t.name);
         tracing::info!(
             "thin volume {} of cluster pool {}: no longer served here",
             t.name,
@@ -175,12 +180,16 @@ impl Agent {
     /// `POST /v1/volumes` with a pool: a thin volume of a cluster pool
     /// (made by the pool's owner; another node passes the request on), or
     /// of a pool of this node's own.
-    pub(super) async fn create_thin(self: &Arc<Self>, req: CreateVolume) -> NodeResult<VolumeInfo> {
+    pub(super) async fn create_thin(
+        self: &Arc<Self>,
+        req: CreateVolume,
+        qos: Option<QosRequest>,
+    ) -> NodeResult<VolumeInfo> {
         let pool = req.pool.clone().unwrap_or_default();
         let s = self.session();
         let Some(spec) = s.spec(&pool).await.map_err(etcd)? else {
             // not a cluster pool: this node's own
-            return self.node.create_volume(req).await;
+            return self.node.create_volume_qos(req, qos).await;
         };
         if !spec.thin_pool {
             return Err(NodeError::BadRequest(format!(
@@ -204,10 +213,14 @@ impl Agent {
         })?;
         if owner.node != s.node() {
             return self
-                .on_owner(&s, &owner.node, move |p, api| p.create_volume(api, &req))
+                .on_owner(&s, &owner.node, move |p, api| {
+                    p.create_volume_qos(api, &req, qos.as_ref())
+                })
                 .await;
         }
-        self.create_thin_here(&s, &spec, owner.epoch, req).await
+        let limits = super::qos::create_limits(qos.as_ref())?;
+        self.create_thin_here(&s, &spec, owner.epoch, req, limits)
+            .await
     }
 
     /// Makes thin volume `req` in pool `spec`, owned here at `epoch`.
@@ -217,6 +230,7 @@ impl Agent {
         spec: &VolumeSpec,
         epoch: u64,
         mut req: CreateVolume,
+        limits: Option<QosLimits>,
     ) -> NodeResult<VolumeInfo> {
         let pool = spec.name.clone();
         let served_epoch = self.served.lock().await.get(&pool).and_then(|sv| sv.epoch);
@@ -255,6 +269,12 @@ impl Agent {
             block_size: info.block_size,
             serial: serial_of(&info.uuid),
         };
+        // Known before it is recorded: the pool's own pass may serve it
+        // as soon as it is (learnt again after, see `qos.rs`).
+        let qos = limits.as_ref().map(super::qos::spec_of);
+        if let Some(l) = limits {
+            self.qos_learnt(&name, l);
+        }
         let mut recorded = Err(NodeError::Internal("no NSID tried".into()));
         for _ in 0..NSID_TRIES {
             t.nsid = match want_nsid {
@@ -267,7 +287,7 @@ impl Agent {
                     }
                 },
             };
-            match s.create_thin(&t, &spec.nqn, epoch).await {
+            match s.create_thin_qos(&t, &spec.nqn, epoch, qos.as_ref()).await {
                 Ok(()) => {
                     recorded = Ok(());
                     break;
@@ -286,7 +306,12 @@ impl Agent {
             }
             return Err(e);
         }
-        // Served here at once (the pool's own pass would, a moment later).
+        // Served here at once (the pool's own pass would, a moment later),
+        // limited from its first command.
+        if let Some(l) = limits {
+            self.qos_learnt(&name, l);
+            self.tell_qos(&name, &Default::default(), &l);
+        }
         {
             let mut served = self.served.lock().await;
             if let Some(sv) = served.get_mut(&pool)
