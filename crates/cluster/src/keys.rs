@@ -12,6 +12,7 @@
 //! | `volumes/<v>/epoch`     | last owner epoch | none         |
 //! | `volumes/<v>/state`     | [`VolumeState`]  | none         |
 //! | `volumes/<v>/handoff`   | [`Handoff`]      | none         |
+//! | `volumes/<v>/qos`       | [`QosSpec`]      | none         |
 //! | `volumes/<p>/thin/<t>`  | [`ThinSpec`]     | none         |
 //! | `names/<t>`             | pool of thin `t` | none         |
 //! | `nsids/<nqn>/<nsid>`    | thin volume name | none         |
@@ -23,9 +24,12 @@
 //! [`VolumeState`]: crate::VolumeState
 //! [`Handoff`]: crate::Handoff
 //! [`ThinSpec`]: crate::ThinSpec
+//! [`QosSpec`]: crate::QosSpec
 //!
 //! `names/` and `nsids/` keep thin volume names and namespace IDs unique
 //! across pools: a thin volume is created with both in one transaction.
+//! `volumes/<v>/qos` is kept for thin volumes too (by the thin volume's
+//! name, which no volume shares).
 
 /// `/flashpool/<cluster>/`: the prefix of every key of one cluster.
 pub(crate) fn cluster_prefix(cluster: &str) -> String {
@@ -40,16 +44,19 @@ pub(crate) enum VolumeKey {
     Epoch,
     State,
     Handoff,
+    /// QoS limits (`qos.rs`): of a volume, or of a thin volume.
+    Qos,
 }
 
 impl VolumeKey {
     /// Every key of a volume (what deleting a volume removes).
-    pub(crate) const ALL: [VolumeKey; 5] = [
+    pub(crate) const ALL: [VolumeKey; 6] = [
         VolumeKey::Spec,
         VolumeKey::Owner,
         VolumeKey::State,
         VolumeKey::Handoff,
         VolumeKey::Epoch,
+        VolumeKey::Qos,
     ];
 
     fn leaf(self) -> &'static str {
@@ -59,6 +66,7 @@ impl VolumeKey {
             VolumeKey::Epoch => "epoch",
             VolumeKey::State => "state",
             VolumeKey::Handoff => "handoff",
+            VolumeKey::Qos => "qos",
         }
     }
 
@@ -69,6 +77,7 @@ impl VolumeKey {
             "epoch" => VolumeKey::Epoch,
             "state" => VolumeKey::State,
             "handoff" => VolumeKey::Handoff,
+            "qos" => VolumeKey::Qos,
             _ => return None,
         })
     }

@@ -10,6 +10,7 @@ mod etcd;
 mod keepalive;
 mod keys;
 mod liveness;
+mod qos;
 mod session;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -21,6 +22,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use liveness::{LivenessListener, PeerGone, watch_peer_death};
+pub use qos::{QosOf, QosSpec, QosWrite};
 pub use session::Session;
 
 /// Highest controller-ID slot (63 slots of 1024 IDs each fit below 0xFFEF).
@@ -196,6 +198,10 @@ pub enum ClusterEvent {
     HandoffCleared(String),
     /// A thin volume of cluster pool `.0` was put, changed or deleted.
     ThinChanged(String),
+    /// The QoS limits of volume or thin volume `.0` were set...
+    QosSet(String, QosSpec),
+    /// ...or cleared (unlimited, or the volume deleted).
+    QosCleared(String),
     Drain(String, bool),
     /// The watch was restarted: events may have been missed, re-read everything.
     Resync,

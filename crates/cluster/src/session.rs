@@ -408,10 +408,23 @@ impl Session {
 
     /// Creates `volumes/<v>/spec`; `VolumeExists` if there is one.
     pub async fn create_spec(&self, spec: &VolumeSpec) -> Result<(), ClusterError> {
+        self.create_spec_qos(spec, None).await
+    }
+
+    /// Creates `volumes/<v>/spec` with QoS limits `qos` (none: any limits
+    /// a volume of that name left are cleared), in one transaction.
+    pub async fn create_spec_qos(
+        &self,
+        spec: &VolumeSpec,
+        qos: Option<&crate::QosSpec>,
+    ) -> Result<(), ClusterError> {
         let key = self.vkey(&spec.name, VolumeKey::Spec);
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.clone(), encode(spec), None)]);
+            .and_then([
+                TxnOp::put(key.clone(), encode(spec), None),
+                crate::qos::qos_op(self.vkey(&spec.name, VolumeKey::Qos), qos),
+            ]);
         let r = self.txn(&format!("create {key}"), txn).await?;
         if r.succeeded() {
             return Ok(());
@@ -471,7 +484,7 @@ impl Session {
             .transpose()
     }
 
-    /// Deletes the volume's keys (spec, owner, state, handoff, epoch), only
+    /// Deletes the volume's keys (spec, owner, state, handoff, epoch, qos), only
     /// while this node owns it at `epoch`.
     pub async fn delete_volume(&self, vol: &str, epoch: u64) -> Result<(), ClusterError> {
         let me = Owner {

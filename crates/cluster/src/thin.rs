@@ -39,6 +39,18 @@ impl Session {
         nqn: &str,
         pool_epoch: u64,
     ) -> Result<(), ClusterError> {
+        self.create_thin_qos(t, nqn, pool_epoch, None).await
+    }
+
+    /// [`Session::create_thin`] with QoS limits `qos` recorded in the same
+    /// transaction (none: any limits a volume of that name left are cleared).
+    pub async fn create_thin_qos(
+        &self,
+        t: &ThinSpec,
+        nqn: &str,
+        pool_epoch: u64,
+        qos: Option<&crate::QosSpec>,
+    ) -> Result<(), ClusterError> {
         let keys = self.keys();
         let me = Owner {
             node: self.node().to_string(),
@@ -56,6 +68,7 @@ impl Session {
         let mut then = vec![
             TxnOp::put(keys.thin(&t.pool, &t.name), encode(t), None),
             TxnOp::put(name_key.clone(), encode(&t.pool), None),
+            crate::qos::qos_op(self.vkey(&t.name, VolumeKey::Qos), qos),
         ];
         // NSID 0 (a snapshot not served) claims no NSID.
         if t.nsid != 0 {
@@ -114,8 +127,8 @@ impl Session {
         .await
     }
 
-    /// Deletes thin volume `t` (and frees its name and NSID), while this
-    /// node owns its pool at `pool_epoch`.
+    /// Deletes thin volume `t` (and frees its name and NSID, and drops its
+    /// QoS limits), while this node owns its pool at `pool_epoch`.
     pub async fn delete_thin(
         &self,
         t: &ThinSpec,
@@ -126,6 +139,7 @@ impl Session {
         let mut ops = vec![
             TxnOp::delete(keys.thin(&t.pool, &t.name), None),
             TxnOp::delete(keys.thin_name(&t.name), None),
+            TxnOp::delete(self.vkey(&t.name, VolumeKey::Qos), None),
         ];
         if t.nsid != 0 {
             ops.push(TxnOp::delete(keys.nsid(nqn, t.nsid), None));

@@ -37,6 +37,8 @@ fn decode_event(keys: &Keys, ev: &etcd_client::Event) -> Option<ClusterEvent> {
                 (VolumeKey::Owner, false) => Ok(ClusterEvent::OwnerGone(v)),
                 (VolumeKey::Handoff, true) => decode(kv).map(|h| ClusterEvent::HandoffSet(v, h)),
                 (VolumeKey::Handoff, false) => Ok(ClusterEvent::HandoffCleared(v)),
+                (VolumeKey::Qos, true) => decode(kv).map(|q| ClusterEvent::QosSet(v, q)),
+                (VolumeKey::Qos, false) => Ok(ClusterEvent::QosCleared(v)),
                 (VolumeKey::Epoch | VolumeKey::State, _) => return None,
             };
             r.map_err(warn).ok()

@@ -10,7 +10,9 @@ use cluster::{ClusterError, Handoff, Session, VolumeSpec, VolumeState};
 use nvmf_target::AnaState;
 
 use super::{Agent, Served};
-use crate::api_types::{ClusterStatus, DrainResult, MoveResult, NodeStatus, VolumeStatus};
+use crate::api_types::{
+    ClusterStatus, DrainResult, MoveResult, NodeStatus, QosRequest, VolumeStatus,
+};
 use crate::client::{PeerApi, PeerError};
 use crate::node::{CreateVolume, NodeError, NodeResult, VolumeInfo};
 
@@ -126,9 +128,25 @@ impl Agent {
 
     /// `POST /v1/volumes` in cluster mode: a volume on remote drives, owned
     /// by this node and served by every node.
-    pub async fn create(self: &Arc<Self>, mut req: CreateVolume) -> NodeResult<VolumeInfo> {
+    pub async fn create(self: &Arc<Self>, req: CreateVolume) -> NodeResult<VolumeInfo> {
+        self.create_qos(req, None).await
+    }
+
+    /// [`Agent::create`] under QoS limits (`qos` of `POST /v1/volumes`),
+    /// recorded with the volume in one etcd transaction.
+    pub async fn create_qos(
+        self: &Arc<Self>,
+        mut req: CreateVolume,
+        qos: Option<QosRequest>,
+    ) -> NodeResult<VolumeInfo> {
+        let limits = super::qos::create_limits(qos.as_ref())?;
         if req.pool.is_some() {
-            return self.create_thin(req).await;
+            return self.create_thin(req, qos).await;
+        }
+        if req.thin_pool && limits.is_some() {
+            return Err(NodeError::BadRequest(
+                "a cluster pool is not served itself: give QoS limits to its thin volumes".into(),
+            ));
         }
         let Some(x) = req.export.take() else {
             return Err(NodeError::BadRequest(if req.thin_pool {
@@ -224,7 +242,11 @@ impl Agent {
             model: "flashpool cluster volume".into(),
             thin_pool: req_thin_pool,
         };
-        // Served here before etcd tells the others, owned before it is seen.
+        // Served here before etcd tells the others, owned before it is seen,
+        // and limited from its first command.
+        if let Some(l) = limits {
+            self.qos_learnt(&name, l);
+        }
         let mut served = self.served.lock().await;
         let undo = async |why: String| {
             self.node.drop_fenced(&name, &why).await;
@@ -235,9 +257,15 @@ impl Agent {
             Ok(sw) => sw,
             Err(e) => return Err(undo(format!("serving {name}: {e}")).await),
         };
-        if let Err(e) = s.create_spec(&spec).await {
+        let qos_spec = limits.as_ref().map(super::qos::spec_of);
+        if let Err(e) = s.create_spec_qos(&spec, qos_spec.as_ref()).await {
             self.unserve(&spec);
             return Err(undo(format!("recording {name} in etcd: {e}")).await);
+        }
+        if let Some(l) = limits {
+            // learnt again once recorded: a pass that read etcd before
+            // does not take them away (`qos.rs`)
+            self.qos_learnt(&name, l);
         }
         // Its member states recorded before it takes any I/O (`record.rs`).
         let serving = match self.start_recording(&name, owner.epoch).await {
@@ -267,6 +295,9 @@ impl Agent {
             x.nqn
         );
         drop(served);
+        if let Some(l) = limits {
+            self.tell_qos(&name, &Default::default(), &l);
+        }
         // The agent serves it, not the node: the answer says where.
         let mut v = self.node.volume(&name).await?;
         v.export = (!req_thin_pool).then_some(crate::node::Export {

@@ -21,7 +21,8 @@
 //! `cluster_ops.rs` the cluster operations the API calls into (create,
 //! move, drain, status); `pools.rs` and `pool_snaps.rs` the cluster
 //! pools' thin volumes, snapshots and clones; `views.rs` what the volume
-//! list shows of them; `observe.rs` the events and metrics it tells.
+//! list shows of them; `observe.rs` the events and metrics it tells;
+//! `qos.rs` the volumes' QoS limits, kept in etcd and applied by every node.
 
 mod cluster_ops;
 mod decide;
@@ -32,6 +33,9 @@ mod pool_snaps;
 mod pools;
 #[cfg(test)]
 mod pools_tests;
+mod qos;
+#[cfg(test)]
+mod qos_tests;
 mod record;
 #[cfg(test)]
 mod record_tests;
@@ -141,6 +145,8 @@ pub struct Agent {
     peer_api: Mutex<Option<Arc<crate::client::PeerApi>>>,
     /// What the events and metrics need (see `observe.rs`).
     obs: observe::Observed,
+    /// The volumes' QoS limits and the namespaces they apply to (`qos.rs`).
+    qos: Mutex<qos::QosTable>,
 }
 
 impl Agent {
@@ -233,6 +239,7 @@ impl Agent {
             _liveness: liveness,
             peer_api: Mutex::new(None),
             obs: observe::Observed::default(),
+            qos: Mutex::default(),
         }))
     }
 
@@ -451,10 +458,13 @@ impl Agent {
             .set_ana_state(spec.ana_group, AnaState::Inaccessible);
         self.target.bind_ana_group_to_lease(spec.ana_group, true);
         let mut ns = crate::node::volume_namespace(spec.nsid, sw.clone(), &spec.uuid)
-            .with_ana_group(spec.ana_group)?;
+            .with_ana_group(spec.ana_group)?
+            .with_qos(self.ns_qos(&spec.name, &spec.nqn, spec.nsid));
         // reservations kept with the volume, not with this node
         ns.resv = sw.reservations();
-        self.target.add_namespace(&spec.nqn, ns)?;
+        self.target
+            .add_namespace(&spec.nqn, ns)
+            .inspect_err(|_| self.qos_unserved(&spec.name))?;
         tracing::info!(
             "cluster volume {}: served as nsid {} of {} (ANA group {}, standby)",
             spec.name,
@@ -476,6 +486,7 @@ impl Agent {
     fn unserve(&self, spec: &VolumeSpec) {
         if !spec.thin_pool {
             let _ = self.target.remove_namespace(&spec.nqn, spec.nsid);
+            self.qos_unserved(&spec.name);
         }
         self.target.bind_ana_group_to_lease(spec.ana_group, false);
         if let Some(sub) = self.target.subsystem(&spec.nqn)

@@ -398,6 +398,7 @@ impl Agent {
             fences: self.obs.fences.load(Relaxed),
             takeovers: self.obs.takeovers.snapshot(),
             moves: self.obs.moves.snapshot(),
+            namespaces: self.qos_namespaces(),
         }
     }
 

@@ -128,7 +128,7 @@ impl Agent {
                 snapshot: true,
                 origin: Some(vol.clone()),
             };
-            match self.record_thin(s, spec, epoch, t, *choice).await {
+            match self.record_thin(s, spec, epoch, t, *choice, None).await {
                 Ok(t) => recorded.push(t),
                 Err(e) => {
                     // A refused request changes nothing: the records made go,
@@ -214,7 +214,10 @@ impl Agent {
             origin: Some(snapshot.to_string()),
         };
         let choice = want.map_or(NsidChoice::Free, NsidChoice::Given);
-        let c = match self.record_thin(&s, &spec, owner.epoch, c, choice).await {
+        let c = match self
+            .record_thin(&s, &spec, owner.epoch, c, choice, None)
+            .await
+        {
             Ok(c) => c,
             Err(e) => {
                 if let Err(d) = self.node.delete_volume(&req.name, true).await {

@@ -20,10 +20,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cluster::{ClusterError, Session, ThinSpec, VolumeSpec};
+use nvmf_target::qos::QosLimits;
 
 use super::cluster_ops::serial_of;
 use super::{Agent, Served, SwitchDevice};
-use crate::api_types::CreateVolume;
+use crate::api_types::{CreateVolume, QosRequest};
 use crate::client::{PeerApi, PeerError};
 use crate::node::{Export, NodeError, NodeResult, VolumeInfo};
 
@@ -76,9 +77,12 @@ impl Agent {
             return Ok(sw);
         }
         let mut ns = crate::node::volume_namespace(t.nsid, sw.clone(), &t.uuid)
-            .with_ana_group(pool.ana_group)?;
+            .with_ana_group(pool.ana_group)?
+            .with_qos(self.ns_qos(&t.name, &pool.nqn, t.nsid));
         ns.resv = sw.reservations();
-        self.target.add_namespace(&pool.nqn, ns)?;
+        self.target
+            .add_namespace(&pool.nqn, ns)
+            .inspect_err(|_| self.qos_unserved(&t.name))?;
         tracing::info!(
             "thin volume {} of cluster pool {}: served as nsid {} of {}",
             t.name,
@@ -94,6 +98,7 @@ impl Agent {
             return;
         }
         let _ = self.target.remove_namespace(&pool.nqn, t.nsid);
+        self.qos_unserved(&t.name);
         tracing::info!(
             "thin volume {} of cluster pool {}: no longer served here",
             t.name,
@@ -196,12 +201,16 @@ impl Agent {
     /// `POST /v1/volumes` with a pool: a thin volume of a cluster pool
     /// (made by the pool's owner; another node passes the request on), or
     /// of a pool of this node's own.
-    pub(super) async fn create_thin(self: &Arc<Self>, req: CreateVolume) -> NodeResult<VolumeInfo> {
+    pub(super) async fn create_thin(
+        self: &Arc<Self>,
+        req: CreateVolume,
+        qos: Option<QosRequest>,
+    ) -> NodeResult<VolumeInfo> {
         let pool = req.pool.clone().unwrap_or_default();
         let s = self.session();
         let Some(spec) = s.spec(&pool).await.map_err(etcd)? else {
             // not a cluster pool: this node's own
-            return self.node.create_volume(req).await;
+            return self.node.create_volume_qos(req, qos).await;
         };
         if !spec.thin_pool {
             return Err(NodeError::BadRequest(format!(
@@ -225,10 +234,14 @@ impl Agent {
         })?;
         if owner.node != s.node() {
             return self
-                .on_owner(&s, &owner.node, move |p, api| p.create_volume(api, &req))
+                .on_owner(&s, &owner.node, move |p, api| {
+                    p.create_volume_qos(api, &req, qos.as_ref())
+                })
                 .await;
         }
-        self.create_thin_here(&s, &spec, owner.epoch, req).await
+        let limits = super::qos::create_limits(qos.as_ref())?;
+        self.create_thin_here(&s, &spec, owner.epoch, req, limits)
+            .await
     }
 
     /// Makes thin volume `req` in pool `spec`, owned here at `epoch`.
@@ -238,6 +251,7 @@ impl Agent {
         spec: &VolumeSpec,
         epoch: u64,
         mut req: CreateVolume,
+        limits: Option<QosLimits>,
     ) -> NodeResult<VolumeInfo> {
         let pool = spec.name.clone();
         let want_nsid = req.export.take().map(|x| x.nsid).filter(|n| *n != 0);
@@ -257,8 +271,17 @@ impl Agent {
             snapshot: false,
             origin: None,
         };
+        // Known before it is recorded: the pool's own pass may serve it
+        // as soon as it is (learnt again after, see `qos.rs`).
+        let qos = limits.as_ref().map(super::qos::spec_of);
+        if let Some(l) = limits {
+            self.qos_learnt(&name, l);
+        }
         let choice = want_nsid.map_or(NsidChoice::Free, NsidChoice::Given);
-        let t = match self.record_thin(s, spec, epoch, t, choice).await {
+        let t = match self
+            .record_thin(s, spec, epoch, t, choice, qos.as_ref())
+            .await
+        {
             Ok(t) => t,
             Err(e) => {
                 // A refused request changes nothing: the new thin volume goes.
@@ -268,6 +291,11 @@ impl Agent {
                 return Err(e);
             }
         };
+        // Limited from its first command here.
+        if let Some(l) = limits {
+            self.qos_learnt(&name, l);
+            self.tell_qos(&name, &Default::default(), &l);
+        }
         self.serve_new_thin(&pool, &t).await;
         tracing::info!(
             "thin volume {name}: created in cluster pool {pool}, nsid {} of {}",
@@ -330,6 +358,7 @@ impl Agent {
         epoch: u64,
         mut t: ThinSpec,
         choice: NsidChoice,
+        qos: Option<&cluster::QosSpec>,
     ) -> NodeResult<ThinSpec> {
         for _ in 0..NSID_TRIES {
             t.nsid = match choice {
@@ -337,7 +366,7 @@ impl Agent {
                 NsidChoice::Given(n) => n,
                 NsidChoice::Free => self.free_nsid(s, &spec.nqn).await?,
             };
-            match s.create_thin(&t, &spec.nqn, epoch).await {
+            match s.create_thin_qos(&t, &spec.nqn, epoch, qos).await {
                 Ok(()) => return Ok(t),
                 Err(ClusterError::NsidTaken { .. }) if choice == NsidChoice::Free => continue,
                 Err(e) => return Err(etcd(e)),

@@ -2,7 +2,8 @@
 //! volumes the next pass settles, the per-volume tasks that settle them,
 //! and the `served` map those tasks and the API share.
 //!
-//! A pass reads the members and the specs (three range reads), then starts
+//! A pass reads the members and the specs (three range reads; the QoS
+//! limits come with the specs, see `qos.rs`), then starts
 //! one task per volume it names: the volumes named by the watch events
 //! since the last pass (a burst of events is one pass), or every volume on
 //! the periodic resync and whenever the members change. The pass does not
@@ -125,7 +126,9 @@ fn volume_of(e: &ClusterEvent) -> Option<&str> {
         | ClusterEvent::OwnerGone(v)
         | ClusterEvent::HandoffSet(v, _)
         | ClusterEvent::HandoffCleared(v)
-        | ClusterEvent::ThinChanged(v) => Some(v),
+        | ClusterEvent::ThinChanged(v)
+        | ClusterEvent::QosSet(v, _)
+        | ClusterEvent::QosCleared(v) => Some(v),
         ClusterEvent::NodeUp(_)
         | ClusterEvent::NodeDown(_)
         | ClusterEvent::Drain(..)
@@ -136,6 +139,10 @@ fn volume_of(e: &ClusterEvent) -> Option<&str> {
 impl Agent {
     /// The next pass settles what `e` is about.
     pub(super) fn mark_event(&self, e: &ClusterEvent) {
+        // new limits come with their value: applied at once, nothing to settle
+        if self.qos_event(e) {
+            return;
+        }
         match volume_of(e) {
             Some(v) => self.mark(v),
             None => self.mark_all(),
@@ -199,12 +206,12 @@ impl Agent {
         });
         self.update_peers(&nodes);
         self.seen_nodes(&nodes);
-        let mut specs: HashMap<String, VolumeSpec> = s
-            .specs()
-            .await?
-            .into_iter()
-            .map(|v| (v.name.clone(), v))
-            .collect();
+        // the limits come in the same range read as the specs
+        let read_at = std::time::Instant::now();
+        let (specs, qos) = s.specs_and_qos().await?;
+        self.qos_sync(qos, read_at);
+        let mut specs: HashMap<String, VolumeSpec> =
+            specs.into_iter().map(|v| (v.name.clone(), v)).collect();
         let names: BTreeSet<String> = if dirty.all {
             // served here but without a spec: gone (the task checks)
             let mut all: BTreeSet<String> = specs.keys().cloned().collect();

@@ -184,8 +184,7 @@ pub(super) async fn create_volume(State(a): State<App>, b: Bytes) -> ApiResult {
     };
     let req: CreateVolume = value(v, "request body")?;
     let info = match &a.agent {
-        Some(_) if qos.is_some() => return Err(no_cluster_qos()),
-        Some(ag) => ag.create(req).await?,
+        Some(ag) => ag.create_qos(req, qos).await?,
         _ => a.node.create_volume_qos(req, qos).await?,
     };
     Ok((StatusCode::CREATED, axum::Json(info)).into_response())
@@ -259,18 +258,15 @@ fn value<T: serde::de::DeserializeOwned>(v: serde_json::Value, what: &str) -> Re
     })
 }
 
-/// Cluster volumes are served by namespaces the agent makes on every node;
-/// their limits would have to follow them (see docs/api.md).
-fn no_cluster_qos() -> ApiError {
-    ApiError(
-        StatusCode::CONFLICT,
-        "QoS limits are not supported in cluster mode yet (only on a node running alone); \
-         nothing was changed"
-            .into(),
-    )
-}
-
+/// In cluster mode the agent answers for cluster volumes and thin volumes
+/// of cluster pools (limits kept in etcd, applied by every node); the node
+/// for its own volumes.
 pub(super) async fn volume_qos(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
+    if let Some(ag) = &a.agent
+        && let Some(q) = ag.volume_qos(&name).await?
+    {
+        return ok(q);
+    }
     ok(a.node.volume_qos(&name).await?)
 }
 
@@ -280,8 +276,10 @@ pub(super) async fn set_volume_qos(
     b: Bytes,
 ) -> ApiResult {
     let r: QosRequest = body(&b)?;
-    if a.agent.is_some() {
-        return Err(no_cluster_qos());
+    if let Some(ag) = &a.agent
+        && let Some(q) = ag.set_volume_qos(&name, r.clone()).await?
+    {
+        return ok(q);
     }
     ok(a.node.set_volume_qos(&name, r).await?)
 }

@@ -112,6 +112,31 @@ impl PeerApi {
         answer(r)
     }
 
+    /// [`PeerApi::create_volume`] under QoS limits (`qos` of the body).
+    pub fn create_volume_qos(
+        &self,
+        api: &str,
+        req: &crate::api_types::CreateVolume,
+        qos: Option<&crate::api_types::QosRequest>,
+    ) -> Result<crate::api_types::VolumeInfo, PeerError> {
+        let Some(qos) = qos else {
+            return self.create_volume(api, req);
+        };
+        let mut body = serde_json::to_value(req)
+            .map_err(|e| PeerError::Refused(format!("cannot encode the request: {e}")))?;
+        if let Some(m) = body.as_object_mut() {
+            m.insert(
+                "qos".into(),
+                serde_json::to_value(qos)
+                    .map_err(|e| PeerError::Refused(format!("cannot encode the limits: {e}")))?,
+            );
+        }
+        let r = self
+            .with_token(self.agent.post(&url(api, "/volumes")))
+            .send_json(body);
+        answer(r)
+    }
+
     /// `POST /v1/volumes/{name}/grow` on the node whose API is `api`.
     pub fn grow_volume(
         &self,

@@ -98,6 +98,9 @@ pub struct ClusterPage {
     pub fences: u64,
     pub takeovers: SecondsSnapshot,
     pub moves: SecondsSnapshot,
+    /// The namespaces of cluster volumes served here, as (subsystem NQN,
+    /// nsid, volume): the `volume` label of the namespace families.
+    pub namespaces: Vec<(String, u32, String)>,
 }
 
 /// Appends the cluster families to `p`.
@@ -207,6 +210,7 @@ mod tests {
             fences: 2,
             takeovers: h.snapshot(),
             moves: DurationHistogram::default().snapshot(),
+            namespaces: Vec::new(),
         };
         let mut p = Exposition::default();
         cluster(&mut p, &page);

@@ -54,7 +54,8 @@ impl Node {
         node::volumes(&mut p, &st);
         node::drives(&mut p, &st);
         if let Some(t) = self.running_target() {
-            target::namespaces(&mut p, &st, t);
+            let cluster_ns = c.map_or(&[][..], |c| c.namespaces.as_slice());
+            target::namespaces(&mut p, &st, t, cluster_ns);
             drop(st);
             target::controllers(&mut p, t);
         }

@@ -9,9 +9,16 @@ use super::registry::{Exposition, Kind, bounded};
 use crate::node::NodeState;
 use nvmf_target::stats::NsIoStats;
 
-/// What a namespace serves, as labels: its volume or drive.
-fn served(st: &NodeState) -> HashMap<(String, u32), (&'static str, String)> {
+/// What a namespace serves, as labels: its volume or drive (`cluster`: the
+/// namespaces of cluster volumes, which the agent serves, not the node).
+fn served(
+    st: &NodeState,
+    cluster: &[(String, u32, String)],
+) -> HashMap<(String, u32), (&'static str, String)> {
     let mut m = HashMap::new();
+    for (nqn, nsid, v) in cluster {
+        m.insert((nqn.clone(), *nsid), ("volume", v.clone()));
+    }
     for v in st.volumes.values() {
         if let Some(x) = &v.export {
             m.insert((x.nqn.clone(), x.nsid), ("volume", v.name.clone()));
@@ -25,8 +32,13 @@ fn served(st: &NodeState) -> HashMap<(String, u32), (&'static str, String)> {
     m
 }
 
-pub(super) fn namespaces(p: &mut Exposition, st: &NodeState, t: &nvmf_target::Target) {
-    let names = served(st);
+pub(super) fn namespaces(
+    p: &mut Exposition,
+    st: &NodeState,
+    t: &nvmf_target::Target,
+    cluster: &[(String, u32, String)],
+) {
+    let names = served(st, cluster);
     let mut rows = Vec::new();
     let mut qos = Vec::new();
     for sub in t.subsystems().iter() {

@@ -75,6 +75,7 @@ pub use drive::{Drive, DriveIoStats, DriveSpec};
 pub use drive_export::DriveExport;
 pub use error::{NodeError, NodeResult, Object};
 pub use ops::{CreateVolume, VolumeInfo};
+pub(crate) use qos::{apply_request, describe as describe_qos, limits_info as qos_limits_info};
 pub use recovery::ForcedInfo;
 pub use scrub::ScrubSchedule;
 pub use validate::{check_name, parse_layout};
