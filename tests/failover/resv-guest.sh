@@ -68,23 +68,42 @@ resv_standby() {
   fi
 }
 
+# resv_connect A|B ADDR: that host's connection to ADDR, up to 3 tries 2 s apart. A retry is
+# reported in the case's result line with the errno and the guest kernel's last nvme line,
+# so a refused Connect stays visible even when a later try gets through.
+resv_connect() {
+  local n=1 err
+  while :; do
+    if [ "$1" = A ]; then
+      timeout 60 nvme connect -t tcp -a "$2" -s "$PORT" -n "$RESV_NQN" --ctrl-loss-tmo=-1 --reconnect-delay=1 \
+        --keep-alive-tmo="$KATO" > /tmp/resv-connect.txt 2>&1 && return 0
+    else
+      # nvme-cli 2.3 refuses a second connection to an address and subsystem it already has,
+      # whatever the Host NQN ("already connected", --duplicate-connect or not); the kernel
+      # takes it: the same options as nvme connect, written to /dev/nvme-fabrics in one write
+      # (dd, so that the errno of a refused write is printed)
+      printf 'transport=tcp,traddr=%s,trsvcid=%s,nqn=%s,hostnqn=%s,hostid=%s,ctrl_loss_tmo=-1,reconnect_delay=1,keep_alive_tmo=%s' \
+        "$2" "$PORT" "$RESV_NQN" "$RESV_BNQN" "$RESV_BID" "$KATO" \
+        | dd of=/dev/nvme-fabrics bs=4096 iflag=fullblock status=none > /tmp/resv-connect.txt 2>&1 && return 0
+    fi
+    err="$(tail -n 1 /tmp/resv-connect.txt) (kernel: $(dmesg | grep -i nvme | tail -n 1 | cut -c1-160))"
+    log "resv-follow: host $1: connect to $2, try $n: $err"
+    [ $n -lt 3 ] || { resv_fail "host $1: connect to $2 (3 tries): $err"; return 1; }
+    RESV_RETRIED="$RESV_RETRIED${RESV_RETRIED:+;}host-$1-connect-$2-retried:$(echo "$err" | tr ' ,' _.)"
+    n=$((n+1)); sleep 2
+  done
+}
+
 resv_case() {
   local tag=$1 a ip ip0 i
-  RESV_OK=1; RESV_WHY=""; RESV_SEEN=""; RESV_GEN=""
+  RESV_OK=1; RESV_WHY=""; RESV_SEEN=""; RESV_GEN=""; RESV_RETRIED=""
   RESV_BID=$(echo "$HOSTID" | sed 's/.$/b/'); [ "$RESV_BID" = "$HOSTID" ] && RESV_BID=$(echo "$HOSTID" | sed 's/.$/c/')
   RESV_BNQN=nqn.2014-08.org.nvmexpress:uuid:$RESV_BID
   log "STEP $tag: reservations through one owner, a planned move, a kill -9 of the new owner"
   wait_host "resv:setup:$tag" 120 || { resv_fail "host: setup: $HOSTSAYS"; wait_host "check:$tag" 120 "ok=0 why=$RESV_WHY"; return; }
   RESV_NQN=$(echo " $HOSTSAYS " | sed -n 's/.* nqn=\([^ ]*\) .*/\1/p'); ip=$(ip_of)
   for a in $(echo "$CTRLS" | tr , ' '); do
-    timeout 60 nvme connect -t tcp -a "$a" -s "$PORT" -n "$RESV_NQN" --ctrl-loss-tmo=-1 --reconnect-delay=1 \
-      --keep-alive-tmo="$KATO" 2>&1 | sed 's/^/  A | /'
-    # nvme-cli 2.3 refuses a second connection to an address and subsystem it already has,
-    # whatever the Host NQN ("already connected", --duplicate-connect or not); the kernel
-    # takes it: the same options as nvme connect, written to /dev/nvme-fabrics in one write
-    printf 'transport=tcp,traddr=%s,trsvcid=%s,nqn=%s,hostnqn=%s,hostid=%s,ctrl_loss_tmo=-1,reconnect_delay=1,keep_alive_tmo=%s' \
-      "$a" "$PORT" "$RESV_NQN" "$RESV_BNQN" "$RESV_BID" "$KATO" > /dev/nvme-fabrics 2> /tmp/resv-connect.txt \
-      || resv_fail "host B: connect to $a: $(cat /tmp/resv-connect.txt)"
+    resv_connect A "$a"; resv_connect B "$a"
   done
   for a in $(echo "$CTRLS" | tr , ' '); do
     resv_ctrl "$HOSTNQN" "$a" > /dev/null && resv_ctrl "$RESV_BNQN" "$a" > /dev/null || resv_fail "no live controller of both hosts at $a"
@@ -112,5 +131,5 @@ resv_case() {
   a=$(resv_ctrl "$HOSTNQN" "$ip") && nvme resv-release "/dev/$a" -n 1 --crkey=$RESV_KA --rrela=1 > /dev/null 2>&1
   nvme disconnect -n "$RESV_NQN" 2>&1 | sed 's/^/  | /'
   dmesg -c >> /tmp/dmesg.all
-  wait_host "check:$tag" 120 "ok=$RESV_OK why=${RESV_WHY:-none} seen=$RESV_SEEN hosts=$HOSTID,$RESV_BID"
+  wait_host "check:$tag" 120 "ok=$RESV_OK why=${RESV_WHY:-none} seen=$RESV_SEEN${RESV_RETRIED:+;$RESV_RETRIED} hosts=$HOSTID,$RESV_BID"
 }
