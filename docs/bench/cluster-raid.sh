@@ -31,6 +31,10 @@ RR_LAYOUT=${RR_LAYOUT:-raid6}
 # sequential write size (default 128k). STRIP=32KiB with NODES=5 (raid5 4+1) or NODES=6
 # (raid6/ec 4+2) makes every 128 KiB write one full stripe.
 STRIP=${STRIP:-}
+# LAYOUTS: which volumes of (b)-(d) to run (default all: raid0 raid5 raid6 ec); RAW=0 skips
+# (a), LOCAL_RR=0 the random reads on local drives. The shares need raid0 (and the raw
+# rows) in the same run.
+LAYOUTS=${LAYOUTS:-raid0 raid5 raid6 ec}; RAW=${RAW:-1}; LOCAL_RR=${LOCAL_RR:-1}
 OUT=${OUT:-/tmp/flashpool-cluster}
 FPC_BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/flashpool}
 case $FPC_BIN in /*) ;; *) FPC_BIN=$ROOT/$FPC_BIN;; esac
@@ -80,6 +84,7 @@ OPID=$(fpc_pid_of owner)
 # ---- (a) raw remote drives: each alone, then all at once (the owner's host NQN: allowed)
 raw() { echo "tcp://$(fpc_ip "$1"):$FPC_PORT/$FPC_DRIVE_NQN:e$1:d0?nsid=1"; }
 for r in $(seq 1 "$ROUNDS"); do
+  [ "$RAW" = 1 ] || break
   for i in $(seq 1 "$NODES"); do bench "raw-e$i-r$r" "$(raw "$i")" $SEQ --hostnqn "$OWNER_NQN"; done
   pids=""
   for i in $(seq 1 "$NODES"); do bench "rawall-e$i-r$r" "$(raw "$i")" $SEQ --hostnqn "$OWNER_NQN" & pids="$pids $!"; done
@@ -95,6 +100,11 @@ vol() {   # NAME LAYOUT DRIVES: create + export as nsid 1, ROUNDS x seq write, d
     || { echo "FAILED volume create $name: $(tail -n 2 "$OUT/create-$name.txt" | tr '\n' ' ')"; return 1; }
   say "$name ($layout on $dl) created in $(($(date +%s) - t0)) s"
   for r in $(seq 1 "$ROUNDS"); do bench "$name-r$r" "tcp://127.0.0.1:$IO/$NQN?nsid=1" $SEQ --target-pid "$OPID"; done
+  # what the stripe engine did: full stripes, partial ones, gathered ones (volume/gather.rs)
+  curl -s -H "Authorization: Bearer $(cat "$FPC_DIR/api-token")" "http://127.0.0.1:$API/metrics" 2> /dev/null \
+    | grep -E "^flashpool_volume_(full_stripe|gathered_stripe|read_modify|reconstruct|gather_timeouts)[a-z_]*\{[^}]*volume=\"$name\"" \
+    | sed 's/^flashpool_volume_//' | tr '\n' ' ' > "$OUT/stripes-$name.txt"
+  [ -s "$OUT/stripes-$name.txt" ] && say "$name stripes: $(cat "$OUT/stripes-$name.txt")"
   if [ "${4:-}" = rr ]; then
     # one sequential pass over the whole volume first: reads of never-written RAM are free
     local mib; mib=$(cli volume show "$name" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["size_bytes"] >> 20)')
@@ -106,11 +116,12 @@ vol() {   # NAME LAYOUT DRIVES: create + export as nsid 1, ROUNDS x seq write, d
 }
 REMOTE=$(drives 'e%s:d0'); LOCAL=$(drives 'l%s')
 rr_for() { [ "$1" = "$RR_LAYOUT" ] && echo rr; }
-vol raid0 raid0 "$REMOTE" "$(rr_for raid0)"
-vol raid5 raid5 "$REMOTE" "$(rr_for raid5)"
-vol raid6 raid6 "$REMOTE" "$(rr_for raid6)"
-vol ec "ec$((N - 2))+2" "$REMOTE" "$(rr_for "ec$((N - 2))+2")"
-vol local-rr "$RR_LAYOUT" "$LOCAL" rr
+want() { case " $LAYOUTS " in *" $1 "*) return 0;; esac; return 1; }
+want raid0 && vol raid0 raid0 "$REMOTE" "$(rr_for raid0)"
+want raid5 && vol raid5 raid5 "$REMOTE" "$(rr_for raid5)"
+want raid6 && vol raid6 raid6 "$REMOTE" "$(rr_for raid6)"
+want ec && vol ec "ec$((N - 2))+2" "$REMOTE" "$(rr_for "ec$((N - 2))+2")"
+[ "$LOCAL_RR" = 1 ] && vol local-rr "$RR_LAYOUT" "$LOCAL" rr
 fpc_stop owner
 for i in $(seq 1 "$NODES"); do fpc_stop "e$i"; done
 

@@ -1566,6 +1566,7 @@ mod encrypted;
 mod failed;
 mod fence;
 mod force;
+mod gather;
 mod readd;
 mod state_hook;
 mod sync;

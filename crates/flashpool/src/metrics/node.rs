@@ -53,7 +53,7 @@ pub(super) fn volumes(p: &mut Exposition, st: &NodeState) {
         .collect();
     let stats: Vec<_> = engine.iter().map(|(n, v)| (*n, v.stats())).collect();
     type Pick = fn(&volume::VolumeStats) -> u64;
-    let counters: [(&'static str, &'static str, Pick); 8] = [
+    let counters: [(&'static str, &'static str, Pick); 10] = [
         (
             "flashpool_volume_degraded_reads_total",
             "Reads that reconstructed data of a missing member from parity.",
@@ -78,6 +78,16 @@ pub(super) fn volumes(p: &mut Exposition, st: &NodeState) {
             "flashpool_volume_full_stripe_writes_total",
             "Writes that covered whole stripes (no reads).",
             |s| s.full_stripe_writes,
+        ),
+        (
+            "flashpool_volume_gathered_stripe_writes_total",
+            "Full-stripe writes made of the parts of several partial-stripe writes of a sequential stream (also counted as full-stripe writes).",
+            |s| s.gathered_stripes,
+        ),
+        (
+            "flashpool_volume_gather_timeouts_total",
+            "Partial-stripe writes of a stream that waited for the rest of their stripe in vain (each part then wrote itself).",
+            |s| s.gather_timeouts,
         ),
         (
             "flashpool_volume_journal_writes_total",

@@ -508,6 +508,7 @@ impl Inner {
             records: parking_lot::Mutex::new(RecordState::default()),
             state_hook: parking_lot::Mutex::new(Default::default()),
             encrypted: std::sync::atomic::AtomicBool::new(false),
+            gather: Default::default(),
             crypt: arc_swap::ArcSwapOption::empty(),
             fence,
             layout,

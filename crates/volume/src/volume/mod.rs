@@ -43,6 +43,7 @@ mod assemble;
 mod encrypt;
 mod fence;
 mod force;
+mod gather;
 pub(crate) mod member_io;
 mod meta;
 mod read;
@@ -201,6 +202,12 @@ pub struct VolumeStats {
     pub journal_bytes: u64,
     /// Stripes whose journal record was replayed at assembly.
     pub journal_replayed: u64,
+    /// Full stripes written from the parts of several partial-stripe
+    /// writes of a stream (`gather.rs`); each also counts in `full_stripe_writes`.
+    pub gathered_stripes: u64,
+    /// Gathering windows that ended without a full stripe (each part then
+    /// wrote itself).
+    pub gather_timeouts: u64,
 }
 
 #[derive(Default)]
@@ -307,6 +314,8 @@ pub(crate) struct Inner {
     /// needs `crypt`, the unwrapped key, and fails while it is None.
     pub(crate) encrypted: std::sync::atomic::AtomicBool,
     pub(crate) crypt: arc_swap::ArcSwapOption<CryptPath>,
+    /// Partial-stripe writes of a stream waiting to make full stripes.
+    pub(crate) gather: gather::Gather,
 }
 
 #[derive(Default)]
@@ -462,6 +471,8 @@ impl Volume {
             journal_writes: s.journal_writes.load(Ordering::Relaxed),
             journal_bytes: s.journal_bytes.load(Ordering::Relaxed),
             journal_replayed: s.journal_replayed.load(Ordering::Relaxed),
+            gathered_stripes: self.inner.gather.merged.load(Ordering::Relaxed),
+            gather_timeouts: self.inner.gather.expired.load(Ordering::Relaxed),
         }
     }
 

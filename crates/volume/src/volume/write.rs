@@ -49,7 +49,7 @@ impl<'a> Src<'a> {
             len,
         }
     }
-    fn bytes(&self) -> &'a [u8] {
+    pub(crate) fn bytes(&self) -> &'a [u8] {
         &self.buf[self.at..self.at + self.len]
     }
     /// A read-only view of bytes `off..off + len` (block-aligned), for a
@@ -101,16 +101,17 @@ impl Inner {
                 Err(OpError::Fatal(e)) => Err(e),
             };
         }
+        let (seq, _in_flight) = self.gather.enter(lba, blocks);
         if exts[0].stripe == exts[exts.len() - 1].stripe {
             // One stripe (most requests): no join.
-            self.write_stripe(&exts, src, fua).await?;
+            self.write_stripe_gathered(&exts, src, fua, seq).await?;
         } else {
             let futs = exts
                 .chunk_by(|a, b| a.stripe == b.stripe)
                 .map(|group| {
                     let at = (group[0].offset * self.bs) as usize;
                     let len = (group.iter().map(|e| e.blocks).sum::<u64>() * self.bs) as usize;
-                    self.write_stripe(group, src.sub(at, len), fua)
+                    self.write_stripe_gathered(group, src.sub(at, len), fua, seq)
                 })
                 .collect::<Vec<_>>();
             let r: Result<(), BlockError> = join_all(futs).await.into_iter().collect();
