@@ -535,7 +535,21 @@ async fn write_batch(
 /// acknowledged write reads back and every stripe's parity agrees with its
 /// data. Returns the number of stripes found inconsistent after restart.
 fn crash_loop(kind: LayoutKind, n: usize, iterations: u64, seed: u64, intent_log: bool) -> u64 {
-    block_on(async {
+    crash_loop_with(kind, n, iterations, seed, intent_log, false)
+}
+
+/// [`crash_loop`]; with `stream`, each batch is a run of back-to-back
+/// partial-stripe writes, on a tokio runtime, so their stripes are gathered
+/// (`volume/gather.rs`) and crashes cut gathered full-stripe writes short.
+fn crash_loop_with(
+    kind: LayoutKind,
+    n: usize,
+    iterations: u64,
+    seed: u64,
+    intent_log: bool,
+    stream: bool,
+) -> u64 {
+    let run = async {
         let rig = Rig::new(n, 12);
         let mut c = cfg(kind);
         c.intent_log = intent_log;
@@ -546,6 +560,7 @@ fn crash_loop(kind: LayoutKind, n: usize, iterations: u64, seed: u64, intent_log
         // Blocks whose content may be the old or one in-flight write's data.
         let mut maybe: HashMap<u64, Vec<u8>> = HashMap::new();
         let mut inconsistent = 0;
+        let mut gathered = 0;
         let bs = BS as usize;
         for it in 0..iterations {
             let crash = CrashSwitch::new();
@@ -593,7 +608,19 @@ fn crash_loop(kind: LayoutKind, n: usize, iterations: u64, seed: u64, intent_log
             crash.arm(1 + rng.below(40));
             while !crash.crashed() {
                 let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
-                for _ in 0..1 + rng.below(4) {
+                if stream {
+                    let per = vol.layout().stripe_data_blocks();
+                    let len = 1 + rng.below(per - 1);
+                    let count = 2 + rng.below(6);
+                    let mut lba = rng.below(model.blocks() - len * count);
+                    for _ in 0..count {
+                        let mut data = vec![0u8; len as usize * bs];
+                        rng.fill(&mut data);
+                        batch.push((lba, data));
+                        lba += len;
+                    }
+                }
+                for _ in 0..if stream { 0 } else { 1 + rng.below(4) } {
                     let (lba, len) = random_range(&mut rng, &vol);
                     if batch
                         .iter()
@@ -617,15 +644,35 @@ fn crash_loop(kind: LayoutKind, n: usize, iterations: u64, seed: u64, intent_log
                     }
                 }
             }
+            gathered += vol.stats().gathered_stripes;
             drop(vol);
         }
+        assert!(!stream || gathered > 0, "{kind}: no stripe was gathered");
         inconsistent
-    })
+    };
+    if stream {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(run)
+    } else {
+        block_on(run)
+    }
 }
 
 #[test]
 fn crash_restart_loop_raid5() {
     assert_eq!(crash_loop(LayoutKind::Raid5, 4, 300, 1, true), 0);
+}
+
+/// The same with streams of partial-stripe writes, gathered into full
+/// stripes: crashes during gathered writes lose no acknowledged write and
+/// leave no stripe inconsistent after resync.
+#[test]
+fn crash_restart_loop_gathered_stripes() {
+    assert_eq!(crash_loop_with(LayoutKind::Raid5, 5, 200, 6, true, true), 0);
+    assert_eq!(crash_loop_with(LayoutKind::Raid6, 6, 100, 7, true, true), 0);
 }
 
 #[test]
