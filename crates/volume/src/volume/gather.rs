@@ -222,7 +222,10 @@ impl Gather {
             return false;
         }
         self.score.load(Ordering::Relaxed) > 0
-            || self.probes.fetch_add(1, Ordering::Relaxed) % 64 == 0
+            || self
+                .probes
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(64)
     }
 
     fn scored(&self, delta: i32) {
