@@ -82,7 +82,7 @@ fn a_stream_of_partial_writes_makes_full_stripes() {
 }
 
 #[test]
-fn random_and_lone_writes_do_not_wait() {
+fn random_small_and_lone_writes_do_not_wait() {
     rt(async {
         let rig = Rig::new(5, 16);
         let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
@@ -114,6 +114,9 @@ fn random_and_lone_writes_do_not_wait() {
             vwrite(&vol, i * per / 2, &data).await.unwrap();
             model.apply(i * per / 2, &data);
         }
+        // A stream of writes too small to fill a stripe in one window.
+        assert!(per > 5);
+        stream(&vol, &mut model, &[1; 24], 9).await;
         let st = vol.stats();
         assert_eq!((st.gathered_stripes, st.gather_timeouts), (0, 0), "{st:?}");
         model.check(&vol, "random").await;

@@ -19,7 +19,8 @@
 //!
 //! Only writes that continue the previous write (a stream) while other
 //! writes are in flight start a window, so random writes and a stream at
-//! queue depth 1 never wait. The window is a few times the stream's recent
+//! queue depth 1 never wait, nor do writes too small to fill a stripe
+//! within one window. The window is a few times the stream's recent
 //! gap between writes (on a busy owner the next write comes hundreds of
 //! microseconds later), within `WINDOW_MIN..WINDOW_MAX`; the leader sleeps
 //! on a timer and is woken by the part that fills the stripe, so waiting
@@ -254,13 +255,15 @@ impl Inner {
 
     /// Writes one stripe's share of a write (`exts`, from `src`): joins or
     /// starts a gathering window where that pays, else as
-    /// [`Inner::write_stripe`]. `seq`: the write continues the previous one.
+    /// [`Inner::write_stripe`]. `seq`: the write continues the previous one;
+    /// `whole`: the write's length in blocks (all its stripes).
     pub(crate) async fn write_stripe_gathered(
         &self,
         exts: &[Extent],
         src: Src<'_>,
         fua: bool,
         seq: bool,
+        whole: u64,
     ) -> Result<(), BlockError> {
         let per = self.layout.stripe_data_blocks();
         let blocks: u64 = exts.iter().map(|e| e.blocks).sum();
@@ -283,7 +286,12 @@ impl Inner {
                     o.full.notify_one();
                 }
                 Role::Part(rx)
-            } else if open.len() >= MAX_OPEN || !g.may_lead(seq) {
+            } else if open.len() >= MAX_OPEN
+                // Writes this small could not fill the stripe in one window
+                // (the host sends the next ones as these complete).
+                || whole * (WINDOW_GAPS + 1) < per
+                || !g.may_lead(seq)
+            {
                 Role::Alone
             } else {
                 let mut o = Open {

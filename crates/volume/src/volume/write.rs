@@ -104,14 +104,15 @@ impl Inner {
         let (seq, _in_flight) = self.gather.enter(lba, blocks);
         if exts[0].stripe == exts[exts.len() - 1].stripe {
             // One stripe (most requests): no join.
-            self.write_stripe_gathered(&exts, src, fua, seq).await?;
+            self.write_stripe_gathered(&exts, src, fua, seq, blocks)
+                .await?;
         } else {
             let futs = exts
                 .chunk_by(|a, b| a.stripe == b.stripe)
                 .map(|group| {
                     let at = (group[0].offset * self.bs) as usize;
                     let len = (group.iter().map(|e| e.blocks).sum::<u64>() * self.bs) as usize;
-                    self.write_stripe_gathered(group, src.sub(at, len), fua, seq)
+                    self.write_stripe_gathered(group, src.sub(at, len), fua, seq, blocks)
                 })
                 .collect::<Vec<_>>();
             let r: Result<(), BlockError> = join_all(futs).await.into_iter().collect();
