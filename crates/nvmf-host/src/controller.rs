@@ -60,6 +60,7 @@ impl Controller {
     /// keep-alive tasks run on it.
     pub async fn connect(addr: SocketAddr, subnqn: &str, opts: HostOptions) -> Result<Controller> {
         check_options(subnqn, &opts)?;
+        let t0 = Instant::now();
         let admin = Arc::new(
             Queue::connect(QueueParams {
                 addr,
@@ -75,10 +76,15 @@ impl Controller {
             })
             .await?,
         );
+        let t_tcp = t0.elapsed();
         let cntlid =
             fabrics_connect(&admin, 0, CNTLID_DYNAMIC, subnqn, &opts, opts.kato_ms, 0).await?;
-        let cap = property_get(&admin, prop::CAP, true).await?;
-        let vs = property_get(&admin, prop::VS, false).await? as u32;
+        let t_connect = t0.elapsed();
+        let (cap, vs) = tokio::join!(
+            property_get(&admin, prop::CAP, true),
+            property_get(&admin, prop::VS, false)
+        );
+        let (cap, vs) = (cap?, vs? as u32);
         let cc = prop::CC_EN | (6 << prop::CC_IOSQES_SHIFT) | (4 << prop::CC_IOCQES_SHIFT);
         property_set(&admin, prop::CC, cc).await?;
         // CAP.TO: worst-case time to become ready, 500 ms units.
@@ -87,6 +93,7 @@ impl Controller {
             csts & prop::CSTS_RDY != 0
         })
         .await?;
+        let t_enable = t0.elapsed();
         let (buf, _) = admin_cmd(
             &admin,
             identify_sqe(cns::CONTROLLER, 0),
@@ -112,6 +119,7 @@ impl Controller {
         } else {
             0
         };
+        let t_ident = t0.elapsed();
         if granted < opts.nr_io_queues {
             tracing::warn!(
                 "{addr}: asked for {} I/O queues, the controller grants {granted}",
@@ -140,10 +148,21 @@ impl Controller {
             ));
         }
         if !ctrl.opts.lazy_io_queues {
-            for qid in 1..=granted.min(ctrl.opts.nr_io_queues) {
-                ctrl.add_io_queue(qid).await?;
+            // All at once: each is its own TCP connection, ICReq and Connect.
+            let n = granted.min(ctrl.opts.nr_io_queues);
+            let added = futures_util::future::join_all((1..=n).map(|q| ctrl.add_io_queue(q))).await;
+            for r in added {
+                r?;
             }
         }
+        tracing::debug!(
+            "{addr}: controller steps: admin TCP+ICReq {t_tcp:?}, Connect {:?}, enable {:?}, \
+             identify+queues {:?}, I/O queues {:?}",
+            t_connect - t_tcp,
+            t_enable - t_connect,
+            t_ident - t_enable,
+            t0.elapsed() - t_ident
+        );
         Ok(ctrl)
     }
 

@@ -248,6 +248,7 @@ impl Agent {
         // What the last owner recorded of the members: one that it failed
         // (or that is older than its record) is not trusted (`degraded.rs`).
         let recorded = s.state(&name).await;
+        let t_state = t0.elapsed();
         let req = AssembleVolume {
             // By the peer:drive names the volume was made with, as its creator shows them.
             drives: sv
@@ -288,6 +289,7 @@ impl Agent {
             }
             Err(e) => Err(e.to_string()),
         };
+        let t_assembled = t0.elapsed();
         // Its first record before it takes any I/O.
         let res = match res {
             Ok(info) => match self.start_recording(&name, epoch).await {
@@ -311,6 +313,13 @@ impl Agent {
         };
         let (info, serving) = res.expect("checked");
         steps.assembled = Instant::now();
+        tracing::debug!(
+            "volume {name}: takeover steps: member-state record read {:?}, assembly {:?}, \
+             first state record {:?}",
+            t_state,
+            t_assembled - t_state,
+            t0.elapsed() - t_assembled
+        );
         sv.switch.activate(dev);
         sv.epoch = Some(epoch);
         // A pool's thin volumes are served with it, in its ANA group: one

@@ -94,12 +94,16 @@ impl Node {
         req: AssembleVolume,
         degraded: Option<Degraded>,
     ) -> NodeResult<VolumeInfo> {
+        let t0 = std::time::Instant::now();
         let mut r = self.reserve(&req).await?;
+        let t_reserve = t0.elapsed();
         let unreachable = self
             .connect_missing(&mut r, degraded.as_ref().map(|d| d.wait))
             .await?;
+        let t_connect = t0.elapsed();
         let handles = r.handles();
         let mut groups = group_by_volume(&handles, &req.drives).await;
+        let t_heads = t0.elapsed();
         groups.iter_mut().for_each(|g| g.force = req.force);
         let f = match groups.len() {
             1 => groups.remove(0),
@@ -167,6 +171,7 @@ impl Node {
             .open_group(&handles, f, req.takeover)
             .await
             .map_err(AssembleError::into_inner)?;
+        let t_opened = t0.elapsed();
 
         let mut st = self.state.lock().await;
         let offline = parked_offline(&st, &req.drives, &uuid)?;
@@ -212,6 +217,14 @@ impl Node {
             self.export_entry(e, x)?;
             self.save_exports(&st)?;
         }
+        tracing::debug!(
+            "volume {name}: assembly steps: reserve {t_reserve:?}, connect {:?}, \
+             superblock heads {:?}, claim+assemble {:?}, enter {:?}",
+            t_connect - t_reserve,
+            t_heads - t_connect,
+            t_opened - t_heads,
+            t0.elapsed() - t_opened
+        );
         Ok(st.volume_info(&name).expect("exists"))
     }
 
@@ -385,15 +398,23 @@ impl Node {
             .iter()
             .filter_map(|n| Some((n.as_str(), handles.get(n)?.remote.as_ref()?)))
             .collect();
+        let t0 = std::time::Instant::now();
         self.claim_remotes(&remotes, takeover)
             .await
             .map_err(AssembleError::Claim)?;
+        let t_claim = t0.elapsed();
         let members: Vec<Arc<dyn BlockDevice>> =
             chosen.values().map(|d| handles[d].dev.clone()).collect();
         let assembled = if force {
             Volume::assemble_force(members.clone())
                 .await
                 .map(|(v, r)| (v, Some(r)))
+        } else if takeover {
+            // A takeover serves first: a mirror's crash resync runs after
+            // (`enter_group` starts it), its other copies Resyncing till then.
+            Volume::assemble_deferring_resync(members.clone())
+                .await
+                .map(|(v, _)| (v, None))
         } else {
             Volume::assemble(members.clone()).await.map(|v| (v, None))
         };
@@ -413,6 +434,11 @@ impl Node {
                 ))));
             }
         };
+        tracing::debug!(
+            "volume {}: claim {t_claim:?}, volume assembly {:?}",
+            newest.name,
+            t0.elapsed() - t_claim
+        );
         if let Err(why) = self.unlock_volume(&vol) {
             // Locked, it would serve nothing; it never serves ciphertext.
             return Err(AssembleError::Volume(NodeError::Conflict(format!(
@@ -505,10 +531,14 @@ impl Node {
                 dr.fresh = false;
             }
         }
-        let resume = vol
-            .member_states()
-            .iter()
-            .any(|s| matches!(s, MemberState::Rebuilding { .. }));
+        // A rebuild cut short, or re-added members (or a takeover's
+        // deferred crash resync) whose stale regions wait to be copied.
+        let resume = vol.member_states().iter().any(|s| {
+            matches!(
+                s,
+                MemberState::Rebuilding { .. } | MemberState::Resyncing { .. }
+            )
+        });
         if let Some(p) = &pool {
             enter_thins(st, &name, p);
         }
@@ -530,7 +560,7 @@ impl Node {
             st.volumes.insert(name.clone(), entry);
         }
         if resume {
-            tracing::info!("volume {name}: resuming the rebuild that was interrupted");
+            tracing::info!("volume {name}: resuming the rebuild or resync that was interrupted");
             self.spawn_rebuild(st, &name);
         }
         name
@@ -766,11 +796,16 @@ fn offline_entry(st: &NodeState, f: &Found, reason: String) -> (String, VolumeEn
 /// drive per position (the newest claim wins; an older one is wiped).
 async fn group_by_volume(handles: &BTreeMap<String, Handle>, names: &[String]) -> Vec<Found> {
     let mut groups: BTreeMap<[u8; 16], Vec<(String, Superblock)>> = BTreeMap::new();
-    for name in names {
-        let Some(d) = handles.get(name) else {
-            continue;
-        };
-        let head = match read_head(&d.dev).await {
+    // All at once: each is a round trip to a remote drive.
+    let heads = futures_util::future::join_all(
+        names
+            .iter()
+            .filter_map(|n| Some((n, handles.get(n)?)))
+            .map(|(n, d)| async move { (n, read_head(&d.dev).await) }),
+    )
+    .await;
+    for (name, head) in heads {
+        let head = match head {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!("drive {name}: cannot read its superblock: {e}");

@@ -207,8 +207,16 @@ impl Node {
                 }
             }
         }
-        for (n, r) in remotes {
-            claim_one(r, key, takeover).await.map_err(|e| {
+        // Every member at once (each claim is 3 round trips to its own
+        // enclosure); the caller writes nothing before all of them are done.
+        let claims = futures_util::future::join_all(
+            remotes
+                .iter()
+                .map(|(n, r)| async move { (n, claim_one(r, key, takeover).await) }),
+        )
+        .await;
+        for (n, r) in claims {
+            r.map_err(|e| {
                 NodeError::Conflict(format!("drive {n}: cannot take the reservation: {e}"))
             })?;
         }

@@ -222,6 +222,7 @@ impl Link {
                     self.url.host
                 )))
             })?;
+        let t0 = Instant::now();
         let mut o = self.host_options();
         // The I/O queues take the command timeout: a late command kills its connection.
         let connect_timeout = o.timeout;
@@ -239,9 +240,16 @@ impl Link {
             })
         })?
         .map_err(host_err)?;
+        let t_ctrl = t0.elapsed();
         let nsid = self.url.nsid;
-        let ns = ctrl.identify_namespace(nsid).await.map_err(host_err)?;
-        let descs = ctrl.ns_descriptors(nsid).await.map_err(host_err)?;
+        // Both at once (the admin queue takes several commands).
+        let (ns, descs) = tokio::join!(ctrl.identify_namespace(nsid), ctrl.ns_descriptors(nsid));
+        let (ns, descs) = (ns.map_err(host_err)?, descs.map_err(host_err)?);
+        tracing::debug!(
+            "remote {}: connect steps: controller {t_ctrl:?}, identify {:?}",
+            self.url,
+            t0.elapsed() - t_ctrl
+        );
         let mut id = NsIdentity {
             subnqn: ctrl.info().subnqn.clone(),
             nguid: ns.nguid,

@@ -7,6 +7,8 @@ use blockdev::{BlockOp, IoRequest};
 
 use super::{BS, META, Model, Rig, STRIP, buf_with, cfg, random_write, vread};
 use crate::layout::LayoutKind;
+use crate::rebuild::RebuildOptions;
+use crate::superblock::MemberState;
 use crate::testutil::{Rng, block_on};
 use crate::volume::{SyncControl, Volume, VolumeConfig};
 
@@ -134,6 +136,86 @@ fn scrub_reports_progress_and_mismatches_and_stops_when_asked() {
         assert_eq!(vol.scrub(false).await.inconsistent_count, 1, "not repaired");
         let rep = vol.scrub_with(true, &SyncControl::default()).await;
         assert_eq!(rep.repaired, 1);
+        assert_eq!(vol.scrub(false).await.inconsistent_count, 0);
+    });
+}
+
+/// A takeover's assembly of a mirror its owner left dirty (a crash with the
+/// copies torn) serves before the resync: the first copy is the one of
+/// record, the other Resyncing over the dirty regions; every read returns
+/// the first copy's data until the background pass makes them agree. A
+/// volume closed clean, and a parity layout, defer nothing.
+#[test]
+fn a_takeover_defers_a_mirrors_crash_resync_to_the_background() {
+    block_on(async {
+        let rig = Rig::new(2, 8);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
+            .await
+            .unwrap();
+        // Stripe 5 (region 2 of 4) written, then a "crash": the volume is
+        // dropped with its bit set, and copy 1 torn behind its back.
+        let lba = 5 * u64::from(STRIP) / BS;
+        super::vwrite(&vol, lba, &[0xAAu8; 4096]).await.unwrap();
+        drop(vol);
+        let at = META + lba * BS;
+        super::put_member_bytes(&rig.mems[1], at, &[0x55u8; 4096]);
+        let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+            .await
+            .unwrap();
+        assert!(deferred);
+        assert_eq!(vol.member_states()[0], MemberState::Active);
+        assert!(matches!(
+            vol.member_states()[1],
+            MemberState::Resyncing { .. }
+        ));
+        for _ in 0..4 {
+            assert_eq!(vread(&vol, lba, 1).await, vec![0xAAu8; 4096]);
+        }
+        // Copy 1 still holds the torn block: nothing was resynced yet.
+        assert_eq!(
+            super::member_bytes(&rig.mems[1], at, 4096),
+            vec![0x55u8; 4096]
+        );
+        vol.rebuild(RebuildOptions::default()).await.unwrap();
+        assert!(
+            vol.member_states()
+                .iter()
+                .all(|s| *s == MemberState::Active)
+        );
+        assert_eq!(
+            super::member_bytes(&rig.mems[1], at, 4096),
+            vec![0xAAu8; 4096]
+        );
+        vol.close().await.unwrap();
+        drop(vol);
+        // Closed clean: nothing dirty, nothing deferred.
+        let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+            .await
+            .unwrap();
+        assert!(!deferred);
+        assert!(
+            vol.member_states()
+                .iter()
+                .all(|s| *s == MemberState::Active)
+        );
+        vol.close().await.unwrap();
+
+        // raid5 after the same crash: resynced before it returns.
+        let rig = Rig::new(3, 8);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        super::vwrite(&vol, 0, &[0xAAu8; 4096]).await.unwrap();
+        drop(vol);
+        let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+            .await
+            .unwrap();
+        assert!(!deferred);
+        assert!(
+            vol.member_states()
+                .iter()
+                .all(|s| *s == MemberState::Active)
+        );
         assert_eq!(vol.scrub(false).await.inconsistent_count, 0);
     });
 }

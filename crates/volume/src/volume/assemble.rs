@@ -161,6 +161,24 @@ impl Volume {
         Self::assemble_with(members, true, true).await
     }
 
+    /// [`Volume::assemble`] for a takeover, which must serve soon: a
+    /// mirror whose members are all Active and whose bitmaps mark regions
+    /// dirty (its owner crashed) does not resync them before it returns.
+    /// The first member is taken as the copy of record and every other one
+    /// is Resyncing over the dirty regions (as after a re-add): reads there
+    /// come from the first alone, so every read of a block returns the same
+    /// data, and [`Volume::rebuild`] copies them over in the background
+    /// (the superblocks say so: a crash before it ends resumes it). Returns
+    /// the volume and whether it left such a resync to do. Other layouts
+    /// (their parity must agree before a degraded read can trust it) resync
+    /// first, as [`Volume::assemble`] does.
+    pub async fn assemble_deferring_resync(
+        members: Vec<Arc<dyn BlockDevice>>,
+    ) -> Result<(Volume, bool), VolumeError> {
+        let (vol, _, deferred) = Self::assemble_opts(members, true, true, false, true).await?;
+        Ok((vol, deferred))
+    }
+
     /// The tests' negative controls: `intent_log: false` keeps no bitmap and
     /// resyncs nothing; `write_journal: false` journals and replays nothing.
     pub(crate) async fn assemble_with(
@@ -169,19 +187,23 @@ impl Volume {
         write_journal: bool,
     ) -> Result<Volume, VolumeError> {
         Ok(
-            Self::assemble_opts(members, intent_log, write_journal, false)
+            Self::assemble_opts(members, intent_log, write_journal, false, false)
                 .await?
                 .0,
         )
     }
 
-    /// With `force`, see [`Volume::assemble_force`] (`force.rs`).
+    /// With `force`, see [`Volume::assemble_force`] (`force.rs`); with
+    /// `defer_resync`, [`Volume::assemble_deferring_resync`] (the last value
+    /// says whether it deferred one).
     pub(crate) async fn assemble_opts(
         members: Vec<Arc<dyn BlockDevice>>,
         intent_log: bool,
         write_journal: bool,
         force: bool,
-    ) -> Result<(Volume, Option<force::ForceReport>), VolumeError> {
+        defer_resync: bool,
+    ) -> Result<(Volume, Option<force::ForceReport>, bool), VolumeError> {
+        let t0 = std::time::Instant::now();
         let reads = join_all(members.iter().map(|d| async move {
             let (buf, r) = dev_io(d, BlockOp::Read, 0, SB_BYTES, abuf(SB_BYTES)).await;
             r.map(|_| buf)
@@ -358,7 +380,10 @@ impl Volume {
                 vol.inner.hold_bitmap(true);
             }
         }
-        if vol.inner.intent.held() {
+        let t_sb = t0.elapsed();
+        let deferred =
+            defer_resync && intent_log && plan.is_none() && vol.inner.defer_mirror_resync().await;
+        if !deferred && vol.inner.intent.held() {
             // What the failed or returning members missed, kept on the
             // others' bitmaps: adopt it before anything reads or writes, so
             // a re-added member is known stale where it is (also for the
@@ -381,15 +406,70 @@ impl Volume {
             Some(plan) => Some(vol.inner.finish_force(plan, &newest).await?),
             None => None,
         };
+        let t_bitmaps = t0.elapsed();
         // Journal first: the bitmap resync cannot fix stripes missing data.
         vol.inner.replay_journal().await?;
-        if intent_log {
+        let t_journal = t0.elapsed();
+        if intent_log && !deferred {
             vol.inner.resync_dirty_regions().await?;
         }
+        let t_resync = t0.elapsed();
         vol.inner.load_records().await;
+        let t_records = t0.elapsed();
         vol.inner.persist_superblock(true).await;
+        tracing::debug!(
+            "assembly steps: superblocks {t_sb:?}, held bitmaps {:?}, journal {:?}, \
+             resync {:?}, records {:?}, superblock write {:?}",
+            t_bitmaps - t_sb,
+            t_journal - t_bitmaps,
+            t_resync - t_journal,
+            t_records - t_resync,
+            t0.elapsed() - t_records
+        );
         tracing::info!("assembled {}", vol.describe());
-        Ok((vol, report))
+        Ok((vol, report, deferred))
+    }
+}
+
+impl Inner {
+    /// [`Volume::assemble_deferring_resync`]'s step: on a mirror with
+    /// every member Active, the regions the bitmaps mark dirty become the
+    /// stale set of every member but the first, which turn Resyncing (the
+    /// bits held until [`Volume::rebuild`] ends). False: nothing dirty,
+    /// or not a mirror with all members Active; nothing changed.
+    async fn defer_mirror_resync(&self) -> bool {
+        if self.parity.code != Code::Mirror || self.intent.held() {
+            return false;
+        }
+        {
+            let m = self.members.read();
+            if m.states.len() < 2 || m.states.iter().any(|s| *s != MemberState::Active) {
+                return false;
+            }
+        }
+        let merged = self.read_bitmaps().await;
+        if self.intent.dirty_regions(&merged).is_empty() {
+            return false;
+        }
+        let mut m = self.members.write();
+        // A bitmap read failed (that member is Failed now): resync as usual.
+        if m.states.iter().any(|s| *s != MemberState::Active) {
+            return false;
+        }
+        // Held before any member turns Resyncing: no flush may clear a bit
+        // of a region the others have not been given yet.
+        self.hold_bitmap(true);
+        self.intent.load(&merged);
+        for st in m.states.iter_mut().skip(1) {
+            *st = MemberState::Resyncing { checkpoint: 0 };
+        }
+        m.stale = Some(Arc::new(StaleRegions {
+            region_stripes: self.intent.region_stripes,
+            bits: self.intent.set_bits(),
+        }));
+        m.changed();
+        m.version += 1;
+        true
     }
 }
 

@@ -208,7 +208,7 @@ impl Volume {
     pub async fn assemble_force(
         members: Vec<Arc<dyn BlockDevice>>,
     ) -> Result<(Volume, ForceReport), VolumeError> {
-        let (vol, rep) = Self::assemble_opts(members, true, true, true).await?;
+        let (vol, rep, _) = Self::assemble_opts(members, true, true, true, false).await?;
         Ok((vol, rep.expect("a forced assembly reports")))
     }
 
