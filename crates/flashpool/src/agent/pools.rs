@@ -533,7 +533,7 @@ impl Agent {
             "thin volume {name} of cluster pool {pool}: {} bytes",
             resized.size_bytes
         );
-        v.export = (resized.nsid != 0).then(|| Export {
+        v.export = (resized.nsid != 0).then_some(Export {
             nqn: spec.nqn,
             nsid: resized.nsid,
             from_config: false,
