@@ -236,6 +236,8 @@ pub enum ClusterError {
     NoFreeSlot,
     #[error("nsid {nsid} of {nqn} serves another cluster volume already")]
     NsidTaken { nqn: String, nsid: u32 },
+    #[error("thin volume {0} changed meanwhile (another request): nothing was done; retry")]
+    ThinChanged(String),
     #[error("no free ANA group (1..=128 all used by volume specs)")]
     NoFreeAnaGroup,
     #[error("cannot decode etcd key {key}: {err}")]

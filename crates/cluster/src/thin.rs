@@ -127,6 +127,82 @@ impl Session {
         .await
     }
 
+    /// Serves recorded thin volume `old` as `nsid` of `nqn` from now on (0:
+    /// served by none), freeing its old NSID and claiming the new one in
+    /// one transaction, while this node owns its pool at `pool_epoch` and
+    /// the record is still `old`. Refused (nothing written) when the pool
+    /// changed owner (`Deposed`), the record changed meanwhile
+    /// (`ThinChanged`), or the NSID is taken (`NsidTaken`). The new record.
+    pub async fn set_thin_nsid(
+        &self,
+        old: &ThinSpec,
+        nqn: &str,
+        nsid: u32,
+        pool_epoch: u64,
+    ) -> Result<ThinSpec, ClusterError> {
+        let keys = self.keys();
+        let key = keys.thin(&old.pool, &old.name);
+        let new = ThinSpec {
+            nsid,
+            ..old.clone()
+        };
+        let new_key = keys.nsid(nqn, nsid);
+        // From the revision that reads as `old` (its bytes may be of an
+        // older version's encoding).
+        let seen = match self.get_one(&key).await? {
+            Some(kv) if decode::<ThinSpec>(&kv)? == *old => kv.mod_revision(),
+            _ => return Err(ClusterError::ThinChanged(old.name.clone())),
+        };
+        let mut when = vec![
+            self.owned_at(&old.pool, pool_epoch),
+            Compare::mod_revision(key.clone(), CompareOp::Equal, seen),
+        ];
+        let mut then = vec![TxnOp::put(key.clone(), encode(&new), None)];
+        if old.nsid != 0 {
+            then.push(TxnOp::delete(keys.nsid(nqn, old.nsid), None));
+        }
+        if nsid != 0 {
+            when.push(Compare::version(new_key.clone(), CompareOp::Equal, 0));
+            then.push(TxnOp::put(new_key.clone(), encode(&new.name), None));
+        }
+        let txn = Txn::new().when(when).and_then(then).or_else([
+            TxnOp::get(self.vkey(&old.pool, VolumeKey::Owner), None),
+            TxnOp::get(key, None),
+        ]);
+        let r = self
+            .txn(
+                &format!("serve thin volume {} as nsid {nsid}", old.name),
+                txn,
+            )
+            .await?;
+        if r.succeeded() {
+            return Ok(new);
+        }
+        let gets = crate::etcd::txn_gets(&r);
+        let found = |i: usize| gets.get(i).and_then(|g| g.first());
+        let me = Owner {
+            node: self.node().to_string(),
+            epoch: pool_epoch,
+        };
+        if !found(0)
+            .map(decode::<Owner>)
+            .transpose()?
+            .is_some_and(|o| o == me)
+        {
+            return Err(ClusterError::Deposed {
+                volume: old.pool.clone(),
+                epoch: pool_epoch,
+            });
+        }
+        if found(1).map(|kv| kv.mod_revision()) != Some(seen) {
+            return Err(ClusterError::ThinChanged(old.name.clone()));
+        }
+        Err(ClusterError::NsidTaken {
+            nqn: nqn.to_string(),
+            nsid,
+        })
+    }
+
     /// Deletes thin volume `t` (and frees its name and NSID, and drops its
     /// QoS limits), while this node owns its pool at `pool_epoch`.
     pub async fn delete_thin(

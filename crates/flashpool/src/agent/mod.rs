@@ -29,6 +29,9 @@ mod decide;
 mod observe;
 mod own;
 mod peers;
+mod pool_exports;
+#[cfg(test)]
+mod pool_ops_tests;
 mod pool_snaps;
 mod pools;
 #[cfg(test)]

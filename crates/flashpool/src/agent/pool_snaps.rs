@@ -289,10 +289,41 @@ impl Agent {
         self.thin_info(&spec, &t).await
     }
 
+    /// `POST /v1/volumes/{pool}/expand` in cluster mode: a node's own pool
+    /// grows as on a node running alone; a cluster pool is refused, saying
+    /// why (nothing was changed).
+    pub async fn check_expand(&self, pool: &str) -> NodeResult<()> {
+        let s = self.session();
+        match s.spec(pool).await.map_err(etcd)? {
+            Some(v) if v.thin_pool => {
+                return Err(NodeError::Conflict(format!(
+                    "cluster pool {pool} cannot grow yet: its new extent would be a cluster \
+                     volume of its own on other enclosures' drives, which the cluster does \
+                     not record with the pool, so a move or takeover could not assemble the \
+                     pool. Nothing was changed; make another cluster pool instead"
+                )));
+            }
+            Some(_) => {
+                return Err(NodeError::Conflict(format!(
+                    "cluster volume {pool} is not a pool (pools are made with --thin-pool); \
+                     only a pool grows by an extent. Nothing was changed"
+                )));
+            }
+            None => {}
+        }
+        if locate(&s, pool).await?.is_some() {
+            return Err(NodeError::Conflict(format!(
+                "{pool} is a thin volume of a cluster pool, not a pool; only a pool grows by an \
+                 extent (grow a thin volume with `flashpool volume grow`). Nothing was changed"
+            )));
+        }
+        self.local_only(&s, pool).await
+    }
+
     /// A volume the cluster has no record of is this node's own, unless it
     /// is in a cluster pool (made by a create cut short): only the cluster
     /// changes those.
-    async fn local_only(&self, s: &Session, name: &str) -> NodeResult<()> {
+    pub(super) async fn local_only(&self, s: &Session, name: &str) -> NodeResult<()> {
         let Ok(v) = self.node.volume(name).await else {
             return Ok(());
         };
@@ -327,7 +358,7 @@ async fn not_drives(s: &Session, name: &str) -> NodeResult<()> {
 }
 
 /// Refuses an export in another subsystem than the pool's.
-fn in_subsystem(spec: &VolumeSpec, x: Option<&ExportRequest>) -> NodeResult<()> {
+pub(super) fn in_subsystem(spec: &VolumeSpec, x: Option<&ExportRequest>) -> NodeResult<()> {
     match x {
         Some(x) if x.nqn != spec.nqn => Err(NodeError::BadRequest(format!(
             "the thin volumes and snapshots of cluster pool {} are served in its subsystem {}; \

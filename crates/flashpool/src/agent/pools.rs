@@ -36,7 +36,7 @@ pub(super) struct ThinServed {
 
 /// How many times a create picks another free NSID when a concurrent
 /// create took the one it picked.
-const NSID_TRIES: usize = 8;
+pub(super) const NSID_TRIES: usize = 8;
 
 /// Which NSID a thin volume being recorded is served as.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -53,9 +53,9 @@ pub(super) fn etcd(e: ClusterError) -> NodeError {
         ClusterError::Deposed { .. } => NodeError::Conflict(format!(
             "{e}; the pool changed owner meanwhile, nothing was done; retry"
         )),
-        ClusterError::VolumeExists(_) | ClusterError::NsidTaken { .. } => {
-            NodeError::Conflict(e.to_string())
-        }
+        ClusterError::VolumeExists(_)
+        | ClusterError::NsidTaken { .. }
+        | ClusterError::ThinChanged(_) => NodeError::Conflict(e.to_string()),
         _ => NodeError::Internal(format!("cluster state (etcd): {e}")),
     }
 }
@@ -73,8 +73,20 @@ impl Agent {
         if t.snapshot {
             sw.set_read_only();
         }
+        self.add_thin_ns(pool, t, &sw)?;
+        Ok(sw)
+    }
+
+    /// Serves switch `sw` of thin volume `t` as `t.nsid` of the pool's
+    /// subsystem (nothing for NSID 0).
+    pub(super) fn add_thin_ns(
+        &self,
+        pool: &VolumeSpec,
+        t: &ThinSpec,
+        sw: &Arc<SwitchDevice>,
+    ) -> anyhow::Result<()> {
         if t.nsid == 0 {
-            return Ok(sw);
+            return Ok(());
         }
         let mut ns = crate::node::volume_namespace(t.nsid, sw.clone(), &t.uuid)
             .with_ana_group(pool.ana_group)?
@@ -90,7 +102,27 @@ impl Agent {
             t.nsid,
             pool.nqn
         );
-        Ok(sw)
+        Ok(())
+    }
+
+    /// Thin volume `old`, served through `sw`, is now served as `new.nsid`
+    /// (exported or unexported by the pool's owner): its namespace moves.
+    pub(super) fn reserve_thin(
+        &self,
+        pool: &VolumeSpec,
+        old: &ThinSpec,
+        new: &ThinSpec,
+        sw: &Arc<SwitchDevice>,
+    ) {
+        self.unserve_thin(pool, old);
+        if let Err(e) = self.add_thin_ns(pool, new, sw) {
+            tracing::error!(
+                "thin volume {} of cluster pool {}: cannot serve it here as nsid {}: {e}",
+                new.name,
+                pool.name,
+                new.nsid
+            );
+        }
     }
 
     pub(super) fn unserve_thin(&self, pool: &VolumeSpec, t: &ThinSpec) {
@@ -134,14 +166,20 @@ impl Agent {
         }
         for t in specs {
             if let Some(ts) = sv.thins.get_mut(&t.name) {
-                if t.size_bytes > ts.spec.size_bytes {
-                    // grown by the pool's owner: served at the new size
-                    ts.switch.grow_to(t.size_bytes);
-                    ts.spec = t;
-                    if let Err(e) = self.target.namespace_resized(&sv.spec.nqn, ts.spec.nsid) {
-                        tracing::error!("thin volume {}: its namespace: {e}", ts.spec.name);
+                if t.nsid != ts.spec.nsid {
+                    // exported or unexported by the pool's owner
+                    self.reserve_thin(&sv.spec, &ts.spec, &t, &ts.switch);
+                }
+                if t.size_bytes != ts.spec.size_bytes {
+                    // grown or shrunk by the pool's owner: served at the new size
+                    ts.switch.resize_to(t.size_bytes);
+                    if t.nsid != 0
+                        && let Err(e) = self.target.namespace_resized(&sv.spec.nqn, t.nsid)
+                    {
+                        tracing::error!("thin volume {}: its namespace: {e}", t.name);
                     }
                 }
+                ts.spec = t;
                 continue;
             }
             match self.serve_thin(&sv.spec, &t) {
@@ -430,12 +468,21 @@ impl Agent {
     /// and served at the new size by every node. `None` when no cluster
     /// pool holds a thin volume of that name.
     pub async fn grow(&self, name: &str, size: &str) -> NodeResult<Option<VolumeInfo>> {
+        self.resize(name, size, false).await
+    }
+
+    /// As [`Agent::grow`]; with `force` a smaller size shrinks the thin
+    /// volume, as on a node running alone (refused when the end it cuts
+    /// holds data, its own or a snapshot's, or for a snapshot).
+    pub async fn resize(
+        &self,
+        name: &str,
+        size: &str,
+        force: bool,
+    ) -> NodeResult<Option<VolumeInfo>> {
         let s = self.session();
-        if s.spec(name).await.map_err(etcd)?.is_some() {
-            return Err(NodeError::BadRequest(format!(
-                "cluster volume {name} is not a thin volume: it takes its drives whole; make \
-                 thin volumes in a cluster pool to grow them"
-            )));
+        if let Some(v) = s.spec(name).await.map_err(etcd)? {
+            return Err(not_thin(&v, force));
         }
         let Some(Located { spec, t, owner }) = locate(&s, name).await? else {
             return Ok(None);
@@ -444,44 +491,51 @@ impl Agent {
         if owner.node != s.node() {
             let (n, sz) = (name.to_string(), size.to_string());
             let v = self
-                .on_owner(&s, &owner.node, move |p, api| p.grow_volume(api, &n, &sz))
+                .on_owner(&s, &owner.node, move |p, api| {
+                    p.grow_volume(api, &n, &sz, force)
+                })
                 .await?;
             return Ok(Some(v));
         }
         let mut served = self.served.lock().await;
         let sv = owned_pool(&mut served, &pool, owner.epoch)?;
-        // The pool first (durable), then the record: a record cut short is
-        // redone by the same request (growing to the same size is nothing).
-        let mut v = self.node.grow_volume(name, size).await?;
-        let grown = ThinSpec {
+        // The pool first (durable; it refuses a shrink that would cut
+        // data), then the record: a record cut short is redone by the same
+        // request (resizing to the size the pool has is nothing). Until
+        // then the nodes serve the recorded size: after a shrink, I/O past
+        // the new end fails on the owner.
+        let mut v = self.node.resize_volume(name, size, force).await?;
+        let resized = ThinSpec {
             size_bytes: v.size_bytes,
             ..t.clone()
         };
-        if grown.size_bytes > t.size_bytes {
-            s.update_thin(&grown, owner.epoch).await.map_err(|e| {
+        if resized.size_bytes != t.size_bytes {
+            s.update_thin(&resized, owner.epoch).await.map_err(|e| {
                 NodeError::Conflict(format!(
-                    "thin volume {name} grew in pool {pool} but the cluster has not recorded \
-                     it ({e}); run the same grow again"
+                    "thin volume {name} was resized in pool {pool} but the cluster has not \
+                     recorded it ({e}); run the same request again"
                 ))
             })?;
         }
         if let Some(ts) = sv.thins.get_mut(name)
-            && grown.size_bytes > ts.spec.size_bytes
+            && resized.size_bytes != ts.spec.size_bytes
         {
-            ts.switch.grow_to(grown.size_bytes);
-            ts.spec = grown.clone();
-            if let Err(e) = self.target.namespace_resized(&sv.spec.nqn, grown.nsid) {
+            ts.switch.resize_to(resized.size_bytes);
+            ts.spec = resized.clone();
+            if resized.nsid != 0
+                && let Err(e) = self.target.namespace_resized(&sv.spec.nqn, resized.nsid)
+            {
                 tracing::error!("thin volume {name}: its namespace: {e}");
             }
         }
         drop(served);
         tracing::info!(
             "thin volume {name} of cluster pool {pool}: {} bytes",
-            grown.size_bytes
+            resized.size_bytes
         );
-        v.export = Some(Export {
+        v.export = (resized.nsid != 0).then_some(Export {
             nqn: spec.nqn,
-            nsid: t.nsid,
+            nsid: resized.nsid,
             from_config: false,
         });
         v.owner = Some(self.name().to_string());
@@ -507,7 +561,7 @@ impl Agent {
     }
 
     /// The lowest NSID of `nqn` that nothing in the cluster serves.
-    async fn free_nsid(&self, s: &Session, nqn: &str) -> NodeResult<u32> {
+    pub(super) async fn free_nsid(&self, s: &Session, nqn: &str) -> NodeResult<u32> {
         let used = self.used_nsids(s, nqn).await?;
         (1..=MAX_NSID)
             .find(|n| !used.contains(n))
@@ -657,6 +711,30 @@ pub(super) fn owned_pool<'a>(
         .ok_or_else(|| {
             NodeError::Conflict(format!("cluster pool {pool} is not served here yet; retry"))
         })
+}
+
+/// Why cluster volume `v` (on drives, or a pool) is not resized here.
+fn not_thin(v: &VolumeSpec, shrink: bool) -> NodeError {
+    let name = &v.name;
+    NodeError::BadRequest(if v.thin_pool {
+        format!(
+            "cluster volume {name} is a pool: its thin volumes grow and shrink, not the pool; \
+             nothing was changed"
+        )
+    } else if shrink {
+        format!(
+            "cluster volume {name} is not a thin volume: it takes its drives whole and its \
+             layout ({}) stripes a host's data over all of it, so no end of it is known to be \
+             free to give back; shrinking it is refused and nothing was changed. Make thin \
+             volumes in a cluster pool to shrink them",
+            v.layout
+        )
+    } else {
+        format!(
+            "cluster volume {name} is not a thin volume: it takes its drives whole; make \
+             thin volumes in a cluster pool to grow them; nothing was changed"
+        )
+    })
 }
 
 /// The highest NSID handed out to thin volumes (the target's).

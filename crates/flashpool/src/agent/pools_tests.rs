@@ -15,7 +15,7 @@ use super::tests::{NQN, Pair, io, pair, wait};
 use crate::api_types::{CloneRequest, RevertRequest, SnapshotPair};
 use crate::node::{CreateVolume, ExportRequest, NodeError, NodeResult, VolumeInfo};
 
-fn ns(t: &Target, nsid: u32) -> Option<Arc<dyn BlockDevice>> {
+pub(super) fn ns(t: &Target, nsid: u32) -> Option<Arc<dyn BlockDevice>> {
     Some(t.subsystem(NQN)?.namespace(nsid)?.dev.clone())
 }
 
@@ -26,7 +26,7 @@ fn req(name: &str) -> CreateVolume {
     }
 }
 
-fn thin(name: &str, nsid: Option<u32>) -> CreateVolume {
+pub(super) fn thin(name: &str, nsid: Option<u32>) -> CreateVolume {
     CreateVolume {
         pool: Some("p".into()),
         size: Some("32MiB".into()),
@@ -43,7 +43,7 @@ async fn thin_count(a: &Agent) -> usize {
 }
 
 /// Pool `p`: raid5 on e1's three drives, its thin volumes served in [`NQN`].
-fn pool_req(nsid: u32) -> CreateVolume {
+pub(super) fn pool_req(nsid: u32) -> CreateVolume {
     CreateVolume {
         layout: Some("raid5".into()),
         drives: vec!["e1:d0".into(), "e1:d1".into(), "e1:d2".into()],
@@ -56,7 +56,7 @@ fn pool_req(nsid: u32) -> CreateVolume {
     }
 }
 
-fn nsid_of(v: &VolumeInfo) -> Option<u32> {
+pub(super) fn nsid_of(v: &VolumeInfo) -> Option<u32> {
     v.export.as_ref().map(|x| x.nsid)
 }
 
@@ -232,7 +232,7 @@ async fn a_cluster_pool_carries_its_thin_volumes_through_a_move_and_a_takeover()
     assert_eq!(nsid(&t3), Some(3));
 }
 
-fn snap(volume: &str, name: &str, nsid: Option<u32>) -> SnapshotPair {
+pub(super) fn snap(volume: &str, name: &str, nsid: Option<u32>) -> SnapshotPair {
     SnapshotPair {
         volume: volume.into(),
         name: name.into(),
@@ -267,7 +267,7 @@ async fn snapshot_names(ag: &Agent) -> Vec<String> {
 
 /// The pool's thin specs (etcd) and the thin volumes the owner's node
 /// holds: what a refused request must leave as it was.
-async fn pool_state(a: &Agent) -> (Vec<cluster::ThinSpec>, Vec<String>) {
+pub(super) async fn pool_state(a: &Agent) -> (Vec<cluster::ThinSpec>, Vec<String>) {
     let mut specs = a.session().thin_specs("p").await.unwrap();
     specs.sort_by(|x, y| x.name.cmp(&y.name));
     let mut held: Vec<String> = a
@@ -283,7 +283,7 @@ async fn pool_state(a: &Agent) -> (Vec<cluster::ThinSpec>, Vec<String>) {
 }
 
 /// Reads nsid `n` as `t` serves it.
-async fn read(t: &Target, n: u32) -> Result<Vec<u8>, BlockError> {
+pub(super) async fn read(t: &Target, n: u32) -> Result<Vec<u8>, BlockError> {
     io(&ns(t, n).unwrap(), None).await
 }
 

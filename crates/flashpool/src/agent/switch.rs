@@ -133,11 +133,12 @@ impl SwitchDevice {
         self.active.store(Some(Arc::new(dev)));
     }
 
-    /// Serves `bytes` from now on (the volume grew; never smaller). The
-    /// caller tells the target ([`nvmf_target::Target::namespace_resized`]).
-    pub fn grow_to(&self, bytes: u64) {
+    /// Serves `bytes` from now on (the volume grew or shrank, as its
+    /// record says). The caller tells the target
+    /// ([`nvmf_target::Target::namespace_resized`]).
+    pub fn resize_to(&self, bytes: u64) {
         let blocks = bytes / u64::from(self.block_size.max(1));
-        self.num_blocks.fetch_max(blocks, Ordering::AcqRel);
+        self.num_blocks.store(blocks, Ordering::Release);
     }
 
     /// Whether it passes I/O on (this node owns the volume).

@@ -228,14 +228,7 @@ pub(super) async fn grow_volume(
 ) -> ApiResult {
     let r: GrowRequest = body(&b)?;
     let grown = match &a.agent {
-        Some(_) if r.force => {
-            return Err(ApiError(
-                StatusCode::CONFLICT,
-                "shrinking (force) is not supported in cluster mode yet; nothing was changed"
-                    .into(),
-            ));
-        }
-        Some(ag) => ag.grow(&name, &r.size).await?,
+        Some(ag) => ag.resize(&name, &r.size, r.force).await?,
         None => None,
     };
     let mut v = match grown {
@@ -315,21 +308,31 @@ pub(super) async fn rotate_kek(State(n): State<Arc<Node>>) -> ApiResult {
 pub(super) async fn undrain_node(State(a): State<App>, Path(name): Path<String>) -> ApiResult {
     ok(a.agent()?.drain(&name, false).await?)
 }
-pub(super) async fn export(
-    State(n): State<Arc<Node>>,
-    Path(name): Path<String>,
-    b: Bytes,
-) -> ApiResult {
+/// In cluster mode the agent answers for the thin volumes and snapshots
+/// of cluster pools (recorded in etcd, served by every node); the node
+/// for its own volumes.
+pub(super) async fn export(State(a): State<App>, Path(name): Path<String>, b: Bytes) -> ApiResult {
     let x: ExportRequest = body(&b)?;
-    ok(n.export(&name, x).await?)
+    if let Some(ag) = &a.agent
+        && let Some(v) = ag.export(&name, x.clone()).await?
+    {
+        return ok(v);
+    }
+    ok(a.node.export(&name, x).await?)
 }
 pub(super) async fn unexport(
-    State(n): State<Arc<Node>>,
+    State(a): State<App>,
     Path(name): Path<String>,
     Query(q): Query<ForceQuery>,
     b: Bytes,
 ) -> ApiResult {
-    ok(n.unexport(&name, force_of(&b, &q)?).await?)
+    let force = force_of(&b, &q)?;
+    if let Some(ag) = &a.agent
+        && let Some(v) = ag.unexport(&name, force).await?
+    {
+        return ok(v);
+    }
+    ok(a.node.unexport(&name, force).await?)
 }
 pub(super) async fn rebuild_status(
     State(n): State<Arc<Node>>,

@@ -3,8 +3,8 @@
 //! them; in cluster mode the agent does (`agent/pool_snaps.rs`): for the
 //! thin volumes of a cluster pool on the pool's owner, whichever node is
 //! asked, recorded in etcd and listed and served by every node; for a
-//! node's own pools, the node. Growing a pool is on a node running alone
-//! only (see docs/api.md).
+//! node's own pools, the node. Growing a pool is of a node's own pools only
+//! (a cluster pool is refused; see docs/api.md).
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -16,19 +16,6 @@ use super::handlers::App;
 use crate::api_types::{
     CloneRequest, ExpandPool, RevertRequest, SnapshotGroupRequest, SnapshotPair, SnapshotRequest,
 };
-
-fn node_only(a: &App, what: &str) -> Result<(), ApiError> {
-    match a.agent {
-        Some(_) => Err(ApiError(
-            StatusCode::CONFLICT,
-            format!(
-                "{what} is not supported in cluster mode yet (only on a node running alone); \
-                 nothing was changed"
-            ),
-        )),
-        None => Ok(()),
-    }
-}
 
 /// Snapshots `pairs` at one instant: through the agent in cluster mode.
 async fn take(a: &App, pairs: Vec<SnapshotPair>) -> Result<Vec<crate::node::VolumeInfo>, ApiError> {
@@ -120,6 +107,8 @@ pub(super) async fn expand_pool(
     b: Bytes,
 ) -> ApiResult {
     let r: ExpandPool = body(&b)?;
-    node_only(&a, "growing a pool")?;
+    if let Some(ag) = &a.agent {
+        ag.check_expand(&name).await?;
+    }
     ok(a.node.expand_pool(&name, r).await?)
 }

@@ -120,13 +120,16 @@ pub enum VolumeCmd {
         #[arg(long)]
         force: bool,
     },
-    /// Serve a volume as namespace NSID of subsystem NQN.
+    /// Serve a volume as namespace NSID of subsystem NQN; in cluster mode a
+    /// thin volume or snapshot of a cluster pool, served by every node
+    /// (NQN: the pool's subsystem; without --nsid the lowest free one).
     Export {
         name: String,
-        #[arg(long)]
+        #[arg(long, alias = "export")]
         nqn: String,
+        /// Required on a node's own volumes.
         #[arg(long)]
-        nsid: u32,
+        nsid: Option<u32>,
     },
     /// Stop serving a volume.
     Unexport {
@@ -283,7 +286,10 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
         )?,
         VolumeCmd::Export { name, nqn, nsid } => c.post(
             &format!("/volumes/{name}/export"),
-            Some(&ExportRequest { nqn, nsid }),
+            Some(&ExportRequest {
+                nqn,
+                nsid: nsid.unwrap_or(0),
+            }),
         )?,
         VolumeCmd::Unexport { name, force } => c.post(
             &format!("/volumes/{name}/unexport"),

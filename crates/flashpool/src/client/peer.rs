@@ -143,13 +143,42 @@ impl PeerApi {
         api: &str,
         name: &str,
         size: &str,
+        force: bool,
     ) -> Result<crate::api_types::VolumeInfo, PeerError> {
         let r = self
             .with_token(self.agent.post(&url(api, &format!("/volumes/{name}/grow"))))
             .send_json(crate::api_types::GrowRequest {
                 size: size.to_string(),
-                force: false,
+                force,
             });
+        answer(r)
+    }
+
+    /// `POST /v1/volumes/{name}/export` on the node whose API is `api`.
+    pub fn export_volume(
+        &self,
+        api: &str,
+        name: &str,
+        req: &crate::api_types::ExportRequest,
+    ) -> Result<crate::api_types::VolumeInfo, PeerError> {
+        let path = format!("/volumes/{name}/export");
+        let r = self
+            .with_token(self.agent.post(&url(api, &path)))
+            .send_json(req);
+        answer(r)
+    }
+
+    /// `POST /v1/volumes/{name}/unexport` on the node whose API is `api`.
+    pub fn unexport_volume(
+        &self,
+        api: &str,
+        name: &str,
+        force: bool,
+    ) -> Result<crate::api_types::VolumeInfo, PeerError> {
+        let path = format!("/volumes/{name}/unexport");
+        let r = self
+            .with_token(self.agent.post(&url(api, &path)))
+            .send_json(crate::api_types::ForceRequest { force });
         answer(r)
     }
 

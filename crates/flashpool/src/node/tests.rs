@@ -140,6 +140,9 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     let e = err(node.create_volume(req("a", "raid1", &["d3", "d4"])).await);
     assert!(e.contains("already exists"), "{e}");
 
+    // No NSID: a node running alone does not pick one (a cluster does).
+    let e = err(node.export("a", ExportRequest { nsid: 0, ..ns1() }).await);
+    assert!(e.contains("--nsid N"), "{e}");
     node.export("a", ns1()).await.unwrap();
     let e = node.delete_volume("a", true).await.unwrap_err().to_string();
     assert!(

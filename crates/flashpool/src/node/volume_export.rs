@@ -133,6 +133,13 @@ impl Node {
     }
 
     pub async fn export(&self, name: &str, x: ExportRequest) -> NodeResult<VolumeInfo> {
+        if x.nsid == 0 {
+            // Only a cluster picks a free NSID (one record for every node).
+            return Err(NodeError::BadRequest(format!(
+                "give the namespace ID to serve the volume as in {}: --nsid N (API: \"nsid\")",
+                Echo(&x.nqn)
+            )));
+        }
         let mut st = self.state.lock().await;
         let e = find_volume(&mut st, name)?;
         self.export_entry(e, x)?;
