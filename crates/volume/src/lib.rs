@@ -43,7 +43,8 @@ pub use parity::{Code, Parity, ParityError};
 pub use rebuild::{RebuildOptions, RebuildProgress};
 pub use superblock::MemberState;
 pub use thin::{
-    DEFAULT_CLUSTER_BYTES, PoolStats, PoolUsage, ThinError, ThinInfo, ThinPool, ThinVolume,
+    CompactOptions, CompactReport, Compression, DEFAULT_CLUSTER_BYTES, PoolStats, PoolUsage,
+    ThinError, ThinInfo, ThinPool, ThinVolume,
 };
 pub use volume::{
     DEFAULT_META_BYTES, DEFAULT_REGION_BYTES, DEFAULT_STRIP_BYTES, ForceReport, ForcedFrom,

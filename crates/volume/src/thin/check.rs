@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 
 use super::extent::ExtentHeader;
 use super::format::owner_code;
-use super::state::State;
+use super::pack::PACK_OWNER;
+use super::state::{Loc, State};
 use super::{ThinError, ThinPool};
 
 /// What a passing check saw.
@@ -84,29 +85,78 @@ impl ThinPool {
         check_state(&st)?;
         let mut seen = vec![false; st.owner.len()];
         let mut total = 0u64;
+        let mut blocks = std::collections::HashSet::new();
+        let mut packs: std::collections::HashMap<u32, u32> = Default::default();
+        let cb = self.inner.geom.cluster_bytes;
+        let per = self.inner.geom.pack_blocks;
+        let packer = self.inner.packer.lock();
         for (slot, vol) in st.slots.iter().enumerate() {
             let Some(vol) = vol else { continue };
             let mapped = vol.map.mapped(0, vol.vclusters());
-            for &(vc, p) in &mapped {
-                if std::mem::replace(&mut seen[p as usize], true) {
-                    return Err(format!("cluster {p} is in two maps"));
+            let mut stored = 0;
+            for &(vc, at) in &mapped {
+                stored += at.stored(cb);
+                let x = match at {
+                    Loc::Raw(p) => {
+                        if std::mem::replace(&mut seen[p as usize], true) {
+                            return Err(format!("cluster {p} is in two maps"));
+                        }
+                        if st.owner[p as usize] != owner_code(slot as u16, vc) {
+                            return Err(format!(
+                                "volume {} maps {vc} to {p}, whose owner entry is {:#x}",
+                                vol.meta.name, st.owner[p as usize]
+                            ));
+                        }
+                        continue;
+                    }
+                    Loc::Packed(x) => x,
+                };
+                for b in x.first..x.first + u64::from(x.blocks) {
+                    if !blocks.insert(b) || !st.pack.is_taken(b) || !packer.is_taken(b) {
+                        return Err(format!(
+                            "volume {} maps {vc} to {x:?}: block {b} is in two chunks or \
+                             not taken",
+                            vol.meta.name
+                        ));
+                    }
                 }
-                if st.owner[p as usize] != owner_code(slot as u16, vc) {
-                    return Err(format!(
-                        "volume {} maps {vc} to {p}, whose owner entry is {:#x}",
-                        vol.meta.name, st.owner[p as usize]
-                    ));
-                }
+                *packs.entry(x.cluster(per)).or_default() += x.blocks;
             }
             let n = mapped.len() as u64;
-            if vol.allocated.load(Ordering::Relaxed) != n {
+            if vol.allocated.load(Ordering::Relaxed) != n
+                || vol.stored.load(Ordering::Relaxed) != stored
+            {
                 return Err(format!(
-                    "volume {} counts {} clusters but maps {n}",
+                    "volume {} counts {} clusters and {} bytes stored but maps {n} and {stored}",
                     vol.meta.name,
-                    vol.allocated.load(Ordering::Relaxed)
+                    vol.allocated.load(Ordering::Relaxed),
+                    vol.stored.load(Ordering::Relaxed)
                 ));
             }
-            total += n;
+            total += mapped.iter().filter(|m| m.1.raw().is_some()).count() as u64;
+        }
+        for (&p, &used) in &packs {
+            if std::mem::replace(&mut seen[p as usize], true)
+                || st.owner[p as usize] != PACK_OWNER
+                || st.pack.used(p) != Some(used)
+                || packer.used(p) != Some(used)
+            {
+                return Err(format!(
+                    "pack cluster {p}: chunks hold {used} blocks, the pool counts {:?} (being \
+                     written included: {:?}), owner entry {:#x}",
+                    st.pack.used(p),
+                    packer.used(p),
+                    st.owner[p as usize]
+                ));
+            }
+            total += 1;
+        }
+        if packer.fill().len() != packs.len() {
+            return Err(format!(
+                "{} pack clusters hold blocks, but chunks lie in {}",
+                packer.fill().len(),
+                packs.len()
+            ));
         }
         for (p, &code) in st.owner.iter().enumerate() {
             if (code != 0) != seen[p] {
@@ -184,6 +234,16 @@ impl ThinPool {
             if m != d {
                 return Err(ThinError::Corrupt(format!(
                     "volume slot {slot}: memory has {m:?}, the device {d:?}"
+                )));
+            }
+        }
+        for (m, d) in st.slots.iter().zip(&disk.slots) {
+            if let (Some(m), Some(d)) = (m, d)
+                && m.map.mapped(0, m.vclusters()) != d.map.mapped(0, d.vclusters())
+            {
+                return Err(ThinError::Corrupt(format!(
+                    "volume {}: its map in memory differs from the device's",
+                    m.meta.name
                 )));
             }
         }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use blockdev::{BlockDevice, BlockError, BlockOp, IoRequest};
 
-use super::format::{le_u64, put_u64, seal, sealed, zbuf};
+use super::format::{le_u64, owner_entry_bytes, put_u64, seal, sealed, zbuf};
 use super::{BLOCK, BLOCK_USIZE, MAX_CLUSTERS, ThinError, ThinPool, check_device};
 use crate::superblock::{new_uuid, uuid_string};
 
@@ -77,22 +77,24 @@ pub(crate) struct ExtentHeader {
     pub(crate) clusters: u64,
 }
 
-pub(crate) fn part_bytes(clusters: u64) -> u64 {
-    (clusters * 8).next_multiple_of(BLOCK)
+/// A part holds the owner entries of the extent's clusters, then (in a
+/// compressed pool) the owner codes of their blocks.
+pub(crate) fn part_bytes(clusters: u64, pack_blocks: u64) -> u64 {
+    (clusters * owner_entry_bytes(pack_blocks)).next_multiple_of(BLOCK)
 }
 
 /// The layout an extent of `clusters` clusters has: parts after the
 /// header, data from the next cluster boundary.
-fn layout(clusters: u64, cluster_bytes: u64) -> ([u64; 2], u64, u64) {
-    let pb = part_bytes(clusters);
+fn layout(clusters: u64, cluster_bytes: u64, pack_blocks: u64) -> ([u64; 2], u64, u64) {
+    let pb = part_bytes(clusters, pack_blocks);
     let data_at = (BLOCK + 2 * pb).next_multiple_of(cluster_bytes);
     ([BLOCK, BLOCK + pb], pb, data_at)
 }
 
 /// The most clusters a device of `bytes` holds as an extent.
-fn plan_clusters(bytes: u64, cluster_bytes: u64) -> u64 {
+fn plan_clusters(bytes: u64, cluster_bytes: u64, pack_blocks: u64) -> u64 {
     let mut c = bytes / cluster_bytes;
-    while c > 0 && layout(c, cluster_bytes).2 + c * cluster_bytes > bytes {
+    while c > 0 && layout(c, cluster_bytes, pack_blocks).2 + c * cluster_bytes > bytes {
         c -= 1;
     }
     c
@@ -127,9 +129,10 @@ impl Extent {
         dev: Arc<dyn BlockDevice>,
         h: &ExtentHeader,
         first: u64,
+        pack_blocks: u64,
     ) -> Result<Extent, ThinError> {
         let dev_bs = check_device(&dev)?;
-        let (part_at, part_bytes, data_at) = layout(h.clusters, h.cluster_bytes);
+        let (part_at, part_bytes, data_at) = layout(h.clusters, h.cluster_bytes, pack_blocks);
         let end = data_at + h.clusters * h.cluster_bytes;
         if h.clusters == 0 || end > dev.geometry().size_bytes() {
             return Err(ThinError::Corrupt(format!(
@@ -205,7 +208,7 @@ impl ThinPool {
                 p.dev_bs
             )));
         }
-        let clusters = plan_clusters(dev.geometry().size_bytes(), cb);
+        let clusters = plan_clusters(dev.geometry().size_bytes(), cb, p.geom.pack_blocks);
         if clusters == 0 {
             return Err(ThinError::Config(format!(
                 "{} holds {} bytes, too few for an extent header, its metadata and one \
@@ -245,7 +248,7 @@ impl ThinPool {
             cluster_bytes: cb,
             clusters,
         };
-        let e = Extent::from_header(dev.clone(), &h, first)?;
+        let e = Extent::from_header(dev.clone(), &h, first, p.geom.pack_blocks)?;
         // The header first: an extent that no checkpoint names is ignored.
         write_block0(&dev, h.encode()).await?;
         let mut list = (*cur).clone();

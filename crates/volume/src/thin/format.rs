@@ -3,6 +3,7 @@
 
 use blockdev::{AlignedBuf, BlockError};
 
+use super::pack::{Compression, MAX_PACKED_CLUSTER, MIN_PACKED_CLUSTER, PACK_BLOCK, Packed};
 use super::{
     BLOCK, BLOCK_USIZE, CRC_AT, DEFAULT_CLUSTER_BYTES, MAX_CLUSTERS, MAX_NAME_BYTES,
     MAX_VOLUME_CLUSTERS, MAX_VOLUMES, SB_MAGIC, ThinError, VC_BITS, VC_MASK, VERSION, VOL_ENTRY,
@@ -22,10 +23,19 @@ pub(crate) struct PoolGeom {
     pub(crate) journal_blocks: u64,
     pub(crate) data_at: u64,
     pub(crate) device_bytes: u64,
+    pub(crate) compression: Compression,
+    /// 4 KiB blocks per cluster in a compressed pool (its checkpoint holds
+    /// an owner code per block); 0 without compression.
+    pub(crate) pack_blocks: u64,
 }
 
-pub(crate) fn checkpoint_bytes(clusters: u64) -> u64 {
-    (BLOCK + VOL_TABLE_BYTES + clusters * 8).next_multiple_of(BLOCK)
+/// Bytes of owner entries one cluster takes in a checkpoint.
+pub(crate) fn owner_entry_bytes(pack_blocks: u64) -> u64 {
+    8 * (1 + pack_blocks)
+}
+
+pub(crate) fn checkpoint_bytes(clusters: u64, pack_blocks: u64) -> u64 {
+    (BLOCK + VOL_TABLE_BYTES + clusters * owner_entry_bytes(pack_blocks)).next_multiple_of(BLOCK)
 }
 
 /// 64 bytes of journal per cluster (4 records), 64 KiB to 64 MiB: a
@@ -65,6 +75,7 @@ impl PoolGeom {
         device_bytes: u64,
         cluster_bytes: u64,
         uuid: [u8; 16],
+        compression: Compression,
     ) -> Result<PoolGeom, ThinError> {
         if !cluster_bytes.is_power_of_two() || !(BLOCK..=1 << 30).contains(&cluster_bytes) {
             return Err(ThinError::Config(format!(
@@ -72,8 +83,20 @@ impl PoolGeom {
                  use {DEFAULT_CLUSTER_BYTES}"
             )));
         }
+        let pack_blocks = if compression == Compression::None {
+            0
+        } else if (MIN_PACKED_CLUSTER..=MAX_PACKED_CLUSTER).contains(&cluster_bytes) {
+            cluster_bytes / PACK_BLOCK
+        } else {
+            return Err(ThinError::Config(format!(
+                "a compressed pool needs clusters of {} KiB to {} KiB (each is compressed \
+                 whole); {cluster_bytes} bytes is outside that, use 65536",
+                MIN_PACKED_CLUSTER >> 10,
+                MAX_PACKED_CLUSTER >> 10
+            )));
+        };
         let layout = |c: u64| {
-            let cp = checkpoint_bytes(c);
+            let cp = checkpoint_bytes(c, pack_blocks);
             let jb = journal_blocks(c);
             let journal_at = BLOCK + 2 * cp;
             let data_at = (journal_at + jb * BLOCK).next_multiple_of(cluster_bytes);
@@ -87,6 +110,8 @@ impl PoolGeom {
                 journal_blocks: jb,
                 data_at,
                 device_bytes,
+                compression,
+                pack_blocks,
             }
         };
         let mut c = (device_bytes / cluster_bytes).min(MAX_CLUSTERS);
@@ -116,7 +141,10 @@ impl PoolGeom {
     pub(crate) fn encode(&self) -> AlignedBuf {
         let mut b = zbuf(BLOCK_USIZE);
         b[0..8].copy_from_slice(&SB_MAGIC);
-        put_u32(&mut b, 8, VERSION);
+        // Version 2 marks a compressed pool, which a build that does not
+        // know compression must not open.
+        let version = if self.pack_blocks == 0 { VERSION } else { 2 };
+        put_u32(&mut b, 8, version);
         b[16..32].copy_from_slice(&self.uuid);
         put_u64(&mut b, 32, self.cluster_bytes);
         put_u64(&mut b, 40, self.clusters);
@@ -128,6 +156,7 @@ impl PoolGeom {
         put_u64(&mut b, 88, self.data_at);
         put_u64(&mut b, 96, self.device_bytes);
         put_u32(&mut b, 104, MAX_VOLUMES as u32);
+        put_u32(&mut b, 108, self.compression.code());
         seal(&mut b);
         b
     }
@@ -146,9 +175,18 @@ impl PoolGeom {
             )));
         }
         let version = le_u32(b, 8);
-        if version != VERSION {
-            return Err(ThinError::Version(version));
-        }
+        let compression = match version {
+            VERSION => Compression::None,
+            2 => Compression::from_code(le_u32(b, 108))
+                .filter(|&c| c != Compression::None)
+                .ok_or_else(|| {
+                    ThinError::Corrupt(format!(
+                        "{device}: the pool superblock names compression {}",
+                        le_u32(b, 108)
+                    ))
+                })?,
+            v => return Err(ThinError::Version(v)),
+        };
         let g = PoolGeom {
             uuid: b[16..32].try_into().expect("16 bytes"),
             cluster_bytes: le_u64(b, 32),
@@ -159,10 +197,16 @@ impl PoolGeom {
             journal_blocks: le_u64(b, 80),
             data_at: le_u64(b, 88),
             device_bytes: le_u64(b, 96),
+            compression,
+            pack_blocks: 0,
         };
         let max_volumes = le_u32(b, 104);
         // The layout must be exactly what format would have planned.
-        let planned = PoolGeom::plan(g.device_bytes, g.cluster_bytes, g.uuid).ok();
+        let planned = PoolGeom::plan(g.device_bytes, g.cluster_bytes, g.uuid, compression).ok();
+        let g = PoolGeom {
+            pack_blocks: planned.map_or(0, |p| p.pack_blocks),
+            ..g
+        };
         if max_volumes as usize != MAX_VOLUMES || planned != Some(g) {
             return Err(ThinError::Corrupt(format!(
                 "{device}: the pool superblock describes an impossible layout: {g:?}"
@@ -310,33 +354,53 @@ pub(crate) fn owner_slot_vc(code: u64) -> (u64, u64) {
 /// One journal record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Record {
-    /// Virtual cluster `vc` of volume `slot` now lives in physical cluster `p`.
+    /// Virtual cluster `vc` of volume `slot` now lives in physical cluster
+    /// `p` (and no longer in the compressed chunk it may have had).
     Map { slot: u16, vc: u64, p: u32 },
     /// Virtual cluster `vc` of volume `slot` (in `p`) is unallocated again.
     Unmap { slot: u16, vc: u64, p: u32 },
+    /// Virtual cluster `vc` of volume `slot` now lives compressed `at` (and
+    /// no longer where it lived before, raw or compressed).
+    PMap { slot: u16, vc: u64, at: Packed },
+    /// Virtual cluster `vc` of volume `slot` (compressed `at`) is
+    /// unallocated again.
+    PUnmap { slot: u16, vc: u64, at: Packed },
 }
 
 impl Record {
+    /// Layout (16 bytes): 0 kind, 1 block count (compressed), 2 slot, 4 the
+    /// physical cluster (or the low 32 bits of the first block), 8 the
+    /// virtual cluster (48 bits; the first block's high 16 bits above).
     pub(crate) fn encode(&self, b: &mut [u8]) {
-        let (kind, slot, vc, p) = match *self {
-            Record::Map { slot, vc, p } => (1u8, slot, vc, p),
-            Record::Unmap { slot, vc, p } => (2u8, slot, vc, p),
+        let (kind, slot, vc, p, blocks) = match *self {
+            Record::Map { slot, vc, p } => (1u8, slot, vc, u64::from(p), 0),
+            Record::Unmap { slot, vc, p } => (2u8, slot, vc, u64::from(p), 0),
+            Record::PMap { slot, vc, at } => (3u8, slot, vc, at.first, at.blocks),
+            Record::PUnmap { slot, vc, at } => (4u8, slot, vc, at.first, at.blocks),
         };
         b[0] = kind;
-        b[1] = 0;
+        b[1] = blocks as u8;
         b[2..4].copy_from_slice(&slot.to_le_bytes());
-        put_u32(b, 4, p);
-        put_u64(b, 8, vc);
+        put_u32(b, 4, p as u32);
+        put_u64(b, 8, (vc & VC_MASK) | ((p >> 32) << VC_BITS));
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Record, String> {
         let slot = u16::from_le_bytes([b[2], b[3]]);
         let p = le_u32(b, 4);
-        let vc = le_u64(b, 8);
+        let w = le_u64(b, 8);
+        let (vc, high) = (w & VC_MASK, w >> VC_BITS);
+        let at = Packed {
+            first: (high << 32) | u64::from(p),
+            blocks: u32::from(b[1]),
+        };
+        let plain = b[1] == 0 && high == 0;
         match b[0] {
-            1 => Ok(Record::Map { slot, vc, p }),
-            2 => Ok(Record::Unmap { slot, vc, p }),
-            k => Err(format!("journal record kind {k}")),
+            1 if plain => Ok(Record::Map { slot, vc, p }),
+            2 if plain => Ok(Record::Unmap { slot, vc, p }),
+            3 if b[1] != 0 => Ok(Record::PMap { slot, vc, at }),
+            4 if b[1] != 0 => Ok(Record::PUnmap { slot, vc, at }),
+            k => Err(format!("journal record kind {k} with {} blocks", b[1])),
         }
     }
 }

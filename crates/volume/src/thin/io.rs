@@ -12,7 +12,7 @@ use futures_util::future::join_all;
 use parking_lot::Mutex;
 
 use super::format::{Record, zbuf};
-use super::state::{PoolInner, VolInner};
+use super::state::{Loc, PoolInner, VolInner};
 use super::{LOCK_SHARDS, ThinInfo, UNMAP_CHUNK, info};
 use crate::superblock::uuid_string;
 use crate::volume::member_io::{abuf, recycle};
@@ -90,13 +90,18 @@ impl ThinVolume {
         self.vol.allocated.load(Ordering::Relaxed) * self.pool.geom.cluster_bytes
     }
 
-    /// Allocated clusters as (virtual, physical) pairs, for tests and tools.
+    /// Allocated clusters as (virtual, physical) pairs, for tests and
+    /// tools; a compressed chunk names its pack cluster.
     pub fn mapped_clusters(&self) -> Vec<(u64, u64)> {
+        let per = self.pool.geom.pack_blocks;
         self.vol
             .map
             .mapped(0, self.vol.vclusters())
             .into_iter()
-            .map(|(v, p)| (v, u64::from(p)))
+            .map(|(v, at)| match at {
+                Loc::Raw(p) => (v, u64::from(p)),
+                Loc::Packed(x) => (v, u64::from(x.cluster(per))),
+            })
             .collect()
     }
 
@@ -185,7 +190,7 @@ pub(crate) enum Fill {
 }
 
 impl Fill {
-    fn into_buf(self) -> Option<AlignedBuf> {
+    pub(crate) fn into_buf(self) -> Option<AlignedBuf> {
         match self {
             Fill::Data(b) => Some(b),
             Fill::Zero => None,
@@ -250,10 +255,11 @@ impl ThinIo {
                 buf[..p.len as usize].fill(0);
                 (buf, Ok(()))
             }
-            Some(c) => {
+            Some(Loc::Raw(c)) => {
                 let at = self.pool.cluster_at(c) + p.off;
                 self.pool.io(BlockOp::Read, at, p.len, buf).await
             }
+            Some(Loc::Packed(x)) => self.read_packed(x, p, buf).await,
         }
     }
 
@@ -276,7 +282,9 @@ impl ThinIo {
         };
         // Take every cluster the write will need up front, so a write that
         // runs out of space fails before it changes anything.
-        let unmapped = |p: &Piece| self.vol.map.get(p.vc).is_none();
+        // (In a compressed pool a piece may need a cluster unless it is
+        // written in place into a raw one.)
+        let unmapped = |p: &Piece| !matches!(self.vol.map.get(p.vc), Some(Loc::Raw(_)));
         let need = match &single {
             Some(p) => usize::from(unmapped(p)),
             None => ps.iter().filter(|p| unmapped(p)).count(),
@@ -313,13 +321,17 @@ impl ThinIo {
         fua: bool,
         reserved: &Mutex<Vec<u32>>,
     ) -> (AlignedBuf, Result<(), BlockError>) {
+        if self.pool.compressed() {
+            return self.write_compressed(p, buf, fua, reserved).await;
+        }
         let lock = self.vol.lock(p.vc);
-        if self.vol.map.get(p.vc).is_some() {
+        let raw = |s: &Self| s.vol.map.get(p.vc).and_then(Loc::raw);
+        if raw(self).is_some() {
             let _g = lock.read().await;
             if let Err(e) = self.vol.check_live() {
                 return (buf, Err(e));
             }
-            if let Some(c) = self.vol.map.get(p.vc) {
+            if let Some(c) = raw(self) {
                 let at = self.pool.cluster_at(c) + p.off;
                 return self.pool.io(BlockOp::Write { fua }, at, p.len, buf).await;
             }
@@ -328,7 +340,7 @@ impl ThinIo {
         if let Err(e) = self.vol.check_live() {
             return (buf, Err(e));
         }
-        if let Some(c) = self.vol.map.get(p.vc) {
+        if let Some(c) = raw(self) {
             // Another write allocated it while this one waited.
             let at = self.pool.cluster_at(c) + p.off;
             return self.pool.io(BlockOp::Write { fua }, at, p.len, buf).await;
@@ -364,10 +376,14 @@ impl ThinIo {
             };
             return (fill.into_buf(), Err(e));
         }
+        if self.pool.compressed() {
+            return self.fill_packed(c, p, fill).await;
+        }
         let cb = self.pool.geom.cluster_bytes;
         let base = self.pool.cluster_at(c);
         let whole = p.off == 0 && p.len == cb;
-        let (buf, r) = match (self.vol.inherited(p.vc), fill) {
+        // Without compression every place is a raw cluster.
+        let (buf, r) = match (self.vol.inherited(p.vc).and_then(Loc::raw), fill) {
             (Some(src), fill) if !whole => {
                 // Copy-on-write: the ancestor's cluster with this piece over it.
                 let (mut cbuf, r) = self
@@ -494,7 +510,11 @@ impl ThinIo {
         }
         // Hiding an ancestor's data takes a cluster: take them all first, so
         // that running out of space fails before anything changes.
-        let cow = |vc: u64| self.vol.map.get(vc).is_none() && self.vol.inherited(vc).is_some();
+        // (A compressed chunk of its own is rewritten to a new place too.)
+        let cow = |vc: u64| match self.vol.map.get(vc) {
+            None => self.vol.inherited(vc).is_some(),
+            Some(at) => at.raw().is_none(),
+        };
         let need = partial.iter().filter(|p| cow(p.vc)).count()
             + cands.iter().filter(|&&vc| cow(vc)).count();
         let reserved = Mutex::new(self.pool.reserve(need)?);
@@ -512,7 +532,7 @@ impl ThinIo {
     }
 
     /// A cluster reserved for this request, or a new one.
-    fn take_reserved(&self, reserved: &Mutex<Vec<u32>>) -> Result<u32, BlockError> {
+    pub(crate) fn take_reserved(&self, reserved: &Mutex<Vec<u32>>) -> Result<u32, BlockError> {
         match reserved.lock().pop() {
             Some(c) => Ok(c),
             None => Ok(self.pool.reserve(1)?[0]),
@@ -535,16 +555,15 @@ impl ThinIo {
         }
         self.vol.check_live()?;
         let (mut recs, mut in_place, mut cow) = (Vec::new(), Vec::new(), Vec::new());
+        let slot = self.vol.slot;
         for &vc in vcs {
             match (self.vol.map.get(vc), self.vol.inherited(vc)) {
-                (Some(p), None) => recs.push(Record::Unmap {
-                    slot: self.vol.slot,
-                    vc,
-                    p,
-                }),
+                (Some(Loc::Raw(p)), None) => recs.push(Record::Unmap { slot, vc, p }),
+                (Some(Loc::Packed(at)), None) => recs.push(Record::PUnmap { slot, vc, at }),
                 // Unmapping would show the ancestor's data.
-                (Some(p), Some(_)) => in_place.push(p),
-                (None, Some(_)) => cow.push(vc),
+                (Some(Loc::Raw(p)), Some(_)) => in_place.push(p),
+                // A chunk of zeroes replaces it (a few bytes compressed).
+                (Some(Loc::Packed(_)), Some(_)) | (None, Some(_)) => cow.push(vc),
                 (None, None) => {}
             }
         }
@@ -594,19 +613,21 @@ impl ThinIo {
             return Ok(());
         }
         let lock = self.vol.lock(p.vc);
-        if self.vol.map.get(p.vc).is_some() {
+        let raw = |s: &Self| s.vol.map.get(p.vc).and_then(Loc::raw);
+        if raw(self).is_some() {
             let _g = lock.read().await;
             self.vol.check_live()?;
-            if let Some(c) = self.vol.map.get(p.vc) {
+            if let Some(c) = raw(self) {
                 return self.zero_at(c, p).await;
             }
         }
-        // An ancestor's data may show here: this volume needs a cluster of its own.
+        // An ancestor's data may show here: this volume needs a cluster of
+        // its own (or, compressed, a new chunk).
         let _g = lock.write().await;
         self.vol.check_live()?;
         match (self.vol.map.get(p.vc), self.vol.inherited(p.vc)) {
-            (Some(c), _) => self.zero_at(c, p).await,
-            (None, Some(_)) => {
+            (Some(Loc::Raw(c)), _) => self.zero_at(c, p).await,
+            (Some(Loc::Packed(_)), _) | (None, Some(_)) => {
                 let c = self.take_reserved(reserved)?;
                 self.fill_new(c, p, Fill::Zero).await.1
             }

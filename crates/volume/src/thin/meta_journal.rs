@@ -13,10 +13,11 @@ use super::extent::{
 };
 
 use super::format::{
-    PoolGeom, Record, VolMeta, io_err, le_u32, le_u64, owner_slot_vc, poisoned_err, put_u32,
-    put_u64, seal, sealed, zbuf,
+    PoolGeom, Record, VolMeta, io_err, le_u32, le_u64, owner_code, owner_slot_vc, poisoned_err,
+    put_u32, put_u64, seal, sealed, zbuf,
 };
-use super::state::{Alloc, Counters, Journal, Pending, PoolInner, State, VolInner};
+use super::pack::{PACK_BLOCK, PACK_OWNER, Packed, Packer};
+use super::state::{Alloc, Counters, Journal, Loc, Pending, PoolInner, State, VolInner};
 use super::{
     BLOCK, BLOCK_USIZE, CP_MAGIC, JN_MAGIC, JOURNAL_HDR, MAX_VOLUMES, META_IO, RECORD_BYTES,
     RECORDS_PER_BLOCK, ThinError, VOL_ENTRY, VOL_TABLE_BYTES,
@@ -51,6 +52,25 @@ impl PoolInner {
             }),
             poisoned: AtomicBool::new(false),
             counters: Counters::default(),
+            packer: Mutex::new(Packer::new(geom.pack_blocks.max(1))),
+        }
+    }
+
+    pub(crate) fn compressed(&self) -> bool {
+        self.geom.pack_blocks > 0
+    }
+
+    /// Where compressed chunk `x` starts, as a pool address.
+    pub(crate) fn packed_at(&self, x: Packed) -> u64 {
+        let per = self.geom.pack_blocks;
+        self.cluster_at(x.cluster(per)) + x.offset(per) * PACK_BLOCK
+    }
+
+    /// Gives back blocks taken for a chunk that was not committed.
+    pub(crate) fn unpack(&self, x: Packed) {
+        let freed = self.packer.lock().put(x);
+        if let Some(p) = freed {
+            self.release(&[p]);
         }
     }
 
@@ -194,7 +214,7 @@ impl PoolInner {
         for (i, &code) in st.owner[..g.clusters as usize].iter().enumerate() {
             put_u64(&mut b, owners_at + i * 8, code);
         }
-        let parts: Vec<Vec<u8>> = ext
+        let mut parts: Vec<Vec<u8>> = ext
             .iter()
             .map(|e| {
                 let mut pb = vec![0u8; e.part_bytes as usize];
@@ -205,6 +225,26 @@ impl PoolInner {
                 pb
             })
             .collect();
+        // A compressed pool: each block of a pack cluster names its chunk.
+        let per = g.pack_blocks;
+        for v in st.slots.iter().flatten() {
+            for (vc, at) in v.map.mapped(0, v.vclusters()) {
+                let Loc::Packed(x) = at else { continue };
+                let p = u64::from(x.cluster(per));
+                let k = ext
+                    .iter()
+                    .position(|e| (e.first..e.first + e.clusters).contains(&p));
+                let (buf, base, first) = match k {
+                    Some(k) => (&mut parts[k], ext[k].clusters as usize * 8, ext[k].first),
+                    None => (&mut b, owners_at + g.clusters as usize * 8, 0),
+                };
+                let code = owner_code(v.slot, vc);
+                for i in 0..u64::from(x.blocks) {
+                    let blk = (p - first) * per + x.offset(per) + i;
+                    put_u64(buf, base + blk as usize * 8, code);
+                }
+            }
+        }
         drop(st);
         let body_crc = crc32c(&b[BLOCK_USIZE..]);
         b[0..8].copy_from_slice(&CP_MAGIC);
@@ -314,7 +354,7 @@ impl PoolInner {
                 let Some((xh, dev)) = hit else {
                     return Err(ThinError::MissingExtent(uuid_string(&uuid)));
                 };
-                let e = Extent::from_header(dev.clone(), xh, first)?;
+                let e = Extent::from_header(dev.clone(), xh, first, g.pack_blocks)?;
                 let pb = read_dev(&e.dev, e.dev_bs, e.part_at[i], e.part_bytes).await?;
                 if crc32c(&pb) != le_u32(&h, at + 24) {
                     tracing::warn!(
@@ -353,7 +393,7 @@ impl PoolInner {
     ) -> Result<State, String> {
         let g = &self.geom;
         let total = exts.last().map_or(g.clusters, |e| e.first + e.clusters);
-        let mut st = State::empty(total);
+        let mut st = State::empty(total, g.pack_blocks);
         for slot in 0..MAX_VOLUMES {
             let at = BLOCK_USIZE + slot * VOL_ENTRY;
             if let Some(meta) = VolMeta::decode(&b[at..at + VOL_ENTRY], slot, g.cluster_bytes)? {
@@ -365,11 +405,34 @@ impl PoolInner {
         }
         st.link_parents()?;
         let owners_at = (BLOCK + VOL_TABLE_BYTES) as usize;
-        let base = (0..g.clusters).map(|p| (p, le_u64(b, owners_at + p as usize * 8)));
-        let extents = exts.iter().zip(parts).flat_map(|(e, pb)| {
-            (0..e.clusters).map(move |i| (e.first + i, le_u64(pb, i as usize * 8)))
+        let per = g.pack_blocks as usize;
+        // (cluster, owner entry, where its block codes start, the table)
+        let codes_at = owners_at + g.clusters as usize * 8;
+        let base = (0..g.clusters).map(|p| {
+            let i = p as usize;
+            (p, le_u64(b, owners_at + i * 8), codes_at + i * per * 8, b)
         });
-        for (p, code) in base.chain(extents) {
+        let extents = exts.iter().zip(parts).flat_map(|(e, pb)| {
+            (0..e.clusters).map(move |i| {
+                let i = i as usize;
+                let at = e.clusters as usize * 8 + i * per * 8;
+                (e.first + i as u64, le_u64(pb, i * 8), at, pb.as_slice())
+            })
+        });
+        let mut packs = Vec::new();
+        for (p, code, codes, table) in base.chain(extents) {
+            if per > 0 {
+                let packed = (0..per).any(|k| le_u64(table, codes + k * 8) != 0);
+                if packed != (code == PACK_OWNER) {
+                    return Err(format!(
+                        "cluster {p}: owner entry {code:#x} but its blocks say packed = {packed}"
+                    ));
+                }
+                if packed {
+                    packs.push((p, codes, table));
+                    continue;
+                }
+            }
             if code == 0 {
                 continue;
             }
@@ -382,6 +445,31 @@ impl PoolInner {
                 p: p as u32,
             })
             .map_err(|e| format!("owner table: {e}"))?;
+        }
+        // Each run of blocks with one code is one chunk.
+        for (p, codes, table) in packs {
+            let mut k = 0;
+            while k < per {
+                let code = le_u64(table, codes + k * 8);
+                let run = (k..per)
+                    .take_while(|&i| le_u64(table, codes + i * 8) == code)
+                    .count();
+                if code != 0 {
+                    let (slot, vc) = owner_slot_vc(code);
+                    let slot = u16::try_from(slot)
+                        .map_err(|_| format!("pack cluster {p}: code {code:#x} names no slot"))?;
+                    if st.vol(slot)?.map.get(vc).is_some() {
+                        return Err(format!("pack cluster {p}: slot {slot} maps {vc} twice"));
+                    }
+                    let at = Packed {
+                        first: p * per as u64 + k as u64,
+                        blocks: run as u32,
+                    };
+                    st.apply(&Record::PMap { slot, vc, at })
+                        .map_err(|e| format!("pack table: {e}"))?;
+                }
+                k += run;
+            }
         }
         Ok(st)
     }
@@ -477,7 +565,10 @@ impl PoolInner {
             return Ok(());
         }
         // The data of newly mapped clusters must be durable before their record.
-        if recs.iter().any(|r| matches!(r, Record::Map { .. })) {
+        if recs
+            .iter()
+            .any(|r| matches!(r, Record::Map { .. } | Record::PMap { .. }))
+        {
             self.flush_dev().await?;
         }
         let g = &self.geom;
@@ -532,7 +623,7 @@ impl PoolInner {
             let mut st = self.state.lock();
             for r in recs {
                 match st.apply(r) {
-                    Ok(Some(p)) => freed.push(p),
+                    Ok(Some(at)) => freed.push(at),
                     Ok(None) => {}
                     Err(e) => {
                         // A bug, not bad input: memory and journal now disagree.
@@ -542,13 +633,18 @@ impl PoolInner {
                 }
             }
         }
-        if !freed.is_empty() {
-            let mut a = self.alloc.lock();
-            for p in freed {
-                a.put(p);
+        self.free_places(&freed);
+        Ok(())
+    }
+
+    /// Makes places allocatable again whose freeing is durable.
+    pub(crate) fn free_places(&self, places: &[Loc]) {
+        for &at in places {
+            match at {
+                Loc::Raw(p) => self.release(&[p]),
+                Loc::Packed(x) => self.unpack(x),
             }
         }
-        Ok(())
     }
 
     pub(crate) fn reserve(&self, n: usize) -> Result<Vec<u32>, BlockError> {

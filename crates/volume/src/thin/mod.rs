@@ -98,6 +98,8 @@ mod extent;
 mod format;
 mod io;
 mod meta_journal;
+mod pack;
+mod packed_io;
 mod state;
 mod tree;
 
@@ -105,6 +107,7 @@ pub use check::PoolCheck;
 pub use extent::{ExtentInfo, ExtentLabel, MAX_EXTENTS};
 use format::{PoolGeom, sealed, validate_volume, zbuf};
 pub use io::ThinVolume;
+pub use pack::Compression;
 use state::{PoolInner, State, VolInner};
 
 /// Default allocation unit: 1 MiB, as LVM thin and most arrays use.
@@ -128,9 +131,8 @@ const VOL_TABLE_BYTES: u64 = (MAX_VOLUMES * VOL_ENTRY) as u64;
 const JOURNAL_HDR: usize = 48;
 const RECORD_BYTES: usize = 16;
 const RECORDS_PER_BLOCK: usize = (CRC_AT - JOURNAL_HDR) / RECORD_BYTES;
-/// No physical cluster (in-memory map entry).
-const NONE: u32 = u32::MAX;
-/// Largest physical cluster count (cluster indexes are u32, NONE excluded).
+/// Largest physical cluster count (cluster indexes are u32, the top one
+/// kept out).
 const MAX_CLUSTERS: u64 = (u32::MAX - 1) as u64;
 const MAP_PAGE: u64 = 4096;
 const LOCK_SHARDS: usize = 256;
@@ -148,7 +150,7 @@ pub enum ThinError {
          create one with ThinPool::format (`flashpool pool create`)"
     )]
     NotAPool { device: String, magic: [u8; 8] },
-    #[error("thin pool format version {0} is not supported (this build reads version 1)")]
+    #[error("thin pool format version {0} is not supported (this build reads versions 1 and 2)")]
     Version(u32),
     #[error("thin pool metadata is corrupt: {0}")]
     Corrupt(String),
@@ -218,6 +220,43 @@ pub struct PoolUsage {
     pub provisioned_bytes: u64,
     /// Bytes used by metadata (superblock, checkpoints, journal; extents' headers and parts).
     pub metadata_bytes: u64,
+    /// What the volumes' and snapshots' chunks hold, uncompressed (their
+    /// clusters times the cluster size).
+    pub logical_bytes: u64,
+    /// What those chunks take on the device: raw clusters whole, compressed
+    /// chunks their 4 KiB blocks. Equal to `logical_bytes` without compression.
+    pub stored_bytes: u64,
+    /// Clusters that hold compressed chunks (counted in `allocated_clusters`).
+    pub pack_clusters: u64,
+    pub compression: Compression,
+}
+
+/// What [`ThinPool::compact`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactOptions {
+    /// Pack clusters at most this full (percent of their blocks) are
+    /// emptied: their chunks move to fuller ones or a new one.
+    pub below_fill_pct: u8,
+    /// Bytes moved per second at most (0: no limit).
+    pub rate_bytes_per_sec: u64,
+}
+
+impl Default for CompactOptions {
+    fn default() -> Self {
+        CompactOptions {
+            below_fill_pct: 50,
+            rate_bytes_per_sec: 64 << 20,
+        }
+    }
+}
+
+/// What one compaction pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompactReport {
+    pub chunks_moved: u64,
+    pub bytes_moved: u64,
+    /// Pack clusters given back to the pool.
+    pub clusters_freed: u64,
 }
 
 /// One thin volume as [`ThinPool::volumes`] lists it.
@@ -240,6 +279,9 @@ pub struct ThinInfo {
     pub shared_bytes: u64,
     /// When it was made (Unix seconds; 0 in pools made before snapshots).
     pub created: u64,
+    /// What its own clusters take on the device (compressed chunks their
+    /// 4 KiB blocks); `allocated_bytes` without compression.
+    pub stored_bytes: u64,
 }
 
 /// Metadata traffic, to see what group commit saves.
@@ -291,9 +333,22 @@ impl ThinPool {
         dev: Arc<dyn BlockDevice>,
         cluster_bytes: u64,
     ) -> Result<ThinPool, ThinError> {
+        Self::format_compressed(dev, cluster_bytes, Compression::None).await
+    }
+
+    /// [`ThinPool::format`] for a pool whose chunks (clusters of 16 KiB to
+    /// 1 MiB) are stored compressed with `compression` where that saves a
+    /// 4 KiB block, packed at 4 KiB granularity (see `pack.rs`).
+    pub async fn format_compressed(
+        dev: Arc<dyn BlockDevice>,
+        cluster_bytes: u64,
+        compression: Compression,
+    ) -> Result<ThinPool, ThinError> {
         let dev_bs = check_device(&dev)?;
-        let geom = PoolGeom::plan(dev.geometry().size_bytes(), cluster_bytes, new_uuid())?;
-        let pool = PoolInner::new(dev, dev_bs, geom, State::empty(geom.clusters), 0, 0);
+        let size = dev.geometry().size_bytes();
+        let geom = PoolGeom::plan(size, cluster_bytes, new_uuid(), compression)?;
+        let empty = State::empty(geom.clusters, geom.pack_blocks);
+        let pool = PoolInner::new(dev, dev_bs, geom, empty, 0, 0);
         // No superblock while the rest is being written: a format cut short
         // must not leave the old pool half overwritten but openable.
         pool.write_meta(0, &zbuf(BLOCK_USIZE), false).await?;
@@ -367,11 +422,13 @@ impl ThinPool {
                 found.push((h, x.clone()));
             }
         }
-        let pool = PoolInner::new(dev, dev_bs, geom, State::empty(geom.clusters), 0, 0);
+        let empty = State::empty(geom.clusters, geom.pack_blocks);
+        let pool = PoolInner::new(dev, dev_bs, geom, empty, 0, 0);
         let (epoch, mut state, exts) = pool.load_checkpoint(&found).await?;
         let total = state.owner.len() as u64;
         pool.ext.store(Arc::new(exts));
         let next_block = pool.replay(epoch, &mut state).await?;
+        *pool.packer.lock() = state.pack.clone();
         *pool.state.lock() = state;
         {
             let st = pool.state.lock();
@@ -550,7 +607,19 @@ impl ThinPool {
                 .count(),
             provisioned_bytes: vols.iter().map(|v| v.size()).sum(),
             metadata_bytes: g.data_at + ext_meta,
+            logical_bytes: all
+                .iter()
+                .map(|v| v.allocated.load(Ordering::Relaxed))
+                .sum::<u64>()
+                * g.cluster_bytes,
+            stored_bytes: all.iter().map(|v| v.stored.load(Ordering::Relaxed)).sum(),
+            pack_clusters: st.owner.iter().filter(|&&o| o == pack::PACK_OWNER).count() as u64,
+            compression: g.compression,
         }
+    }
+
+    pub fn compression(&self) -> Compression {
+        self.inner.geom.compression
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -612,6 +681,7 @@ fn info(v: &VolInner, cluster_bytes: u64) -> ThinInfo {
         parent,
         shared_bytes: shared.len() as u64 * cluster_bytes,
         created: v.meta.created,
+        stored_bytes: v.stored.load(Ordering::Relaxed),
     }
 }
 

@@ -2,7 +2,7 @@
 //! the shared state the metadata journal and the I/O path work on.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -12,7 +12,53 @@ use tokio::sync::RwLock;
 
 use super::extent::Extent;
 use super::format::{PoolGeom, Record, VolMeta, io_err, owner_code};
-use super::{LOCK_SHARDS, MAP_PAGE, MAX_VOLUME_CLUSTERS, MAX_VOLUMES, NONE};
+use super::pack::{PACK_BLOCK, PACK_OWNER, Packed, Packer};
+use super::{LOCK_SHARDS, MAP_PAGE, MAX_VOLUME_CLUSTERS, MAX_VOLUMES};
+
+/// Where a virtual cluster lives: a physical cluster of its own, or a
+/// compressed chunk in a pack cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Loc {
+    Raw(u32),
+    Packed(Packed),
+}
+
+/// No entry in a map word.
+const EMPTY: u64 = u64::MAX;
+const PACKED_BIT: u64 = 1 << 63;
+
+impl Loc {
+    fn word(self) -> u64 {
+        match self {
+            Loc::Raw(p) => u64::from(p),
+            Loc::Packed(x) => x.word() | PACKED_BIT,
+        }
+    }
+
+    fn from_word(w: u64) -> Option<Loc> {
+        match w {
+            EMPTY => None,
+            w if w & PACKED_BIT != 0 => Packed::from_word(w & !PACKED_BIT).map(Loc::Packed),
+            w => Some(Loc::Raw(w as u32)),
+        }
+    }
+
+    /// The raw cluster, if it is one.
+    pub(crate) fn raw(self) -> Option<u32> {
+        match self {
+            Loc::Raw(p) => Some(p),
+            Loc::Packed(_) => None,
+        }
+    }
+
+    /// Bytes it takes on the device.
+    pub(crate) fn stored(self, cluster_bytes: u64) -> u64 {
+        match self {
+            Loc::Raw(_) => cluster_bytes,
+            Loc::Packed(x) => u64::from(x.blocks) * PACK_BLOCK,
+        }
+    }
+}
 
 /// Virtual -> physical cluster map of one thin volume: pages of atomics,
 /// allocated on first use, under a directory whose parts are also made on
@@ -22,7 +68,7 @@ pub(crate) struct ClusterMap {
     dirs: Box<[OnceLock<Box<[Page]>>]>,
 }
 
-type Page = OnceLock<Box<[AtomicU32]>>;
+type Page = OnceLock<Box<[AtomicU64]>>;
 
 /// Pages per directory part; parts cover [`MAX_VOLUME_CLUSTERS`].
 const DIR_PAGES: u64 = 1024;
@@ -41,23 +87,32 @@ impl ClusterMap {
         dir.get((page % DIR_PAGES) as usize)
     }
 
-    pub(crate) fn get(&self, vc: u64) -> Option<u32> {
+    pub(crate) fn get(&self, vc: u64) -> Option<Loc> {
         let page = self.page(vc)?.get()?;
-        let p = page[(vc % MAP_PAGE) as usize].load(Ordering::Acquire);
-        (p != NONE).then_some(p)
+        Loc::from_word(page[(vc % MAP_PAGE) as usize].load(Ordering::Acquire))
     }
 
-    pub(crate) fn set(&self, vc: u64, p: u32) {
+    pub(crate) fn set(&self, vc: u64, at: Loc) {
+        self.store(vc, at.word());
+    }
+
+    pub(crate) fn clear(&self, vc: u64) {
+        if self.page(vc).and_then(|p| p.get()).is_some() {
+            self.store(vc, EMPTY);
+        }
+    }
+
+    fn store(&self, vc: u64, w: u64) {
         let page = vc / MAP_PAGE;
         let dir = self.dirs[(page / DIR_PAGES) as usize]
             .get_or_init(|| (0..DIR_PAGES).map(|_| OnceLock::new()).collect());
         let page = dir[(page % DIR_PAGES) as usize]
-            .get_or_init(|| (0..MAP_PAGE).map(|_| AtomicU32::new(NONE)).collect());
-        page[(vc % MAP_PAGE) as usize].store(p, Ordering::Release);
+            .get_or_init(|| (0..MAP_PAGE).map(|_| AtomicU64::new(EMPTY)).collect());
+        page[(vc % MAP_PAGE) as usize].store(w, Ordering::Release);
     }
 
-    /// Allocated (virtual, physical) pairs with `lo <= virtual < hi`.
-    pub(crate) fn mapped(&self, lo: u64, hi: u64) -> Vec<(u64, u32)> {
+    /// Allocated (virtual, where) pairs with `lo <= virtual < hi`.
+    pub(crate) fn mapped(&self, lo: u64, hi: u64) -> Vec<(u64, Loc)> {
         let mut out = Vec::new();
         let mut vc = lo;
         while vc < hi {
@@ -66,9 +121,9 @@ impl ClusterMap {
                 None => {}
                 Some(page) => {
                     for v in vc..page_end {
-                        let p = page[(v % MAP_PAGE) as usize].load(Ordering::Acquire);
-                        if p != NONE {
-                            out.push((v, p));
+                        let w = page[(v % MAP_PAGE) as usize].load(Ordering::Acquire);
+                        if let Some(at) = Loc::from_word(w) {
+                            out.push((v, at));
                         }
                     }
                 }
@@ -96,8 +151,10 @@ pub(crate) struct VolInner {
     pub(crate) map: ClusterMap,
     pub(crate) locks: Box<[RwLock<()>]>,
     pub(crate) deleted: AtomicBool,
-    /// Committed allocated clusters.
+    /// Committed allocated clusters (raw or compressed).
     pub(crate) allocated: AtomicU64,
+    /// What they take on the device, in bytes.
+    pub(crate) stored: AtomicU64,
 }
 
 impl VolInner {
@@ -110,6 +167,7 @@ impl VolInner {
             locks: (0..LOCK_SHARDS).map(|_| RwLock::new(())).collect(),
             deleted: AtomicBool::new(false),
             allocated: AtomicU64::new(0),
+            stored: AtomicU64::new(0),
             parent: ArcSwapOption::empty(),
             hidden: AtomicBool::new(meta.hidden),
             meta,
@@ -145,10 +203,23 @@ impl VolInner {
         self.parent.load().is_some()
     }
 
-    /// The physical cluster an ancestor holds for `vc`: the nearest one
-    /// that maps it. Ancestors are snapshots, whose clusters never change
-    /// and are freed only when no descendant can read them.
-    pub(crate) fn inherited(&self, vc: u64) -> Option<u32> {
+    /// Counts a chunk in (`sign` 1) or out (-1) of its own.
+    pub(crate) fn count(&self, at: Loc, sign: i64) {
+        let stored = at.stored(self.cluster_bytes);
+        if sign > 0 {
+            self.allocated.fetch_add(1, Ordering::Relaxed);
+            self.stored.fetch_add(stored, Ordering::Relaxed);
+        } else {
+            self.allocated.fetch_sub(1, Ordering::Relaxed);
+            self.stored.fetch_sub(stored, Ordering::Relaxed);
+        }
+    }
+
+    /// Where an ancestor holds `vc`: the nearest one that maps it.
+    /// Ancestors are snapshots, whose clusters never change (compaction
+    /// moves a chunk only with every reader's lock held) and are freed
+    /// only when no descendant can read them.
+    pub(crate) fn inherited(&self, vc: u64) -> Option<Loc> {
         let mut at = self.parent.load_full();
         while let Some(a) = at {
             if let Some(p) = a.map.get(vc) {
@@ -160,7 +231,7 @@ impl VolInner {
     }
 
     /// Where `vc` reads from: this volume's own cluster, else an ancestor's.
-    pub(crate) fn resolve(&self, vc: u64) -> Option<u32> {
+    pub(crate) fn resolve(&self, vc: u64) -> Option<Loc> {
         self.map.get(vc).or_else(|| self.inherited(vc))
     }
 
@@ -187,16 +258,72 @@ pub(crate) struct State {
     pub(crate) slots: Vec<Option<Arc<VolInner>>>,
     pub(crate) names: HashMap<String, u16>,
     pub(crate) allocated: u64,
+    /// Blocks of pack clusters that committed chunks hold.
+    pub(crate) pack: Packer,
+    pub(crate) pack_blocks: u64,
 }
 
 impl State {
-    pub(crate) fn empty(clusters: u64) -> State {
+    pub(crate) fn empty(clusters: u64, pack_blocks: u64) -> State {
         State {
             owner: vec![0; clusters as usize],
             slots: vec![None; MAX_VOLUMES],
             names: HashMap::new(),
             allocated: 0,
+            pack: Packer::new(pack_blocks.max(1)),
+            pack_blocks,
         }
+    }
+
+    /// Takes committed chunk `at` out of the owner bookkeeping (its pack
+    /// cluster's, or its raw cluster's owner entry); the volume's map and
+    /// counts are the caller's.
+    pub(crate) fn release(&mut self, at: Loc) {
+        match at {
+            Loc::Raw(p) => {
+                self.owner[p as usize] = 0;
+                self.allocated -= 1;
+            }
+            Loc::Packed(x) => {
+                if let Some(p) = self.pack.put(x) {
+                    self.owner[p as usize] = 0;
+                    self.allocated -= 1;
+                }
+            }
+        }
+    }
+
+    /// Enters committed chunk `at` for volume `slot`'s `vc`, or says why it
+    /// cannot be (a place taken, outside the pool).
+    fn claim(&mut self, slot: u16, vc: u64, at: Loc) -> Result<(), String> {
+        match at {
+            Loc::Raw(p) => {
+                let owner = self.owner.get(p as usize).copied();
+                if owner != Some(0) {
+                    return Err(format!("cluster {p} has owner {owner:?}"));
+                }
+                self.owner[p as usize] = owner_code(slot, vc);
+                self.allocated += 1;
+            }
+            Loc::Packed(x) => {
+                let per = self.pack_blocks;
+                let p = x.cluster(per.max(1));
+                let owner = self.owner.get(p as usize).copied();
+                let fits = per > 0 && x.blocks > 0 && x.offset(per) + u64::from(x.blocks) <= per;
+                let free = (x.first..x.first + u64::from(x.blocks)).all(|b| !self.pack.is_taken(b));
+                if !fits || !free || !matches!(owner, Some(0) | Some(PACK_OWNER)) {
+                    return Err(format!(
+                        "chunk {x:?}: pack cluster owner {owner:?}, fits {fits}, free {free}"
+                    ));
+                }
+                if owner == Some(0) {
+                    self.owner[p as usize] = PACK_OWNER;
+                    self.allocated += 1;
+                }
+                self.pack.mark(x);
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn add_volume(&mut self, vol: Arc<VolInner>) {
@@ -255,41 +382,46 @@ impl State {
             .ok_or_else(|| format!("record names volume slot {slot}, which is not in use"))
     }
 
-    /// Applies one record; returns the physical cluster it freed.
-    pub(crate) fn apply(&mut self, r: &Record) -> Result<Option<u32>, String> {
-        match *r {
-            Record::Map { slot, vc, p } => {
-                let vol = self.vol(slot)?;
-                let owner = self.owner.get(p as usize).copied();
-                if owner != Some(0) || vc >= vol.vclusters() || vol.map.get(vc).is_some() {
-                    return Err(format!(
-                        "{r:?}: cluster owner {owner:?}, volume has {} clusters, maps it to {:?}",
-                        vol.vclusters(),
-                        vol.map.get(vc)
-                    ));
-                }
-                vol.map.set(vc, p);
-                vol.allocated.fetch_add(1, Ordering::Relaxed);
-                self.owner[p as usize] = owner_code(slot, vc);
-                self.allocated += 1;
-                Ok(None)
+    /// Applies one record; returns the place it freed.
+    pub(crate) fn apply(&mut self, r: &Record) -> Result<Option<Loc>, String> {
+        let (slot, vc, new, gone) = match *r {
+            Record::Map { slot, vc, p } => (slot, vc, Some(Loc::Raw(p)), None),
+            Record::PMap { slot, vc, at } => (slot, vc, Some(Loc::Packed(at)), None),
+            Record::Unmap { slot, vc, p } => (slot, vc, None, Some(Loc::Raw(p))),
+            Record::PUnmap { slot, vc, at } => (slot, vc, None, Some(Loc::Packed(at))),
+        };
+        let vol = self.vol(slot)?.clone();
+        let old = vol.map.get(vc);
+        if let Some(new) = new {
+            // A raw cluster is written in place, never remapped to another.
+            if vc >= vol.vclusters() || matches!((old, new), (Some(Loc::Raw(_)), Loc::Raw(_))) {
+                return Err(format!(
+                    "{r:?}: volume has {} clusters, maps it to {old:?}",
+                    vol.vclusters()
+                ));
             }
-            Record::Unmap { slot, vc, p } => {
-                let vol = self.vol(slot)?;
-                let owner = self.owner.get(p as usize).copied();
-                if owner != Some(owner_code(slot, vc)) || vol.map.get(vc) != Some(p) {
-                    return Err(format!(
-                        "{r:?}: cluster owner {owner:?}, volume maps it to {:?}",
-                        vol.map.get(vc)
-                    ));
-                }
-                vol.map.set(vc, NONE);
-                vol.allocated.fetch_sub(1, Ordering::Relaxed);
-                self.owner[p as usize] = 0;
-                self.allocated -= 1;
-                Ok(Some(p))
+            self.claim(slot, vc, new)
+                .map_err(|e| format!("{r:?}: {e}"))?;
+            vol.map.set(vc, new);
+            vol.count(new, 1);
+            if let Some(old) = old {
+                vol.count(old, -1);
+                self.release(old);
             }
+            return Ok(old);
         }
+        let gone = gone.expect("an unmap names its place");
+        let owned = match gone {
+            Loc::Raw(p) => self.owner.get(p as usize).copied() == Some(owner_code(slot, vc)),
+            Loc::Packed(_) => true,
+        };
+        if old != Some(gone) || !owned {
+            return Err(format!("{r:?}: volume maps it to {old:?}"));
+        }
+        vol.map.clear(vc);
+        vol.count(gone, -1);
+        self.release(gone);
+        Ok(Some(gone))
     }
 }
 
@@ -406,4 +538,7 @@ pub(crate) struct PoolInner {
     pub(crate) journal: tokio::sync::Mutex<Journal>,
     pub(crate) poisoned: AtomicBool,
     pub(crate) counters: Counters,
+    /// Blocks of pack clusters taken: committed, being written, or freed
+    /// but not yet durably (a superset of `State::pack`).
+    pub(crate) packer: Mutex<Packer>,
 }

@@ -23,8 +23,8 @@ use std::sync::atomic::Ordering;
 use tokio::sync::RwLockWriteGuard;
 
 use super::format::{VolMeta, owner_code, validate_name};
-use super::state::{State, VolInner};
-use super::{MAX_VOLUMES, NONE, ThinError, ThinPool, ThinVolume};
+use super::state::{Loc, State, VolInner};
+use super::{MAX_VOLUMES, ThinError, ThinPool, ThinVolume};
 use crate::superblock::new_uuid;
 
 pub(crate) fn now_secs() -> u64 {
@@ -106,32 +106,37 @@ fn in_slot(st: &State, vol: &Arc<VolInner>) -> bool {
         .is_some_and(|v| Arc::ptr_eq(v, vol))
 }
 
-/// Moves every cluster of `from` to `to` (owner entries and maps).
+/// Moves every cluster of `from` to `to` (owner entries and maps; a
+/// compressed chunk's block codes follow the maps at the checkpoint).
 fn move_clusters(st: &mut State, from: &VolInner, to: &VolInner) {
-    for (vc, p) in from.map.mapped(0, from.vclusters()) {
-        to.map.set(vc, p);
-        st.owner[p as usize] = owner_code(to.slot, vc);
+    for (vc, at) in from.map.mapped(0, from.vclusters()) {
+        to.map.set(vc, at);
+        if let Loc::Raw(p) = at {
+            st.owner[p as usize] = owner_code(to.slot, vc);
+        }
     }
     let n = from.allocated.swap(0, Ordering::Relaxed);
     to.allocated.fetch_add(n, Ordering::Relaxed);
+    let n = from.stored.swap(0, Ordering::Relaxed);
+    to.stored.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Takes cluster `vc` (at `at`) out of `vol`'s map and the owner
+/// bookkeeping; the place is freed once the change is durable.
+fn drop_one(st: &mut State, vol: &VolInner, vc: u64, at: Loc) {
+    vol.map.clear(vc);
+    vol.count(at, -1);
+    st.release(at);
 }
 
 /// Takes every cluster of `vol` out of the maps; returns them (to be
 /// freed once the change is durable).
-fn drop_clusters(st: &mut State, vol: &VolInner) -> Vec<u32> {
-    let freed: Vec<u32> = vol
-        .map
-        .mapped(0, vol.vclusters())
-        .into_iter()
-        .map(|(vc, p)| {
-            vol.map.set(vc, NONE);
-            st.owner[p as usize] = 0;
-            p
-        })
-        .collect();
-    vol.allocated.store(0, Ordering::Relaxed);
-    st.allocated -= freed.len() as u64;
-    freed
+fn drop_clusters(st: &mut State, vol: &VolInner) -> Vec<Loc> {
+    let mapped = vol.map.mapped(0, vol.vclusters());
+    for &(vc, at) in &mapped {
+        drop_one(st, vol, vc, at);
+    }
+    mapped.into_iter().map(|(_, at)| at).collect()
 }
 
 impl ThinPool {
@@ -203,7 +208,7 @@ impl ThinPool {
                 move_clusters(&mut st, o, &s);
                 o.parent.store(Some(s.clone()));
                 for (vc, _) in o.map.mapped(0, o.vclusters()) {
-                    o.map.set(vc, NONE);
+                    o.map.clear(vc);
                 }
                 snaps.push(s);
             }
@@ -303,7 +308,7 @@ impl ThinPool {
             drop_clusters(&mut st, &v)
         };
         p.checkpoint(&mut j).await?;
-        p.release(&freed);
+        p.free_places(&freed);
         drop(j);
         drop(guards);
         tracing::info!(
@@ -443,13 +448,10 @@ impl ThinPool {
                     [child] => {
                         // The child's own clusters win; the rest move to it.
                         let mut freed = Vec::new();
-                        for (vc, c) in vol.map.mapped(0, vol.vclusters()) {
+                        for (vc, at) in vol.map.mapped(0, vol.vclusters()) {
                             if child.map.get(vc).is_some() || vc >= child.vclusters() {
-                                vol.map.set(vc, NONE);
-                                st.owner[c as usize] = 0;
-                                st.allocated -= 1;
-                                vol.allocated.fetch_sub(1, Ordering::Relaxed);
-                                freed.push(c);
+                                drop_one(&mut st, vol, vc, at);
+                                freed.push(at);
                             }
                         }
                         move_clusters(&mut st, vol, child);
@@ -468,7 +470,7 @@ impl ThinPool {
                 }
             };
             p.checkpoint(&mut j).await?;
-            p.release(&freed);
+            p.free_places(&freed);
             drop(j);
             drop(guards);
             tracing::info!(

@@ -1,0 +1,375 @@
+//! Compression: chunks (one cluster of a volume each) stored compressed,
+//! packed at 4 KiB granularity into *pack clusters*.
+//!
+//! A pack cluster is an ordinary pool cluster whose owner entry is
+//! [`PACK_OWNER`]; its 4 KiB blocks are handed out to compressed chunks,
+//! each a run of contiguous blocks in one pack cluster. Where a chunk lives
+//! is a [`Packed`] (first block, block count), kept per volume in a second
+//! map beside the raw one. The checkpoint carries one owner code per block
+//! of every cluster (`(slot + 1) << 48 | virtual cluster`, 0 when free): a
+//! chunk is the run of blocks with one code, since a virtual cluster of a
+//! volume has one place at a time. A chunk that would not save a block is
+//! stored raw, in a cluster of its own, as in a pool without compression.
+//!
+//! A chunk on the device: a 16-byte header (magic, algorithm, compressed
+//! length, CRC32C of the compressed bytes), the compressed bytes, zeroes
+//! to the block's end. The CRC means a chunk that is not what its record
+//! says fails the read with an error instead of returning garbage.
+
+use std::collections::HashMap;
+
+use blockdev::BlockError;
+
+use super::format::{io_err, le_u32, put_u32};
+use crate::crc::crc32c;
+
+/// Compression of a pool's chunks, chosen at format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Compression {
+    #[default]
+    None,
+    /// LZ4: fast, a modest ratio.
+    Lz4,
+    /// zstd level 1: a better ratio for more CPU.
+    Zstd,
+}
+
+impl Compression {
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            Compression::None => 0,
+            Compression::Lz4 => 1,
+            Compression::Zstd => 2,
+        }
+    }
+
+    pub(crate) fn from_code(c: u32) -> Option<Compression> {
+        match c {
+            0 => Some(Compression::None),
+            1 => Some(Compression::Lz4),
+            2 => Some(Compression::Zstd),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" | "off" => Ok(Compression::None),
+            "lz4" => Ok(Compression::Lz4),
+            "zstd" => Ok(Compression::Zstd),
+            _ => Err(format!(
+                "compression {s:?} is not known; use lz4, zstd or none"
+            )),
+        }
+    }
+}
+
+/// Owner-table entry of a pack cluster.
+pub(crate) const PACK_OWNER: u64 = u64::MAX;
+pub(crate) const PACK_BLOCK: u64 = 4096;
+const CHUNK_MAGIC: [u8; 4] = *b"FPZ1";
+const CHUNK_HDR: usize = 16;
+/// Smallest and largest cluster a compressed pool may have: the block
+/// count of a chunk must fit a byte.
+pub(crate) const MIN_PACKED_CLUSTER: u64 = 16 << 10;
+pub(crate) const MAX_PACKED_CLUSTER: u64 = 1 << 20;
+
+/// Where a compressed chunk lives: its first block (pool-wide: cluster
+/// times blocks per cluster, plus the block in it) and its block count.
+/// Encoded in a map word as `blocks << 48 | first`, never 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Packed {
+    pub(crate) first: u64,
+    pub(crate) blocks: u32,
+}
+
+impl Packed {
+    pub(crate) fn word(self) -> u64 {
+        (u64::from(self.blocks) << 48) | self.first
+    }
+
+    pub(crate) fn from_word(w: u64) -> Option<Packed> {
+        (w != 0).then_some(Packed {
+            first: w & ((1 << 48) - 1),
+            blocks: (w >> 48) as u32,
+        })
+    }
+
+    /// The pack cluster it lies in.
+    pub(crate) fn cluster(self, per_cluster: u64) -> u32 {
+        (self.first / per_cluster) as u32
+    }
+
+    /// Its first block within that cluster.
+    pub(crate) fn offset(self, per_cluster: u64) -> u64 {
+        self.first % per_cluster
+    }
+}
+
+/// Compresses `chunk` (a whole cluster) into a buffer of whole blocks, or
+/// `None` when that would not save at least one block.
+pub(crate) fn compress(algo: Compression, chunk: &[u8]) -> Option<Vec<u8>> {
+    let limit = chunk.len() - PACK_BLOCK as usize;
+    let body = match algo {
+        Compression::None => return None,
+        Compression::Lz4 => {
+            let mut out = vec![0u8; lz4_flex::block::get_maximum_output_size(chunk.len())];
+            let n = lz4_flex::block::compress_into(chunk, &mut out).ok()?;
+            out.truncate(n);
+            out
+        }
+        Compression::Zstd => zstd::bulk::compress(chunk, 1).ok()?,
+    };
+    if CHUNK_HDR + body.len() > limit {
+        return None;
+    }
+    let total = (CHUNK_HDR + body.len()).next_multiple_of(PACK_BLOCK as usize);
+    let mut out = vec![0u8; total];
+    out[0..4].copy_from_slice(&CHUNK_MAGIC);
+    out[4] = algo.code() as u8;
+    put_u32(&mut out, 8, body.len() as u32);
+    put_u32(&mut out, 12, crc32c(&body));
+    out[CHUNK_HDR..CHUNK_HDR + body.len()].copy_from_slice(&body);
+    Some(out)
+}
+
+/// Decompresses a chunk read from its blocks into `out` (the cluster's
+/// size). Anything that is not a sound chunk of exactly that size is an
+/// I/O error.
+pub(crate) fn decompress(stored: &[u8], out: &mut [u8]) -> Result<(), BlockError> {
+    let bad = |why: &str| io_err(format!("thin pool: compressed chunk unreadable: {why}"));
+    if stored.len() < CHUNK_HDR || stored[0..4] != CHUNK_MAGIC {
+        return Err(bad("no chunk header"));
+    }
+    let len = le_u32(stored, 8) as usize;
+    let body = stored
+        .get(CHUNK_HDR..CHUNK_HDR + len)
+        .ok_or_else(|| bad("length past its blocks"))?;
+    if crc32c(body) != le_u32(stored, 12) {
+        return Err(bad("checksum mismatch"));
+    }
+    let n = match Compression::from_code(u32::from(stored[4])) {
+        Some(Compression::Lz4) => {
+            lz4_flex::block::decompress_into(body, out).map_err(|e| bad(&e.to_string()))?
+        }
+        Some(Compression::Zstd) => {
+            zstd::bulk::decompress_to_buffer(body, out).map_err(|e| bad(&e.to_string()))?
+        }
+        _ => return Err(bad("unknown algorithm")),
+    };
+    if n != out.len() {
+        return Err(bad("wrong decompressed size"));
+    }
+    Ok(())
+}
+
+/// Which blocks of the pack clusters are taken: committed, being written,
+/// or freed but not durably so. A pack cluster whose blocks are all free
+/// goes back to the cluster allocator.
+#[derive(Clone, Default)]
+pub(crate) struct Packer {
+    per_cluster: u64,
+    /// Per pack cluster, a bit per block (set: taken), and how many are set.
+    clusters: HashMap<u32, (Vec<u64>, u32)>,
+    /// Pack clusters with free blocks, the newest last.
+    open: Vec<u32>,
+}
+
+/// Candidates one allocation looks at before it takes a new cluster.
+const SCAN: usize = 32;
+
+impl Packer {
+    pub(crate) fn new(per_cluster: u64) -> Packer {
+        Packer {
+            per_cluster,
+            ..Packer::default()
+        }
+    }
+
+    /// Marks blocks taken (at open, from the committed state; or by `take`).
+    pub(crate) fn mark(&mut self, at: Packed) {
+        let (p, off) = (at.cluster(self.per_cluster), at.offset(self.per_cluster));
+        let words = self.per_cluster.div_ceil(64) as usize;
+        let e = self.clusters.entry(p).or_insert_with(|| {
+            self.open.push(p);
+            (vec![0; words], 0)
+        });
+        for b in off..off + u64::from(at.blocks) {
+            let (w, bit) = ((b / 64) as usize, 1u64 << (b % 64));
+            debug_assert!(e.0[w] & bit == 0, "pack block taken twice");
+            e.0[w] |= bit;
+        }
+        e.1 += at.blocks;
+    }
+
+    fn fit(&self, p: u32, n: u32) -> Option<u64> {
+        let (bits, used) = self.clusters.get(&p)?;
+        if self.per_cluster - u64::from(*used) < u64::from(n) {
+            return None;
+        }
+        let mut run = 0u64;
+        for b in 0..self.per_cluster {
+            if bits[(b / 64) as usize] & (1 << (b % 64)) == 0 {
+                run += 1;
+                if run == u64::from(n) {
+                    return Some(b + 1 - run);
+                }
+            } else {
+                run = 0;
+            }
+        }
+        None
+    }
+
+    /// Takes `n` contiguous blocks in a pack cluster that has them, else in
+    /// `spare` (a free cluster the caller reserved, which becomes a pack
+    /// cluster). `None` when neither fits.
+    pub(crate) fn take(&mut self, n: u32, spare: &mut Option<u32>) -> Option<Packed> {
+        let found = self
+            .open
+            .iter()
+            .rev()
+            .take(SCAN)
+            .find_map(|&p| self.fit(p, n).map(|off| (p, off)));
+        let (p, off) = match found {
+            Some(f) => f,
+            None => (spare.take()?, 0),
+        };
+        let at = Packed {
+            first: u64::from(p) * self.per_cluster + off,
+            blocks: n,
+        };
+        self.mark(at);
+        if self.clusters[&p].1 as u64 == self.per_cluster {
+            self.open.retain(|&q| q != p);
+        }
+        Some(at)
+    }
+
+    /// Frees blocks; returns the pack cluster when it is now wholly free
+    /// (the caller gives it back to the cluster allocator).
+    pub(crate) fn put(&mut self, at: Packed) -> Option<u32> {
+        let (p, off) = (at.cluster(self.per_cluster), at.offset(self.per_cluster));
+        let e = self.clusters.get_mut(&p)?;
+        let was_full = u64::from(e.1) == self.per_cluster;
+        for b in off..off + u64::from(at.blocks) {
+            let (w, bit) = ((b / 64) as usize, 1u64 << (b % 64));
+            debug_assert!(e.0[w] & bit != 0, "pack block freed twice");
+            e.0[w] &= !bit;
+        }
+        e.1 -= at.blocks;
+        if e.1 == 0 {
+            self.clusters.remove(&p);
+            self.open.retain(|&q| q != p);
+            return Some(p);
+        }
+        if was_full {
+            self.open.push(p);
+        }
+        None
+    }
+
+    /// Blocks taken in pack cluster `p` (for checks and compaction).
+    pub(crate) fn used(&self, p: u32) -> Option<u32> {
+        self.clusters.get(&p).map(|e| e.1)
+    }
+
+    /// Pack clusters and their taken blocks.
+    pub(crate) fn fill(&self) -> Vec<(u32, u32)> {
+        self.clusters.iter().map(|(&p, e)| (p, e.1)).collect()
+    }
+
+    pub(crate) fn is_taken(&self, first: u64) -> bool {
+        let p = (first / self.per_cluster) as u32;
+        let b = first % self.per_cluster;
+        self.clusters
+            .get(&p)
+            .is_some_and(|e| e.0[(b / 64) as usize] & (1 << (b % 64)) != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_round_trip_and_incompressible_ones_are_refused() {
+        let mut chunk = vec![0u8; 64 << 10];
+        for (i, b) in chunk.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        for algo in [Compression::Lz4, Compression::Zstd] {
+            let c = compress(algo, &chunk).expect("compressible");
+            assert!(c.len() < chunk.len() && c.len() % 4096 == 0);
+            let mut out = vec![0u8; chunk.len()];
+            decompress(&c, &mut out).unwrap();
+            assert_eq!(out, chunk);
+            // A flipped byte fails the checksum, never returns garbage.
+            let mut bad = c.clone();
+            bad[20] ^= 1;
+            assert!(decompress(&bad, &mut out).is_err());
+            // Another size is refused.
+            let mut short = vec![0u8; chunk.len() / 2];
+            assert!(decompress(&c, &mut short).is_err());
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for b in chunk.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        assert!(compress(Compression::Lz4, &chunk).is_none());
+        assert!(compress(Compression::Zstd, &chunk).is_none());
+        assert!(decompress(&[0u8; 4096], &mut [0u8; 4096]).is_err());
+    }
+
+    #[test]
+    fn the_packer_fills_clusters_and_gives_empty_ones_back() {
+        let mut p = Packer::new(16);
+        let mut spare = Some(7);
+        let a = p.take(10, &mut spare).unwrap();
+        assert_eq!((a.first, a.blocks, spare), (7 * 16, 10, None));
+        let b = p.take(6, &mut None).unwrap();
+        assert_eq!(b.first, 7 * 16 + 10);
+        // Full: the next one needs a spare.
+        assert!(p.take(1, &mut None).is_none());
+        assert_eq!(p.put(a), None);
+        let c = p.take(4, &mut None).unwrap();
+        assert_eq!(c.first, 7 * 16);
+        assert_eq!(p.put(b), None);
+        assert_eq!(p.put(c), Some(7));
+        assert_eq!(p.used(7), None);
+        assert_eq!(
+            Packed::from_word(
+                Packed {
+                    first: 5,
+                    blocks: 3
+                }
+                .word()
+            ),
+            Some(Packed {
+                first: 5,
+                blocks: 3
+            })
+        );
+        assert_eq!(Packed::from_word(0), None);
+    }
+}
