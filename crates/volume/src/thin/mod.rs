@@ -94,6 +94,7 @@ use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoRequest};
 use crate::superblock::{new_uuid, uuid_string};
 
 mod check;
+mod compact;
 mod extent;
 mod format;
 mod io;

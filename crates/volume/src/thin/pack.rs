@@ -190,6 +190,8 @@ pub(crate) struct Packer {
     clusters: HashMap<u32, (Vec<u64>, u32)>,
     /// Pack clusters with free blocks, the newest last.
     open: Vec<u32>,
+    /// Pack clusters being emptied by compaction: no new chunks go there.
+    held: Vec<u32>,
 }
 
 /// Candidates one allocation looks at before it takes a new cluster.
@@ -208,7 +210,9 @@ impl Packer {
         let (p, off) = (at.cluster(self.per_cluster), at.offset(self.per_cluster));
         let words = self.per_cluster.div_ceil(64) as usize;
         let e = self.clusters.entry(p).or_insert_with(|| {
-            self.open.push(p);
+            if !self.held.contains(&p) {
+                self.open.push(p);
+            }
             (vec![0; words], 0)
         });
         for b in off..off + u64::from(at.blocks) {
@@ -276,14 +280,36 @@ impl Packer {
         }
         e.1 -= at.blocks;
         if e.1 == 0 {
+            // Back to the cluster allocator, which may hand it out again
+            // as a new pack cluster: no longer held.
             self.clusters.remove(&p);
             self.open.retain(|&q| q != p);
+            self.held.retain(|&q| q != p);
             return Some(p);
         }
-        if was_full {
+        if was_full && !self.held.contains(&p) {
             self.open.push(p);
         }
         None
+    }
+
+    /// Keeps new chunks out of pack clusters `ps` (compaction empties them).
+    pub(crate) fn hold(&mut self, ps: &[u32]) {
+        self.held.extend_from_slice(ps);
+        self.open.retain(|q| !ps.contains(q));
+    }
+
+    /// Ends [`Packer::hold`]: those still in use take chunks again.
+    pub(crate) fn unhold(&mut self) {
+        for p in std::mem::take(&mut self.held) {
+            if self
+                .clusters
+                .get(&p)
+                .is_some_and(|e| u64::from(e.1) < self.per_cluster)
+            {
+                self.open.push(p);
+            }
+        }
     }
 
     /// Blocks taken in pack cluster `p` (for checks and compaction).

@@ -176,10 +176,7 @@ impl ThinIo {
                 recycle(chunk);
                 self.store_packed(p.vc, &z, reserved).await
             }
-            None => {
-                let r = self.store_raw(p.vc, own, chunk, fua, reserved).await;
-                r
-            }
+            None => self.store_raw(p.vc, own, chunk, fua, reserved).await,
         };
         (buf, r)
     }
