@@ -343,7 +343,7 @@ mod tests {
         }
         for algo in [Compression::Lz4, Compression::Zstd] {
             let c = compress(algo, &chunk).expect("compressible");
-            assert!(c.len() < chunk.len() && c.len() % 4096 == 0);
+            assert!(c.len() < chunk.len() && c.len().is_multiple_of(4096));
             let mut out = vec![0u8; chunk.len()];
             decompress(&c, &mut out).unwrap();
             assert_eq!(out, chunk);
