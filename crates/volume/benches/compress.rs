@@ -11,6 +11,8 @@
 //! data. `COMPRESS_MIB` (default 64) is how much is written,
 //! `COMPRESS_ROUNDS` (default 3) the rounds, whose medians are shown.
 
+// (`fill` is for the other benches.)
+#[allow(dead_code)]
 mod common;
 
 use std::time::Instant;
