@@ -127,6 +127,20 @@ async fn round(c: Compression, data: &[u8]) -> Round {
     }
 }
 
+/// Runs the bench on one thread, or (`COMPRESS_RUNTIME=tokio`) in a
+/// current-thread tokio runtime, as a reactor of the target does, where a
+/// compressed pool compresses on tokio's blocking threads.
+fn drive<F: std::future::Future>(f: F) -> F::Output {
+    if std::env::var("COMPRESS_RUNTIME").as_deref() == Ok("tokio") {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    } else {
+        block_on(f)
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -158,7 +172,7 @@ fn main() {
         );
         let mut base = None;
         for c in [Compression::None, Compression::Lz4, Compression::Zstd] {
-            let rs: Vec<Round> = (0..rounds).map(|_| block_on(round(c, &data))).collect();
+            let rs: Vec<Round> = (0..rounds).map(|_| drive(round(c, &data))).collect();
             let m = |f: fn(&Round) -> f64| median(rs.iter().map(f).collect());
             let (first, over, read, r4) = (
                 m(|r| r.first),

@@ -130,7 +130,7 @@ impl Packed {
 /// Whether a chunk looks incompressible: LZ4 on two 4 KiB samples (its
 /// start and middle) saves under 1/16 of either. Decides random or
 /// already compressed data at a tenth of the cost of trying it whole.
-fn looks_incompressible(chunk: &[u8]) -> bool {
+pub(crate) fn looks_incompressible(chunk: &[u8]) -> bool {
     const SAMPLE: usize = 4096;
     if chunk.len() < 4 * SAMPLE {
         return false;
