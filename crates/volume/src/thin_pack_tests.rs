@@ -225,3 +225,55 @@ fn compression_is_refused_where_it_cannot_work() {
         assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 1);
     });
 }
+
+#[test]
+fn a_compressed_pool_grows_by_an_extent_and_its_chunks_there_survive_reopen() {
+    block_on(async {
+        let (base, x1) = (mem(4 << 20), mem(4 << 20));
+        let pool = ThinPool::format_compressed(dev(&base), CB, Compression::Lz4)
+            .await
+            .unwrap();
+        let v = pool.create_volume("v", 64 << 20, 4096).await.unwrap();
+        let mut rng = Rng::new(13);
+        // Random chunks fill the base raw, then the pool grows and the
+        // compressible ones pack into the extent's clusters.
+        let mut written = Vec::new();
+        let mut c = 0u64;
+        loop {
+            let d = rand_data(&mut rng, CB as usize);
+            match twrite(&v, c * CB / BS, &d).await {
+                Ok(()) => written.push((c, d)),
+                Err(blockdev::BlockError::NoSpace) => break,
+                Err(e) => panic!("{e}"),
+            }
+            c += 1;
+        }
+        let total = pool.usage().total_clusters;
+        pool.add_extent(dev(&x1)).await.unwrap();
+        for _ in 0..40 {
+            let d = compressible(&mut rng, CB as usize);
+            twrite(&v, c * CB / BS, &d).await.unwrap();
+            written.push((c, d));
+            c += 1;
+        }
+        let packs: Vec<u64> = v
+            .mapped_clusters()
+            .into_iter()
+            .filter(|&(vc, _)| vc >= total)
+            .map(|(_, p)| p)
+            .collect();
+        assert!(packs.iter().all(|&p| p >= total), "{packs:?}");
+        assert!(pool.usage().pack_clusters > 0);
+        pool.check_with_device().await.unwrap();
+        pool.close().await.unwrap();
+        drop((v, pool));
+        let pool = ThinPool::open_with_extents(dev(&base), &[dev(&x1)])
+            .await
+            .unwrap();
+        let v = pool.volume("v").unwrap();
+        for (c, d) in &written {
+            assert!(&tread(&v, c * CB / BS, CB / BS).await == d, "chunk {c}");
+        }
+        pool.check_with_device().await.unwrap();
+    });
+}

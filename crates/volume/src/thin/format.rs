@@ -348,7 +348,8 @@ pub(crate) fn owner_code(slot: u16, vc: u64) -> u64 {
 }
 
 pub(crate) fn owner_slot_vc(code: u64) -> (u64, u64) {
-    ((code >> VC_BITS) - 1, code & VC_MASK)
+    // (A corrupt entry with no slot bits wraps to a slot that is refused.)
+    ((code >> VC_BITS).wrapping_sub(1), code & VC_MASK)
 }
 
 /// One journal record.
