@@ -5,7 +5,8 @@
 # Six enclosures e1..e6 with one file drive d0 each; the owner (root namespace) makes
 #   sec: an ENCRYPTED raid5 thin pool on e1..e3 d0, thin volume sec-v exported as nsid 1
 #   pln: the same NOT encrypted on e4..e6 d0 (the control),   thin volume pln-v as nsid 2
-# ($ATREST_COMPRESS, e.g. "--compression lz4", is added to both pool creates when set).
+# ($ATREST_COMPRESS, "--compression lz4" unless set otherwise, is added to both pool creates:
+# the canary goes through compression, then encryption, on its way to the drives).
 # A plaintext canary (8 MiB of one 64-byte ASCII line with a per-run random token) is
 # written to both thin volumes through `flashpool attach` (O_DIRECT dd) and read back
 # (cmp); then the owner and the enclosures stop cleanly and the drive image files are
@@ -17,7 +18,7 @@
 # ciphertext on the enclosures is the data, decrypted by the owner with its KEK.
 
 ATREST_SIZE=${ATREST_SIZE:-8}           # MiB of canary per volume
-ATREST_COMPRESS=${ATREST_COMPRESS:-}    # extra `volume create --thin-pool` flags
+ATREST_COMPRESS=${ATREST_COMPRESS---compression lz4}    # extra `volume create --thin-pool` flags ("" for none)
 # (ATREST_DRIVE: the size of each enclosure's file drive, default 64MiB)
 
 # atrest_attach URL DIR LOG: `flashpool attach --single-path URL DIR` in the background
