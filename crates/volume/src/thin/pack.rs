@@ -16,11 +16,13 @@
 //! to the block's end. The CRC means a chunk that is not what its record
 //! says fails the read with an error instead of returning garbage.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
-use blockdev::BlockError;
+use blockdev::{AlignedBuf, BlockError};
 
 use super::format::{io_err, le_u32, put_u32};
+use crate::volume::member_io::{abuf, recycle};
 
 /// Compression of a pool's chunks, chosen at format.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -141,33 +143,65 @@ pub(crate) fn looks_incompressible(chunk: &[u8]) -> bool {
         .all(|s| lz4_flex::block::compress(s).len() > SAMPLE - SAMPLE / 16)
 }
 
+thread_local! {
+    // zstd contexts are costly to make (tens of µs): one per thread, reused.
+    static ZSTD_C: RefCell<Option<zstd::bulk::Compressor<'static>>> = const { RefCell::new(None) };
+    static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+fn zstd_compress(chunk: &[u8], room: &mut [u8]) -> Option<usize> {
+    ZSTD_C.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            *c = zstd::bulk::Compressor::new(1).ok();
+        }
+        c.as_mut()?.compress_to_buffer(chunk, room).ok()
+    })
+}
+
+fn zstd_decompress(body: &[u8], out: &mut [u8]) -> std::io::Result<usize> {
+    ZSTD_D.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.is_none() {
+            *d = Some(zstd::bulk::Decompressor::new()?);
+        }
+        d.as_mut()
+            .expect("made above")
+            .decompress_to_buffer(body, out)
+    })
+}
+
 /// Compresses `chunk` (a whole cluster) into a buffer of whole blocks, or
-/// `None` when that would not save at least one block.
-pub(crate) fn compress(algo: Compression, chunk: &[u8]) -> Option<Vec<u8>> {
+/// `None` when that would not save at least one block. The compressor
+/// writes straight into the (pooled) buffer that goes to the device.
+pub(crate) fn compress(algo: Compression, chunk: &[u8]) -> Option<AlignedBuf> {
     let limit = chunk.len() - PACK_BLOCK as usize;
     if algo == Compression::None || looks_incompressible(chunk) {
         return None;
     }
-    let body = match algo {
-        Compression::None => return None,
-        Compression::Lz4 => {
-            let mut out = vec![0u8; lz4_flex::block::get_maximum_output_size(chunk.len())];
-            let n = lz4_flex::block::compress_into(chunk, &mut out).ok()?;
-            out.truncate(n);
-            out
-        }
-        Compression::Zstd => zstd::bulk::compress(chunk, 1).ok()?,
+    // LZ4's encoder wants room for its worst case; what does not save a
+    // block is refused after.
+    let max = lz4_flex::block::get_maximum_output_size(chunk.len());
+    let mut out = abuf(CHUNK_HDR + max);
+    let n = match algo {
+        Compression::None => None,
+        Compression::Lz4 => lz4_flex::block::compress_into(chunk, &mut out[CHUNK_HDR..]).ok(),
+        // (zstd says so itself when the output does not fit the room.)
+        Compression::Zstd => zstd_compress(chunk, &mut out[CHUNK_HDR..limit]),
     };
-    if CHUNK_HDR + body.len() > limit {
+    let Some(n) = n.filter(|&n| CHUNK_HDR + n <= limit) else {
+        recycle(out);
         return None;
-    }
-    let total = (CHUNK_HDR + body.len()).next_multiple_of(PACK_BLOCK as usize);
-    let mut out = vec![0u8; total];
+    };
+    let total = (CHUNK_HDR + n).next_multiple_of(PACK_BLOCK as usize);
+    let crc = crc32c(&out[CHUNK_HDR..CHUNK_HDR + n]);
+    out[..CHUNK_HDR].fill(0);
     out[0..4].copy_from_slice(&CHUNK_MAGIC);
     out[4] = algo.code() as u8;
-    put_u32(&mut out, 8, body.len() as u32);
-    put_u32(&mut out, 12, crc32c(&body));
-    out[CHUNK_HDR..CHUNK_HDR + body.len()].copy_from_slice(&body);
+    put_u32(&mut out, 8, n as u32);
+    put_u32(&mut out, 12, crc);
+    out[CHUNK_HDR + n..total].fill(0);
+    out.set_len(total);
     Some(out)
 }
 
@@ -190,9 +224,7 @@ pub(crate) fn decompress(stored: &[u8], out: &mut [u8]) -> Result<(), BlockError
         Some(Compression::Lz4) => {
             lz4_flex::block::decompress_into(body, out).map_err(|e| bad(&e.to_string()))?
         }
-        Some(Compression::Zstd) => {
-            zstd::bulk::decompress_to_buffer(body, out).map_err(|e| bad(&e.to_string()))?
-        }
+        Some(Compression::Zstd) => zstd_decompress(body, out).map_err(|e| bad(&e.to_string()))?,
         _ => return Err(bad("unknown algorithm")),
     };
     if n != out.len() {
@@ -369,7 +401,7 @@ mod tests {
             decompress(&c, &mut out).unwrap();
             assert_eq!(out, chunk);
             // A flipped byte fails the checksum, never returns garbage.
-            let mut bad = c.clone();
+            let mut bad = c.to_vec();
             bad[20] ^= 1;
             assert!(decompress(&bad, &mut out).is_err());
             // Another size is refused.

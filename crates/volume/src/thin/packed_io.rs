@@ -13,7 +13,7 @@ use super::format::{Record, io_err};
 use super::io::{Fill, Piece, ThinIo};
 use super::pack::{Compression, PACK_BLOCK, Packed, compress, decompress, looks_incompressible};
 use super::state::Loc;
-use crate::volume::member_io::{abuf, abuf_from, recycle};
+use crate::volume::member_io::{abuf, recycle};
 
 /// Compresses `chunk` on tokio's blocking threads when there is a
 /// runtime: a 64 KiB chunk is some 40 µs of LZ4 (more of zstd), which
@@ -22,7 +22,7 @@ use crate::volume::member_io::{abuf, abuf_from, recycle};
 async fn compress_off(
     algo: Compression,
     chunk: AlignedBuf,
-) -> Result<(AlignedBuf, Option<Vec<u8>>), BlockError> {
+) -> Result<(AlignedBuf, Option<AlignedBuf>), BlockError> {
     // The probe is cheap (two 4 KiB samples): not worth a thread hop.
     if algo == Compression::None || looks_incompressible(&chunk) {
         return Ok((chunk, None));
@@ -205,7 +205,7 @@ impl ThinIo {
         let r = match z {
             Some(z) => {
                 recycle(chunk);
-                self.store_packed(p.vc, &z, reserved).await
+                self.store_packed(p.vc, z, reserved).await
             }
             None => self.store_raw(p.vc, own, chunk, fua, reserved).await,
         };
@@ -216,7 +216,7 @@ impl ThinIo {
     async fn store_packed(
         &self,
         vc: u64,
-        z: &[u8],
+        z: AlignedBuf,
         reserved: &Mutex<Vec<u32>>,
     ) -> Result<(), BlockError> {
         let n = (z.len() as u64 / PACK_BLOCK) as u32;
@@ -237,10 +237,8 @@ impl ThinIo {
             }
         };
         let w = BlockOp::Write { fua: false };
-        let (zb, r) = self
-            .pool
-            .io(w, self.pool.packed_at(x), z.len() as u64, abuf_from(z))
-            .await;
+        let len = z.len() as u64;
+        let (zb, r) = self.pool.io(w, self.pool.packed_at(x), len, z).await;
         recycle(zb);
         if let Err(e) = r {
             self.pool.unpack(x);
