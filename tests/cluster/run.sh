@@ -21,20 +21,34 @@
 #                                   then a cluster pool of 6 thin volumes alone (COUNTS=0
 #                                   POOLS=1 THIN=6): kill -9 and drain of c1 carry the pool
 #                                   with all its namespaces (RESULT scale-pools-*)
-#   tests/cluster/run.sh all        plumbing and host (default; scale is asked for by name)
+#   tests/cluster/run.sh atrest     encryption at rest from the enclosures' side (~1 min,
+#                                   atrest.sh): an encrypted raid5 thin pool on e1..e3 and an
+#                                   unencrypted control on e4..e6; a plaintext canary written
+#                                   and read back through `flashpool attach`; after a clean
+#                                   stop, the token is in no drive file of e1..e3, in every
+#                                   one of e4..e6, and e1..e3's non-zero blocks have the byte
+#                                   entropy of ciphertext (ATREST_COMPRESS: extra pool flags)
+#   tests/cluster/run.sh all        plumbing and host (default; scale and atrest are asked
+#                                   for by name)
 #
 # Output: RESULT lines, then "N passed, N failed"; exit 0 only if all passed.
 # Env: FLASHPOOL_BIN (default $CARGO_TARGET_DIR or target, release/flashpool),
-#      FPC_DIR (default <repo>/.cache/cluster), OWNER_IO=14520 OWNER_DISC=18109 OWNER_API=19510
+#      FPC_DIR (default <repo>/.cache/cluster; atrest: .cache/cluster-atrest, prefix fpr,
+#      net 10.96.0), OWNER_IO=14520 OWNER_DISC=18109 OWNER_API=19510
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 # shellcheck source=tests/lib/harness.sh
 . "$ROOT/tests/lib/harness.sh"   # ports, binaries, abort_run
 FPC_BIN=$(flashpool_bin "${FLASHPOOL_BIN:-}")
+if [ "${1:-}" = atrest ]; then   # its own namespaces, bridge and state: it may run beside the others
+  FPC_PREFIX=${FPC_PREFIX:-fpr}; FPC_NET=${FPC_NET:-10.96.0}; FPC_DIR=${FPC_DIR:-$ROOT/.cache/cluster-atrest}
+fi
 FPC_DIR=${FPC_DIR:-$ROOT/.cache/cluster}
 # shellcheck source=tests/cluster/lib.sh
 . "$HERE/lib.sh"
+# shellcheck source=tests/cluster/atrest.sh
+. "$HERE/atrest.sh"
 
 # RESULT lines (lib.sh's fpc_result: tests/lib/harness.sh) are counted from $HR
 HR=$FPC_DIR/host-results.txt
@@ -42,6 +56,7 @@ LOAD_PIDS=""
 on_exit() {   # the load loops (subshells of this script) first, then the nodes and the network
   touch "$FPC_DIR/load-stop" 2> /dev/null
   [ -n "$LOAD_PIDS" ] && kill $LOAD_PIDS 2> /dev/null
+  atrest_detach "$FPC_DIR/atrest/mnt" > /dev/null 2>&1   # an attach of the atrest mode
   fpc_cleanup
 }
 trap on_exit EXIT
@@ -239,8 +254,9 @@ case $ACTION in
   plumbing) do_plumbing;;
   host) do_host;;
   scale) do_scale;;
+  atrest) do_atrest;;
   all) do_plumbing; do_host;;
-  *) echo "usage: $0 [plumbing|host|scale|all]"; exit 2;;
+  *) echo "usage: $0 [plumbing|host|scale|atrest|all]"; exit 2;;
 esac
 np=$(grep -c '^RESULT [^ ]* PASS' "$HR" || true)
 nf=$(grep -c '^RESULT [^ ]* FAIL' "$HR" || true)

@@ -32,6 +32,8 @@ pub(crate) mod testutil;
 #[cfg(test)]
 mod thin_extent_tests;
 #[cfg(test)]
+mod thin_pack_tests;
+#[cfg(test)]
 mod thin_snap_tests;
 #[cfg(test)]
 mod thin_tests;

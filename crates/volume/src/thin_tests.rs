@@ -14,7 +14,7 @@ use futures_util::future::join_all;
 use crate::fault::{CrashSwitch, FaultDevice};
 use crate::layout::LayoutKind;
 use crate::testutil::{Rng, block_on};
-use crate::thin::{ThinError, ThinPool, ThinVolume};
+use crate::thin::{CompactOptions, Compression, ThinError, ThinPool, ThinVolume};
 use crate::volume::{Volume, VolumeConfig};
 
 /// Small clusters keep the tests quick: 4 blocks of 4 KiB per cluster.
@@ -668,7 +668,7 @@ fn freed_clusters(lba: u64, blocks: u64, size_blocks: u64) -> std::ops::Range<u6
     first..end.max(first)
 }
 
-fn random_op(rng: &mut Rng, sizes: &[u64]) -> Op {
+fn random_op(rng: &mut Rng, sizes: &[u64], compressible: bool) -> Op {
     let vol = rng.below(sizes.len() as u64) as usize;
     let n = sizes[vol];
     let per = CB / BS;
@@ -692,11 +692,13 @@ fn random_op(rng: &mut Rng, sizes: &[u64]) -> Op {
         _ => {
             let lba = rng.below(n);
             let blocks = 1 + rng.below((2 * per + 2).min(n - lba));
-            Op::Write {
-                vol,
-                lba,
-                data: rand_data(rng, (blocks * BS) as usize),
-            }
+            let len = (blocks * BS) as usize;
+            let data = if compressible && rng.below(2) == 0 {
+                crate::thin_pack_tests::compressible(rng, len)
+            } else {
+                rand_data(rng, len)
+            };
+            Op::Write { vol, lba, data }
         }
     }
 }
@@ -706,14 +708,21 @@ fn random_op(rng: &mut Rng, sizes: &[u64]) -> Op {
 /// every acknowledged write reads back, unacknowledged ones are old or new
 /// per block, every acknowledged allocation is mapped, nothing else is (no
 /// leak), and the metadata cross-checks (no cluster in two maps, counts agree).
-fn crash_loop(iterations: u64, seed: u64) {
+///
+/// In a compressed pool half the writes are compressible (rewrites of chunks
+/// in new places, partial ones read-modify-write) and compaction runs
+/// beside some batches, so cuts land in moves too.
+fn crash_loop(iterations: u64, seed: u64, compression: Compression) {
+    let packed = compression != Compression::None;
     block_on(async {
         // About 100 clusters for 192 of volumes: writes run out of space.
         let m = mem(2 << 20);
         let names = ["a", "b"];
         let sizes_bytes = [2 << 20, (1 << 20) + 3 * BS];
         {
-            let pool = ThinPool::format(dev(&m), CB).await.unwrap();
+            let pool = ThinPool::format_compressed(dev(&m), CB, compression)
+                .await
+                .unwrap();
             for (n, s) in names.iter().zip(sizes_bytes) {
                 pool.create_volume(n, s, 4096).await.unwrap();
             }
@@ -732,6 +741,7 @@ fn crash_loop(iterations: u64, seed: u64) {
         let bs = BS as usize;
         let mut nospace = 0;
         let mut max_alloc = 0;
+        let (mut packs, mut moved) = (0, 0);
         for it in 0..iterations {
             let crash = CrashSwitch::new();
             let f = FaultDevice::with_crash(dev(&m), crash.clone());
@@ -776,14 +786,19 @@ fn crash_loop(iterations: u64, seed: u64) {
                 md.maybe_vc.clear();
                 md.maybe.clear();
             }
-            assert_eq!(pool.usage().allocated_clusters, total_mapped);
+            let u = pool.usage();
+            assert_eq!(u.logical_bytes / CB, total_mapped);
+            if !packed {
+                assert_eq!(u.allocated_clusters, total_mapped);
+            }
             max_alloc = max_alloc.max(total_mapped);
+            packs = packs.max(u.pack_clusters);
 
             crash.arm(1 + rng.below(60));
             while !crash.crashed() {
                 let mut batch: Vec<Op> = Vec::new();
                 for _ in 0..1 + rng.below(6) {
-                    let op = random_op(&mut rng, &sizes);
+                    let op = random_op(&mut rng, &sizes, packed);
                     let (v, l, n) = op.range();
                     let overlaps = batch.iter().any(|o| {
                         let (ov, ol, on) = o.range();
@@ -817,9 +832,19 @@ fn crash_loop(iterations: u64, seed: u64) {
                         (r, crash.crashed())
                     }
                 }));
+                let compact = packed && rng.below(4) == 0;
                 let fl = async {
                     for i in 0..flushes {
                         let _ = tflush(&vols[i as usize % 2]).await;
+                    }
+                    if compact {
+                        let o = CompactOptions {
+                            below_fill_pct: 75,
+                            rate_bytes_per_sec: 0,
+                        };
+                        if let Ok(r) = pool.compact(o).await {
+                            moved += r.chunks_moved;
+                        }
                     }
                 };
                 let (results, ()) = futures_util::future::join(run, fl).await;
@@ -870,17 +895,33 @@ fn crash_loop(iterations: u64, seed: u64) {
         // The loop must have exercised both a full pool and frees.
         assert!(nospace > 0, "no write ran out of space");
         assert!(max_alloc > 0);
+        if packed {
+            assert!(
+                packs > 0 && moved > 0,
+                "packs {packs}, compaction moved {moved}"
+            );
+        }
     });
 }
 
 #[test]
 fn crash_restart_loop() {
-    crash_loop(300, 1);
+    crash_loop(300, 1, Compression::None);
 }
 
 #[test]
 fn crash_restart_loop_other_seed() {
-    crash_loop(150, 2);
+    crash_loop(150, 2, Compression::None);
+}
+
+#[test]
+fn crash_restart_loop_compressed_lz4() {
+    crash_loop(300, 3, Compression::Lz4);
+}
+
+#[test]
+fn crash_restart_loop_compressed_zstd() {
+    crash_loop(150, 4, Compression::Zstd);
 }
 
 /// Power cuts during create, write, delete: after reopen the pool holds

@@ -16,9 +16,9 @@
 //!
 //! | where | what |
 //! |---|---|
-//! | block 0 | pool superblock: magic `FLPLTHN1`, version, pool uuid, cluster bytes, cluster count, where each area below starts. Written once, at format. |
-//! | checkpoint A, B | two copies of the whole metadata: a 4 KiB header (magic `FLPLTCP1`, pool uuid, epoch, CRC of the body), then a table of [`MAX_VOLUMES`] volume entries (name, uuid, size, block size, snapshot and hidden flags, parent slot, creation time; 128 bytes each), then the *owner table*: one u64 per physical cluster, 0 for free or `(slot + 1) << 48 \| virtual cluster`. The copy for epoch `e` is at `e % 2`. |
-//! | journal | 4 KiB blocks (magic `FLPLTJN1`, pool uuid, epoch, block index, records) of 16-byte map records: `Map`/`Unmap` (slot, virtual cluster, physical cluster). |
+//! | block 0 | pool superblock: magic `FLPLTHN1`, version (1; 2 for a compressed pool, which builds before compression refuse), pool uuid, cluster bytes, cluster count, where each area below starts, the compression (offset 108: 0 none, 1 LZ4, 2 zstd). Written once, at format. |
+//! | checkpoint A, B | two copies of the whole metadata: a 4 KiB header (magic `FLPLTCP1`, pool uuid, epoch, CRC of the body), then a table of [`MAX_VOLUMES`] volume entries (name, uuid, size, block size, snapshot and hidden flags, parent slot, creation time; 128 bytes each), then the *owner table*: one u64 per physical cluster, 0 for free, `u64::MAX` for a pack cluster, else `(slot + 1) << 48 \| virtual cluster`; a compressed pool then has one such code per 4 KiB block of every cluster (see `pack.rs`). The copy for epoch `e` is at `e % 2`. |
+//! | journal | 4 KiB blocks (magic `FLPLTJN1`, pool uuid, epoch, block index, records) of 16-byte map records: `Map`/`Unmap` (slot, virtual cluster, physical cluster) and, compressed, `PMap`/`PUnmap` (slot, virtual cluster, first block and block count of a chunk). |
 //! | data | `cluster count` clusters, the first aligned to the cluster size. |
 //!
 //! The owner table is indexed by physical cluster, so it has a fixed size
@@ -80,6 +80,16 @@
 //! the owner table and its crash safety are unchanged; snapshot, clone,
 //! revert and delete are each one checkpoint.
 //!
+//! # Compression
+//!
+//! A pool formatted with [`Compression::Lz4`] or [`Compression::Zstd`]
+//! compresses each cluster (a *chunk*) whole and packs it at 4 KiB
+//! granularity into shared *pack clusters*; a chunk that would not save a
+//! block stays raw, in a cluster of its own, written in place as above.
+//! Any other write builds the new chunk and stores it in a new place, and
+//! one journal record moves the cluster there (`packed_io.rs`); compaction
+//! empties sparse pack clusters in the background (`compact.rs`).
+//!
 //! Zero-filling a new cluster (instead of tracking which blocks were written)
 //! keeps the map one entry per cluster; the pool device's Write Zeroes does
 //! the filling, which drives and files can do without moving data.
@@ -94,6 +104,7 @@ use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoRequest};
 use crate::superblock::{new_uuid, uuid_string};
 
 mod check;
+mod compact;
 mod extent;
 mod format;
 mod io;

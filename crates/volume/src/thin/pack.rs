@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use blockdev::BlockError;
 
 use super::format::{io_err, le_u32, put_u32};
-use crate::crc::crc32c;
 
 /// Compression of a pool's chunks, chosen at format.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -81,6 +80,11 @@ impl std::str::FromStr for Compression {
     }
 }
 
+/// CRC32C of chunk data, in hardware: it is on the data path.
+fn crc32c(data: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
+}
+
 /// Owner-table entry of a pack cluster.
 pub(crate) const PACK_OWNER: u64 = u64::MAX;
 pub(crate) const PACK_BLOCK: u64 = 4096;
@@ -123,10 +127,27 @@ impl Packed {
     }
 }
 
+/// Whether a chunk looks incompressible: LZ4 on two 4 KiB samples (its
+/// start and middle) saves under 1/16 of either. Decides random or
+/// already compressed data at a tenth of the cost of trying it whole.
+pub(crate) fn looks_incompressible(chunk: &[u8]) -> bool {
+    const SAMPLE: usize = 4096;
+    if chunk.len() < 4 * SAMPLE {
+        return false;
+    }
+    let mid = chunk.len() / 2;
+    [&chunk[..SAMPLE], &chunk[mid..mid + SAMPLE]]
+        .iter()
+        .all(|s| lz4_flex::block::compress(s).len() > SAMPLE - SAMPLE / 16)
+}
+
 /// Compresses `chunk` (a whole cluster) into a buffer of whole blocks, or
 /// `None` when that would not save at least one block.
 pub(crate) fn compress(algo: Compression, chunk: &[u8]) -> Option<Vec<u8>> {
     let limit = chunk.len() - PACK_BLOCK as usize;
+    if algo == Compression::None || looks_incompressible(chunk) {
+        return None;
+    }
     let body = match algo {
         Compression::None => return None,
         Compression::Lz4 => {
@@ -190,6 +211,8 @@ pub(crate) struct Packer {
     clusters: HashMap<u32, (Vec<u64>, u32)>,
     /// Pack clusters with free blocks, the newest last.
     open: Vec<u32>,
+    /// Pack clusters being emptied by compaction: no new chunks go there.
+    held: Vec<u32>,
 }
 
 /// Candidates one allocation looks at before it takes a new cluster.
@@ -208,7 +231,9 @@ impl Packer {
         let (p, off) = (at.cluster(self.per_cluster), at.offset(self.per_cluster));
         let words = self.per_cluster.div_ceil(64) as usize;
         let e = self.clusters.entry(p).or_insert_with(|| {
-            self.open.push(p);
+            if !self.held.contains(&p) {
+                self.open.push(p);
+            }
             (vec![0; words], 0)
         });
         for b in off..off + u64::from(at.blocks) {
@@ -276,14 +301,36 @@ impl Packer {
         }
         e.1 -= at.blocks;
         if e.1 == 0 {
+            // Back to the cluster allocator, which may hand it out again
+            // as a new pack cluster: no longer held.
             self.clusters.remove(&p);
             self.open.retain(|&q| q != p);
+            self.held.retain(|&q| q != p);
             return Some(p);
         }
-        if was_full {
+        if was_full && !self.held.contains(&p) {
             self.open.push(p);
         }
         None
+    }
+
+    /// Keeps new chunks out of pack clusters `ps` (compaction empties them).
+    pub(crate) fn hold(&mut self, ps: &[u32]) {
+        self.held.extend_from_slice(ps);
+        self.open.retain(|q| !ps.contains(q));
+    }
+
+    /// Ends [`Packer::hold`]: those still in use take chunks again.
+    pub(crate) fn unhold(&mut self) {
+        for p in std::mem::take(&mut self.held) {
+            if self
+                .clusters
+                .get(&p)
+                .is_some_and(|e| u64::from(e.1) < self.per_cluster)
+            {
+                self.open.push(p);
+            }
+        }
     }
 
     /// Blocks taken in pack cluster `p` (for checks and compaction).
@@ -317,7 +364,7 @@ mod tests {
         }
         for algo in [Compression::Lz4, Compression::Zstd] {
             let c = compress(algo, &chunk).expect("compressible");
-            assert!(c.len() < chunk.len() && c.len() % 4096 == 0);
+            assert!(c.len() < chunk.len() && c.len().is_multiple_of(4096));
             let mut out = vec![0u8; chunk.len()];
             decompress(&c, &mut out).unwrap();
             assert_eq!(out, chunk);
