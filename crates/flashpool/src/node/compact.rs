@@ -6,9 +6,12 @@
 //!
 //! One task per node goes through the pools in turn (the passes are
 //! throttled; running them one at a time bounds the node's background
-//! I/O). A pass runs without the node's state lock; a delete, a hand-over
-//! or a shutdown of its pool first stops it ([`Compactor::stop`]) and waits
-//! until it has ended, so that nothing writes to a pool being closed.
+//! I/O). A pass runs without the node's state lock. Before its pool goes,
+//! the pass ends ([`Compactor`]): a delete or a fenced pool drops it where
+//! it is (nothing of that pool is kept on this node); a hand-over or a
+//! shutdown, which close the pool and leave it to be opened again, wait
+//! for it to end, as a pass dropped between taking a chunk's new blocks
+//! and recording the move would leave those blocks taken.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,7 +33,7 @@ pub struct Compactor {
     closed: AtomicBool,
 }
 
-/// A pass on one pool: `cancel` ends it early, `done` is held while it runs.
+/// A pass on one pool: `cancel` drops it, `done` is held while it runs.
 struct Pass {
     /// The pool volume's name.
     pool: String,
@@ -39,22 +42,40 @@ struct Pass {
 }
 
 impl Compactor {
-    /// Stops the pass on pool `pool` (every pass, for good, when None: the
-    /// node shuts down) and waits until it has ended. Called under the
-    /// node's state lock, which a pass never takes while it runs.
-    pub async fn stop(&self, pool: Option<&str>) {
+    /// Drops the pass on pool `pool`, if one runs, and waits until it is
+    /// gone: for a pool this node forgets without closing it for another
+    /// (deleted, or fenced). Called under the node's state lock, which a
+    /// pass never takes while it runs.
+    pub async fn stop(&self, pool: &str) {
+        self.end(Some(pool), true).await;
+    }
+
+    /// Waits for the pass on pool `pool` (every pass, and no new one ever,
+    /// when None: the node shuts down) to end by itself: for a pool that
+    /// is closed and opened again, here or on another node.
+    pub async fn finish(&self, pool: Option<&str>) {
         if pool.is_none() {
             self.closed.store(true, Ordering::Release);
         }
-        let (cancel, done) = {
+        self.end(pool, false).await;
+    }
+
+    async fn end(&self, pool: Option<&str>, cancel: bool) {
+        let (name, c, done) = {
             let r = self.running.lock();
             match r.as_ref() {
-                Some(p) if pool.is_none_or(|n| n == p.pool) => (p.cancel.clone(), p.done.clone()),
+                Some(p) if pool.is_none_or(|n| n == p.pool) => {
+                    (p.pool.clone(), p.cancel.clone(), p.done.clone())
+                }
                 _ => return,
             }
         };
-        // A stored permit: a pass not yet waiting sees it as it starts.
-        cancel.notify_one();
+        if cancel {
+            // A stored permit: a pass not yet waiting sees it as it starts.
+            c.notify_one();
+        } else {
+            tracing::info!("thin pool {name}: waiting for its compaction pass to end");
+        }
         let _ended = done.lock().await;
     }
 
@@ -83,15 +104,9 @@ fn wants_compaction(p: &ThinPool) -> bool {
     p.compression() != Compression::None && p.usage().pack_clusters > 0
 }
 
-/// One compaction pass on `pool`: the one place the node calls
-/// `ThinPool::compact`.
-///
-/// TODO(lead): `ThinPool::compact` is not in the volume crate yet; when it
-/// lands, the body is `pool.compact(opts).await`. Until then a pass moves
-/// nothing (and logs nothing).
+/// One compaction pass on `pool`.
 async fn compact_pass(pool: &ThinPool, opts: CompactOptions) -> Result<CompactReport, ThinError> {
-    let _ = (pool, opts);
-    Ok(CompactReport::default())
+    pool.compact(opts).await
 }
 
 impl Node {
@@ -116,7 +131,13 @@ impl Node {
     /// One pass over every compressed pool that holds pack clusters;
     /// false once the node shuts down.
     pub(super) async fn compact_pools(&self, opts: CompactOptions) -> bool {
-        let names = candidates(&*self.state.lock().await);
+        let names = {
+            let st = self.state.lock().await;
+            if st.compactor.closed.load(Ordering::Acquire) {
+                return false;
+            }
+            candidates(&st)
+        };
         for name in names {
             // Looked up again, and the pass entered, under the lock: a
             // delete that took the lock since either sees the pass and

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use blockdev::{BlockDevice, BlockOp};
+use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
 use volume::CompactOptions;
 
 use super::tests::{MIB, api_state, io, mem_node, ns1, req, served, thin_req};
@@ -74,6 +74,13 @@ async fn a_compressed_pool_stores_text_in_fewer_bytes_than_it_holds() {
             "{compression}: text should compress at least 4:1: {p:?}"
         );
         assert!(p.pack_clusters > 0, "{p:?}");
+        println!(
+            "{compression}: {} B of chunks stored in {} B ({:.1}x), {} pack cluster(s)",
+            p.logical_bytes,
+            p.stored_bytes,
+            p.logical_bytes as f64 / p.stored_bytes as f64,
+            p.pack_clusters
+        );
         let v = node.volume("t").await.unwrap();
         assert_eq!(v.allocated_bytes, Some(MIB));
         assert_eq!(v.stored_bytes, Some(p.stored_bytes), "{v:?}");
@@ -240,7 +247,7 @@ async fn a_pools_compaction_is_stopped_before_it_goes() {
     let c = node.state.lock().await.compactor.clone();
     assert_eq!(c.running(), None);
     // Stopping a pool that is not being compacted returns at once.
-    tokio::time::timeout(std::time::Duration::from_secs(5), c.stop(Some("p")))
+    tokio::time::timeout(std::time::Duration::from_secs(5), c.stop("p"))
         .await
         .unwrap();
     let n: Arc<Node> = node.clone();
@@ -248,5 +255,69 @@ async fn a_pools_compaction_is_stopped_before_it_goes() {
     node.delete_volume("p", true).await.unwrap();
     assert!(node.volume("p").await.is_err());
     assert_eq!(c.running(), None);
+    node.shutdown().await;
+}
+
+/// Deallocates the 16 blocks (one 64 KiB chunk) from `lba`.
+async fn deallocate_chunk(dev: &dyn BlockDevice, lba: u64) {
+    let done = dev
+        .submit(IoRequest {
+            op: BlockOp::Deallocate,
+            lba,
+            blocks: 16,
+            buf: AlignedBuf::new(0),
+        })
+        .await;
+    done.result.unwrap();
+}
+
+/// Chunks freed leave holes in their pack clusters; a pass of the node's
+/// compaction moves the rest together and gives clusters back, and every
+/// chunk left reads as it was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_gives_sparse_pack_clusters_back() {
+    let node = mem_node(3, 16 * MIB);
+    node.create_volume(pool_req("p", &["d0", "d1", "d2"], Some("lz4")))
+        .await
+        .unwrap();
+    let mut t = thin_req("t", "p", "64MiB");
+    t.export = Some(ns1());
+    node.create_volume(t).await.unwrap();
+    let dev = served(&node);
+    // 64 chunks of text, one 4 KiB block each once compressed.
+    write_text(&*dev, 64 * 16).await;
+    let full = node.volume("p").await.unwrap().thin_pool.unwrap();
+    assert!(full.pack_clusters >= 4, "{full:?}");
+    // Three chunks in four freed: every pack cluster a quarter full.
+    for c in (0..64u64).filter(|c| c % 4 != 0) {
+        deallocate_chunk(&*dev, c * 16).await;
+    }
+    let sparse = node.volume("p").await.unwrap().thin_pool.unwrap();
+    assert_eq!(sparse.logical_bytes, 16 * (64 << 10), "{sparse:?}");
+    // (A pack cluster all of whose chunks went is free at once.)
+    assert!(sparse.pack_clusters >= 3, "{sparse:?}");
+
+    assert!(node.compact_pools(CompactOptions::default()).await);
+    let after = node.volume("p").await.unwrap().thin_pool.unwrap();
+    println!(
+        "pack clusters: {} full, {} after frees, {} after compaction",
+        full.pack_clusters, sparse.pack_clusters, after.pack_clusters
+    );
+    assert!(after.pack_clusters < sparse.pack_clusters, "{after:?}");
+    assert!(after.allocated_bytes < sparse.allocated_bytes, "{after:?}");
+    assert_eq!(
+        (after.logical_bytes, after.stored_bytes),
+        (sparse.logical_bytes, sparse.stored_bytes)
+    );
+    for c in 0..64u64 {
+        for lba in [c * 16, c * 16 + 15] {
+            let got = io(&*dev, BlockOp::Read, lba, None).await;
+            if c % 4 == 0 {
+                assert!(got == text_block(lba), "LBA {lba} changed in compaction");
+            } else {
+                assert!(got.iter().all(|&b| b == 0), "LBA {lba} was deallocated");
+            }
+        }
+    }
     node.shutdown().await;
 }

@@ -347,7 +347,7 @@ impl Node {
         // A stopped initial sync leaves its regions dirty on disk: the next
         // start resyncs them.
         st.jobs.stop(None).await;
-        st.compactor.stop(None).await;
+        st.compactor.finish(None).await;
         // Pools first: their metadata lands on the volumes below them.
         for v in st.volumes.values() {
             if let Some(p) = v.thin_pool()

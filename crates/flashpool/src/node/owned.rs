@@ -69,7 +69,7 @@ impl Node {
     pub async fn drop_fenced(&self, name: &str, why: &str) {
         let mut st = self.state.lock().await;
         // Its pool's compaction ends first (its writes would fail anyway).
-        st.compactor.clone().stop(Some(name)).await;
+        st.compactor.clone().stop(name).await;
         let Some(e) = st.volumes.remove(name) else {
             return;
         };
@@ -96,7 +96,7 @@ impl Node {
         };
         // A pool's chunk map is made durable before the volume below it,
         // once its compaction has ended.
-        st.compactor.clone().stop(Some(name)).await;
+        st.compactor.clone().finish(Some(name)).await;
         if let Some(p) = e.thin_pool() {
             p.close()
                 .await

@@ -569,7 +569,7 @@ impl Node {
         // Its sync or scrub must not write to drives that are free again.
         jobs.stop(Some(name)).await;
         // A pool's compaction must not write to volumes being closed and wiped.
-        compactor.stop(Some(name)).await;
+        compactor.stop(name).await;
         if let Backing::Thin { pool, .. } = &e.backing {
             let pool = pool.clone();
             let p = st
