@@ -10,6 +10,7 @@ use volume::CompactOptions;
 
 use super::tests::{MIB, api_state, io, mem_node, ns1, req, served, thin_req};
 use super::*;
+use crate::api_types::PoolInfo;
 
 /// A block of text that compresses well (and differs per LBA, so no two
 /// blocks are alike).
@@ -271,19 +272,17 @@ async fn deallocate_chunk(dev: &dyn BlockDevice, lba: u64) {
     done.result.unwrap();
 }
 
-/// Chunks freed leave holes in their pack clusters; a pass of the node's
-/// compaction moves the rest together and gives clusters back, and every
-/// chunk left reads as it was written.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compaction_gives_sparse_pack_clusters_back() {
-    let node = mem_node(3, 16 * MIB);
+/// Thin volume `t` of pool `p` on d0..d2 (made here), exported as nsid 1,
+/// with 64 chunks of text written and three in four freed again: the pool
+/// before and after the frees.
+async fn sparse_pool(node: &Arc<Node>) -> (Arc<dyn BlockDevice>, PoolInfo, PoolInfo) {
     node.create_volume(pool_req("p", &["d0", "d1", "d2"], Some("lz4")))
         .await
         .unwrap();
     let mut t = thin_req("t", "p", "64MiB");
     t.export = Some(ns1());
     node.create_volume(t).await.unwrap();
-    let dev = served(&node);
+    let dev = served(node);
     // 64 chunks of text, one 4 KiB block each once compressed.
     write_text(&*dev, 64 * 16).await;
     let full = node.volume("p").await.unwrap().thin_pool.unwrap();
@@ -293,6 +292,16 @@ async fn compaction_gives_sparse_pack_clusters_back() {
         deallocate_chunk(&*dev, c * 16).await;
     }
     let sparse = node.volume("p").await.unwrap().thin_pool.unwrap();
+    (dev, full, sparse)
+}
+
+/// Chunks freed leave holes in their pack clusters; a pass of the node's
+/// compaction moves the rest together and gives clusters back, and every
+/// chunk left reads as it was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_gives_sparse_pack_clusters_back() {
+    let node = mem_node(3, 16 * MIB);
+    let (dev, full, sparse) = sparse_pool(&node).await;
     assert_eq!(sparse.logical_bytes, 16 * (64 << 10), "{sparse:?}");
     // (A pack cluster all of whose chunks went is free at once.)
     assert!(sparse.pack_clusters >= 3, "{sparse:?}");
@@ -319,5 +328,53 @@ async fn compaction_gives_sparse_pack_clusters_back() {
             }
         }
     }
+    node.shutdown().await;
+}
+
+/// A slow pass (32 KiB/s: its 16 chunks take half a second) is dropped at
+/// once by `stop` (the pool goes: delete, fenced), and waited for by
+/// `finish` (the pool is closed and opened again: hand-over, shutdown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_is_dropped_by_stop_and_waited_for_by_finish() {
+    use std::time::{Duration, Instant};
+    let slow = CompactOptions {
+        below_fill_pct: 50,
+        rate_bytes_per_sec: 32 << 10,
+    };
+    let started = async |node: &Arc<Node>| {
+        let c = node.state.lock().await.compactor.clone();
+        let n = node.clone();
+        let pass = tokio::spawn(async move { n.compact_pools(slow).await });
+        while c.running().is_none() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        (c, pass)
+    };
+
+    let node = mem_node(3, 16 * MIB);
+    sparse_pool(&node).await;
+    let (c, pass) = started(&node).await;
+    let t = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), c.stop("p"))
+        .await
+        .expect("stop drops the pass");
+    assert!(t.elapsed() < Duration::from_millis(300), "{:?}", t.elapsed());
+    assert_eq!(c.running(), None);
+    assert!(pass.await.unwrap());
+    // (The pool is not used after a drop: that is for pools that go.)
+    node.shutdown().await;
+
+    let node = mem_node(3, 16 * MIB);
+    let (_dev, _, sparse) = sparse_pool(&node).await;
+    let (c, pass) = started(&node).await;
+    let t = Instant::now();
+    c.finish(Some("p")).await;
+    assert!(t.elapsed() > Duration::from_millis(100), "{:?}", t.elapsed());
+    assert_eq!(c.running(), None);
+    assert!(pass.await.unwrap());
+    let p = node.volume("p").await.unwrap().thin_pool.unwrap();
+    assert!(p.pack_clusters < sparse.pack_clusters, "{p:?}");
+    let check = node.check_pool("p").await.unwrap();
+    assert!(check.ok, "{check:?}");
     node.shutdown().await;
 }
