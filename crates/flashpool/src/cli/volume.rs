@@ -659,7 +659,9 @@ mod tests {
         let t = volume_table(&[pool.clone()]);
         assert_eq!(t.len(), 3, "{t:?}");
         assert!(
-            t[2].contains("compression lz4") && t[2].contains("(2.50x)") && t[2].contains("64 pack"),
+            t[2].contains("compression lz4")
+                && t[2].contains("(2.50x)")
+                && t[2].contains("64 pack"),
             "{t:?}"
         );
         // Without compression (or from a node that does not say): no line.

@@ -91,10 +91,9 @@ pub(super) fn candidates(st: &NodeState) -> Vec<String> {
     st.volumes
         .values()
         .filter_map(|e| match &e.backing {
-            Backing::Drives {
-                vol,
-                pool: Some(p),
-            } if !vol.is_fenced() && wants_compaction(p) => Some(e.name.clone()),
+            Backing::Drives { vol, pool: Some(p) } if !vol.is_fenced() && wants_compaction(p) => {
+                Some(e.name.clone())
+            }
             _ => None,
         })
         .collect()

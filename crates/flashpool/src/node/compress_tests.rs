@@ -29,7 +29,13 @@ fn pool_req(name: &str, drives: &[&str], compression: Option<&str>) -> CreateVol
 /// Writes text to the first `blocks` blocks of `dev`, then reads them back.
 async fn write_text(dev: &dyn BlockDevice, blocks: u64) {
     for lba in 0..blocks {
-        io(dev, BlockOp::Write { fua: false }, lba, Some(&text_block(lba))).await;
+        io(
+            dev,
+            BlockOp::Write { fua: false },
+            lba,
+            Some(&text_block(lba)),
+        )
+        .await;
     }
     for lba in 0..blocks {
         let got = io(dev, BlockOp::Read, lba, None).await;
@@ -60,7 +66,10 @@ async fn a_compressed_pool_stores_text_in_fewer_bytes_than_it_holds() {
             (p.compression.as_str(), p.cluster_bytes),
             (compression, 64 << 10)
         );
-        assert_eq!((p.logical_bytes, p.stored_bytes, p.pack_clusters), (0, 0, 0));
+        assert_eq!(
+            (p.logical_bytes, p.stored_bytes, p.pack_clusters),
+            (0, 0, 0)
+        );
 
         let mut t = thin_req("t", &pool, "64MiB");
         t.export = Some(ns1());
@@ -103,7 +112,10 @@ async fn a_compressed_pool_stores_text_in_fewer_bytes_than_it_holds() {
         );
 
         // The compaction task looks at this pool (it holds pack clusters).
-        assert_eq!(compact::candidates(&*node.state.lock().await), [pool.clone()]);
+        assert_eq!(
+            compact::candidates(&*node.state.lock().await),
+            [pool.clone()]
+        );
         assert!(node.compact_pools(CompactOptions::default()).await);
         write_text(&*served(&node), 256).await;
 
@@ -215,14 +227,21 @@ async fn the_api_takes_compression_and_refuses_unknown_names() {
     .unwrap();
     assert_eq!(s, 400, "{v}");
     assert!(
-        v["error"].as_str().unwrap().contains("use lz4, zstd or none"),
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("use lz4, zstd or none"),
         "{v}"
     );
-    let (s, v) = post(r#"{"name":"p","layout":"raid5","drives":["d0","d1","d2"],"compression":"lz4"}"#)
-        .await
-        .unwrap();
+    let (s, v) =
+        post(r#"{"name":"p","layout":"raid5","drives":["d0","d1","d2"],"compression":"lz4"}"#)
+            .await
+            .unwrap();
     assert_eq!(s, 400, "{v}");
-    assert!(v["error"].as_str().unwrap().contains("for thin pools"), "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("for thin pools"),
+        "{v}"
+    );
     assert!(node.volumes().await.is_empty());
     let (s, v) = post(
         r#"{"name":"p","layout":"raid5","drives":["d0","d1","d2"],"thin_pool":true,"compression":"zstd"}"#,
@@ -252,7 +271,10 @@ async fn a_pools_compaction_is_stopped_before_it_goes() {
         .await
         .unwrap();
     let n: Arc<Node> = node.clone();
-    n.spawn_compaction_every(std::time::Duration::from_millis(10), CompactOptions::default());
+    n.spawn_compaction_every(
+        std::time::Duration::from_millis(10),
+        CompactOptions::default(),
+    );
     node.delete_volume("p", true).await.unwrap();
     assert!(node.volume("p").await.is_err());
     assert_eq!(c.running(), None);
@@ -358,7 +380,11 @@ async fn a_pass_is_dropped_by_stop_and_waited_for_by_finish() {
     tokio::time::timeout(Duration::from_secs(5), c.stop("p"))
         .await
         .expect("stop drops the pass");
-    assert!(t.elapsed() < Duration::from_millis(300), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
     assert_eq!(c.running(), None);
     assert!(pass.await.unwrap());
     // (The pool is not used after a drop: that is for pools that go.)
@@ -369,7 +395,11 @@ async fn a_pass_is_dropped_by_stop_and_waited_for_by_finish() {
     let (c, pass) = started(&node).await;
     let t = Instant::now();
     c.finish(Some("p")).await;
-    assert!(t.elapsed() > Duration::from_millis(100), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() > Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
     assert_eq!(c.running(), None);
     assert!(pass.await.unwrap());
     let p = node.volume("p").await.unwrap().thin_pool.unwrap();

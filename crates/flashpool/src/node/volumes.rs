@@ -363,11 +363,16 @@ impl Node {
             self.spawn_sync(&st, &req.name, &vol);
         }
         tracing::info!(
-            "volume {}: created ({} on {:?}{})",
+            "volume {}: created ({} on {:?}{}{})",
             req.name,
             kind,
             req.drives,
-            if req.encrypt { ", encrypted" } else { "" }
+            if req.encrypt { ", encrypted" } else { "" },
+            match (req.thin_pool, compression) {
+                (false, _) => String::new(),
+                (true, volume::Compression::None) => ", a thin pool".into(),
+                (true, c) => format!(", a thin pool compressed with {c}"),
+            }
         );
         Ok(info)
     }
