@@ -163,6 +163,7 @@ pub fn run(
         if let Some(s) = scrub {
             node.spawn_scrub_schedule(s);
         }
+        node.spawn_compaction();
         if agent.is_none() {
             // Cluster volumes are on remote drives any node can reach; a
             // local spare would tie one to this node, so spares are for

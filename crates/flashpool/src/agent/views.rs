@@ -156,6 +156,7 @@ fn standby(name: &str, uuid: &str, owner: Option<String>, ana: String) -> Volume
         snapshot: false,
         parent: None,
         shared_bytes: None,
+        stored_bytes: None,
         created: None,
         thin_pool: None,
         jobs: Vec::new(),

@@ -18,9 +18,14 @@ pub struct CreateVolume {
     /// Format the new volume as a thin pool, to hold thin volumes.
     #[serde(default)]
     pub thin_pool: bool,
-    /// Thin pool allocation unit, e.g. "1MiB" (default).
+    /// Thin pool allocation unit, e.g. "1MiB" (default; "64KiB" when
+    /// `compression` is set).
     #[serde(default)]
     pub cluster: Option<String>,
+    /// Thin pools: compress each chunk (cluster) inline, "lz4", "zstd" or
+    /// "none" (default). Fixed when the pool is formatted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
     /// A thin volume in the pool on this volume (instead of layout + drives)...
     #[serde(default)]
     pub pool: Option<String>,
@@ -164,6 +169,10 @@ pub struct VolumeInfo {
     /// Thin volumes: bytes it reads from its snapshots (shared with them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_bytes: Option<u64>,
+    /// Thin volumes: what its own chunks take on the device (less than
+    /// `allocated_bytes` when its pool compresses them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_bytes: Option<u64>,
     /// Thin volumes: when it was made (Unix seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<u64>,
@@ -240,6 +249,25 @@ pub struct PoolInfo {
     /// The volumes it grew by (`pool expand`), in cluster order.
     #[serde(default)]
     pub extents: Vec<PoolExtentInfo>,
+    /// How chunks are stored: "none", "lz4" or "zstd".
+    #[serde(default = "no_compression")]
+    pub compression: String,
+    /// What the chunks of its volumes and snapshots hold, uncompressed
+    /// (their clusters times the cluster size).
+    #[serde(default)]
+    pub logical_bytes: u64,
+    /// What those chunks take on the device (compressed chunks their 4 KiB
+    /// blocks); `logical_bytes` without compression.
+    #[serde(default)]
+    pub stored_bytes: u64,
+    /// Clusters that hold compressed chunks, packed (counted in
+    /// `allocated_bytes`).
+    #[serde(default)]
+    pub pack_clusters: u64,
+}
+
+fn no_compression() -> String {
+    "none".into()
 }
 
 /// One extent of a thin pool.

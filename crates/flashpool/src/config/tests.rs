@@ -220,3 +220,35 @@ fn derived_ids_are_stable_and_distinct() {
         0xff
     );
 }
+
+#[test]
+fn compression_is_a_thin_pools_and_named() {
+    // The drives and volumes, as `serve` checks them.
+    let specs = |text: &str| match node_specs(&parse(text, "t.toml").unwrap()) {
+        Ok(_) => "ok".to_string(),
+        Err(e) => e.to_string(),
+    };
+    let drives = "[[drive]]\nname = \"d0\"\nbackend = \"mem\"\nsize = \"64MiB\"\n\
+                  [[drive]]\nname = \"d1\"\nbackend = \"mem\"\nsize = \"64MiB\"\n";
+    let pool = |extra: &str| {
+        format!(
+            "{drives}[[volume]]\nname = \"p\"\nlayout = \"raid1\"\ndrives = [\"d0\", \"d1\"]\n{extra}"
+        )
+    };
+    assert_eq!(
+        specs(&pool("thin_pool = true\ncompression = \"zstd\"\n")),
+        "ok"
+    );
+    let e = specs(&pool("thin_pool = true\ncompression = \"gzip\"\n"));
+    assert!(
+        e.contains("volume[0].compression") && e.contains("use lz4, zstd or none"),
+        "{e}"
+    );
+    let e = specs(&pool("compression = \"lz4\"\n"));
+    assert!(e.contains("add thin_pool = true"), "{e}");
+    let e = specs(&format!(
+        "{}[[volume]]\nname = \"t\"\npool = \"p\"\nsize = \"1GiB\"\ncompression = \"lz4\"\n",
+        pool("thin_pool = true\n")
+    ));
+    assert!(e.contains("volume[1]") && e.contains("compression"), "{e}");
+}

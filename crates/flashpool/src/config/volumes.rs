@@ -26,6 +26,8 @@ pub struct VolumeSection {
     #[serde(default)]
     pub thin_pool: bool,
     pub cluster: Option<Size>,
+    /// A thin pool's inline compression: "lz4", "zstd" or "none" (default).
+    pub compression: Option<String>,
     /// A thin volume in the pool on this volume, of `size` bytes.
     pub pool: Option<String>,
     pub size: Option<Size>,
@@ -89,9 +91,10 @@ pub fn volume_specs(
             );
         }
         if v.pool.is_some() {
-            if v.layout.is_some() || !v.drives.is_empty() || v.thin_pool {
+            if v.layout.is_some() || !v.drives.is_empty() || v.thin_pool || v.compression.is_some()
+            {
                 bail!(
-                    "config: {key}: a thin volume (pool = ...) takes only a size; remove layout, drives and thin_pool"
+                    "config: {key}: a thin volume (pool = ...) takes only a size; remove layout, drives, thin_pool and compression"
                 );
             }
             if v.size.is_none() {
@@ -113,6 +116,15 @@ pub fn volume_specs(
                 bail!(
                     "config: {key}.size: a volume on drives takes all of them; size is for thin volumes"
                 );
+            }
+            if let Some(c) = &v.compression {
+                if !v.thin_pool {
+                    bail!(
+                        "config: {key}.compression: compression is for thin pools; add thin_pool = true or remove it"
+                    );
+                }
+                c.parse::<volume::Compression>()
+                    .map_err(|e| anyhow::anyhow!("config: {key}.compression: {e}"))?;
             }
         }
         for d in &v.drives {
@@ -136,6 +148,7 @@ pub fn volume_specs(
             rebuild_rate: v.rebuild_rate.map(|s| s.bytes().to_string()),
             thin_pool: v.thin_pool,
             cluster: v.cluster.map(|s| s.bytes().to_string()),
+            compression: v.compression.clone(),
             pool: v.pool.clone(),
             size: v.size.map(|s| s.bytes().to_string()),
             export: None,

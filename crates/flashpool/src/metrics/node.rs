@@ -241,16 +241,22 @@ pub(super) fn volumes(p: &mut Exposition, st: &NodeState) {
     }
 
     // Thin provisioning.
-    let pools: Vec<(&str, [u64; 3])> = infos
+    let pools: Vec<(&str, [u64; 5])> = infos
         .iter()
         .filter_map(|v| {
             let p = v.thin_pool.as_ref()?;
-            let values = [p.capacity_bytes, p.allocated_bytes, p.provisioned_bytes];
+            let values = [
+                p.capacity_bytes,
+                p.allocated_bytes,
+                p.provisioned_bytes,
+                p.logical_bytes,
+                p.stored_bytes,
+            ];
             Some((v.name.as_str(), values))
         })
         .collect();
     // In the order of `values` above.
-    let pool_gauges: [(&'static str, &'static str); 3] = [
+    let pool_gauges: [(&'static str, &'static str); 5] = [
         (
             "flashpool_thin_pool_capacity_bytes",
             "Bytes the thin pool on the volume can allocate.",
@@ -262,6 +268,14 @@ pub(super) fn volumes(p: &mut Exposition, st: &NodeState) {
         (
             "flashpool_thin_pool_provisioned_bytes",
             "Sum of the thin volumes' sizes (may exceed the capacity).",
+        ),
+        (
+            "flashpool_thin_pool_logical_bytes",
+            "What the chunks of the pool's volumes and snapshots hold, uncompressed.",
+        ),
+        (
+            "flashpool_thin_pool_stored_bytes",
+            "What those chunks take on the device (less than logical when compressed).",
         ),
     ];
     for (k, (name, help)) in pool_gauges.into_iter().enumerate() {
@@ -278,6 +292,16 @@ pub(super) fn volumes(p: &mut Exposition, st: &NodeState) {
     for v in &infos {
         if let (Some(pool), Some(a)) = (&v.pool, v.allocated_bytes) {
             f.int(&[("volume", &v.name), ("pool", pool)], a);
+        }
+    }
+    let mut f = p.family(
+        "flashpool_thin_volume_stored_bytes",
+        Kind::Gauge,
+        "Bytes a thin volume's own chunks take on the device (less than allocated when compressed).",
+    );
+    for v in &infos {
+        if let (Some(pool), Some(b)) = (&v.pool, v.stored_bytes) {
+            f.int(&[("volume", &v.name), ("pool", pool)], b);
         }
     }
 }

@@ -61,6 +61,7 @@ impl Node {
             drives: req.drives.clone(),
             thin_pool: false,
             cluster: None,
+            compression: None,
             pool: None,
             size: None,
             strip: Some(req.strip.clone().unwrap_or(strip)),

@@ -11,13 +11,16 @@
 //! (make and delete volumes), `assemble.rs` and `recovery.rs` (find them on
 //! their drives, force them up), `drive_ops.rs` and `spares.rs` (fail,
 //! replace, re-add), `volume_export.rs` and `drive_export.rs` (what the
-//! target serves), `qos.rs` (volumes' QoS limits), `jobs.rs`, `scrub.rs`
-//! and `monitor.rs` (background work), `views.rs` (what the API shows),
+//! target serves), `qos.rs` (volumes' QoS limits), `jobs.rs`, `scrub.rs`,
+//! `compact.rs` and `monitor.rs` (background work), `views.rs` (what the API shows),
 //! `validate.rs` (request checks), `error.rs` (failures and their HTTP
 //! status). The node never reads the TOML: `config/` turns it into the
 //! specs above.
 
 mod assemble;
+mod compact;
+#[cfg(test)]
+mod compress_tests;
 #[cfg(test)]
 mod crypt_tests;
 mod degraded;
@@ -234,6 +237,9 @@ pub struct NodeState {
     pub volumes: BTreeMap<String, VolumeEntry>,
     /// Background work (sync, rebuild, scrub); read without the lock too.
     pub jobs: Arc<jobs::Jobs>,
+    /// The compaction of compressed thin pools (`compact.rs`); its pass
+    /// runs without the lock too.
+    pub compactor: Arc<compact::Compactor>,
     /// Drives an assembly has set aside while it runs without the lock
     /// (`assemble::Reserved`); no other request takes them meanwhile.
     /// Its own lock, so that a cancelled assembly gives them back in `Drop`.
@@ -341,6 +347,7 @@ impl Node {
         // A stopped initial sync leaves its regions dirty on disk: the next
         // start resyncs them.
         st.jobs.stop(None).await;
+        st.compactor.finish(None).await;
         // Pools first: their metadata lands on the volumes below them.
         for v in st.volumes.values() {
             if let Some(p) = v.thin_pool()

@@ -68,6 +68,8 @@ impl Node {
     /// preempts them.
     pub async fn drop_fenced(&self, name: &str, why: &str) {
         let mut st = self.state.lock().await;
+        // Its pool's compaction ends first (its writes would fail anyway).
+        st.compactor.clone().stop(name).await;
         let Some(e) = st.volumes.remove(name) else {
             return;
         };
@@ -92,7 +94,9 @@ impl Node {
                 crate::echo::Echo(name)
             )));
         };
-        // A pool's chunk map is made durable before the volume below it.
+        // A pool's chunk map is made durable before the volume below it,
+        // once its compaction has ended.
+        st.compactor.clone().finish(Some(name)).await;
         if let Some(p) = e.thin_pool() {
             p.close()
                 .await

@@ -31,6 +31,7 @@ pub(crate) fn volume(name: &str, layout: &str, drives: &[&str]) -> CreateVolume 
         drives: drives.iter().map(|d| d.to_string()).collect(),
         thin_pool: false,
         cluster: None,
+        compression: None,
         pool: None,
         size: None,
         strip: None,

@@ -474,6 +474,7 @@ pub(super) fn thin_req(name: &str, pool: &str, size: &str) -> CreateVolume {
         drives: Vec::new(),
         thin_pool: false,
         cluster: None,
+        compression: None,
         pool: Some(pool.into()),
         size: Some(size.into()),
         strip: None,
@@ -658,7 +659,7 @@ pub(super) fn file_specs(dir: &std::path::Path, n: usize, size: u64) -> Vec<Driv
 }
 
 /// Everything the API shows of the node: volumes and drives, as JSON.
-async fn api_state(node: &Node) -> serde_json::Value {
+pub(super) async fn api_state(node: &Node) -> serde_json::Value {
     serde_json::json!({
         "volumes": node.volumes().await,
         "drives": node.drives().await,

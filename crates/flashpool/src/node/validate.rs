@@ -1,12 +1,76 @@
 //! The checks every request goes through: names, layouts and sizes as the
 //! operator wrote them, and the lookups that answer "no such volume/drive".
 
-use volume::LayoutKind;
 use volume::superblock::MAX_NAME_BYTES;
+use volume::thin::DEFAULT_CLUSTER_BYTES;
+use volume::{Compression, LayoutKind};
 
 use crate::echo::Echo;
 
-use super::{NodeError, NodeResult, NodeState, VolumeEntry};
+use super::{CreateVolume, NodeError, NodeResult, NodeState, VolumeEntry};
+
+/// The cluster of a compressed pool unless one is asked for. Each chunk
+/// (cluster) is compressed whole, so a 4 KiB write reads, recompresses and
+/// rewrites its whole chunk: the default 1 MiB would make that 256 times
+/// the write; 64 KiB keeps it at 16 while giving the compressor enough to
+/// find repeats in.
+pub const COMPRESSED_CLUSTER_BYTES: u64 = 64 << 10;
+
+/// Clusters a compressed pool may have (the volume crate's limits: a
+/// chunk's block count must fit a byte), checked here so that a refused
+/// pool leaves its drives untouched.
+const PACKED_CLUSTERS: std::ops::RangeInclusive<u64> = (16 << 10)..=(1 << 20);
+
+/// The cluster size and compression of a new thin pool (`cluster` and
+/// `compression` of `POST /v1/volumes`), checked before anything is made.
+/// Both are refused on a volume that is not a pool.
+pub(super) fn pool_format(req: &CreateVolume) -> NodeResult<(u64, Compression)> {
+    let name = &req.name;
+    if !req.thin_pool {
+        if let Some(c) = &req.cluster {
+            return Err(NodeError::BadRequest(format!(
+                "volume {name}: cluster {} is for thin pools; add thin_pool or remove cluster",
+                Echo(c)
+            )));
+        }
+        if let Some(c) = &req.compression {
+            return Err(NodeError::BadRequest(format!(
+                "volume {name}: compression {} is for thin pools (a thin volume is compressed \
+                 when its pool is); add thin_pool or remove compression",
+                Echo(c)
+            )));
+        }
+        return Ok((DEFAULT_CLUSTER_BYTES, Compression::None));
+    }
+    let compression = match req.compression.as_deref() {
+        None => Compression::None,
+        Some(c) => c.parse::<Compression>().map_err(|_| {
+            NodeError::BadRequest(format!(
+                "volume {name}: compression {} is not known; use lz4, zstd or none",
+                Echo(c)
+            ))
+        })?,
+    };
+    let cluster = match (&req.cluster, compression) {
+        (Some(c), _) => size_arg("cluster", c)?,
+        (None, Compression::None) => DEFAULT_CLUSTER_BYTES,
+        (None, _) => COMPRESSED_CLUSTER_BYTES,
+    };
+    if !cluster.is_power_of_two() || !(4096..=1 << 30).contains(&cluster) {
+        return Err(NodeError::BadRequest(format!(
+            "volume {name}: cluster {cluster} bytes is not a power of two from 4 KiB to 1 GiB; \
+             use e.g. 1MiB"
+        )));
+    }
+    if compression != Compression::None && !PACKED_CLUSTERS.contains(&cluster) {
+        return Err(NodeError::BadRequest(format!(
+            "volume {name}: a compressed pool needs clusters of 16 KiB to 1 MiB (each is \
+             compressed whole); {} is outside that, use 64KiB (the default with compression)",
+            crate::units::human_bytes(cluster)
+        )));
+    }
+    Ok((cluster, compression))
+}
 
 /// Parses `concat`, `raid0`, `raid1`, `raid5`, `raid6`, `ecK+M`.
 pub fn parse_layout(s: &str) -> NodeResult<LayoutKind> {

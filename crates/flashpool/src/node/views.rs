@@ -131,6 +131,7 @@ impl NodeState {
             snapshot: false,
             parent: None,
             shared_bytes: None,
+            stored_bytes: None,
             created: None,
             thin_pool: None,
             owner: None,
@@ -193,6 +194,10 @@ impl NodeState {
                                 capacity_bytes: x.capacity_bytes,
                             })
                             .collect(),
+                        compression: u.compression.to_string(),
+                        logical_bytes: u.logical_bytes,
+                        stored_bytes: u.stored_bytes,
+                        pack_clusters: u.pack_clusters,
                     });
                 }
             }
@@ -203,6 +208,7 @@ impl NodeState {
                 info.snapshot = t.snapshot;
                 info.parent = t.parent;
                 info.shared_bytes = Some(t.shared_bytes);
+                info.stored_bytes = Some(t.stored_bytes);
                 info.created = (t.created > 0).then_some(t.created);
                 if let Some(pe) = self.volumes.get(pool)
                     && let Some(vol) = pe.on_drives()

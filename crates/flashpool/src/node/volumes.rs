@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use blockdev::BlockDevice;
 use volume::superblock::VolumeRole;
-use volume::thin::{DEFAULT_CLUSTER_BYTES, ThinError, ThinPool};
+use volume::thin::{ThinError, ThinPool};
 use volume::{Volume, VolumeConfig};
 
 use crate::echo::Echo;
@@ -14,7 +14,7 @@ use crate::echo::Echo;
 use nvmf_target::qos::QosLimits;
 
 use super::ops::{CreateVolume, ExportRequest, VolumeInfo};
-use super::validate::{check_name, find_volume, parse_layout, size_arg};
+use super::validate::{check_name, find_volume, parse_layout, pool_format, size_arg};
 use super::{
     Backing, Node, NodeError, NodeResult, NodeState, Object, Offline, VolumeEntry, wipe_head,
 };
@@ -135,6 +135,16 @@ impl Node {
                             "volume {}: the TOML says layout {want} but its drives hold a {have} volume; \
                              fix the TOML or delete the volume",
                             req.name
+                        );
+                    }
+                    if let (Some(want), Some(p)) = (&req.compression, e.thin_pool())
+                        && want.parse::<volume::Compression>().ok() != Some(p.compression())
+                    {
+                        tracing::warn!(
+                            "volume {}: the TOML says compression = {want:?} but the pool on its \
+                             drives was made with {} (fixed when a pool is made); it stays so",
+                            req.name,
+                            p.compression()
                         );
                     }
                     // Encrypting in place would turn its data into garbage.
@@ -265,16 +275,7 @@ impl Node {
                 req.name
             )));
         }
-        let cluster = match &req.cluster {
-            Some(c) if !req.thin_pool => {
-                return Err(NodeError::BadRequest(format!(
-                    "volume {}: cluster {c:?} is for thin pools; add thin_pool or remove cluster",
-                    req.name
-                )));
-            }
-            Some(c) => size_arg("cluster", c)?,
-            None => DEFAULT_CLUSTER_BYTES,
-        };
+        let (cluster, compression) = pool_format(&req)?;
         if req.thin_pool && req.export.is_some() {
             return Err(NodeError::BadRequest(format!(
                 "volume {}: a thin pool is not served itself; export its thin volumes",
@@ -339,7 +340,7 @@ impl Node {
             tracing::warn!("volume {}: clearing its first block: {e}", req.name);
         }
         let pool = if req.thin_pool {
-            let pool = ThinPool::format(Arc::new(vol.clone()), cluster)
+            let pool = ThinPool::format_compressed(Arc::new(vol.clone()), cluster, compression)
                 .await
                 .map_err(|e| {
                     NodeError::BadRequest(format!("volume {}: thin pool: {e}", req.name))
@@ -362,11 +363,16 @@ impl Node {
             self.spawn_sync(&st, &req.name, &vol);
         }
         tracing::info!(
-            "volume {}: created ({} on {:?}{})",
+            "volume {}: created ({} on {:?}{}{})",
             req.name,
             kind,
             req.drives,
-            if req.encrypt { ", encrypted" } else { "" }
+            if req.encrypt { ", encrypted" } else { "" },
+            match (req.thin_pool, compression) {
+                (false, _) => String::new(),
+                (true, volume::Compression::None) => ", a thin pool".into(),
+                (true, c) => format!(", a thin pool compressed with {c}"),
+            }
         );
         Ok(info)
     }
@@ -379,6 +385,14 @@ impl Node {
                 "volume {}: a thin volume takes a pool and a size; layout, drives, strip and \
                  thin_pool are for volumes on drives",
                 req.name
+            )));
+        }
+        if let Some(c) = &req.compression {
+            return Err(NodeError::BadRequest(format!(
+                "volume {}: compression {} is set on a thin pool when it is made (its thin \
+                 volumes are compressed when it is); remove it here",
+                req.name,
+                Echo(c)
             )));
         }
         let size = req.size.as_deref().ok_or_else(|| {
@@ -518,6 +532,7 @@ impl Node {
     async fn delete_one_volume(&self, name: &str, force: bool) -> NodeResult<()> {
         let mut st = self.state.lock().await;
         let jobs = st.jobs.clone();
+        let compactor = st.compactor.clone();
         if let Some(why) = extent_in_use(&st, name) {
             return Err(NodeError::Conflict(why));
         }
@@ -558,6 +573,8 @@ impl Node {
         let limited = !e.qos.limits().is_unlimited();
         // Its sync or scrub must not write to drives that are free again.
         jobs.stop(Some(name)).await;
+        // A pool's compaction must not write to volumes being closed and wiped.
+        compactor.stop(name).await;
         if let Backing::Thin { pool, .. } = &e.backing {
             let pool = pool.clone();
             let p = st
