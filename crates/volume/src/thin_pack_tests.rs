@@ -176,6 +176,14 @@ fn compaction_gives_sparse_pack_clusters_back_and_keeps_the_data() {
             }
         }
         let before = pool.usage();
+        // A pass told to stop moves nothing and leaves the pool sound.
+        let stop = std::sync::atomic::AtomicBool::new(true);
+        let none = pool
+            .compact_until(CompactOptions::default(), &stop)
+            .await
+            .unwrap();
+        assert_eq!(none.chunks_moved, 0);
+        pool.check().unwrap();
         let rep = pool
             .compact(CompactOptions {
                 below_fill_pct: 50,

@@ -38,6 +38,8 @@ struct Pass {
     /// The pool volume's name.
     pool: String,
     cancel: Arc<tokio::sync::Notify>,
+    /// Ends the pass after the chunk in flight (for a hand-over).
+    stop: Arc<AtomicBool>,
     done: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -61,12 +63,15 @@ impl Compactor {
     }
 
     async fn end(&self, pool: Option<&str>, cancel: bool) {
-        let (name, c, done) = {
+        let (name, c, stop, done) = {
             let r = self.running.lock();
             match r.as_ref() {
-                Some(p) if pool.is_none_or(|n| n == p.pool) => {
-                    (p.pool.clone(), p.cancel.clone(), p.done.clone())
-                }
+                Some(p) if pool.is_none_or(|n| n == p.pool) => (
+                    p.pool.clone(),
+                    p.cancel.clone(),
+                    p.stop.clone(),
+                    p.done.clone(),
+                ),
                 _ => return,
             }
         };
@@ -74,6 +79,8 @@ impl Compactor {
             // A stored permit: a pass not yet waiting sees it as it starts.
             c.notify_one();
         } else {
+            // It ends after the chunk it moves now, with the pool sound.
+            stop.store(true, Ordering::Release);
             tracing::info!("thin pool {name}: waiting for its compaction pass to end");
         }
         let _ended = done.lock().await;
@@ -104,8 +111,12 @@ fn wants_compaction(p: &ThinPool) -> bool {
 }
 
 /// One compaction pass on `pool`.
-async fn compact_pass(pool: &ThinPool, opts: CompactOptions) -> Result<CompactReport, ThinError> {
-    pool.compact(opts).await
+async fn compact_pass(
+    pool: &ThinPool,
+    opts: CompactOptions,
+    stop: &AtomicBool,
+) -> Result<CompactReport, ThinError> {
+    pool.compact_until(opts, stop).await
 }
 
 impl Node {
@@ -141,7 +152,7 @@ impl Node {
             // Looked up again, and the pass entered, under the lock: a
             // delete that took the lock since either sees the pass and
             // stops it, or has removed the pool, which is then skipped.
-            let (pool, cancel, done, compactor) = {
+            let (pool, cancel, stop, done, compactor) = {
                 let st = self.state.lock().await;
                 let compactor = st.compactor.clone();
                 if compactor.closed.load(Ordering::Acquire) {
@@ -158,18 +169,20 @@ impl Node {
                     continue;
                 };
                 let cancel = Arc::new(tokio::sync::Notify::new());
+                let stop = Arc::new(AtomicBool::new(false));
                 let done = Arc::new(tokio::sync::Mutex::new(()));
                 let guard = done.clone().try_lock_owned().expect("new");
                 *compactor.running.lock() = Some(Pass {
                     pool: name.clone(),
                     cancel: cancel.clone(),
+                    stop: stop.clone(),
                     done,
                 });
-                (pool, cancel, guard, compactor)
+                (pool, cancel, stop, guard, compactor)
             };
             let began = std::time::Instant::now();
             let r = tokio::select! {
-                r = compact_pass(&pool, opts) => Some(r),
+                r = compact_pass(&pool, opts, &stop) => Some(r),
                 _ = cancel.notified() => None,
             };
             *compactor.running.lock() = None;

@@ -352,8 +352,9 @@ async fn compaction_gives_sparse_pack_clusters_back() {
 }
 
 /// A slow pass (32 KiB/s: its 16 chunks take half a second) is dropped at
-/// once by `stop` (the pool goes: delete, fenced), and waited for by
-/// `finish` (the pool is closed and opened again: hand-over, shutdown).
+/// once by `stop` (the pool goes: delete, fenced), and ended after the
+/// chunk in flight by `finish` (the pool is closed and opened again:
+/// hand-over, shutdown), which leaves the pool sound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_is_dropped_by_stop_and_waited_for_by_finish() {
     use std::time::{Duration, Instant};
@@ -394,14 +395,15 @@ async fn a_pass_is_dropped_by_stop_and_waited_for_by_finish() {
     let t = Instant::now();
     c.finish(Some("p")).await;
     assert!(
-        t.elapsed() > Duration::from_millis(100),
+        t.elapsed() < Duration::from_millis(300),
         "{:?}",
         t.elapsed()
     );
     assert_eq!(c.running(), None);
     assert!(pass.await.unwrap());
     let p = node.volume("p").await.unwrap().thin_pool.unwrap();
-    assert!(p.pack_clusters < sparse.pack_clusters, "{p:?}");
+    // (Cut short, the pass may hold one pack cluster more than before.)
+    assert_eq!(p.stored_bytes, sparse.stored_bytes, "{p:?}");
     let check = node.check_pool("p").await.unwrap();
     assert!(check.ok, "{check:?}");
     node.shutdown().await;

@@ -19,7 +19,8 @@ pub const COMPRESSED_CLUSTER_BYTES: u64 = 64 << 10;
 /// Clusters a compressed pool may have (the volume crate's limits: a
 /// chunk's block count must fit a byte), checked here so that a refused
 /// pool leaves its drives untouched.
-const PACKED_CLUSTERS: std::ops::RangeInclusive<u64> = (16 << 10)..=(1 << 20);
+const PACKED_CLUSTERS: std::ops::RangeInclusive<u64> =
+    volume::thin::MIN_PACKED_CLUSTER..=volume::thin::MAX_PACKED_CLUSTER;
 
 /// The cluster size and compression of a new thin pool (`cluster` and
 /// `compression` of `POST /v1/volumes`), checked before anything is made.

@@ -11,15 +11,25 @@
 //! owner and of every volume below it in the tree.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use blockdev::{BlockError, BlockOp};
 
 use super::format::Record;
 use super::pack::{PACK_BLOCK, Packed};
-use super::state::{Loc, State, VolInner};
+use super::state::{Loc, PoolInner, State, VolInner};
 use super::{CompactOptions, CompactReport, ThinError, ThinPool};
 use crate::volume::member_io::{abuf, recycle};
+
+/// Lets held pack clusters take chunks again, also when the pass is dropped.
+struct Unhold<'a>(&'a PoolInner);
+
+impl Drop for Unhold<'_> {
+    fn drop(&mut self) {
+        self.0.packer.lock().unhold();
+    }
+}
 
 /// `vol` and every volume that reads through it, in slot order.
 fn readers(st: &State, vol: &Arc<VolInner>) -> Vec<Arc<VolInner>> {
@@ -44,6 +54,19 @@ impl ThinPool {
     /// pool without compression. Writes go on meanwhile; a chunk rewritten
     /// since the pass looked is left alone (its old place is free anyway).
     pub async fn compact(&self, opts: CompactOptions) -> Result<CompactReport, ThinError> {
+        self.compact_until(opts, &AtomicBool::new(false)).await
+    }
+
+    /// [`ThinPool::compact`] that ends after the chunk in flight once
+    /// `stop` is set (a node handing the pool over need not wait for the
+    /// whole pass). Dropping the future part-way is safe too: the pool's
+    /// clusters take chunks again, and at most the blocks of the move in
+    /// flight stay taken until the pool is opened again.
+    pub async fn compact_until(
+        &self,
+        opts: CompactOptions,
+        stop: &AtomicBool,
+    ) -> Result<CompactReport, ThinError> {
         let p = &self.inner;
         let mut report = CompactReport::default();
         let per = p.geom.pack_blocks;
@@ -65,8 +88,9 @@ impl ThinPool {
         sources.sort_unstable_by_key(|&(c, used)| (used, c));
         let held: Vec<u32> = sources.iter().map(|s| s.0).collect();
         p.packer.lock().hold(&held);
-        let r = self.move_chunks(&held, opts, &mut report).await;
-        p.packer.lock().unhold();
+        let unhold = Unhold(p);
+        let r = self.move_chunks(&held, opts, stop, &mut report).await;
+        drop(unhold);
         r?;
         if report.chunks_moved > 0 {
             tracing::info!(
@@ -84,6 +108,7 @@ impl ThinPool {
         &self,
         held: &[u32],
         opts: CompactOptions,
+        stop: &AtomicBool,
         report: &mut CompactReport,
     ) -> Result<(), ThinError> {
         let p = &self.inner;
@@ -105,6 +130,9 @@ impl ThinPool {
         let before = p.alloc.lock().used;
         let started = Instant::now();
         for (vol, vc, x) in chunks {
+            if stop.load(Ordering::Acquire) {
+                break;
+            }
             p.check_poisoned().map_err(|_| ThinError::Poisoned)?;
             match self.move_chunk(&vol, vc, x).await {
                 Ok(true) => {

@@ -118,7 +118,7 @@ pub use check::PoolCheck;
 pub use extent::{ExtentInfo, ExtentLabel, MAX_EXTENTS};
 use format::{PoolGeom, sealed, validate_volume, zbuf};
 pub use io::ThinVolume;
-pub use pack::Compression;
+pub use pack::{Compression, MAX_PACKED_CLUSTER, MIN_PACKED_CLUSTER};
 use state::{PoolInner, State, VolInner};
 
 /// Default allocation unit: 1 MiB, as LVM thin and most arrays use.

@@ -94,8 +94,8 @@ const CHUNK_MAGIC: [u8; 4] = *b"FPZ1";
 const CHUNK_HDR: usize = 16;
 /// Smallest and largest cluster a compressed pool may have: the block
 /// count of a chunk must fit a byte.
-pub(crate) const MIN_PACKED_CLUSTER: u64 = 16 << 10;
-pub(crate) const MAX_PACKED_CLUSTER: u64 = 1 << 20;
+pub const MIN_PACKED_CLUSTER: u64 = 16 << 10;
+pub const MAX_PACKED_CLUSTER: u64 = 1 << 20;
 
 /// Where a compressed chunk lives: its first block (pool-wide: cluster
 /// times blocks per cluster, plus the block in it) and its block count.
