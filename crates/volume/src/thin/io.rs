@@ -313,6 +313,31 @@ impl ThinIo {
         IoDone { buf, result }
     }
 
+    /// Writes piece `p` in place, under its shard lock shared, when this
+    /// volume maps its cluster raw; else gives the buffer back.
+    pub(crate) async fn write_in_place(
+        &self,
+        p: Piece,
+        buf: AlignedBuf,
+        fua: bool,
+    ) -> Result<(AlignedBuf, Result<(), BlockError>), AlignedBuf> {
+        let raw = |s: &Self| s.vol.map.get(p.vc).and_then(Loc::raw);
+        if raw(self).is_none() {
+            return Err(buf);
+        }
+        let _g = self.vol.lock(p.vc).read().await;
+        if let Err(e) = self.vol.check_live() {
+            return Ok((buf, Err(e)));
+        }
+        match raw(self) {
+            Some(c) => {
+                let at = self.pool.cluster_at(c) + p.off;
+                Ok(self.pool.io(BlockOp::Write { fua }, at, p.len, buf).await)
+            }
+            None => Err(buf),
+        }
+    }
+
     /// Writes one piece from `buf[..len]`, allocating its cluster if needed.
     pub(crate) async fn write_piece(
         &self,
@@ -324,18 +349,12 @@ impl ThinIo {
         if self.pool.compressed() {
             return self.write_compressed(p, buf, fua, reserved).await;
         }
+        let buf = match self.write_in_place(p, buf, fua).await {
+            Ok(done) => return done,
+            Err(buf) => buf,
+        };
         let lock = self.vol.lock(p.vc);
         let raw = |s: &Self| s.vol.map.get(p.vc).and_then(Loc::raw);
-        if raw(self).is_some() {
-            let _g = lock.read().await;
-            if let Err(e) = self.vol.check_live() {
-                return (buf, Err(e));
-            }
-            if let Some(c) = raw(self) {
-                let at = self.pool.cluster_at(c) + p.off;
-                return self.pool.io(BlockOp::Write { fua }, at, p.len, buf).await;
-            }
-        }
         let _g = lock.write().await;
         if let Err(e) = self.vol.check_live() {
             return (buf, Err(e));

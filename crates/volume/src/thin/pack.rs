@@ -21,7 +21,6 @@ use std::collections::HashMap;
 
 use blockdev::{AlignedBuf, BlockError};
 
-use super::format::{io_err, le_u32, put_u32};
 use crate::volume::member_io::{abuf, recycle};
 
 /// Compression of a pool's chunks, chosen at format.
@@ -80,6 +79,15 @@ impl std::str::FromStr for Compression {
             )),
         }
     }
+}
+
+// (Not format.rs's helpers: format.rs names the types here.)
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
 
 /// CRC32C of chunk data, in hardware: it is on the data path.
@@ -209,7 +217,11 @@ pub(crate) fn compress(algo: Compression, chunk: &[u8]) -> Option<AlignedBuf> {
 /// size). Anything that is not a sound chunk of exactly that size is an
 /// I/O error.
 pub(crate) fn decompress(stored: &[u8], out: &mut [u8]) -> Result<(), BlockError> {
-    let bad = |why: &str| io_err(format!("thin pool: compressed chunk unreadable: {why}"));
+    let bad = |why: &str| {
+        BlockError::Io(std::io::Error::other(format!(
+            "thin pool: compressed chunk unreadable: {why}"
+        )))
+    };
     if stored.len() < CHUNK_HDR || stored[0..4] != CHUNK_MAGIC {
         return Err(bad("no chunk header"));
     }

@@ -100,20 +100,16 @@ impl ThinIo {
         fua: bool,
         reserved: &Mutex<Vec<u32>>,
     ) -> (AlignedBuf, Result<(), BlockError>) {
-        let lock = self.vol.lock(p.vc);
         let whole = p.off == 0 && p.len == self.pool.geom.cluster_bytes;
-        let raw = |s: &Self| s.vol.map.get(p.vc).and_then(Loc::raw);
-        if !whole && raw(self).is_some() {
-            let _g = lock.read().await;
-            if let Err(e) = self.vol.check_live() {
-                return (buf, Err(e));
+        let buf = if whole {
+            buf
+        } else {
+            match self.write_in_place(p, buf, fua).await {
+                Ok(done) => return done,
+                Err(buf) => buf,
             }
-            if let Some(c) = raw(self) {
-                let at = self.pool.cluster_at(c) + p.off;
-                return self.pool.io(BlockOp::Write { fua }, at, p.len, buf).await;
-            }
-        }
-        let _g = lock.write().await;
+        };
+        let _g = self.vol.lock(p.vc).write().await;
         if let Err(e) = self.vol.check_live() {
             return (buf, Err(e));
         }
