@@ -624,7 +624,8 @@ impl ThinPool {
                 .sum::<u64>()
                 * g.cluster_bytes,
             stored_bytes: all.iter().map(|v| v.stored.load(Ordering::Relaxed)).sum(),
-            pack_clusters: st.owner.iter().filter(|&&o| o == pack::PACK_OWNER).count() as u64,
+            // (The committed packer holds exactly the pack clusters.)
+            pack_clusters: st.pack.cluster_count() as u64,
             compression: g.compression,
         }
     }

@@ -382,6 +382,11 @@ impl Packer {
         self.clusters.get(&p).map(|e| e.1)
     }
 
+    /// How many pack clusters hold blocks.
+    pub(crate) fn cluster_count(&self) -> usize {
+        self.clusters.len()
+    }
+
     /// Pack clusters and their taken blocks.
     pub(crate) fn fill(&self) -> Vec<(u32, u32)> {
         self.clusters.iter().map(|(&p, e)| (p, e.1)).collect()

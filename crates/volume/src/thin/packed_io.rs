@@ -68,7 +68,11 @@ impl ThinIo {
             Ok(()) => Ok(out),
             Err(e) => {
                 recycle(out);
-                Err(e)
+                // Name the volume and the place, for the operator.
+                Err(io_err(format!(
+                    "thin volume {}: {e} ({at:?})",
+                    self.vol.meta.name
+                )))
             }
         }
     }
