@@ -13,6 +13,7 @@ use volume::thin::{ThinError, ThinPool};
 use volume::{Layout, MemberState, Volume};
 
 use super::ops::VolumeInfo;
+use super::scrub::SyncWhy;
 use super::views::member_state_name;
 use super::{
     Backing, Degraded, Node, NodeError, NodeResult, NodeState, Offline, VolumeEntry, read_head,
@@ -539,6 +540,8 @@ impl Node {
                 MemberState::Rebuilding { .. } | MemberState::Resyncing { .. }
             )
         });
+        // A takeover's deferred crash resync of a parity layout.
+        let unsynced = (vol.unsynced_regions() > 0).then(|| vol.clone());
         if let Some(p) = &pool {
             enter_thins(st, &name, p);
         }
@@ -562,6 +565,9 @@ impl Node {
         if resume {
             tracing::info!("volume {name}: resuming the rebuild or resync that was interrupted");
             self.spawn_rebuild(st, &name);
+        }
+        if let Some(vol) = unsynced {
+            self.spawn_sync(st, &name, &vol, SyncWhy::CrashResync);
         }
         name
     }

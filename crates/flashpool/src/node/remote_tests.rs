@@ -709,3 +709,63 @@ async fn a_hung_member_of_one_assembly_delays_no_other() {
     let info = b.assemble_volume(req(&["e1:d0", "e1:d1"])).await.unwrap();
     assert_eq!(info.name, "v1");
 }
+
+/// A takeover of a raid5 its owner left dirty (a crash mid-writes) serves
+/// before the crash resync, which then runs as a job: every acknowledged
+/// write of the old owner reads back at once, and parity agrees after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_serves_a_dirty_raid5_first_and_resyncs_it_as_a_job() {
+    use crate::events::EventKind;
+    use crate::node::jobs::{JobKind, JobState};
+    use crate::node::testing::{job_of, wait_job};
+    let enc = Enclosure::new("e1", 3, &hosts(&["a", "b"]));
+    let a = owner("a", &enc);
+    a.create_volume(create("r5", "raid5", &["e1:d0", "e1:d1", "e1:d2"]))
+        .await
+        .unwrap();
+    if let Some(j) = job_of(&a.jobs().await, "r5", JobKind::Sync) {
+        wait_job(&a, j.id).await;
+    }
+    let dev = served(&a);
+    let blocks = dev.geometry().num_blocks;
+    let lbas: Vec<u64> = (1..=40).map(|i| (i * 7919) % blocks).collect();
+    for (i, &lba) in lbas.iter().enumerate() {
+        write(&*dev, lba, i as u64 + 1).await.unwrap();
+    }
+    // The crash: A lets go without writing, its intent bits still set.
+    a.drop_fenced("r5", "the test's crash").await;
+    let b = owner("b", &enc);
+    b.assemble_volume(AssembleVolume {
+        drives: vec!["e1:d0".into(), "e1:d1".into(), "e1:d2".into()],
+        takeover: true,
+        force: false,
+        export: Some(ExportRequest {
+            nqn: NQN.into(),
+            nsid: 1,
+        }),
+    })
+    .await
+    .unwrap();
+    let sync = job_of(&b.jobs().await, "r5", JobKind::Sync)
+        .expect("the crash resync runs as a job after the takeover");
+    let dev = served(&b);
+    for (i, &lba) in lbas.iter().enumerate() {
+        let got = read(&*dev, lba).await.unwrap();
+        assert!(got[..] == stamp(lba, i as u64 + 1)[..], "LBA {lba}");
+    }
+    let done = wait_job(&b, sync.id).await;
+    assert_eq!(done.state, JobState::Finished, "{done:?}");
+    let scrub = b
+        .scrub_volume("r5", super::scrub::ScrubRequest::default())
+        .await
+        .unwrap();
+    let scrub = wait_job(&b, scrub.id).await;
+    assert_eq!((scrub.mismatches, scrub.skipped), (0, 0), "{scrub:?}");
+    assert!(
+        b.events
+            .recent()
+            .iter()
+            .any(|e| e.kind == EventKind::SyncStarted && e.message.contains("crash resync")),
+        "no event names the crash resync"
+    );
+}

@@ -21,9 +21,34 @@ pub struct ScrubSchedule {
     pub rate: Option<u64>,
 }
 
+/// Why a volume's parity sync runs in the background.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SyncWhy {
+    /// A new volume (created without an inline sync).
+    Create,
+    /// A takeover served first the regions its crashed owner left dirty.
+    CrashResync,
+}
+
+impl SyncWhy {
+    fn what(self) -> &'static str {
+        match self {
+            SyncWhy::Create => "initial parity sync",
+            SyncWhy::CrashResync => "crash resync of the regions its last owner left dirty",
+        }
+    }
+}
+
 impl Node {
-    /// Starts the initial parity sync of a new volume as a job.
-    pub(super) fn spawn_sync(self: &Arc<Self>, st: &NodeState, name: &str, vol: &Volume) {
+    /// Starts the background parity sync of a volume's unsynced regions
+    /// as a job.
+    pub(super) fn spawn_sync(
+        self: &Arc<Self>,
+        st: &NodeState,
+        name: &str,
+        vol: &Volume,
+        why: SyncWhy,
+    ) {
         let ctl = Arc::new(SyncControl::default());
         let job = st
             .jobs
@@ -33,38 +58,51 @@ impl Node {
             NewEvent::new(
                 EventKind::SyncStarted,
                 format!(
-                    "volume {name}: initial parity sync started (job {}); until it ends the volume \
+                    "volume {name}: {} started (job {}, {} regions); until it ends the volume \
                      has no redundancy where it is not yet synced",
-                    job.id
+                    why.what(),
+                    job.id,
+                    vol.unsynced_regions()
                 ),
             )
             .volume(&name),
         );
+        let what = why.what();
         tokio::spawn(async move {
             let r = vol.initial_sync(&ctl).await;
             let (state, msg) = match &r {
+                // Let go (moved, taken over, fenced): the next owner syncs
+                // what is left; not a failure of the sync.
+                Err(_) if vol.is_fenced() => (
+                    JobState::Stopped,
+                    format!(
+                        "volume {name}: {what} stopped, as the volume was let go ({}); the next \
+                         owner syncs the rest",
+                        vol.fence_reason().unwrap_or_default()
+                    ),
+                ),
                 Ok(rep) if rep.cancelled => (
                     JobState::Stopped,
                     format!(
-                        "volume {name}: initial sync stopped; the rest is synced at the next start"
+                        "volume {name}: {what} stopped; the rest is synced at the next assembly"
                     ),
                 ),
                 Ok(rep) if rep.skipped > 0 => (
                     JobState::Finished,
                     format!(
-                        "volume {name}: initial sync finished; {} stripes could not be synced \
+                        "volume {name}: {what} finished; {} stripes could not be synced \
                          (a data member is missing): they have no redundancy",
                         rep.skipped
                     ),
                 ),
                 Ok(_) => (
                     JobState::Finished,
-                    format!("volume {name}: initial sync finished"),
+                    format!("volume {name}: {what} finished"),
                 ),
                 Err(e) => (
                     JobState::Failed(e.to_string()),
                     format!(
-                        "volume {name}: initial sync failed: {e}; it is retried at the next start"
+                        "volume {name}: {what} failed: {e}; it is retried at the next assembly"
                     ),
                 ),
             };

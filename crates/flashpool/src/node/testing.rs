@@ -107,3 +107,27 @@ impl TestNode {
         node
     }
 }
+
+/// Job `id` once it has ended (panics after a minute).
+pub(crate) async fn wait_job(node: &Node, id: u64) -> super::jobs::JobInfo {
+    for _ in 0..1200 {
+        let j = node.job(id).await.unwrap();
+        if j.state != super::jobs::JobState::Running {
+            return j;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("job {id} still runs after a minute");
+}
+
+/// The newest job of `kind` on `volume`.
+pub(crate) fn job_of(
+    jobs: &[super::jobs::JobInfo],
+    volume: &str,
+    kind: super::jobs::JobKind,
+) -> Option<super::jobs::JobInfo> {
+    jobs.iter()
+        .rev()
+        .find(|j| j.volume == volume && j.kind == kind)
+        .cloned()
+}

@@ -360,7 +360,7 @@ impl Node {
             && vol.unsynced_regions() > 0
         {
             let vol = vol.clone();
-            self.spawn_sync(&st, &req.name, &vol);
+            self.spawn_sync(&st, &req.name, &vol, super::scrub::SyncWhy::Create);
         }
         tracing::info!(
             "volume {}: created ({} on {:?}{}{})",

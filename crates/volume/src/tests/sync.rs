@@ -144,7 +144,7 @@ fn scrub_reports_progress_and_mismatches_and_stops_when_asked() {
 /// copies torn) serves before the resync: the first copy is the one of
 /// record, the other Resyncing over the dirty regions; every read returns
 /// the first copy's data until the background pass makes them agree. A
-/// volume closed clean, and a parity layout, defer nothing.
+/// volume closed clean defers nothing.
 #[test]
 fn a_takeover_defers_a_mirrors_crash_resync_to_the_background() {
     block_on(async {
@@ -199,23 +199,63 @@ fn a_takeover_defers_a_mirrors_crash_resync_to_the_background() {
                 .all(|s| *s == MemberState::Active)
         );
         vol.close().await.unwrap();
-
-        // raid5 after the same crash: resynced before it returns.
-        let rig = Rig::new(3, 8);
-        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
-            .await
-            .unwrap();
-        super::vwrite(&vol, 0, &[0xAAu8; 4096]).await.unwrap();
-        drop(vol);
-        let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
-            .await
-            .unwrap();
-        assert!(!deferred);
-        assert!(
-            vol.member_states()
-                .iter()
-                .all(|s| *s == MemberState::Active)
-        );
-        assert_eq!(vol.scrub(false).await.inconsistent_count, 0);
     });
+}
+
+/// A takeover's assembly of a parity layout its owner left dirty serves
+/// before the resync: the dirty regions are unsynced (held on disk across
+/// another crash), a write there is fine, and the background sync makes
+/// parity agree. Every read returns the data written before the crash.
+#[test]
+fn a_takeover_defers_a_parity_resync_to_the_background() {
+    for (kind, n) in [(LayoutKind::Raid5, 3), (LayoutKind::Raid6, 5)] {
+        block_on(async {
+            let rig = Rig::new(n, 8);
+            let vol = Volume::create(rig.members(), cfg(kind)).await.unwrap();
+            let (k, stripe) = (vol.layout().data_columns(), 5u64);
+            let lba = stripe * k as u64 * u64::from(STRIP) / BS;
+            super::vwrite(&vol, lba, &[0xAAu8; 4096]).await.unwrap();
+            // The "crash": dropped with the region's bit set, and the
+            // stripe's first parity torn behind its back (a cut update).
+            let p = vol.layout().column_member(stripe, k);
+            let at = META + vol.layout().strip_lba(stripe, 0) * BS;
+            drop(vol);
+            super::put_member_bytes(&rig.mems[p], at, &[0x55u8; 4096]);
+            let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+                .await
+                .unwrap();
+            assert!(deferred, "{kind}");
+            assert!(vol.unsynced_regions() > 0, "{kind}");
+            assert!(
+                vol.member_states()
+                    .iter()
+                    .all(|s| *s == MemberState::Active)
+            );
+            assert_eq!(vread(&vol, lba, 1).await, vec![0xAAu8; 4096], "{kind}");
+            assert_eq!(vol.scrub(false).await.inconsistent_count, 1, "{kind}");
+            // Another crash before the sync: the region is still dirty.
+            drop(vol);
+            let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+                .await
+                .unwrap();
+            assert!(deferred, "{kind}: the bits stayed on disk");
+            // A write into the unsynced stripe, then the background sync.
+            super::vwrite(&vol, lba + 1, &[0xBBu8; 4096]).await.unwrap();
+            vol.set_intent_clear_age(std::time::Duration::ZERO);
+            let rep = vol.initial_sync(&SyncControl::default()).await.unwrap();
+            assert_eq!(rep.skipped, 0, "{kind}");
+            assert_eq!(vol.unsynced_regions(), 0, "{kind}");
+            assert_eq!(vol.scrub(false).await.inconsistent_count, 0, "{kind}");
+            assert_eq!(vread(&vol, lba, 1).await, vec![0xAAu8; 4096], "{kind}");
+            assert_eq!(vread(&vol, lba + 1, 1).await, vec![0xBBu8; 4096], "{kind}");
+            // Synced, the bits are cleared on disk: nothing left to defer.
+            drop(vol);
+            let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+                .await
+                .unwrap();
+            assert!(!deferred, "{kind}");
+            assert_eq!(vol.scrub(false).await.inconsistent_count, 0, "{kind}");
+            vol.close().await.unwrap();
+        });
+    }
 }

@@ -162,16 +162,25 @@ impl Volume {
     }
 
     /// [`Volume::assemble`] for a takeover, which must serve soon: a
-    /// mirror whose members are all Active and whose bitmaps mark regions
+    /// volume whose members are all Active and whose bitmaps mark regions
     /// dirty (its owner crashed) does not resync them before it returns.
-    /// The first member is taken as the copy of record and every other one
-    /// is Resyncing over the dirty regions (as after a re-add): reads there
-    /// come from the first alone, so every read of a block returns the same
-    /// data, and [`Volume::rebuild`] copies them over in the background
-    /// (the superblocks say so: a crash before it ends resumes it). Returns
-    /// the volume and whether it left such a resync to do. Other layouts
-    /// (their parity must agree before a degraded read can trust it) resync
-    /// first, as [`Volume::assemble`] does.
+    ///
+    /// - A mirror takes its first member as the copy of record and every
+    ///   other one as Resyncing over the dirty regions (as after a re-add):
+    ///   reads there come from the first alone, so every read of a block
+    ///   returns the same data, and [`Volume::rebuild`] copies them over in
+    ///   the background (the superblocks say so: a crash before it ends
+    ///   resumes it).
+    /// - A parity layout keeps the dirty regions as unsynced, as `create`
+    ///   does (`sync.rs`): reads of present data need no parity, a write
+    ///   there keeps parity no worse than it was, and
+    ///   [`Volume::initial_sync`] recomputes it in the background (the bits
+    ///   stay on disk until then). As in md, a member lost before that ends
+    ///   leaves those stripes' reconstruction unreliable, which is the
+    ///   window a resync before serving had too.
+    ///
+    /// Returns the volume and whether it left such a resync to do. A volume
+    /// with a member missing resyncs first, as [`Volume::assemble`] does.
     pub async fn assemble_deferring_resync(
         members: Vec<Arc<dyn BlockDevice>>,
     ) -> Result<(Volume, bool), VolumeError> {
@@ -410,6 +419,11 @@ impl Volume {
         // Journal first: the bitmap resync cannot fix stripes missing data.
         vol.inner.replay_journal().await?;
         let t_journal = t0.elapsed();
+        let deferred = deferred
+            || (defer_resync
+                && intent_log
+                && plan.is_none()
+                && vol.inner.defer_parity_resync().await);
         if intent_log && !deferred {
             vol.inner.resync_dirty_regions().await?;
         }
@@ -432,6 +446,39 @@ impl Volume {
 }
 
 impl Inner {
+    /// [`Volume::assemble_deferring_resync`]'s step for parity layouts: with
+    /// every member Active, the regions the bitmaps mark dirty become
+    /// unsynced (held and on every member's bitmap) for the background
+    /// sync. False: nothing dirty, not a parity layout, or a member not
+    /// Active; nothing changed.
+    async fn defer_parity_resync(&self) -> bool {
+        if matches!(self.parity.code, Code::None | Code::Mirror) || self.intent.held() {
+            return false;
+        }
+        let all_active = || {
+            self.members
+                .read()
+                .states
+                .iter()
+                .all(|s| *s == MemberState::Active)
+        };
+        if !all_active() {
+            return false;
+        }
+        let merged = self.read_bitmaps().await;
+        let regions = self.intent.dirty_regions(&merged);
+        // A bitmap read failed (that member is Failed now): resync as usual.
+        if regions.is_empty() || !all_active() {
+            return false;
+        }
+        tracing::info!(
+            "{} dirty regions left to the background resync",
+            regions.len()
+        );
+        self.mark_unsynced(regions).await;
+        true
+    }
+
     /// [`Volume::assemble_deferring_resync`]'s step: on a mirror with
     /// every member Active, the regions the bitmaps mark dirty become the
     /// stale set of every member but the first, which turn Resyncing (the

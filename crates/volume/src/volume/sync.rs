@@ -1,5 +1,6 @@
 //! Long parity passes that run in the background while the volume serves:
-//! the initial sync after `create`, and scrub. Both report progress through
+//! the initial sync after `create` (also the crash resync that a takeover
+//! defers, [`Volume::assemble_deferring_resync`]), and scrub. Both report progress through
 //! a [`SyncControl`], can be stopped, and can be held to a rate.
 //!
 //! The initial sync is crash-safe through the write-intent bitmap: `create`
@@ -234,16 +235,23 @@ impl Inner {
 
     /// `create` without an inline sync: every region dirty on disk and held.
     pub(crate) async fn mark_all_unsynced(&self) {
-        let regions = self.intent.regions;
-        for r in 0..regions {
+        self.mark_unsynced((0..self.intent.regions).collect()).await;
+    }
+
+    /// `regions` wait for [`Volume::initial_sync`]: each holds one intent
+    /// reference (no flush clears its bit), and every member's bitmap has
+    /// the bits before this returns, so a crash or a move before the sync
+    /// ends leaves them for the next assembly to resync.
+    pub(crate) async fn mark_unsynced(&self, regions: Vec<u64>) {
+        for &r in &regions {
             self.intent.begin(r);
         }
         let _io = self.intent.io.lock().await;
-        for block in 0..IntentLog::blocks_for(regions) as usize {
+        for block in 0..IntentLog::blocks_for(self.intent.regions) as usize {
             let snap = self.intent.snapshot_block(block);
             self.write_bitmap_block(block, &snap).await;
             self.intent.written(block, &snap);
         }
-        *self.unsynced.lock() = (0..regions).collect();
+        *self.unsynced.lock() = regions;
     }
 }

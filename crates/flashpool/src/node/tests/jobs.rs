@@ -6,28 +6,11 @@ use std::collections::HashSet;
 
 use super::*;
 use crate::events::EventKind;
-use crate::node::jobs::{JobInfo, JobKind, JobState};
+use crate::node::jobs::{JobKind, JobState};
+use crate::node::testing::{job_of, wait_job};
 
 /// Member byte offset where data starts (the default metadata area).
 const META: u64 = volume::DEFAULT_META_BYTES;
-
-async fn wait_job(node: &Node, id: u64) -> JobInfo {
-    for _ in 0..1200 {
-        let j = node.job(id).await.unwrap();
-        if j.state != JobState::Running {
-            return j;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("job {id} still runs after a minute");
-}
-
-fn job_of(jobs: &[JobInfo], volume: &str, kind: JobKind) -> Option<JobInfo> {
-    jobs.iter()
-        .rev()
-        .find(|j| j.volume == volume && j.kind == kind)
-        .cloned()
-}
 
 /// Junk on the drives' data areas, so that a new volume needs a sync.
 async fn dirty(node: &Node, drives: &[&str]) {
