@@ -250,7 +250,11 @@ impl Agent {
             .or_insert_with(std::time::Instant::now);
         let (a, s, members) = (self.clone(), s.clone(), members.clone());
         let permits: Arc<Semaphore> = self.permits.lock().clone();
+        // Queued or running, it is foreground work: the node's resyncs and
+        // rebuilds wait for it (`node/foreground.rs`).
+        let foreground = self.node.foreground.enter();
         tokio::spawn(async move {
+            let _foreground = foreground;
             if let Ok(_permit) = permits.acquire_owned().await {
                 let _acting = a.served.acting().await;
                 // a task queued before the lease was lost acts on nothing

@@ -173,6 +173,8 @@ impl Node {
         let node = self.clone();
         let name = name.to_string();
         tokio::spawn(async move {
+            // A takeover's resync starts once this node's takeovers are done.
+            node.foreground.wait_idle(super::foreground::MAX_WAIT).await;
             loop {
                 if let Some(e) = node.state.lock().await.volumes.get(&name) {
                     job.set_drives(e.drives.clone());

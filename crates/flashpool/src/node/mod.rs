@@ -33,6 +33,7 @@ mod error;
 mod expand;
 #[cfg(test)]
 mod expand_tests;
+pub mod foreground;
 mod grow;
 #[cfg(test)]
 mod grow_tests;
@@ -286,6 +287,8 @@ pub struct Node {
     pub events: Arc<crate::events::Events>,
     /// The key-encryption key(s) that wrap encrypted volumes' keys.
     keys: parking_lot::RwLock<keys::Keyring>,
+    /// Takeovers under way, which resyncs and rebuilds wait for.
+    pub foreground: Arc<foreground::Foreground>,
 }
 
 impl Node {
@@ -300,6 +303,7 @@ impl Node {
             etcd_managed: std::sync::atomic::AtomicBool::new(false),
             events: Arc::default(),
             keys: parking_lot::RwLock::new(keys::Keyring::default()),
+            foreground: Arc::default(),
         })
     }
 

@@ -68,7 +68,11 @@ impl Node {
             .volume(&name),
         );
         let what = why.what();
+        let foreground = self.foreground.clone();
         tokio::spawn(async move {
+            if why == SyncWhy::CrashResync {
+                foreground.wait_idle(super::foreground::MAX_WAIT).await;
+            }
             let r = vol.initial_sync(&ctl).await;
             let (state, msg) = match &r {
                 // Let go (moved, taken over, fenced): the next owner syncs
