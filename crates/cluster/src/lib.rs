@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use liveness::{LivenessListener, PeerGone, watch_peer_death};
-pub use qos::{QosOf, QosSpec, QosWrite};
+pub use qos::{PassView, QosOf, QosSpec, QosWrite};
 pub use session::Session;
 
 /// Highest controller-ID slot (63 slots of 1024 IDs each fit below 0xFFEF).

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::etcd::{decode, encode};
 use crate::keys::{Key, VolumeKey};
-use crate::{ClusterError, Session, VolumeSpec};
+use crate::{ClusterError, Owner, Session, VolumeSpec};
 
 /// `volumes/<v>/qos`: a served volume's limits (0: none), as every node
 /// applies them to its namespace. No key: unlimited.
@@ -132,25 +132,49 @@ impl Session {
     pub async fn specs_and_qos(
         &self,
     ) -> Result<(Vec<VolumeSpec>, BTreeMap<String, QosSpec>), ClusterError> {
+        let v = self.pass_view().await?;
+        Ok((v.specs, v.qos))
+    }
+
+    /// What a pass over every volume needs, from one range read: the specs,
+    /// the limits (as [`Session::specs_and_qos`]), each owner, and which
+    /// volumes have a handoff. The agent settles only the volumes whose
+    /// owner and handoff this shows changed from what it runs.
+    pub async fn pass_view(&self) -> Result<PassView, ClusterError> {
         let keys = self.keys();
         let kvs = self.get_prefix(&keys.volumes()).await?;
-        let mut specs = Vec::new();
-        let mut qos = BTreeMap::new();
+        let mut v = PassView::default();
         for kv in &kvs {
             let key = std::str::from_utf8(kv.key()).unwrap_or_default();
             match keys.parse(key) {
-                Some(Key::Volume(_, VolumeKey::Spec)) => specs.push(decode(kv)?),
-                Some(Key::Volume(v, VolumeKey::Qos)) => match decode(kv) {
+                Some(Key::Volume(_, VolumeKey::Spec)) => v.specs.push(decode(kv)?),
+                Some(Key::Volume(n, VolumeKey::Qos)) => match decode(kv) {
                     Ok(q) => {
-                        qos.insert(v.to_string(), q);
+                        v.qos.insert(n.to_string(), q);
                     }
                     Err(e) => tracing::warn!("ignoring QoS limits: {e}"),
                 },
+                Some(Key::Volume(n, VolumeKey::Owner)) => {
+                    v.owners.insert(n.to_string(), decode(kv)?);
+                }
+                Some(Key::Volume(n, VolumeKey::Handoff)) => {
+                    v.handoffs.insert(n.to_string());
+                }
                 _ => {}
             }
         }
-        Ok((specs, qos))
+        Ok(v)
     }
+}
+
+/// [`Session::pass_view`]: one consistent read of every volume's keys.
+#[derive(Debug, Default)]
+pub struct PassView {
+    pub specs: Vec<VolumeSpec>,
+    pub qos: BTreeMap<String, QosSpec>,
+    pub owners: BTreeMap<String, Owner>,
+    /// Volumes with a planned move recorded.
+    pub handoffs: std::collections::BTreeSet<String>,
 }
 
 /// The op that leaves `key` holding `q`: a put, or a delete when `q` is

@@ -279,7 +279,8 @@ impl Agent {
     }
 
     /// The loop: a pass (`runner.rs`) after every burst of etcd events,
-    /// every second (all volumes), and when a volume asks; steps down and
+    /// every second (the volumes not [`runner::steady`]; all of them every
+    /// [`runner::FULL_EVERY`] s), and when a volume asks; steps down and
     /// joins again when the lease is lost.
     async fn run(self: Arc<Self>) {
         use tokio::sync::broadcast::error::{RecvError, TryRecvError};
@@ -288,6 +289,7 @@ impl Agent {
             let mut events = s.events();
             self.mark_all();
             let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut ticks = 0u64;
             let why = loop {
                 self.pass(&s).await;
                 tokio::select! {
@@ -299,7 +301,14 @@ impl Agent {
                         Err(RecvError::Lagged(_)) => self.mark_all(),
                         Err(RecvError::Closed) => break "the etcd watch ended".to_string(),
                     },
-                    _ = tick.tick() => self.mark_all(),
+                    _ = tick.tick() => {
+                        ticks += 1;
+                        if ticks % runner::FULL_EVERY == 0 {
+                            self.mark_all()
+                        } else {
+                            self.mark_tick()
+                        }
+                    }
                     _ = self.kick.notified() => {}
                     _ = self.lost.notified() => break "the ownership lease was lost".to_string(),
                 }

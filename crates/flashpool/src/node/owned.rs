@@ -62,6 +62,16 @@ impl Node {
         v.is_fenced().then(|| v.fence_reason().unwrap_or_default())
     }
 
+    /// The volumes run here that have fenced themselves (one lock for all).
+    pub async fn fenced_volumes(&self) -> std::collections::HashSet<String> {
+        let st = self.state.lock().await;
+        st.volumes
+            .iter()
+            .filter(|(_, e)| e.on_drives().is_some_and(|v| v.is_fenced()))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// Lets go of volume `name` without writing anything: fences it (its
     /// queued and future I/O fail with a path error), forgets it and closes
     /// its remote drives. The reservations stay as they are: the next owner
