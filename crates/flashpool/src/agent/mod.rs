@@ -303,7 +303,7 @@ impl Agent {
                     },
                     _ = tick.tick() => {
                         ticks += 1;
-                        if ticks % runner::FULL_EVERY == 0 {
+                        if ticks.is_multiple_of(runner::FULL_EVERY) {
                             self.mark_all()
                         } else {
                             self.mark_tick()

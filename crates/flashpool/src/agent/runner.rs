@@ -143,7 +143,7 @@ pub(super) fn steady(
     if handoff || r.pool || r.fenced || members.draining.contains(me) {
         return false;
     }
-    if !members.live.iter().any(|n| *n == o.node) {
+    if !members.live.contains(&o.node) {
         return false;
     }
     match r.epoch {
