@@ -247,17 +247,24 @@ pub(super) fn hosts(names: &[&str]) -> Vec<String> {
 }
 
 /// Node B preempts node A's reservation on every member while A writes.
+/// An enclosure of three drives open to nodes a and b, and node a owning
+/// raid5 `r5` on them, exported as namespace 1.
+async fn raid5_of_a() -> (Enclosure, Arc<Node>) {
+    let enc = Enclosure::new("e1", 3, &hosts(&["a", "b"]));
+    let a = owner("a", &enc);
+    a.create_volume(create("r5", "raid5", &["e1:d0", "e1:d1", "e1:d2"]))
+        .await
+        .unwrap();
+    (enc, a)
+}
+
 /// Once B's preempts have returned, no write of A reaches any member; A's
 /// volume is fenced (its I/O ends in an ANA path error, so hosts go
 /// elsewhere); and B assembles the volume from the drives alone, with every
 /// write A had acknowledged in it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preempted_owner_writes_nothing_more_and_another_node_assembles_the_volume() {
-    let enc = Enclosure::new("e1", 3, &hosts(&["a", "b"]));
-    let a = owner("a", &enc);
-    a.create_volume(create("r5", "raid5", &["e1:d0", "e1:d1", "e1:d2"]))
-        .await
-        .unwrap();
+    let (enc, a) = raid5_of_a().await;
     let dev_a = served(&a);
     let blocks = dev_a.geometry().num_blocks;
     let stop = Arc::new(AtomicBool::new(false));
@@ -718,11 +725,7 @@ async fn a_takeover_serves_a_dirty_raid5_first_and_resyncs_it_as_a_job() {
     use crate::events::EventKind;
     use crate::node::jobs::{JobKind, JobState};
     use crate::node::testing::{job_of, wait_job};
-    let enc = Enclosure::new("e1", 3, &hosts(&["a", "b"]));
-    let a = owner("a", &enc);
-    a.create_volume(create("r5", "raid5", &["e1:d0", "e1:d1", "e1:d2"]))
-        .await
-        .unwrap();
+    let (enc, a) = raid5_of_a().await;
     if let Some(j) = job_of(&a.jobs().await, "r5", JobKind::Sync) {
         wait_job(&a, j.id).await;
     }
