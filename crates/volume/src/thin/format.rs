@@ -3,6 +3,7 @@
 
 use blockdev::{AlignedBuf, BlockError};
 
+pub(crate) use super::le::{le_u32, le_u64, put_u32, put_u64};
 use super::pack::{Compression, MAX_PACKED_CLUSTER, MIN_PACKED_CLUSTER, PACK_BLOCK, Packed};
 use super::{
     BLOCK, BLOCK_USIZE, CRC_AT, DEFAULT_CLUSTER_BYTES, MAX_CLUSTERS, MAX_NAME_BYTES,
@@ -42,22 +43,6 @@ pub(crate) fn checkpoint_bytes(clusters: u64, pack_blocks: u64) -> u64 {
 /// checkpoint then costs about as much as the commits that filled the journal.
 pub(crate) fn journal_blocks(clusters: u64) -> u64 {
     (clusters * 64 / BLOCK).clamp(16, 16384)
-}
-
-pub(crate) fn le_u32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-pub(crate) fn le_u64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
-pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
 
 /// Seals a 4 KiB metadata block with its CRC32C in the last 4 bytes.

@@ -108,6 +108,7 @@ mod compact;
 mod extent;
 mod format;
 mod io;
+mod le;
 mod meta_journal;
 mod pack;
 mod packed_io;

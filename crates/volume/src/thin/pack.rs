@@ -21,6 +21,7 @@ use std::collections::HashMap;
 
 use blockdev::{AlignedBuf, BlockError};
 
+use super::le::{le_u32, put_u32};
 use crate::volume::member_io::{abuf, recycle};
 
 /// Compression of a pool's chunks, chosen at format.
@@ -79,15 +80,6 @@ impl std::str::FromStr for Compression {
             )),
         }
     }
-}
-
-// (Not format.rs's helpers: format.rs names the types here.)
-fn le_u32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn put_u32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
 
 /// CRC32C of chunk data, in hardware: it is on the data path.
