@@ -258,6 +258,19 @@ async fn raid5_of_a() -> (Enclosure, Arc<Node>) {
     (enc, a)
 }
 
+/// An assembly of `drives`, exported as namespace 1 of the test subsystem.
+fn assemble_exported(drives: &[&str], takeover: bool) -> AssembleVolume {
+    AssembleVolume {
+        drives: drives.iter().map(|d| d.to_string()).collect(),
+        takeover,
+        force: false,
+        export: Some(ExportRequest {
+            nqn: NQN.into(),
+            nsid: 1,
+        }),
+    }
+}
+
 /// Once B's preempts have returned, no write of A reaches any member; A's
 /// volume is fenced (its I/O ends in an ANA path error, so hosts go
 /// elsewhere); and B assembles the volume from the drives alone, with every
@@ -346,15 +359,7 @@ async fn a_preempted_owner_writes_nothing_more_and_another_node_assembles_the_vo
     // holds the reservation under its key, so no takeover is needed.
     let b = owner("b", &enc);
     let info = b
-        .assemble_volume(AssembleVolume {
-            drives: vec!["e1:d2".into(), "e1:d0".into(), "e1:d1".into()],
-            takeover: false,
-            force: false,
-            export: Some(ExportRequest {
-                nqn: NQN.into(),
-                nsid: 1,
-            }),
-        })
+        .assemble_volume(assemble_exported(&["e1:d2", "e1:d0", "e1:d1"], false))
         .await
         .unwrap();
     assert_eq!(info.name, "r5");
@@ -738,17 +743,9 @@ async fn a_takeover_serves_a_dirty_raid5_first_and_resyncs_it_as_a_job() {
     // The crash: A lets go without writing, its intent bits still set.
     a.drop_fenced("r5", "the test's crash").await;
     let b = owner("b", &enc);
-    b.assemble_volume(AssembleVolume {
-        drives: vec!["e1:d0".into(), "e1:d1".into(), "e1:d2".into()],
-        takeover: true,
-        force: false,
-        export: Some(ExportRequest {
-            nqn: NQN.into(),
-            nsid: 1,
-        }),
-    })
-    .await
-    .unwrap();
+    b.assemble_volume(assemble_exported(&["e1:d0", "e1:d1", "e1:d2"], true))
+        .await
+        .unwrap();
     let sync = job_of(&b.jobs().await, "r5", JobKind::Sync)
         .expect("the crash resync runs as a job after the takeover");
     let dev = served(&b);
