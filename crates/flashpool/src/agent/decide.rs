@@ -173,8 +173,8 @@ pub enum Action {
     /// A planned move asked of this owner: ANA Change, drain the commands in
     /// flight, close clean, release; `to` claims at once.
     HandOff { to: String, epoch: u64 },
-    /// This owner drains: write the handoff marker naming `to` (the next
-    /// pass hands off).
+    /// This owner drains: write the handoff marker naming `to` (the
+    /// plan's next step hands off).
     AskHandOff { to: String, epoch: u64 },
     /// Nothing now, for a reason that will pass.
     Wait(Wait),
@@ -302,7 +302,19 @@ pub fn decide_volume(
     if !lv.served {
         steps.push(Action::ServeStandby);
     }
-    steps.push(settle(members, me, v, lv, &mut memory, now));
+    let step = settle(members, me, v, lv, &mut memory, now);
+    // A draining owner hands off in the same plan: the marker first (the
+    // node it names learns that it is the one to claim), then the handoff
+    // itself, without waiting for a later pass to read its own marker back.
+    let then = match &step {
+        Action::AskHandOff { to, epoch } => Some(Action::HandOff {
+            to: to.clone(),
+            epoch: *epoch,
+        }),
+        _ => None,
+    };
+    steps.push(step);
+    steps.extend(then);
     Plan {
         volume: v.name.clone(),
         steps,

@@ -342,14 +342,20 @@ fn rows(t0: Instant) -> Vec<Row> {
         Row {
             draining: &["c1"],
             ..row(
-                "drain of this node, which owns it: ask the next node to take it",
+                "drain of this node, which owns it: name the next node, then hand it over",
                 "vol",
                 Some(owner(ME, 3)),
                 running(3),
-                vec![Action::AskHandOff {
-                    to: "c2".into(),
-                    epoch: 3,
-                }],
+                vec![
+                    Action::AskHandOff {
+                        to: "c2".into(),
+                        epoch: 3,
+                    },
+                    Action::HandOff {
+                        to: "c2".into(),
+                        epoch: 3,
+                    },
+                ],
             )
         },
         Row {
@@ -359,10 +365,16 @@ fn rows(t0: Instant) -> Vec<Row> {
                 "vol",
                 Some(owner(ME, 3)),
                 running(3),
-                vec![Action::AskHandOff {
-                    to: "c3".into(),
-                    epoch: 3,
-                }],
+                vec![
+                    Action::AskHandOff {
+                        to: "c3".into(),
+                        epoch: 3,
+                    },
+                    Action::HandOff {
+                        to: "c3".into(),
+                        epoch: 3,
+                    },
+                ],
             )
         },
         Row {

@@ -176,7 +176,6 @@ impl Agent {
             Action::AskHandOff { to, epoch } => {
                 tracing::info!("volume {name}: this node drains; handing it to {to}");
                 s.set_handoff(name, &Handoff { to, epoch }).await?;
-                self.kick_volume(name);
             }
             Action::Claim { .. } => {
                 let Some(sv) = slot else { return Ok(true) };

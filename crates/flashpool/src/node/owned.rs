@@ -96,23 +96,43 @@ impl Node {
     /// Lets go of volume `name` for a planned move: makes it durable and
     /// clean, gives up the reservations, forgets it and closes its remote
     /// drives. The caller has stopped new I/O and waited for the rest.
+    ///
+    /// The closing I/O (the pool's and the volume's metadata, the members'
+    /// reservations) runs outside the node's lock: a drain hands many
+    /// volumes over at once, and one volume's close must not wait for
+    /// another's. The agent's task for `name` is the only one acting on it
+    /// meanwhile; the entry stays in the map until the volume is closed.
     pub async fn hand_over(&self, name: &str) -> NodeResult<()> {
-        let mut st = self.state.lock().await;
-        let Some(e) = st.volumes.get(name) else {
-            return Err(NodeError::NotFound(format!(
-                "no volume {} on this node",
-                crate::echo::Echo(name)
-            )));
+        let (compactor, pool, vol, drives, remotes) = {
+            let st = self.state.lock().await;
+            let Some(e) = st.volumes.get(name) else {
+                return Err(NodeError::NotFound(format!(
+                    "no volume {} on this node",
+                    crate::echo::Echo(name)
+                )));
+            };
+            let remotes: Vec<(String, Arc<nvmf_host::remote::RemoteDevice>)> = e
+                .drives
+                .iter()
+                .filter_map(|n| Some((n.clone(), st.drives.get(n)?.remote.clone()?)))
+                .collect();
+            (
+                st.compactor.clone(),
+                e.thin_pool().cloned(),
+                e.on_drives().cloned(),
+                e.drives.clone(),
+                remotes,
+            )
         };
         // A pool's chunk map is made durable before the volume below it,
         // once its compaction has ended.
-        st.compactor.clone().finish(Some(name)).await;
-        if let Some(p) = e.thin_pool() {
+        compactor.finish(Some(name)).await;
+        if let Some(p) = pool {
             p.close()
                 .await
                 .map_err(|err| NodeError::Internal(format!("pool {name}: close: {err}")))?;
         }
-        if let Some(v) = e.on_drives() {
+        if let Some(v) = vol {
             v.close()
                 .await
                 .map_err(|err| NodeError::Internal(format!("volume {name}: close: {err}")))?;
@@ -122,8 +142,8 @@ impl Node {
             v.set_state_hook(None);
             v.fence("handed over to another node");
         }
-        let drives = e.drives.clone();
-        self.unclaim(&st, &drives).await;
+        self.unclaim_remotes(&remotes).await;
+        let mut st = self.state.lock().await;
         st.volumes.remove(name);
         drop_thin_of(&mut st, name);
         close_remotes(&mut st, &drives);

@@ -226,14 +226,22 @@ impl Node {
     /// Gives up this node's reservation on the remote drives in `names`
     /// (volume deleted). Best effort: a drive that is gone keeps nothing.
     pub(crate) async fn unclaim(&self, st: &NodeState, names: &[String]) {
+        let remotes: Vec<(String, Arc<RemoteDevice>)> = names
+            .iter()
+            .filter_map(|n| Some((n.clone(), st.drives.get(n)?.remote.clone()?)))
+            .collect();
+        self.unclaim_remotes(&remotes).await;
+    }
+
+    /// [`Node::unclaim`] on drive handles, every drive at once.
+    pub(crate) async fn unclaim_remotes(&self, remotes: &[(String, Arc<RemoteDevice>)]) {
         let key = self.resv_key();
-        for n in names {
-            if let Some(r) = st.drives.get(n).and_then(|d| d.remote.as_ref())
-                && let Err(e) = r.unregister(key).await
-            {
+        futures_util::future::join_all(remotes.iter().map(|(n, r)| async move {
+            if let Err(e) = r.unregister(key).await {
                 tracing::warn!("drive {n}: unregister: {e}");
             }
-        }
+        }))
+        .await;
     }
 
     /// Follows a remote drive's link. When it comes back after its member
