@@ -272,20 +272,26 @@ impl Agent {
         let names: BTreeSet<String> = if dirty.all || dirty.tick {
             // served here but without a spec: gone (the task checks)
             let mut all: BTreeSet<String> = specs.keys().cloned().collect();
-            all.extend(self.served.names().await);
-            all.extend(self.acting.lock().keys().cloned());
-            if !dirty.all {
+            let acting: BTreeSet<String> = self.acting.lock().keys().cloned().collect();
+            if dirty.all {
+                all.extend(self.served.names().await);
+                all.extend(acting);
+            } else {
                 let here = self.run_here().await;
+                all.extend(here.keys().cloned());
                 let me = s.node();
+                // A volume whose task acts now is out of the served map, so
+                // it would never look steady; that task settles it anyway.
                 all.retain(|n| {
                     dirty.names.contains(n)
-                        || !steady(
-                            me,
-                            &members,
-                            view.owners.get(n),
-                            view.handoffs.contains(n),
-                            here.get(n),
-                        )
+                        || (!acting.contains(n)
+                            && !steady(
+                                me,
+                                &members,
+                                view.owners.get(n),
+                                view.handoffs.contains(n),
+                                here.get(n),
+                            ))
                 });
             }
             all

@@ -446,31 +446,36 @@ impl Volume {
 }
 
 impl Inner {
+    /// What both deferring steps start from: the members' bitmaps merged
+    /// and the regions they mark dirty, when the bitmap is not held, the
+    /// volume has `min_members` or more and every member is Active before
+    /// and after the read (a failed bitmap read fails its member). `None`:
+    /// nothing to defer; nothing changed.
+    async fn dirty_while_all_active(&self, min_members: usize) -> Option<(Vec<u8>, Vec<u64>)> {
+        let all_active = || {
+            let m = self.members.read();
+            m.states.len() >= min_members && m.states.iter().all(|s| *s == MemberState::Active)
+        };
+        if self.intent.held() || !all_active() {
+            return None;
+        }
+        let merged = self.read_bitmaps().await;
+        let regions = self.intent.dirty_regions(&merged);
+        (!regions.is_empty() && all_active()).then_some((merged, regions))
+    }
+
     /// [`Volume::assemble_deferring_resync`]'s step for parity layouts: with
     /// every member Active, the regions the bitmaps mark dirty become
     /// unsynced (held and on every member's bitmap) for the background
     /// sync. False: nothing dirty, not a parity layout, or a member not
     /// Active; nothing changed.
     async fn defer_parity_resync(&self) -> bool {
-        if matches!(self.parity.code, Code::None | Code::Mirror) || self.intent.held() {
+        if matches!(self.parity.code, Code::None | Code::Mirror) {
             return false;
         }
-        let all_active = || {
-            self.members
-                .read()
-                .states
-                .iter()
-                .all(|s| *s == MemberState::Active)
+        let Some((_, regions)) = self.dirty_while_all_active(1).await else {
+            return false;
         };
-        if !all_active() {
-            return false;
-        }
-        let merged = self.read_bitmaps().await;
-        let regions = self.intent.dirty_regions(&merged);
-        // A bitmap read failed (that member is Failed now): resync as usual.
-        if regions.is_empty() || !all_active() {
-            return false;
-        }
         tracing::info!(
             "{} dirty regions left to the background resync",
             regions.len()
@@ -485,21 +490,14 @@ impl Inner {
     /// bits held until [`Volume::rebuild`] ends). False: nothing dirty,
     /// or not a mirror with all members Active; nothing changed.
     async fn defer_mirror_resync(&self) -> bool {
-        if self.parity.code != Code::Mirror || self.intent.held() {
+        if self.parity.code != Code::Mirror {
             return false;
         }
-        {
-            let m = self.members.read();
-            if m.states.len() < 2 || m.states.iter().any(|s| *s != MemberState::Active) {
-                return false;
-            }
-        }
-        let merged = self.read_bitmaps().await;
-        if self.intent.dirty_regions(&merged).is_empty() {
+        let Some((merged, _)) = self.dirty_while_all_active(2).await else {
             return false;
-        }
+        };
         let mut m = self.members.write();
-        // A bitmap read failed (that member is Failed now): resync as usual.
+        // Checked again under the lock that changes the states.
         if m.states.iter().any(|s| *s != MemberState::Active) {
             return false;
         }
