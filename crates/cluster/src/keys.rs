@@ -14,6 +14,7 @@
 //! | `volumes/<v>/handoff`   | [`Handoff`]      | none         |
 //! | `volumes/<v>/qos`       | [`QosSpec`]      | none         |
 //! | `volumes/<p>/thin/<t>`  | [`ThinSpec`]     | none         |
+//! | `volumes/<p>/thin-resv/<t>` | reservation record | none     |
 //! | `names/<t>`             | pool of thin `t` | none         |
 //! | `nsids/<nqn>/<nsid>`    | thin volume name | none         |
 //! | `drain/<name>`          | `true`           | none         |
@@ -153,6 +154,16 @@ impl Keys {
         format!("{}volumes/{pool}/thin/{name}", self.prefix)
     }
 
+    /// The host reservations of every thin volume of cluster pool `pool`.
+    pub(crate) fn thin_resvs(&self, pool: &str) -> String {
+        format!("{}volumes/{pool}/thin-resv/", self.prefix)
+    }
+
+    /// Thin volume `name`'s host reservations (the target's record bytes).
+    pub(crate) fn thin_resv(&self, pool: &str, name: &str) -> String {
+        format!("{}volumes/{pool}/thin-resv/{name}", self.prefix)
+    }
+
     /// Which pool holds thin volume `name` (unique across pools).
     pub(crate) fn thin_name(&self, name: &str) -> String {
         format!("{}names/{name}", self.prefix)
@@ -215,6 +226,10 @@ mod tests {
         assert_eq!(k.parse(&k.thin("p", "spec")), Some(Key::Thin("p", "spec")));
         assert_eq!(k.parse("/flashpool/c1/volumes/p/thin/"), None);
         assert_eq!(k.parse("/flashpool/c1/volumes/p/thin/a/b"), None);
+        // read by the pool's owner alone: no event, no volume key
+        assert_eq!(k.parse(&k.thin_resv("p", "t1")), None);
+        assert!(k.thin_resv("p", "t1").starts_with(&k.thin_resvs("p")));
+        assert!(!k.thin_resv("p", "t1").starts_with(&k.thins("p")));
         assert_eq!(k.nsid("nqn.x:a/b", 7), "/flashpool/c1/nsids/nqn.x:a%2Fb/7");
         assert_eq!(k.parse(&k.slot(3)), None);
         assert_eq!(k.parse(&k.slot_home("a")), None);

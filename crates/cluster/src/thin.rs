@@ -69,6 +69,8 @@ impl Session {
             TxnOp::put(keys.thin(&t.pool, &t.name), encode(t), None),
             TxnOp::put(name_key.clone(), encode(&t.pool), None),
             crate::qos::qos_op(self.vkey(&t.name, VolumeKey::Qos), qos),
+            // a new thin volume starts with no host reservations
+            TxnOp::delete(keys.thin_resv(&t.pool, &t.name), None),
         ];
         // NSID 0 (a snapshot not served) claims no NSID.
         if t.nsid != 0 {
@@ -204,7 +206,7 @@ impl Session {
     }
 
     /// Deletes thin volume `t` (and frees its name and NSID, and drops its
-    /// QoS limits), while this node owns its pool at `pool_epoch`.
+    /// QoS limits and host reservations), while this node owns its pool at `pool_epoch`.
     pub async fn delete_thin(
         &self,
         t: &ThinSpec,
@@ -216,6 +218,7 @@ impl Session {
             TxnOp::delete(keys.thin(&t.pool, &t.name), None),
             TxnOp::delete(keys.thin_name(&t.name), None),
             TxnOp::delete(self.vkey(&t.name, VolumeKey::Qos), None),
+            TxnOp::delete(keys.thin_resv(&t.pool, &t.name), None),
         ];
         if t.nsid != 0 {
             ops.push(TxnOp::delete(keys.nsid(nqn, t.nsid), None));
@@ -230,6 +233,60 @@ impl Session {
             pool_epoch,
         )
         .await
+    }
+
+    /// The host reservation records of pool `pool`'s thin volumes, by
+    /// thin volume name: one range read (a takeover or move of the pool
+    /// loads them all before its namespaces turn Optimized).
+    pub async fn thin_resvs(
+        &self,
+        pool: &str,
+    ) -> Result<std::collections::BTreeMap<String, Vec<u8>>, ClusterError> {
+        let prefix = self.keys().thin_resvs(pool);
+        Ok(self
+            .get_prefix(&prefix)
+            .await?
+            .iter()
+            .filter_map(|kv| {
+                let k = std::str::from_utf8(kv.key()).ok()?;
+                Some((k.strip_prefix(&prefix)?.to_string(), kv.value().to_vec()))
+            })
+            .collect())
+    }
+
+    /// Stores thin volume `thin`'s host reservation record, only while this
+    /// node owns its pool `pool` at `pool_epoch` (`Deposed` otherwise,
+    /// nothing written): a deposed owner cannot change what the next one
+    /// loads, as the members' reservations keep it from the data.
+    pub async fn put_thin_resv(
+        &self,
+        pool: &str,
+        thin: &str,
+        pool_epoch: u64,
+        record: &[u8],
+    ) -> Result<(), ClusterError> {
+        let txn = Txn::new()
+            .when([self.owned_at(pool, pool_epoch)])
+            .and_then([TxnOp::put(
+                self.keys().thin_resv(pool, thin),
+                record.to_vec(),
+                None,
+            )]);
+        if self
+            .txn(
+                &format!("store the reservations of thin volume {thin}"),
+                txn,
+            )
+            .await?
+            .succeeded()
+        {
+            Ok(())
+        } else {
+            Err(ClusterError::Deposed {
+                volume: pool.to_string(),
+                epoch: pool_epoch,
+            })
+        }
     }
 
     /// The NSIDs of `nqn` that thin volumes hold.

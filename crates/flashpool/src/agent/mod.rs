@@ -48,6 +48,7 @@ mod runner;
 mod switch;
 #[cfg(test)]
 mod tests;
+mod thin_resv;
 mod views;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -23,6 +23,7 @@ use cluster::{ClusterError, Session, ThinSpec, VolumeSpec};
 use nvmf_target::qos::QosLimits;
 
 use super::cluster_ops::serial_of;
+use super::thin_resv::ThinResvDevice;
 use super::{Agent, Served, SwitchDevice};
 use crate::api_types::{CreateVolume, QosRequest};
 use crate::client::{PeerApi, PeerError};
@@ -207,10 +208,45 @@ impl Agent {
     /// to the thin volume the pool holds. One the pool does not hold is
     /// left standby (logged); with `orphans`, so are the pool's thin
     /// volumes that no record names.
+    ///
+    /// Each thin volume is served with its host reservations, which the
+    /// pool's owner keeps in etcd (`thin_resv.rs`): all of the pool's are
+    /// read in one range read first.
     pub(super) async fn activate_thins(&self, sv: &Served, orphans: bool) {
-        for t in sv.thins.values().filter(|t| !t.switch.is_active()) {
+        let pending: Vec<&ThinServed> = sv
+            .thins
+            .values()
+            .filter(|t| !t.switch.is_active())
+            .collect();
+        let (Some(epoch), false) = (sv.epoch, pending.is_empty()) else {
+            return self.log_orphans(sv, orphans).await;
+        };
+        let s = self.session();
+        let mut records = match s.thin_resvs(&sv.spec.name).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::error!(
+                    "pool {}: reading its thin volumes' host reservations: {e}; each is read \
+                     again when a host changes one",
+                    sv.spec.name
+                );
+                None
+            }
+        };
+        for t in pending {
             match self.node.volume_device(&t.spec.name).await {
-                Some(dev) => t.switch.activate(dev),
+                Some(dev) => {
+                    let record = records.as_mut().map(|r| r.remove(&t.spec.name));
+                    let dev = ThinResvDevice::wrap(
+                        dev,
+                        s.clone(),
+                        &sv.spec.name,
+                        &t.spec.name,
+                        epoch,
+                        record,
+                    );
+                    t.switch.activate(dev)
+                }
                 None => tracing::error!(
                     "thin volume {} is recorded in cluster pool {} but the pool does not hold it; \
                      not served",
@@ -219,6 +255,11 @@ impl Agent {
                 ),
             }
         }
+        self.log_orphans(sv, orphans).await;
+    }
+
+    /// With `orphans`: logs the pool's thin volumes that no record names.
+    async fn log_orphans(&self, sv: &Served, orphans: bool) {
         if !orphans {
             return;
         }
@@ -429,7 +470,11 @@ impl Agent {
         }
         match self.serve_thin(&sv.spec, t) {
             Ok(switch) => {
-                if let Some(dev) = self.node.volume_device(&t.name).await {
+                if let (Some(epoch), Some(dev)) = (sv.epoch, self.node.volume_device(&t.name).await)
+                {
+                    // new: no reservations yet (its create cleared any record)
+                    let s = self.session();
+                    let dev = ThinResvDevice::wrap(dev, s, pool, &t.name, epoch, Some(None));
                     switch.activate(dev);
                 }
                 sv.thins.insert(

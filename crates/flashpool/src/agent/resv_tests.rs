@@ -14,6 +14,7 @@ use nvmf_host::{
 };
 use nvmf_target::{AnaState, ListenerConfig, ListenerKind, Server, Target, TlsMode};
 
+use super::pools_tests::{pool_req, thin};
 use super::tests::{NQN, Pair, create_v, pair, wait};
 
 const WX: ResvType = ResvType::WriteExclusive;
@@ -201,6 +202,83 @@ async fn reservations_follow_the_volume_through_a_move_and_a_takeover() {
     for c in [a1, a2, b1, b2] {
         let _ = c.disconnect().await;
     }
+    sa.shutdown();
+    sb.shutdown();
+    a.leave().await;
+    b.leave().await;
+}
+
+/// The same for a thin volume of a cluster pool: its reservations are kept
+/// in etcd under the pool's owner epoch (`thin_resv.rs`) and carried by a
+/// move and a takeover of the pool; deleting the thin volume drops them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_on_a_thin_volume_follow_its_pool() {
+    let Some(Pair {
+        etcd: _etcd,
+        enc: _enc,
+        a,
+        ta,
+        b,
+        tb,
+    }) = pair().await
+    else {
+        return;
+    };
+    let (sa, sb) = (listen(&ta), listen(&tb));
+    a.create(pool_req(0)).await.unwrap();
+    let t1 = a.create(thin("t1", Some(1))).await.unwrap();
+    assert_eq!(t1.export.map(|x| x.nsid), Some(1));
+    let g = a.status().await.unwrap().volumes[0].ana_group;
+    wait("b to serve t1 on standby", 10, async || {
+        tb.subsystem(NQN).and_then(|s| s.namespace(1)).is_some()
+    })
+    .await;
+    let (a1, a2) = (host(1, &sa).await, host(2, &sa).await);
+    let (b1, b2) = (host(1, &sb).await, host(2, &sb).await);
+    let q1 = a1.io_queue(1).unwrap();
+    q1.resv_register(1, RegisterAction::Register, 0, KEY_A, false, 0)
+        .await
+        .unwrap();
+    a2.io_queue(1)
+        .unwrap()
+        .resv_register(1, RegisterAction::Register, 0, KEY_B, false, 0)
+        .await
+        .unwrap();
+    q1.resv_acquire(1, AcquireAction::Acquire, WX, KEY_A, 0, false)
+        .await
+        .unwrap();
+    check_owner(&a1, &a2, 2, "thin volume, first owner").await;
+    check_standby(&b1, "thin volume, b on standby").await;
+    assert_eq!(a.session().thin_resvs("p").await.unwrap().len(), 1);
+
+    // A planned move of the pool, then b's lease revoked: a takes it back.
+    a.move_volume("p", "b").await.unwrap();
+    assert_eq!(tb.ana_state(g), AnaState::Optimized);
+    check_owner(&b1, &b2, 2, "thin volume, after the move").await;
+    check_standby(&a1, "thin volume, a after the move").await;
+    assert!(a.session().revoke_node("b").await.unwrap());
+    wait("a to take the pool over", 15, async || {
+        ta.ana_state(g) == AnaState::Optimized
+    })
+    .await;
+    check_owner(&a1, &a2, 2, "thin volume, after the takeover").await;
+
+    // A deposed owner's store is refused in etcd, and changes nothing.
+    let epoch_b = 2;
+    assert!(matches!(
+        b.session()
+            .put_thin_resv("p", "t1", epoch_b, b"stale")
+            .await,
+        Err(cluster::ClusterError::Deposed { .. })
+    ));
+    check_owner(&a1, &a2, 2, "thin volume, after a deposed store").await;
+
+    // Deleted: its record goes with it.
+    for c in [a1, a2, b1, b2] {
+        let _ = c.disconnect().await;
+    }
+    a.delete("t1", true).await.unwrap().unwrap();
+    assert!(a.session().thin_resvs("p").await.unwrap().is_empty());
     sa.shutdown();
     sb.shutdown();
     a.leave().await;

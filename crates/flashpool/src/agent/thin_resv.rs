@@ -1,0 +1,169 @@
+//! Host reservations of the thin volumes of a cluster pool, kept in etcd.
+//!
+//! A cluster volume keeps its reservations in its members' record area
+//! (`switch.rs`). A thin volume has no members of its own, and the pool's
+//! record area (8 KiB) cannot hold the registrations of hundreds of thin
+//! volumes. So each thin volume's record lives beside its spec, under
+//! `volumes/<pool>/thin-resv/<thin>`, where everything else about it lives
+//! (name, NSID, size), and is written by the pool's owner under its epoch:
+//! the transaction compares the pool's owner key, so a deposed owner cannot
+//! change what the next owner loads, however late its write arrives. The
+//! next owner reads all of a pool's records in one range read before the
+//! pool's ANA group turns Optimized.
+//!
+//! [`ThinResvDevice`] is the thin volume as the owner's switch serves it:
+//! every method forwards to the thin volume but the three record ones.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use blockdev::{BlockDevice, BlockError, RecordKind};
+use cluster::{ClusterError, Session};
+use parking_lot::Mutex;
+
+/// How long a reservation command waits for etcd before it is refused.
+const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What this owner knows of the record in etcd.
+#[derive(Clone, Debug)]
+enum Known {
+    /// Read (or written) by this owner: the record, or none stored yet.
+    Record(Option<Vec<u8>>),
+    /// The pool's read failed: read this one key when it is asked for.
+    Unread,
+}
+
+pub(super) struct ThinResvDevice {
+    thin: Arc<dyn BlockDevice>,
+    session: Session,
+    rt: tokio::runtime::Handle,
+    pool: String,
+    name: String,
+    /// The pool's epoch under which this node serves it.
+    epoch: u64,
+    known: Mutex<Known>,
+}
+
+impl ThinResvDevice {
+    /// Thin volume `name` of `pool`, owned here at `epoch`, with the record
+    /// the pool's range read found (`None`: that read failed). Call on the
+    /// agent's runtime: stores run their etcd transaction there.
+    pub(super) fn wrap(
+        thin: Arc<dyn BlockDevice>,
+        session: Session,
+        pool: &str,
+        name: &str,
+        epoch: u64,
+        record: Option<Option<Vec<u8>>>,
+    ) -> Arc<dyn BlockDevice> {
+        Arc::new(ThinResvDevice {
+            thin,
+            session,
+            rt: tokio::runtime::Handle::current(),
+            pool: pool.to_string(),
+            name: name.to_string(),
+            epoch,
+            known: Mutex::new(record.map_or(Known::Unread, Known::Record)),
+        })
+    }
+
+    /// Runs `f`'s etcd call on the agent's runtime and waits for it, at most
+    /// [`STORE_TIMEOUT`]. The caller's thread (a target reactor) blocks:
+    /// reservation commands are rare, as for a volume's record writes.
+    fn etcd<T: Send + 'static>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = Result<T, ClusterError>> + Send + 'static,
+    ) -> Result<T, BlockError> {
+        let task = self
+            .rt
+            .spawn(async move { tokio::time::timeout(STORE_TIMEOUT, f).await });
+        let fail = |why: String| {
+            BlockError::Config(format!(
+                "thin volume {}: {what} in the cluster (etcd): {why}",
+                self.name
+            ))
+        };
+        match blockdev::block_on(task) {
+            Ok(Ok(Ok(v))) => Ok(v),
+            Ok(Ok(Err(ClusterError::Deposed { volume, epoch }))) => Err(BlockError::Fenced(
+                format!("pool {volume} is no longer owned here at epoch {epoch}"),
+            )),
+            Ok(Ok(Err(e))) => Err(fail(e.to_string())),
+            Ok(Err(_)) => Err(fail(format!(
+                "no answer within {} s",
+                STORE_TIMEOUT.as_secs()
+            ))),
+            Err(e) => Err(fail(e.to_string())),
+        }
+    }
+}
+
+impl ThinResvDevice {
+    /// This thin volume's record as etcd holds it now.
+    fn read(&self) -> Result<Option<Vec<u8>>, BlockError> {
+        let (s, pool, name) = (self.session.clone(), self.pool.clone(), self.name.clone());
+        self.etcd("reading its reservations", async move {
+            Ok(s.thin_resvs(&pool).await?.remove(&name))
+        })
+    }
+}
+
+impl BlockDevice for ThinResvDevice {
+    blockdev::forward_block_device!(self => self.thin, except [keeps_records, load_record, store_record]);
+
+    fn keeps_records(&self) -> bool {
+        true
+    }
+
+    fn load_record(&self, _kind: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
+        let known = self.known.lock().clone();
+        match known {
+            Known::Record(r) => Ok(r),
+            Known::Unread => {
+                let r = self.read()?;
+                *self.known.lock() = Known::Record(r.clone());
+                Ok(r)
+            }
+        }
+    }
+
+    /// A change is stored before the command completes; one whose store
+    /// fails is refused and changes nothing. If the record could not be
+    /// read when this node started serving (etcd did not answer), the
+    /// namespace started empty: a change is stored only once a read shows
+    /// that nothing was stored, since it would replace registrations this
+    /// owner never loaded.
+    fn store_record(&self, kind: RecordKind, data: &[u8]) -> Result<(), BlockError> {
+        if matches!(*self.known.lock(), Known::Unread) {
+            if self.read()?.is_some() {
+                return Err(BlockError::Config(format!(
+                    "thin volume {}: its {kind:?} record was not loaded when this node took \
+                     pool {} over (etcd did not answer); move the pool to load it",
+                    self.name, self.pool
+                )));
+            }
+            *self.known.lock() = Known::Record(None);
+        }
+        if data.len() > blockdev::RECORD_MAX {
+            return Err(BlockError::Config(format!(
+                "thin volume {}: a {kind:?} record of {} bytes is over the {}-byte limit",
+                self.name,
+                data.len(),
+                blockdev::RECORD_MAX
+            )));
+        }
+        let (s, pool, name, epoch, rec) = (
+            self.session.clone(),
+            self.pool.clone(),
+            self.name.clone(),
+            self.epoch,
+            data.to_vec(),
+        );
+        self.etcd("storing its reservations", async move {
+            s.put_thin_resv(&pool, &name, epoch, &rec).await
+        })?;
+        *self.known.lock() = Known::Record(Some(data.to_vec()));
+        Ok(())
+    }
+}
