@@ -29,9 +29,12 @@ use super::{Agent, Served};
 pub(super) fn concurrency() -> usize {
     // A takeover mostly waits on the network (connects, reservations,
     // etcd): measured with 48 volumes on 2 cores, 4 at a time served the
-    // last after six waves (2.9-3.6 s); the CPU work (resync) is short.
+    // last after six waves (2.9-3.6 s); the CPU work (resync) is short. A
+    // planned handoff waits even more (the old owner's close, then the new
+    // owner's claim): a drain of 48 kept 0.45 of 2 CPUs busy with 16 at a
+    // time (docs/performance.md, "A drain of 48 volumes").
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (4 * cores).max(16)
+    (8 * cores).max(32)
 }
 
 /// The volumes served here. A volume's task takes its [`Served`] out while
@@ -567,6 +570,6 @@ mod tests {
     #[test]
     fn concurrency_is_a_few_more_than_the_cores() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert!(concurrency() >= 16 && concurrency() >= 4 * cores);
+        assert!(concurrency() >= 32 && concurrency() >= 8 * cores);
     }
 }
