@@ -269,7 +269,7 @@ for name in $(echo "$CASES" | tr , ' '); do
   while [ $r -lt "$RUNS" ]; do
     r=$((r+1)); tag=$name; [ "$RUNS" -gt 1 ] && tag="$name#$r"
     # ---- resv-follow: its own steps (tests/failover/resv-guest.sh), no fio load
-    if [ "$name" = resv-follow ]; then resv_case "$tag"; continue; fi
+    case $name in resv-follow|resv-follow-thin) resv_case "$tag"; continue;; esac
     # ---- end resv-follow
     log "STEP $tag: prepare (every node up, every path live)"
     wait_host "prep:$tag" 240 || log "host: prepare $tag: $HOSTSAYS"

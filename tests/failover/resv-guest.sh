@@ -11,6 +11,7 @@
 # have one namespace: rvol is alone in its subsystem), never through the shared head.
 
 OFF_resv_follow=none      # no fio region: the case writes single blocks only
+OFF_resv_follow_thin=none # the same on a thin volume of a cluster pool
 RESV_KA=41377; RESV_KB=45746   # 0xa1a1, 0xb2b2 (resv-report prints the keys in hex)
 
 # resv_ctrl HOSTNQN ADDR: the live controller nvmeX of $RESV_NQN for HOSTNQN at ADDR

@@ -65,7 +65,7 @@ if [ -n "$GUEST_SUITE" ]; then GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/secur
 else GUEST_CACHE=${FLASHPOOL_CACHE:-$ROOT/.cache/interop}; fi
 CACHE=${FAILOVER_CACHE:-$ROOT/.cache/failover${GUEST_SUITE:+-$GUEST_SUITE}}
 IRD=$CACHE/initramfs; INITRD=$CACHE/initrd.img; RUN=$CACHE/run
-ALL_CASES="planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild enclosure-and-owner owner-cut-from-enclosure-and-etcd resv-follow"
+ALL_CASES="planned-move kill9-owner sigstop-owner cut-owner claim-race etcd-leader-loss rejoin-rebuild enclosure-and-owner owner-cut-from-enclosure-and-etcd resv-follow resv-follow-thin"
 CASES=$(echo "${CASES:-$ALL_CASES}" | tr , ' ')
 RUNS=${RUNS:-1}; KATO=${KATO:-1}; LEASE_MS=${LEASE_MS:-2000}
 # the host settings for fast failover (docs/cluster.md, "Host settings for fast failover"):

@@ -69,12 +69,20 @@ impl ThinResvDevice {
 
     /// Runs `f`'s etcd call on the agent's runtime and waits for it, at most
     /// [`STORE_TIMEOUT`]. The caller's thread (a target reactor) blocks:
-    /// reservation commands are rare, as for a volume's record writes.
+    /// reservation commands are rare, as for a volume's record writes. A
+    /// caller on the agent's own runtime is refused: the management runtime
+    /// has one worker, which would wait for itself.
     fn etcd<T: Send + 'static>(
         &self,
         what: &str,
         f: impl std::future::Future<Output = Result<T, ClusterError>> + Send + 'static,
     ) -> Result<T, BlockError> {
+        if tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == self.rt.id()) {
+            return Err(BlockError::Config(format!(
+                "thin volume {}: {what}: not from an async task",
+                self.name
+            )));
+        }
         let task = self
             .rt
             .spawn(async move { tokio::time::timeout(STORE_TIMEOUT, f).await });
@@ -116,15 +124,18 @@ impl BlockDevice for ThinResvDevice {
         true
     }
 
-    fn load_record(&self, _kind: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
-        let known = self.known.lock().clone();
-        match known {
-            Known::Record(r) => Ok(r),
-            Known::Unread => {
-                let r = self.read()?;
-                *self.known.lock() = Known::Record(r.clone());
-                Ok(r)
-            }
+    /// What the pool's range read found. Called when the switch starts
+    /// serving, on the management runtime, so it never waits for etcd: a
+    /// record that read did not get is an error (the switch serves the thin
+    /// volume with none, and `store_record` reads it before any change).
+    fn load_record(&self, kind: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
+        match &*self.known.lock() {
+            Known::Record(r) => Ok(r.clone()),
+            Known::Unread => Err(BlockError::Config(format!(
+                "thin volume {}: its {kind:?} record was not read from the cluster (etcd did \
+                 not answer when this node took pool {} over)",
+                self.name, self.pool
+            ))),
         }
     }
 
