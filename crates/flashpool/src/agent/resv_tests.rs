@@ -71,6 +71,23 @@ async fn check_owner(a: &Controller, b: &Controller, generation: u32, when: &str
     a.write(1, 1, 0, 1, &[0xA; 4096]).await.unwrap();
 }
 
+/// Through the owner's controllers: host 1 (`a`) registers KEY_A, host 2
+/// (`b`) KEY_B, and host 1 takes Write Exclusive (PRGEN 2 after it).
+async fn register_and_reserve(a: &Controller, b: &Controller) {
+    for (c, key) in [(a, KEY_A), (b, KEY_B)] {
+        c.io_queue(1)
+            .unwrap()
+            .resv_register(1, RegisterAction::Register, 0, key, false, cptpl::NO_CHANGE)
+            .await
+            .unwrap();
+    }
+    a.io_queue(1)
+        .unwrap()
+        .resv_acquire(1, AcquireAction::Acquire, WX, KEY_A, 0, false)
+        .await
+        .unwrap();
+}
+
 /// A standby node refuses reservation commands and I/O with the path status.
 async fn check_standby(a: &Controller, when: &str) {
     let e = a.io_queue(1).unwrap().resv_report(1).await.unwrap_err();
@@ -108,31 +125,7 @@ async fn reservations_follow_the_volume_through_a_move_and_a_takeover() {
     let (b1, b2) = (host(1, &sb).await, host(2, &sb).await);
 
     // Register both and reserve (Write Exclusive, host 1) through the owner.
-    let q1 = a1.io_queue(1).unwrap();
-    let q2 = a2.io_queue(1).unwrap();
-    q1.resv_register(
-        1,
-        RegisterAction::Register,
-        0,
-        KEY_A,
-        false,
-        cptpl::NO_CHANGE,
-    )
-    .await
-    .unwrap();
-    q2.resv_register(
-        1,
-        RegisterAction::Register,
-        0,
-        KEY_B,
-        false,
-        cptpl::NO_CHANGE,
-    )
-    .await
-    .unwrap();
-    q1.resv_acquire(1, AcquireAction::Acquire, WX, KEY_A, 0, false)
-        .await
-        .unwrap();
+    register_and_reserve(&a1, &a2).await;
     check_owner(&a1, &a2, 2, "on the first owner").await;
     check_standby(&b1, "b on standby").await;
 
@@ -235,18 +228,7 @@ async fn reservations_on_a_thin_volume_follow_its_pool() {
     .await;
     let (a1, a2) = (host(1, &sa).await, host(2, &sa).await);
     let (b1, b2) = (host(1, &sb).await, host(2, &sb).await);
-    let q1 = a1.io_queue(1).unwrap();
-    q1.resv_register(1, RegisterAction::Register, 0, KEY_A, false, 0)
-        .await
-        .unwrap();
-    a2.io_queue(1)
-        .unwrap()
-        .resv_register(1, RegisterAction::Register, 0, KEY_B, false, 0)
-        .await
-        .unwrap();
-    q1.resv_acquire(1, AcquireAction::Acquire, WX, KEY_A, 0, false)
-        .await
-        .unwrap();
+    register_and_reserve(&a1, &a2).await;
     check_owner(&a1, &a2, 2, "thin volume, first owner").await;
     check_standby(&b1, "thin volume, b on standby").await;
     assert_eq!(a.session().thin_resvs("p").await.unwrap().len(), 1);
