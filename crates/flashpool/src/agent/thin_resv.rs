@@ -25,11 +25,11 @@ use parking_lot::Mutex;
 const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What this owner knows of the record in etcd.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 enum Known {
     /// Read (or written) by this owner: the record, or none stored yet.
     Record(Option<Vec<u8>>),
-    /// The pool's read failed: read this one key when it is asked for.
+    /// The pool's read failed: this key is read before the first change.
     Unread,
 }
 
@@ -79,7 +79,8 @@ impl ThinResvDevice {
     ) -> Result<T, BlockError> {
         if tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == self.rt.id()) {
             return Err(BlockError::Config(format!(
-                "thin volume {}: {what}: not from an async task",
+                "thin volume {}: {what}: asked on the management runtime, which would wait \
+                 for itself (a bug; the command is refused)",
                 self.name
             )));
         }
@@ -105,14 +106,12 @@ impl ThinResvDevice {
             Err(e) => Err(fail(e.to_string())),
         }
     }
-}
 
-impl ThinResvDevice {
-    /// This thin volume's record as etcd holds it now.
+    /// This thin volume's record as etcd holds it now (one key).
     fn read(&self) -> Result<Option<Vec<u8>>, BlockError> {
         let (s, pool, name) = (self.session.clone(), self.pool.clone(), self.name.clone());
         self.etcd("reading its reservations", async move {
-            Ok(s.thin_resvs(&pool).await?.remove(&name))
+            s.thin_resv(&pool, &name).await
         })
     }
 }

@@ -111,11 +111,7 @@ impl Node {
                     crate::echo::Echo(name)
                 )));
             };
-            let remotes: Vec<(String, Arc<nvmf_host::remote::RemoteDevice>)> = e
-                .drives
-                .iter()
-                .filter_map(|n| Some((n.clone(), st.drives.get(n)?.remote.clone()?)))
-                .collect();
+            let remotes = super::remote::remotes_of(&st, &e.drives);
             (
                 st.compactor.clone(),
                 e.thin_pool().cloned(),

@@ -226,11 +226,7 @@ impl Node {
     /// Gives up this node's reservation on the remote drives in `names`
     /// (volume deleted). Best effort: a drive that is gone keeps nothing.
     pub(crate) async fn unclaim(&self, st: &NodeState, names: &[String]) {
-        let remotes: Vec<(String, Arc<RemoteDevice>)> = names
-            .iter()
-            .filter_map(|n| Some((n.clone(), st.drives.get(n)?.remote.clone()?)))
-            .collect();
-        self.unclaim_remotes(&remotes).await;
+        self.unclaim_remotes(&remotes_of(st, names)).await;
     }
 
     /// [`Node::unclaim`] on drive handles, every drive at once.
@@ -319,6 +315,14 @@ impl Node {
             tracing::warn!("volume {v}: drive {name} is back but not re-added: {e}");
         }
     }
+}
+
+/// The remote drives among `names`, by name (the handles outlive the lock).
+pub(crate) fn remotes_of(st: &NodeState, names: &[String]) -> Vec<(String, Arc<RemoteDevice>)> {
+    names
+        .iter()
+        .filter_map(|n| Some((n.clone(), st.drives.get(n)?.remote.clone()?)))
+        .collect()
 }
 
 async fn link_task(
