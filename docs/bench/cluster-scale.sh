@@ -50,6 +50,7 @@
 #      LEASE_MS=2000  STOP_S=1  AFTER=3 (s of CPU/etcd watch past the last volume)
 #      TIMEOUT=30 (s per fault)  SLACK=0.5 (CHECK: the relaxed goal, below)
 #      BIN (default target/release/flashpool)  OUT=/tmp/flashpool-scale
+#      PERF_S=S (a system-wide `perf record -g` of each probe's first S s: $OUT/N<n>-<case>.perf)
 # Output: per run a line; at the end two Markdown tables ready to paste into
 # docs/performance.md (first/median/last per N and case; the took_over step times), also in
 # $OUT/table.md; every probe's JSON in $OUT/N<n>-<case>.json.
@@ -215,6 +216,8 @@ probe() {
   for i in $(seq 1 "$FPC_ETCD_N"); do watch="$watch --watch etcd-m$i=$(fpc_pid_of "etcd-$i")"; done
   s2=$(last_seq 2); s3=$(last_seq 3)
   e0=$(etcd_counts); b0=$(busy); la=$(cut -d' ' -f1-3 /proc/loadavg)
+  # PERF_S=S: a system-wide `perf record -g` of the first S seconds of the probe
+  [ -z "${PERF_S:-}" ] || perf record -a -g -q -o "$OUT/N$n-$tag.perf" -- sleep "$PERF_S" > /dev/null 2>&1 &
   "$FPC_BIN" failover-probe --nqn "$NQN" --owner c1 \
     --ctrl "c1=$(fpc_cip 1):$FPC_PORT" --ctrl "c2=$(fpc_cip 2):$FPC_PORT" --ctrl "c3=$(fpc_cip 3):$FPC_PORT" \
     --volume "${args#,}" $watch --after "${AFTER}s" --timeout "${TIMEOUT}s" --json "$j" "$@" \

@@ -321,6 +321,7 @@ impl Session {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        tracing::trace!("etcd request: {what}");
         retry(&self.inner.cfg, what, || f(self.inner.client.clone())).await
     }
 

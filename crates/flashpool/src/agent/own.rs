@@ -250,12 +250,7 @@ impl Agent {
         let t_state = t0.elapsed();
         let req = AssembleVolume {
             // By the peer:drive names the volume was made with, as its creator shows them.
-            drives: sv
-                .spec
-                .drives
-                .iter()
-                .map(|u| self.node.cluster().name_of(u).unwrap_or_else(|| u.clone()))
-                .collect(),
+            drives: self.member_names(&sv.spec),
             takeover: true,
             export: None,
             force: false,

@@ -267,6 +267,7 @@ impl Agent {
         let read_at = std::time::Instant::now();
         let view = s.pass_view().await?;
         self.qos_sync(view.qos, read_at);
+        self.refresh_standby(s.node(), &members, &view.specs, &view.owners);
         let mut specs: HashMap<String, VolumeSpec> = view
             .specs
             .into_iter()
@@ -306,6 +307,43 @@ impl Agent {
             self.start(s, &members, name, spec);
         }
         Ok(())
+    }
+
+    /// A volume's members by the `peer:drive` names it was made with (as
+    /// its creator shows them), or by URL where no `[[peer]]` names them.
+    pub(super) fn member_names(&self, spec: &VolumeSpec) -> Vec<String> {
+        let c = self.node.cluster();
+        spec.drives
+            .iter()
+            .map(|u| c.name_of(u).unwrap_or_else(|| u.clone()))
+            .collect()
+    }
+
+    /// Keeps standby links (`node/standby.rs`) to the members of every
+    /// volume this node would take over first if its owner died or
+    /// drained: the rendezvous winner among the eligible nodes but the
+    /// owner, as [`super::decide`] picks it. In the background; one at a time.
+    fn refresh_standby(
+        self: &Arc<Self>,
+        me: &str,
+        members: &Members,
+        specs: &[VolumeSpec],
+        owners: &BTreeMap<String, Owner>,
+    ) {
+        let wanted: BTreeSet<String> = specs
+            .iter()
+            .filter(|v| {
+                owners.get(&v.name).is_some_and(|o| {
+                    o.node != me
+                        && cluster::rendezvous(&v.name, members.eligible().filter(|n| *n != o.node))
+                            .first()
+                            == Some(&me)
+                })
+            })
+            .flat_map(|v| self.member_names(v))
+            .collect();
+        let node = self.node.clone();
+        tokio::spawn(async move { node.refresh_standby(wanted).await });
     }
 
     /// The volumes served here, as [`steady`] sees them.

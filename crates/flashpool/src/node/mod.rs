@@ -55,6 +55,9 @@ mod snapshots;
 #[cfg(test)]
 mod snapshots_tests;
 mod spares;
+mod standby;
+#[cfg(test)]
+mod standby_tests;
 #[cfg(test)]
 pub(crate) mod testing;
 #[cfg(test)]
@@ -289,6 +292,12 @@ pub struct Node {
     keys: parking_lot::RwLock<keys::Keyring>,
     /// Takeovers under way, which resyncs and rebuilds wait for.
     pub foreground: Arc<foreground::Foreground>,
+    /// Links kept open to the members of volumes this node would take
+    /// over (`standby.rs`).
+    standby: parking_lot::Mutex<standby::Standby>,
+    /// The task following each open remote drive's link (`remote.rs`), so
+    /// that a drive opened again has one, not two.
+    link_watchers: parking_lot::Mutex<std::collections::HashMap<String, tokio::task::AbortHandle>>,
 }
 
 impl Node {
@@ -304,6 +313,8 @@ impl Node {
             events: Arc::default(),
             keys: parking_lot::RwLock::new(keys::Keyring::default()),
             foreground: Arc::default(),
+            standby: Default::default(),
+            link_watchers: Default::default(),
         })
     }
 

@@ -142,7 +142,12 @@ impl Node {
         let mut st = self.state.lock().await;
         st.volumes.remove(name);
         drop_thin_of(&mut st, name);
-        close_remotes(&mut st, &drives);
+        // Kept open as standby links: a move back (or a takeover after the
+        // next owner dies) need not connect again.
+        for (n, dev) in take_remotes(&mut st, &drives) {
+            self.unwatch_link(&n);
+            self.park_standby(&n, dev);
+        }
         tracing::info!("volume {name}: handed over (clean, reservations released)");
         Ok(())
     }
@@ -156,14 +161,27 @@ fn drop_thin_of(st: &mut NodeState, pool: &str) {
 
 /// Closes and forgets the remote drives among `names`.
 fn close_remotes(st: &mut NodeState, names: &[String]) {
+    for (_, dev) in take_remotes(st, names) {
+        let _ = dev.shutdown();
+    }
+}
+
+/// Forgets the remote drives among `names` and returns their handles.
+fn take_remotes(
+    st: &mut NodeState,
+    names: &[String],
+) -> Vec<(String, Arc<nvmf_host::remote::RemoteDevice>)> {
+    let mut out = Vec::new();
     for n in names {
         // One an assembly has set aside (this volume's offline entry
         // giving way to it) stays open for that assembly.
         if st.drives.get(n).is_some_and(|d| d.remote.is_some())
             && st.check_not_assembling(n).is_ok()
             && let Some(d) = st.drives.remove(n)
+            && let Some(r) = d.remote
         {
-            let _ = d.dev.shutdown();
+            out.push((n.clone(), r));
         }
     }
+    out
 }

@@ -28,7 +28,7 @@ impl Node {
         u64::from_be_bytes(id[..8].try_into().expect("8 bytes")) | 1
     }
 
-    fn remote_options(&self, url: &str) -> RemoteOptions {
+    pub(super) fn remote_options(&self, url: &str) -> RemoteOptions {
         let c = self.cluster();
         let r = c.remote;
         let mut o = RemoteOptions::default();
@@ -58,10 +58,16 @@ impl Node {
                 .resolve(name)
                 .map_err(NodeError::BadRequest)?,
         };
-        let dev = RemoteDevice::connect(&url, self.remote_options(&url))
-            .await
-            .map(Arc::new)
-            .map_err(|e| NodeError::Conflict(format!("drive {name} ({url}): {e}")))?;
+        let dev = match self.take_standby(name, &url) {
+            Some(d) => {
+                tracing::debug!("drive {name}: taken from the standby links");
+                d
+            }
+            None => RemoteDevice::connect(&url, self.remote_options(&url))
+                .await
+                .map(Arc::new)
+                .map_err(|e| NodeError::Conflict(format!("drive {name} ({url}): {e}")))?,
+        };
         let (metered, io) = super::drive::MeteredDevice::wrap(dev.clone());
         Ok(Drive {
             name: name.to_string(),
@@ -243,12 +249,28 @@ impl Node {
     /// Follows a remote drive's link. When it comes back after its member
     /// was failed, the owner claims it again (its node may have restarted
     /// without the reservation) and re-adds it through the bitmap.
+    /// One task per drive name: a drive opened again (a standby link
+    /// taken back) replaces the task that followed it before.
     pub(crate) fn watch_link(self: &Arc<Self>, name: &str, r: &RemoteDevice) {
-        tokio::spawn(link_task(
+        let task = tokio::spawn(link_task(
             Arc::downgrade(self),
             name.to_string(),
             r.subscribe(),
         ));
+        let old = self
+            .link_watchers
+            .lock()
+            .insert(name.to_string(), task.abort_handle());
+        if let Some(o) = old {
+            o.abort();
+        }
+    }
+
+    /// Stops following drive `name`'s link (parked as a standby link).
+    pub(crate) fn unwatch_link(&self, name: &str) {
+        if let Some(o) = self.link_watchers.lock().remove(name) {
+            o.abort();
+        }
     }
 
     /// At start: the TOML's remote drives. One that cannot be reached is

@@ -163,8 +163,10 @@ impl Volume {
         st.bytes.store(0, Ordering::SeqCst);
         *st.started.lock() = Some(Instant::now());
         tracing::info!(
-            "rebuilding members {:?} from stripe {start} of {stripes}",
-            st.members.lock()
+            "{} members {:?}: {} of {stripes} stripes, from stripe {start}",
+            if resync_only { "resyncing" } else { "rebuilding" },
+            st.members.lock(),
+            todo.len()
         );
         let began = Instant::now();
         let strip_bytes = inner.layout.strip_blocks() * inner.bs;

@@ -1,0 +1,165 @@
+//! Standby member links: connections a cluster node keeps open to the
+//! members of volumes it would take over, before it has to.
+//!
+//! Opening a remote drive is about a dozen round trips (TCP, ICReq, the
+//! admin queue's Connect and Identify, every I/O queue's Connect): 40-50% of
+//! a takeover's assembly when a survivor takes dozens of volumes at once.
+//! The agent names the drives this node is next in line for (the rendezvous
+//! successor of each volume's owner, `agent/runner.rs`); the node keeps a
+//! link to each, unregistered (it holds no reservation and writes nothing),
+//! and an assembly takes the link instead of connecting. A planned move
+//! parks the handed-over members here, for a move back.
+//!
+//! A link no longer wanted is closed after [`GRACE`], so that owners
+//! flapping between nodes do not churn connections; one that went down or
+//! changed identity is dropped at once (the assembly connects afresh).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use nvmf_host::remote::{LinkState, RemoteDevice};
+
+use super::Node;
+
+/// How long a link nobody wants stays open.
+pub(crate) const GRACE: Duration = Duration::from_secs(10);
+
+/// How many links a refresh opens at once (each is a few round trips of
+/// CPU on both ends; a takeover's own connects must not queue behind them).
+const OPEN_AT_ONCE: usize = 8;
+
+/// The longest a refresh waits for this node's takeovers to end.
+const FOREGROUND_WAIT: Duration = Duration::from_secs(5);
+
+/// The node's standby links, by drive name (as an assembly names it).
+#[derive(Default)]
+pub struct Standby {
+    pub(super) links: HashMap<String, Arc<RemoteDevice>>,
+    /// Being opened by a refresh now.
+    opening: HashSet<String>,
+    /// Links not wanted by the last refresh, and since when.
+    unwanted_since: HashMap<String, Instant>,
+    /// A refresh runs (one at a time).
+    refreshing: bool,
+}
+
+impl Node {
+    /// Keeps standby links to exactly the drives in `wanted` (names as an
+    /// assembly gives them, `peer:drive` or a URL): opens the missing ones
+    /// (a few at a time), closes the ones not wanted for [`GRACE`], drops
+    /// the broken ones. Returns at once if a refresh runs already.
+    pub async fn refresh_standby(self: &Arc<Self>, wanted: BTreeSet<String>) {
+        let now = Instant::now();
+        let (to_open, to_close) = {
+            let mut sb = self.standby.lock();
+            if sb.refreshing {
+                return;
+            }
+            let mut close = Vec::new();
+            let names: Vec<String> = sb.links.keys().cloned().collect();
+            for n in names {
+                let broken = !matches!(
+                    sb.links[&n].link_state(),
+                    LinkState::Connected | LinkState::Reconnecting { .. }
+                );
+                if wanted.contains(&n) && !broken {
+                    sb.unwanted_since.remove(&n);
+                    continue;
+                }
+                let since = *sb.unwanted_since.entry(n.clone()).or_insert(now);
+                if broken || now.duration_since(since) >= GRACE {
+                    sb.unwanted_since.remove(&n);
+                    close.extend(sb.links.remove(&n).map(|d| (n, d)));
+                }
+            }
+            let open: Vec<String> = wanted
+                .into_iter()
+                .filter(|n| !sb.links.contains_key(n) && !sb.opening.contains(n))
+                .collect();
+            sb.opening.extend(open.iter().cloned());
+            sb.refreshing = !open.is_empty();
+            (open, close)
+        };
+        for (n, d) in to_close {
+            tracing::debug!("drive {n}: standby link closed");
+            use blockdev::BlockDevice;
+            let _ = d.shutdown();
+        }
+        if to_open.is_empty() {
+            return;
+        }
+        // Not while this node takes volumes over: those connects come first.
+        self.foreground.wait_idle(FOREGROUND_WAIT).await;
+        futures_util::stream::iter(to_open)
+            .for_each_concurrent(OPEN_AT_ONCE, |n| async move {
+                let dev = self.open_standby(&n).await;
+                let mut sb = self.standby.lock();
+                sb.opening.remove(&n);
+                if let Some(d) = dev {
+                    sb.links.insert(n, d);
+                }
+            })
+            .await;
+        self.standby.lock().refreshing = false;
+    }
+
+    /// One standby link, or none (logged) when the drive is not reachable
+    /// now: the takeover connects it then.
+    async fn open_standby(&self, name: &str) -> Option<Arc<RemoteDevice>> {
+        let url = match self.cluster().resolve(name) {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::debug!("standby link: {e}");
+                return None;
+            }
+        };
+        match RemoteDevice::connect(&url, self.remote_options(&url)).await {
+            Ok(d) => {
+                tracing::debug!("drive {name}: standby link open");
+                Some(Arc::new(d))
+            }
+            Err(e) => {
+                tracing::debug!("drive {name} ({url}): no standby link: {e}");
+                None
+            }
+        }
+    }
+
+    /// The standby link to `name` at `url`, taken out of the standby set,
+    /// if one is connected (a link being re-established is left: the
+    /// caller connects afresh rather than wait for it).
+    pub(crate) fn take_standby(&self, name: &str, url: &str) -> Option<Arc<RemoteDevice>> {
+        let mut sb = self.standby.lock();
+        sb.unwanted_since.remove(name);
+        let d = sb.links.remove(name)?;
+        let same = nvmf_host::remote::RemoteUrl::parse(url).is_ok_and(|u| &u == d.url());
+        if same && d.link_state() == LinkState::Connected {
+            return Some(d);
+        }
+        drop(sb);
+        use blockdev::BlockDevice;
+        let _ = d.shutdown();
+        None
+    }
+
+    /// Keeps `dev`, a member this node let go of cleanly (no reservation
+    /// left), as a standby link: the next refresh closes it if unwanted.
+    pub(crate) fn park_standby(&self, name: &str, dev: Arc<RemoteDevice>) {
+        let old = {
+            let mut sb = self.standby.lock();
+            sb.unwanted_since.remove(name);
+            sb.links.insert(name.to_string(), dev)
+        };
+        if let Some(o) = old {
+            use blockdev::BlockDevice;
+            let _ = o.shutdown();
+        }
+    }
+
+    /// The drive names with a standby link now (tests and `drive list`).
+    pub fn standby_links(&self) -> BTreeSet<String> {
+        self.standby.lock().links.keys().cloned().collect()
+    }
+}
