@@ -142,6 +142,7 @@ pub fn run(
         // first sample reports the volumes that start unwell.
         let _in_rt = rt.enter();
         crate::node::monitor::spawn(&node);
+        crate::node::intents::spawn(&node);
     }
     let (server, api) = match listen(&rt, &cfg, &built.listeners, &target, &node, &agent) {
         Ok(up) => up,

@@ -175,6 +175,14 @@ impl IntentLog {
         }
     }
 
+    /// Whether some region written since its bit was last cleared has no
+    /// write in flight now (and no hold keeps the bits): a flush would start
+    /// or finish clearing it.
+    pub fn has_idle(&self) -> bool {
+        let st = self.state.lock();
+        !st.hold && !st.idle.is_empty()
+    }
+
     /// Clears in memory the bits of regions idle for at least `age` (counted
     /// from the first call that found them idle); returns the bitmap blocks
     /// to write.

@@ -38,6 +38,7 @@ mod grow;
 #[cfg(test)]
 mod grow_tests;
 pub mod identity;
+pub mod intents;
 pub mod jobs;
 pub mod keys;
 pub mod monitor;

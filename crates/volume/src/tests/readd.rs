@@ -280,3 +280,60 @@ fn re_add_without_a_usable_record_rebuilds_in_full() {
         model.check(&vol, "fully rebuilt").await;
     });
 }
+
+/// Without a host flush, `settle_intents` (the node's bitmap daemon) makes
+/// idle regions' writes durable, then clears their bits once they stayed
+/// idle for the clear age; with nothing idle it does no I/O at all.
+#[test]
+fn settle_intents_clears_idle_bits_without_a_host_flush() {
+    block_on(async {
+        let rig = Rig::new(2, 256);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
+            .await
+            .unwrap();
+        let flushes = || rig.faults.iter().map(|f| f.stats().flushes).sum::<u64>();
+        let ios = || {
+            rig.faults
+                .iter()
+                .map(|f| {
+                    let s = f.stats();
+                    s.reads + s.writes + s.flushes
+                })
+                .sum::<u64>()
+        };
+        vol.set_intent_clear_age(std::time::Duration::from_millis(50));
+        vwrite(&vol, 7, &vec![1u8; BS as usize]).await.unwrap();
+        let dirty = |v: &Volume| v.inner.intent.set_bits().iter().any(|w| *w != 0);
+        assert!(dirty(&vol), "a write sets its region's bit");
+
+        let f0 = flushes();
+        vol.settle_intents().await.unwrap();
+        assert!(flushes() > f0, "the idle region's writes were not flushed");
+        assert!(dirty(&vol), "cleared before the region stayed idle");
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        vol.settle_intents().await.unwrap();
+        assert!(!dirty(&vol), "an idle region kept its bit");
+
+        let before = ios();
+        vol.settle_intents().await.unwrap();
+        assert_eq!(ios(), before, "nothing idle, yet it did I/O");
+        // On disk too: a crash now leaves nothing to resync.
+        for m in &rig.mems {
+            let mut buf = AlignedBuf::new(4096);
+            buf.set_len(4096);
+            let done = m
+                .submit(IoRequest {
+                    op: BlockOp::Read,
+                    lba: crate::superblock::SB_BYTES as u64 / BS,
+                    blocks: 1,
+                    buf,
+                })
+                .await;
+            done.result.unwrap();
+            assert!(
+                vol.inner.intent.dirty_regions(&done.buf[..]).is_empty(),
+                "the cleared bits are not on disk"
+            );
+        }
+    });
+}

@@ -444,6 +444,19 @@ impl Volume {
         self.inner.fence.is_set()
     }
 
+    /// As md's bitmap daemon: makes the writes of regions that went idle
+    /// durable (a flush of the members) and clears the bits of regions
+    /// idle for the clear age since, as a host's flush does; so a crash or
+    /// a takeover resyncs only what was written lately, also under hosts
+    /// that never flush. No I/O when no written region is idle. The node
+    /// calls it every second.
+    pub async fn settle_intents(&self) -> Result<(), BlockError> {
+        if !self.inner.use_intent || self.is_fenced() || !self.inner.intent.has_idle() {
+            return Ok(());
+        }
+        self.inner.flush().await
+    }
+
     /// Why the volume is fenced, if it is.
     pub fn fence_reason(&self) -> Option<String> {
         self.inner.fence.reason()
