@@ -58,7 +58,7 @@ impl Node {
                 .resolve(name)
                 .map_err(NodeError::BadRequest)?,
         };
-        let dev = match self.take_standby(name, &url) {
+        let dev = match self.take_live_standby(name, &url).await {
             Some(d) => {
                 tracing::debug!("drive {name}: taken from the standby links");
                 d

@@ -30,6 +30,9 @@ pub(crate) const GRACE: Duration = Duration::from_secs(10);
 /// CPU on both ends; a takeover's own connects must not queue behind them).
 const OPEN_AT_ONCE: usize = 8;
 
+/// The longest a standby link may take to answer before a takeover uses it.
+const PROBE_MAX: Duration = Duration::from_millis(500);
+
 /// The longest a refresh waits for this node's takeovers to end.
 const FOREGROUND_WAIT: Duration = Duration::from_secs(5);
 
@@ -128,9 +131,34 @@ impl Node {
     }
 
     /// The standby link to `name` at `url`, taken out of the standby set,
-    /// if one is connected (a link being re-established is left: the
-    /// caller connects afresh rather than wait for it).
-    pub(crate) fn take_standby(&self, name: &str, url: &str) -> Option<Arc<RemoteDevice>> {
+    /// if one is connected and answers an admin command within
+    /// [`PROBE_MAX`]: a link whose enclosure just went silent still reads
+    /// connected until its keep-alive expires, and an assembly on it would
+    /// wait for the I/O timeout, not for the takeover's bounded wait. A
+    /// link that fails is closed; the caller connects afresh.
+    pub(crate) async fn take_live_standby(
+        &self,
+        name: &str,
+        url: &str,
+    ) -> Option<Arc<RemoteDevice>> {
+        let d = self.take_standby(name, url)?;
+        match tokio::time::timeout(PROBE_MAX, d.ana_state()).await {
+            Ok(Ok(_)) => Some(d),
+            res => {
+                let why = match res {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer in {} ms", PROBE_MAX.as_millis()),
+                };
+                tracing::info!("drive {name}: standby link not used ({why}); connecting afresh");
+                use blockdev::BlockDevice;
+                let _ = d.shutdown();
+                None
+            }
+        }
+    }
+
+    /// [`Node::take_live_standby`] without the probe.
+    fn take_standby(&self, name: &str, url: &str) -> Option<Arc<RemoteDevice>> {
         let mut sb = self.standby.lock();
         sb.unwanted_since.remove(name);
         let d = sb.links.remove(name)?;
