@@ -35,15 +35,21 @@ async fn device(node: &Node, vol: &str) -> Arc<dyn BlockDevice> {
     node.state.lock().await.volumes[vol].device()
 }
 
-/// B holds standby links to A's members; its takeover assembles on those
-/// very connections (no new ones), preempts A, and serves A's writes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_takeover_assembles_on_the_standby_links() {
+/// Enclosure e1 with two drives for nodes a and b, and a's raid1 `m` on them.
+async fn mirror_of_a() -> (Enclosure, Arc<Node>) {
     let enc = Enclosure::new("e1", 2, &hosts(&["a", "b"]));
     let a = owner("a", &enc);
     a.create_volume(testing::volume("m", "raid1", &["e1:d0", "e1:d1"]))
         .await
         .unwrap();
+    (enc, a)
+}
+
+/// B holds standby links to A's members; its takeover assembles on those
+/// very connections (no new ones), preempts A, and serves A's writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_assembles_on_the_standby_links() {
+    let (enc, a) = mirror_of_a().await;
     write(&*device(&a, "m").await, 9, 1).await.unwrap();
 
     let b = owner("b", &enc);
@@ -81,11 +87,7 @@ async fn a_takeover_assembles_on_the_standby_links() {
 /// back assembles on them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_over_parks_its_members_and_a_move_back_takes_them() {
-    let enc = Enclosure::new("e1", 2, &hosts(&["a", "b"]));
-    let a = owner("a", &enc);
-    a.create_volume(testing::volume("m", "raid1", &["e1:d0", "e1:d1"]))
-        .await
-        .unwrap();
+    let (enc, a) = mirror_of_a().await;
     let first = remote_of(&a, "e1:d0").await;
     a.hand_over("m").await.unwrap();
     assert!(a.drives().await.is_empty());
@@ -115,11 +117,7 @@ async fn a_hand_over_parks_its_members_and_a_move_back_takes_them() {
 /// next refresh, and an assembly connects afresh once the enclosure is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_standby_link_is_dropped_not_used() {
-    let mut enc = Enclosure::new("e1", 2, &hosts(&["a", "b"]));
-    let a = owner("a", &enc);
-    a.create_volume(testing::volume("m", "raid1", &["e1:d0", "e1:d1"]))
-        .await
-        .unwrap();
+    let (mut enc, a) = mirror_of_a().await;
     a.hand_over("m").await.unwrap();
     let b = owner("b", &enc);
     let wanted = names(&["e1:d0", "e1:d1"]);

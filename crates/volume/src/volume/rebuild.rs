@@ -164,7 +164,11 @@ impl Volume {
         *st.started.lock() = Some(Instant::now());
         tracing::info!(
             "{} members {:?}: {} of {stripes} stripes, from stripe {start}",
-            if resync_only { "resyncing" } else { "rebuilding" },
+            if resync_only {
+                "resyncing"
+            } else {
+                "rebuilding"
+            },
             st.members.lock(),
             todo.len()
         );
