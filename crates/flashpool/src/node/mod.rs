@@ -384,6 +384,7 @@ impl Node {
                 tracing::error!("drive {}: {e}", d.name);
             }
         }
+        self.close_standby();
     }
 }
 

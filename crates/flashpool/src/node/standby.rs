@@ -30,6 +30,10 @@ pub(crate) const GRACE: Duration = Duration::from_secs(10);
 /// CPU on both ends; a takeover's own connects must not queue behind them).
 const OPEN_AT_ONCE: usize = 8;
 
+/// How long a drive that could not be reached waits for the next try (a
+/// dead enclosure is not dialled on every pass).
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
 /// The longest a standby link may take to answer before a takeover uses it.
 const PROBE_MAX: Duration = Duration::from_millis(500);
 
@@ -44,6 +48,8 @@ pub struct Standby {
     opening: HashSet<String>,
     /// Links not wanted by the last refresh, and since when.
     unwanted_since: HashMap<String, Instant>,
+    /// Drives that could not be reached: not tried again before then.
+    retry_after: HashMap<String, Instant>,
     /// A refresh runs (one at a time).
     refreshing: bool,
 }
@@ -77,9 +83,14 @@ impl Node {
                     close.extend(sb.links.remove(&n).map(|d| (n, d)));
                 }
             }
+            sb.retry_after.retain(|n, t| *t > now && wanted.contains(n));
             let open: Vec<String> = wanted
                 .into_iter()
-                .filter(|n| !sb.links.contains_key(n) && !sb.opening.contains(n))
+                .filter(|n| {
+                    !sb.links.contains_key(n)
+                        && !sb.opening.contains(n)
+                        && !sb.retry_after.contains_key(n)
+                })
                 .collect();
             sb.opening.extend(open.iter().cloned());
             sb.refreshing = !open.is_empty();
@@ -100,8 +111,13 @@ impl Node {
                 let dev = self.open_standby(&n).await;
                 let mut sb = self.standby.lock();
                 sb.opening.remove(&n);
-                if let Some(d) = dev {
-                    sb.links.insert(n, d);
+                match dev {
+                    Some(d) => {
+                        sb.links.insert(n, d);
+                    }
+                    None => {
+                        sb.retry_after.insert(n, Instant::now() + RETRY_AFTER);
+                    }
                 }
             })
             .await;
@@ -186,7 +202,18 @@ impl Node {
         }
     }
 
-    /// The drive names with a standby link now (tests and `drive list`).
+    /// Closes every standby link (the node stops).
+    pub(crate) fn close_standby(&self) {
+        let links: Vec<Arc<RemoteDevice>> =
+            self.standby.lock().links.drain().map(|(_, d)| d).collect();
+        for d in links {
+            use blockdev::BlockDevice;
+            let _ = d.shutdown();
+        }
+    }
+
+    /// The drive names with a standby link now.
+    #[cfg(test)]
     pub fn standby_links(&self) -> BTreeSet<String> {
         self.standby.lock().links.keys().cloned().collect()
     }
