@@ -282,6 +282,16 @@ pub fn decide_gone(name: &str, lv: &LocalVolume) -> Option<Plan> {
     })
 }
 
+/// Whether `me` is next in line for `volume`, owned by `owner`: the node
+/// that claims it at once if the owner dies ([`claim_turn`]'s rank 0
+/// once the owner is gone) or drains (the draining owner's
+/// [`Action::AskHandOff`]). That node keeps standby links to the volume's
+/// members (`node/standby.rs`), so the takeover connects nothing.
+pub fn next_in_line(members: &Members, me: &str, volume: &str, owner: &str) -> bool {
+    me != owner
+        && rendezvous(volume, members.eligible().filter(|n| *n != owner)).first() == Some(&me)
+}
+
 /// Whether one volume's decision reads its handoff marker: only for an
 /// owner key naming this node or no owner at all. A gatherer may skip the
 /// read otherwise.

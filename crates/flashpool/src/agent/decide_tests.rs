@@ -720,3 +720,61 @@ fn the_handoff_is_read_only_where_it_matters() {
     assert!(handoff_matters(Some(&owner(ME, 2)), ME));
     assert!(!handoff_matters(Some(&owner("c2", 2)), ME));
 }
+
+/// The node next in line for a volume (the one with standby links to its
+/// members) is the one that claims it at once when its owner dies, and the
+/// one a draining owner hands it to; never the owner, never a draining node.
+#[test]
+fn next_in_line_is_who_claims_first_and_who_a_drain_hands_to() {
+    let t0 = Instant::now();
+    for vol in ["vol", "v", "x", "db", "pool-7"] {
+        for &own in ALL {
+            let all = members(ALL, &[]);
+            let next: Vec<&str> = ALL
+                .iter()
+                .copied()
+                .filter(|n| next_in_line(&all, n, vol, own))
+                .collect();
+            assert_eq!(next.len(), 1, "{vol} owned by {own}: {next:?}");
+            let next = next[0];
+            assert_ne!(next, own);
+            // The owner dies: only the node next in line claims at once.
+            let survivors: Vec<&str> = ALL.iter().copied().filter(|n| *n != own).collect();
+            let gone = members(&survivors, &[]);
+            let unowned = VolumeView {
+                name: vol.into(),
+                ..VolumeView::default()
+            };
+            for &n in &survivors {
+                let p = decide_volume(&gone, n, &unowned, &standby(), t0);
+                let claims = p.steps.contains(&Action::Claim { rank: 0 });
+                assert_eq!(
+                    claims,
+                    n == next,
+                    "{vol}: {n} after {own} died: {:?}",
+                    p.steps
+                );
+            }
+            // The owner drains: it hands the volume to the node next in line.
+            let draining = members(ALL, &[own]);
+            let owned = VolumeView {
+                name: vol.into(),
+                owner: Some(owner(own, 4)),
+                ..VolumeView::default()
+            };
+            let p = decide_volume(&draining, own, &owned, &running(4), t0);
+            assert!(
+                p.steps.contains(&Action::AskHandOff {
+                    to: next.into(),
+                    epoch: 4
+                }),
+                "{vol}: {own} draining: {:?}",
+                p.steps
+            );
+            // A draining node is never next in line.
+            for &d in ALL.iter().filter(|n| **n != own) {
+                assert!(!next_in_line(&members(ALL, &[d]), d, vol, own));
+            }
+        }
+    }
+}

@@ -320,9 +320,8 @@ impl Agent {
     }
 
     /// Keeps standby links (`node/standby.rs`) to the members of every
-    /// volume this node would take over first if its owner died or
-    /// drained: the rendezvous winner among the eligible nodes but the
-    /// owner, as [`super::decide`] picks it. In the background; one at a time.
+    /// volume this node is [`decide::next_in_line`] for. In the
+    /// background; one refresh at a time.
     fn refresh_standby(
         self: &Arc<Self>,
         me: &str,
@@ -333,12 +332,9 @@ impl Agent {
         let wanted: BTreeSet<String> = specs
             .iter()
             .filter(|v| {
-                owners.get(&v.name).is_some_and(|o| {
-                    o.node != me
-                        && cluster::rendezvous(&v.name, members.eligible().filter(|n| *n != o.node))
-                            .first()
-                            == Some(&me)
-                })
+                owners
+                    .get(&v.name)
+                    .is_some_and(|o| decide::next_in_line(members, me, &v.name, &o.node))
             })
             .flat_map(|v| self.member_names(v))
             .collect();
