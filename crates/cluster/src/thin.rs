@@ -254,14 +254,6 @@ impl Session {
             .collect())
     }
 
-    /// Thin volume `thin`'s host reservation record, if one is stored.
-    pub async fn thin_resv(&self, pool: &str, thin: &str) -> Result<Option<Vec<u8>>, ClusterError> {
-        Ok(self
-            .get_one(&self.keys().thin_resv(pool, thin))
-            .await?
-            .map(|kv| kv.value().to_vec()))
-    }
-
     /// Stores thin volume `thin`'s host reservation record, only while this
     /// node owns its pool `pool` at `pool_epoch` (`Deposed` otherwise,
     /// nothing written): a deposed owner cannot change what the next one

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use cluster::{ClusterError, Handoff, Session, VolumeSpec, VolumeState};
 use nvmf_target::AnaState;
 
-use super::{Agent, Served};
+use super::{Agent, OwnedGroup, Served};
 use crate::api_types::{
     ClusterStatus, DrainResult, MoveResult, NodeStatus, QosRequest, VolumeStatus,
 };
@@ -284,7 +284,7 @@ impl Agent {
         sw.activate(dev);
         self.owned
             .lock()
-            .insert(name.clone(), (ana_group, vec![sw.clone()]));
+            .insert(name.clone(), OwnedGroup::new(ana_group, vec![sw.clone()]));
         served.insert(name.clone(), Served::new(spec, sw, Some(owner.epoch)));
         self.target.set_ana_state(ana_group, AnaState::Optimized);
         self.record_serving(&name, &serving).await;

@@ -75,7 +75,27 @@ pub const ANATT_SECS: u8 = 5;
 
 /// An owned volume's ANA group and every switch it serves through (its
 /// own, and a pool's thin volumes').
-type OwnedGroup = (u32, Vec<Arc<SwitchDevice>>);
+struct OwnedGroup {
+    group: u32,
+    switches: Vec<Arc<SwitchDevice>>,
+    /// Some: the group is held Inaccessible although the volume is owned
+    /// here: a pool whose thin volumes wait for their host reservations
+    /// (their etcd read failed at the takeover). Hosts wait rather than
+    /// write past a reservation; a pass turns it Optimized once they are
+    /// loaded, and sets this flag of the volume's state records then
+    /// (`record.rs`: a planned move waits for it).
+    held: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl OwnedGroup {
+    fn new(group: u32, switches: Vec<Arc<SwitchDevice>>) -> OwnedGroup {
+        OwnedGroup {
+            group,
+            switches,
+            held: None,
+        }
+    }
+}
 
 /// One cluster volume as this node serves it.
 struct Served {
@@ -131,6 +151,9 @@ pub struct Agent {
     /// Tests: how many volume settles (one owner read each) ran.
     #[cfg(test)]
     settles: std::sync::atomic::AtomicUsize,
+    /// Tests: how many reads of a pool's thin volumes' reservations fail.
+    #[cfg(test)]
+    fail_resv_reads: std::sync::atomic::AtomicUsize,
     /// The owned volumes' groups and switches, for the fence path, which
     /// must not wait for the loop.
     owned: Mutex<BTreeMap<String, OwnedGroup>>,
@@ -233,6 +256,8 @@ impl Agent {
             stall: Mutex::new(HashMap::new()),
             #[cfg(test)]
             settles: std::sync::atomic::AtomicUsize::new(0),
+            #[cfg(test)]
+            fail_resv_reads: std::sync::atomic::AtomicUsize::new(0),
             owned: Mutex::new(BTreeMap::new()),
             watching: Mutex::new(HashSet::new()),
             memory: Mutex::new(HashMap::new()),
@@ -400,20 +425,23 @@ impl Agent {
     /// past the deadline on their own); the groups it turned.
     fn ana_fence(&self, why: &str) -> Vec<u32> {
         let mut v = Vec::new();
-        for (name, (g, _)) in self.owned.lock().iter() {
-            self.target.set_ana_state(*g, AnaState::Inaccessible);
+        for (name, o) in self.owned.lock().iter() {
+            let g = o.group;
+            self.target.set_ana_state(g, AnaState::Inaccessible);
             tracing::warn!("volume {name}: ANA group {g} inaccessible: {why}");
-            v.push(*g);
+            v.push(g);
         }
         v
     }
 
     /// The lease holds after all: the groups [`Agent::ana_fence`] turned and
     /// still owned here are Optimized again.
+    /// A held group (see [`OwnedGroup::held`]) stays Inaccessible.
     fn ana_unfence(&self, groups: Vec<u32>) {
-        for (name, (g, _)) in self.owned.lock().iter() {
-            if groups.contains(g) {
-                self.target.set_ana_state(*g, AnaState::Optimized);
+        for (name, o) in self.owned.lock().iter() {
+            let g = o.group;
+            if groups.contains(&g) && o.held.is_none() {
+                self.target.set_ana_state(g, AnaState::Optimized);
                 tracing::warn!("volume {name}: the lease was renewed; ANA group {g} optimized");
             }
         }
@@ -422,9 +450,9 @@ impl Agent {
     /// Turns every owned group Inaccessible and stops passing I/O on: the
     /// host retries elsewhere. The volumes are dropped by the loop.
     fn fence_fast(&self, why: &str) {
-        for (name, (g, sws)) in self.owned.lock().iter() {
-            self.target.set_ana_state(*g, AnaState::Inaccessible);
-            for sw in sws {
+        for (name, o) in self.owned.lock().iter() {
+            self.target.set_ana_state(o.group, AnaState::Inaccessible);
+            for sw in &o.switches {
                 sw.deactivate();
             }
             self.tell_fenced(name, why);

@@ -16,8 +16,11 @@ use nvmf_target::AnaState;
 
 use super::decide::{self, Action, COOLDOWN, LocalVolume, Members, Plan, VolumeView, Wait};
 use super::observe::{self, Steps};
-use super::{Agent, Served};
+use super::{Agent, OwnedGroup, Served};
 use crate::node::{AssembleVolume, Degraded, Recorded};
+
+/// How soon a pool whose ANA group is held is settled again.
+const HELD_RETRY: Duration = Duration::from_millis(250);
 
 impl Agent {
     /// Brings one volume's ownership where etcd says it should be: reads
@@ -56,9 +59,38 @@ impl Agent {
         if spec.thin_pool
             && let Some(sv) = slot
         {
-            self.sync_thins(s, sv, false).await?;
+            let ready = self.sync_thins(s, sv, false).await?;
+            self.release_held(s, name, ready).await;
         }
         Ok(())
+    }
+
+    /// Pool `name`, owned here with its group held (see
+    /// [`OwnedGroup::held`]): Optimized and recorded as served once every
+    /// thin volume is served with its reservations (`ready`); until then
+    /// it is settled again soon.
+    async fn release_held(self: &Arc<Self>, s: &Session, name: &str, ready: bool) {
+        let serving = {
+            let mut owned = self.owned.lock();
+            let Some(o) = owned.get_mut(name).filter(|o| o.held.is_some()) else {
+                return;
+            };
+            if ready && s.is_valid() {
+                self.target.set_ana_state(o.group, AnaState::Optimized);
+                tracing::info!(
+                    "pool {name}: its thin volumes' host reservations are read; ANA group {} \
+                     optimized",
+                    o.group
+                );
+                o.held.take()
+            } else {
+                None
+            }
+        };
+        match serving {
+            Some(serving) => self.record_serving(name, &serving).await,
+            None => self.kick_after(name, HELD_RETRY),
+        }
     }
 
     /// This node's side of one volume, for a decision.
@@ -318,19 +350,35 @@ impl Agent {
         sv.epoch = Some(epoch);
         // A pool's thin volumes are served with it, in its ANA group: one
         // step for all of them.
-        if sv.spec.thin_pool
-            && let Err(e) = self.sync_thins(s, sv, true).await
-        {
-            tracing::error!("pool {name}: reading its thin volumes: {e}; serving the ones known");
-            self.activate_thins(sv, true).await;
+        let ready = !sv.spec.thin_pool
+            || match self.sync_thins(s, sv, true).await {
+                Ok(ready) => ready,
+                Err(e) => {
+                    tracing::error!(
+                        "pool {name}: reading its thin volumes: {e}; serving the ones known"
+                    );
+                    self.activate_thins(sv, true).await
+                }
+            };
+        let mut owned = OwnedGroup::new(sv.spec.ana_group, sv.switches());
+        if !ready {
+            owned.held = Some(serving.clone());
         }
-        self.owned
-            .lock()
-            .insert(name.clone(), (sv.spec.ana_group, sv.switches()));
-        self.target
-            .set_ana_state(sv.spec.ana_group, AnaState::Optimized);
+        self.owned.lock().insert(name.clone(), owned);
+        if ready {
+            self.target
+                .set_ana_state(sv.spec.ana_group, AnaState::Optimized);
+        } else {
+            tracing::warn!(
+                "pool {name}: owned here at epoch {epoch}; its ANA group stays inaccessible \
+                 until its thin volumes' host reservations are read"
+            );
+            self.kick_after(&name, HELD_RETRY);
+        }
         steps.serving = Instant::now();
-        self.record_serving(&name, &serving).await;
+        if ready {
+            self.record_serving(&name, &serving).await;
+        }
         let took = t0.elapsed();
         tracing::info!(
             "volume {name}: owned here at epoch {epoch}, generation {} (takeover {} ms)",

@@ -15,8 +15,10 @@
 //! no spec names: never served, logged); a delete removes the record first.
 //! Snapshots, clones and revert follow the same rules (`pool_snaps.rs`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+#[cfg(test)]
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use cluster::{ClusterError, Session, ThinSpec, VolumeSpec};
@@ -34,6 +36,14 @@ pub(super) struct ThinServed {
     pub(super) spec: ThinSpec,
     pub(super) switch: Arc<SwitchDevice>,
 }
+
+/// The waits between tries of the read of a pool's thin volumes' host
+/// reservations when a takeover serves them (then the next pass tries).
+const RESV_READ_BACKOFF: [Duration; 3] = [
+    Duration::from_millis(50),
+    Duration::from_millis(150),
+    Duration::ZERO,
+];
 
 /// How many times a create picks another free NSID when a concurrent
 /// create took the one it picked.
@@ -145,12 +155,15 @@ impl Agent {
     /// `taken_over`: the pool was just assembled here, so the thin volumes
     /// it holds that no record names are told (at no other time: a create
     /// in flight makes the thin volume before it records it).
+    ///
+    /// On the owner: false while some thin volume waits for its host
+    /// reservations (see [`Agent::activate_thins`]).
     pub(super) async fn sync_thins(
         &self,
         s: &Session,
         sv: &mut Served,
         taken_over: bool,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<bool, ClusterError> {
         let specs = s.thin_specs(&sv.spec.name).await?;
         let want: BTreeSet<&str> = specs.iter().map(|t| t.name.as_str()).collect();
         let gone: Vec<String> = sv
@@ -195,13 +208,14 @@ impl Agent {
                 ),
             }
         }
+        let mut ready = true;
         if sv.epoch.is_some() {
-            self.activate_thins(sv, taken_over).await;
+            ready = self.activate_thins(sv, taken_over).await;
             if let Some(o) = self.owned.lock().get_mut(&sv.spec.name) {
-                o.1 = sv.switches();
+                o.switches = sv.switches();
             }
         }
-        Ok(())
+        Ok(ready)
     }
 
     /// On the pool's owner: every thin switch not yet active passes I/O
@@ -211,32 +225,47 @@ impl Agent {
     ///
     /// Each thin volume is served with its host reservations, which the
     /// pool's owner keeps in etcd (`thin_resv.rs`): all of the pool's are
-    /// read in one range read first.
-    pub(super) async fn activate_thins(&self, sv: &Served, orphans: bool) {
+    /// read in one range read first. If that read fails (a few tries), none
+    /// is served: serving one without its reservations would let a host
+    /// that holds none write. They stay standby, and false says so: the
+    /// caller holds the pool's ANA group and the next pass tries again.
+    pub(super) async fn activate_thins(&self, sv: &Served, orphans: bool) -> bool {
         let pending: Vec<&ThinServed> = sv
             .thins
             .values()
             .filter(|t| !t.switch.is_active())
             .collect();
         let (Some(epoch), false) = (sv.epoch, pending.is_empty()) else {
-            return self.log_orphans(sv, orphans).await;
+            self.log_orphans(sv, orphans).await;
+            return true;
         };
         let s = self.session();
-        let mut records = match s.thin_resvs(&sv.spec.name).await {
-            Ok(r) => Some(r),
-            Err(e) => {
-                tracing::error!(
-                    "pool {}: reading its thin volumes' host reservations: {e}; each is read \
-                     again when a host changes one",
+        let mut records = None;
+        for wait in RESV_READ_BACKOFF {
+            match self.thin_resvs(&s, &sv.spec.name).await {
+                Ok(r) => {
+                    records = Some(r);
+                    break;
+                }
+                Err(e) => tracing::warn!(
+                    "pool {}: reading its thin volumes' host reservations: {e}",
                     sv.spec.name
-                );
-                None
+                ),
             }
+            tokio::time::sleep(wait).await;
+        }
+        let Some(mut records) = records else {
+            tracing::error!(
+                "pool {}: its thin volumes' host reservations could not be read from etcd; \
+                 they are not served until they are (hosts wait)",
+                sv.spec.name
+            );
+            return false;
         };
         for t in pending {
             match self.node.volume_device(&t.spec.name).await {
                 Some(dev) => {
-                    let record = records.as_mut().map(|r| r.remove(&t.spec.name));
+                    let record = records.remove(&t.spec.name);
                     let dev = ThinResvDevice::wrap(
                         dev,
                         s.clone(),
@@ -256,6 +285,24 @@ impl Agent {
             }
         }
         self.log_orphans(sv, orphans).await;
+        true
+    }
+
+    /// One range read of pool `pool`'s thin volumes' host reservations.
+    async fn thin_resvs(
+        &self,
+        s: &Session,
+        pool: &str,
+    ) -> Result<BTreeMap<String, Vec<u8>>, ClusterError> {
+        #[cfg(test)]
+        if self
+            .fail_resv_reads
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(ClusterError::Etcd("test: the read failed".into()));
+        }
+        s.thin_resvs(pool).await
     }
 
     /// With `orphans`: logs the pool's thin volumes that no record names.
@@ -474,7 +521,7 @@ impl Agent {
                 {
                     // new: no reservations yet (its create cleared any record)
                     let s = self.session();
-                    let dev = ThinResvDevice::wrap(dev, s, pool, &t.name, epoch, Some(None));
+                    let dev = ThinResvDevice::wrap(dev, s, pool, &t.name, epoch, None);
                     switch.activate(dev);
                 }
                 sv.thins.insert(
@@ -485,7 +532,7 @@ impl Agent {
                     },
                 );
                 if let Some(o) = self.owned.lock().get_mut(pool) {
-                    o.1 = sv.switches();
+                    o.switches = sv.switches();
                 }
             }
             Err(e) => tracing::error!("thin volume {}: cannot serve it here: {e}", t.name),
@@ -654,7 +701,7 @@ impl Agent {
             self.unserve_thin(&sv.spec, &ts.spec);
         }
         if let Some(o) = self.owned.lock().get_mut(&pool) {
-            o.1 = sv.switches();
+            o.switches = sv.switches();
         }
         drop(served);
         self.node.delete_volume(name, true).await?;

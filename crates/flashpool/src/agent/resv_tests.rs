@@ -7,6 +7,7 @@
 //! reservation command (ANA Inaccessible), so it never reports stale state.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use nvme_wire::status::{SC_ANA_INACCESSIBLE, SCT_PATH};
 use nvmf_host::{
@@ -261,6 +262,84 @@ async fn reservations_on_a_thin_volume_follow_its_pool() {
     }
     a.delete("t1", true).await.unwrap().unwrap();
     assert!(a.session().thin_resvs("p").await.unwrap().is_empty());
+    sa.shutdown();
+    sb.shutdown();
+    a.leave().await;
+    b.leave().await;
+}
+
+/// A takeover of a pool whose thin volumes' reservations it cannot read
+/// (etcd does not answer that read) serves none of them until a read
+/// succeeds: serving one without its reservations would let the host that
+/// holds none write. Meanwhile the pool's group stays Inaccessible on both
+/// nodes, no host's write lands, and the move is not answered; then the
+/// registrations and the reservation are as the first owner left them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_is_not_served_until_its_thin_reservations_are_read() {
+    let Some(Pair {
+        etcd: _etcd,
+        enc: _enc,
+        a,
+        ta,
+        b,
+        tb,
+    }) = pair().await
+    else {
+        return;
+    };
+    let (sa, sb) = (listen(&ta), listen(&tb));
+    a.create(pool_req(0)).await.unwrap();
+    a.create(thin("t1", Some(1))).await.unwrap();
+    let g = a.status().await.unwrap().volumes[0].ana_group;
+    wait("b to serve t1 on standby", 10, async || {
+        tb.subsystem(NQN).and_then(|s| s.namespace(1)).is_some()
+    })
+    .await;
+    let (a1, a2) = (host(1, &sa).await, host(2, &sa).await);
+    let (b1, b2) = (host(1, &sb).await, host(2, &sb).await);
+    register_and_reserve(&a1, &a2).await;
+    check_owner(&a1, &a2, 2, "the first owner").await;
+
+    // Every read of the reservations on b fails until told otherwise.
+    b.fail_resv_reads.store(usize::MAX, Ordering::Release);
+    let mover = {
+        let a = a.clone();
+        tokio::spawn(async move { a.move_volume("p", "b").await })
+    };
+    wait("b to own the pool with its group held", 15, async || {
+        b.owned.lock().get("p").is_some_and(|o| o.held.is_some())
+    })
+    .await;
+    // long enough for a few of the retries that follow
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    assert_ne!(tb.ana_state(g), AnaState::Optimized);
+    assert_ne!(ta.ana_state(g), AnaState::Optimized);
+    for (c, when) in [(&b2, "b, the host without it"), (&b1, "b, the holder")] {
+        let e = c.write(1, 1, 0, 1, &[0xE; 4096]).await.unwrap_err();
+        assert!(is_inaccessible(&e), "{when}: {e}");
+    }
+    let e = a2.write(1, 1, 0, 1, &[0xE; 4096]).await.unwrap_err();
+    assert!(is_inaccessible(&e), "a, after the move: {e}");
+    assert!(
+        !mover.is_finished(),
+        "the move answered before b served the pool"
+    );
+
+    // etcd answers again: served, with what the first owner stored.
+    b.fail_resv_reads.store(0, Ordering::Release);
+    wait("b to serve the pool", 10, async || {
+        tb.ana_state(g) == AnaState::Optimized
+    })
+    .await;
+    let moved = mover.await.unwrap().unwrap();
+    assert_eq!(moved.to, "b");
+    assert!(b.owned.lock().get("p").is_some_and(|o| o.held.is_none()));
+    check_owner(&b1, &b2, 2, "after reads that failed at first").await;
+    check_standby(&a1, "a after the move").await;
+
+    for c in [a1, a2, b1, b2] {
+        let _ = c.disconnect().await;
+    }
     sa.shutdown();
     sb.shutdown();
     a.leave().await;

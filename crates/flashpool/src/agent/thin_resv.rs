@@ -9,7 +9,9 @@
 //! the transaction compares the pool's owner key, so a deposed owner cannot
 //! change what the next owner loads, however late its write arrives. The
 //! next owner reads all of a pool's records in one range read before the
-//! pool's ANA group turns Optimized.
+//! pool's ANA group turns Optimized; if that read fails, the group is held
+//! Inaccessible until one succeeds (`pools.rs`), so no thin volume is ever
+//! served without its reservations.
 //!
 //! [`ThinResvDevice`] is the thin volume as the owner's switch serves it:
 //! every method forwards to the thin volume but the three record ones.
@@ -24,15 +26,6 @@ use parking_lot::Mutex;
 /// How long a reservation command waits for etcd before it is refused.
 const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// What this owner knows of the record in etcd.
-#[derive(Debug)]
-enum Known {
-    /// Read (or written) by this owner: the record, or none stored yet.
-    Record(Option<Vec<u8>>),
-    /// The pool's read failed: this key is read before the first change.
-    Unread,
-}
-
 pub(super) struct ThinResvDevice {
     thin: Arc<dyn BlockDevice>,
     session: Session,
@@ -41,12 +34,13 @@ pub(super) struct ThinResvDevice {
     name: String,
     /// The pool's epoch under which this node serves it.
     epoch: u64,
-    known: Mutex<Known>,
+    /// The record as this owner read (or last wrote) it; None: none stored.
+    known: Mutex<Option<Vec<u8>>>,
 }
 
 impl ThinResvDevice {
     /// Thin volume `name` of `pool`, owned here at `epoch`, with the record
-    /// the pool's range read found (`None`: that read failed). Call on the
+    /// the pool's range read found (`None`: none stored). Call on the
     /// agent's runtime: stores run their etcd transaction there.
     pub(super) fn wrap(
         thin: Arc<dyn BlockDevice>,
@@ -54,7 +48,7 @@ impl ThinResvDevice {
         pool: &str,
         name: &str,
         epoch: u64,
-        record: Option<Option<Vec<u8>>>,
+        record: Option<Vec<u8>>,
     ) -> Arc<dyn BlockDevice> {
         Arc::new(ThinResvDevice {
             thin,
@@ -63,7 +57,7 @@ impl ThinResvDevice {
             pool: pool.to_string(),
             name: name.to_string(),
             epoch,
-            known: Mutex::new(record.map_or(Known::Unread, Known::Record)),
+            known: Mutex::new(record),
         })
     }
 
@@ -106,14 +100,6 @@ impl ThinResvDevice {
             Err(e) => Err(fail(e.to_string())),
         }
     }
-
-    /// This thin volume's record as etcd holds it now (one key).
-    fn read(&self) -> Result<Option<Vec<u8>>, BlockError> {
-        let (s, pool, name) = (self.session.clone(), self.pool.clone(), self.name.clone());
-        self.etcd("reading its reservations", async move {
-            s.thin_resv(&pool, &name).await
-        })
-    }
 }
 
 impl BlockDevice for ThinResvDevice {
@@ -124,37 +110,14 @@ impl BlockDevice for ThinResvDevice {
     }
 
     /// What the pool's range read found. Called when the switch starts
-    /// serving, on the management runtime, so it never waits for etcd: a
-    /// record that read did not get is an error (the switch serves the thin
-    /// volume with none, and `store_record` reads it before any change).
-    fn load_record(&self, kind: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
-        match &*self.known.lock() {
-            Known::Record(r) => Ok(r.clone()),
-            Known::Unread => Err(BlockError::Config(format!(
-                "thin volume {}: its {kind:?} record was not read from the cluster (etcd did \
-                 not answer when this node took pool {} over)",
-                self.name, self.pool
-            ))),
-        }
+    /// serving, on the management runtime, so it never waits for etcd.
+    fn load_record(&self, _kind: RecordKind) -> Result<Option<Vec<u8>>, BlockError> {
+        Ok(self.known.lock().clone())
     }
 
     /// A change is stored before the command completes; one whose store
-    /// fails is refused and changes nothing. If the record could not be
-    /// read when this node started serving (etcd did not answer), the
-    /// namespace started empty: a change is stored only once a read shows
-    /// that nothing was stored, since it would replace registrations this
-    /// owner never loaded.
+    /// fails is refused and changes nothing.
     fn store_record(&self, kind: RecordKind, data: &[u8]) -> Result<(), BlockError> {
-        if matches!(*self.known.lock(), Known::Unread) {
-            if self.read()?.is_some() {
-                return Err(BlockError::Config(format!(
-                    "thin volume {}: its {kind:?} record was not loaded when this node took \
-                     pool {} over (etcd did not answer); move the pool to load it",
-                    self.name, self.pool
-                )));
-            }
-            *self.known.lock() = Known::Record(None);
-        }
         if data.len() > blockdev::RECORD_MAX {
             return Err(BlockError::Config(format!(
                 "thin volume {}: a {kind:?} record of {} bytes is over the {}-byte limit",
@@ -173,7 +136,7 @@ impl BlockDevice for ThinResvDevice {
         self.etcd("storing its reservations", async move {
             s.put_thin_resv(&pool, &name, epoch, &rec).await
         })?;
-        *self.known.lock() = Known::Record(Some(data.to_vec()));
+        *self.known.lock() = Some(data.to_vec());
         Ok(())
     }
 }
