@@ -59,8 +59,9 @@ struct IntentState {
     persisted: Vec<u64>,
     inflight: RegionMap<u32>,
     /// Regions with their bit set and no write in flight, and since when they
-    /// are known to be (the first clear pass that saw them idle), so the hot
-    /// path never reads the clock.
+    /// are known to be (the first flush that saw them idle, before it
+    /// flushed: [`IntentLog::stamp_idle`]), so the hot path never reads the
+    /// clock.
     idle: RegionMap<Option<Instant>>,
     /// Set while a member is failed or being brought back: no bit is
     /// cleared, so the bitmap remembers every region written since.
@@ -183,18 +184,34 @@ impl IntentLog {
         !st.hold && !st.idle.is_empty()
     }
 
-    /// Clears in memory the bits of regions idle for at least `age` (counted
-    /// from the first call that found them idle); returns the bitmap blocks
-    /// to write.
-    pub fn clear_idle(&self, age: Duration) -> Vec<usize> {
+    /// Starts the idle time of every region idle now and not yet timed.
+    /// Call before the members are flushed, then [`IntentLog::clear_idle`]
+    /// with when that flush was issued.
+    pub fn stamp_idle(&self) {
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        for t in st.idle.values_mut() {
+            t.get_or_insert(now);
+        }
+    }
+
+    /// Clears in memory the bits of regions idle for at least `age` and
+    /// since before `flushed` (when a member flush that has completed was
+    /// issued: every write to them had completed by then, so it is on the
+    /// members for good); returns the bitmap blocks to write. A region
+    /// that went idle later keeps its bit until the next flush.
+    pub fn clear_idle(&self, age: Duration, flushed: Instant) -> Vec<usize> {
         let mut st = self.state.lock();
         if st.hold {
             return Vec::new();
         }
         let now = Instant::now();
         let mut old: Vec<u64> = Vec::new();
-        for (r, t) in st.idle.iter_mut() {
-            if now.duration_since(*t.get_or_insert(now)) >= age {
+        for (r, t) in st.idle.iter() {
+            if let Some(t) = *t
+                && t <= flushed
+                && now.duration_since(t) >= age
+            {
                 old.push(*r);
             }
         }
@@ -288,15 +305,38 @@ mod tests {
         assert!(!log.begin(5), "an idle bit stays set");
         log.end(5);
         assert!(
-            log.clear_idle(Duration::from_secs(60)).is_empty(),
+            log.clear_idle(Duration::ZERO, Instant::now()).is_empty(),
+            "not seen idle before a flush"
+        );
+        log.stamp_idle();
+        let flushed = Instant::now();
+        assert!(
+            log.clear_idle(Duration::from_secs(60), flushed).is_empty(),
             "not idle long enough"
         );
-        assert_eq!(log.clear_idle(Duration::ZERO), vec![0]);
+        assert_eq!(log.clear_idle(Duration::ZERO, flushed), vec![0]);
         // A clear snapshot drops the persisted flag, so a new writer writes again.
         let snap = log.snapshot_block(0);
         assert_eq!(snap[0], 0);
         assert!(log.begin(5));
         assert!(log.snapshot_for(5).is_some());
+    }
+
+    /// A region whose last write completes while a flush is on its way is
+    /// not cleared by that flush, which may not hold the write.
+    #[test]
+    fn a_region_idle_only_after_the_flush_was_issued_keeps_its_bit() {
+        let log = IntentLog::new(100, 1);
+        assert!(log.begin(7));
+        let (b, s) = log.snapshot_for(7).unwrap();
+        log.written(b, &s);
+        log.stamp_idle();
+        let flushed = Instant::now();
+        log.end(7); // completes after the flush was issued
+        assert!(log.clear_idle(Duration::ZERO, flushed).is_empty());
+        log.stamp_idle();
+        let flushed = Instant::now();
+        assert_eq!(log.clear_idle(Duration::ZERO, flushed), vec![0]);
     }
 
     #[test]
@@ -306,7 +346,8 @@ mod tests {
         let (b, s) = log.snapshot_for(3).unwrap();
         log.written(b, &s);
         log.end(3);
-        assert_eq!(log.clear_idle(Duration::ZERO), vec![0]);
+        log.stamp_idle();
+        assert_eq!(log.clear_idle(Duration::ZERO, Instant::now()), vec![0]);
         // Clear snapshot taken (bit 3 off) ...
         let clear = log.snapshot_block(0);
         // ... then a writer enters before the clear lands: it must write.

@@ -3,7 +3,7 @@
 //! device-kept records.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blockdev::{AlignedBuf, BlockError, BlockOp};
 use futures_util::future::join_all;
@@ -79,11 +79,13 @@ impl Inner {
     }
 
     /// Clears on disk the bits of regions idle for at least `age`.
-    pub(crate) async fn intent_clear_idle(&self, age: Duration) {
+    /// Clears the bits of regions idle for `age` and since before
+    /// `flushed`, when a completed member flush was issued.
+    pub(crate) async fn intent_clear_idle(&self, age: Duration, flushed: Instant) {
         if !self.use_intent {
             return;
         }
-        for block in self.intent.clear_idle(age) {
+        for block in self.intent.clear_idle(age, flushed) {
             let _io = self.intent.io.lock().await;
             let snap = self.intent.snapshot_block(block);
             self.write_bitmap_block(block, &snap).await;
@@ -117,8 +119,13 @@ impl Inner {
         self.flush_clearing(age).await
     }
 
+    /// Flushes every member, then clears the bits of the regions that were
+    /// idle for `age` before that flush was issued: a bit is cleared only
+    /// once its region's writes are on the members for good (with
+    /// `Duration::ZERO` too, as on close).
     pub(crate) async fn flush_clearing(&self, age: Duration) -> Result<(), BlockError> {
-        self.intent_clear_idle(age).await;
+        self.intent.stamp_idle();
+        let flushed = Instant::now();
         let view = self.view();
         let res = join_all((0..view.devs.len()).filter(|&i| view.present(i)).map(|i| {
             let dev = &view.devs[i];
@@ -143,6 +150,7 @@ impl Inner {
                 return Err(self.too_many_failed(&view));
             }
         }
+        self.intent_clear_idle(age, flushed).await;
         self.persist_superblock(false).await;
         if self.fence.is_set() {
             return Err(self.fence.error());
