@@ -48,6 +48,15 @@ impl Node {
         o
     }
 
+    /// A new link to the remote drive at `url`, with this node's host
+    /// identity and link settings (a drive opened, or a standby link).
+    pub(crate) async fn dial(&self, url: &str) -> Result<Arc<RemoteDevice>, String> {
+        RemoteDevice::connect(url, self.remote_options(url))
+            .await
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    }
+
     /// Connects to a remote drive: `peer:drive` (through `[[peer]]`) or a
     /// `tcp://` URL. Errors say which drive and why.
     pub(crate) async fn connect_remote(&self, name: &str, url: Option<&str>) -> NodeResult<Drive> {
@@ -63,9 +72,9 @@ impl Node {
                 tracing::debug!("drive {name}: taken from the standby links");
                 d
             }
-            None => RemoteDevice::connect(&url, self.remote_options(&url))
+            None => self
+                .dial(&url)
                 .await
-                .map(Arc::new)
                 .map_err(|e| NodeError::Conflict(format!("drive {name} ({url}): {e}")))?,
         };
         let (metered, io) = super::drive::MeteredDevice::wrap(dev.clone());
@@ -371,10 +380,19 @@ async fn link_task(
                 was_down = true;
             }
             LinkState::Reconnecting { .. } => {}
-            LinkState::Closed => return,
+            LinkState::Closed => break,
         }
         if rx.changed().await.is_err() {
-            return;
+            break;
+        }
+    }
+    // The link is gone: this task's entry goes too, unless a newer task
+    // follows a drive of the same name now.
+    if let Some(n) = node.upgrade() {
+        let me = tokio::task::id();
+        let mut w = n.link_watchers.lock();
+        if w.get(&name).is_some_and(|h| h.id() == me) {
+            w.remove(&name);
         }
     }
 }

@@ -134,10 +134,10 @@ impl Node {
                 return None;
             }
         };
-        match RemoteDevice::connect(&url, self.remote_options(&url)).await {
+        match self.dial(&url).await {
             Ok(d) => {
                 tracing::debug!("drive {name}: standby link open");
-                Some(Arc::new(d))
+                Some(d)
             }
             Err(e) => {
                 tracing::debug!("drive {name} ({url}): no standby link: {e}");

@@ -111,6 +111,12 @@ async fn a_hand_over_parks_its_members_and_a_move_back_takes_them() {
     assert!(got[..] == stamp(3, 7)[..], "B's write is missing on A");
     // Its link is followed again: one watcher per drive, not two.
     assert_eq!(a.link_watchers.lock().len(), 2);
+    // A closed link's watcher ends and takes its entry with it.
+    a.shutdown().await;
+    wait_for("the watchers gone", Duration::from_secs(10), async || {
+        a.link_watchers.lock().is_empty()
+    })
+    .await;
 }
 
 /// A standby link that broke (its enclosure went away) is dropped by the
