@@ -61,6 +61,10 @@ pub struct RemoteSection {
     /// does not answer is left out if the layout tolerates it.
     #[serde(default = "d_takeover_wait")]
     pub takeover_wait_ms: u64,
+    /// The most standby member links kept open to the drives of volumes
+    /// this node would take over (0: none; takeovers then connect).
+    #[serde(default = "d_standby_links")]
+    pub standby_links: usize,
 }
 
 fn d_fail_after() -> u64 {
@@ -81,6 +85,9 @@ fn d_depth() -> u16 {
 fn d_takeover_wait() -> u64 {
     RemoteSettings::DEFAULT_TAKEOVER_WAIT_MS
 }
+fn d_standby_links() -> usize {
+    RemoteSettings::DEFAULT_STANDBY_LINKS
+}
 
 impl Default for RemoteSection {
     fn default() -> Self {
@@ -91,6 +98,7 @@ impl Default for RemoteSection {
             queues: d_queues(),
             queue_depth: d_depth(),
             takeover_wait_ms: d_takeover_wait(),
+            standby_links: d_standby_links(),
         }
     }
 }
@@ -203,6 +211,7 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
     super::values::range("remote.queues", r.queues, 1, 64)?;
     super::values::range("remote.queue_depth", r.queue_depth, 2, 1024)?;
     super::values::range("remote.takeover_wait_ms", r.takeover_wait_ms, 50, 60_000)?;
+    super::values::range("remote.standby_links", r.standby_links, 0, 100_000)?;
     for (i, d) in cfg.drive.iter().enumerate() {
         let key = format!("drive[{i}]");
         if !d.export && !d.export_hosts.is_empty() {
@@ -239,6 +248,7 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
             queues: r.queues,
             queue_depth: r.queue_depth,
             takeover_wait: Duration::from_millis(r.takeover_wait_ms),
+            standby_links: r.standby_links,
         },
         dhchap,
         tls,
@@ -330,7 +340,8 @@ mod tests {
                 a.kato_ms,
                 a.queues,
                 a.queue_depth,
-                a.takeover_wait
+                a.takeover_wait,
+                a.standby_links
             ),
             (
                 b.fail_after,
@@ -338,7 +349,8 @@ mod tests {
                 b.kato_ms,
                 b.queues,
                 b.queue_depth,
-                b.takeover_wait
+                b.takeover_wait,
+                b.standby_links
             )
         );
     }

@@ -48,6 +48,9 @@ pub struct RemoteSettings {
     /// How long a takeover waits for each member before running degraded
     /// without it (`node/degraded.rs`).
     pub takeover_wait: Duration,
+    /// The most standby member links (`node/standby.rs`) this node keeps
+    /// open; 0: none.
+    pub standby_links: usize,
 }
 
 impl RemoteSettings {
@@ -58,6 +61,9 @@ impl RemoteSettings {
     pub const DEFAULT_QUEUES: u16 = 2;
     pub const DEFAULT_QUEUE_DEPTH: u16 = 64;
     pub const DEFAULT_TAKEOVER_WAIT_MS: u64 = 1000;
+    /// Each link is one controller (1 + `queues` connections) on an
+    /// enclosure: 256 covers 48 volumes of 5 members with room to spare.
+    pub const DEFAULT_STANDBY_LINKS: usize = 256;
 }
 
 impl Default for RemoteSettings {
@@ -69,6 +75,7 @@ impl Default for RemoteSettings {
             queues: Self::DEFAULT_QUEUES,
             queue_depth: Self::DEFAULT_QUEUE_DEPTH,
             takeover_wait: Duration::from_millis(Self::DEFAULT_TAKEOVER_WAIT_MS),
+            standby_links: Self::DEFAULT_STANDBY_LINKS,
         }
     }
 }

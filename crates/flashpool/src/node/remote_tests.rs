@@ -148,6 +148,7 @@ pub(crate) fn settings() -> RemoteSettings {
         queues: 2,
         queue_depth: 32,
         takeover_wait: Duration::from_millis(500),
+        standby_links: RemoteSettings::DEFAULT_STANDBY_LINKS,
     }
 }
 

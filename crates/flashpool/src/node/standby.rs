@@ -52,6 +52,22 @@ pub struct Standby {
     retry_after: HashMap<String, Instant>,
     /// A refresh runs (one at a time).
     refreshing: bool,
+    /// The last refresh wanted more links than `remote.standby_links`.
+    capped: bool,
+}
+
+/// At most `cap` of `wanted`: the drives linked already first (a cap that
+/// is reached does not churn links), then the rest by name.
+pub(crate) fn within_cap(
+    wanted: BTreeSet<String>,
+    cap: usize,
+    linked: impl Fn(&str) -> bool,
+) -> BTreeSet<String> {
+    if wanted.len() <= cap {
+        return wanted;
+    }
+    let (have, rest): (Vec<String>, Vec<String>) = wanted.into_iter().partition(|n| linked(n));
+    have.into_iter().chain(rest).take(cap).collect()
 }
 
 impl Node {
@@ -61,10 +77,22 @@ impl Node {
     /// the broken ones. Returns at once if a refresh runs already.
     pub async fn refresh_standby(self: &Arc<Self>, wanted: BTreeSet<String>) {
         let now = Instant::now();
+        let cap = self.cluster().remote.standby_links;
         let (to_open, to_close) = {
             let mut sb = self.standby.lock();
             if sb.refreshing {
                 return;
+            }
+            let asked = wanted.len();
+            let wanted = within_cap(wanted, cap, |n| sb.links.contains_key(n));
+            if (asked > cap) != sb.capped {
+                sb.capped = asked > cap;
+                if sb.capped {
+                    tracing::info!(
+                        "standby links: {asked} drives wanted, keeping {cap} \
+                         (remote.standby_links); takeovers connect to the others"
+                    );
+                }
             }
             let mut close = Vec::new();
             let names: Vec<String> = sb.links.keys().cloned().collect();

@@ -157,3 +157,22 @@ async fn a_broken_standby_link_is_dropped_not_used() {
     assert!(!Arc::ptr_eq(&remote_of(&b, "e1:d0").await, &old));
     assert_eq!(old.link_state(), LinkState::Closed, "the broken link leaks");
 }
+
+/// `remote.standby_links` caps the set: the links open already are kept
+/// first, so a reached cap does not churn connections; 0 keeps none.
+#[test]
+fn the_cap_keeps_the_open_links_first() {
+    use super::standby::within_cap;
+    let wanted = names(&["e1:d0", "e1:d1", "e2:d0", "e2:d1"]);
+    let open = |n: &str| n.starts_with("e2:");
+    assert_eq!(within_cap(wanted.clone(), 8, open), wanted);
+    assert_eq!(
+        within_cap(wanted.clone(), 3, open),
+        names(&["e1:d0", "e2:d0", "e2:d1"])
+    );
+    assert_eq!(
+        within_cap(wanted.clone(), 1, |n| n == "e1:d1"),
+        names(&["e1:d1"])
+    );
+    assert!(within_cap(wanted, 0, open).is_empty());
+}
