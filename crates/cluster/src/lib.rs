@@ -6,6 +6,7 @@
 //! `/flashpool/<cluster>/`; `keys.rs` holds the schema (which keys, their
 //! values and leases).
 
+mod claim;
 mod etcd;
 mod keepalive;
 mod keys;
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use claim::VolumeRead;
 pub use liveness::{LivenessListener, PeerGone, watch_peer_death};
 pub use qos::{PassView, QosOf, QosSpec, QosWrite};
 pub use session::Session;

@@ -539,55 +539,6 @@ impl Session {
             .transpose()
     }
 
-    /// Tries to become the owner of `vol` at epoch = last epoch + 1. `Some`
-    /// when this node owns it (now or already, under this lease), `None` when
-    /// another node does. Of N concurrent claimers exactly one wins.
-    pub async fn claim(&self, vol: &str) -> Result<Option<Owner>, ClusterError> {
-        let owner_key = self.vkey(vol, VolumeKey::Owner);
-        let epoch_key = self.vkey(vol, VolumeKey::Epoch);
-        loop {
-            let read = Txn::new().and_then([
-                TxnOp::get(owner_key.clone(), None),
-                TxnOp::get(epoch_key.clone(), None),
-            ]);
-            let r = self.txn(&format!("read {owner_key}"), read).await?;
-            let gets = txn_gets(&r);
-            if let Some(kv) = gets.first().and_then(|g| g.first()) {
-                let o: Owner = decode(kv)?;
-                return Ok((o.node == self.node() && kv.lease() == self.inner.lease).then_some(o));
-            }
-            let (epoch, rev) = match gets.get(1).and_then(|g| g.first()) {
-                Some(kv) => (decode::<u64>(kv)?, kv.mod_revision()),
-                None => (0, 0),
-            };
-            let me = Owner {
-                node: self.node().to_string(),
-                epoch: epoch + 1,
-            };
-            let txn = Txn::new()
-                .when([
-                    Compare::version(owner_key.clone(), CompareOp::Equal, 0),
-                    Compare::mod_revision(epoch_key.clone(), CompareOp::Equal, rev),
-                ])
-                .and_then([
-                    TxnOp::put(
-                        owner_key.clone(),
-                        encode(&me),
-                        Some(PutOptions::new().with_lease(self.inner.lease)),
-                    ),
-                    TxnOp::put(epoch_key.clone(), encode(&me.epoch), None),
-                ]);
-            if self
-                .txn(&format!("claim {owner_key}"), txn)
-                .await?
-                .succeeded()
-            {
-                tracing::info!(volume = vol, epoch = me.epoch, "claimed volume");
-                return Ok(Some(me));
-            }
-        }
-    }
-
     /// Deletes the owner key iff it is this node at `epoch`.
     pub async fn release(&self, vol: &str, epoch: u64) -> Result<bool, ClusterError> {
         let key = self.vkey(vol, VolumeKey::Owner);

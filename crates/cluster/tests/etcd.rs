@@ -762,3 +762,57 @@ async fn thin_volumes_are_guarded_by_the_pool_owner_and_unique() {
     a.delete_volume("p1", p1.epoch).await.unwrap();
     assert_eq!(a.thin_specs("p1").await.unwrap(), vec![]);
 }
+
+/// A claim on a read (`claim_from`): the read's state record is still the
+/// current one when the claim's transaction succeeded on it; a read that
+/// another claim overtook falls back to a fresh claim, which loses; a
+/// read that shows an owner claims nothing new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_a_read_keeps_its_state_only_when_nobody_came_between() {
+    let etcd = etcd!();
+    let eps = vec![etcd.endpoint()];
+    let (a, b) = (join(&eps, "a").await, join(&eps, "b").await);
+    a.create_spec(&spec("v1", 1)).await.unwrap();
+    let o1 = a.claim("v1").await.unwrap().unwrap();
+    let st = VolumeState {
+        epoch: o1.epoch,
+        generation: 7,
+        members: vec!["active".into()],
+        note: "a".into(),
+        serving: true,
+    };
+    a.put_state("v1", &st).await.unwrap();
+    let r = b.read_volume("v1").await.unwrap();
+    assert_eq!(
+        (r.owner.clone(), r.state.clone()),
+        (Some(o1.clone()), Some(st.clone()))
+    );
+    assert_eq!(b.claim_from("v1", &r).await.unwrap(), None, "owned by a");
+
+    // a goes; b reads once and claims on that read: the state is current
+    assert!(b.revoke_node("a").await.unwrap());
+    let seen = b.read_volume("v1").await.unwrap();
+    assert_eq!(
+        (seen.owner.clone(), seen.state.clone()),
+        (None, Some(st.clone()))
+    );
+    let (o2, unchanged) = b.claim_from("v1", &seen).await.unwrap().unwrap();
+    assert_eq!((o2.node.as_str(), o2.epoch, unchanged), ("b", 2, true));
+
+    // c read before b released; d claims in between: c's claim loses
+    let (c, d) = (join(&eps, "c").await, join(&eps, "d").await);
+    assert!(b.release("v1", o2.epoch).await.unwrap());
+    let stale = c.read_volume("v1").await.unwrap();
+    assert_eq!(stale.owner, None);
+    let o3 = d.claim("v1").await.unwrap().unwrap();
+    assert_eq!(o3.epoch, 3);
+    assert_eq!(c.claim_from("v1", &stale).await.unwrap(), None);
+    // ... and once d is gone, c's stale read still claims, freshly
+    assert!(c.revoke_node("d").await.unwrap());
+    let (o4, unchanged) = c.claim_from("v1", &stale).await.unwrap().unwrap();
+    assert_eq!(
+        (o4.epoch, unchanged),
+        (4, false),
+        "the state may have changed"
+    );
+}

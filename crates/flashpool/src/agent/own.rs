@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster::{ClusterError, Handoff, Session, VolumeSpec, VolumeState};
+use cluster::{ClusterError, Handoff, Session, VolumeRead, VolumeSpec, VolumeState};
 use nvmf_target::AnaState;
 
 use super::decide::{self, Action, COOLDOWN, LocalVolume, Members, Plan, VolumeView, Wait};
@@ -35,10 +35,13 @@ impl Agent {
     ) -> Result<(), ClusterError> {
         let name = &spec.name;
         let me = s.node();
-        let owner = s.owner(name).await?;
+        // One round trip for the owner, handoff, epoch and state keys: a
+        // claim and a takeover go on from this read (`cluster/claim.rs`).
+        let read = s.read_volume(name).await?;
+        let owner = read.owner.clone();
         self.seen_owner(name, spec.ana_group, owner.as_ref());
         let handoff = if decide::handoff_matters(owner.as_ref(), me) {
-            s.handoff(name).await?
+            read.handoff.clone()
         } else {
             None
         };
@@ -54,7 +57,7 @@ impl Agent {
             handoff,
         };
         let plan = decide::decide_volume(members, me, &view, &here, Instant::now());
-        self.act(s, spec, slot, plan).await?;
+        self.act(s, spec, slot, plan, Some(&read)).await?;
         // A pool's thin volumes: served as etcd lists them (one range read).
         if spec.thin_pool
             && let Some(sv) = slot
@@ -130,13 +133,15 @@ impl Agent {
     }
 
     /// Carries out one volume's plan, step by step; an etcd error ends it
-    /// (and the pass, as before the plans existed).
+    /// (and the pass, as before the plans existed). `seen`: the read the
+    /// plan was made on, which a claim goes on from.
     pub(super) async fn act(
         self: &Arc<Self>,
         s: &Session,
         spec: &VolumeSpec,
         slot: &mut Option<Served>,
         plan: Plan,
+        seen: Option<&VolumeRead>,
     ) -> Result<(), ClusterError> {
         let mut memory = Some(plan.memory);
         for step in plan.steps {
@@ -145,7 +150,7 @@ impl Agent {
             {
                 self.remember(&spec.name, m);
             }
-            if !self.act_one(s, spec, slot, step).await? {
+            if !self.act_one(s, spec, slot, step, seen).await? {
                 break;
             }
         }
@@ -160,6 +165,7 @@ impl Agent {
         spec: &VolumeSpec,
         slot: &mut Option<Served>,
         step: Action,
+        seen: Option<&VolumeRead>,
     ) -> Result<bool, ClusterError> {
         let name = &spec.name;
         match step {
@@ -220,10 +226,16 @@ impl Agent {
                     )
                 };
                 let claim_started = Instant::now();
-                let Some(o) = s.claim(name).await? else {
+                let claimed = match seen {
+                    Some(r) => s.claim_from(name, r).await?,
+                    None => s.claim(name).await?.map(|o| (o, false)),
+                };
+                let Some((o, unchanged)) = claimed else {
                     // another node won
                     return Ok(true);
                 };
+                // the state record as of the claim, when the read still holds it
+                let recorded = seen.filter(|_| unchanged).map(|r| r.state.clone());
                 let claimed = Instant::now();
                 self.memory_of(name, |m| m.unowned_since = None);
                 // from the first pass that saw it unowned, or from when its
@@ -239,7 +251,8 @@ impl Agent {
                     assembled: claimed,
                     serving: claimed,
                 };
-                self.take_over(s, sv, o.epoch, steps, handoff_seen).await;
+                self.take_over(s, sv, o.epoch, steps, handoff_seen, recorded)
+                    .await;
             }
             Action::Wait(Wait::Turn { due, .. }) => {
                 self.kick_after(name, due.saturating_duration_since(Instant::now()));
@@ -257,7 +270,8 @@ impl Agent {
     /// `steps` has the claim's times (the rest is measured here);
     /// `handoff_seen` is a handoff this node remembers and since when: a
     /// planned move began then, if it is the handoff that brought the
-    /// volume here (an older one is not).
+    /// volume here (an older one is not). `recorded`: the member-state
+    /// record as of the claim, when the claim's read has it (else read).
     async fn take_over(
         self: &Arc<Self>,
         s: &Session,
@@ -265,6 +279,7 @@ impl Agent {
         epoch: u64,
         mut steps: Steps,
         handoff_seen: Option<(Handoff, Instant)>,
+        recorded: Option<Option<VolumeState>>,
     ) {
         let t0 = Instant::now();
         let name = sv.spec.name.clone();
@@ -278,7 +293,10 @@ impl Agent {
         }
         // What the last owner recorded of the members: one that it failed
         // (or that is older than its record) is not trusted (`degraded.rs`).
-        let recorded = s.state(&name).await;
+        let recorded = match recorded {
+            Some(st) => Ok(st),
+            None => s.state(&name).await,
+        };
         let t_state = t0.elapsed();
         let req = AssembleVolume {
             // By the peer:drive names the volume was made with, as its creator shows them.
@@ -474,7 +492,7 @@ impl Agent {
             let spec = sv.spec.clone();
             let mut slot = Some(sv);
             // only step-downs: no etcd call, no error
-            let r = self.act(&s, &spec, &mut slot, plan).await;
+            let r = self.act(&s, &spec, &mut slot, plan, None).await;
             if let Some(sv) = slot {
                 served.insert(spec.name.clone(), sv);
             }

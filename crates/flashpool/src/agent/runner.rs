@@ -439,7 +439,7 @@ impl Agent {
                 match decide::decide_gone(name, &here) {
                     Some(plan) => {
                         let spec = sv.spec.clone();
-                        self.act(s, &spec, &mut slot, plan).await
+                        self.act(s, &spec, &mut slot, plan, None).await
                     }
                     None => Ok(()),
                 }
