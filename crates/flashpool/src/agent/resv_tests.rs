@@ -202,27 +202,29 @@ async fn reservations_follow_the_volume_through_a_move_and_a_takeover() {
     b.leave().await;
 }
 
-/// The same for a thin volume of a cluster pool: its reservations are kept
-/// in etcd under the pool's owner epoch (`thin_resv.rs`) and carried by a
-/// move and a takeover of the pool; deleting the thin volume drops them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reservations_on_a_thin_volume_follow_its_pool() {
-    let Some(Pair {
-        etcd: _etcd,
-        enc: _enc,
-        a,
-        ta,
-        b,
-        tb,
-    }) = pair().await
-    else {
-        return;
-    };
-    let (sa, sb) = (listen(&ta), listen(&tb));
-    a.create(pool_req(0)).await.unwrap();
-    let t1 = a.create(thin("t1", Some(1))).await.unwrap();
+/// Pool `p` with thin volume t1 (NSID 1) made through a and served by b on
+/// standby; hosts 1 and 2 connected to both nodes, registered and host 1
+/// holding Write Exclusive through a (`register_and_reserve`).
+struct ThinRig {
+    pair: Pair,
+    sa: Server,
+    sb: Server,
+    /// The pool's ANA group.
+    g: u32,
+    a1: Controller,
+    a2: Controller,
+    b1: Controller,
+    b2: Controller,
+}
+
+async fn thin_rig() -> Option<ThinRig> {
+    let pair = pair().await?;
+    let (sa, sb) = (listen(&pair.ta), listen(&pair.tb));
+    pair.a.create(pool_req(0)).await.unwrap();
+    let t1 = pair.a.create(thin("t1", Some(1))).await.unwrap();
     assert_eq!(t1.export.map(|x| x.nsid), Some(1));
-    let g = a.status().await.unwrap().volumes[0].ana_group;
+    let g = pair.a.status().await.unwrap().volumes[0].ana_group;
+    let tb = pair.tb.clone();
     wait("b to serve t1 on standby", 10, async || {
         tb.subsystem(NQN).and_then(|s| s.namespace(1)).is_some()
     })
@@ -230,6 +232,37 @@ async fn reservations_on_a_thin_volume_follow_its_pool() {
     let (a1, a2) = (host(1, &sa).await, host(2, &sa).await);
     let (b1, b2) = (host(1, &sb).await, host(2, &sb).await);
     register_and_reserve(&a1, &a2).await;
+    Some(ThinRig {
+        pair,
+        sa,
+        sb,
+        g,
+        a1,
+        a2,
+        b1,
+        b2,
+    })
+}
+
+/// The same for a thin volume of a cluster pool: its reservations are kept
+/// in etcd under the pool's owner epoch (`thin_resv.rs`) and carried by a
+/// move and a takeover of the pool; deleting the thin volume drops them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_on_a_thin_volume_follow_its_pool() {
+    let Some(ThinRig {
+        pair,
+        sa,
+        sb,
+        g,
+        a1,
+        a2,
+        b1,
+        b2,
+    }) = thin_rig().await
+    else {
+        return;
+    };
+    let Pair { a, ta, b, tb, .. } = &pair;
     check_owner(&a1, &a2, 2, "thin volume, first owner").await;
     check_standby(&b1, "thin volume, b on standby").await;
     assert_eq!(a.session().thin_resvs("p").await.unwrap().len(), 1);
@@ -276,28 +309,20 @@ async fn reservations_on_a_thin_volume_follow_its_pool() {
 /// registrations and the reservation are as the first owner left them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_is_not_served_until_its_thin_reservations_are_read() {
-    let Some(Pair {
-        etcd: _etcd,
-        enc: _enc,
-        a,
-        ta,
-        b,
-        tb,
-    }) = pair().await
+    let Some(ThinRig {
+        pair,
+        sa,
+        sb,
+        g,
+        a1,
+        a2,
+        b1,
+        b2,
+    }) = thin_rig().await
     else {
         return;
     };
-    let (sa, sb) = (listen(&ta), listen(&tb));
-    a.create(pool_req(0)).await.unwrap();
-    a.create(thin("t1", Some(1))).await.unwrap();
-    let g = a.status().await.unwrap().volumes[0].ana_group;
-    wait("b to serve t1 on standby", 10, async || {
-        tb.subsystem(NQN).and_then(|s| s.namespace(1)).is_some()
-    })
-    .await;
-    let (a1, a2) = (host(1, &sa).await, host(2, &sa).await);
-    let (b1, b2) = (host(1, &sb).await, host(2, &sb).await);
-    register_and_reserve(&a1, &a2).await;
+    let Pair { a, ta, b, tb, .. } = &pair;
     check_owner(&a1, &a2, 2, "the first owner").await;
 
     // Every read of the reservations on b fails until told otherwise.
