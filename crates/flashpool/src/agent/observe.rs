@@ -135,6 +135,30 @@ pub(super) fn takeover_failed(volume: &str, epoch: u64, why: &str, retry: Durati
     .volume(volume)
 }
 
+pub(super) fn pool_held(pool: &str, epoch: u64, retry: Duration) -> NewEvent {
+    NewEvent::new(
+        EventKind::PoolHeld,
+        format!(
+            "pool {pool}: owned here at epoch {epoch} but not served: its thin volumes' host \
+             reservations could not be read from etcd, and none is served without them; its \
+             ANA group stays inaccessible (hosts wait); tried again every {} ms",
+            retry.as_millis()
+        ),
+    )
+    .volume(pool)
+}
+
+pub(super) fn pool_released(pool: &str, held: Duration) -> NewEvent {
+    NewEvent::new(
+        EventKind::PoolReleased,
+        format!(
+            "pool {pool}: its thin volumes' host reservations are read; served after {} ms held",
+            held.as_millis()
+        ),
+    )
+    .volume(pool)
+}
+
 fn with_steps(e: NewEvent, st: &Steps) -> NewEvent {
     let d = |a: Instant, b: Instant| b.saturating_duration_since(a);
     e.step("detect", d(st.first_seen, st.claim_started))

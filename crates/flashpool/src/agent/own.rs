@@ -91,7 +91,12 @@ impl Agent {
             }
         };
         match serving {
-            Some(serving) => self.record_serving(name, &serving).await,
+            Some((serving, since)) => {
+                self.node
+                    .events
+                    .emit(observe::pool_released(name, since.elapsed()));
+                self.record_serving(name, &serving).await
+            }
             None => self.kick_after(name, HELD_RETRY),
         }
     }
@@ -380,7 +385,7 @@ impl Agent {
             };
         let mut owned = OwnedGroup::new(sv.spec.ana_group, sv.switches());
         if !ready {
-            owned.held = Some(serving.clone());
+            owned.held = Some((serving.clone(), Instant::now()));
         }
         self.owned.lock().insert(name.clone(), owned);
         if ready {
@@ -391,6 +396,9 @@ impl Agent {
                 "pool {name}: owned here at epoch {epoch}; its ANA group stays inaccessible \
                  until its thin volumes' host reservations are read"
             );
+            self.node
+                .events
+                .emit(observe::pool_held(&name, epoch, HELD_RETRY));
             self.kick_after(&name, HELD_RETRY);
         }
         steps.serving = Instant::now();

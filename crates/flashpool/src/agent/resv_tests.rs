@@ -17,6 +17,7 @@ use nvmf_target::{AnaState, ListenerConfig, ListenerKind, Server, Target, TlsMod
 
 use super::pools_tests::{pool_req, thin};
 use super::tests::{NQN, Pair, create_v, pair, wait};
+use crate::api_types::EventKind;
 
 const WX: ResvType = ResvType::WriteExclusive;
 const KEY_A: u64 = 0xA1;
@@ -359,6 +360,17 @@ async fn a_pool_is_not_served_until_its_thin_reservations_are_read() {
     let moved = mover.await.unwrap().unwrap();
     assert_eq!(moved.to, "b");
     assert!(b.owned.lock().get("p").is_some_and(|o| o.held.is_none()));
+    // Told as it happened: held once, then released.
+    let told: Vec<_> = b
+        .node
+        .events
+        .recent()
+        .iter()
+        .filter(|e| e.volume.as_deref() == Some("p"))
+        .map(|e| e.kind)
+        .filter(|k| matches!(k, EventKind::PoolHeld | EventKind::PoolReleased))
+        .collect();
+    assert_eq!(told, [EventKind::PoolHeld, EventKind::PoolReleased]);
     check_owner(&b1, &b2, 2, "after reads that failed at first").await;
     check_standby(&a1, "a after the move").await;
 

@@ -51,6 +51,11 @@ pub enum EventKind {
     /// Cluster mode: this node claimed a volume but could not run it (too
     /// many members unreachable or untrusted, ...); it let it go again.
     TakeoverFailed,
+    /// Cluster mode: a pool owned here is not served yet: its thin volumes'
+    /// host reservations could not be read from etcd (hosts wait).
+    PoolHeld,
+    /// Cluster mode: a held pool is served: its reservations were read.
+    PoolReleased,
     /// Cluster mode: a planned move: this node handed a volume over cleanly.
     HandedOff,
     /// Cluster mode: a planned move ended here: this node serves the volume.
@@ -92,6 +97,8 @@ impl EventKind {
             EventKind::SteppedDown => "stepped_down",
             EventKind::TookOver => "took_over",
             EventKind::TakeoverFailed => "takeover_failed",
+            EventKind::PoolHeld => "pool_held",
+            EventKind::PoolReleased => "pool_released",
             EventKind::HandedOff => "handed_off",
             EventKind::Moved => "moved",
             EventKind::NodeJoined => "node_joined",
@@ -117,6 +124,7 @@ impl EventKind {
             | EventKind::HostRefused
             | EventKind::Fenced
             | EventKind::SteppedDown
+            | EventKind::PoolHeld
             | EventKind::NodeLeft
             | EventKind::EtcdUnreachable => "warning",
             _ => "info",
