@@ -3,7 +3,12 @@
 # fail its update or its install. Ends with "N passed, N failed".
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-tmp=$(mktemp -d)
+# Without its temp dir the fake would land in /bin (a full disk did that).
+tmp=$(mktemp -d) && [ -d "$tmp" ] || {
+  echo "apt-install.test.sh: cannot make a temp dir"
+  echo "0 passed, 1 failed"
+  exit 1
+}
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/bin"
 cat >"$tmp/bin/apt-get" <<'FAKE'
