@@ -20,7 +20,7 @@ ROOT=$(pwd)
 SECONDS_PER=${1:-${FUZZ_SECONDS:-20}}
 TARGETS=${FUZZ_TARGETS:-"pdu_decode command_dispatch conn_stream auth_messages tls_psk"}
 ART=$ROOT/fuzz/artifacts
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/flashpool-fuzz.XXXXXX")
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/flashpool-fuzz.XXXXXX") || { echo "mktemp failed (is the disk full?)" >&2; exit 1; }
 trap 'rm -rf "$WORK"' EXIT
 
 say() { echo "== fuzz: $*"; }

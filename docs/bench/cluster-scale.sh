@@ -121,7 +121,9 @@ ip -o addr show | grep -v " $FPC_BR " | grep -q " $FPC_NET\." && die "$FPC_NET.0
 mkdir -p "$OUT" "$FPC_DIR"
 : > "$RES"
 rm -f "$OUT"/N*.json "$OUT"/N*.txt "$OUT"/table.md
-trap 'fpc_etcd_down; fpc_cleanup' EXIT
+# the drive files (about 1.5 GB a run) go with the cluster; logs and results stay in $OUT
+drop_drives() { rm -f "$FPC_DIR"/e*-*.img; }
+trap 'fpc_etcd_down; fpc_cleanup; drop_drives' EXIT
 trap 'exit 130' INT TERM
 fi
 
@@ -369,7 +371,7 @@ run_n() {
       *) die "unknown case $c (kill-cold kill-warm drain sigstop)";;
     esac
   done
-  fpc_etcd_down; fpc_cleanup
+  fpc_etcd_down; fpc_cleanup; drop_drives
 }
 
 if [ "${TABLE_ONLY:-0}" != 1 ]; then

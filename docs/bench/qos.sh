@@ -18,7 +18,8 @@
 #     alternating, twice.
 set -uo pipefail
 F=$(realpath "$1"); BASE=${2:+$(realpath "$2")}
-DIR=$(mktemp -d /tmp/qos-bench.XXXXXX); cd "$DIR"
+DIR=$(mktemp -d /tmp/qos-bench.XXXXXX) || { echo "mktemp failed (is the disk full?)" >&2; exit 1; }
+cd "$DIR"
 N=nqn.2026-01.io.flashpool:qos; PORT=${PORT:-4460}; APIP=${APIP:-9700}
 cat > node.toml <<TOML
 [node]

@@ -10,7 +10,9 @@
 #   tests/attach/apps.sh            # KEYS=, DB_SECS=, OUT= as docs/bench/apps.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-OUT=${OUT:-$(mktemp -d /tmp/flashpool-apps-ci.XXXXXX)}
+if [ -z "${OUT:-}" ]; then
+  OUT=$(mktemp -d /tmp/flashpool-apps-ci.XXXXXX) || { echo "mktemp failed (is the disk full?)" >&2; exit 1; }
+fi
 export OUT CHECK=1
 docs/bench/apps.sh
 rc=$?

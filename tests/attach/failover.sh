@@ -16,7 +16,7 @@ ROOT=$(pwd)
 # shellcheck source=tests/lib/harness.sh
 . tests/lib/harness.sh
 BIN=$(flashpool_bin "${BIN:-}")
-RUN=$(mktemp -d /tmp/flashpool-attach-fo.XXXXXX)
+RUN=$(mktemp -d /tmp/flashpool-attach-fo.XXXXXX) || { echo "mktemp failed (is the disk full?)" >&2; exit 1; }
 export FPC_BIN=$BIN FPC_DIR=$RUN/cluster FPC_PREFIX=fpa FPC_NET=10.94.0 FPC_ETCD_BASE=12600
 export FPC_CLUSTER=attach FPC_LEASE_MS=2000 FPC_EXPORT_HOSTS="c1 c2"
 # shellcheck source=tests/cluster/lib.sh

@@ -23,7 +23,7 @@ assign_ports IO_PORT=4640 IO2_PORT=4641 DISC_PORT=4642
 TARGET_PORTS="$IO_PORT $IO2_PORT $DISC_PORT"
 NQN=nqn.2026-01.io.flashpool:attach
 URL="tcp://127.0.0.1:$IO_PORT/$NQN?nsid=1"
-RUN=$(mktemp -d /tmp/flashpool-attach.XXXXXX)
+RUN=$(mktemp -d /tmp/flashpool-attach.XXXXXX) || { echo "mktemp failed (is the disk full?)" >&2; exit 1; }
 DIR=$RUN/mnt
 FS=$RUN/fs
 APID=""

@@ -21,7 +21,7 @@ DISC_PORT=${DISC_PORT:-4621}
 API_PORT=${API_PORT:-4690}
 NQN=nqn.2026-01.io.flashpool:metrics
 API=http://127.0.0.1:$API_PORT
-RUN=$(mktemp -d /tmp/flashpool-metrics.XXXXXX)
+RUN=$(mktemp -d /tmp/flashpool-metrics.XXXXXX) || { echo "mktemp failed (is the disk full?)" >&2; exit 1; }
 # cleanup (tests/lib/harness.sh) kills the node (TPID), then this removes its files
 cleanup_more() { rm -rf "$RUN"; }
 trap cleanup EXIT

@@ -7,70 +7,16 @@
 use std::time::Duration;
 
 use cluster::testing::{EtcdServer, etcd_available};
-use cluster::{
-    ClusterConfig, ClusterEvent, NodeRecord, QosOf, QosSpec, QosWrite, Session, ThinSpec,
-    VolumeSpec,
-};
+use cluster::{ClusterEvent, QosOf, QosSpec, QosWrite};
 use tokio::sync::broadcast;
 
-fn rec(name: &str) -> NodeRecord {
-    NodeRecord {
-        name: name.into(),
-        portals: vec![],
-        discovery: vec![],
-        api: None,
-        liveness: None,
-        host_nqn: format!("nqn.2014-08.org.nvmexpress:uuid:{name}"),
-        host_id: name.into(),
-        slot: 0,
-        lease: 0,
-    }
-}
-
-fn spec(name: &str, ana_group: u32, thin_pool: bool) -> VolumeSpec {
-    VolumeSpec {
-        name: name.into(),
-        uuid: "00000000-0000-0000-0000-000000000001".into(),
-        nqn: "nqn.2024-01.io.flashpool:q".into(),
-        nsid: if thin_pool { 0 } else { ana_group },
-        ana_group,
-        size_bytes: 1 << 30,
-        block_size: 4096,
-        drives: vec!["nvme://a/1".into()],
-        layout: "raid1".into(),
-        hosts: vec![],
-        serial: "S1".into(),
-        model: "flashpool".into(),
-        thin_pool,
-    }
-}
-
-/// A thin volume's spec, from JSON (fields added later keep their defaults).
-fn thin(name: &str, pool: &str, nsid: u32) -> ThinSpec {
-    serde_json::from_value(serde_json::json!({
-        "name": name, "pool": pool, "uuid": "00000000-0000-0000-0000-000000000009",
-        "nsid": nsid, "size_bytes": 1u64 << 30, "block_size": 4096, "serial": "T",
-    }))
-    .unwrap()
-}
-
-async fn join(eps: &[String], name: &str) -> Session {
-    Session::join(ClusterConfig::new(eps.to_vec(), "t", name), rec(name))
-        .await
-        .unwrap()
-}
+mod common;
+use common::{join, next_event, spec, thin};
 
 async fn next_qos_event(rx: &mut broadcast::Receiver<ClusterEvent>) -> ClusterEvent {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            let e = rx.recv().await.unwrap();
-            if matches!(e, ClusterEvent::QosSet(..) | ClusterEvent::QosCleared(_)) {
-                return e;
-            }
-        }
-    })
-    .await
-    .expect("a QoS event in time")
+    let qos =
+        |e: &ClusterEvent| matches!(e, ClusterEvent::QosSet(..) | ClusterEvent::QosCleared(_));
+    next_event(rx, qos, Duration::from_secs(5)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

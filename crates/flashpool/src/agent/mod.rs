@@ -83,8 +83,8 @@ struct OwnedGroup {
     /// (their etcd read failed at the takeover). Hosts wait rather than
     /// write past a reservation; a pass turns it Optimized once they are
     /// loaded, and sets this flag of the volume's state records then
-    /// (`record.rs`: a planned move waits for it). With when it was held.
-    held: Option<(Arc<std::sync::atomic::AtomicBool>, Instant)>,
+    /// (`record.rs`: a planned move waits for it).
+    held: Option<own::Held>,
 }
 
 impl OwnedGroup {

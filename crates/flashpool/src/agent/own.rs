@@ -22,6 +22,26 @@ use crate::node::{AssembleVolume, Degraded, Recorded};
 /// How soon a pool whose ANA group is held is settled again.
 const HELD_RETRY: Duration = Duration::from_millis(250);
 
+/// A pool owned here whose ANA group is held (see [`OwnedGroup::held`]):
+/// what its release does, once the pool is served.
+pub(super) struct Held {
+    /// The flag of its state records that says it is served.
+    serving: Arc<std::sync::atomic::AtomicBool>,
+    since: Instant,
+    /// The takeover's report, told at the release: hosts are served then,
+    /// not at the claim or assembly.
+    report: TakeoverReport,
+}
+
+/// What a takeover tells once the volume is served: its event, its
+/// histogram sample and the end of the planned move that brought it.
+struct TakeoverReport {
+    epoch: u64,
+    from: Option<String>,
+    steps: Steps,
+    handoff_seen: Option<(Handoff, Instant)>,
+}
+
 impl Agent {
     /// Brings one volume's ownership where etcd says it should be: reads
     /// its keys, decides, acts. `slot` is the volume as served here (none
@@ -73,7 +93,7 @@ impl Agent {
     /// thin volume is served with its reservations (`ready`); until then
     /// it is settled again soon.
     async fn release_held(self: &Arc<Self>, s: &Session, name: &str, ready: bool) {
-        let serving = {
+        let released = {
             let mut owned = self.owned.lock();
             let Some(o) = owned.get_mut(name).filter(|o| o.held.is_some()) else {
                 return;
@@ -90,12 +110,18 @@ impl Agent {
                 None
             }
         };
-        match serving {
-            Some((serving, since)) => {
+        match released {
+            Some(Held {
+                serving,
+                since,
+                mut report,
+            }) => {
                 self.node
                     .events
                     .emit(observe::pool_released(name, since.elapsed()));
-                self.record_serving(name, &serving).await
+                report.steps.serving = Instant::now();
+                self.record_serving(name, &serving).await;
+                self.report_served(s, name, report).await;
             }
             None => self.kick_after(name, HELD_RETRY),
         }
@@ -384,13 +410,17 @@ impl Agent {
                 }
             };
         let mut owned = OwnedGroup::new(sv.spec.ana_group, sv.switches());
-        if !ready {
-            owned.held = Some((serving.clone(), Instant::now()));
-        }
-        self.owned.lock().insert(name.clone(), owned);
-        if ready {
+        steps.serving = Instant::now();
+        let report = TakeoverReport {
+            epoch,
+            from,
+            steps,
+            handoff_seen,
+        };
+        let report = if ready {
             self.target
                 .set_ana_state(sv.spec.ana_group, AnaState::Optimized);
+            Some(report)
         } else {
             tracing::warn!(
                 "pool {name}: owned here at epoch {epoch}; its ANA group stays inaccessible \
@@ -400,35 +430,54 @@ impl Agent {
                 .events
                 .emit(observe::pool_held(&name, epoch, HELD_RETRY));
             self.kick_after(&name, HELD_RETRY);
-        }
-        steps.serving = Instant::now();
-        if ready {
-            self.record_serving(&name, &serving).await;
-        }
-        let took = t0.elapsed();
+            owned.held = Some(Held {
+                serving: serving.clone(),
+                since: Instant::now(),
+                report,
+            });
+            None
+        };
+        self.owned.lock().insert(name.clone(), owned);
         tracing::info!(
             "volume {name}: owned here at epoch {epoch}, generation {} (takeover {} ms)",
             info.generation,
-            took.as_millis()
+            t0.elapsed().as_millis()
         );
-        let current = s.handoff(&name).await.ok().flatten();
+        // A held pool tells this when it is released (`release_held`).
+        if let Some(report) = report {
+            self.record_serving(&name, &serving).await;
+            self.report_served(s, &name, report).await;
+        }
+    }
+
+    /// Tells that `name` is served here since `report.steps.serving`: as the
+    /// end of a planned move if the handoff that brought it is still
+    /// current (and clears that handoff), else as a takeover.
+    async fn report_served(self: &Arc<Self>, s: &Session, name: &str, report: TakeoverReport) {
+        let TakeoverReport {
+            epoch,
+            from,
+            steps,
+            handoff_seen,
+        } = report;
+        let current = s.handoff(name).await.ok().flatten();
         let planned = current.as_ref().is_some_and(|h| h.to == s.node());
         let move_from = match handoff_seen {
             Some((h, at)) if current.as_ref() == Some(&h) => at.min(steps.first_seen),
             _ => steps.first_seen,
         };
         if planned {
-            let _ = s.clear_handoff(&name).await;
+            let _ = s.clear_handoff(name).await;
             let took = steps.serving.saturating_duration_since(move_from);
             self.obs.moves.record(took);
-            let e = observe::moved(&name, epoch, from.as_deref(), took, &steps);
+            let e = observe::moved(name, epoch, from.as_deref(), took, &steps);
             self.node.events.emit(e);
         } else {
             self.obs.takeovers.record(steps.total());
-            let e = observe::took_over(&name, epoch, from.as_deref(), &steps);
+            let e = observe::took_over(name, epoch, from.as_deref(), &steps);
             self.node.events.emit(e);
         }
-        self.memory_of(&name, |m| m.handoff_seen = None);
+        self.memory_of(name, |m| m.handoff_seen = None);
     }
 
     /// A claimed volume could not be run here: says why (log, event, and

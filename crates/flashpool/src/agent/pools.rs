@@ -37,13 +37,10 @@ pub(super) struct ThinServed {
     pub(super) switch: Arc<SwitchDevice>,
 }
 
-/// The waits between tries of the read of a pool's thin volumes' host
-/// reservations when a takeover serves them (then the next pass tries).
-const RESV_READ_BACKOFF: [Duration; 3] = [
-    Duration::from_millis(50),
-    Duration::from_millis(150),
-    Duration::ZERO,
-];
+/// The waits before the second and third tries of the read of a pool's
+/// thin volumes' host reservations when a takeover serves them (after the
+/// third, a later pass tries again).
+const RESV_READ_RETRIES: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(150)];
 
 /// How many times a create picks another free NSID when a concurrent
 /// create took the one it picked.
@@ -240,20 +237,20 @@ impl Agent {
             return true;
         };
         let s = self.session();
-        let mut records = None;
-        for wait in RESV_READ_BACKOFF {
+        let mut retries = RESV_READ_RETRIES.into_iter();
+        let records = loop {
             match self.thin_resvs(&s, &sv.spec.name).await {
-                Ok(r) => {
-                    records = Some(r);
-                    break;
-                }
+                Ok(r) => break Some(r),
                 Err(e) => tracing::warn!(
                     "pool {}: reading its thin volumes' host reservations: {e}",
                     sv.spec.name
                 ),
             }
-            tokio::time::sleep(wait).await;
-        }
+            match retries.next() {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => break None,
+            }
+        };
         let Some(mut records) = records else {
             tracing::error!(
                 "pool {}: its thin volumes' host reservations could not be read from etcd; \

@@ -360,17 +360,36 @@ async fn a_pool_is_not_served_until_its_thin_reservations_are_read() {
     let moved = mover.await.unwrap().unwrap();
     assert_eq!(moved.to, "b");
     assert!(b.owned.lock().get("p").is_some_and(|o| o.held.is_none()));
-    // Told as it happened: held once, then released.
+    // Told as it happened: held once, then released, and only then moved,
+    // with the hold in the move's time.
     let told: Vec<_> = b
         .node
         .events
         .recent()
-        .iter()
+        .into_iter()
         .filter(|e| e.volume.as_deref() == Some("p"))
-        .map(|e| e.kind)
-        .filter(|k| matches!(k, EventKind::PoolHeld | EventKind::PoolReleased))
+        .filter(|e| {
+            matches!(
+                e.kind,
+                EventKind::PoolHeld | EventKind::PoolReleased | EventKind::Moved
+            )
+        })
         .collect();
-    assert_eq!(told, [EventKind::PoolHeld, EventKind::PoolReleased]);
+    let kinds: Vec<_> = told.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            EventKind::PoolHeld,
+            EventKind::PoolReleased,
+            EventKind::Moved
+        ]
+    );
+    let move_ms = told[2].steps.iter().find(|st| st.step == "move");
+    assert!(
+        move_ms.is_some_and(|st| st.ms >= 700.0),
+        "the move's time counts the hold: {:?}",
+        told[2].steps
+    );
     check_owner(&b1, &b2, 2, "after reads that failed at first").await;
     check_standby(&a1, "a after the move").await;
 
