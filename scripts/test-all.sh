@@ -185,6 +185,10 @@ if [ "${SKIP_CLUSTER:-0}" != 1 ] && [ "${SKIP_FAILOVER:-0}" != 1 ] && [ "$(id -u
 fi
 
 echo
-if [ ${#failures[@]} -gt 0 ]; then printf 'failed: %s\n' "${failures[@]}"; fi
+if [ ${#failures[@]} -gt 0 ]; then
+  # the failed checks themselves, last, where a reader of the output's tail sees them
+  grep -hE '(RESULT [^ ]+ FAIL|^FAIL |^test .* FAILED|panicked at)' "$LOG"/*.txt 2> /dev/null | cut -c1-400 | tail -n 40
+  printf 'failed: %s\n' "${failures[@]}"
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
