@@ -154,7 +154,7 @@ impl Agent {
     }
 
     /// Changes what is remembered of `name` after an action's outcome.
-    fn memory_of(&self, name: &str, f: impl FnOnce(&mut decide::Memory)) {
+    pub(super) fn memory_of(&self, name: &str, f: impl FnOnce(&mut decide::Memory)) {
         let mut all = self.memory.lock();
         let m = all.entry(name.to_string()).or_default();
         f(m);
@@ -365,28 +365,31 @@ impl Agent {
             Err(e) => Err(e.to_string()),
         };
         let t_assembled = t0.elapsed();
-        // Its first record before it takes any I/O.
+        // Its first record before it takes any I/O. A plain volume is
+        // served right after it, so that record says so already; a pool
+        // loads its thin volumes first (and may be held).
+        let served_next = !sv.spec.thin_pool;
         let res = match res {
-            Ok(info) => match self.start_recording(&name, epoch).await {
-                Ok(serving) => Ok((info, serving)),
-                Err(e) => {
-                    self.node.drop_fenced(&name, &e).await;
-                    Err(e)
-                }
+            Ok(info) => match self.node.volume_device(&name).await {
+                Some(dev) => match self.start_recording(&name, epoch, served_next).await {
+                    Ok(serving) => Ok((info, dev, serving)),
+                    Err(e) => {
+                        self.node.drop_fenced(&name, &e).await;
+                        Err(e)
+                    }
+                },
+                None => Err("assembled, then gone".to_string()),
             },
             Err(e) => Err(e),
         };
-        let dev = match res {
-            Ok(_) => self.node.volume_device(&name).await,
-            Err(_) => None,
+        let (info, dev, serving) = match res {
+            Ok(r) => r,
+            Err(why) => {
+                self.takeover_failed(s, &name, epoch, &why, recorded.ok().flatten())
+                    .await;
+                return;
+            }
         };
-        let Some(dev) = dev else {
-            let why = res.err().unwrap_or_else(|| "assembled, then gone".into());
-            self.takeover_failed(s, &name, epoch, &why, recorded.ok().flatten())
-                .await;
-            return;
-        };
-        let (info, serving) = res.expect("checked");
         steps.assembled = Instant::now();
         tracing::debug!(
             "volume {name}: takeover steps: member-state record read {:?}, assembly {:?}, \
@@ -445,7 +448,9 @@ impl Agent {
         );
         // A held pool tells this when it is released (`release_held`).
         if let Some(report) = report {
-            self.record_serving(&name, &serving).await;
+            if !served_next {
+                self.record_serving(&name, &serving).await;
+            }
             self.report_served(s, &name, report).await;
         }
     }

@@ -109,17 +109,21 @@ pub(super) struct Dirty {
     /// Every volume that the pass's read does not show [`steady`].
     tick: bool,
     names: BTreeSet<String>,
+    /// Volumes whose owner key was set: settled unless the pass's read
+    /// shows them [`steady`] (see [`Agent::owner_news`]).
+    owners: BTreeSet<String>,
 }
 
 impl Dirty {
     fn is_empty(&self) -> bool {
-        !self.all && !self.tick && self.names.is_empty()
+        !self.all && !self.tick && self.names.is_empty() && self.owners.is_empty()
     }
 
     fn merge(&mut self, o: Dirty) {
         self.all |= o.all;
         self.tick |= o.tick;
         self.names.extend(o.names);
+        self.owners.extend(o.owners);
     }
 }
 
@@ -195,9 +199,12 @@ impl Agent {
         if self.qos_event(e) {
             return;
         }
-        match volume_of(e) {
-            Some(v) => self.mark(v),
-            None => self.mark_all(),
+        match (e, volume_of(e)) {
+            (ClusterEvent::OwnerSet(v, _), _) => {
+                self.dirty.lock().owners.insert(v.clone());
+            }
+            (_, Some(v)) => self.mark(v),
+            (_, None) => self.mark_all(),
         }
     }
 
@@ -273,7 +280,15 @@ impl Agent {
             .into_iter()
             .map(|v| (v.name.clone(), v))
             .collect();
-        let names: BTreeSet<String> = if dirty.all || dirty.tick {
+        let news = self
+            .owner_news(
+                s.node(),
+                &members,
+                dirty,
+                (&specs, &view.owners, &view.handoffs),
+            )
+            .await;
+        let mut names: BTreeSet<String> = if dirty.all || dirty.tick {
             // served here but without a spec: gone (the task checks)
             let mut all: BTreeSet<String> = specs.keys().cloned().collect();
             let acting: BTreeSet<String> = self.acting.lock().keys().cloned().collect();
@@ -302,11 +317,65 @@ impl Agent {
         } else {
             dirty.names.clone()
         };
+        names.extend(news);
         for name in names {
             let spec = specs.remove(&name);
             self.start(s, &members, name, spec);
         }
         Ok(())
+    }
+
+    /// Of the volumes whose owner key was set (a claim: every node hears of
+    /// each), the ones to settle. The others are noted as the pass's read
+    /// shows them, without a settle's read of their keys:
+    /// - one that this node runs as that read says ([`steady`]): a standby
+    ///   of the new owner, or its own claim, already served;
+    /// - one claimed by this node whose task still acts on it (its
+    ///   takeover): that task's outcome is what etcd says, or, if it fails,
+    ///   it releases the volume, which comes as another event.
+    ///
+    /// So a takeover of N volumes costs each node one read per volume it
+    /// settles, not one more per claim it hears of.
+    async fn owner_news(
+        &self,
+        me: &str,
+        members: &Members,
+        dirty: &Dirty,
+        view: (
+            &HashMap<String, VolumeSpec>,
+            &BTreeMap<String, Owner>,
+            &BTreeSet<String>,
+        ),
+    ) -> Vec<String> {
+        let (specs, owners, handoffs) = view;
+        let news: Vec<&String> = dirty
+            .owners
+            .iter()
+            .filter(|n| !dirty.all && !dirty.names.contains(*n))
+            .collect();
+        if news.is_empty() {
+            return Vec::new();
+        }
+        let here = self.run_here().await;
+        let acting: BTreeSet<String> = self.acting.lock().keys().cloned().collect();
+        let mut settle = Vec::new();
+        for n in news {
+            let o = owners.get(n);
+            let group = specs.get(n).map(|sp| sp.ana_group);
+            let noted = match (o, group) {
+                (Some(o), Some(_)) if acting.contains(n) => o.node == me,
+                (Some(_), Some(_)) => steady(me, members, o, handoffs.contains(n), here.get(n)),
+                _ => false,
+            };
+            match group.filter(|_| noted) {
+                Some(g) => {
+                    self.seen_owner(n, g, o);
+                    self.memory_of(n, |m| m.unowned_since = None);
+                }
+                None => settle.push(n.clone()),
+            }
+        }
+        settle
     }
 
     /// A volume's members by the `peer:drive` names it was made with (as
