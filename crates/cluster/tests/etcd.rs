@@ -11,21 +11,12 @@ use cluster::{
 mod common;
 use common::{join, next_event, rec};
 
+/// A volume spec of its own subsystem, as NSID 1.
 fn spec(name: &str, ana_group: u32) -> VolumeSpec {
     VolumeSpec {
-        name: name.into(),
-        uuid: "00000000-0000-0000-0000-000000000001".into(),
         nqn: format!("nqn.2024-01.io.flashpool:{name}"),
         nsid: 1,
-        ana_group,
-        size_bytes: 1 << 30,
-        block_size: 4096,
-        drives: vec!["nvme://a/1".into()],
-        layout: "raid1".into(),
-        hosts: vec![],
-        serial: "S1".into(),
-        model: "flashpool".into(),
-        thin_pool: false,
+        ..common::spec(name, ana_group, false)
     }
 }
 
