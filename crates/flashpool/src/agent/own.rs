@@ -40,6 +40,8 @@ struct TakeoverReport {
     from: Option<String>,
     steps: Steps,
     handoff_seen: Option<(Handoff, Instant)>,
+    /// The volume's handoff now, when known without a read.
+    handoff_now: Option<Option<Handoff>>,
 }
 
 impl Agent {
@@ -266,7 +268,7 @@ impl Agent {
                     return Ok(true);
                 };
                 // the state record as of the claim, when the read still holds it
-                let recorded = seen.filter(|_| unchanged).map(|r| r.state.clone());
+                let current = seen.filter(|_| unchanged);
                 let claimed = Instant::now();
                 self.memory_of(name, |m| m.unowned_since = None);
                 // from the first pass that saw it unowned, or from when its
@@ -282,7 +284,7 @@ impl Agent {
                     assembled: claimed,
                     serving: claimed,
                 };
-                self.take_over(s, sv, o.epoch, steps, handoff_seen, recorded)
+                self.take_over(s, sv, o.epoch, steps, handoff_seen, current)
                     .await;
             }
             Action::Wait(Wait::Turn { due, .. }) => {
@@ -301,8 +303,10 @@ impl Agent {
     /// `steps` has the claim's times (the rest is measured here);
     /// `handoff_seen` is a handoff this node remembers and since when: a
     /// planned move began then, if it is the handoff that brought the
-    /// volume here (an older one is not). `recorded`: the member-state
-    /// record as of the claim, when the claim's read has it (else read).
+    /// volume here (an older one is not). `current`: the claim's read, when
+    /// nobody came between it and the claim (`cluster/claim.rs`): its
+    /// member-state record and handoff are still the current ones then
+    /// (else both are read again).
     async fn take_over(
         self: &Arc<Self>,
         s: &Session,
@@ -310,7 +314,7 @@ impl Agent {
         epoch: u64,
         mut steps: Steps,
         handoff_seen: Option<(Handoff, Instant)>,
-        recorded: Option<Option<VolumeState>>,
+        current: Option<&VolumeRead>,
     ) {
         let t0 = Instant::now();
         let name = sv.spec.name.clone();
@@ -324,8 +328,8 @@ impl Agent {
         }
         // What the last owner recorded of the members: one that it failed
         // (or that is older than its record) is not trusted (`degraded.rs`).
-        let recorded = match recorded {
-            Some(st) => Ok(st),
+        let recorded = match current {
+            Some(r) => Ok(r.state.clone()),
             None => s.state(&name).await,
         };
         let t_state = t0.elapsed();
@@ -419,6 +423,9 @@ impl Agent {
             from,
             steps,
             handoff_seen,
+            // Only this owner writes a handoff now; a held pool may have
+            // written one by its release, so that one reads it again.
+            handoff_now: current.filter(|_| ready).map(|r| r.handoff.clone()),
         };
         let report = if ready {
             self.target
@@ -464,8 +471,12 @@ impl Agent {
             from,
             steps,
             handoff_seen,
+            handoff_now,
         } = report;
-        let current = s.handoff(name).await.ok().flatten();
+        let current = match handoff_now {
+            Some(h) => h,
+            None => s.handoff(name).await.ok().flatten(),
+        };
         let planned = current.as_ref().is_some_and(|h| h.to == s.node());
         let move_from = match handoff_seen {
             Some((h, at)) if current.as_ref() == Some(&h) => at.min(steps.first_seen),
