@@ -267,24 +267,30 @@ impl Agent {
             // does not take them away (`qos.rs`)
             self.qos_learnt(&name, l);
         }
-        let dev = self
-            .node
-            .volume_device(&name)
-            .await
-            .ok_or_else(|| NodeError::Internal(format!("volume {name} vanished")))?;
-        // Its member states recorded before it takes any I/O (`record.rs`);
-        // served right after, so the first record says so.
-        if let Err(e) = self.start_recording(&name, owner.epoch, true).await {
-            self.unserve(&spec);
-            let _ = s.delete_volume(&name, owner.epoch).await;
-            return Err(undo(e).await);
-        }
+        // Its member states recorded before it takes any I/O (`record.rs`).
+        // A refused create leaves nothing: not served, not recorded, not owned.
+        let recorded = match self.node.volume_device(&name).await {
+            Some(dev) => self
+                .start_recording(&name, owner.epoch)
+                .await
+                .map(|serving| (dev, serving)),
+            None => Err(format!("volume {name} vanished after its assembly")),
+        };
+        let (dev, serving) = match recorded {
+            Ok(r) => r,
+            Err(e) => {
+                self.unserve(&spec);
+                let _ = s.delete_volume(&name, owner.epoch).await;
+                return Err(undo(e).await);
+            }
+        };
         sw.activate(dev);
         self.owned
             .lock()
             .insert(name.clone(), OwnedGroup::new(ana_group, vec![sw.clone()]));
         served.insert(name.clone(), Served::new(spec, sw, Some(owner.epoch)));
         self.target.set_ana_state(ana_group, AnaState::Optimized);
+        self.record_serving(&name, &serving).await;
         tracing::info!(
             "cluster volume {name}: created, owned here at epoch {}, nsid {} of {} (ANA group {ana_group})",
             owner.epoch,

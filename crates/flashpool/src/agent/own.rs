@@ -369,13 +369,10 @@ impl Agent {
             Err(e) => Err(e.to_string()),
         };
         let t_assembled = t0.elapsed();
-        // Its first record before it takes any I/O. A plain volume is
-        // served right after it, so that record says so already; a pool
-        // loads its thin volumes first (and may be held).
-        let served_next = !sv.spec.thin_pool;
+        // Its first record before it takes any I/O.
         let res = match res {
             Ok(info) => match self.node.volume_device(&name).await {
-                Some(dev) => match self.start_recording(&name, epoch, served_next).await {
+                Some(dev) => match self.start_recording(&name, epoch).await {
                     Ok(serving) => Ok((info, dev, serving)),
                     Err(e) => {
                         self.node.drop_fenced(&name, &e).await;
@@ -455,9 +452,7 @@ impl Agent {
         );
         // A held pool tells this when it is released (`release_held`).
         if let Some(report) = report {
-            if !served_next {
-                self.record_serving(&name, &serving).await;
-            }
+            self.record_serving(&name, &serving).await;
             self.report_served(s, &name, report).await;
         }
     }

@@ -26,18 +26,15 @@ impl Agent {
     /// and writes the first record. Before the volume takes any I/O.
     ///
     /// Returns the switch that [`Agent::record_serving`] turns on once the
-    /// volume is served: the records say so from then on. `served_next`:
-    /// the caller serves the volume as soon as this returns, with nothing
-    /// to wait for in between (its device is at hand, no thin volumes to
-    /// load), so the first record says so already and saves an etcd write
-    /// per takeover; `record_serving` is then not needed.
+    /// volume is served: the records say so from then on. Only then: a
+    /// planned move answers when it reads that flag, so a first record
+    /// that said "served" would answer before the group is Optimized.
     pub(super) async fn start_recording(
         self: &Arc<Self>,
         name: &str,
         epoch: u64,
-        served_next: bool,
     ) -> Result<Arc<AtomicBool>, String> {
-        let serving = Arc::new(AtomicBool::new(served_next));
+        let serving = Arc::new(AtomicBool::new(false));
         let hook = self.state_hook(name, epoch, serving.clone());
         self.node
             .record_member_states(name, Some(hook))
