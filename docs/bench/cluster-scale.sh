@@ -43,6 +43,9 @@
 #                                    tests/cluster/run.sh scale; RESULT lines, exit 1 on FAIL)
 # env: COUNTS="1 8 48" (0: no RAID volumes, with POOLS)  POOLS=0 THIN=0 (P cluster pools
 #      of M thin volumes each, beside the N volumes of every COUNTS run; N + P x M <= 1024)
+#      EXPAND=1 (each pool grows by a LAYOUT extent on the next free drive slot, asked of c2,
+#      which passes it to the owner, before the thin volumes: every takeover and move of a
+#      pool then assembles its extent too, or the pool does not open)
 #      THIN_SIZE=16MiB  POOL_CLUSTER=64KiB (the pools' allocation unit: the probe writes
 #      LBAs 0 and 1 of each thin volume, one cluster each, so M x POOL_CLUSTER must fit)
 #      ENCL=6 (2..6)  DRIVES=24  DRIVE_SIZE=32MiB (sparse)  LAYOUT=raid1 (raid1, raid5,
@@ -72,7 +75,7 @@ POOLS=${POOLS:-0}; THIN=${THIN:-0}; THIN_SIZE=${THIN_SIZE:-16MiB}; POOL_CLUSTER=
 ENCL=${ENCL:-6}; DRIVES=${DRIVES:-24}; DRIVE_SIZE=${DRIVE_SIZE:-32MiB}; LAYOUT=${LAYOUT:-raid1}
 CASES=${CASES:-kill-cold kill-warm drain sigstop}; WARM=${WARM:-2}
 LEASE_MS=${LEASE_MS:-2000}; STOP_S=${STOP_S:-1}; AFTER=${AFTER:-3}; TIMEOUT=${TIMEOUT:-30}
-SLACK=${SLACK:-0.5}; CHECK=${CHECK:-0}
+SLACK=${SLACK:-0.5}; CHECK=${CHECK:-0}; EXPAND=${EXPAND:-0}
 OUT=${OUT:-/tmp/flashpool-scale}
 FPC_BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/flashpool}
 case $FPC_BIN in /*) ;; *) FPC_BIN=$ROOT/$FPC_BIN;; esac
@@ -106,7 +109,8 @@ for c in etcd etcdctl python3 openssl; do command -v $c > /dev/null || die "need
 case $LAYOUT in raid1) WIDTH=2;; raid5) WIDTH=3;; raid6) WIDTH=4;; ec*+*) w=${LAYOUT#ec}; WIDTH=$(( ${w%+*} + ${w#*+} ));; *) die "LAYOUT $LAYOUT?";; esac
 [ "$WIDTH" -le "$ENCL" ] || die "$LAYOUT needs $WIDTH enclosures, ENCL=$ENCL"
 for n in $COUNTS; do
-  [ $(((n + POOLS) * WIDTH)) -le $((ENCL * DRIVES)) ] || die "N=$n + POOLS=$POOLS x $WIDTH members > $ENCL x $DRIVES drives"
+  [ $(((n + POOLS * (1 + EXPAND)) * WIDTH)) -le $((ENCL * DRIVES)) ] \
+    || die "N=$n + POOLS=$POOLS x $((1 + EXPAND)) x $WIDTH members > $ENCL x $DRIVES drives"
   [ $((n + POOLS * THIN)) -le 1024 ] || die "N=$n + $POOLS x $THIN namespaces > 1024 in one subsystem"
 done
 if [ "$POOLS" -gt 0 ]; then
@@ -294,6 +298,10 @@ cluster_up() {
   done
   # a node may claim a new volume before its maker does: every one to c1 first
   back_to_c1 "$n" || return 1
+  [ "$EXPAND" = 1 ] && for i in $(seq 1 "$POOLS"); do
+    ccli 2 pool expand "p$i" --drives "$(drives_of $((n + POOLS + i)))" > "$FPC_DIR/expand-p$i.txt" 2>&1 \
+      || { say "pool expand p$i: $(tail -n 2 "$FPC_DIR/expand-p$i.txt" | tr '\n' ' ')"; return 1; }
+  done
   [ "$POOLS" = 0 ] || make_thin || return 1
   wait_optimal "$n" 300 || return 1
   say "N=$n: etcd x3, $ENCL enclosures x $DRIVES $DRIVE_SIZE file drives, c1..c3 (lease $LEASE_MS ms), $n $LAYOUT volumes$([ "$POOLS" = 0 ] || echo " and $POOLS pool(s) x $THIN thin volumes") on c1, optimal, in $(($(date +%s) - t0)) s"

@@ -19,8 +19,9 @@
 #                                   (ANA Optimized + verified write/read), 0 stale writes, and
 #                                   the takeover goal relaxed for CI (the script's header);
 #                                   then a cluster pool of 6 thin volumes alone (COUNTS=0
-#                                   POOLS=1 THIN=6): kill -9 and drain of c1 carry the pool
-#                                   with all its namespaces (RESULT scale-pools-*)
+#                                   POOLS=1 THIN=6), grown by an extent through c2 first
+#                                   (EXPAND=1): kill -9 and drain of c1 carry the pool with
+#                                   its extent and all its namespaces (RESULT scale-pools-*)
 #   tests/cluster/run.sh atrest     encryption at rest from the enclosures' side (~1 min,
 #                                   atrest.sh): an encrypted raid5 thin pool on e1..e3 and an
 #                                   unencrypted control on e4..e6; a plaintext canary written
@@ -234,8 +235,9 @@ do_scale() {
   sed -n '/^| N | case | served/,/^$/p' "$FPC_DIR/scale.txt"
   # cluster pools: one pool (raid1 on the drives the volumes left free) of 6 thin volumes in
   # its one ANA group; a kill (takeover) and a drain (planned move) must carry all 6
-  fpc_say "scale: docs/bench/cluster-scale.sh, CHECK=1 COUNTS=0 POOLS=1 THIN=6, state in $out-pools"
-  CHECK=1 SLACK=${SCALE_SLACK:-0.8} COUNTS=0 POOLS=1 THIN=${SCALE_THIN:-6} ENCL=6 DRIVES=4 DRIVE_SIZE=32MiB WARM=1 AFTER=1 \
+  # and grown by an extent first (EXPAND=1), which every takeover and move must carry
+  fpc_say "scale: docs/bench/cluster-scale.sh, CHECK=1 COUNTS=0 POOLS=1 THIN=6 EXPAND=1, state in $out-pools"
+  CHECK=1 SLACK=${SCALE_SLACK:-0.8} COUNTS=0 POOLS=1 EXPAND=1 THIN=${SCALE_THIN:-6} ENCL=6 DRIVES=4 DRIVE_SIZE=32MiB WARM=1 AFTER=1 \
     CASES="kill-cold drain" BIN=$FPC_BIN OUT=$out-pools \
     timeout 600 "$ROOT/docs/bench/cluster-scale.sh" > "$FPC_DIR/scale-pools.txt" 2>&1
   rc=$?

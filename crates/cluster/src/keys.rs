@@ -15,6 +15,7 @@
 //! | `volumes/<v>/qos`       | [`QosSpec`]      | none         |
 //! | `volumes/<p>/thin/<t>`  | [`ThinSpec`]     | none         |
 //! | `volumes/<p>/thin-resv/<t>` | reservation record | none     |
+//! | `volumes/<p>/extent-state/<x>` | [`VolumeState`] of extent `x` | none |
 //! | `names/<t>`             | pool of thin `t` | none         |
 //! | `nsids/<nqn>/<nsid>`    | thin volume name | none         |
 //! | `drain/<name>`          | `true`           | none         |
@@ -162,6 +163,16 @@ impl Keys {
     /// Thin volume `name`'s host reservations (the target's record bytes).
     pub(crate) fn thin_resv(&self, pool: &str, name: &str) -> String {
         format!("{}volumes/{pool}/thin-resv/{name}", self.prefix)
+    }
+
+    /// The member-state records of cluster pool `pool`'s extents.
+    pub(crate) fn extent_states(&self, pool: &str) -> String {
+        format!("{}volumes/{pool}/extent-state/", self.prefix)
+    }
+
+    /// Extent `x`'s member-state record, written by `pool`'s owner.
+    pub(crate) fn extent_state(&self, pool: &str, x: &str) -> String {
+        format!("{}volumes/{pool}/extent-state/{x}", self.prefix)
     }
 
     /// Which pool holds thin volume `name` (unique across pools).

@@ -8,6 +8,7 @@
 
 mod claim;
 mod etcd;
+mod extent;
 mod keepalive;
 mod keys;
 mod liveness;
@@ -124,6 +125,21 @@ pub struct VolumeSpec {
     /// namespaces, all in its ANA group, and move with it.
     #[serde(default)]
     pub thin_pool: bool,
+    /// A cluster pool's extents (`pool expand`), in the order it grew by
+    /// them: each a volume of its own on other drives, owned and moved
+    /// with the pool, assembled before it (`extent.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extents: Vec<ExtentSpec>,
+}
+
+/// One extent of a cluster pool, as [`VolumeSpec::extents`] lists it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ExtentSpec {
+    /// Its volume's name (in its superblocks; unique in the cluster).
+    pub name: String,
+    /// Member drive URLs.
+    pub drives: Vec<String>,
+    pub layout: String,
 }
 
 /// `volumes/<pool>/thin/<name>`: a thin volume of cluster pool `pool`,
@@ -289,6 +305,28 @@ mod tests {
         assert_eq!(c.ttl_secs(), 2);
         c.lease_ttl = Duration::from_millis(10);
         assert_eq!(c.ttl_secs(), 1);
+    }
+
+    /// A spec written before pools grew reads with no extents, and a spec
+    /// with none is written as before (nodes of both kinds read it).
+    #[test]
+    fn specs_without_extents_read_and_write_as_before() {
+        let old = serde_json::json!({
+            "name": "p", "uuid": "u", "nqn": "q", "nsid": 0, "ana_group": 1,
+            "size_bytes": 1, "block_size": 4096, "drives": ["nvme://a/1"],
+            "layout": "raid1", "hosts": [], "serial": "S", "model": "m", "thin_pool": true,
+        });
+        let mut spec: VolumeSpec = serde_json::from_value(old.clone()).unwrap();
+        assert!(spec.extents.is_empty());
+        assert_eq!(serde_json::to_value(&spec).unwrap(), old);
+        spec.extents.push(ExtentSpec {
+            name: "p-x1".into(),
+            drives: vec!["nvme://b/1".into()],
+            layout: "raid1".into(),
+        });
+        let back: VolumeSpec =
+            serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(back, spec);
     }
 
     #[test]

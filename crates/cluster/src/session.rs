@@ -485,7 +485,8 @@ impl Session {
             .transpose()
     }
 
-    /// Deletes the volume's keys (spec, owner, state, handoff, epoch, qos), only
+    /// Deletes the volume's keys (spec, owner, state, handoff, epoch, qos;
+    /// a pool's thin volumes and extent records), only
     /// while this node owns it at `epoch`.
     pub async fn delete_volume(&self, vol: &str, epoch: u64) -> Result<(), ClusterError> {
         let me = Owner {
@@ -502,10 +503,18 @@ impl Session {
                 VolumeKey::ALL
                     .map(|key| TxnOp::delete(self.vkey(vol, key), None))
                     .into_iter()
-                    .chain([TxnOp::delete(
-                        self.inner.keys.thins(vol),
-                        Some(etcd_client::DeleteOptions::new().with_prefix()),
-                    )])
+                    .chain(
+                        [
+                            self.inner.keys.thins(vol),
+                            self.inner.keys.extent_states(vol),
+                        ]
+                        .map(|prefix| {
+                            TxnOp::delete(
+                                prefix,
+                                Some(etcd_client::DeleteOptions::new().with_prefix()),
+                            )
+                        }),
+                    )
                     .collect::<Vec<_>>(),
             );
         if self

@@ -304,7 +304,7 @@ impl Session {
             .collect())
     }
 
-    fn owned_at(&self, pool: &str, epoch: u64) -> Compare {
+    pub(crate) fn owned_at(&self, pool: &str, epoch: u64) -> Compare {
         let me = Owner {
             node: self.node().to_string(),
             epoch,

@@ -3,21 +3,16 @@
 //! spec and the `nsids/` claim move in one transaction, only from the
 //! record read and only by the pool's owner; a refusal writes nothing.
 
-use cluster::testing::{EtcdServer, etcd_available};
 use cluster::{ClusterError, Session, ThinSpec};
 
 mod common;
-use common::{join, spec, thin};
+use common::{spec, thin, two};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thin_volume_is_served_as_another_nsid_only_by_its_pools_owner() {
-    if !etcd_available() {
+    let Some((_etcd, a, b)) = two().await else {
         return;
-    }
-    let etcd = EtcdServer::start().unwrap();
-    let eps = vec![etcd.endpoint()];
-    let a = join(&eps, "a").await;
-    let b = join(&eps, "b").await;
+    };
     let nqn = "nqn.2024-01.io.flashpool:q";
     a.create_spec(&spec("p", 2, true)).await.unwrap();
     let p = a.claim("p").await.unwrap().unwrap();

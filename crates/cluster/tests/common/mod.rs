@@ -36,6 +36,7 @@ pub fn spec(name: &str, ana_group: u32, thin_pool: bool) -> VolumeSpec {
         serial: "S1".into(),
         model: "flashpool".into(),
         thin_pool,
+        extents: Vec::new(),
     }
 }
 
@@ -52,6 +53,18 @@ pub async fn join(eps: &[String], name: &str) -> Session {
     Session::join(ClusterConfig::new(eps.to_vec(), "t", name), rec(name))
         .await
         .unwrap()
+}
+
+/// A fresh etcd and two sessions on it, `a` and `b`; `None` without etcd.
+pub async fn two() -> Option<(cluster::testing::EtcdServer, Session, Session)> {
+    if !cluster::testing::etcd_available() {
+        return None;
+    }
+    let etcd = cluster::testing::EtcdServer::start().unwrap();
+    let eps = vec![etcd.endpoint()];
+    let a = join(&eps, "a").await;
+    let b = join(&eps, "b").await;
+    Some((etcd, a, b))
 }
 
 /// The next event that `want` accepts, within `within`.

@@ -241,6 +241,7 @@ impl Agent {
             serial: serial_of(&info.uuid),
             model: "flashpool cluster volume".into(),
             thin_pool: req_thin_pool,
+            extents: Vec::new(),
         };
         // Served here before etcd tells the others, owned before it is seen,
         // and limited from its first command.
@@ -356,6 +357,10 @@ impl Agent {
                     .unwrap_or_else(|| "no node right now".into())
             )));
         };
+        // refused before the hosts lose it: a refused delete changes nothing
+        if let Some(why) = self.node.delete_waits(name).await {
+            return Err(NodeError::Conflict(why));
+        }
         self.target
             .set_ana_state(sv.spec.ana_group, AnaState::Inaccessible);
         for sw in sv.switches() {
@@ -647,6 +652,7 @@ mod tests {
             serial: serial_of("00112233-4455-6677-8899-aabbccddeeff"),
             model: "m".into(),
             thin_pool: false,
+            extents: Vec::new(),
         }
     }
 

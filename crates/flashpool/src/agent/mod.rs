@@ -26,6 +26,9 @@
 
 mod cluster_ops;
 mod decide;
+mod extents;
+#[cfg(test)]
+mod extents_tests;
 mod observe;
 mod own;
 mod peers;

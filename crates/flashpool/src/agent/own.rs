@@ -57,6 +57,12 @@ impl Agent {
     ) -> Result<(), ClusterError> {
         let name = &spec.name;
         let me = s.node();
+        // A pool's extents are the one part of a spec that changes (`extents.rs`).
+        if let Some(sv) = slot.as_mut()
+            && sv.spec.extents != spec.extents
+        {
+            sv.spec.extents = spec.extents.clone();
+        }
         // One round trip for the owner, handoff, epoch and state keys: a
         // claim and a takeover go on from this read (`cluster/claim.rs`).
         let read = s.read_volume(name).await?;
@@ -342,6 +348,10 @@ impl Agent {
         };
         let res = match &recorded {
             Ok(rec) => {
+                // A pool's extents first: the pool opens with them.
+                if !sv.spec.extents.is_empty() {
+                    self.assemble_extents(s, &sv.spec, epoch).await;
+                }
                 let degraded = Degraded {
                     wait: self.node.cluster().remote.takeover_wait,
                     recorded: rec.as_ref().map(|r| Recorded {
@@ -356,7 +366,15 @@ impl Agent {
             ))),
         };
         let res = match res {
-            Ok(info) if info.name == name => Ok(info),
+            Ok(info) if info.name == name => match self.node.pool_waiting(&name).await {
+                None => Ok(info),
+                Some(why) => {
+                    self.node
+                        .drop_fenced(&name, "its pool waits for extents")
+                        .await;
+                    Err(format!("its thin pool cannot open: {why}"))
+                }
+            },
             Ok(info) => {
                 self.node
                     .drop_fenced(&info.name, "not the volume etcd names")
@@ -386,6 +404,12 @@ impl Agent {
         let (info, dev, serving) = match res {
             Ok(r) => r,
             Err(why) => {
+                // extents assembled for a pool that could not be run
+                for x in &sv.spec.extents {
+                    self.node
+                        .drop_fenced(&x.name, "its pool's takeover failed")
+                        .await;
+                }
                 self.takeover_failed(s, &name, epoch, &why, recorded.ok().flatten())
                     .await;
                 return;

@@ -11,6 +11,7 @@ use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockOp, IoRequest};
 use nvmf_target::Target;
 
 use super::Agent;
+use super::extents_tests::grow_on;
 use super::pools_tests::{ns, nsid_of, pool_req, pool_state, read, snap, thin};
 use super::tests::{NQN, Pair, create_v, io, pair, wait};
 use crate::node::{ExportRequest, NodeError};
@@ -157,8 +158,8 @@ async fn a_cluster_volume_on_drives_is_not_shrunk_nor_exported_later() {
         Err(NodeError::Conflict(_))
     ));
     assert!(matches!(
-        a.check_expand("v").await,
-        Err(NodeError::Conflict(_))
+        a.expand("v", grow_on(&["e1:d0"])).await,
+        Err(NodeError::Conflict(m)) if m.contains("not a pool")
     ));
     assert_eq!(a.session().spec("v").await.unwrap(), spec);
     assert_eq!(blocks(&ta, 1) * 4096, v.size_bytes);
@@ -213,7 +214,7 @@ async fn a_snapshot_of_a_cluster_pool_is_exported_later_through_either_node() {
         Err(NodeError::Conflict(_))
     ));
     assert!(
-        matches!(a.check_expand("p").await, Err(NodeError::Conflict(m)) if m.contains("Nothing was changed"))
+        matches!(b.expand("p", grow_on(&["e1:d0"])).await, Err(NodeError::Conflict(m)) if m.contains("member of p"))
     );
     assert!(matches!(
         a.check_expand("t1").await,

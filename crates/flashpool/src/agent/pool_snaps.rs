@@ -289,28 +289,12 @@ impl Agent {
         self.thin_info(&spec, &t).await
     }
 
-    /// `POST /v1/volumes/{pool}/expand` in cluster mode: a node's own pool
-    /// grows as on a node running alone; a cluster pool is refused, saying
-    /// why (nothing was changed).
+    /// `POST /v1/volumes/{pool}/expand` in cluster mode, of a name that is
+    /// no cluster volume ([`Agent::expand`] grows a cluster pool): a node's
+    /// own pool grows as on a node running alone; a thin volume of a
+    /// cluster pool is refused, saying why (nothing was changed).
     pub async fn check_expand(&self, pool: &str) -> NodeResult<()> {
         let s = self.session();
-        match s.spec(pool).await.map_err(etcd)? {
-            Some(v) if v.thin_pool => {
-                return Err(NodeError::Conflict(format!(
-                    "cluster pool {pool} cannot grow yet: its new extent would be a cluster \
-                     volume of its own on other enclosures' drives, which the cluster does \
-                     not record with the pool, so a move or takeover could not assemble the \
-                     pool. Nothing was changed; make another cluster pool instead"
-                )));
-            }
-            Some(_) => {
-                return Err(NodeError::Conflict(format!(
-                    "cluster volume {pool} is not a pool (pools are made with --thin-pool); \
-                     only a pool grows by an extent. Nothing was changed"
-                )));
-            }
-            None => {}
-        }
         if locate(&s, pool).await?.is_some() {
             return Err(NodeError::Conflict(format!(
                 "{pool} is a thin volume of a cluster pool, not a pool; only a pool grows by an \

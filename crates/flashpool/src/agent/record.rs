@@ -35,12 +35,27 @@ impl Agent {
         epoch: u64,
     ) -> Result<Arc<AtomicBool>, String> {
         let serving = Arc::new(AtomicBool::new(false));
-        let hook = self.state_hook(name, epoch, serving.clone());
+        let hook = self.state_hook(name, None, epoch, serving.clone());
         self.node
             .record_member_states(name, Some(hook))
             .await
             .map_err(|e| e.to_string())?;
         Ok(serving)
+    }
+
+    /// [`Agent::start_recording`] for extent `x` of cluster pool `pool`
+    /// (`extents.rs`): its record is the pool's, under the pool's epoch.
+    pub(super) async fn start_recording_extent(
+        self: &Arc<Self>,
+        pool: &str,
+        x: &str,
+        epoch: u64,
+    ) -> Result<(), String> {
+        let hook = self.state_hook(x, Some(pool), epoch, Arc::default());
+        self.node
+            .record_member_states(x, Some(hook))
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// The volume is served here now: recorded (a planned move waits for
@@ -52,14 +67,24 @@ impl Agent {
         }
     }
 
-    fn state_hook(self: &Arc<Self>, name: &str, epoch: u64, serving: Arc<AtomicBool>) -> StateHook {
+    /// The hook that records volume `name`'s member states: as its own
+    /// record, or with `pool` as that pool's record of its extent `name`.
+    fn state_hook(
+        self: &Arc<Self>,
+        name: &str,
+        pool: Option<&str>,
+        epoch: u64,
+        serving: Arc<AtomicBool>,
+    ) -> StateHook {
         let agent = Arc::downgrade(self);
         let name = name.to_string();
+        let pool = pool.map(str::to_string);
         // The etcd client needs a tokio runtime; the volume's I/O may run on
         // another executor, so the record runs on the agent's runtime.
         let rt = tokio::runtime::Handle::current();
         Arc::new(move |rec: StateRecord| {
             let (agent, name, rt) = (agent.clone(), name.clone(), rt.clone());
+            let pool = pool.clone();
             let serving = serving.load(Ordering::SeqCst);
             Box::pin(async move {
                 let a = agent.upgrade().ok_or("the cluster agent stopped")?;
@@ -77,7 +102,13 @@ impl Agent {
                 let s = a.session();
                 drop(a);
                 let task = rt.spawn(async move {
-                    tokio::time::timeout(RECORD_TIMEOUT, s.put_state(&name, &st)).await
+                    let put = async {
+                        match &pool {
+                            Some(p) => s.put_extent_state(p, &name, &st).await,
+                            None => s.put_state(&name, &st).await,
+                        }
+                    };
+                    tokio::time::timeout(RECORD_TIMEOUT, put).await
                 });
                 match task.await {
                     Ok(Ok(Ok(()))) => Ok(()),

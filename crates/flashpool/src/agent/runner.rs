@@ -381,9 +381,13 @@ impl Agent {
     /// A volume's members by the `peer:drive` names it was made with (as
     /// its creator shows them), or by URL where no `[[peer]]` names them.
     pub(super) fn member_names(&self, spec: &VolumeSpec) -> Vec<String> {
+        self.names_of(&spec.drives)
+    }
+
+    /// Drive URLs by their `peer:drive` names, where a `[[peer]]` names them.
+    pub(super) fn names_of(&self, urls: &[String]) -> Vec<String> {
         let c = self.node.cluster();
-        spec.drives
-            .iter()
+        urls.iter()
             .map(|u| c.name_of(u).unwrap_or_else(|| u.clone()))
             .collect()
     }
@@ -405,7 +409,11 @@ impl Agent {
                     .get(&v.name)
                     .is_some_and(|o| decide::next_in_line(members, me, &v.name, &o.node))
             })
-            .flat_map(|v| self.member_names(v))
+            // a pool's extents are taken over with it
+            .flat_map(|v| {
+                let extents = v.extents.iter().flat_map(|x| self.names_of(&x.drives));
+                self.member_names(v).into_iter().chain(extents)
+            })
             .collect();
         let node = self.node.clone();
         tokio::spawn(async move { node.refresh_standby(wanted).await });

@@ -84,11 +84,16 @@ pub(super) struct Pair {
 }
 
 pub(super) async fn pair() -> Option<Pair> {
+    pair_with(3).await
+}
+
+/// [`pair`] with `drives` drives in e1.
+pub(super) async fn pair_with(drives: usize) -> Option<Pair> {
     if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
         return None;
     }
     let etcd = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
-    let enc = Enclosure::new("e1", 3, &[node_host_nqn("a"), node_host_nqn("b")]);
+    let enc = Enclosure::new("e1", drives, &[node_host_nqn("a"), node_host_nqn("b")]);
     let (a, ta) = member("a", &enc, &etcd.endpoint()).await;
     let (b, tb) = member("b", &enc, &etcd.endpoint()).await;
     Some(Pair {
@@ -131,8 +136,19 @@ pub(super) async fn io(
     dev: &Arc<dyn BlockDevice>,
     write: Option<u8>,
 ) -> Result<Vec<u8>, BlockError> {
-    let mut buf = AlignedBuf::new(16384);
-    buf.set_len(16384);
+    io_at(dev, 8, 16384, write).await
+}
+
+/// Writes `bytes` of `write` at 4 KiB block `lba` of `dev`, or (`None`)
+/// reads them.
+pub(super) async fn io_at(
+    dev: &Arc<dyn BlockDevice>,
+    lba: u64,
+    bytes: usize,
+    write: Option<u8>,
+) -> Result<Vec<u8>, BlockError> {
+    let mut buf = AlignedBuf::new(bytes);
+    buf.set_len(bytes);
     let op = match write {
         Some(b) => {
             buf.fill(b);
@@ -143,12 +159,12 @@ pub(super) async fn io(
     let done = dev
         .submit(IoRequest {
             op,
-            lba: 8,
-            blocks: 4,
+            lba,
+            blocks: (bytes / 4096) as u32,
             buf,
         })
         .await;
-    done.result.map(|_| done.buf[..16384].to_vec())
+    done.result.map(|_| done.buf[..bytes].to_vec())
 }
 
 /// Creates `v` (raid5 on e1:d0..d2, nsid 1 of [`NQN`]) through `a`.

@@ -108,6 +108,9 @@ pub(super) async fn expand_pool(
 ) -> ApiResult {
     let r: ExpandPool = body(&b)?;
     if let Some(ag) = &a.agent {
+        if let Some(v) = ag.expand(&name, r.clone()).await? {
+            return ok(v);
+        }
         ag.check_expand(&name).await?;
     }
     ok(a.node.expand_pool(&name, r).await?)

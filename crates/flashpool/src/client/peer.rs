@@ -154,6 +154,20 @@ impl PeerApi {
         answer(r)
     }
 
+    /// `POST /v1/volumes/{pool}/expand` on the node whose API is `api`.
+    pub fn expand_pool(
+        &self,
+        api: &str,
+        pool: &str,
+        req: &crate::api_types::ExpandPool,
+    ) -> Result<crate::api_types::VolumeInfo, PeerError> {
+        let path = format!("/volumes/{pool}/expand");
+        let r = self
+            .with_token(self.agent.post(&url(api, &path)))
+            .send_json(req);
+        answer(r)
+    }
+
     /// `POST /v1/volumes/{name}/export` on the node whose API is `api`.
     pub fn export_volume(
         &self,

@@ -13,6 +13,20 @@ use super::volumes::thin_err;
 use super::{Node, NodeError, NodeResult};
 use crate::events::{EventKind, NewEvent};
 
+/// The name of pool `pool`'s new extent (`POOL-xN` by default, `n` the
+/// extents it has), once the request names its drives.
+pub(crate) fn extent_name(pool: &str, req: &ExpandPool, n: usize) -> NodeResult<String> {
+    if req.drives.is_empty() {
+        return Err(NodeError::BadRequest(format!(
+            "pool {pool}: name the drives of the new extent (drives)"
+        )));
+    }
+    Ok(req
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{pool}-x{}", n + 1)))
+}
+
 impl Node {
     /// Grows thin pool `pool` by a volume made on `req.drives` (by default
     /// with the pool volume's layout and strip). A refusal changes nothing:
@@ -46,15 +60,7 @@ impl Node {
                 vol.is_encrypted(),
             )
         };
-        if req.drives.is_empty() {
-            return Err(NodeError::BadRequest(format!(
-                "pool {pool}: name the drives of the new extent (drives)"
-            )));
-        }
-        let name = req
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("{pool}-x{}", n + 1));
+        let name = extent_name(pool, &req, n)?;
         let create = CreateVolume {
             name: name.clone(),
             layout: Some(req.layout.clone().unwrap_or(layout)),

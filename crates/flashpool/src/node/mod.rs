@@ -82,6 +82,7 @@ pub use degraded::{Degraded, Recorded};
 pub use drive::{Drive, DriveIoStats, DriveSpec};
 pub use drive_export::DriveExport;
 pub use error::{NodeError, NodeResult, Object};
+pub(crate) use expand::extent_name;
 pub use ops::{CreateVolume, VolumeInfo};
 pub(crate) use qos::{apply_request, describe as describe_qos, limits_info as qos_limits_info};
 pub use recovery::ForcedInfo;

@@ -76,33 +76,51 @@ impl Node {
     /// queued and future I/O fail with a path error), forgets it and closes
     /// its remote drives. The reservations stay as they are: the next owner
     /// preempts them.
+    ///
+    /// A pool's extents go with it, the same way.
     pub async fn drop_fenced(&self, name: &str, why: &str) {
         let mut st = self.state.lock().await;
-        // Its pool's compaction ends first (its writes would fail anyway).
-        st.compactor.clone().stop(name).await;
-        let Some(e) = st.volumes.remove(name) else {
-            return;
-        };
-        if let Some(v) = e.on_drives() {
-            v.fence(why);
-            v.set_state_hook(None);
+        let extents = super::volumes::extents_of(&st, name);
+        drop_one(&mut st, name, why).await;
+        for x in extents {
+            drop_one(&mut st, &x, why).await;
         }
-        // A pool's thin volumes go with it (their I/O fails through it).
-        drop_thin_of(&mut st, name);
-        close_remotes(&mut st, &e.drives);
-        tracing::warn!("volume {name}: let go without writing ({why})");
+    }
+
+    /// Why thin pool `name` is not open here, when it waits for extents
+    /// that are not assembled (`None`: open, or no such pool).
+    pub async fn pool_waiting(&self, name: &str) -> Option<String> {
+        let st = self.state.lock().await;
+        st.volumes.get(name)?.pool_waiting.clone()
     }
 
     /// Lets go of volume `name` for a planned move: makes it durable and
     /// clean, gives up the reservations, forgets it and closes its remote
-    /// drives. The caller has stopped new I/O and waited for the rest.
+    /// drives. The caller has stopped new I/O and waited for the rest. A
+    /// pool's extents are closed after the pool (which writes to them).
+    pub async fn hand_over(&self, name: &str) -> NodeResult<()> {
+        let extents = super::volumes::extents_of(&*self.state.lock().await, name);
+        self.hand_over_one(name).await?;
+        let mut failed = None;
+        for x in extents {
+            if let Err(e) = self.hand_over_one(&x).await {
+                // the pool is closed: the next owner finds the extent as a
+                // crashed owner leaves it, which its journal covers
+                drop_one(&mut *self.state.lock().await, &x, "clean handover failed").await;
+                failed.get_or_insert(e);
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// [`Node::hand_over`] of one volume.
     ///
     /// The closing I/O (the pool's and the volume's metadata, the members'
     /// reservations) runs outside the node's lock: a drain hands many
     /// volumes over at once, and one volume's close must not wait for
     /// another's. The agent's task for `name` is the only one acting on it
     /// meanwhile; the entry stays in the map until the volume is closed.
-    pub async fn hand_over(&self, name: &str) -> NodeResult<()> {
+    async fn hand_over_one(&self, name: &str) -> NodeResult<()> {
         let (compactor, pool, vol, drives, remotes) = {
             let st = self.state.lock().await;
             let Some(e) = st.volumes.get(name) else {
@@ -151,6 +169,23 @@ impl Node {
         tracing::info!("volume {name}: handed over (clean, reservations released)");
         Ok(())
     }
+}
+
+/// [`Node::drop_fenced`] of one volume.
+async fn drop_one(st: &mut NodeState, name: &str, why: &str) {
+    // Its pool's compaction ends first (its writes would fail anyway).
+    st.compactor.clone().stop(name).await;
+    let Some(e) = st.volumes.remove(name) else {
+        return;
+    };
+    if let Some(v) = e.on_drives() {
+        v.fence(why);
+        v.set_state_hook(None);
+    }
+    // A pool's thin volumes go with it (their I/O fails through it).
+    drop_thin_of(st, name);
+    close_remotes(st, &e.drives);
+    tracing::warn!("volume {name}: let go without writing ({why})");
 }
 
 /// Forgets the thin volumes of pool `pool`.

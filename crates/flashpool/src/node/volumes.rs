@@ -508,15 +508,10 @@ impl Node {
     pub async fn delete_volume(&self, name: &str, force: bool) -> NodeResult<()> {
         let extents = {
             let st = self.state.lock().await;
-            match st.volumes.get(name).and_then(|e| e.thin_pool()) {
-                Some(p) => st
-                    .volumes
-                    .values()
-                    .filter(|e| e.extent.as_ref().is_some_and(|x| x.pool == p.uuid()))
-                    .map(|e| e.name.clone())
-                    .collect(),
-                None => Vec::new(),
+            if let Some(why) = rebuilding(&st, name) {
+                return Err(NodeError::Conflict(why));
             }
+            extents_of(&st, name)
         };
         self.delete_one_volume(name, force).await?;
         // A pool's extents go with it: nothing else can use their clusters.
@@ -654,6 +649,46 @@ impl Node {
 /// What a volume holds that a delete would lose, in words; None when it
 /// holds nothing (a thin volume never written). A volume on drives keeps no
 /// record of having been written, so it counts as holding data.
+impl Node {
+    /// Why deleting volume `name` is refused while a rebuild runs on it or
+    /// on one of its extents (nothing is changed then).
+    pub async fn delete_waits(&self, name: &str) -> Option<String> {
+        rebuilding(&*self.state.lock().await, name)
+    }
+}
+
+fn rebuilding(st: &NodeState, name: &str) -> Option<String> {
+    let running = |n: &str| {
+        st.volumes
+            .get(n)
+            .and_then(|e| e.on_drives())
+            .is_some_and(|v| v.rebuild_progress().running)
+    };
+    std::iter::once(name.to_string())
+        .chain(extents_of(st, name))
+        .find(|n| running(n))
+        .map(|n| match n == name {
+            true => format!("volume {name} is rebuilding; wait for the rebuild to finish"),
+            false => format!(
+                "volume {n}, an extent of pool {name}, is rebuilding; wait for the rebuild to \
+                 finish. Nothing was changed"
+            ),
+        })
+}
+
+/// The extents of thin pool `pool` (open here) that the node runs, by
+/// name: they go where the pool goes (deleted, handed over, dropped).
+pub(super) fn extents_of(st: &NodeState, pool: &str) -> Vec<String> {
+    let Some(p) = st.volumes.get(pool).and_then(|e| e.thin_pool()) else {
+        return Vec::new();
+    };
+    st.volumes
+        .values()
+        .filter(|e| e.extent.as_ref().is_some_and(|x| x.pool == p.uuid()))
+        .map(|e| e.name.clone())
+        .collect()
+}
+
 /// Why volume `name`, an extent, cannot be deleted on its own: a pool
 /// holds clusters on it (or may: a pool waiting for its extents).
 fn extent_in_use(st: &NodeState, name: &str) -> Option<String> {

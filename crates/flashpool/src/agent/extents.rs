@@ -1,0 +1,208 @@
+//! Cluster pools that grow (`pool expand`): a pool grows by an extent, a
+//! volume of its own on other drives (its own layout, rebuild and scrub),
+//! which the pool's owner makes and adds to the pool as a node alone does
+//! (`node/expand.rs`).
+//!
+//! The extent is part of the pool in the cluster too: the pool's spec lists
+//! it (`VolumeSpec::extents`), its member states are recorded under the
+//! pool (`volumes/<pool>/extent-state/<x>`, guarded by the pool's epoch),
+//! and it has no owner key, namespace or ANA group of its own. Whoever
+//! owns the pool runs its extents: a takeover or a move assembles them
+//! (preempting their members' reservations) before the pool, and lets go
+//! of them with it (`node/owned.rs`).
+//!
+//! An expansion is recorded before the extent is made: a record cut short
+//! names an extent that no pool holds, which the next owner skips (the
+//! pool opens without it). The other order could leave a pool that holds
+//! clusters on a volume no record names, which no other node could open.
+
+use std::sync::Arc;
+
+use cluster::{ExtentSpec, Session, VolumeSpec};
+
+use super::Agent;
+use super::pools::{etcd, owned_pool};
+use crate::api_types::ExpandPool;
+use crate::node::{AssembleVolume, Degraded, NodeError, NodeResult, Recorded, VolumeInfo};
+
+impl Agent {
+    /// `POST /v1/volumes/{pool}/expand` of a cluster pool: grown by its
+    /// owner (another node passes the request on). `None` when the cluster
+    /// has no volume of that name (a node's own pool grows as on a node
+    /// alone). A refused expansion changes nothing.
+    pub async fn expand(
+        self: &Arc<Self>,
+        pool: &str,
+        req: ExpandPool,
+    ) -> NodeResult<Option<VolumeInfo>> {
+        let s = self.session();
+        let Some(spec) = s.spec(pool).await.map_err(etcd)? else {
+            return Ok(None);
+        };
+        if !spec.thin_pool {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {pool} is not a pool (pools are made with --thin-pool); only a \
+                 pool grows by an extent. Nothing was changed"
+            )));
+        }
+        let owner = s.owner(pool).await.map_err(etcd)?.ok_or_else(|| {
+            NodeError::Conflict(format!(
+                "cluster pool {pool} has no owner right now (a takeover is under way); retry"
+            ))
+        })?;
+        if owner.node != s.node() {
+            let (p, r) = (pool.to_string(), req);
+            let v = self
+                .on_owner(&s, &owner.node, move |api, at| api.expand_pool(at, &p, &r))
+                .await?;
+            return Ok(Some(v));
+        }
+        let name = crate::node::extent_name(pool, &req, spec.extents.len())?;
+        crate::node::check_name("volume", &name)?;
+        let mut urls = Vec::new();
+        for d in &req.drives {
+            urls.push(self.node.cluster().resolve(d).map_err(|e| {
+                NodeError::BadRequest(format!("{e} (a cluster pool grows on remote drives only)"))
+            })?);
+        }
+        check_free(&s, &name, &urls).await?;
+        let mut served = self.served.lock().await;
+        let sv = owned_pool(&mut served, pool, owner.epoch)?;
+        let mut grown = spec.clone();
+        grown.extents.push(ExtentSpec {
+            name: name.clone(),
+            drives: urls,
+            layout: req.layout.clone().unwrap_or_else(|| spec.layout.clone()),
+        });
+        // Recorded first (see the module's comment).
+        s.update_spec(&spec, &grown, owner.epoch)
+            .await
+            .map_err(|e| {
+                NodeError::Conflict(format!(
+                    "pool {pool}: recording its new extent {name} in etcd: {e}; nothing was changed"
+                ))
+            })?;
+        let r = ExpandPool {
+            name: Some(name.clone()),
+            ..req
+        };
+        let res = self.node.expand_pool(pool, r).await;
+        // The extent's volume is kept when the pool may name it (a failed
+        // metadata write): its record stays then, for the next owner.
+        let kept = res.is_ok() || self.node.volume(&name).await.is_ok();
+        if !kept {
+            if let Err(e) = s.update_spec(&grown, &spec, owner.epoch).await {
+                tracing::warn!(
+                    "pool {pool}: extent {name} was not made, and its record stays ({e}); a \
+                     takeover skips it"
+                );
+            }
+            return res.map(Some);
+        }
+        sv.spec.extents = grown.extents;
+        drop(served);
+        if let Err(e) = self.start_recording_extent(pool, &name, owner.epoch).await {
+            // Its members are all healthy now, and a change records again.
+            tracing::warn!("pool {pool}: extent {name}: its first member-state record: {e}");
+        }
+        let mut v = res?;
+        v.owner = Some(self.name().to_string());
+        Ok(Some(v))
+    }
+
+    /// Assembles cluster pool `spec`'s extents for a takeover at `epoch`,
+    /// concurrently, before the pool: members preempted, degraded as each
+    /// extent's own record allows. One that fails is logged: the pool then
+    /// waits for it, unless it holds no clusters there (an expansion cut
+    /// short), and the takeover says so.
+    pub(super) async fn assemble_extents(
+        self: &Arc<Self>,
+        s: &Session,
+        spec: &VolumeSpec,
+        epoch: u64,
+    ) {
+        let pool = spec.name.as_str();
+        let each = spec.extents.iter().map(|x| async move {
+            if let Err(e) = self.assemble_extent(s, pool, x, epoch).await {
+                tracing::warn!("pool {pool}: its extent {} is not assembled: {e}", x.name);
+            }
+        });
+        futures_util::future::join_all(each).await;
+    }
+
+    async fn assemble_extent(
+        self: &Arc<Self>,
+        s: &Session,
+        pool: &str,
+        x: &ExtentSpec,
+        epoch: u64,
+    ) -> Result<(), String> {
+        let rec = s
+            .extent_state(pool, &x.name)
+            .await
+            .map_err(|e| format!("reading its member-state record in etcd: {e}"))?;
+        let req = AssembleVolume {
+            drives: self.names_of(&x.drives),
+            takeover: true,
+            export: None,
+            force: false,
+        };
+        let degraded = Degraded {
+            wait: self.node.cluster().remote.takeover_wait,
+            recorded: rec.map(|r| Recorded {
+                generation: r.generation,
+                members: r.members,
+            }),
+        };
+        let info = self
+            .node
+            .assemble_volume_with(req, Some(degraded))
+            .await
+            .map_err(|e| e.to_string())?;
+        if info.name != x.name {
+            self.node
+                .drop_fenced(&info.name, "not the extent etcd names")
+                .await;
+            return Err(format!("its drives hold volume {:?}", info.name));
+        }
+        if let Err(e) = self.start_recording_extent(pool, &x.name, epoch).await {
+            self.node.drop_fenced(&x.name, &e).await;
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// Refuses an extent named `name` on drives `urls` when the cluster has a
+/// volume, thin volume or extent of that name, or a volume or extent on
+/// one of those drives.
+async fn check_free(s: &Session, name: &str, urls: &[String]) -> NodeResult<()> {
+    if s.pool_of(name).await.map_err(etcd)?.is_some() {
+        return Err(NodeError::Conflict(format!(
+            "a thin volume is called {name} already; name the extent otherwise (name)"
+        )));
+    }
+    for v in s.specs().await.map_err(etcd)? {
+        let mut drives: Vec<(&str, &String)> = v.drives.iter().map(|d| (&*v.name, d)).collect();
+        for x in &v.extents {
+            if x.name == name {
+                return Err(NodeError::Conflict(format!(
+                    "extent {name} of pool {} exists already; name the extent otherwise (name)",
+                    v.name
+                )));
+            }
+            drives.extend(x.drives.iter().map(|d| (&*x.name, d)));
+        }
+        if v.name == name {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {name} exists already; name the extent otherwise (name)"
+            )));
+        }
+        if let Some((holder, d)) = drives.iter().find(|(_, d)| urls.contains(d)) {
+            return Err(NodeError::Conflict(format!(
+                "drive {d} is a member of {holder} already; nothing was changed"
+            )));
+        }
+    }
+    Ok(())
+}
