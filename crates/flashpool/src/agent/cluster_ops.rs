@@ -11,7 +11,7 @@ use nvmf_target::AnaState;
 
 use super::{Agent, OwnedGroup, Served};
 use crate::api_types::{
-    ClusterStatus, DrainResult, MoveResult, NodeStatus, QosRequest, VolumeStatus,
+    ClusterStatus, DrainResult, ExtentStatus, MoveResult, NodeStatus, QosRequest, VolumeStatus,
 };
 use crate::client::{PeerApi, PeerError};
 use crate::node::{CreateVolume, NodeError, NodeResult, VolumeInfo};
@@ -116,6 +116,15 @@ impl Agent {
                 drives: spec.drives,
                 name: spec.name,
                 note: st.map(|s| s.note).filter(|n| !n.is_empty()),
+                extents: spec
+                    .extents
+                    .into_iter()
+                    .map(|x| ExtentStatus {
+                        name: x.name,
+                        layout: x.layout,
+                        drives: x.drives,
+                    })
+                    .collect(),
             });
         }
         Ok(ClusterStatus {

@@ -112,6 +112,8 @@ async fn a_cluster_pool_grows_and_its_extent_moves_with_it() {
     assert!(grown > base + (8 << 20), "{base} -> {grown}");
     assert_eq!(extents, ["p-x1"]);
     assert_eq!(recorded_extents(&a).await, ["p-x1"]);
+    let on_b = b.status().await.unwrap().volumes[0].extents.clone();
+    assert_eq!((on_b[0].name.as_str(), on_b[0].drives.len()), ("p-x1", 2));
     assert_eq!(extent_record(&a).await.members, ["active", "active"]);
     // Its drives are taken now.
     let e = a

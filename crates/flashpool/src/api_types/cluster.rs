@@ -41,6 +41,18 @@ pub struct VolumeStatus {
     /// What its owner last noted: who owns it, or why no node could run it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// A cluster pool's extents (`pool expand`), owned and moved with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extents: Vec<ExtentStatus>,
+}
+
+/// One extent of a cluster pool, as the cluster records it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExtentStatus {
+    pub name: String,
+    pub layout: String,
+    /// Member drive URLs.
+    pub drives: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

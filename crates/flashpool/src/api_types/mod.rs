@@ -17,7 +17,8 @@ mod volume;
 use serde::{Deserialize, Serialize};
 
 pub use cluster::{
-    ClusterStatus, DrainResult, MoveRequest, MoveResult, NodeStatus, ProbeResult, VolumeStatus,
+    ClusterStatus, DrainResult, ExtentStatus, MoveRequest, MoveResult, NodeStatus, ProbeResult,
+    VolumeStatus,
 };
 pub use drive::{
     DriveExport, DriveInfo, ExportDriveRequest, FailRequest, ReAddInfo, ReplaceRequest,

@@ -77,6 +77,15 @@ pub fn cluster(api: ApiArgs, cmd: ClusterCmd) -> Result<()> {
             x.nsid,
             x.ana_group
         );
+        for e in &x.extents {
+            outln!(
+                "{:<12} extent {} ({}, {} drives)",
+                "",
+                e.name,
+                e.layout,
+                e.drives.len()
+            );
+        }
         // why nobody runs it, when a node said so
         if x.owner.is_none()
             && let Some(n) = &x.note
