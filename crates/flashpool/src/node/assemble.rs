@@ -168,8 +168,11 @@ impl Node {
                 );
             }
         }
+        // a pool opens at once when the node runs its extents already (a
+        // cluster takeover assembles them first)
+        let extents = extent_devices(&*self.state.lock().await);
         let opened = self
-            .open_group(&handles, f, req.takeover)
+            .open_group(&handles, f, req.takeover, &extents)
             .await
             .map_err(AssembleError::into_inner)?;
         let t_opened = t0.elapsed();
@@ -375,7 +378,8 @@ impl Node {
                 ))
             })
             .collect();
-        let opened = self.open_group(&handles, f, takeover).await?;
+        let extents = extent_devices(st);
+        let opened = self.open_group(&handles, f, takeover, &extents).await?;
         Ok(self.enter_group(st, opened))
     }
 
@@ -386,6 +390,7 @@ impl Node {
         handles: &BTreeMap<String, Handle>,
         f: Found,
         takeover: bool,
+        extents: &[Arc<dyn BlockDevice>],
     ) -> Result<Opened, AssembleError> {
         let Found {
             newest,
@@ -468,7 +473,7 @@ impl Node {
             VolumeRole::Plain | VolumeRole::PoolExtent => false,
         };
         if pool_role {
-            match ThinPool::open(as_dev).await {
+            match ThinPool::open_with_extents(as_dev, extents).await {
                 Ok(p) => pool = Some(p),
                 // Its extents are other volumes, perhaps not assembled yet.
                 Err(e @ ThinError::MissingExtent(_)) => {
@@ -614,13 +619,7 @@ impl Node {
             let Some(vol) = st.volumes.get(&name).and_then(|e| e.on_drives()).cloned() else {
                 continue;
             };
-            let extents: Vec<Arc<dyn BlockDevice>> = st
-                .volumes
-                .values()
-                .filter(|e| e.extent.is_some())
-                .filter_map(|e| e.on_drives())
-                .map(|v| Arc::new(v.clone()) as Arc<dyn BlockDevice>)
-                .collect();
+            let extents = extent_devices(st);
             let opened = ThinPool::open_with_extents(Arc::new(vol.clone()), &extents).await;
             let e = st.volumes.get_mut(&name).expect("listed above");
             match opened {
@@ -645,6 +644,16 @@ impl Node {
             }
         }
     }
+}
+
+/// The extent volumes the node runs: a pool being opened picks its own.
+fn extent_devices(st: &NodeState) -> Vec<Arc<dyn BlockDevice>> {
+    st.volumes
+        .values()
+        .filter(|e| e.extent.is_some())
+        .filter_map(|e| e.on_drives())
+        .map(|v| Arc::new(v.clone()) as Arc<dyn BlockDevice>)
+        .collect()
 }
 
 /// A drive as an assembly uses it outside the node's lock.
