@@ -11,9 +11,11 @@ use nvmf_target::AnaState;
 
 use super::Agent;
 use super::pools_tests::{ns, pool_req, thin};
-use super::tests::{Pair, io_at, pair_with, wait};
+use super::tests::{Pair, io_at, member_of, pair_with, wait};
 use crate::api_types::ExpandPool;
 use crate::node::CreateVolume;
+use crate::node::identity::node_host_nqn;
+use crate::node::remote_tests::Enclosure;
 
 const MIB: usize = 1 << 20;
 
@@ -29,6 +31,27 @@ pub(super) fn grow_on(drives: &[&str]) -> ExpandPool {
         name: None,
         layout: Some("raid1".into()),
         strip: None,
+    }
+}
+
+/// Writes MiB after MiB (MiB `i` holds `i + 1`) to thin volume `dev` of
+/// pool `p`, run by `ag`, until the pool holds more than `base` bytes (its
+/// base's capacity): the last ones are on its extent. How many it wrote.
+async fn fill_past(ag: &Agent, dev: &Arc<dyn BlockDevice>, base: u64) -> u64 {
+    let n = (base as usize / MIB + 4).min(64) as u64;
+    for i in 0..n {
+        mib(dev, i, Some(i as u8 + 1)).await.unwrap();
+    }
+    let used = ag.node.volume("p").await.unwrap().thin_pool.unwrap();
+    assert!(used.allocated_bytes > base, "{used:?}");
+    n
+}
+
+/// What [`fill_past`] wrote reads back.
+async fn check_mibs(dev: &Arc<dyn BlockDevice>, n: u64) {
+    for i in 0..n {
+        let got = mib(dev, i, None).await.unwrap();
+        assert!(got.iter().all(|b| *b == i as u8 + 1), "MiB {i}");
     }
 }
 
@@ -123,20 +146,8 @@ async fn a_cluster_pool_grows_and_its_extent_moves_with_it() {
     assert!(e.to_string().contains("member of p-x1"), "{e}");
 
     // Data past the base's capacity lands on the extent.
-    let dev = ns(&ta, 1).unwrap();
-    let n = (base as usize / MIB + 4).min(64) as u64;
-    for i in 0..n {
-        mib(&dev, i, Some(i as u8 + 1)).await.unwrap();
-    }
-    let used = a.node.volume("p").await.unwrap().thin_pool.unwrap();
-    assert!(used.allocated_bytes > base, "{used:?}");
-
-    let check = async |dev: &Arc<dyn BlockDevice>| {
-        for i in 0..n {
-            let got = mib(dev, i, None).await.unwrap();
-            assert!(got.iter().all(|b| *b == i as u8 + 1), "MiB {i}");
-        }
-    };
+    let n = fill_past(&a, &ns(&ta, 1).unwrap(), base).await;
+    let check = async |dev: &Arc<dyn BlockDevice>| check_mibs(dev, n).await;
 
     // A planned move carries the extent: b opens the pool with it.
     a.move_volume("p", "b").await.unwrap();
@@ -190,4 +201,77 @@ async fn a_cluster_pool_grows_and_its_extent_moves_with_it() {
         a.expand("p", grow_on(&["e1:d3", "e1:d4"])).await,
         Ok(None)
     ));
+}
+
+/// An extent that lost a member with its enclosure, and an owner killed
+/// after: the survivor takes the pool over with the extent degraded (its
+/// record says which member failed), serving everything written, and the
+/// member comes back by resync once its enclosure does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_is_taken_over_with_its_extent_degraded() {
+    if !cluster::testing::etcd_available() && std::env::var("FLASHPOOL_SKIP_ETCD").is_ok() {
+        return;
+    }
+    let etcd = cluster::testing::EtcdServer::start().expect("etcd");
+    let hosts = [node_host_nqn("a"), node_host_nqn("b")];
+    let e1 = Enclosure::new("e1", 4, &hosts);
+    let mut e2 = Enclosure::new("e2", 1, &hosts);
+    let (a, ta) = member_of("a", &[&e1, &e2], &etcd.endpoint()).await;
+    let (b, tb) = member_of("b", &[&e1, &e2], &etcd.endpoint()).await;
+    a.create(pool_req(0)).await.unwrap();
+    a.create(CreateVolume {
+        size: Some("64MiB".into()),
+        ..thin("t1", Some(1))
+    })
+    .await
+    .unwrap();
+    let g = a.status().await.unwrap().volumes[0].ana_group;
+    let (base, _) = pool_of(&a).await;
+    a.expand("p", grow_on(&["e1:d3", "e2:d0"]))
+        .await
+        .unwrap()
+        .unwrap();
+    let n = fill_past(&a, &ns(&ta, 1).unwrap(), base).await;
+
+    // e2 goes away: the owner fails the extent's member there (recorded).
+    e2.stop();
+    wait("a to fail the extent's member on e2", 15, async || {
+        mib(&ns(&ta, 1).unwrap(), n - 1, Some(n as u8))
+            .await
+            .is_ok()
+            && extent_record(&a)
+                .await
+                .members
+                .contains(&"failed".to_string())
+    })
+    .await;
+    // then a's lease is revoked: b takes the pool over, the extent degraded
+    assert!(b.session().revoke_node("a").await.unwrap());
+    wait("b to take the pool over", 15, async || {
+        tb.ana_state(g) == AnaState::Optimized
+    })
+    .await;
+    let dev = ns(&tb, 1).unwrap();
+    check_mibs_but_last(&dev, n).await;
+    let x = b.node.volume("p-x1").await.unwrap();
+    assert_eq!(x.state, "degraded", "{x:?}");
+    assert_eq!(ta.ana_state(g), AnaState::Inaccessible);
+
+    // e2 is back: the member is resynced from the one b kept.
+    e2.start();
+    wait("the extent to be optimal again", 30, async || {
+        b.node
+            .volume("p-x1")
+            .await
+            .is_ok_and(|x| x.state == "optimal")
+    })
+    .await;
+    check_mibs_but_last(&dev, n).await;
+}
+
+/// [`check_mibs`], the last MiB rewritten with `n` after the first fill.
+async fn check_mibs_but_last(dev: &Arc<dyn BlockDevice>, n: u64) {
+    check_mibs(dev, n - 1).await;
+    let last = mib(dev, n - 1, None).await.unwrap();
+    assert!(last.iter().all(|b| *b == n as u8));
 }

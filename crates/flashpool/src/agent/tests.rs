@@ -29,19 +29,31 @@ fn free_port() -> u16 {
 }
 
 pub(super) async fn member(name: &str, enc: &Enclosure, etcd: &str) -> (Arc<Agent>, Arc<Target>) {
+    member_of(name, &[enc], etcd).await
+}
+
+/// [`member`] with every enclosure of `encs` as a `[[peer]]`.
+pub(super) async fn member_of(
+    name: &str,
+    encs: &[&Enclosure],
+    etcd: &str,
+) -> (Arc<Agent>, Arc<Target>) {
     let node = Node::with_state_dir(NodeState::default(), None);
     let host_nqn = node_host_nqn(name);
     node.set_cluster(Cluster {
         node_name: name.into(),
         host_id: stable_id(&host_nqn),
         host_nqn,
-        peers: vec![Peer {
-            name: enc.name.clone(),
-            addr: Some(enc.addr),
-            host_nqn: node_host_nqn(&enc.name),
-            auth: None,
-            tls: None,
-        }],
+        peers: encs
+            .iter()
+            .map(|enc| Peer {
+                name: enc.name.clone(),
+                addr: Some(enc.addr),
+                host_nqn: node_host_nqn(&enc.name),
+                auth: None,
+                tls: None,
+            })
+            .collect(),
         remote: settings(),
         dhchap: None,
         tls: None,
