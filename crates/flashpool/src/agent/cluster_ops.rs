@@ -610,9 +610,11 @@ async fn owned_by(s: &Session, node: &str) -> Result<Vec<String>, ClusterError> 
         .collect())
 }
 
-/// Whether every member's node accepts a TCP connection from here.
+/// Whether every member's node accepts a TCP connection from here (a
+/// pool's extents' members too: the pool does not open without them).
 async fn probe(spec: &VolumeSpec) -> NodeResult<()> {
-    for url in &spec.drives {
+    let extents = spec.extents.iter().flat_map(|x| &x.drives);
+    for url in spec.drives.iter().chain(extents) {
         let addr = url
             .strip_prefix("tcp://")
             .and_then(|r| r.split('/').next())

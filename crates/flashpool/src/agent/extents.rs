@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use cluster::{ExtentSpec, Session, VolumeSpec};
+use cluster::{ClusterError, ExtentSpec, Session, VolumeSpec};
 
 use super::Agent;
 use super::pools::{etcd, owned_pool};
@@ -66,6 +66,11 @@ impl Agent {
             })?);
         }
         check_free(&s, &name, &urls).await?;
+        if self.node.volume(&name).await.is_ok() {
+            return Err(NodeError::Conflict(format!(
+                "this node has a volume called {name} already; name the extent otherwise (name)"
+            )));
+        }
         let mut served = self.served.lock().await;
         let sv = owned_pool(&mut served, pool, owner.epoch)?;
         let mut grown = spec.clone();
@@ -77,34 +82,43 @@ impl Agent {
         // Recorded first (see the module's comment).
         s.update_spec(&spec, &grown, owner.epoch)
             .await
-            .map_err(|e| {
-                NodeError::Conflict(format!(
-                    "pool {pool}: recording its new extent {name} in etcd: {e}; nothing was changed"
-                ))
+            .map_err(|e| match e {
+                ClusterError::Deposed { .. } => NodeError::Conflict(format!(
+                    "pool {pool}: its spec changed in etcd meanwhile, or this node no longer \
+                     owns it; nothing was changed, retry"
+                )),
+                e => NodeError::Unavailable(format!(
+                    "pool {pool}: recording its new extent {name} in etcd: {e}; nothing was \
+                     changed"
+                )),
             })?;
         let r = ExpandPool {
             name: Some(name.clone()),
             ..req
         };
-        let res = self.node.expand_pool(pool, r).await;
+        // Its member states recorded before the pool can write to it.
+        let hook = self.extent_hook(pool, &name, owner.epoch);
+        let res = self.node.expand_pool_with(pool, r, Some(hook)).await;
         // The extent's volume is kept when the pool may name it (a failed
-        // metadata write): its record stays then, for the next owner.
-        let kept = res.is_ok() || self.node.volume(&name).await.is_ok();
+        // metadata write labels it so): its record stays then, for the
+        // next owner. (No volume of that name was here before.)
+        let kept = res.is_ok()
+            || self
+                .node
+                .volume(&name)
+                .await
+                .is_ok_and(|v| v.extent_of.as_deref().is_some_and(|p| !p.is_empty()));
         if !kept {
             if let Err(e) = s.update_spec(&grown, &spec, owner.epoch).await {
                 tracing::warn!(
-                    "pool {pool}: extent {name} was not made, and its record stays ({e}); a \
-                     takeover skips it"
+                    "pool {pool}: extent {name} was not made, and its record stays ({e}); the \
+                     pool's next owner finds no volume there and opens the pool without it"
                 );
             }
             return res.map(Some);
         }
         sv.spec.extents = grown.extents;
         drop(served);
-        if let Err(e) = self.start_recording_extent(pool, &name, owner.epoch).await {
-            // Its members are all healthy now, and a change records again.
-            tracing::warn!("pool {pool}: extent {name}: its first member-state record: {e}");
-        }
         let mut v = res?;
         v.owner = Some(self.name().to_string());
         Ok(Some(v))
@@ -115,19 +129,45 @@ impl Agent {
     /// extent's own record allows. One that fails is logged: the pool then
     /// waits for it, unless it holds no clusters there (an expansion cut
     /// short), and the takeover says so.
+    ///
+    /// Returns the names of the extents assembled here.
     pub(super) async fn assemble_extents(
         self: &Arc<Self>,
         s: &Session,
         spec: &VolumeSpec,
         epoch: u64,
-    ) {
+    ) -> Vec<String> {
         let pool = spec.name.as_str();
         let each = spec.extents.iter().map(|x| async move {
-            if let Err(e) = self.assemble_extent(s, pool, x, epoch).await {
-                tracing::warn!("pool {pool}: its extent {} is not assembled: {e}", x.name);
+            match self.assemble_extent(s, pool, x, epoch).await {
+                Ok(()) => Some(x.name.clone()),
+                Err(e) => {
+                    tracing::warn!("pool {pool}: its extent {} is not assembled: {e}", x.name);
+                    None
+                }
             }
         });
-        futures_util::future::join_all(each).await;
+        futures_util::future::join_all(each)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// Lets go of the extents assembled for pool `pool` (`up`) that its
+    /// open pool does not hold: made by an expansion cut short before the
+    /// pool took them. Their record stays; the next owner does the same.
+    pub(super) async fn drop_stray_extents(&self, pool: &str, up: &[String]) {
+        let held = self.node.pool_extents(pool).await;
+        for x in up.iter().filter(|x| !held.contains(x)) {
+            tracing::warn!(
+                "pool {pool}: volume {x}, recorded as its extent, holds none of its clusters \
+                 (an expansion cut short); not kept open"
+            );
+            self.node
+                .drop_fenced(x, "not an extent of its pool's open pool")
+                .await;
+        }
     }
 
     async fn assemble_extent(

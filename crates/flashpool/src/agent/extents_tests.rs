@@ -55,6 +55,19 @@ async fn check_mibs(dev: &Arc<dyn BlockDevice>, n: u64) {
     }
 }
 
+/// Pool `p` (raid5 on e1:d0..d2) made through `ag`, with thin volume `t1`
+/// of 64 MiB as nsid 1; the pool's ANA group.
+async fn pool_with_t1(ag: &Arc<Agent>) -> u32 {
+    ag.create(pool_req(0)).await.unwrap();
+    ag.create(CreateVolume {
+        size: Some("64MiB".into()),
+        ..thin("t1", Some(1))
+    })
+    .await
+    .unwrap();
+    ag.status().await.unwrap().volumes[0].ana_group
+}
+
 /// Pool `p`'s capacity and extents as node `ag` runs it.
 async fn pool_of(ag: &Agent) -> (u64, Vec<String>) {
     let p = ag.node.volume("p").await.unwrap().thin_pool.unwrap();
@@ -88,14 +101,7 @@ async fn a_cluster_pool_grows_and_its_extent_moves_with_it() {
     else {
         return;
     };
-    a.create(pool_req(0)).await.unwrap();
-    a.create(CreateVolume {
-        size: Some("64MiB".into()),
-        ..thin("t1", Some(1))
-    })
-    .await
-    .unwrap();
-    let g = a.status().await.unwrap().volumes[0].ana_group;
+    let g = pool_with_t1(&a).await;
     let (base, none) = pool_of(&a).await;
     assert!(none.is_empty());
 
@@ -218,14 +224,7 @@ async fn a_pool_is_taken_over_with_its_extent_degraded() {
     let mut e2 = Enclosure::new("e2", 1, &hosts);
     let (a, ta) = member_of("a", &[&e1, &e2], &etcd.endpoint()).await;
     let (b, tb) = member_of("b", &[&e1, &e2], &etcd.endpoint()).await;
-    a.create(pool_req(0)).await.unwrap();
-    a.create(CreateVolume {
-        size: Some("64MiB".into()),
-        ..thin("t1", Some(1))
-    })
-    .await
-    .unwrap();
-    let g = a.status().await.unwrap().volumes[0].ana_group;
+    let g = pool_with_t1(&a).await;
     let (base, _) = pool_of(&a).await;
     a.expand("p", grow_on(&["e1:d3", "e2:d0"]))
         .await

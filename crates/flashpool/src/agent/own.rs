@@ -346,12 +346,13 @@ impl Agent {
             export: None,
             force: false,
         };
+        // A pool's extents first: the pool opens with them.
+        let extents_up = match (&recorded, sv.spec.extents.is_empty()) {
+            (Ok(_), false) => self.assemble_extents(s, &sv.spec, epoch).await,
+            _ => Vec::new(),
+        };
         let res = match &recorded {
             Ok(rec) => {
-                // A pool's extents first: the pool opens with them.
-                if !sv.spec.extents.is_empty() {
-                    self.assemble_extents(s, &sv.spec, epoch).await;
-                }
                 let degraded = Degraded {
                     wait: self.node.cluster().remote.takeover_wait,
                     recorded: rec.as_ref().map(|r| Recorded {
@@ -367,7 +368,10 @@ impl Agent {
         };
         let res = match res {
             Ok(info) if info.name == name => match self.node.pool_waiting(&name).await {
-                None => Ok(info),
+                None => {
+                    self.drop_stray_extents(&name, &extents_up).await;
+                    Ok(info)
+                }
                 Some(why) => {
                     self.node
                         .drop_fenced(&name, "its pool waits for extents")
@@ -405,10 +409,8 @@ impl Agent {
             Ok(r) => r,
             Err(why) => {
                 // extents assembled for a pool that could not be run
-                for x in &sv.spec.extents {
-                    self.node
-                        .drop_fenced(&x.name, "its pool's takeover failed")
-                        .await;
+                for x in &extents_up {
+                    self.node.drop_fenced(x, "its pool's takeover failed").await;
                 }
                 self.takeover_failed(s, &name, epoch, &why, recorded.ok().flatten())
                     .await;

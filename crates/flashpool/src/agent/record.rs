@@ -51,11 +51,16 @@ impl Agent {
         x: &str,
         epoch: u64,
     ) -> Result<(), String> {
-        let hook = self.state_hook(x, Some(pool), epoch, Arc::default());
+        let hook = self.extent_hook(pool, x, epoch);
         self.node
             .record_member_states(x, Some(hook))
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// The hook that records extent `x` of pool `pool`, owned at `epoch`.
+    pub(super) fn extent_hook(self: &Arc<Self>, pool: &str, x: &str, epoch: u64) -> StateHook {
+        self.state_hook(x, Some(pool), epoch, Arc::default())
     }
 
     /// The volume is served here now: recorded (a planned move waits for

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use blockdev::BlockDevice;
+use volume::StateHook;
 use volume::thin::{ExtentLabel, ThinError, ThinPool};
 
 use super::ops::{CreateVolume, ExpandPool, VolumeInfo};
@@ -36,6 +37,19 @@ impl Node {
         self: &Arc<Self>,
         pool: &str,
         req: ExpandPool,
+    ) -> NodeResult<VolumeInfo> {
+        self.expand_pool_with(pool, req, None).await
+    }
+
+    /// [`Node::expand_pool`]; with `hook` (a cluster pool's owner records
+    /// the extent's member states, `volume::StateHook`) installed on the new
+    /// volume and its first record written before the pool can use it: a
+    /// record that fails refuses the expansion.
+    pub async fn expand_pool_with(
+        self: &Arc<Self>,
+        pool: &str,
+        req: ExpandPool,
+        hook: Option<StateHook>,
     ) -> NodeResult<VolumeInfo> {
         let (p, layout, strip, block_size, n, encrypt) = {
             let st = self.state.lock().await;
@@ -84,6 +98,20 @@ impl Node {
                 "volume {name} vanished while it was being added to pool {pool}"
             )));
         };
+        if let Some(h) = hook {
+            vol.set_state_hook(Some(h));
+            if let Err(e) = vol.record_states_now().await {
+                vol.set_state_hook(None);
+                drop(st);
+                if let Err(d) = self.delete_volume(&name, true).await {
+                    tracing::error!("pool {pool}: volume {name} not deleted after a refusal: {d}");
+                }
+                return Err(NodeError::Unavailable(format!(
+                    "pool {pool}: recording the member states of its new extent {name}: {e}; \
+                     nothing was changed"
+                )));
+            }
+        }
         let dev: Arc<dyn BlockDevice> = Arc::new(vol);
         match p.add_extent(dev.clone()).await {
             Ok(x) => {

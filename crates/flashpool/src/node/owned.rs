@@ -55,20 +55,19 @@ impl Node {
     }
 
     /// Whether the node's volume `name` fenced itself (a member answered
-    /// Reservation Conflict: another node took it over).
+    /// Reservation Conflict: another node took it over). A pool is fenced
+    /// when one of its extents is: it cannot serve what lies there.
     pub async fn volume_fenced(&self, name: &str) -> Option<String> {
-        let st = self.state.lock().await;
-        let v = st.volumes.get(name)?.on_drives()?;
-        v.is_fenced().then(|| v.fence_reason().unwrap_or_default())
+        fence_of(&*self.state.lock().await, name)
     }
 
     /// The volumes run here that have fenced themselves (one lock for all).
     pub async fn fenced_volumes(&self) -> std::collections::HashSet<String> {
         let st = self.state.lock().await;
         st.volumes
-            .iter()
-            .filter(|(_, e)| e.on_drives().is_some_and(|v| v.is_fenced()))
-            .map(|(n, _)| n.clone())
+            .keys()
+            .filter(|n| fence_of(&st, n).is_some())
+            .cloned()
             .collect()
     }
 
@@ -85,6 +84,11 @@ impl Node {
         for x in extents {
             drop_one(&mut st, &x, why).await;
         }
+    }
+
+    /// The extents of thin pool `name` (open here) that the node runs.
+    pub async fn pool_extents(&self, name: &str) -> Vec<String> {
+        super::volumes::extents_of(&*self.state.lock().await, name)
     }
 
     /// Why thin pool `name` is not open here, when it waits for extents
@@ -169,6 +173,19 @@ impl Node {
         tracing::info!("volume {name}: handed over (clean, reservations released)");
         Ok(())
     }
+}
+
+/// Why volume `name` (or, a pool, one of its extents) is fenced, if it is.
+fn fence_of(st: &NodeState, name: &str) -> Option<String> {
+    let fenced = |n: &str| {
+        let v = st.volumes.get(n)?.on_drives()?;
+        v.is_fenced().then(|| v.fence_reason().unwrap_or_default())
+    };
+    fenced(name).or_else(|| {
+        super::volumes::extents_of(st, name)
+            .iter()
+            .find_map(|x| fenced(x).map(|why| format!("its extent {x}: {why}")))
+    })
 }
 
 /// [`Node::drop_fenced`] of one volume.
