@@ -186,8 +186,9 @@ fi
 
 echo
 if [ ${#failures[@]} -gt 0 ]; then
-  # the failed checks themselves, last, where a reader of the output's tail sees them
-  grep -hE '(RESULT [^ ]+ FAIL|^FAIL |^test .* FAILED|panicked at)' "$LOG"/*.txt 2> /dev/null | cut -c1-400 | tail -n 40
+  # the failed checks themselves, last, where a reader of the output's tail sees them (a
+  # guest's own "[guest] RESULT" lines are left out: the suite's final RESULT judges them)
+  grep -hE '(^RESULT [^ ]+ FAIL|^FAIL |^test .* FAILED|panicked at)' "$LOG"/*.txt 2> /dev/null | cut -c1-400 | tail -n 40
   printf 'failed: %s\n' "${failures[@]}"
 fi
 echo "$passed passed, $failed failed"

@@ -2,7 +2,7 @@
 //! its own (RAM drives, free loopback ports), with stdout a terminal-less
 //! pipe, or a pipe whose reader has gone (`flashpool drive list | head -1`).
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -22,8 +22,24 @@ struct Server {
 
 impl Server {
     /// `stdout_closed`: serve with a stdout whose reader has already gone.
+    ///
+    /// Its ports are picked free, then bound by the server: another test
+    /// may take one meanwhile. A server that cannot bind is started again
+    /// on other ports, and a server counts as up only once its own API
+    /// answers (not merely once something accepts on the port).
     fn start(tag: &str, stdout_closed: bool) -> Server {
         let dir = scratch("cli", tag);
+        for attempt in 1..=5 {
+            if let Some(s) = Self::try_start(&dir, stdout_closed, attempt == 5) {
+                return s;
+            }
+        }
+        unreachable!("the last attempt panics")
+    }
+
+    /// One start; `None`: a port was taken (start again), unless `last`.
+    fn try_start(dir: &std::path::Path, stdout_closed: bool, last: bool) -> Option<Server> {
+        let dir = dir.to_path_buf();
         let api = format!("127.0.0.1:{}", free_port());
         let config = dir.join("node.toml");
         std::fs::write(
@@ -82,7 +98,7 @@ size = "16MiB"
         let mut child = cmd.spawn().expect("flashpool serve starts");
         let addr: SocketAddr = api.parse().unwrap();
         let start = Instant::now();
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        while !api_answers(&addr) {
             if let Some(st) = child.try_wait().unwrap() {
                 let mut err = String::new();
                 child
@@ -91,6 +107,9 @@ size = "16MiB"
                     .unwrap()
                     .read_to_string(&mut err)
                     .unwrap();
+                if !last && err.contains("in use") {
+                    return None;
+                }
                 panic!("flashpool serve exited ({st}) before its API answered: {err}");
             }
             assert!(
@@ -99,12 +118,12 @@ size = "16MiB"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Server {
+        Some(Server {
             child,
             api,
             config,
             dir,
-        }
+        })
     }
 
     /// `flashpool ARGS --api <this server>`.
@@ -132,6 +151,18 @@ impl Drop for Server {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Whether an HTTP server (the API, which may ask for its token) answers
+/// on `addr`: not the NVMe/TCP listener of another test's server.
+fn api_answers(addr: &SocketAddr) -> bool {
+    let Ok(mut c) = TcpStream::connect_timeout(addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+    let req = "GET /v1/drives HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    let mut head = [0u8; 7];
+    c.write_all(req.as_bytes()).is_ok() && c.read_exact(&mut head).is_ok() && &head == b"HTTP/1."
 }
 
 /// The write end of a pipe whose read end is already closed: every write
