@@ -10,12 +10,15 @@
 #   (d) raid6 and ec(N-2)+2 across them
 # every volume printed as a share of raid0 and of the raw aggregate. Then 4 KiB random
 # read IOPS (QD 32) of a RR_LAYOUT volume on the remote drives against the same layout on
-# RAM drives local to the owner.
+# RAM drives local to the owner, and the CPU each 4 KiB read costs: one hop (the bench
+# reads e1:d0 straight from its enclosure; that enclosure's CPU) against two (the volume
+# through the owner; the owner's CPU plus every enclosure's).
 #
 # usage (root): docs/bench/cluster-raid.sh          results and logs in $OUT
 # env: NODES=6 (4..9)  DRIVE_SIZE=512MiB  ROUNDS=3  RUNTIME=5s  RAMP=1s  RR_LAYOUT=raid6
 #      BIN (default $CARGO_TARGET_DIR or target, release/flashpool)  OUT=/tmp/flashpool-cluster
 #      OWNER_IO=14620 OWNER_API=19610  REACTORS=1 (per enclosure)  OWNER_REACTORS=2
+#      POLL_US (every node's [node] poll_us; default: the node's default)
 # Needs node identity ([node] name), drive export (export = true) and remote members
 # ([[peer]], peer:drive names): see tests/cluster/lib.sh for the TOMLs it writes.
 set -u
@@ -42,6 +45,7 @@ FPC_DIR=$OUT/nodes
 FPC_PREFIX=fpb                   # its own namespaces and bridge: runs beside the test suite's
 FPC_REACTORS=${REACTORS:-1}
 FPC_OWNER_REACTORS=${OWNER_REACTORS:-2}
+FPC_POLL_US=${POLL_US:-}
 . tests/cluster/lib.sh
 # (the bench's bridge must not carry the test suite's 10.77.0.1 at the same time)
 NQN=nqn.2026-01.io.flashpool:bench-cluster
@@ -66,6 +70,8 @@ bench() {
 }
 SEQ="--rw write --bs ${BS:-128k} --qd 16 --runtime $RUNTIME --ramp $RAMP"
 RR="--rw randread --bs 4k --qd 32 --runtime $RUNTIME --ramp $RAMP"
+# ticks PID,PID...: utime+stime of each, one per line
+ticks() { local p; for p in ${1//,/ }; do awk '{sub(/.*\) /, ""); print $12 + $13}' "/proc/$p/stat"; done; }
 cli() { timeout 600 "$FPC_BIN" "$@" --api "127.0.0.1:$API" $(fpc_auth); }
 drives() { local p=$1 i l=""; for i in $(seq 1 "$NODES"); do l="$l,$(printf "$p" "$i")"; done; echo "${l#,}"; }
 
@@ -80,6 +86,7 @@ fpc_owner_toml owner "$IO" "$DISC" "$API" "$NQN" "$NODES" > "$FPC_DIR/owner.toml
 for i in $(seq 1 "$NODES"); do printf '\n[[drive]]\nname = "l%s"\nbackend = "mem"\nsize = "%s"\n' "$i" "$DRIVE_SIZE"; done >> "$FPC_DIR/owner.toml"
 fpc_start_node owner "127.0.0.1:$IO" || exit 1
 OPID=$(fpc_pid_of owner)
+EPIDS=$(for i in $(seq 1 "$NODES"); do fpc_pid_of "e$i"; done | paste -sd,)
 
 # ---- (a) raw remote drives: each alone, then all at once (the owner's host NQN: allowed)
 raw() { echo "tcp://$(fpc_ip "$1"):$FPC_PORT/$FPC_DRIVE_NQN:e$1:d0?nsid=1"; }
@@ -91,6 +98,11 @@ for r in $(seq 1 "$ROUNDS"); do
   wait $pids
   say "raw round $r done"
 done
+# one hop: 4 KiB random reads of e1:d0 straight from its enclosure, written whole first
+if [ "$RAW" = 1 ]; then
+  bench "raw-e1-prefill" "$(raw 1)" --rw write --bs 128k --qd 16 --size "$DRIVE_SIZE" --hostnqn "$OWNER_NQN"
+  for r in $(seq 1 "$ROUNDS"); do bench "raw-e1-rr-r$r" "$(raw 1)" $RR --hostnqn "$OWNER_NQN" --target-pid "$(fpc_pid_of e1)"; done
+fi
 
 # ---- (b)-(d) volumes on the same drives, one at a time; (e) random reads, remote vs local
 N=$NODES
@@ -109,7 +121,13 @@ vol() {   # NAME LAYOUT DRIVES: create + export as nsid 1, ROUNDS x seq write, d
     # one sequential pass over the whole volume first: reads of never-written RAM are free
     local mib; mib=$(cli volume show "$name" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["size_bytes"] >> 20)')
     bench "$name-prefill" "tcp://127.0.0.1:$IO/$NQN?nsid=1" --rw write --bs 128k --qd 16 --size "${mib:-64}MiB"
-    for r in $(seq 1 "$ROUNDS"); do bench "$name-rr-r$r" "tcp://127.0.0.1:$IO/$NQN?nsid=1" $RR --target-pid "$OPID"; done
+    # the CPU of the owner and of every enclosure: what the two hops cost per I/O
+    # (and each node's ticks over the whole run, ramp included: who spent it)
+    for r in $(seq 1 "$ROUNDS"); do
+      ticks "$OPID,$EPIDS" > "$OUT/$name-rr-r$r.t0"
+      bench "$name-rr-r$r" "tcp://127.0.0.1:$IO/$NQN?nsid=1" $RR --target-pid "$OPID,$EPIDS"
+      ticks "$OPID,$EPIDS" > "$OUT/$name-rr-r$r.t1"
+    done
   fi
   cli volume unexport "$name" --force > /dev/null 2>&1; cli volume delete "$name" --force > /dev/null 2>&1 \
     || echo "volume delete $name failed: the next volume may not get its drives"
@@ -133,8 +151,11 @@ def get(name, key="mb_s"):
     p = f"{out}/{name}.json"
     if not os.path.exists(p):
         return None
-    a = json.load(open(p))["all"]
-    return a[key]
+    j = json.load(open(p))
+    if key == "cpu_us":   # target CPU per I/O, microseconds
+        v = j["cpu"].get("target_s_per_million_ios")
+        return None if v is None else v
+    return j["all"][key]
 def med(names, key="mb_s"):
     v = [x for x in (get(nm, key) for nm in names) if x is not None]
     return statistics.median(v) if v else None
@@ -171,4 +192,29 @@ print("| members | IOPS | vs local |")
 print("|---|---|---|")
 print(f"| remote (enclosures over NVMe/TCP) | {fi(rem)} | {pct(rem, loc)} |")
 print(f"| local RAM drives of the owner | {fi(loc)} | 100% |")
+one = med([f"raw-e1-rr-r{r}" for r in R], "iops")
+one_cpu = med([f"raw-e1-rr-r{r}" for r in R], "cpu_us")
+two_cpu = med([f"{key}-rr-r{r}" for r in R], "cpu_us")
+loc_cpu = med([f"local-rr-rr-r{r}" for r in R], "cpu_us")
+fc = lambda v: "-" if v is None else f"{v:.2f} µs"
+print(f"\n4 KiB random read, QD 32, CPU per I/O of the nodes that served it (median of {rounds} rounds)\n")
+print("| path | IOPS | CPU per I/O | vs one hop |")
+print("|---|---|---|---|")
+print(f"| one hop: e1:d0 from its enclosure (that enclosure) | {fi(one)} | {fc(one_cpu)} | 1.00x |")
+ratio = "" if one_cpu is None or two_cpu is None else f"{two_cpu / one_cpu:.2f}x"
+print(f"| two hops: {rr} through the owner (owner + {n} enclosures) | {fi(rem)} | {fc(two_cpu)} | {ratio} |")
+print(f"| {rr} on the owner's RAM drives (owner) | {fi(loc)} | {fc(loc_cpu)} | |")
+def share(nm):   # the owner's share of the nodes' ticks over one run
+    try:
+        a = [int(x) for x in open(f"{out}/{nm}.t0").read().split()]
+        b = [int(x) for x in open(f"{out}/{nm}.t1").read().split()]
+    except OSError:
+        return None
+    d = [y - x for x, y in zip(a, b)]
+    return d[0] / sum(d) if sum(d) else None
+sh = [x for x in (share(f"{key}-rr-r{r}") for r in R) if x is not None]
+if sh and two_cpu is not None:
+    s = statistics.median(sh)
+    print(f"\nof the two hops' CPU: the owner {100 * s:.0f}% ({s * two_cpu:.2f} µs per I/O), "
+          f"the enclosures {100 * (1 - s):.0f}% ({(1 - s) * two_cpu:.2f} µs)")
 PY

@@ -7,6 +7,7 @@
 //! return [`IoFuture::Ready`], which costs no allocation.
 
 mod buf;
+mod check;
 pub mod file;
 mod forward;
 pub mod mem;
@@ -17,6 +18,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 pub use buf::{AlignedBuf, SharedBuf, SplitBuf, VIEW_ALIGN};
+pub use check::{Checked, IoCheck};
 pub use file::{FileDevice, FileOptions};
 pub use mem::{MemAllocation, MemDevice};
 pub use null::NullDevice;
@@ -167,6 +169,9 @@ pub enum BlockError {
 pub enum IoFuture {
     Ready(Option<IoDone>),
     Pending(Pin<Box<dyn Future<Output = IoDone> + Send>>),
+    /// Pending, with the completion checks of the wrappers it passed
+    /// ([`IoFuture::then_check`]).
+    Checked(Checked),
 }
 
 impl IoFuture {
@@ -183,6 +188,7 @@ impl Future for IoFuture {
                 Poll::Ready(done.take().expect("IoFuture polled after completion"))
             }
             IoFuture::Pending(fut) => fut.as_mut().poll(cx),
+            IoFuture::Checked(c) => Pin::new(c).poll(cx),
         }
     }
 }
@@ -285,10 +291,31 @@ impl std::task::Wake for ThreadWaker {
     }
 }
 
+std::thread_local! {
+    /// How deep this thread is in [`block_on`].
+    static BLOCKED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this thread is inside [`block_on`]: it runs nothing else until
+/// that returns, so a device must not hand the I/O it starts now to work
+/// that only this thread drives (a connection task bound to this thread's
+/// runtime): the I/O would never complete.
+pub fn in_block_on() -> bool {
+    BLOCKED.with(|b| b.get() > 0)
+}
+
 /// Runs a future to completion on the current thread, parking between
 /// polls. For rare synchronous calls (`store_record`) over devices whose I/O
 /// completes on their own threads, and for tests.
 pub fn block_on<F: Future>(fut: F) -> F::Output {
+    struct Depth;
+    impl Drop for Depth {
+        fn drop(&mut self) {
+            BLOCKED.with(|b| b.set(b.get() - 1));
+        }
+    }
+    BLOCKED.with(|b| b.set(b.get() + 1));
+    let _depth = Depth;
     let mut fut = std::pin::pin!(fut);
     let waker = std::task::Waker::from(std::sync::Arc::new(ThreadWaker(std::thread::current())));
     let mut cx = Context::from_waker(&waker);

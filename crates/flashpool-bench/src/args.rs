@@ -82,9 +82,10 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with = "compare")]
     pub(crate) json: Option<PathBuf>,
     /// Also report the CPU time of this process (the target's), from /proc/PID/stat
-    /// (with --compare: for the tcp:// targets).
-    #[arg(long)]
-    pub(crate) target_pid: Option<u32>,
+    /// (with --compare: for the tcp:// targets). A comma-separated list sums the
+    /// processes: a volume's owner node and the enclosures that hold its drives.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) target_pid: Vec<u32>,
     /// tcp: ask for header digests.
     #[arg(long)]
     pub(crate) hdr_digest: bool,
@@ -232,7 +233,7 @@ impl BenchArgs {
                 .map(spec::parse_cpus)
                 .transpose()?
                 .unwrap_or_default(),
-            target_pid: self.target_pid,
+            target_pid: self.target_pid.clone(),
             hdr_digest: self.hdr_digest,
             data_digest: self.data_digest,
             hostnqn: self.hostnqn.clone(),

@@ -206,7 +206,14 @@ async fn drive(d: &Device, target: &Target, w: &Workload) -> Result<Summary> {
     let stop_at = w.runtime.map(|r| measure_from + r);
     let total = stop_at.map(|s| s.duration_since(start));
     let cpu_sample = || -> Result<CpuSample> {
-        let t = w.target_pid.map(stats::process_cpu_seconds).transpose()?;
+        let t = match w.target_pid.as_slice() {
+            [] => None,
+            pids => Some(
+                pids.iter()
+                    .map(|&p| stats::process_cpu_seconds(p))
+                    .sum::<Result<f64>>()?,
+            ),
+        };
         Ok(CpuSample {
             bench: stats::self_cpu_seconds(),
             target: t,

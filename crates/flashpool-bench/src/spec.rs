@@ -177,8 +177,8 @@ pub struct Workload {
     pub seed_given: bool,
     /// CPUs for the jobs (job i on cpus[i % len]); empty = not pinned.
     pub cpus: Vec<usize>,
-    /// Also report this process's CPU time (the target's).
-    pub target_pid: Option<u32>,
+    /// Also report these processes' CPU time, summed (the target's).
+    pub target_pid: Vec<u32>,
     /// NVMe/TCP options.
     pub hdr_digest: bool,
     pub data_digest: bool,
@@ -249,7 +249,7 @@ impl Default for Workload {
             seed: 1,
             seed_given: false,
             cpus: Vec::new(),
-            target_pid: None,
+            target_pid: Vec::new(),
             hdr_digest: false,
             data_digest: false,
             hostnqn: None,

@@ -226,6 +226,9 @@ fn listen(
     agent: &Option<Arc<crate::agent::Agent>>,
 ) -> Result<(Server, Option<crate::api::Started>)> {
     let server = Server::start(target.clone(), listeners)?;
+    if cfg.remote.reactor_queues {
+        nvmf_host::remote::bind_reactors(server.reactor_handles());
+    }
     if !cfg.api.enabled {
         return Ok((server, None));
     }

@@ -210,6 +210,18 @@ impl Controller {
     /// connection task runs there, so a thread-per-core caller keeps each
     /// queue on its own thread.
     pub async fn add_io_queue(&self, qid: u16) -> Result<Arc<IoQueue>> {
+        self.add_io_queue_on(qid, None).await
+    }
+
+    /// Connects I/O queue `qid` with its connection task (and its socket) on
+    /// `runtime`, or on the calling one: a queue on a reactor's runtime runs
+    /// on the thread that submits to it, with no wake-up of another thread
+    /// per command.
+    pub async fn add_io_queue_on(
+        &self,
+        qid: u16,
+        runtime: Option<&tokio::runtime::Handle>,
+    ) -> Result<Arc<IoQueue>> {
         if qid == 0 || qid > self.granted_io_queues {
             return Err(HostError::Invalid(format!(
                 "I/O queue id {qid} is out of range; the controller granted queues 1..={}",
@@ -221,7 +233,7 @@ impl Controller {
                 "I/O queue {qid} is already connected"
             )));
         }
-        let q = Queue::connect(QueueParams {
+        let p = QueueParams {
             addr: self.addr,
             qid,
             depth: self.io_depth,
@@ -237,8 +249,15 @@ impl Controller {
             poll: Duration::from_micros(u64::from(self.opts.poll_us)),
             pdu_per_write: self.opts.pdu_per_write,
             tls: tls_channel(&self.opts, &self.subnqn),
-        })
-        .await?;
+        };
+        let q = match runtime {
+            None => Queue::connect(p).await?,
+            Some(rt) => rt.spawn(Queue::connect(p)).await.map_err(|e| {
+                HostError::Invalid(format!(
+                    "I/O queue {qid}: its runtime did not run the connect: {e}"
+                ))
+            })??,
+        };
         let cattr = if self.opts.disable_sqflow {
             CATTR_DISABLE_SQFLOW
         } else {

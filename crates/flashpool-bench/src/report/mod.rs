@@ -300,7 +300,7 @@ pub fn measure(
         let mut w_base = base.clone();
         // The target's CPU is only meaningful for a target in another process.
         if !matches!(target, Target::Tcp { .. }) {
-            w_base.target_pid = None;
+            w_base.target_pid.clear();
             // --engine picks how tcp:// targets are reached; a local one is a BlockDevice anyway.
             w_base.engine = crate::Engine::Queue;
         }

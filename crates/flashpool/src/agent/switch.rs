@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use blockdev::{BlockDevice, BlockError, Geometry, IoFuture, IoRequest, RecordKind};
+use blockdev::{
+    BlockDevice, BlockError, Geometry, IoCheck, IoDone, IoFuture, IoRequest, RecordKind,
+};
 use nvmf_target::ns_resv::NsReservations;
 
 /// The ownership lease as the I/O path sees it: a monotonic deadline past
@@ -70,7 +72,7 @@ pub struct SwitchDevice {
     name: String,
     active: ArcSwapOption<Arc<dyn BlockDevice>>,
     lease: Arc<LeaseClock>,
-    inflight: Arc<AtomicUsize>,
+    inflight: Arc<InflightCount>,
     /// The namespace's reservations (shared mode): kept in the volume.
     resv: Arc<NsReservations>,
     /// A snapshot's: write-protected on every node, owner or standby, so
@@ -86,7 +88,7 @@ impl SwitchDevice {
             name: name.to_string(),
             active: ArcSwapOption::empty(),
             lease,
-            inflight: Arc::new(AtomicUsize::new(0)),
+            inflight: Arc::new(InflightCount(AtomicUsize::new(0))),
             resv: Arc::new(NsReservations::shared()),
             read_only: AtomicBool::new(false),
         })
@@ -155,7 +157,7 @@ impl SwitchDevice {
     /// false if some are still running.
     pub async fn drain(&self, limit: Duration) -> bool {
         let end = Instant::now() + limit;
-        while self.inflight.load(Ordering::Acquire) > 0 {
+        while self.inflight.0.load(Ordering::Acquire) > 0 {
             if Instant::now() >= end {
                 return false;
             }
@@ -165,12 +167,25 @@ impl SwitchDevice {
     }
 }
 
-/// Counts a passed-on command until it completes (or is dropped).
-struct Inflight(Arc<AtomicUsize>);
+/// The commands passed on and not yet completed (or dropped). An I/O's
+/// count is released by a check on its own future (no allocation per I/O).
+struct InflightCount(AtomicUsize);
+
+impl IoCheck for InflightCount {
+    fn on_done(&self, _: &mut IoDone) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+    fn on_abandoned(&self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts a reservation store while it runs.
+struct Inflight(Arc<InflightCount>);
 
 impl Drop for Inflight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -225,19 +240,8 @@ impl BlockDevice for SwitchDevice {
                 ))),
             );
         }
-        self.inflight.fetch_add(1, Ordering::AcqRel);
-        let count = Inflight(self.inflight.clone());
-        match dev.submit(req) {
-            IoFuture::Ready(done) => {
-                drop(count);
-                IoFuture::Ready(done)
-            }
-            IoFuture::Pending(fut) => IoFuture::Pending(Box::pin(async move {
-                let done = fut.await;
-                drop(count);
-                done
-            })),
-        }
+        self.inflight.0.fetch_add(1, Ordering::AcqRel);
+        dev.submit(req).then_check(&self.inflight)
     }
 
     /// A reservation change: like a write, refused off the owner and past
@@ -246,7 +250,7 @@ impl BlockDevice for SwitchDevice {
     fn store_record(&self, kind: RecordKind, data: &[u8]) -> Result<(), BlockError> {
         // Counted before the owner is looked at: a drain that saw none in
         // flight was after `deactivate`, so this store finds no device.
-        self.inflight.fetch_add(1, Ordering::AcqRel);
+        self.inflight.0.fetch_add(1, Ordering::AcqRel);
         let _count = Inflight(self.inflight.clone());
         let guard = self.active.load();
         let Some(dev) = guard.as_ref() else {
@@ -323,7 +327,7 @@ mod tests {
         clock.set(Some(Instant::now() + Duration::from_secs(5)));
         s.deactivate();
         assert!(matches!(read(&s), Err(BlockError::Fenced(m)) if m.contains("not owned")));
-        assert_eq!(s.inflight.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight.0.load(Ordering::Relaxed), 0);
     }
 
     /// A RAM device that keeps one record, as a volume keeps it on its members.
@@ -382,7 +386,7 @@ mod tests {
             Err(BlockError::Fenced(m)) if m.contains("lease")
         ));
         assert_eq!(rec.record.lock().as_deref(), Some(&b"new"[..]));
-        assert_eq!(s.inflight.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight.0.load(Ordering::Relaxed), 0);
     }
 
     /// A node frozen past its lease deadline (SIGSTOP) and woken: before

@@ -65,6 +65,11 @@ pub struct RemoteSection {
     /// this node would take over (0: none; takeovers then connect).
     #[serde(default = "d_standby_links")]
     pub standby_links: usize,
+    /// One more queue per remote drive for each reactor, whose connection
+    /// runs on that reactor's thread: member I/O wakes no other thread.
+    /// Off: every reactor shares the `queues` (measured in docs/performance.md).
+    #[serde(default = "d_reactor_queues")]
+    pub reactor_queues: bool,
 }
 
 fn d_fail_after() -> u64 {
@@ -88,6 +93,9 @@ fn d_takeover_wait() -> u64 {
 fn d_standby_links() -> usize {
     RemoteSettings::DEFAULT_STANDBY_LINKS
 }
+fn d_reactor_queues() -> bool {
+    true
+}
 
 impl Default for RemoteSection {
     fn default() -> Self {
@@ -99,6 +107,7 @@ impl Default for RemoteSection {
             queue_depth: d_depth(),
             takeover_wait_ms: d_takeover_wait(),
             standby_links: d_standby_links(),
+            reactor_queues: d_reactor_queues(),
         }
     }
 }

@@ -94,6 +94,13 @@ impl RemoteDevice {
         self.queues
     }
 
+    /// Queues of the current connection bound to reactors
+    /// ([`super::bind_reactors`]), beside the shared ones, and the requests
+    /// their reactors sent on them.
+    pub fn reactor_queues(&self) -> (usize, u64) {
+        self.link.current().map_or((0, 0), |s| s.bound())
+    }
+
     /// Whether the target lists the reservation commands (Identify
     /// Controller ONCS bit 5). Without them [`RemoteDevice::register`] and
     /// the other reservation calls fail, and the drive cannot be a fenced

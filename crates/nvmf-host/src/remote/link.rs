@@ -11,7 +11,7 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use blockdev::BlockError;
@@ -19,7 +19,7 @@ use nvme_wire::identify::nidt;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{Notify, watch};
 
-use super::{LinkState, NsIdentity, RemoteOptions, RemoteUrl};
+use super::{LinkState, NsIdentity, RemoteOptions, RemoteUrl, reactors};
 use crate::controller::Controller;
 use crate::error::HostError;
 use crate::identify::NamespaceInfo;
@@ -35,11 +35,28 @@ pub(crate) struct Session {
     /// Counts connects, from 1.
     pub generation: u64,
     pub ctrl: Controller,
+    /// The shared queues: any thread may use them.
     pub queues: Vec<Arc<IoQueue>>,
+    /// One queue per reactor (by reactor index), on that reactor's runtime,
+    /// for the controller's queue ids after the shared ones; empty until its
+    /// reactor submits and the link binds it ([`Link::bind_reactors`]).
+    pub local: Vec<ReactorQueue>,
     pub ns: NamespaceInfo,
     pub identity: NsIdentity,
     /// Most blocks one Read/Write moves (MDTS and the NLB field).
     pub max_blocks: u32,
+}
+
+/// A reactor's queue of a session: connected once its reactor submits
+/// (a standby link that carries no I/O opens none), tried once.
+#[derive(Default)]
+pub(crate) struct ReactorQueue {
+    queue: OnceLock<Arc<IoQueue>>,
+    /// Its reactor submitted while it had none.
+    wanted: AtomicBool,
+    tried: AtomicBool,
+    /// Requests sent on it (only its reactor counts: no contention).
+    used: AtomicU64,
 }
 
 thread_local! {
@@ -47,8 +64,18 @@ thread_local! {
 }
 
 impl Session {
-    /// The next queue for this thread: round robin per thread, no shared counter.
+    /// The queue for this thread: its reactor's own, if it has one;
+    /// otherwise the shared queues, round robin per thread, no shared counter.
     pub fn pick(&self) -> &Arc<IoQueue> {
+        if let Some(l) = reactors::current().and_then(|r| self.local.get(r)) {
+            if let Some(q) = l.queue.get() {
+                l.used.fetch_add(1, Ordering::Relaxed);
+                return q;
+            }
+            if !l.wanted.load(Ordering::Relaxed) {
+                l.wanted.store(true, Ordering::Relaxed);
+            }
+        }
         let i = NEXT_QUEUE.with(|c| {
             let i = c.get();
             c.set(i.wrapping_add(1));
@@ -61,12 +88,28 @@ impl Session {
     fn broken(&self) -> Option<HostError> {
         self.ctrl
             .error()
-            .or_else(|| self.queues.iter().find_map(|q| q.error()))
+            .or_else(|| self.all_queues().find_map(|q| q.error()))
+    }
+
+    fn all_queues(&self) -> impl Iterator<Item = &Arc<IoQueue>> {
+        self.queues
+            .iter()
+            .chain(self.local.iter().filter_map(|l| l.queue.get()))
+    }
+
+    /// Reactor queues in use, and the requests sent on them.
+    pub fn bound(&self) -> (usize, u64) {
+        self.local
+            .iter()
+            .filter(|l| l.queue.get().is_some())
+            .fold((0, 0), |(n, u), l| {
+                (n + 1, u + l.used.load(Ordering::Relaxed))
+            })
     }
 
     /// Closes every connection; commands in flight fail (and are retried).
     fn close(&self) {
-        for q in &self.queues {
+        for q in self.all_queues() {
             q.close();
         }
     }
@@ -195,12 +238,51 @@ impl Link {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// Asks for the shared queues and one per reactor: the registered ones,
+    /// or as many as this machine has CPUs when none is registered yet (a
+    /// node opens its configured remote drives before its reactors start).
+    /// Only the shared ones are connected here.
     fn host_options(&self) -> HostOptions {
+        let per_reactor = match reactors::reactor_count() {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
         HostOptions {
-            nr_io_queues: self.opts.io_queues.max(1),
+            nr_io_queues: self
+                .opts
+                .io_queues
+                .max(1)
+                .saturating_add(per_reactor.min(usize::from(u16::MAX)) as u16),
             kato_ms: self.opts.kato.as_millis().min(u128::from(u32::MAX)) as u32,
-            lazy_io_queues: false,
+            lazy_io_queues: true,
             ..self.opts.host.clone()
+        }
+    }
+
+    /// Connects a queue, on that reactor's runtime, for each reactor that
+    /// submitted to this session and that it has room for. A queue that
+    /// fails to connect is not tried again in this session: its reactor's
+    /// I/O keeps to the shared queues.
+    pub(crate) async fn bind_reactors(&self, s: &Session) {
+        if !s.local.iter().any(|l| l.wanted.load(Ordering::Relaxed)) {
+            return;
+        }
+        let shared = s.queues.len() as u16;
+        for (i, rt) in reactors::reactors().iter().enumerate().take(s.local.len()) {
+            let l = &s.local[i];
+            if !l.wanted.load(Ordering::Relaxed) || l.tried.swap(true, Ordering::AcqRel) {
+                continue;
+            }
+            let qid = shared + 1 + i as u16;
+            match s.ctrl.add_io_queue_on(qid, Some(rt)).await {
+                Ok(q) => {
+                    let _ = l.queue.set(q);
+                }
+                Err(e) => tracing::debug!(
+                    "remote {}: no queue on reactor {i} (its I/O uses the shared queues): {e}",
+                    self.url
+                ),
+            }
         }
     }
 
@@ -281,8 +363,11 @@ impl Link {
                 None => *want = Some(id.clone()),
             }
         }
-        let queues = (1..=ctrl.granted_io_queues().min(self.opts.io_queues.max(1)))
-            .map(|q| ctrl.io_queue(q))
+        // All at once: each is its own TCP connection, ICReq and Connect.
+        let shared = ctrl.granted_io_queues().min(self.opts.io_queues.max(1));
+        let queues = futures_util::future::join_all((1..=shared).map(|q| ctrl.add_io_queue(q)))
+            .await
+            .into_iter()
             .collect::<Result<Vec<_>, _>>()
             .map_err(host_err)?;
         if queues.is_empty() {
@@ -296,11 +381,15 @@ impl Link {
             .max_transfer()
             .map_or(u64::from(MAX_NLB), |b| b / u64::from(ns.lba_size));
         let generation = self.gens.fetch_add(1, Ordering::AcqRel) + 1;
+        let local = (shared..ctrl.granted_io_queues())
+            .map(|_| ReactorQueue::default())
+            .collect();
         Ok(Session {
             generation,
             max_blocks: mdts_blocks.clamp(1, u64::from(MAX_NLB)) as u32,
             ctrl,
             queues,
+            local,
             ns,
             identity: id,
         })
@@ -325,6 +414,7 @@ async fn run(weak: Weak<Link>) {
             if let Some(e) = s.broken() {
                 break Some(e);
             }
+            link.bind_reactors(&s).await;
             let kicked = link.kick.notified();
             drop(s);
             tokio::select! {

@@ -7,6 +7,7 @@
 //!   several I/O queues), the identity check on every connect, and the
 //!   task that reconnects with back-off and publishes the [`LinkState`].
 //! - `ana.rs`: a namespace's state in an ANA log page ([`RemoteDevice::ana_state`]).
+//! - `reactors.rs`: queues bound to the threads that submit (target reactors).
 //! - `device.rs`: [`RemoteDevice`]: the I/O path (queue choice, MDTS
 //!   splitting, one retry on a new connection, NVMe status to
 //!   `BlockError`), and the reservation helpers.
@@ -20,6 +21,7 @@
 mod ana;
 mod device;
 mod link;
+mod reactors;
 mod url;
 
 use std::fmt;
@@ -27,6 +29,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use device::RemoteDevice;
+pub use reactors::bind_reactors;
 pub use url::{DEFAULT_PORT, RemoteUrl};
 
 use crate::options::HostOptions;

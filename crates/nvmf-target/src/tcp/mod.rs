@@ -54,6 +54,8 @@ pub struct Server {
     threads: Vec<JoinHandle<()>>,
     acceptor: Option<JoinHandle<()>>,
     addrs: Vec<(SocketAddr, ListenerKind)>,
+    /// Each reactor's runtime: work spawned on one runs on that reactor's thread.
+    reactors: Vec<tokio::runtime::Handle>,
 }
 
 impl Server {
@@ -98,6 +100,7 @@ impl Server {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut threads = Vec::new();
         let mut senders = Vec::new();
+        let mut reactors = Vec::new();
         let n = target.transport.reactors.max(1);
         for i in 0..n {
             let (tx, rx) = mpsc::unbounded_channel::<Accepted>();
@@ -107,9 +110,11 @@ impl Server {
             let target = target.clone();
             let sd = shutdown_rx.clone();
             let tls = tls.clone();
+            let rt = runtime();
+            reactors.push(rt.handle().clone());
             let h = std::thread::Builder::new()
                 .name(format!("fp-reactor-{i}"))
-                .spawn(move || reactor_main(i, cpu, rx, target, tls, sd))
+                .spawn(move || reactor_main(i, cpu, rt, rx, target, tls, sd))
                 .map_err(StartError::Thread)?;
             threads.push(h);
         }
@@ -124,6 +129,7 @@ impl Server {
             threads,
             acceptor: Some(acceptor),
             addrs,
+            reactors,
         })
     }
 
@@ -133,6 +139,13 @@ impl Server {
 
     pub fn target(&self) -> &Arc<Target> {
         &self.target
+    }
+
+    /// The reactors' runtimes, one per reactor thread (current-thread
+    /// runtimes: what is spawned on one runs on its reactor, beside the
+    /// connections it serves).
+    pub fn reactor_handles(&self) -> &[tokio::runtime::Handle] {
+        &self.reactors
     }
 
     /// Stops accepting, lets in-flight I/O complete and answers go out,
@@ -220,6 +233,7 @@ fn acceptor_main(
 fn reactor_main(
     index: usize,
     cpu: Option<usize>,
+    rt: tokio::runtime::Runtime,
     mut rx: mpsc::UnboundedReceiver<Accepted>,
     target: Arc<Target>,
     tls: Option<nvme_tls::TlsAcceptor>,
@@ -228,7 +242,6 @@ fn reactor_main(
     if let Some(cpu) = cpu {
         pin_to_cpu(cpu);
     }
-    let rt = runtime();
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         let mut conns = tokio::task::JoinSet::new();

@@ -15,7 +15,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use blockdev::{BlockDevice, BlockError, IoDone, IoFuture, IoRequest, RecordKind as DevRecordKind};
+use blockdev::{
+    BlockDevice, BlockError, IoCheck, IoDone, IoFuture, IoRequest, RecordKind as DevRecordKind,
+};
 
 /// Whether the volume is fenced, and why.
 #[derive(Default)]
@@ -53,11 +55,15 @@ impl Fence {
 }
 
 /// A member as the volume uses it: refused once the fence is up; a
-/// Reservation Conflict raises the fence.
-pub(crate) struct FencedMember {
-    pub(crate) dev: Arc<dyn BlockDevice>,
-    pub(crate) index: usize,
-    pub(crate) fence: Arc<Fence>,
+/// Reservation Conflict raises the fence. The check rides on the member's
+/// own future ([`IoCheck`]): no future of its own per member I/O.
+pub(crate) struct FencedMember(Arc<MemberFence>);
+
+/// What the check of a member's completions needs.
+struct MemberFence {
+    dev: Arc<dyn BlockDevice>,
+    index: usize,
+    fence: Arc<Fence>,
 }
 
 impl FencedMember {
@@ -66,54 +72,44 @@ impl FencedMember {
         index: usize,
         fence: &Arc<Fence>,
     ) -> Arc<dyn BlockDevice> {
-        Arc::new(FencedMember {
+        Arc::new(FencedMember(Arc::new(MemberFence {
             dev,
             index,
             fence: fence.clone(),
-        })
+        })))
     }
+}
 
+impl IoCheck for MemberFence {
     /// Only a conflict costs anything here: `describe` is asked for then.
-    fn check(fence: &Fence, index: usize, dev: &dyn BlockDevice, mut d: IoDone) -> IoDone {
+    fn on_done(&self, d: &mut IoDone) {
         if let Err(BlockError::ReservationConflict(why)) = &d.result {
-            fence.set(format!(
-                "member {index} ({}) answered reservation conflict ({why}): another node \
+            self.fence.set(format!(
+                "member {} ({}) answered reservation conflict ({why}): another node \
                  took the volume over",
-                dev.describe()
+                self.index,
+                self.dev.describe()
             ));
-            d.result = Err(fence.error());
+            d.result = Err(self.fence.error());
         }
-        d
     }
 }
 
 impl BlockDevice for FencedMember {
-    blockdev::forward_block_device!(self => self.dev, except [submit, store_record]);
+    blockdev::forward_block_device!(self => self.0.dev, except [submit, store_record]);
 
     fn submit(&self, req: IoRequest) -> IoFuture {
-        if self.fence.is_set() {
-            return IoFuture::ready(req.buf, Err(self.fence.error()));
+        let m = &self.0;
+        if m.fence.is_set() {
+            return IoFuture::ready(req.buf, Err(m.fence.error()));
         }
-        match self.dev.submit(req) {
-            IoFuture::Ready(Some(d)) => {
-                IoFuture::Ready(Some(Self::check(&self.fence, self.index, &*self.dev, d)))
-            }
-            IoFuture::Ready(None) => IoFuture::Ready(None),
-            IoFuture::Pending(f) => {
-                let fence = self.fence.clone();
-                let index = self.index;
-                let dev = self.dev.clone();
-                IoFuture::Pending(Box::pin(async move {
-                    Self::check(&fence, index, &*dev, f.await)
-                }))
-            }
-        }
+        m.dev.submit(req).then_check(&self.0)
     }
 
     fn store_record(&self, kind: DevRecordKind, data: &[u8]) -> Result<(), BlockError> {
-        if self.fence.is_set() {
-            return Err(self.fence.error());
+        if self.0.fence.is_set() {
+            return Err(self.0.fence.error());
         }
-        self.dev.store_record(kind, data)
+        self.0.dev.store_record(kind, data)
     }
 }
