@@ -2,8 +2,8 @@
 //! submits from async code goes to that reactor's own queue, and comes back
 //! intact; I/O it submits inside `blockdev::block_on` (which runs none of
 //! the reactor's tasks until it returns) goes to the shared queues and does
-//! not hang; a queue is bound only once its reactor submits, and again
-//! after a reconnect. Its own test
+//! not hang; a queue is bound only once its reactor sends a steady load,
+//! and again after a reconnect. Its own test
 //! binary: the reactor registry is process-wide.
 
 use std::sync::Arc;
@@ -62,6 +62,18 @@ fn req(op: BlockOp, lba: u64, buf: AlignedBuf) -> IoRequest {
     }
 }
 
+/// `n` reads of block 0, 16 at a time.
+async fn reads(dev: &RemoteDevice, n: usize) {
+    for c in (0..n).collect::<Vec<_>>().chunks(16) {
+        let all = c
+            .iter()
+            .map(|_| dev.submit(req(BlockOp::Read, 0, nvmf_host::zeroed_buf(4096))));
+        for d in futures_util::future::join_all(all).await {
+            d.result.unwrap();
+        }
+    }
+}
+
 async fn wait_bound(dev: &RemoteDevice) {
     let end = Instant::now() + Duration::from_secs(10);
     while dev.reactor_queues().0 == 0 {
@@ -99,13 +111,12 @@ fn a_reactor_uses_its_own_queue_and_block_on_the_shared_ones() {
             ..RemoteOptions::default()
         };
         let dev = RemoteDevice::connect(&url, opts).await.unwrap();
-        // None until the reactor submits (a standby link opens no more).
+        // None until the reactor sends a steady load: a few requests (a
+        // takeover's checks) open no more connections.
+        reads(&dev, 8).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(dev.reactor_queues(), (0, 0));
-        let d = dev
-            .submit(req(BlockOp::Read, 0, nvmf_host::zeroed_buf(4096)))
-            .await;
-        d.result.unwrap();
+        reads(&dev, 300).await;
         wait_bound(&dev).await;
         assert_eq!(dev.reactor_queues(), (1, 0));
         // Two shared queues and the reactor's: one controller, three I/O queues.
@@ -122,9 +133,9 @@ fn a_reactor_uses_its_own_queue_and_block_on_the_shared_ones() {
         for d in futures_util::future::join_all(writes).await {
             d.result.unwrap();
         }
-        let reads =
+        let reading =
             (0..64u64).map(|i| dev.submit(req(BlockOp::Read, i * 8, nvmf_host::zeroed_buf(4096))));
-        for (i, mut d) in futures_util::future::join_all(reads)
+        for (i, mut d) in futures_util::future::join_all(reading)
             .await
             .into_iter()
             .enumerate()
@@ -172,10 +183,7 @@ fn a_reactor_uses_its_own_queue_and_block_on_the_shared_ones() {
             assert!(Instant::now() < end, "not reconnected in 10 s");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let d = dev
-            .submit(req(BlockOp::Read, 16, nvmf_host::zeroed_buf(4096)))
-            .await;
-        d.result.unwrap();
+        reads(&dev, 300).await;
         wait_bound(&dev).await;
         assert_eq!(dev.reactor_queues(), (1, 0));
         let d = dev

@@ -9,9 +9,9 @@
 //!
 //! The process registers its reactors once ([`bind_reactors`]); a link then
 //! adds an I/O queue for a reactor beside its shared queues, on that
-//! reactor's runtime, once that reactor submits to it (within the link's
-//! next health check, 100 ms; until then the shared queues carry it), as
-//! far as the controller grants queues for them. A thread
+//! reactor's runtime, once that reactor has sent it a few hundred requests
+//! (at the link's next health check, 100 ms; until then the shared queues
+//! carry them), as far as the controller grants queues for them. A thread
 //! inside [`blockdev::block_on`] (a synchronous record store) runs no task
 //! until it returns, so its I/O goes to the shared queues.
 
