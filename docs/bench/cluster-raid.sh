@@ -187,23 +187,27 @@ key = {"raid0": "raid0", "raid5": "raid5", "raid6": "raid6"}.get(rr, "ec")
 rem = med([f"{key}-rr-r{r}" for r in R], "iops")
 loc = med([f"local-rr-rr-r{r}" for r in R], "iops")
 fi = lambda v: "failed" if v is None else f"{v:,.0f} IOPS"
-print(f"\n4 KiB random read, QD 32, median of {rounds} rounds: {rr} on {n} drives\n")
-print("| members | IOPS | vs local |")
-print("|---|---|---|")
-print(f"| remote (enclosures over NVMe/TCP) | {fi(rem)} | {pct(rem, loc)} |")
-print(f"| local RAM drives of the owner | {fi(loc)} | 100% |")
+def table(title, cols, rows):
+    print(f"\n{title}\n")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+table(f"4 KiB random read, QD 32, median of {rounds} rounds: {rr} on {n} drives",
+      ["members", "IOPS", "vs local"],
+      [["remote (enclosures over NVMe/TCP)", fi(rem), pct(rem, loc)],
+       ["local RAM drives of the owner", fi(loc), "100%"]])
 one = med([f"raw-e1-rr-r{r}" for r in R], "iops")
 one_cpu = med([f"raw-e1-rr-r{r}" for r in R], "cpu_us")
 two_cpu = med([f"{key}-rr-r{r}" for r in R], "cpu_us")
 loc_cpu = med([f"local-rr-rr-r{r}" for r in R], "cpu_us")
 fc = lambda v: "-" if v is None else f"{v:.2f} µs"
-print(f"\n4 KiB random read, QD 32, CPU per I/O of the nodes that served it (median of {rounds} rounds)\n")
-print("| path | IOPS | CPU per I/O | vs one hop |")
-print("|---|---|---|---|")
-print(f"| one hop: e1:d0 from its enclosure (that enclosure) | {fi(one)} | {fc(one_cpu)} | 1.00x |")
 ratio = "" if one_cpu is None or two_cpu is None else f"{two_cpu / one_cpu:.2f}x"
-print(f"| two hops: {rr} through the owner (owner + {n} enclosures) | {fi(rem)} | {fc(two_cpu)} | {ratio} |")
-print(f"| {rr} on the owner's RAM drives (owner) | {fi(loc)} | {fc(loc_cpu)} | |")
+table(f"4 KiB random read, QD 32, CPU per I/O of the nodes that served it (median of {rounds} rounds)",
+      ["path", "IOPS", "CPU per I/O", "vs one hop"],
+      [["one hop: e1:d0 from its enclosure (that enclosure)", fi(one), fc(one_cpu), "1.00x"],
+       [f"two hops: {rr} through the owner (owner + {n} enclosures)", fi(rem), fc(two_cpu), ratio],
+       [f"{rr} on the owner's RAM drives (owner)", fi(loc), fc(loc_cpu), ""]])
 def share(nm):   # the owner's share of the nodes' ticks over one run
     try:
         a = [int(x) for x in open(f"{out}/{nm}.t0").read().split()]
