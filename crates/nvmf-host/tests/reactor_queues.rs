@@ -119,7 +119,7 @@ fn a_reactor_uses_its_own_queue_and_block_on_the_shared_ones() {
         reads(&dev, 300).await;
         wait_bound(&dev).await;
         assert_eq!(dev.reactor_queues(), (1, 0));
-        // Two shared queues and the reactor's: one controller, three I/O queues.
+        // The reactor's queue is one more queue of the same controller.
         assert_eq!(server.target().controller_count(), 1);
 
         // Many at once from the reactor: all on its queue, all intact.
@@ -179,7 +179,7 @@ fn a_reactor_uses_its_own_queue_and_block_on_the_shared_ones() {
         let gen0 = dev.connects();
         server.target().kill_all(FreeReason::ConnectionError);
         let end = Instant::now() + Duration::from_secs(10);
-        while dev.connects() == gen0 {
+        while dev.connects() <= gen0 {
             assert!(Instant::now() < end, "not reconnected in 10 s");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

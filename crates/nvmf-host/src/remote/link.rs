@@ -78,13 +78,17 @@ impl Session {
     pub fn pick(&self) -> &Arc<IoQueue> {
         if let Some(l) = reactors::current().and_then(|r| self.local.get(r)) {
             if let Some(q) = l.queue.get() {
-                l.used.fetch_add(1, Ordering::Relaxed);
+                l.used
+                    .store(l.used.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 return q;
             }
-            if !l.wanted.load(Ordering::Relaxed)
-                && l.asked.fetch_add(1, Ordering::Relaxed) + 1 >= BIND_AFTER
-            {
-                l.wanted.store(true, Ordering::Relaxed);
+            if !l.wanted.load(Ordering::Relaxed) {
+                // Only this reactor writes it: no read-modify-write needed.
+                let n = l.asked.load(Ordering::Relaxed) + 1;
+                l.asked.store(n, Ordering::Relaxed);
+                if n >= BIND_AFTER {
+                    l.wanted.store(true, Ordering::Relaxed);
+                }
             }
         }
         let i = NEXT_QUEUE.with(|c| {
@@ -270,30 +274,47 @@ impl Link {
         }
     }
 
-    /// Connects a queue, on that reactor's runtime, for each reactor that
-    /// sent this session a steady load and that it has room for. A queue that
-    /// fails to connect is not tried again in this session: its reactor's
-    /// I/O keeps to the shared queues.
-    pub(crate) async fn bind_reactors(&self, s: &Session) {
-        if !s.local.iter().any(|l| l.wanted.load(Ordering::Relaxed)) {
+    /// Starts connecting a queue, on that reactor's runtime, for each
+    /// reactor that sent this session a steady load and that it has room
+    /// for. Each connect is a task of its own, bounded by the connect
+    /// timeout: the link's health checks never wait for a reactor, which may
+    /// be busy or blocked (a synchronous record store), and a stalled connect
+    /// delays no reconnect. A queue that fails to connect is not tried again
+    /// in this session: its reactor's I/O keeps to the shared queues.
+    pub(crate) fn bind_reactors(&self, s: &Arc<Session>) {
+        let due =
+            |l: &ReactorQueue| l.wanted.load(Ordering::Relaxed) && !l.tried.load(Ordering::Relaxed);
+        if !s.local.iter().any(due) {
             return;
         }
         let shared = s.queues.len() as u16;
-        for (i, rt) in reactors::reactors().iter().enumerate().take(s.local.len()) {
+        let limit = self.opts.host.timeout * 2;
+        for (i, rt) in reactors::reactors()
+            .into_iter()
+            .enumerate()
+            .take(s.local.len())
+        {
             let l = &s.local[i];
-            if !l.wanted.load(Ordering::Relaxed) || l.tried.swap(true, Ordering::AcqRel) {
+            if !due(l) || l.tried.swap(true, Ordering::AcqRel) {
                 continue;
             }
             let qid = shared + 1 + i as u16;
-            match s.ctrl.add_io_queue_on(qid, Some(rt)).await {
-                Ok(q) => {
-                    let _ = l.queue.set(q);
+            let (s, url) = (s.clone(), self.url.to_string());
+            tokio::spawn(async move {
+                let r = tokio::time::timeout(limit, s.ctrl.add_io_queue_on(qid, Some(&rt))).await;
+                match r {
+                    Ok(Ok(q)) => {
+                        let _ = s.local[i].queue.set(q);
+                    }
+                    Ok(Err(e)) => tracing::debug!(
+                        "remote {url}: no queue on reactor {i} (its I/O uses the shared queues): {e}"
+                    ),
+                    Err(_) => tracing::debug!(
+                        "remote {url}: no queue on reactor {i} after {limit:?} (its I/O uses \
+                         the shared queues)"
+                    ),
                 }
-                Err(e) => tracing::debug!(
-                    "remote {}: no queue on reactor {i} (its I/O uses the shared queues): {e}",
-                    self.url
-                ),
-            }
+            });
         }
     }
 
@@ -425,7 +446,7 @@ async fn run(weak: Weak<Link>) {
             if let Some(e) = s.broken() {
                 break Some(e);
             }
-            link.bind_reactors(&s).await;
+            link.bind_reactors(&s);
             let kicked = link.kick.notified();
             drop(s);
             tokio::select! {

@@ -41,7 +41,9 @@ pub struct RemoteOptions {
     /// queue depth, connect timeout. `nr_io_queues`, `kato_ms` and
     /// `lazy_io_queues` are set from the fields below.
     pub host: HostOptions,
-    /// I/O queues (connections) to the namespace.
+    /// Shared I/O queues (connections) to the namespace, which any thread
+    /// may use; a registered reactor with a steady load adds one of its own
+    /// ([`bind_reactors`]).
     pub io_queues: u16,
     /// Keep-alive timeout asked for; the host sends Keep Alive every half of it.
     pub kato: Duration,
@@ -56,7 +58,8 @@ pub struct RemoteOptions {
     pub reconnect_max: Duration,
     /// The identity the namespace must have; None: the one found on the first connect.
     pub expect: Option<NsIdentity>,
-    /// Runtime for the connections; None: the process-wide [`runtime`].
+    /// Runtime for the shared queues' connections; None: the process-wide
+    /// [`runtime`]. (A reactor's queue runs on that reactor's runtime.)
     pub runtime: Option<tokio::runtime::Handle>,
 }
 

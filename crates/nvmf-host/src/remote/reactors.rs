@@ -27,13 +27,13 @@ thread_local! {
     static REACTOR: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
-/// Registers `handles` as reactors: current-thread runtimes, each driven by
-/// one thread that submits I/O from async code (a target's reactors).
+/// Registers `handles` as this process's reactors: current-thread runtimes,
+/// each driven by one thread that submits I/O from async code (a target's
+/// reactors). Replaces an earlier registration (a server started again).
 pub fn bind_reactors(handles: &[Handle]) {
     let mut r = REACTORS.write();
-    for h in handles {
-        let i = r.len();
-        r.push(h.clone());
+    *r = handles.to_vec();
+    for (i, h) in handles.iter().enumerate() {
         // Runs on the reactor's own thread (a current-thread runtime).
         drop(h.spawn(async move { REACTOR.with(|c| c.set(Some(i))) }));
     }
