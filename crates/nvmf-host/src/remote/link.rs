@@ -59,10 +59,9 @@ const BIND_AFTER: u32 = 256;
 #[derive(Default)]
 pub(crate) struct ReactorQueue {
     queue: OnceLock<Arc<IoQueue>>,
-    /// Requests its reactor sent on the shared queues (only it counts).
+    /// Requests its reactor sent on the shared queues (only it counts, up
+    /// to [`BIND_AFTER`]: then the link connects the queue).
     asked: AtomicU32,
-    /// `asked` reached [`BIND_AFTER`].
-    wanted: AtomicBool,
     tried: AtomicBool,
     /// Requests sent on it (only its reactor counts: no contention).
     used: AtomicU64,
@@ -82,13 +81,10 @@ impl Session {
                     .store(l.used.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 return q;
             }
-            if !l.wanted.load(Ordering::Relaxed) {
-                // Only this reactor writes it: no read-modify-write needed.
-                let n = l.asked.load(Ordering::Relaxed) + 1;
-                l.asked.store(n, Ordering::Relaxed);
-                if n >= BIND_AFTER {
-                    l.wanted.store(true, Ordering::Relaxed);
-                }
+            // Only this reactor writes it: no read-modify-write needed.
+            let n = l.asked.load(Ordering::Relaxed);
+            if n < BIND_AFTER {
+                l.asked.store(n + 1, Ordering::Relaxed);
             }
         }
         let i = NEXT_QUEUE.with(|c| {
@@ -282,8 +278,9 @@ impl Link {
     /// delays no reconnect. A queue that fails to connect is not tried again
     /// in this session: its reactor's I/O keeps to the shared queues.
     pub(crate) fn bind_reactors(&self, s: &Arc<Session>) {
-        let due =
-            |l: &ReactorQueue| l.wanted.load(Ordering::Relaxed) && !l.tried.load(Ordering::Relaxed);
+        let due = |l: &ReactorQueue| {
+            l.asked.load(Ordering::Relaxed) >= BIND_AFTER && !l.tried.load(Ordering::Relaxed)
+        };
         if !s.local.iter().any(due) {
             return;
         }
@@ -306,10 +303,10 @@ impl Link {
                     Ok(Ok(q)) => {
                         let _ = s.local[i].queue.set(q);
                     }
-                    Ok(Err(e)) => tracing::debug!(
+                    Ok(Err(e)) => tracing::info!(
                         "remote {url}: no queue on reactor {i} (its I/O uses the shared queues): {e}"
                     ),
-                    Err(_) => tracing::debug!(
+                    Err(_) => tracing::info!(
                         "remote {url}: no queue on reactor {i} after {limit:?} (its I/O uses \
                          the shared queues)"
                     ),
