@@ -50,6 +50,7 @@ pub fn run(
         );
         return Ok(());
     }
+    raise_open_file_limit();
     // The management runtime: the API, volume assembly, rebuilds. The I/O
     // path stays on the reactors.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -192,6 +193,52 @@ pub fn run(
 
 /// SIGINT and SIGTERM, caught from the call on: the last one seen, for
 /// whatever waits (the cluster join, or the node serving).
+/// Raises the soft open-file limit to the hard one, as servers do: a node
+/// holds a socket per queue of every host, and per remote member drive up to
+/// 2 + its reactors' queues, so 48 volumes of 5 remote members on 16
+/// reactors need about 4,300 descriptors before a host connects (Debian's
+/// default soft limit is 1,024). Returns the limit now in force.
+fn raise_open_file_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read or fill the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 0;
+    }
+    let before = lim.rlim_cur;
+    // An unlimited hard limit still stops at the kernel's fs.nr_open.
+    let most = if lim.rlim_max == libc::RLIM_INFINITY {
+        std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(1 << 20)
+    } else {
+        lim.rlim_max
+    };
+    if lim.rlim_cur < most {
+        lim.rlim_cur = most;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            tracing::warn!(
+                "cannot raise the open-file limit from {before} to {most}: {}",
+                std::io::Error::last_os_error()
+            );
+            return before;
+        }
+        tracing::debug!("open-file limit raised from {before} to {}", lim.rlim_cur);
+    }
+    if lim.rlim_cur < 4096 {
+        tracing::warn!(
+            "open-file limit is {}: a node with many volumes or hosts may run out \
+             (raise it with `ulimit -n` or systemd's LimitNOFILE=)",
+            lim.rlim_cur
+        );
+    }
+    lim.rlim_cur
+}
+
 fn stop_signals() -> Result<tokio::sync::watch::Receiver<Option<i32>>> {
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let (tx, rx) = tokio::sync::watch::channel(None);

@@ -1,10 +1,11 @@
-//! `serve`'s tests that need no process: the banner's attach lines.
+//! `serve`'s tests that need no process: the banner's attach lines, the
+//! open-file limit.
 
 use std::sync::Arc;
 
 use nvmf_target::{ListenerKind, Subsystem};
 
-use super::attach_lines;
+use super::{attach_lines, raise_open_file_limit};
 use crate::node::identity::{Cluster, Peer, drive_nqn, node_host_nqn};
 
 fn sub(nqn: &str, any: bool, hosts: &[&str]) -> Arc<Subsystem> {
@@ -120,4 +121,33 @@ fn the_node_tomls_of_docs_cluster_md_pass_the_checks() {
         }
     }
     assert!(blocks.len() >= 2 && enclosures == 1, "{blocks:#?}");
+}
+
+#[test]
+fn the_open_file_limit_is_raised_to_the_hard_limit() {
+    let get = || {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: fills the struct passed.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
+        l
+    };
+    let hard = get().rlim_max;
+    // Start from a lower soft limit, as a default login shell's 1,024.
+    let low = libc::rlimit {
+        rlim_cur: hard.min(1024),
+        rlim_max: hard,
+    };
+    // SAFETY: reads the struct passed.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+    let got = raise_open_file_limit();
+    assert_eq!(get().rlim_cur, got);
+    if hard == libc::RLIM_INFINITY {
+        // As far as the kernel's fs.nr_open.
+        assert!(got > 1024, "{got}");
+    } else {
+        assert_eq!(got, hard);
+    }
 }

@@ -3,7 +3,7 @@
 //! intact; I/O it submits inside `blockdev::block_on` (which runs none of
 //! the reactor's tasks until it returns) goes to the shared queues and does
 //! not hang; a queue is bound only once its reactor sends a steady load,
-//! and again after a reconnect. Its own test
+//! and again after a reconnect; none with `reactor_queues` off. Its own test
 //! binary: the reactor registry is process-wide.
 
 use std::sync::Arc;
@@ -191,6 +191,18 @@ fn a_reactor_uses_its_own_queue_and_block_on_the_shared_ones() {
             .await;
         d.result.unwrap();
         assert_eq!(dev.reactor_queues(), (1, 1));
+
+        // A drive opened with reactor queues off asks for none, so even a
+        // steady load from a registered reactor binds nothing.
+        let opts = RemoteOptions {
+            reactor_queues: false,
+            ..RemoteOptions::default()
+        };
+        let off = RemoteDevice::connect(&url, opts).await.unwrap();
+        reads(&off, 600).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(off.reactor_queues(), (0, 0));
+        assert_eq!(off.io_queues(), 2);
     });
     done.store(true, Ordering::Release);
     server.shutdown();

@@ -49,7 +49,8 @@ pub use thin::{
     ThinError, ThinInfo, ThinPool, ThinVolume,
 };
 pub use volume::{
-    DEFAULT_META_BYTES, DEFAULT_REGION_BYTES, DEFAULT_STRIP_BYTES, ForceReport, ForcedFrom,
-    ForcedMember, ReAddReport, ScrubReport, StaleRange, StateHook, StateRecord, SyncControl,
-    Volume, VolumeConfig, VolumeError, VolumeStats,
+    AUTO_REGION_MAX_BYTES, AUTO_REGION_MIN_BYTES, AUTO_REGIONS_PER_MEMBER, DEFAULT_META_BYTES,
+    DEFAULT_STRIP_BYTES, ForceReport, ForcedFrom, ForcedMember, ReAddReport, ScrubReport,
+    StaleRange, StateHook, StateRecord, SyncControl, Volume, VolumeConfig, VolumeError,
+    VolumeStats,
 };

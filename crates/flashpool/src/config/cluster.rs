@@ -258,6 +258,7 @@ pub fn cluster(cfg: &NodeConfig) -> Result<Cluster> {
             queue_depth: r.queue_depth,
             takeover_wait: Duration::from_millis(r.takeover_wait_ms),
             standby_links: r.standby_links,
+            reactor_queues: r.reactor_queues,
         },
         dhchap,
         tls,

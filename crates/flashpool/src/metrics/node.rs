@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::registry::{Exposition, Kind};
 use super::{DRIVE_STATES, VOLUME_STATES};
+use crate::api_types::DriveInfo;
 use crate::node::jobs::{JobInfo, JobKind, JobState};
-use crate::node::{DriveIoStats, NodeState};
+use crate::node::{Drive, DriveIoStats, NodeState};
 
 pub(super) fn volumes(p: &mut Exposition, st: &NodeState) {
     let infos: Vec<_> = st
@@ -368,5 +369,55 @@ pub(super) fn drives(p: &mut Exposition, st: &NodeState) {
         for (i, d) in &infos {
             f.int(&[("drive", &i.name)], pick(&d.io));
         }
+    }
+    remote_drives(p, &infos);
+}
+
+/// The links of remote drives: whether connected, how often, and their
+/// queues (the shared ones and those bound to reactors).
+fn remote_drives(p: &mut Exposition, infos: &[(DriveInfo, &Drive)]) {
+    let remotes: Vec<_> = infos
+        .iter()
+        .filter_map(|(i, d)| Some((i.name.as_str(), d.remote.as_ref()?)))
+        .collect();
+    let mut f = p.family(
+        "flashpool_remote_drive_connected",
+        Kind::Gauge,
+        "1 while the link to a remote drive serves I/O, 0 while it reconnects or is down.",
+    );
+    for (name, r) in &remotes {
+        let up = r.link_state() == nvmf_host::remote::LinkState::Connected;
+        f.int(&[("drive", name)], u64::from(up));
+    }
+    let mut f = p.family(
+        "flashpool_remote_drive_connects_total",
+        Kind::Counter,
+        "Connections made to a remote drive (the first and every reconnect).",
+    );
+    for (name, r) in &remotes {
+        f.int(&[("drive", name)], r.connects());
+    }
+    let mut f = p.family(
+        "flashpool_remote_drive_io_queues",
+        Kind::Gauge,
+        "I/O queues of a remote drive's connection: shared by every thread, or bound to one reactor.",
+    );
+    for (name, r) in &remotes {
+        let (bound, _) = r.reactor_queues();
+        let shared = if r.link_state() == nvmf_host::remote::LinkState::Connected {
+            r.io_queues() as u64
+        } else {
+            0
+        };
+        f.int(&[("drive", name), ("kind", "shared")], shared);
+        f.int(&[("drive", name), ("kind", "reactor")], bound as u64);
+    }
+    let mut f = p.family(
+        "flashpool_remote_drive_reactor_requests_total",
+        Kind::Counter,
+        "Requests that reactors sent on their own queues of a remote drive (restarts at a reconnect).",
+    );
+    for (name, r) in &remotes {
+        f.int(&[("drive", name)], r.reactor_queues().1);
     }
 }

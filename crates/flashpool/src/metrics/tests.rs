@@ -144,3 +144,46 @@ async fn a_scrape_reads_volume_drive_and_namespace_counters() {
     super::check_exposition(&page);
     assert!(page.contains("# TYPE flashpool_namespace_reads_total counter\n"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_shows_the_links_of_remote_drives() {
+    use crate::node::remote_tests::{Enclosure, create, hosts, owner};
+    let enc = Enclosure::new("e1", 2, &hosts(&["a"]));
+    let a = owner("a", &enc);
+    a.create_volume(create("m", "raid1", &["e1:d0", "e1:d1"]))
+        .await
+        .unwrap();
+    let page = a.metrics().await;
+    for d in ["e1:d0", "e1:d1"] {
+        let l = format!("drive=\"{d}\"");
+        assert_eq!(
+            value(&page, &format!("flashpool_remote_drive_connected{{{l}}}")),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &page,
+                &format!("flashpool_remote_drive_connects_total{{{l}}}")
+            ),
+            1.0
+        );
+        let shared = value(
+            &page,
+            &format!("flashpool_remote_drive_io_queues{{{l},kind=\"shared\"}}"),
+        );
+        assert_eq!(
+            shared,
+            f64::from(crate::node::remote_tests::settings().queues)
+        );
+        // No reactor is registered in this test: none bound.
+        assert_eq!(
+            value(
+                &page,
+                &format!("flashpool_remote_drive_io_queues{{{l},kind=\"reactor\"}}")
+            ),
+            0.0
+        );
+    }
+    // A local drive has no link.
+    assert!(!page.contains("flashpool_remote_drive_connected{drive=\"d0\"}"));
+}

@@ -51,6 +51,9 @@ pub struct RemoteSettings {
     /// The most standby member links (`node/standby.rs`) this node keeps
     /// open; 0: none.
     pub standby_links: usize,
+    /// Whether a remote drive asks its enclosure for a queue per reactor
+    /// (`[remote] reactor_queues`).
+    pub reactor_queues: bool,
 }
 
 impl RemoteSettings {
@@ -76,6 +79,7 @@ impl Default for RemoteSettings {
             queue_depth: Self::DEFAULT_QUEUE_DEPTH,
             takeover_wait: Duration::from_millis(Self::DEFAULT_TAKEOVER_WAIT_MS),
             standby_links: Self::DEFAULT_STANDBY_LINKS,
+            reactor_queues: true,
         }
     }
 }

@@ -44,6 +44,7 @@ impl Node {
         o.host.queue_depth = r.queue_depth;
         o.io_timeout = r.io_timeout;
         o.fail_after = r.fail_after;
+        o.reactor_queues = r.reactor_queues;
         tracing::debug!("remote drive {url}: {o:?}");
         o
     }

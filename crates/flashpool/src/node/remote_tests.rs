@@ -149,10 +149,11 @@ pub(crate) fn settings() -> RemoteSettings {
         queue_depth: 32,
         takeover_wait: Duration::from_millis(500),
         standby_links: RemoteSettings::DEFAULT_STANDBY_LINKS,
+        reactor_queues: true,
     }
 }
 
-pub(super) fn owner(name: &str, enc: &Enclosure) -> Arc<Node> {
+pub(crate) fn owner(name: &str, enc: &Enclosure) -> Arc<Node> {
     owner_in(name, enc, None)
 }
 
@@ -181,7 +182,7 @@ fn owner_in(name: &str, enc: &Enclosure, dir: Option<&std::path::Path>) -> Arc<N
 }
 
 /// A volume exported as namespace 1 of the test subsystem.
-pub(super) fn create(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
+pub(crate) fn create(name: &str, layout: &str, drives: &[&str]) -> CreateVolume {
     CreateVolume {
         export: Some(ExportRequest {
             nqn: NQN.into(),
@@ -243,7 +244,7 @@ pub(super) async fn wait_for(what: &str, limit: Duration, mut f: impl AsyncFnMut
     }
 }
 
-pub(super) fn hosts(names: &[&str]) -> Vec<String> {
+pub(crate) fn hosts(names: &[&str]) -> Vec<String> {
     names.iter().map(|n| node_host_nqn(n)).collect()
 }
 

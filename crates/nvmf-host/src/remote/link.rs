@@ -255,6 +255,7 @@ impl Link {
     /// Only the shared ones are connected here.
     fn host_options(&self) -> HostOptions {
         let per_reactor = match reactors::reactor_count() {
+            _ if !self.opts.reactor_queues => 0,
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };

@@ -61,6 +61,10 @@ pub struct RemoteOptions {
     /// Runtime for the shared queues' connections; None: the process-wide
     /// [`runtime`]. (A reactor's queue runs on that reactor's runtime.)
     pub runtime: Option<tokio::runtime::Handle>,
+    /// Ask the controller for one more I/O queue per registered reactor
+    /// ([`bind_reactors`]; as many as the machine has CPUs while none is
+    /// registered yet). Off: the shared queues only, and no reactor binds.
+    pub reactor_queues: bool,
 }
 
 impl Default for RemoteOptions {
@@ -79,6 +83,7 @@ impl Default for RemoteOptions {
             reconnect_max: Duration::from_secs(1),
             expect: None,
             runtime: None,
+            reactor_queues: true,
         }
     }
 }

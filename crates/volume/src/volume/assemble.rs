@@ -97,9 +97,7 @@ impl Volume {
         } else {
             0
         };
-        let wanted = (cfg.region_bytes / u64::from(cfg.strip_bytes))
-            .max(1)
-            .next_power_of_two();
+        let wanted = region_stripes_wanted(cfg.region_bytes, cfg.strip_bytes, layout.stripes());
         let region_stripes =
             IntentLog::region_stripes_for(layout.stripes().max(1), bitmap_bytes).max(wanted);
         let states = vec![MemberState::Active; members.len()];
@@ -638,5 +636,61 @@ impl Inner {
             fence,
             layout,
         })
+    }
+}
+
+/// Stripes per intent bit that `region_bytes` asks for (0: automatic, see
+/// [`VolumeConfig::region_bytes`]) on members of `stripes` strips: a power
+/// of two, at least one stripe.
+fn region_stripes_wanted(region_bytes: u64, strip_bytes: u32, stripes: u64) -> u64 {
+    let strip = u64::from(strip_bytes);
+    let bytes = if region_bytes == 0 {
+        (stripes * strip / super::AUTO_REGIONS_PER_MEMBER)
+            .clamp(super::AUTO_REGION_MIN_BYTES, super::AUTO_REGION_MAX_BYTES)
+    } else {
+        region_bytes
+    };
+    // Round down for the automatic size (never coarser than asked); an
+    // explicit size keeps its old rounding up.
+    let n = (bytes / strip).max(1);
+    if region_bytes == 0 && !n.is_power_of_two() {
+        n.next_power_of_two() / 2
+    } else {
+        n.next_power_of_two()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::region_stripes_wanted;
+
+    const MIB: u64 = 1 << 20;
+    const STRIP: u32 = 64 << 10;
+
+    fn region_bytes(member_bytes: u64) -> u64 {
+        let stripes = member_bytes / u64::from(STRIP);
+        region_stripes_wanted(0, STRIP, stripes) * u64::from(STRIP)
+    }
+
+    #[test]
+    fn automatic_region_follows_the_member_size() {
+        // Small members: the floor, not one region for the whole member.
+        assert_eq!(region_bytes(31 * MIB), MIB);
+        assert_eq!(region_bytes(1024 * MIB), MIB);
+        // 1/1024 of the member, rounded down to a power of two.
+        assert_eq!(region_bytes(4096 * MIB), 4 * MIB);
+        assert_eq!(region_bytes(6000 * MIB), 4 * MIB);
+        // Large members: md's 64 MiB chunk.
+        assert_eq!(region_bytes(64 * 1024 * MIB), 64 * MIB);
+        assert_eq!(region_bytes(4 << 40), 64 * MIB);
+        // A strip larger than the floor: one stripe per bit.
+        assert_eq!(region_stripes_wanted(0, 4 << 20, 8), 1);
+    }
+
+    #[test]
+    fn explicit_region_keeps_its_rounding() {
+        assert_eq!(region_stripes_wanted(2 * u64::from(STRIP), STRIP, 100), 2);
+        assert_eq!(region_stripes_wanted(3 * u64::from(STRIP), STRIP, 100), 4);
+        assert_eq!(region_stripes_wanted(64 * MIB, STRIP, 100), 1024);
     }
 }

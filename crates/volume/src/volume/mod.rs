@@ -68,8 +68,18 @@ pub const DEFAULT_STRIP_BYTES: u32 = 64 << 10;
 /// write journal).
 pub const DEFAULT_META_BYTES: u64 = 1 << 20;
 const LOCK_SHARDS: usize = 1024;
-/// Default member bytes covered by one intent-bitmap bit (as md's 64 MiB chunk).
-pub const DEFAULT_REGION_BYTES: u64 = 64 << 20;
+/// Coarsest automatic intent region: member bytes per bitmap bit on large
+/// members (as md's 64 MiB bitmap chunk).
+pub const AUTO_REGION_MAX_BYTES: u64 = 64 << 20;
+/// Finest automatic intent region. Each region's first write after it went
+/// idle costs one FUA bitmap write to every member; 1 MiB keeps that under
+/// one per 256 sequential 4 KiB writes.
+pub const AUTO_REGION_MIN_BYTES: u64 = 1 << 20;
+/// An automatic region is at most this fraction of a member, so a crash
+/// resyncs what was written lately, not the whole member. With one 64 MiB
+/// region over a 32 MiB member the bitmap says nothing: a `kill -9` of a
+/// mirror's owner made the next owner copy every member whole.
+pub const AUTO_REGIONS_PER_MEMBER: u64 = 1024;
 /// How long a region must be idle before a flush clears its bit.
 const INTENT_CLEAR_AGE: Duration = Duration::from_secs(2);
 /// Largest piece a WriteZeroes/Deallocate is cut into on redundant layouts.
@@ -91,7 +101,9 @@ pub struct VolumeConfig {
     pub meta_bytes: u64,
     /// Member bytes per write-intent bit (rounded to a power-of-two number of
     /// stripes; grown if the bitmap would not fit in `meta_bytes`). Larger:
-    /// fewer bitmap writes; smaller: shorter resync after a crash.
+    /// fewer bitmap writes; smaller: shorter resync after a crash. 0 (the
+    /// default): 1/[`AUTO_REGIONS_PER_MEMBER`] of a member, between
+    /// [`AUTO_REGION_MIN_BYTES`] and [`AUTO_REGION_MAX_BYTES`].
     pub region_bytes: u64,
     /// Skip the initial parity sync because the members are known to read as
     /// zeroes (fresh RAM or freshly deallocated drives).
@@ -121,7 +133,7 @@ impl VolumeConfig {
             strip_bytes: DEFAULT_STRIP_BYTES,
             block_size: 4096,
             meta_bytes: DEFAULT_META_BYTES,
-            region_bytes: DEFAULT_REGION_BYTES,
+            region_bytes: 0,
             assume_clean: false,
             intent_log: true,
             write_journal: true,
