@@ -45,6 +45,9 @@ mod qos_tests;
 mod record;
 #[cfg(test)]
 mod record_tests;
+mod replace;
+#[cfg(test)]
+mod replace_tests;
 #[cfg(test)]
 mod resv_tests;
 mod runner;

@@ -57,11 +57,15 @@ impl Agent {
     ) -> Result<(), ClusterError> {
         let name = &spec.name;
         let me = s.node();
-        // A pool's extents are the one part of a spec that changes (`extents.rs`).
-        if let Some(sv) = slot.as_mut()
-            && sv.spec.extents != spec.extents
-        {
-            sv.spec.extents = spec.extents.clone();
+        // The parts of a spec that change: a pool's extents (`extents.rs`),
+        // and the drives a replace put in (`replace.rs`).
+        if let Some(sv) = slot.as_mut() {
+            if sv.spec.extents != spec.extents {
+                sv.spec.extents = spec.extents.clone();
+            }
+            if sv.spec.drives != spec.drives {
+                sv.spec.drives = spec.drives.clone();
+            }
         }
         // One round trip for the owner, handoff, epoch and state keys: a
         // claim and a takeover go on from this read (`cluster/claim.rs`).

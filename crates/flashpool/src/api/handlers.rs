@@ -113,13 +113,20 @@ pub(super) async fn fail_drive(
     };
     ok(n.fail_drive(&name, r.force).await?)
 }
+/// In cluster mode a cluster volume's member is replaced by the volume's
+/// owner, which records the new drive in the volume's spec first.
 pub(super) async fn replace_drive(
-    State(n): State<Arc<Node>>,
+    State(a): State<App>,
     Path(name): Path<String>,
     b: Bytes,
 ) -> ApiResult {
     let r: ReplaceRequest = body(&b)?;
-    ok(n.replace_drive(&name, &r.with).await?)
+    if let Some(ag) = &a.agent
+        && let Some(v) = ag.replace_drive(&name, &r.with).await?
+    {
+        return ok(v);
+    }
+    ok(a.node.replace_drive(&name, &r.with).await?)
 }
 pub(super) async fn re_add_drive(
     State(n): State<Arc<Node>>,

@@ -154,6 +154,22 @@ impl PeerApi {
         answer(r)
     }
 
+    /// `POST /v1/drives/{name}/replace` on the node whose API is `api`.
+    pub fn replace_drive(
+        &self,
+        api: &str,
+        name: &str,
+        with: &str,
+    ) -> Result<crate::api_types::VolumeInfo, PeerError> {
+        let path = format!("/drives/{name}/replace");
+        let r = self
+            .with_token(self.agent.post(&url(api, &path)))
+            .send_json(crate::api_types::ReplaceRequest {
+                with: with.to_string(),
+            });
+        answer(r)
+    }
+
     /// `POST /v1/volumes/{pool}/expand` on the node whose API is `api`.
     pub fn expand_pool(
         &self,

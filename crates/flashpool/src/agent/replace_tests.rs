@@ -1,0 +1,89 @@
+//! `drive replace` of a cluster volume's member: asked of a node that does
+//! not own the volume (passed on to the owner), recorded in the volume's
+//! spec, rebuilt, and still in place after a planned move, where the next
+//! owner assembles the volume from the new drive and not from the wiped
+//! one; refused replaces change nothing.
+
+use std::sync::Arc;
+
+use nvmf_target::AnaState;
+
+use super::Agent;
+use super::tests::{Pair, create_v, io, pair_with, wait};
+
+/// The names and states of `v`'s members on `a`'s node.
+async fn members(a: &Agent) -> Vec<(String, String)> {
+    a.node
+        .volume("v")
+        .await
+        .unwrap()
+        .members
+        .into_iter()
+        .map(|m| (m.drive, m.state))
+        .collect()
+}
+
+async fn spec_drives(a: &Arc<Agent>) -> Vec<String> {
+    let s = a.session().spec("v").await.unwrap().unwrap();
+    a.names_of(&s.drives)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_member_is_recorded_and_assembled_by_the_next_owner() {
+    let Some(Pair {
+        etcd: _etcd,
+        enc: _enc,
+        a,
+        ta,
+        b,
+        tb,
+    }) = pair_with(5).await
+    else {
+        return;
+    };
+    let info = create_v(&a).await;
+    let g = a.status().await.unwrap().volumes[0].ana_group;
+    let ns = |t: &nvmf_target::Target| t.subsystem(super::tests::NQN)?.namespace(1);
+    let na = ns(&ta).unwrap().dev.clone();
+    io(&na, Some(0xC3)).await.unwrap();
+    assert_eq!(spec_drives(&a).await, ["e1:d0", "e1:d1", "e1:d2"]);
+
+    // Refused, nothing changed: the new drive is another member already, or
+    // is not a remote drive.
+    for with in ["e1:d2", "d9"] {
+        assert!(b.replace_drive("e1:d1", with).await.is_err(), "{with}");
+    }
+    assert_eq!(spec_drives(&a).await, ["e1:d0", "e1:d1", "e1:d2"]);
+    assert!(members(&a).await.iter().all(|(_, s)| s == "active"));
+    // A drive of no cluster volume is left to the node.
+    assert!(b.replace_drive("e1:d4", "e1:d3").await.unwrap().is_none());
+
+    // Asked of b, which does not own v: a replaces it and records it.
+    let v = b.replace_drive("e1:d1", "e1:d3").await.unwrap().unwrap();
+    assert_eq!(v.name, info.name);
+    assert_eq!(v.owner.as_deref(), Some("a"));
+    assert_eq!(spec_drives(&a).await, ["e1:d0", "e1:d3", "e1:d2"]);
+    wait("a to rebuild e1:d3", 20, async || {
+        members(&a).await.iter().all(|(_, s)| s == "active")
+    })
+    .await;
+    let names: Vec<String> = members(&a).await.into_iter().map(|(d, _)| d).collect();
+    assert_eq!(names, ["e1:d0", "e1:d3", "e1:d2"]);
+
+    // Moved to b: b assembles v from the drives the spec names, every
+    // member active (e1:d1 was wiped by the replace: had b opened it, the
+    // volume would run degraded), and the data is there.
+    a.move_volume("v", "b").await.unwrap();
+    assert_eq!(tb.ana_state(g), AnaState::Optimized);
+    let m = members(&b).await;
+    assert_eq!(
+        m,
+        [
+            ("e1:d0".to_string(), "active".to_string()),
+            ("e1:d3".to_string(), "active".to_string()),
+            ("e1:d2".to_string(), "active".to_string()),
+        ]
+    );
+    let nb = ns(&tb).unwrap().dev.clone();
+    assert_eq!(io(&nb, None).await.unwrap(), vec![0xC3; 16384]);
+}
