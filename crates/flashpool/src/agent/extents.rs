@@ -71,8 +71,13 @@ impl Agent {
                 "this node has a volume called {name} already; name the extent otherwise (name)"
             )));
         }
-        let mut served = self.served.lock().await;
-        let sv = owned_pool(&mut served, pool, owner.epoch)?;
+        // The map is held only for this check and to note the new extent,
+        // not while the extent is made (connects, superblocks, a sync): no
+        // other volume's takeover waits for an expansion. A settle
+        // meanwhile takes the extents from etcd as well, and one that closes
+        // the pool (a move) waits for the node's expansion, which then
+        // fails or is recorded already (see the module's comment).
+        owned_pool(&mut *self.served.lock().await, pool, owner.epoch)?;
         let mut grown = spec.clone();
         grown.extents.push(ExtentSpec {
             name: name.clone(),
@@ -117,8 +122,9 @@ impl Agent {
             }
             return res.map(Some);
         }
-        sv.spec.extents = grown.extents;
-        drop(served);
+        if let Some(sv) = self.served.lock().await.get_mut(pool) {
+            sv.spec.extents = grown.extents;
+        }
         let mut v = res?;
         v.owner = Some(self.name().to_string());
         Ok(Some(v))

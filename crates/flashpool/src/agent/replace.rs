@@ -111,15 +111,21 @@ impl Agent {
                 holder.spec.name
             )));
         }
-        let mut served = self.served.lock().await;
-        let sv = served
-            .get_mut(&volume)
-            .filter(|sv| sv.epoch == Some(owner.epoch))
-            .ok_or_else(|| {
-                NodeError::Conflict(format!(
-                    "cluster volume {volume} is not served here yet; retry"
-                ))
-            })?;
+        // The map is held only for this check and to note the new spec, not
+        // across the replace, which connects to the new drive: no other
+        // volume's takeover waits for it. (A settle meanwhile takes the
+        // spec's drives from etcd as well.)
+        let served_here = {
+            let served = self.served.lock().await;
+            served
+                .get(&volume)
+                .is_some_and(|sv| sv.epoch == Some(owner.epoch))
+        };
+        if !served_here {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {volume} is not served here yet; retry"
+            )));
+        }
         let new = place.with(&with_url);
         s.update_spec(&place.spec, &new, owner.epoch)
             .await
@@ -137,7 +143,10 @@ impl Agent {
         let names = self.names_of(&[url, with_url]);
         match self.node.replace_drive(&names[0], &names[1]).await {
             Ok(mut v) => {
-                sv.spec = new;
+                if let Some(sv) = self.served.lock().await.get_mut(&volume) {
+                    sv.spec.drives = new.drives;
+                    sv.spec.extents = new.extents;
+                }
                 if place.extent.is_none() {
                     v.owner = Some(self.name().to_string());
                 }
