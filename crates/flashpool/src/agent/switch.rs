@@ -180,10 +180,12 @@ impl IoCheck for InflightCount {
     }
 }
 
-/// Counts a reservation store while it runs.
-struct Inflight(Arc<InflightCount>);
+/// Releases one count when dropped: held by a reservation store while it
+/// runs, and by `submit` until the I/O's completion check holds the count
+/// (so a panic in the volume's submit does not leave a drain waiting).
+struct Inflight<'a>(&'a InflightCount);
 
-impl Drop for Inflight {
+impl Drop for Inflight<'_> {
     fn drop(&mut self) {
         self.0.0.fetch_sub(1, Ordering::AcqRel);
     }
@@ -241,7 +243,11 @@ impl BlockDevice for SwitchDevice {
             );
         }
         self.inflight.0.fetch_add(1, Ordering::AcqRel);
-        dev.submit(req).then_check(&self.inflight)
+        let unwinding = Inflight(&self.inflight);
+        let io = dev.submit(req).then_check(&self.inflight);
+        // The check releases the count from here on.
+        std::mem::forget(unwinding);
+        io
     }
 
     /// A reservation change: like a write, refused off the owner and past
@@ -251,7 +257,7 @@ impl BlockDevice for SwitchDevice {
         // Counted before the owner is looked at: a drain that saw none in
         // flight was after `deactivate`, so this store finds no device.
         self.inflight.0.fetch_add(1, Ordering::AcqRel);
-        let _count = Inflight(self.inflight.clone());
+        let _count = Inflight(&self.inflight);
         let guard = self.active.load();
         let Some(dev) = guard.as_ref() else {
             return Err(BlockError::Fenced(format!(
@@ -327,6 +333,35 @@ mod tests {
         clock.set(Some(Instant::now() + Duration::from_secs(5)));
         s.deactivate();
         assert!(matches!(read(&s), Err(BlockError::Fenced(m)) if m.contains("not owned")));
+        assert_eq!(s.inflight.0.load(Ordering::Relaxed), 0);
+    }
+
+    /// A device whose submit panics (a bug below the switch).
+    struct Panicking(MemDevice);
+
+    impl BlockDevice for Panicking {
+        blockdev::forward_block_device!(self => self.0, except [submit]);
+        fn submit(&self, _: IoRequest) -> IoFuture {
+            panic!("submit failed")
+        }
+    }
+
+    /// A submit that unwinds leaves no I/O counted in flight, or a planned
+    /// move's drain would wait for it for ever.
+    #[test]
+    fn a_submit_that_panics_is_not_left_in_flight() {
+        let clock = LeaseClock::new();
+        clock.set(Some(Instant::now() + Duration::from_secs(5)));
+        let dev = Arc::new(Panicking(MemDevice::new(1 << 20, 4096).unwrap()));
+        let s = SwitchDevice::new("v", dev.geometry(), clock);
+        s.activate(dev);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(&s)));
+        assert!(r.is_err());
+        assert_eq!(s.inflight.0.load(Ordering::Relaxed), 0);
+        // One that completes is released by its check.
+        let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 20, 4096).unwrap());
+        s.activate(mem);
+        read(&s).unwrap();
         assert_eq!(s.inflight.0.load(Ordering::Relaxed), 0);
     }
 
