@@ -10,7 +10,7 @@ use crate::keys::VolumeKey;
 use crate::{ClusterError, Session, VolumeSpec, VolumeState};
 
 impl Session {
-    /// Rewrites `spec` (its extents changed), while this node owns the
+    /// Rewrites `spec` (its extents or a drive changed), while this node owns the
     /// volume at `epoch` and its spec is still `old`: two changes cannot
     /// overwrite each other. `Deposed` otherwise; nothing is written then.
     pub async fn update_spec(
@@ -20,10 +20,22 @@ impl Session {
         epoch: u64,
     ) -> Result<(), ClusterError> {
         let key = self.vkey(&spec.name, VolumeKey::Spec);
+        // From the revision that reads as `old`: its bytes may be of an
+        // older version's encoding (a field added since), which comparing
+        // the value would take for a change, refusing every update for ever.
+        let seen = match self.get_one(&key).await? {
+            Some(kv) if decode::<VolumeSpec>(&kv)? == *old => kv.mod_revision(),
+            _ => {
+                return Err(ClusterError::Deposed {
+                    volume: spec.name.clone(),
+                    epoch,
+                });
+            }
+        };
         let txn = Txn::new()
             .when([
                 self.owned_at(&spec.name, epoch),
-                Compare::value(key.clone(), CompareOp::Equal, encode(old)),
+                Compare::mod_revision(key.clone(), CompareOp::Equal, seen),
             ])
             .and_then([TxnOp::put(key.clone(), encode(spec), None)]);
         if self.txn(&format!("update {key}"), txn).await?.succeeded() {

@@ -355,3 +355,13 @@ pub async fn keys_under(endpoint: &str, prefix: &str) -> io::Result<Vec<(String,
         })
         .collect())
 }
+
+/// Writes `value` at `key` straight into etcd at `endpoint`: for tests
+/// that stand in for what another version of flashpool wrote.
+pub async fn put_raw(endpoint: &str, key: &str, value: &str) -> io::Result<()> {
+    let mut c = etcd_client::Client::connect([endpoint], None)
+        .await
+        .map_err(io::Error::other)?;
+    c.put(key, value, None).await.map_err(io::Error::other)?;
+    Ok(())
+}

@@ -1,9 +1,10 @@
 //! A cluster pool's extents (`pool expand`) against a real etcd: the spec
 //! that lists them and each extent's member-state record are written only
 //! by the pool's owner at its epoch, the spec only over the one read; a
-//! refusal writes nothing; the pool's delete takes the records with it.
+//! refusal writes nothing; the pool's delete takes the records with it; a
+//! spec in an older version's encoding is updated all the same.
 
-use cluster::testing::keys_under;
+use cluster::testing::{keys_under, put_raw};
 use cluster::{ClusterError, ExtentSpec, VolumeState};
 
 mod common;
@@ -76,4 +77,31 @@ async fn only_the_pools_owner_records_its_extents() {
         .await
         .unwrap();
     assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_in_an_older_encoding_is_updated() {
+    let Some((etcd, a, b)) = two().await else {
+        return;
+    };
+    let v0 = spec("v", 2, false);
+    a.create_spec(&v0).await.unwrap();
+    let own = a.claim("v").await.unwrap().unwrap();
+    // As a version before `thin_pool` wrote it: the same spec, other bytes.
+    let key = "/flashpool/t/volumes/v/spec";
+    let (_, stored) = keys_under(&etcd.endpoint(), key).await.unwrap().remove(0);
+    let mut old: serde_json::Value = serde_json::from_str(&stored).unwrap();
+    assert!(old.as_object_mut().unwrap().remove("thin_pool").is_some());
+    put_raw(&etcd.endpoint(), key, &old.to_string())
+        .await
+        .unwrap();
+    assert_eq!(b.spec("v").await.unwrap().unwrap(), v0);
+
+    let mut v1 = v0.clone();
+    v1.drives[0] = "nvme://c/9".into();
+    a.update_spec(&v0, &v1, own.epoch).await.unwrap();
+    assert_eq!(b.spec("v").await.unwrap().unwrap(), v1);
+    // Still one update over the one read: the old spec is refused now.
+    let r = a.update_spec(&v0, &v1, own.epoch).await;
+    assert!(matches!(r, Err(ClusterError::Deposed { .. })), "{r:?}");
 }
