@@ -103,7 +103,8 @@ pub struct NodeRecord {
     pub lease: i64,
 }
 
-/// A volume's immutable description (`volumes/<v>/spec`).
+/// A volume's description (`volumes/<v>/spec`). Written once, then only by
+/// its owner: a pool's extents grow, a member replace changes `drives`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct VolumeSpec {
     pub name: String,
@@ -115,6 +116,12 @@ pub struct VolumeSpec {
     pub block_size: u32,
     /// Member drive URLs.
     pub drives: Vec<String>,
+    /// Drives a member replace is putting in (`drive replace`): an owner
+    /// opens them beside `drives`, and each position goes to the newest
+    /// superblock that claims it, so a replace cut short at any point
+    /// assembles from whichever drive holds the position.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<String>,
     pub layout: String,
     /// Host NQNs allowed; empty = any host.
     pub hosts: Vec<String>,
@@ -139,6 +146,9 @@ pub struct ExtentSpec {
     pub name: String,
     /// Member drive URLs.
     pub drives: Vec<String>,
+    /// As [`VolumeSpec::joining`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<String>,
     pub layout: String,
 }
 
@@ -322,6 +332,7 @@ mod tests {
         spec.extents.push(ExtentSpec {
             name: "p-x1".into(),
             drives: vec!["nvme://b/1".into()],
+            joining: Vec::new(),
             layout: "raid1".into(),
         });
         let back: VolumeSpec =

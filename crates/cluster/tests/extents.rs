@@ -32,6 +32,7 @@ async fn only_the_pools_owner_records_its_extents() {
     p1.extents.push(ExtentSpec {
         name: "p-x1".into(),
         drives: vec!["nvme://b/1".into(), "nvme://c/1".into()],
+        joining: Vec::new(),
         layout: "raid1".into(),
     });
 

@@ -191,8 +191,6 @@ pub fn run(
     Ok(())
 }
 
-/// SIGINT and SIGTERM, caught from the call on: the last one seen, for
-/// whatever waits (the cluster join, or the node serving).
 /// Raises the soft open-file limit to the hard one, as servers do: a node
 /// holds a socket per queue of every host, and per remote member drive up to
 /// 2 + its reactors' queues, so 48 volumes of 5 remote members on 16
@@ -208,26 +206,22 @@ fn raise_open_file_limit() -> u64 {
         return 0;
     }
     let before = lim.rlim_cur;
-    // An unlimited hard limit still stops at the kernel's fs.nr_open.
-    let most = if lim.rlim_max == libc::RLIM_INFINITY {
+    let nr_open = || {
         std::fs::read_to_string("/proc/sys/fs/nr_open")
             .ok()
             .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(1 << 20)
-    } else {
-        lim.rlim_max
     };
-    if lim.rlim_cur < most {
-        lim.rlim_cur = most;
+    if let Some(goal) = open_file_goal(lim.rlim_cur, lim.rlim_max, nr_open) {
+        lim.rlim_cur = goal;
         // SAFETY: as above.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
             tracing::warn!(
-                "cannot raise the open-file limit from {before} to {most}: {}",
+                "cannot raise the open-file limit from {before} to {goal}: {}",
                 std::io::Error::last_os_error()
             );
             return before;
         }
-        tracing::debug!("open-file limit raised from {before} to {}", lim.rlim_cur);
+        tracing::debug!("open-file limit raised from {before} to {goal}");
     }
     if lim.rlim_cur < 4096 {
         tracing::warn!(
@@ -239,6 +233,19 @@ fn raise_open_file_limit() -> u64 {
     lim.rlim_cur
 }
 
+/// The soft open-file limit to raise `soft` to, if any: the hard limit, or
+/// the kernel's `fs.nr_open` when the hard limit is unlimited.
+fn open_file_goal(soft: u64, hard: u64, nr_open: impl FnOnce() -> Option<u64>) -> Option<u64> {
+    let most = if hard == libc::RLIM_INFINITY {
+        nr_open().unwrap_or(1 << 20)
+    } else {
+        hard
+    };
+    (soft < most).then_some(most)
+}
+
+/// SIGINT and SIGTERM, caught from the call on: the last one seen, for
+/// whatever waits (the cluster join, or the node serving).
 fn stop_signals() -> Result<tokio::sync::watch::Receiver<Option<i32>>> {
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let (tx, rx) = tokio::sync::watch::channel(None);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use nvmf_target::{ListenerKind, Subsystem};
 
-use super::{attach_lines, raise_open_file_limit};
+use super::{attach_lines, open_file_goal, raise_open_file_limit};
 use crate::node::identity::{Cluster, Peer, drive_nqn, node_host_nqn};
 
 fn sub(nqn: &str, any: bool, hosts: &[&str]) -> Arc<Subsystem> {
@@ -124,30 +124,28 @@ fn the_node_tomls_of_docs_cluster_md_pass_the_checks() {
 }
 
 #[test]
-fn the_open_file_limit_is_raised_to_the_hard_limit() {
-    let get = || {
-        let mut l = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: fills the struct passed.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
-        l
-    };
-    let hard = get().rlim_max;
-    // Start from a lower soft limit, as a default login shell's 1,024.
-    let low = libc::rlimit {
-        rlim_cur: hard.min(1024),
-        rlim_max: hard,
-    };
-    // SAFETY: reads the struct passed.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+fn the_open_file_limit_goes_to_the_hard_limit() {
+    let nr_open = || Some(1 << 20);
+    assert_eq!(open_file_goal(1024, 524_288, nr_open), Some(524_288));
+    assert_eq!(open_file_goal(524_288, 524_288, nr_open), None);
+    // Unlimited: as far as the kernel lets a process go.
+    assert_eq!(
+        open_file_goal(1024, libc::RLIM_INFINITY, || Some(1_048_576)),
+        Some(1_048_576)
+    );
+    assert_eq!(
+        open_file_goal(1024, libc::RLIM_INFINITY, || None),
+        Some(1 << 20)
+    );
+    // This process: raised in place (never lowered, so the tests running
+    // beside this one keep their descriptors).
     let got = raise_open_file_limit();
-    assert_eq!(get().rlim_cur, got);
-    if hard == libc::RLIM_INFINITY {
-        // As far as the kernel's fs.nr_open.
-        assert!(got > 1024, "{got}");
-    } else {
-        assert_eq!(got, hard);
-    }
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: fills the struct passed.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
+    assert_eq!(l.rlim_cur, got);
+    assert!(open_file_goal(l.rlim_cur, l.rlim_max, || Some(got)).is_none());
 }

@@ -31,6 +31,7 @@ pub fn spec(name: &str, ana_group: u32, thin_pool: bool) -> VolumeSpec {
         size_bytes: 1 << 30,
         block_size: 4096,
         drives: vec!["nvme://a/1".into()],
+        joining: Vec::new(),
         layout: "raid1".into(),
         hosts: vec![],
         serial: "S1".into(),

@@ -82,6 +82,7 @@ impl Agent {
         grown.extents.push(ExtentSpec {
             name: name.clone(),
             drives: urls,
+            joining: Vec::new(),
             layout: req.layout.clone().unwrap_or_else(|| spec.layout.clone()),
         });
         // Recorded first (see the module's comment).
@@ -188,10 +189,17 @@ impl Agent {
             .await
             .map_err(|e| format!("reading its member-state record in etcd: {e}"))?;
         let req = AssembleVolume {
-            drives: self.names_of(&x.drives),
+            drives: self.names_of(
+                &x.drives
+                    .iter()
+                    .chain(&x.joining)
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            ),
             takeover: true,
             export: None,
             force: false,
+            only: Some(x.name.clone()),
         };
         let degraded = Degraded {
             wait: self.node.cluster().remote.takeover_wait,
@@ -229,7 +237,12 @@ async fn check_free(s: &Session, name: &str, urls: &[String]) -> NodeResult<()> 
         )));
     }
     for v in s.specs().await.map_err(etcd)? {
-        let mut drives: Vec<(&str, &String)> = v.drives.iter().map(|d| (&*v.name, d)).collect();
+        let mut drives: Vec<(&str, &String)> = v
+            .drives
+            .iter()
+            .chain(&v.joining)
+            .map(|d| (&*v.name, d))
+            .collect();
         for x in &v.extents {
             if x.name == name {
                 return Err(NodeError::Conflict(format!(
@@ -237,7 +250,7 @@ async fn check_free(s: &Session, name: &str, urls: &[String]) -> NodeResult<()> 
                     v.name
                 )));
             }
-            drives.extend(x.drives.iter().map(|d| (&*x.name, d)));
+            drives.extend(x.drives.iter().chain(&x.joining).map(|d| (&*x.name, d)));
         }
         if v.name == name {
             return Err(NodeError::Conflict(format!(

@@ -63,8 +63,9 @@ impl Agent {
             if sv.spec.extents != spec.extents {
                 sv.spec.extents = spec.extents.clone();
             }
-            if sv.spec.drives != spec.drives {
+            if sv.spec.drives != spec.drives || sv.spec.joining != spec.joining {
                 sv.spec.drives = spec.drives.clone();
+                sv.spec.joining = spec.joining.clone();
             }
         }
         // One round trip for the owner, handoff, epoch and state keys: a
@@ -349,6 +350,7 @@ impl Agent {
             takeover: true,
             export: None,
             force: false,
+            only: Some(sv.spec.name.clone()),
         };
         // A pool's extents first: the pool opens with them.
         let extents_up = match (&recorded, sv.spec.extents.is_empty()) {

@@ -1,16 +1,22 @@
 //! `drive replace` of a cluster volume's member (or of a cluster pool's
-//! extent's member): the volume's spec in etcd names the new drive before
-//! the owner puts it in place, so every later takeover and move assembles
-//! the volume from the drive that holds its data, not from the one taken
-//! out (wiped by the replace, or dead).
+//! extent's member), by the volume's owner (any other node passes the
+//! request on), in three steps that leave the volume assemblable by the
+//! next owner whenever the owner dies:
 //!
-//! Recorded first: a replace cut short (its owner dies in between) leaves a
-//! spec that names a blank drive at that position, which a takeover leaves
-//! out as it does an unreachable member (the volume runs degraded within
-//! its tolerance, and the replace can be asked again). The other order
-//! would leave the spec naming the wiped drive and the new member unknown
-//! to every other node. A replace the owner's node refuses puts the old
-//! spec back.
+//! 1. The spec lists the new drive as `joining` (etcd, guarded by the
+//!    owner's epoch). An owner opens joining drives beside the members, and
+//!    each position goes to the newest superblock claiming it: the new
+//!    drive holds none yet, so the old member keeps its place.
+//! 2. The owner's node replaces the member as on a node alone (fails the
+//!    old one, writes the new drive's superblock at a newer generation,
+//!    wipes the old one, rebuilds in the background). From here on the new
+//!    drive wins the position at any assembly.
+//! 3. The spec names the new drive in the member's place.
+//!
+//! A replace the node refuses takes the joining entry back out; if that
+//! write fails, the entry is harmless (the blank drive claims nothing).
+//! An owner assembles with `only` its volume's name, so a joining drive
+//! that still holds an old volume's superblock is left out, not an error.
 
 use std::sync::Arc;
 
@@ -31,11 +37,12 @@ struct Place {
 }
 
 impl Place {
-    fn find(specs: Vec<VolumeSpec>, url: &str) -> Option<Place> {
-        specs.into_iter().find_map(|spec| {
+    /// The member `url` is, in any spec.
+    fn find(specs: &[VolumeSpec], url: &str) -> Option<Place> {
+        specs.iter().find_map(|spec| {
             if let Some(position) = spec.drives.iter().position(|d| d == url) {
                 return Some(Place {
-                    spec,
+                    spec: spec.clone(),
                     extent: None,
                     position,
                 });
@@ -46,30 +53,62 @@ impl Place {
                 .enumerate()
                 .find_map(|(x, e)| Some((x, e.drives.iter().position(|d| d == url)?)))?;
             Some(Place {
-                spec,
+                spec: spec.clone(),
                 extent: Some(x),
                 position,
             })
         })
     }
 
-    /// The spec with `url` in this place.
-    fn with(&self, url: &str) -> VolumeSpec {
-        let mut s = self.spec.clone();
+    /// The volume the node runs: the cluster volume, or the extent.
+    fn volume(&self) -> &str {
         match self.extent {
-            None => s.drives[self.position] = url.to_string(),
-            Some(x) => s.extents[x].drives[self.position] = url.to_string(),
+            None => &self.spec.name,
+            Some(x) => &self.spec.extents[x].name,
+        }
+    }
+
+    fn joining(&self) -> &[String] {
+        match self.extent {
+            None => &self.spec.joining,
+            Some(x) => &self.spec.extents[x].joining,
+        }
+    }
+
+    /// `spec` changed in this place's drive lists by `f(drives, joining)`.
+    fn edit(
+        &self,
+        spec: &VolumeSpec,
+        f: impl FnOnce(&mut Vec<String>, &mut Vec<String>),
+    ) -> VolumeSpec {
+        let mut s = spec.clone();
+        match self.extent {
+            None => f(&mut s.drives, &mut s.joining),
+            Some(x) => {
+                let e = &mut s.extents[x];
+                f(&mut e.drives, &mut e.joining)
+            }
         }
         s
     }
 }
 
+/// Whether `url` is a member of `spec` (or of its extents), or joining one.
+fn holds(spec: &VolumeSpec, url: &str) -> bool {
+    let mut all = spec.drives.iter().chain(&spec.joining);
+    all.any(|d| d == url)
+        || spec
+            .extents
+            .iter()
+            .any(|x| x.drives.iter().chain(&x.joining).any(|d| d == url))
+}
+
 impl Agent {
     /// `POST /v1/drives/{name}/replace` for a member of a cluster volume:
-    /// done by the volume's owner (another node passes the request on),
-    /// with the spec in etcd updated first (see the module's comment).
-    /// `None` when no cluster volume has the drive (a node's own drive is
-    /// replaced as on a node alone). A refused replace changes nothing.
+    /// done by the volume's owner (another node passes the request on), in
+    /// the steps the module's comment gives. `None` when no cluster volume
+    /// has the drive (a node's own drive is replaced as on a node alone).
+    /// A refused replace changes nothing.
     pub async fn replace_drive(
         self: &Arc<Self>,
         name: &str,
@@ -81,7 +120,7 @@ impl Agent {
         };
         let s = self.session();
         let specs = s.specs().await.map_err(etcd)?;
-        let Some(place) = Place::find(specs.clone(), &url) else {
+        let Some(place) = Place::find(&specs, &url) else {
             return Ok(None);
         };
         let volume = place.spec.name.clone();
@@ -105,16 +144,15 @@ impl Agent {
                  was changed"
             ))
         })?;
-        if let Some(holder) = Place::find(specs, &with_url) {
+        // A drive this place was already putting in (a replace cut short)
+        // may be asked for again; any other in a spec is taken.
+        let again = place.joining().contains(&with_url);
+        if !again && let Some(v) = specs.iter().find(|v| holds(v, &with_url)) {
             return Err(NodeError::Conflict(format!(
                 "drive {with} is a member of {} already; nothing was changed",
-                holder.spec.name
+                v.name
             )));
         }
-        // The map is held only for this check and to note the new spec, not
-        // across the replace, which connects to the new drive: no other
-        // volume's takeover waits for it. (A settle meanwhile takes the
-        // spec's drives from etcd as well.)
         let served_here = {
             let served = self.served.lock().await;
             served
@@ -126,42 +164,94 @@ impl Agent {
                 "cluster volume {volume} is not served here yet; retry"
             )));
         }
-        let new = place.with(&with_url);
-        s.update_spec(&place.spec, &new, owner.epoch)
-            .await
-            .map_err(|e| match e {
-                ClusterError::Deposed { .. } => NodeError::Conflict(format!(
-                    "cluster volume {volume}: its spec changed in etcd meanwhile, or this node \
-                     no longer owns it; nothing was changed, retry"
-                )),
-                e => NodeError::Unavailable(format!(
-                    "cluster volume {volume}: recording drive {with} in place of {name} in \
-                     etcd: {e}; nothing was changed"
-                )),
+        // The node's own name for the member (the name it opened it by), or
+        // `-` where no drive holds the position (a replace cut short whose
+        // old drive is gone).
+        let run = place.volume().to_string();
+        let member = self
+            .node
+            .volume(&run)
+            .await?
+            .members
+            .get(place.position)
+            .map(|m| m.drive.clone())
+            .ok_or_else(|| {
+                NodeError::Internal(format!("volume {run} has no position {}", place.position))
             })?;
-        // The node knows its members by the names the owner opened them by.
-        let names = self.names_of(&[url, with_url]);
-        match self.node.replace_drive(&names[0], &names[1]).await {
-            Ok(mut v) => {
-                if let Some(sv) = self.served.lock().await.get_mut(&volume) {
-                    sv.spec.drives = new.drives;
-                    sv.spec.extents = new.extents;
-                }
-                if place.extent.is_none() {
-                    v.owner = Some(self.name().to_string());
-                }
-                Ok(Some(v))
+        // 1. Recorded as joining.
+        let joined = place.edit(&place.spec, |_, j| {
+            if !j.contains(&with_url) {
+                j.push(with_url.clone());
             }
+        });
+        if joined != place.spec {
+            s.update_spec(&place.spec, &joined, owner.epoch)
+                .await
+                .map_err(|e| spec_error(e, &volume, with, "recording"))?;
+        }
+        // 2. Replaced by the node.
+        let with_name = self.names_of(std::slice::from_ref(&with_url)).remove(0);
+        let res = if member == with_name {
+            // Put in already (a replace cut short after its node's step):
+            // only the record is left to finish.
+            self.node.volume(&run).await
+        } else if member == "-" {
+            self.node
+                .replace_missing(&run, place.position, &with_name)
+                .await
+        } else {
+            self.node.replace_drive(&member, &with_name).await
+        };
+        let mut v = match res {
+            Ok(v) => v,
             Err(e) => {
-                if let Err(back) = s.update_spec(&new, &place.spec, owner.epoch).await {
+                if joined != place.spec
+                    && let Err(back) = s.update_spec(&joined, &place.spec, owner.epoch).await
+                {
                     tracing::warn!(
-                        "cluster volume {volume}: the replace of {name} was refused ({e}), and \
-                         its spec still names {with} ({back}): the next owner finds {with} \
-                         blank and runs the volume without that position until it is replaced"
+                        "cluster volume {volume}: the replace of {name} was refused ({e}); {with} \
+                         stays listed as joining ({back}), which claims no position"
                     );
                 }
-                Err(e)
+                return Err(e);
             }
+        };
+        // 3. In the member's place.
+        let done = place.edit(&joined, |d, j| {
+            d[place.position] = with_url.clone();
+            j.retain(|x| *x != with_url);
+        });
+        match s.update_spec(&joined, &done, owner.epoch).await {
+            Ok(()) => {
+                if let Some(sv) = self.served.lock().await.get_mut(&volume)
+                    && (sv.spec == joined || sv.spec == place.spec)
+                {
+                    sv.spec = done;
+                }
+            }
+            // The new drive holds the position at a newer generation: every
+            // owner assembles from it while it is listed as joining.
+            Err(e) => tracing::warn!(
+                "cluster volume {volume}: {with} replaced {name}, but the spec still lists it \
+                 as joining ({e}); owners assemble from it all the same"
+            ),
         }
+        if place.extent.is_none() {
+            v.owner = Some(self.name().to_string());
+        }
+        Ok(Some(v))
+    }
+}
+
+/// The error of a spec write of a replace.
+fn spec_error(e: ClusterError, volume: &str, with: &str, doing: &str) -> NodeError {
+    match e {
+        ClusterError::Deposed { .. } => NodeError::Conflict(format!(
+            "cluster volume {volume}: its spec changed in etcd meanwhile, or this node no longer \
+             owns it; nothing was changed, retry"
+        )),
+        e => NodeError::Unavailable(format!(
+            "cluster volume {volume}: {doing} drive {with} in etcd: {e}; nothing was changed"
+        )),
     }
 }

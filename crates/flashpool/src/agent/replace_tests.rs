@@ -2,7 +2,9 @@
 //! not own the volume (passed on to the owner), recorded in the volume's
 //! spec, rebuilt, and still in place after a planned move, where the next
 //! owner assembles the volume from the new drive and not from the wiped
-//! one; refused replaces change nothing.
+//! one; refused replaces change nothing; a replace cut short after its
+//! record (the drive listed as joining, nothing written to it) leaves the
+//! volume whole at the next owner, and is finished there by asking again.
 
 use std::sync::Arc;
 
@@ -86,4 +88,47 @@ async fn a_replaced_member_is_recorded_and_assembled_by_the_next_owner() {
     );
     let nb = ns(&tb).unwrap().dev.clone();
     assert_eq!(io(&nb, None).await.unwrap(), vec![0xC3; 16384]);
+    assert!(
+        b.session()
+            .spec("v")
+            .await
+            .unwrap()
+            .unwrap()
+            .joining
+            .is_empty()
+    );
+
+    // A replace cut short after its first step: the spec lists e1:d4 as
+    // joining, and nothing was written to it.
+    let s = b.session();
+    let epoch = s.owner("v").await.unwrap().unwrap().epoch;
+    let before = s.spec("v").await.unwrap().unwrap();
+    let mut cut = before.clone();
+    let d4 = b.node.cluster().resolve("e1:d4").unwrap();
+    cut.joining.push(d4);
+    s.update_spec(&before, &cut, epoch).await.unwrap();
+    // The next owner opens e1:d4 beside the members and leaves it out:
+    // every position keeps its member.
+    b.move_volume("v", "a").await.unwrap();
+    assert_eq!(ta.ana_state(g), AnaState::Optimized);
+    let m = members(&a).await;
+    assert!(m.iter().all(|(_, s)| s == "active"), "{m:?}");
+    assert_eq!(io(&na, None).await.unwrap(), vec![0xC3; 16384]);
+    // Asked again, it is finished.
+    a.replace_drive("e1:d3", "e1:d4").await.unwrap().unwrap();
+    assert_eq!(spec_drives(&a).await, ["e1:d0", "e1:d4", "e1:d2"]);
+    assert!(
+        a.session()
+            .spec("v")
+            .await
+            .unwrap()
+            .unwrap()
+            .joining
+            .is_empty()
+    );
+    wait("a to rebuild e1:d4", 20, async || {
+        members(&a).await.iter().all(|(_, s)| s == "active")
+    })
+    .await;
+    assert_eq!(io(&na, None).await.unwrap(), vec![0xC3; 16384]);
 }

@@ -379,9 +379,11 @@ impl Agent {
     }
 
     /// A volume's members by the `peer:drive` names it was made with (as
-    /// its creator shows them), or by URL where no `[[peer]]` names them.
+    /// its creator shows them), or by URL where no `[[peer]]` names them;
+    /// with the drives a replace is putting in (`replace.rs`).
     pub(super) fn member_names(&self, spec: &VolumeSpec) -> Vec<String> {
-        self.names_of(&spec.drives)
+        let all: Vec<String> = spec.drives.iter().chain(&spec.joining).cloned().collect();
+        self.names_of(&all)
     }
 
     /// Drive URLs by their `peer:drive` names, where a `[[peer]]` names them.
@@ -411,7 +413,11 @@ impl Agent {
             })
             // a pool's extents are taken over with it
             .flat_map(|v| {
-                let extents = v.extents.iter().flat_map(|x| self.names_of(&x.drives));
+                let extents = v.extents.iter().flat_map(|x| {
+                    self.names_of(&x.drives)
+                        .into_iter()
+                        .chain(self.names_of(&x.joining))
+                });
                 self.member_names(v).into_iter().chain(extents)
             })
             .collect();

@@ -106,6 +106,12 @@ pub struct AssembleVolume {
     /// enough to run; the answer's `forced` says what may be stale.
     #[serde(default)]
     pub force: bool,
+    /// Assemble only the volume of this name: drives holding another
+    /// volume's superblock are left out, not an error (a cluster owner's
+    /// assembly, where a drive a replace was putting in may still hold an
+    /// old volume's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub only: Option<String>,
 }
 
 /// `POST /v1/volumes/{name}/assemble`.

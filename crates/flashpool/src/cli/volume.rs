@@ -325,6 +325,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
                 takeover,
                 export: export_request(export, nsid),
                 force,
+                only: None,
             };
             let a = c.post("/volumes/assemble", Some(&req))?;
             print_forced(&a, api.json)?;

@@ -104,6 +104,9 @@ impl Node {
         let t_connect = t0.elapsed();
         let handles = r.handles();
         let mut groups = group_by_volume(&handles, &req.drives).await;
+        if let Some(only) = &req.only {
+            groups.retain(|g| g.newest.name == *only);
+        }
         let t_heads = t0.elapsed();
         groups.iter_mut().for_each(|g| g.force = req.force);
         let f = match groups.len() {

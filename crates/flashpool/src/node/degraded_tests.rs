@@ -37,6 +37,7 @@ fn takeover(drives: &[&str]) -> AssembleVolume {
             nsid: 1,
         }),
         force: false,
+        only: None,
     }
 }
 

@@ -77,22 +77,60 @@ impl Node {
             return Err(no_drive(name));
         }
         st.check_not_assembling(name)?;
-        st.check_not_assembling(with)?;
         let Some((v, p)) = st.user_of(name).map(|(v, p)| (v.to_string(), p)) else {
             return Err(NodeError::Conflict(format!(
                 "drive {name} is not in any volume; nothing to replace"
             )));
         };
-        if let Some(o) = st.volumes[&v].offline() {
+        self.replace_at(&mut st, &v, p, Some(name), with).await
+    }
+
+    /// Puts drive `with` at position `p` of volume `v`, which no drive
+    /// holds (`-`: its member was not found when the volume was assembled,
+    /// as after a cluster replace cut short), and starts the rebuild.
+    pub async fn replace_missing(
+        self: &Arc<Self>,
+        v: &str,
+        p: usize,
+        with: &str,
+    ) -> NodeResult<VolumeInfo> {
+        let run = async {
+            let mut st = self.state.lock().await;
+            let Some(e) = st.volumes.get(v) else {
+                return Err(NodeError::no_volume(v));
+            };
+            if e.drives.get(p).is_none_or(|d| d != "-") {
+                return Err(NodeError::Conflict(format!(
+                    "volume {v}: position {p} is held by a drive; replace that drive"
+                )));
+            }
+            self.replace_at(&mut st, v, p, None, with).await
+        };
+        self.undo_remotes_on_err(&[with.to_string()], run).await
+    }
+
+    /// Replaces the member of `v` at `p` (drive `old`, when a drive holds
+    /// it) by `with`: every check first, then fail, replace, rebuild.
+    async fn replace_at(
+        self: &Arc<Self>,
+        st: &mut NodeState,
+        v: &str,
+        p: usize,
+        old: Option<&str>,
+        with: &str,
+    ) -> NodeResult<VolumeInfo> {
+        let name = old.unwrap_or("-");
+        st.check_not_assembling(with)?;
+        if let Some(o) = st.volumes[v].offline() {
             return Err(NodeError::Conflict(format!(
                 "volume {v} is offline ({}); a drive of an offline volume cannot be replaced",
                 o.reason
             )));
         }
         let with_list = [with.to_string()];
-        self.open_named_remotes(&mut st, &with_list).await?;
+        self.open_named_remotes(st, &with_list).await?;
         let dev = st.claimable(&with_list)?[0].clone();
-        let vol = st.volumes[&v]
+        let vol = st.volumes[v]
             .on_drives()
             .expect("drive users are on drives")
             .clone();
@@ -112,7 +150,7 @@ impl Node {
                 "volume {v}: drive {with} cannot replace {name}: {err}; nothing was changed"
             )),
         })?;
-        self.claim(&st, &with_list, false).await?;
+        self.claim(st, &with_list, false).await?;
         if vol.member_states()[p] != MemberState::Failed {
             vol.fail_member(p)
                 .await
@@ -121,21 +159,21 @@ impl Node {
         vol.replace_member(p, dev)
             .await
             .map_err(|err| NodeError::BadRequest(format!("volume {v}: {err}")))?;
-        let e = st.volumes.get_mut(&v).expect("user exists");
+        let e = st.volumes.get_mut(v).expect("checked above");
         e.drives[p] = with.to_string();
         if let Some(d) = st.drives.get_mut(with) {
             d.fresh = false;
         }
-        if let Some(d) = st.drives.get_mut(name) {
+        if let Some(d) = old.and_then(|o| st.drives.get_mut(o)) {
             d.failed = true;
             // Best effort: the old drive may be dead. Wiped, it cannot claim
             // its old position at the next start.
             let _ = wipe_head(&d.dev).await;
         }
-        self.note_failed_drives(&st);
+        self.note_failed_drives(st);
         tracing::info!("volume {v}: drive {with} replaces {name} at position {p}; rebuilding");
-        self.spawn_rebuild(&mut st, &v);
-        Ok(st.volume_info(&v).expect("exists"))
+        self.spawn_rebuild(st, v);
+        Ok(st.volume_info(v).expect("exists"))
     }
 
     /// Starts a volume's rebuild in the background unless one is already

@@ -383,6 +383,7 @@ impl Node {
             takeover: false,
             export: None,
             force,
+            only: None,
         })
         .await
     }

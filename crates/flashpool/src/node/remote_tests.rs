@@ -266,6 +266,7 @@ fn assemble_exported(drives: &[&str], takeover: bool) -> AssembleVolume {
         drives: drives.iter().map(|d| d.to_string()).collect(),
         takeover,
         force: false,
+        only: None,
         export: Some(ExportRequest {
             nqn: NQN.into(),
             nsid: 1,
@@ -393,6 +394,7 @@ async fn assembling_another_nodes_volume_needs_a_takeover() {
             takeover: false,
             force: false,
             export: None,
+            only: None,
         })
         .await
         .unwrap_err()
@@ -408,6 +410,7 @@ async fn assembling_another_nodes_volume_needs_a_takeover() {
         takeover: true,
         export: None,
         force: false,
+        only: None,
     })
     .await
     .unwrap();
@@ -685,6 +688,7 @@ async fn a_hung_member_of_one_assembly_delays_no_other() {
         takeover: true,
         force: false,
         export: None,
+        only: None,
     };
     let hung = tokio::spawn({
         let (b, r) = (b.clone(), req(&["e1:d0", "silent:d0", "e1:d1"]));

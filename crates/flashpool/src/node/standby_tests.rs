@@ -20,6 +20,7 @@ fn assemble(drives: &[&str], takeover: bool) -> AssembleVolume {
         takeover,
         force: false,
         export: None,
+        only: None,
     }
 }
 
