@@ -121,6 +121,16 @@ impl Agent {
         let s = self.session();
         let specs = s.specs().await.map_err(etcd)?;
         let Some(place) = Place::find(&specs, &url) else {
+            if let Some(v) = specs.iter().find(|v| holds(v, &url)) {
+                // Only listed as joining: a replace of v's under way or cut
+                // short, which the spec does not place yet.
+                return Err(NodeError::Conflict(format!(
+                    "drive {name} is joining cluster volume {} (a replace under way or cut \
+                     short); finish that replace first by asking for it again (`flashpool \
+                     drive replace OLD --with {name}`); nothing was changed",
+                    v.name
+                )));
+            }
             return Ok(None);
         };
         let volume = place.spec.name.clone();
@@ -191,21 +201,32 @@ impl Agent {
         }
         // 2. Replaced by the node.
         let with_name = self.names_of(std::slice::from_ref(&with_url)).remove(0);
+        // Asked again, a deposed owner may hold the drive's reservation from
+        // its own try: the drive is this volume's (the spec says so), so it
+        // is preempted.
         let res = if member == with_name {
             // Put in already (a replace cut short after its node's step):
             // only the record is left to finish.
             self.node.volume(&run).await
         } else if member == "-" {
             self.node
-                .replace_missing(&run, place.position, &with_name)
+                .replace_missing(&run, place.position, &with_name, again)
                 .await
         } else {
-            self.node.replace_drive(&member, &with_name).await
+            self.node.replace_drive_as(&member, &with_name, again).await
         };
         let mut v = match res {
             Ok(v) => v,
             Err(e) => {
+                // Not taken back where the drive got the position all the
+                // same (an error after its superblock was written).
+                let placed = self.node.volume(&run).await.is_ok_and(|v| {
+                    v.members
+                        .get(place.position)
+                        .is_some_and(|m| m.drive == with_name)
+                });
                 if joined != place.spec
+                    && !placed
                     && let Err(back) = s.update_spec(&joined, &place.spec, owner.epoch).await
                 {
                     tracing::warn!(
@@ -216,25 +237,38 @@ impl Agent {
                 return Err(e);
             }
         };
-        // 3. In the member's place.
-        let done = place.edit(&joined, |d, j| {
-            d[place.position] = with_url.clone();
-            j.retain(|x| *x != with_url);
+        // 3. In the member's place: over the spec as it is now (another
+        // change, an extent, may have come between), once more if it moved.
+        let mut recorded = Err(ClusterError::Deposed {
+            volume: volume.clone(),
+            epoch: owner.epoch,
         });
-        match s.update_spec(&joined, &done, owner.epoch).await {
-            Ok(()) => {
-                if let Some(sv) = self.served.lock().await.get_mut(&volume)
-                    && (sv.spec == joined || sv.spec == place.spec)
-                {
-                    sv.spec = done;
+        for _ in 0..2 {
+            let Some(now) = s.spec(&volume).await.map_err(etcd)? else {
+                break;
+            };
+            let done = place.edit(&now, |d, j| {
+                d[place.position] = with_url.clone();
+                j.retain(|x| *x != with_url);
+            });
+            recorded = s.update_spec(&now, &done, owner.epoch).await;
+            if recorded.is_ok() {
+                if let Some(sv) = self.served.lock().await.get_mut(&volume) {
+                    sv.spec.drives = done.drives;
+                    sv.spec.joining = done.joining;
+                    sv.spec.extents = done.extents;
                 }
+                break;
             }
+        }
+        if let Err(e) = recorded {
             // The new drive holds the position at a newer generation: every
             // owner assembles from it while it is listed as joining.
-            Err(e) => tracing::warn!(
-                "cluster volume {volume}: {with} replaced {name}, but the spec still lists it \
-                 as joining ({e}); owners assemble from it all the same"
-            ),
+            return Err(NodeError::Unavailable(format!(
+                "cluster volume {volume}: {with} replaced {name} and is being rebuilt, but the \
+                 spec still lists it as joining ({e}); owners assemble from it all the same. \
+                 Ask for the replace again to finish the record"
+            )));
         }
         if place.extent.is_none() {
             v.owner = Some(self.name().to_string());

@@ -4,7 +4,10 @@
 //! owner assembles the volume from the new drive and not from the wiped
 //! one; refused replaces change nothing; a replace cut short after its
 //! record (the drive listed as joining, nothing written to it) leaves the
-//! volume whole at the next owner, and is finished there by asking again.
+//! volume whole at the next owner, and is finished there by asking again;
+//! so does one cut short after the owner's node put the drive in (the next
+//! owner assembles from it), and a drive only listed as joining is not
+//! replaced itself.
 
 use std::sync::Arc;
 
@@ -39,7 +42,7 @@ async fn a_replaced_member_is_recorded_and_assembled_by_the_next_owner() {
         ta,
         b,
         tb,
-    }) = pair_with(5).await
+    }) = pair_with(6).await
     else {
         return;
     };
@@ -131,4 +134,42 @@ async fn a_replaced_member_is_recorded_and_assembled_by_the_next_owner() {
     })
     .await;
     assert_eq!(io(&na, None).await.unwrap(), vec![0xC3; 16384]);
+
+    // Cut short after its second step: e1:d5 is listed as joining and the
+    // owner's node put it in (its superblock claims position 1), but the
+    // spec does not place it yet.
+    let s = a.session();
+    let epoch = s.owner("v").await.unwrap().unwrap().epoch;
+    let before = s.spec("v").await.unwrap().unwrap();
+    let mut cut = before.clone();
+    cut.joining.push(a.node.cluster().resolve("e1:d5").unwrap());
+    s.update_spec(&before, &cut, epoch).await.unwrap();
+    a.node.replace_drive("e1:d4", "e1:d5").await.unwrap();
+    io(&na, Some(0xD4)).await.unwrap();
+    // A drive only listed as joining is not replaced itself: that would
+    // leave its position to no record.
+    let e = b.replace_drive("e1:d5", "e1:d3").await.unwrap_err();
+    assert!(e.to_string().contains("joining"), "{e}");
+    // The next owner assembles position 1 from e1:d5, the newest claim.
+    a.move_volume("v", "b").await.unwrap();
+    assert_eq!(tb.ana_state(g), AnaState::Optimized);
+    wait("b to finish e1:d5's rebuild", 20, async || {
+        members(&b).await.iter().all(|(_, s)| s == "active")
+    })
+    .await;
+    let names: Vec<String> = members(&b).await.into_iter().map(|(d, _)| d).collect();
+    assert_eq!(names, ["e1:d0", "e1:d5", "e1:d2"]);
+    assert_eq!(io(&nb, None).await.unwrap(), vec![0xD4; 16384]);
+    // Asked again, only the record is left to do.
+    b.replace_drive("e1:d4", "e1:d5").await.unwrap().unwrap();
+    assert_eq!(spec_drives(&b).await, ["e1:d0", "e1:d5", "e1:d2"]);
+    assert!(
+        b.session()
+            .spec("v")
+            .await
+            .unwrap()
+            .unwrap()
+            .joining
+            .is_empty()
+    );
 }

@@ -80,8 +80,18 @@ impl Degraded {
                 bad.push(format!("position {p} unreachable"));
                 continue;
             };
-            if newest.members[p].state != MemberState::Active {
-                bad.push(format!("{drive} {}", state_word(newest.members[p].state)));
+            let state = newest.members[p].state;
+            if state != MemberState::Active {
+                bad.push(format!("{drive} {}", state_word(state)));
+                // A drive older than the position it claims (a replaced
+                // member that came back while its replacement is away)
+                // would fail the whole assembly as stale: left out instead.
+                let old = generations
+                    .get(&pos)
+                    .is_some_and(|g| g + 1 < newest.generation);
+                if state != MemberState::Failed && old {
+                    out.distrusted.push(pos);
+                }
                 continue;
             }
             if let Some(r) = recorded {
@@ -362,5 +372,39 @@ mod tests {
             .check(&s, &c, &g, &[])
             .unwrap();
         assert!(out.distrusted.is_empty());
+    }
+
+    /// A replaced member that comes back while its replacement is away
+    /// claims a position being rebuilt with an older superblock: left out
+    /// (the volume runs degraded), not taken as stale.
+    #[test]
+    fn an_old_drive_at_a_rebuilding_position_is_left_out() {
+        const R: MemberState = MemberState::Rebuilding { checkpoint: 0 };
+        let s = sb(LayoutKind::Raid5, &[A, R, A], 9);
+        let (c, mut g) = chosen(&[0, 1, 2]);
+        g.insert(0, 9);
+        g.insert(2, 9);
+        // e1:d0 claims position 1 at generation 5.
+        let out = policy(None).check(&s, &c, &g, &[]).unwrap();
+        assert_eq!(out.distrusted, vec![1]);
+        // At the volume's generation (the replacement itself), it stays.
+        g.insert(1, 9);
+        assert!(
+            policy(None)
+                .check(&s, &c, &g, &[])
+                .unwrap()
+                .distrusted
+                .is_empty()
+        );
+        // A failed member is not: the assembly keeps it failed.
+        let s = sb(LayoutKind::Raid5, &[A, F, A], 9);
+        g.insert(1, 5);
+        assert!(
+            policy(None)
+                .check(&s, &c, &g, &[])
+                .unwrap()
+                .distrusted
+                .is_empty()
+        );
     }
 }

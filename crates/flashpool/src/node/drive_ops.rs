@@ -63,14 +63,27 @@ impl Node {
     /// Puts drive `with` in the place of `name` in its volume and starts the
     /// rebuild. A drive that has not failed yet is failed first.
     pub async fn replace_drive(self: &Arc<Self>, name: &str, with: &str) -> NodeResult<VolumeInfo> {
-        self.undo_remotes_on_err(&[with.to_string()], self.replace_drive_inner(name, with))
-            .await
+        self.replace_drive_as(name, with, false).await
+    }
+
+    /// [`Node::replace_drive`]; with `preempt`, another node's reservation
+    /// on `with` is preempted rather than refused (a cluster owner finishing
+    /// a replace that a deposed owner began on that drive).
+    pub async fn replace_drive_as(
+        self: &Arc<Self>,
+        name: &str,
+        with: &str,
+        preempt: bool,
+    ) -> NodeResult<VolumeInfo> {
+        let run = self.replace_drive_inner(name, with, preempt);
+        self.undo_remotes_on_err(&[with.to_string()], run).await
     }
 
     async fn replace_drive_inner(
         self: &Arc<Self>,
         name: &str,
         with: &str,
+        preempt: bool,
     ) -> NodeResult<VolumeInfo> {
         let mut st = self.state.lock().await;
         if !st.drives.contains_key(name) {
@@ -82,7 +95,8 @@ impl Node {
                 "drive {name} is not in any volume; nothing to replace"
             )));
         };
-        self.replace_at(&mut st, &v, p, Some(name), with).await
+        self.replace_at(&mut st, &v, p, Some(name), with, preempt)
+            .await
     }
 
     /// Puts drive `with` at position `p` of volume `v`, which no drive
@@ -93,6 +107,7 @@ impl Node {
         v: &str,
         p: usize,
         with: &str,
+        preempt: bool,
     ) -> NodeResult<VolumeInfo> {
         let run = async {
             let mut st = self.state.lock().await;
@@ -104,7 +119,7 @@ impl Node {
                     "volume {v}: position {p} is held by a drive; replace that drive"
                 )));
             }
-            self.replace_at(&mut st, v, p, None, with).await
+            self.replace_at(&mut st, v, p, None, with, preempt).await
         };
         self.undo_remotes_on_err(&[with.to_string()], run).await
     }
@@ -118,6 +133,7 @@ impl Node {
         p: usize,
         old: Option<&str>,
         with: &str,
+        preempt: bool,
     ) -> NodeResult<VolumeInfo> {
         let name = old.unwrap_or("-");
         st.check_not_assembling(with)?;
@@ -150,7 +166,7 @@ impl Node {
                 "volume {v}: drive {with} cannot replace {name}: {err}; nothing was changed"
             )),
         })?;
-        self.claim(st, &with_list, false).await?;
+        self.claim(st, &with_list, preempt).await?;
         if vol.member_states()[p] != MemberState::Failed {
             vol.fail_member(p)
                 .await
