@@ -28,6 +28,22 @@ async fn members(a: &Agent) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Whether `v`'s spec lists no drive as joining.
+async fn none_joining(a: &Agent) -> bool {
+    let s = a.session().spec("v").await.unwrap().unwrap();
+    s.joining.is_empty()
+}
+
+/// Lists `drive` as joining `v`, as the owner `a`'s first step does.
+async fn record_joining(a: &Agent, drive: &str) {
+    let s = a.session();
+    let epoch = s.owner("v").await.unwrap().unwrap().epoch;
+    let before = s.spec("v").await.unwrap().unwrap();
+    let mut cut = before.clone();
+    cut.joining.push(a.node.cluster().resolve(drive).unwrap());
+    s.update_spec(&before, &cut, epoch).await.unwrap();
+}
+
 async fn spec_drives(a: &Arc<Agent>) -> Vec<String> {
     let s = a.session().spec("v").await.unwrap().unwrap();
     a.names_of(&s.drives)
@@ -91,25 +107,11 @@ async fn a_replaced_member_is_recorded_and_assembled_by_the_next_owner() {
     );
     let nb = ns(&tb).unwrap().dev.clone();
     assert_eq!(io(&nb, None).await.unwrap(), vec![0xC3; 16384]);
-    assert!(
-        b.session()
-            .spec("v")
-            .await
-            .unwrap()
-            .unwrap()
-            .joining
-            .is_empty()
-    );
+    assert!(none_joining(&b).await);
 
     // A replace cut short after its first step: the spec lists e1:d4 as
     // joining, and nothing was written to it.
-    let s = b.session();
-    let epoch = s.owner("v").await.unwrap().unwrap().epoch;
-    let before = s.spec("v").await.unwrap().unwrap();
-    let mut cut = before.clone();
-    let d4 = b.node.cluster().resolve("e1:d4").unwrap();
-    cut.joining.push(d4);
-    s.update_spec(&before, &cut, epoch).await.unwrap();
+    record_joining(&b, "e1:d4").await;
     // The next owner opens e1:d4 beside the members and leaves it out:
     // every position keeps its member.
     b.move_volume("v", "a").await.unwrap();
@@ -120,15 +122,7 @@ async fn a_replaced_member_is_recorded_and_assembled_by_the_next_owner() {
     // Asked again, it is finished.
     a.replace_drive("e1:d3", "e1:d4").await.unwrap().unwrap();
     assert_eq!(spec_drives(&a).await, ["e1:d0", "e1:d4", "e1:d2"]);
-    assert!(
-        a.session()
-            .spec("v")
-            .await
-            .unwrap()
-            .unwrap()
-            .joining
-            .is_empty()
-    );
+    assert!(none_joining(&a).await);
     wait("a to rebuild e1:d4", 20, async || {
         members(&a).await.iter().all(|(_, s)| s == "active")
     })
@@ -138,12 +132,7 @@ async fn a_replaced_member_is_recorded_and_assembled_by_the_next_owner() {
     // Cut short after its second step: e1:d5 is listed as joining and the
     // owner's node put it in (its superblock claims position 1), but the
     // spec does not place it yet.
-    let s = a.session();
-    let epoch = s.owner("v").await.unwrap().unwrap().epoch;
-    let before = s.spec("v").await.unwrap().unwrap();
-    let mut cut = before.clone();
-    cut.joining.push(a.node.cluster().resolve("e1:d5").unwrap());
-    s.update_spec(&before, &cut, epoch).await.unwrap();
+    record_joining(&a, "e1:d5").await;
     a.node.replace_drive("e1:d4", "e1:d5").await.unwrap();
     io(&na, Some(0xD4)).await.unwrap();
     // A drive only listed as joining is not replaced itself: that would
@@ -163,13 +152,5 @@ async fn a_replaced_member_is_recorded_and_assembled_by_the_next_owner() {
     // Asked again, only the record is left to do.
     b.replace_drive("e1:d4", "e1:d5").await.unwrap().unwrap();
     assert_eq!(spec_drives(&b).await, ["e1:d0", "e1:d5", "e1:d2"]);
-    assert!(
-        b.session()
-            .spec("v")
-            .await
-            .unwrap()
-            .unwrap()
-            .joining
-            .is_empty()
-    );
+    assert!(none_joining(&b).await);
 }
