@@ -6,10 +6,21 @@
 //! It sits apart from the reservation commands (`resv_cmd`) because every
 //! `Namespace` holds one: `subsystem` imports it without importing the
 //! command layer, which imports `subsystem` and `controller`.
+//!
+//! A command that may store the record runs on the namespace's store worker
+//! ([`NsReservations::apply_queued`]), not on the reactor that received it:
+//! a store writes every member of a volume, some across the network, and a
+//! member that stopped answering would otherwise stall every connection of
+//! that reactor for the member's timeout. The worker also keeps such
+//! commands in order. The I/O path reads the committed state all along: a
+//! command takes effect when its record is stored, and completes after.
 
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use blockdev::{BlockDevice, RecordKind};
+use blockdev::{BlockDevice, BlockError, RecordKind};
 use nvme_wire::status::{self, Status};
 use parking_lot::Mutex;
 
@@ -18,6 +29,11 @@ use crate::resv_record::{self, MAX_PREEMPTED};
 
 /// One namespace's reservations, shared by every snapshot of it.
 pub struct NsReservations {
+    /// Held by whoever changes the state, from reading it to committing
+    /// the new one (and across the store in between); never by the I/O path.
+    order: Mutex<()>,
+    /// Commands waiting for the store worker, and whether it runs.
+    worker: Mutex<Worker>,
     pub(crate) state: Mutex<ReservationState>,
     /// Mirrors `state.is_reserved()` for the I/O path's lock-free check.
     reserved: AtomicBool,
@@ -46,6 +62,8 @@ impl NsReservations {
         shared: bool,
     ) -> Self {
         NsReservations {
+            order: Mutex::new(()),
+            worker: Mutex::new(Worker::default()),
             reserved: AtomicBool::new(state.is_reserved()),
             state: Mutex::new(state),
             persistent,
@@ -108,6 +126,7 @@ impl NsReservations {
             Ok((s, p)) => (s, p, Ok(())),
             Err(e) => (ReservationState::new(), Vec::new(), Err(e)),
         };
+        let _order = self.order.lock();
         let mut cur = self.state.lock();
         let mut p = self.preempted.lock();
         self.reserved.store(state.is_reserved(), Ordering::SeqCst);
@@ -173,21 +192,22 @@ impl NsReservations {
     /// leaves it); commits both only when the command succeeded and, when
     /// the device keeps them (PTPL on before or after, or a shared device),
     /// once the device holds the new record. A refused command changes
-    /// nothing.
+    /// nothing. Blocks the calling thread for the store: on a reactor, use
+    /// [`Self::apply_queued`] where a store may happen.
     pub(crate) fn apply(
         &self,
         dev: &dyn BlockDevice,
         op: impl FnOnce(&mut ReservationState) -> Result<Outcome, Status>,
     ) -> Result<Outcome, Status> {
-        let mut cur = self.state.lock();
+        let _order = self.order.lock();
+        let (cur, cur_p) = (self.state.lock().clone(), self.preempted.lock().clone());
         let mut next = cur.clone();
         let out = op(&mut next)?;
-        let mut p = self.preempted.lock();
-        let next_p = next_preempted(&p, &out, &next);
+        let next_p = next_preempted(&cur_p, &out, &next);
         let store = if self.shared {
-            next != *cur || next_p != *p
+            next != cur || next_p != cur_p
         } else {
-            (next.ptpl() || cur.ptpl()) && next != *cur
+            (next.ptpl() || cur.ptpl()) && next != cur
         };
         if store {
             if !self.persistent {
@@ -203,15 +223,83 @@ impl NsReservations {
                     "{}: cannot store the reservation record ({e}); command refused",
                     dev.describe()
                 );
-                return Err(Status::generic(status::SC_INTERNAL));
+                return Err(match e {
+                    // A deposed owner: the host retries on another path.
+                    BlockError::Fenced(_) => Status::path(status::SC_ANA_INACCESSIBLE),
+                    _ => Status::generic(status::SC_INTERNAL),
+                });
             }
         }
+        let mut st = self.state.lock();
+        let mut p = self.preempted.lock();
         self.reserved.store(next.is_reserved(), Ordering::SeqCst);
-        *cur = next;
+        *st = next;
         self.any_preempted
             .store(!next_p.is_empty(), Ordering::SeqCst);
         *p = next_p;
         Ok(out)
+    }
+
+    /// Whether a command may store the record, and so belongs on the store
+    /// worker ([`Self::apply_queued`]) rather than on the reactor.
+    pub(crate) fn may_store(&self) -> bool {
+        self.persistent
+    }
+
+    /// [`Self::apply`] on the namespace's store worker, a thread that runs
+    /// while commands wait for it (one per namespace at most), in the order
+    /// they came. The future resolves once the state is committed, or with
+    /// the command's refusal.
+    pub(crate) fn apply_queued(
+        self: &Arc<Self>,
+        dev: Arc<dyn BlockDevice>,
+        op: impl FnOnce(&mut ReservationState) -> Result<Outcome, Status> + Send + 'static,
+    ) -> impl Future<Output = Result<Outcome, Status>> + Send + 'static {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let me = self.clone();
+        let job: Job = Box::new(move || {
+            let _ = tx.send(me.apply(&*dev, op));
+        });
+        let spawn = {
+            let mut w = self.worker.lock();
+            w.jobs.push_back(job);
+            !std::mem::replace(&mut w.running, true)
+        };
+        if spawn {
+            let me = self.clone();
+            let started = std::thread::Builder::new()
+                .name("resv-store".into())
+                .spawn(move || me.run_worker());
+            if let Err(e) = started {
+                // No thread to be had: run the queue here, as before the worker.
+                tracing::warn!("no thread for a reservation store ({e}); storing in place");
+                self.run_worker();
+            }
+        }
+        async move {
+            // A dropped sender: the job panicked (or never ran), before any commit.
+            rx.await
+                .unwrap_or_else(|_| Err(Status::generic(status::SC_INTERNAL)))
+        }
+    }
+
+    /// Runs queued commands until none is left.
+    fn run_worker(&self) {
+        loop {
+            let job = {
+                let mut w = self.worker.lock();
+                match w.jobs.pop_front() {
+                    Some(j) => j,
+                    None => {
+                        w.running = false;
+                        return;
+                    }
+                }
+            };
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+                tracing::error!("a reservation command panicked on the store worker; refused");
+            }
+        }
     }
 
     /// Set Features Reservation Persistence (83h).
@@ -225,6 +313,15 @@ impl NsReservations {
         })
         .map(|_| ())
     }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The store worker's queue.
+#[derive(Default)]
+struct Worker {
+    jobs: VecDeque<Job>,
+    running: bool,
 }
 
 /// The preempted set after a command with outcome `out` left `next`: the

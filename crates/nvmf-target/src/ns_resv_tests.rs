@@ -13,13 +13,21 @@ use super::NsReservations;
 use crate::reservation::{HostRef, ReservationState};
 
 /// A RAM device that keeps one record, as a volume keeps it on its members;
-/// `fail` makes every store fail (a fenced or lost volume).
+/// `fail` makes every store fail (a fenced or lost volume); while `held`
+/// (see [`RecordDev::hold`]) a store waits, at most [`HOLD_MAX`], as one over
+/// a member that stopped answering.
 pub(crate) struct RecordDev {
     mem: MemDevice,
     pub(crate) record: Mutex<Option<Vec<u8>>>,
     pub(crate) fail: AtomicBool,
     pub(crate) stores: AtomicUsize,
+    held: std::sync::Mutex<bool>,
+    let_go: std::sync::Condvar,
 }
+
+/// The longest a held store waits: a test against code that stores on the
+/// calling thread fails on its assertions instead of hanging.
+pub(crate) const HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl RecordDev {
     pub(crate) fn new() -> Arc<Self> {
@@ -28,7 +36,15 @@ impl RecordDev {
             record: Mutex::new(None),
             fail: AtomicBool::new(false),
             stores: AtomicUsize::new(0),
+            held: std::sync::Mutex::new(false),
+            let_go: std::sync::Condvar::new(),
         })
+    }
+
+    /// Makes stores wait (`true`) until called with `false`.
+    pub(crate) fn hold(&self, on: bool) {
+        *self.held.lock().unwrap() = on;
+        self.let_go.notify_all();
     }
 }
 
@@ -42,6 +58,12 @@ impl BlockDevice for RecordDev {
         Ok(self.record.lock().clone())
     }
     fn store_record(&self, _kind: RecordKind, data: &[u8]) -> Result<(), BlockError> {
+        let held = self.held.lock().unwrap();
+        drop(
+            self.let_go
+                .wait_timeout_while(held, HOLD_MAX, |h| *h)
+                .unwrap(),
+        );
         if self.fail.load(Ordering::SeqCst) {
             return Err(BlockError::Fenced("test: the volume is fenced".into()));
         }
@@ -113,17 +135,21 @@ fn a_failed_store_refuses_the_command_and_changes_nothing() {
     setup(&r, &dev);
     let before = (r.snapshot(), r.preempted_hosts(), dev.record.lock().clone());
     dev.fail.store(true, Ordering::SeqCst);
-    assert_eq!(register(&r, &dev, 4, 44), Err(status::SC_INTERNAL));
+    // Fenced: a path error, so that the host retries on another path.
+    assert_eq!(register(&r, &dev, 4, 44), Err(status::SC_ANA_INACCESSIBLE));
     // a preempt (which would also move host 1 into the preempted set)
     let e = r
         .apply(&*dev, |s| s.acquire(&host(2), 2, false, 1, 22, 11))
         .unwrap_err();
-    assert_eq!(e.sc, status::SC_INTERNAL);
+    assert_eq!(
+        (e.sct, e.sc),
+        (status::SCT_PATH, status::SC_ANA_INACCESSIBLE)
+    );
     assert_eq!(
         r.apply(&*dev, |s| s.release(&host(1), 0, false, 1, 11))
             .unwrap_err()
             .sc,
-        status::SC_INTERNAL
+        status::SC_ANA_INACCESSIBLE
     );
     assert_eq!(
         (r.snapshot(), r.preempted_hosts(), dev.record.lock().clone()),

@@ -14,10 +14,11 @@
 //! it: no write of a preempted host reaches the device once the command has
 //! completed.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use blockdev::BlockDevice;
 use nvme_wire::reservation::{
     ACQUIRE_DATA_LEN, AcquireCdw10, AcquireData, FID_RESV_NOTIFICATION_MASK, FID_RESV_PERSISTENCE,
     MASK_REGISTRATION_PREEMPTED, MASK_RESERVATION_PREEMPTED, MASK_RESERVATION_RELEASED,
@@ -30,7 +31,7 @@ use nvme_wire::status::{self, Status};
 
 use crate::Target;
 use crate::controller::{Controller, QueueStats};
-use crate::reservation::{HostId, HostRef};
+use crate::reservation::{HostId, HostRef, Outcome, ReservationState};
 use crate::subsystem::Namespace;
 
 pub use crate::ns_resv::NsReservations;
@@ -80,18 +81,29 @@ pub struct ResvDone {
     pub drain: Option<Drain>,
 }
 
-/// Runs `cmd` for controller `ctrl` on namespace `nsid` of its subsystem.
+/// A command's change to a namespace's reservation state.
+type StateOp = Box<dyn FnOnce(&mut ReservationState) -> Result<Outcome, Status> + Send>;
+
+/// How a reservation command ran.
+pub enum Ran {
+    Done(ResvDone),
+    /// Its record is being stored on the namespace's store worker; the
+    /// command completes when this resolves.
+    Storing(Pin<Box<dyn Future<Output = Result<ResvDone, Status>> + Send>>),
+}
+
+/// Runs `cmd` for controller `ctrl` on namespace `ns` of its subsystem.
 /// `data` is the host's data (Register/Acquire/Release) or the buffer the
-/// report is written into.
+/// report is written into. A command that may store the record is handed
+/// to the store worker ([`Ran::Storing`]), so the reactor never waits for
+/// a device's record write.
 pub fn execute(
-    target: &Target,
-    ctrl: &Controller,
-    nsid: u32,
-    resv: &NsReservations,
-    dev: &dyn BlockDevice,
+    target: &Arc<Target>,
+    ctrl: &Arc<Controller>,
+    ns: &Namespace,
     cmd: ResvCmd,
     data: &mut [u8],
-) -> Result<ResvDone, Status> {
+) -> Result<Ran, Status> {
     if ctrl.hostid == [0; 16] {
         // Registrants are named by Host Identifier; a zero one names no host.
         return Err(Status::generic(status::SC_HOST_ID_INCONSISTENT));
@@ -101,29 +113,40 @@ pub fn execute(
         cntlid: ctrl.cntlid,
     };
     let bad_data = || Status::generic(status::SC_SGL_INVALID_DATA_LEN);
-    let out = match cmd {
+    let op: StateOp = match cmd {
         ResvCmd::Report(r) => {
             let ctrls_of = |h: &HostId| target.controller_ids_of(h, ctrl.subnqn());
-            resv.state.lock().report(r.eds, ctrls_of, data)?;
-            return Ok(ResvDone { drain: None });
+            ns.resv.state.lock().report(r.eds, ctrls_of, data)?;
+            return Ok(Ran::Done(ResvDone { drain: None }));
         }
         ResvCmd::Register(c) => {
             let d = RegisterData::decode(data).map_err(|_| bad_data())?;
-            resv.apply(dev, |s| {
-                s.register(&me, c.rrega, c.iekey, d.crkey, d.nrkey, c.cptpl)
-            })?
+            Box::new(move |s| s.register(&me, c.rrega, c.iekey, d.crkey, d.nrkey, c.cptpl))
         }
         ResvCmd::Acquire(c) => {
             let d = AcquireData::decode(data).map_err(|_| bad_data())?;
-            resv.apply(dev, |s| {
-                s.acquire(&me, c.racqa, c.iekey, c.rtype, d.crkey, d.prkey)
-            })?
+            Box::new(move |s| s.acquire(&me, c.racqa, c.iekey, c.rtype, d.crkey, d.prkey))
         }
         ResvCmd::Release(c) => {
             let d = ReleaseData::decode(data).map_err(|_| bad_data())?;
-            resv.apply(dev, |s| s.release(&me, c.rrela, c.iekey, c.rtype, d.crkey))?
+            Box::new(move |s| s.release(&me, c.rrela, c.iekey, c.rtype, d.crkey))
         }
     };
+    let nsid = ns.nsid;
+    if !ns.resv.may_store() {
+        let out = ns.resv.apply(&*ns.dev, op)?;
+        return Ok(Ran::Done(after(target, ctrl, nsid, out)));
+    }
+    let stored = ns.resv.apply_queued(ns.dev.clone(), op);
+    let (target, ctrl) = (target.clone(), ctrl.clone());
+    Ok(Ran::Storing(Box::pin(async move {
+        Ok(after(&target, &ctrl, nsid, stored.await?))
+    })))
+}
+
+/// What a command's committed outcome asks for: the notified hosts' log
+/// entries and AENs, and the preempted hosts' writes to wait for.
+fn after(target: &Target, ctrl: &Controller, nsid: u32, out: Outcome) -> ResvDone {
     for (host, kind) in &out.notify {
         for c in target.controllers_of(host, ctrl.subnqn()) {
             c.note_reservation(nsid, kind.log_type(), kind.mask_bit());
@@ -135,7 +158,7 @@ pub fn execute(
             ctrl.cntlid,
             out.abort.len()
         );
-        // Read after the new state was stored (SeqCst): every write that
+        // Read after the new state was committed (SeqCst): every write that
         // could have passed the old check is counted in these.
         let queues = out
             .abort
@@ -148,7 +171,7 @@ pub fn execute(
             .collect();
         Drain { queues }
     });
-    Ok(ResvDone { drain })
+    ResvDone { drain }
 }
 
 /// The preempted hosts' writes that had started when the reservation

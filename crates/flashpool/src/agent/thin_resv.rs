@@ -62,8 +62,9 @@ impl ThinResvDevice {
     }
 
     /// Runs `f`'s etcd call on the agent's runtime and waits for it, at most
-    /// [`STORE_TIMEOUT`]. The caller's thread (a target reactor) blocks:
-    /// reservation commands are rare, as for a volume's record writes. A
+    /// [`STORE_TIMEOUT`]. The caller's thread blocks: the namespace's
+    /// reservation store thread (never a reactor), or the admin queue's
+    /// Set Features (Reservation Persistence), which is rare. A
     /// caller on the agent's own runtime is refused: the management runtime
     /// has one worker, which would wait for itself.
     fn etcd<T: Send + 'static>(

@@ -4,11 +4,13 @@
 //!
 //! A second `impl QueueCore` block beside the command core in `mod.rs`.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Instant;
 
 use blockdev::{AlignedBuf, BlockOp, IoDone, IoFuture, IoRequest};
 use nvme_wire::status::{self, Status};
+use parking_lot::Mutex;
 
 use super::sgl::Sgl;
 use super::{AfterData, QueueCore, SlotState, Transport};
@@ -294,15 +296,7 @@ impl QueueCore {
             // Past the structure the host reads zeroes, not a pooled buffer's past.
             buf.fill(0);
         }
-        let res = resv_cmd::execute(
-            &self.target,
-            &b.ctrl,
-            nsid,
-            &ns.resv,
-            &*ns.dev,
-            cmd,
-            &mut buf,
-        );
+        let res = resv_cmd::execute(&self.target, &b.ctrl, ns, cmd, &mut buf);
         let cid = self.slots[usize::from(i)].sqe.cid;
         match res {
             Err(st) => {
@@ -314,7 +308,27 @@ impl QueueCore {
                 t.send_data(cid, buf, len, false);
                 self.complete(i, Status::SUCCESS, 0, 0, t)
             }
-            Ok(resv_cmd::ResvDone { drain: Some(drain) }) if !drain.is_done() => {
+            Ok(resv_cmd::Ran::Storing(stored)) => {
+                // Its status comes back through `resv_status` (an I/O's
+                // result has no room for a reservation's statuses).
+                let cell = Arc::new(Mutex::new(None));
+                self.resv_status.push((i, cell.clone()));
+                let fut = async move {
+                    match stored.await {
+                        Ok(resv_cmd::ResvDone { drain: Some(d) }) => d.wait().await,
+                        Ok(_) => {}
+                        Err(st) => *cell.lock() = Some(st),
+                    }
+                    IoDone {
+                        buf,
+                        result: Ok(()),
+                    }
+                };
+                t.wait_io(i, IoFuture::Pending(Box::pin(fut)));
+            }
+            Ok(resv_cmd::Ran::Done(resv_cmd::ResvDone { drain: Some(drain) }))
+                if !drain.is_done() =>
+            {
                 let fut = async move {
                     drain.wait().await;
                     IoDone {

@@ -33,6 +33,7 @@ use nvme_wire::cqe::Cqe;
 use nvme_wire::sqe::{FUSE_MASK, Sqe, io_opc};
 use nvme_wire::status::{self, Status};
 use nvme_wire::tls_psk::PskIdentity;
+use parking_lot::Mutex;
 
 use crate::Target;
 use crate::auth::AuthSession;
@@ -155,6 +156,9 @@ pub struct QueueCore {
     qos: QosCaches,
     /// Set when the queue closes: commands QoS holds end unrun.
     held: Option<tokio::sync::watch::Sender<bool>>,
+    /// Reservation commands on the store worker, by slot: the status each
+    /// ends with, once it is known (none: success).
+    resv_status: Vec<(u16, Arc<Mutex<Option<Status>>>)>,
 }
 
 impl QueueCore {
@@ -180,6 +184,7 @@ impl QueueCore {
             now: None,
             qos: QosCaches::default(),
             held: None,
+            resv_status: Vec::new(),
             target,
             peer,
             local_ip,
@@ -441,6 +446,15 @@ impl QueueCore {
 
     /// A device I/O handed out with `wait_io` finished.
     pub fn on_io_done<T: Transport>(&mut self, tag: u16, done: IoDone, t: &mut T) {
+        if !self.resv_status.is_empty()
+            && let Some(k) = self.resv_status.iter().position(|(s, _)| *s == tag)
+            && self.bound.is_some()
+        {
+            let (_, cell) = self.resv_status.swap_remove(k);
+            let st = cell.lock().take().unwrap_or(Status::SUCCESS);
+            self.pool.put(done.buf);
+            return self.complete(tag, st, 0, 0, t);
+        }
         let Some(b) = self.bound.as_ref() else {
             self.pool.put(done.buf);
             return self.free_slot(tag);
@@ -553,6 +567,9 @@ impl QueueCore {
     }
 
     fn free_slot(&mut self, i: u16) {
+        if !self.resv_status.is_empty() {
+            self.resv_status.retain(|(s, _)| *s != i);
+        }
         let s = &mut self.slots[usize::from(i)];
         if s.counted_write {
             s.counted_write = false;

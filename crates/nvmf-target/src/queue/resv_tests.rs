@@ -486,3 +486,82 @@ fn io_on_an_inaccessible_group_gets_the_ana_status() {
     assert_eq!(a.write(), OK);
     assert_eq!(a.read(), OK);
 }
+
+/// A target whose namespace keeps its reservation record on `dev`.
+fn target_on_records(dev: Arc<crate::ns_resv::tests::RecordDev>) -> Arc<crate::Target> {
+    use crate::subsystem::{Namespace, Subsystem};
+    target_with(Subsystem::new(
+        NQN.into(),
+        "CORE0003".into(),
+        "flashpool core test".into(),
+        true,
+        Vec::new(),
+        vec![Namespace::new(1, dev, [1; 16], [2; 16])],
+    ))
+}
+
+/// Sends a Register with CPTPL = persist (a record store) without waiting.
+fn register_persist(h: &mut Host, cid: u16, nrkey: u64) {
+    let (s, d) = resv(
+        io_opc::RESV_REGISTER,
+        cid,
+        3 << 30,
+        &RegisterData { crkey: 0, nrkey }.encode(),
+    );
+    h.io.on_command(&s, &d, true, &mut h.rec);
+}
+
+/// A record store that takes long (a volume member that stopped answering)
+/// holds only the commands that store: the queue goes on serving the others
+/// on the state before it, and commands that store wait in order behind it.
+#[test]
+fn a_slow_record_store_holds_only_the_commands_that_store() {
+    let dev = crate::ns_resv::tests::RecordDev::new();
+    let t = target_on_records(dev.clone());
+    let mut a = host(&t, A);
+    let mut b = host(&t, B);
+    dev.hold(true);
+    register_persist(&mut a, 1, 0xA1);
+    assert!(
+        a.rec.take_resps().is_empty(),
+        "the register completes only once its record is stored"
+    );
+    assert_eq!(b.write(), OK, "other commands are served meanwhile");
+    assert_eq!(b.read(), OK);
+    assert_eq!(b.report(), (0, 0, 0), "on the state before the register");
+    register_persist(&mut b, 7, 0xB2);
+    assert!(
+        b.rec.take_resps().is_empty(),
+        "queued behind the first store"
+    );
+    dev.hold(false);
+    drain(&mut a.io, &mut a.rec);
+    drain(&mut b.io, &mut b.rec);
+    assert!(a.rec.one().status.is_success());
+    assert!(b.rec.one().status.is_success());
+    assert_eq!(b.report(), (2, 0, 2));
+    assert_eq!(dev.stores.load(Ordering::SeqCst), 2);
+}
+
+/// A store that fails refuses its command and changes nothing; a fenced
+/// device's refusal is a path error, so the host retries on another path.
+#[test]
+fn a_failed_store_on_the_worker_refuses_the_command() {
+    let dev = crate::ns_resv::tests::RecordDev::new();
+    let t = target_on_records(dev.clone());
+    let mut a = host(&t, A);
+    dev.fail.store(true, Ordering::SeqCst);
+    register_persist(&mut a, 1, 0xA1);
+    drain(&mut a.io, &mut a.rec);
+    let c = a.rec.one();
+    assert_eq!(
+        (c.status.sct, c.status.sc),
+        (status::SCT_PATH, status::SC_ANA_INACCESSIBLE)
+    );
+    assert_eq!(a.report(), (0, 0, 0));
+    dev.fail.store(false, Ordering::SeqCst);
+    register_persist(&mut a, 1, 0xA1);
+    drain(&mut a.io, &mut a.rec);
+    assert!(a.rec.one().status.is_success());
+    assert_eq!(a.report(), (1, 0, 1));
+}
