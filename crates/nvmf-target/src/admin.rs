@@ -48,7 +48,7 @@ const TMPSEL_ALL: u32 = 0xF;
 const THSEL_OVER: u32 = 0b00;
 const THSEL_UNDER: u32 = 0b01;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum AdminOutcome {
     /// Completed: status, dword 0, and whether `out` holds data for the host.
     Complete {
@@ -58,7 +58,30 @@ pub enum AdminOutcome {
     },
     /// An Async Event Request to hold until an event occurs.
     HoldAer,
+    /// Completes with this future's status (a reservation record stored
+    /// off the reactor); no data.
+    Storing(Storing),
 }
+
+/// A command's record store under way (see [`AdminOutcome::Storing`]).
+pub struct Storing(
+    pub std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Status>> + Send>>,
+);
+
+impl std::fmt::Debug for Storing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Storing(..)")
+    }
+}
+
+/// The same store only (for tests' comparisons of outcomes).
+impl PartialEq for Storing {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(&*self.0, &*other.0)
+    }
+}
+
+impl Eq for Storing {}
 
 fn done(status: Status) -> AdminOutcome {
     AdminOutcome::Complete {
@@ -448,7 +471,11 @@ fn set_features(cx: &AdminCtx<'_>, sqe: &Sqe) -> AdminOutcome {
     let t = &cx.target.transport;
     let v = sqe.cdw11;
     if io && let Some(r) = crate::resv_cmd::set_feature(ctrl, fid, sqe.nsid, v) {
-        return done(r.err().unwrap_or(Status::SUCCESS));
+        return match r {
+            Ok(crate::resv_cmd::FeatureSet::Done) => done(Status::SUCCESS),
+            Ok(crate::resv_cmd::FeatureSet::Storing(f)) => AdminOutcome::Storing(Storing(f)),
+            Err(st) => done(st),
+        };
     }
     let mut st = ctrl.state.lock();
     match fid {

@@ -62,6 +62,7 @@ fn run(t: &Target, c: &Controller, sqe: &Sqe, out: &mut [u8]) -> (Status, u32) {
     match execute(&cx, sqe, out) {
         AdminOutcome::Complete { status, dw0, .. } => (status, dw0),
         AdminOutcome::HoldAer => panic!("held"),
+        AdminOutcome::Storing(_) => panic!("storing"),
     }
 }
 

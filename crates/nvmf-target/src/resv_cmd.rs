@@ -4,7 +4,10 @@
 //! outcome asks for: log page 80h entries and AENs on the notified hosts'
 //! controllers, the record persisted in the device's own metadata when PTPL
 //! is on (always, for a device several nodes serve), and Preempt and Abort
-//! draining the preempted hosts' writes before the command completes.
+//! draining the preempted hosts' writes before the command completes. On a
+//! device that keeps records, a command that changes the state runs on the
+//! namespace's store worker (`NsReservations::apply_queued`), so that the
+//! reactor never waits for the record's write.
 //!
 //! The I/O path's check costs one atomic load while nothing is reserved. A
 //! write first counts itself in flight on its queue, then checks (both
@@ -245,22 +248,60 @@ fn feature_namespaces(
 const MASK_BITS: u32 =
     MASK_REGISTRATION_PREEMPTED | MASK_RESERVATION_RELEASED | MASK_RESERVATION_PREEMPTED;
 
+/// How a Set Features of a reservation feature ran.
+pub enum FeatureSet {
+    Done,
+    /// Reservation Persistence on a namespace that stores its record: on
+    /// the store worker, as the reservation commands (see [`execute`]).
+    Storing(Pin<Box<dyn Future<Output = Result<(), Status>> + Send>>),
+}
+
 /// Set Features 81h (Reservation Notification Mask) and 83h (Reservation
 /// Persistence). None: not one of these.
-pub fn set_feature(ctrl: &Controller, fid: u8, nsid: u32, v: u32) -> Option<Result<(), Status>> {
+pub fn set_feature(
+    ctrl: &Controller,
+    fid: u8,
+    nsid: u32,
+    v: u32,
+) -> Option<Result<FeatureSet, Status>> {
     Some(match fid {
         FID_RESV_NOTIFICATION_MASK => feature_namespaces(ctrl, nsid, true).map(|list| {
             let mut st = ctrl.state.lock();
             for ns in list {
                 st.resv_masks.insert(ns.nsid, v & MASK_BITS);
             }
+            FeatureSet::Done
         }),
-        FID_RESV_PERSISTENCE => feature_namespaces(ctrl, nsid, true).and_then(|list| {
-            list.iter()
-                .try_for_each(|ns| ns.resv.set_ptpl(&*ns.dev, v & PERSISTENCE_PTPL != 0))
-        }),
+        FID_RESV_PERSISTENCE => {
+            feature_namespaces(ctrl, nsid, true).and_then(|list| set_ptpl(list, v))
+        }
         _ => return None,
     })
+}
+
+/// Reservation Persistence on each namespace of `list`, in order. Refused
+/// as a whole (nothing changed) when one cannot persist and PTPL is asked.
+fn set_ptpl(list: Vec<Namespace>, v: u32) -> Result<FeatureSet, Status> {
+    let on = v & PERSISTENCE_PTPL != 0;
+    if on && list.iter().any(|ns| !ns.resv.persistent()) {
+        return Err(Status::generic(status::SC_INVALID_FIELD));
+    }
+    if !list.iter().any(|ns| ns.resv.may_store()) {
+        for ns in &list {
+            ns.resv.set_ptpl(&*ns.dev, on)?;
+        }
+        return Ok(FeatureSet::Done);
+    }
+    Ok(FeatureSet::Storing(Box::pin(async move {
+        for ns in list {
+            let op = move |s: &mut ReservationState| {
+                s.set_ptpl(on);
+                Ok(Outcome::default())
+            };
+            ns.resv.apply_queued(ns.dev.clone(), op).await?;
+        }
+        Ok(())
+    })))
 }
 
 /// Get Features 81h and 83h: (current, changeable) for one namespace.

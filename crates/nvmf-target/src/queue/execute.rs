@@ -85,7 +85,39 @@ impl QueueCore {
                 self.aers.push_back(i);
                 self.on_events(t);
             }
+            AdminOutcome::Storing(admin::Storing(f)) => {
+                let buf = buf.unwrap_or_else(|| self.pool.get(0));
+                self.wait_store(i, async move { f.await.map(|()| None) }, buf, t);
+            }
         }
+    }
+
+    /// Completes command `i` once `stored` resolves: with its status, after
+    /// the drain it returns, if any. The status comes back through
+    /// `resv_status` (an I/O's result has no room for these statuses).
+    fn wait_store<T: Transport>(
+        &mut self,
+        i: u16,
+        stored: impl std::future::Future<Output = Result<Option<resv_cmd::Drain>, Status>>
+        + Send
+        + 'static,
+        buf: AlignedBuf,
+        t: &mut T,
+    ) {
+        let cell = Arc::new(Mutex::new(None));
+        self.resv_status.push((i, cell.clone()));
+        let fut = async move {
+            match stored.await {
+                Ok(Some(d)) => d.wait().await,
+                Ok(None) => {}
+                Err(st) => *cell.lock() = Some(st),
+            }
+            IoDone {
+                buf,
+                result: Ok(()),
+            }
+        };
+        t.wait_io(i, IoFuture::Pending(Box::pin(fut)));
     }
 
     // ---- I/O
@@ -309,22 +341,7 @@ impl QueueCore {
                 self.complete(i, Status::SUCCESS, 0, 0, t)
             }
             Ok(resv_cmd::Ran::Storing(stored)) => {
-                // Its status comes back through `resv_status` (an I/O's
-                // result has no room for a reservation's statuses).
-                let cell = Arc::new(Mutex::new(None));
-                self.resv_status.push((i, cell.clone()));
-                let fut = async move {
-                    match stored.await {
-                        Ok(resv_cmd::ResvDone { drain: Some(d) }) => d.wait().await,
-                        Ok(_) => {}
-                        Err(st) => *cell.lock() = Some(st),
-                    }
-                    IoDone {
-                        buf,
-                        result: Ok(()),
-                    }
-                };
-                t.wait_io(i, IoFuture::Pending(Box::pin(fut)));
+                self.wait_store(i, async move { stored.await.map(|d| d.drain) }, buf, t);
             }
             Ok(resv_cmd::Ran::Done(resv_cmd::ResvDone { drain: Some(drain) }))
                 if !drain.is_done() =>

@@ -565,3 +565,55 @@ fn a_failed_store_on_the_worker_refuses_the_command() {
     assert!(a.rec.one().status.is_success());
     assert_eq!(a.report(), (1, 0, 1));
 }
+
+/// Set Features Reservation Persistence stores the record the same way: the
+/// admin queue goes on answering while it is stored, and Get Features reads
+/// the new value once it completes.
+#[test]
+fn set_ptpl_stores_off_the_admin_queue() {
+    use nvme_wire::reservation::FID_RESV_PERSISTENCE;
+    let dev = crate::ns_resv::tests::RecordDev::new();
+    let t = target_on_records(dev.clone());
+    let mut a = host(&t, A);
+    assert_eq!(a.register(0, 0, 0xA1), OK, "no store: PTPL is off");
+    assert_eq!(dev.stores.load(Ordering::SeqCst), 0);
+    let feature = |opc, cid| {
+        let mut s = Sqe::new(opc, cid);
+        s.nsid = 1;
+        s.cdw10 = u32::from(FID_RESV_PERSISTENCE);
+        s.cdw11 = 1;
+        s
+    };
+    dev.hold(true);
+    a.admin.on_command(
+        &feature(admin_opc::SET_FEATURES, 20),
+        &[],
+        true,
+        &mut a.arec,
+    );
+    assert!(a.arec.take_resps().is_empty(), "waits for its store");
+    a.admin.on_command(
+        &feature(admin_opc::GET_FEATURES, 21),
+        &[],
+        true,
+        &mut a.arec,
+    );
+    let c = a.arec.one();
+    assert_eq!(
+        (c.cid, c.dw0),
+        (21, 0),
+        "answered meanwhile, PTPL still off"
+    );
+    dev.hold(false);
+    drain(&mut a.admin, &mut a.arec);
+    let c = a.arec.one();
+    assert!(c.cid == 20 && c.status.is_success(), "{c:?}");
+    assert_eq!(dev.stores.load(Ordering::SeqCst), 1);
+    a.admin.on_command(
+        &feature(admin_opc::GET_FEATURES, 22),
+        &[],
+        true,
+        &mut a.arec,
+    );
+    assert_eq!(a.arec.one().dw0, 1);
+}
