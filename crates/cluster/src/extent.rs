@@ -19,6 +19,32 @@ impl Session {
         spec: &VolumeSpec,
         epoch: u64,
     ) -> Result<(), ClusterError> {
+        self.update_spec_with(old, spec, epoch, Vec::new()).await
+    }
+
+    /// [`Self::update_spec`] of pool `spec`, which no longer lists extents
+    /// `dropped`: their member-state records go in the same transaction.
+    pub async fn drop_extents(
+        &self,
+        old: &VolumeSpec,
+        spec: &VolumeSpec,
+        epoch: u64,
+        dropped: &[String],
+    ) -> Result<(), ClusterError> {
+        let ops = dropped
+            .iter()
+            .map(|x| TxnOp::delete(self.keys().extent_state(&spec.name, x), None))
+            .collect();
+        self.update_spec_with(old, spec, epoch, ops).await
+    }
+
+    async fn update_spec_with(
+        &self,
+        old: &VolumeSpec,
+        spec: &VolumeSpec,
+        epoch: u64,
+        mut ops: Vec<TxnOp>,
+    ) -> Result<(), ClusterError> {
         let key = self.vkey(&spec.name, VolumeKey::Spec);
         // From the revision that reads as `old`: its bytes may be of an
         // older version's encoding (a field added since), which comparing
@@ -37,7 +63,10 @@ impl Session {
                 self.owned_at(&spec.name, epoch),
                 Compare::mod_revision(key.clone(), CompareOp::Equal, seen),
             ])
-            .and_then([TxnOp::put(key.clone(), encode(spec), None)]);
+            .and_then({
+                ops.push(TxnOp::put(key.clone(), encode(spec), None));
+                ops
+            });
         if self.txn(&format!("update {key}"), txn).await?.succeeded() {
             return Ok(());
         }

@@ -114,6 +114,7 @@ impl Agent {
                 nsid: spec.nsid,
                 ana_group: spec.ana_group,
                 drives: spec.drives,
+                joining: spec.joining,
                 name: spec.name,
                 note: st.map(|s| s.note).filter(|n| !n.is_empty()),
                 extents: spec
@@ -123,6 +124,7 @@ impl Agent {
                         name: x.name,
                         layout: x.layout,
                         drives: x.drives,
+                        joining: x.joining,
                     })
                     .collect(),
             });

@@ -13,15 +13,16 @@
 //!
 //! An expansion is recorded before the extent is made: a record cut short
 //! names an extent that no pool holds, which the next owner skips (the
-//! pool opens without it). The other order could leave a pool that holds
-//! clusters on a volume no record names, which no other node could open.
+//! pool opens without it) and then takes out of the spec, freeing its
+//! drives. The other order could leave a pool that holds clusters on a
+//! volume no record names, which no other node could open.
 
 use std::sync::Arc;
 
-use cluster::{ClusterError, ExtentSpec, Session, VolumeSpec};
+use cluster::{ExtentSpec, Session, VolumeSpec};
 
 use super::Agent;
-use super::pools::{etcd, owned_pool};
+use super::pools::{etcd, owned_pool, spec_error};
 use crate::api_types::ExpandPool;
 use crate::node::{AssembleVolume, Degraded, NodeError, NodeResult, Recorded, VolumeInfo};
 
@@ -88,15 +89,12 @@ impl Agent {
         // Recorded first (see the module's comment).
         s.update_spec(&spec, &grown, owner.epoch)
             .await
-            .map_err(|e| match e {
-                ClusterError::Deposed { .. } => NodeError::Conflict(format!(
-                    "pool {pool}: its spec changed in etcd meanwhile, or this node no longer \
-                     owns it; nothing was changed, retry"
-                )),
-                e => NodeError::Unavailable(format!(
-                    "pool {pool}: recording its new extent {name} in etcd: {e}; nothing was \
-                     changed"
-                )),
+            .map_err(|e| {
+                spec_error(
+                    e,
+                    &format!("pool {pool}"),
+                    &format!("recording its new extent {name}"),
+                )
             })?;
         let r = ExpandPool {
             name: Some(name.clone()),
@@ -161,19 +159,68 @@ impl Agent {
             .collect()
     }
 
-    /// Lets go of the extents assembled for pool `pool` (`up`) that its
-    /// open pool does not hold: made by an expansion cut short before the
-    /// pool took them. Their record stays; the next owner does the same.
-    pub(super) async fn drop_stray_extents(&self, pool: &str, up: &[String]) {
-        let held = self.node.pool_extents(pool).await;
-        for x in up.iter().filter(|x| !held.contains(x)) {
-            tracing::warn!(
-                "pool {pool}: volume {x}, recorded as its extent, holds none of its clusters \
-                 (an expansion cut short); not kept open"
-            );
-            self.node
-                .drop_fenced(x, "not an extent of its pool's open pool")
-                .await;
+    /// Lets go of the extents assembled for pool `spec` (`up`) that its
+    /// open pool does not list: made by an expansion cut short before the
+    /// pool took them. Returns the recorded extents that the pool does not
+    /// list, for [`Self::forget_stray_extents`]: those assembled here, and
+    /// the others too when every extent the pool lists runs here (else one
+    /// of them may be an extent that could not be assembled now).
+    pub(super) async fn drop_stray_extents(&self, spec: &VolumeSpec, up: &[String]) -> Vec<String> {
+        let pool = spec.name.as_str();
+        let Some((listed, missing)) = self.node.pool_listed_extents(pool).await else {
+            return Vec::new();
+        };
+        let mut strays = Vec::new();
+        for x in spec.extents.iter().filter(|x| !listed.contains(&x.name)) {
+            let assembled = up.contains(&x.name);
+            if assembled {
+                tracing::warn!(
+                    "pool {pool}: volume {}, recorded as its extent, is not one of the pool's                      (an expansion cut short); not kept open",
+                    x.name
+                );
+                self.node
+                    .drop_fenced(&x.name, "not an extent of its pool's open pool")
+                    .await;
+            }
+            if assembled || !missing {
+                strays.push(x.name.clone());
+            }
+        }
+        strays
+    }
+
+    /// Takes the records of pool `sv`'s extents `strays` out of its spec
+    /// (and their member-state records), once the pool is served here at
+    /// `epoch`: an expansion cut short left them, naming drives that no
+    /// volume uses, which would stay unusable for anything else. Left for
+    /// the next owner when etcd refuses.
+    pub(super) async fn forget_stray_extents(
+        &self,
+        s: &Session,
+        sv: &mut super::Served,
+        epoch: u64,
+        strays: &[String],
+    ) {
+        if strays.is_empty() {
+            return;
+        }
+        let pool = sv.spec.name.clone();
+        let mut kept = sv.spec.clone();
+        kept.extents.retain(|x| !strays.contains(&x.name));
+        match s.drop_extents(&sv.spec, &kept, epoch, strays).await {
+            Ok(()) => {
+                tracing::warn!(
+                    "pool {pool}: the records of extent(s) {} that the pool does not hold (an \
+                     expansion cut short) are removed; their drives are free again",
+                    strays.join(", ")
+                );
+                sv.spec.extents = kept.extents;
+            }
+            Err(e) => tracing::warn!(
+                "pool {pool}: extent record(s) {} name no extent of the pool (an expansion \
+                 cut short), and stay ({e}); the next owner tries again",
+                strays.join(", ")
+            ),
         }
     }
 

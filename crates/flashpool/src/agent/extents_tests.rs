@@ -274,3 +274,54 @@ async fn check_mibs_but_last(dev: &Arc<dyn BlockDevice>, n: u64) {
     let last = mib(dev, n - 1, None).await.unwrap();
     assert!(last.iter().all(|b| *b == n as u8));
 }
+
+/// An expansion cut short after its first step (recorded, then the owner
+/// died before it made the extent): the next owner opens the pool without
+/// it, then takes the record out, so that its drives are free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_of_an_expansion_cut_short_is_taken_out_by_the_next_owner() {
+    let Some(Pair {
+        etcd: _etcd,
+        enc: _enc,
+        a,
+        ta: _ta,
+        b,
+        tb,
+    }) = pair_with(6).await
+    else {
+        return;
+    };
+    let g = pool_with_t1(&a).await;
+    let s = a.session();
+    let spec = s.spec("p").await.unwrap().unwrap();
+    let owner = s.owner("p").await.unwrap().unwrap();
+    let mut cut = spec.clone();
+    let url = |d: &str| a.node.cluster().resolve(d).unwrap();
+    cut.extents.push(cluster::ExtentSpec {
+        name: "p-x1".into(),
+        drives: vec![url("e1:d3"), url("e1:d4")],
+        joining: Vec::new(),
+        layout: spec.layout.clone(),
+    });
+    s.update_spec(&spec, &cut, owner.epoch).await.unwrap();
+    // While recorded, its drives are taken.
+    let e = a
+        .expand("p", grow_on(&["e1:d4", "e1:d5"]))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("member of p-x1"), "{e}");
+
+    a.move_volume("p", "b").await.unwrap();
+    assert_eq!(tb.ana_state(g), AnaState::Optimized);
+    wait("b to take the record out", 10, async || {
+        recorded_extents(&b).await.is_empty()
+    })
+    .await;
+    // The drives are free: the pool grows on them.
+    b.expand("p", grow_on(&["e1:d3", "e1:d4"]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(recorded_extents(&b).await, ["p-x1"]);
+    assert_eq!(pool_of(&b).await.1, ["p-x1"]);
+}

@@ -353,6 +353,7 @@ impl Agent {
             only: Some(sv.spec.name.clone()),
         };
         // A pool's extents first: the pool opens with them.
+        let mut strays = Vec::new();
         let extents_up = match (&recorded, sv.spec.extents.is_empty()) {
             (Ok(_), false) => self.assemble_extents(s, &sv.spec, epoch).await,
             _ => Vec::new(),
@@ -375,7 +376,7 @@ impl Agent {
         let res = match res {
             Ok(info) if info.name == name => match self.node.pool_waiting(&name).await {
                 None => {
-                    self.drop_stray_extents(&name, &extents_up).await;
+                    strays = self.drop_stray_extents(&sv.spec, &extents_up).await;
                     Ok(info)
                 }
                 Some(why) => {
@@ -487,6 +488,7 @@ impl Agent {
             self.record_serving(&name, &serving).await;
             self.report_served(s, &name, report).await;
         }
+        self.forget_stray_extents(s, sv, epoch, &strays).await;
     }
 
     /// Tells that `name` is served here since `report.steps.serving`: as the

@@ -68,6 +68,18 @@ pub(super) fn etcd(e: ClusterError) -> NodeError {
     }
 }
 
+/// The error of a spec write (`update_spec`) of `what` (a volume or pool
+/// name), `doing` what: nothing was changed either way.
+pub(super) fn spec_error(e: ClusterError, what: &str, doing: &str) -> NodeError {
+    match e {
+        ClusterError::Deposed { .. } => NodeError::Conflict(format!(
+            "{what}: its spec changed in etcd meanwhile, or this node no longer owns it; \
+             nothing was changed, retry"
+        )),
+        e => NodeError::Unavailable(format!("{what}: {doing} in etcd: {e}; nothing was changed")),
+    }
+}
+
 impl Agent {
     /// The namespace of thin volume `t` of pool `pool`: standby (nothing
     /// behind its switch), in the pool's ANA group; write-protected for a

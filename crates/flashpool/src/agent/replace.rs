@@ -23,7 +23,7 @@ use std::sync::Arc;
 use cluster::{ClusterError, VolumeSpec};
 
 use super::Agent;
-use super::pools::etcd;
+use super::pools::{etcd, spec_error};
 use crate::node::{NodeError, NodeResult, VolumeInfo};
 
 /// Where a drive's URL sits in the cluster's specs.
@@ -197,7 +197,13 @@ impl Agent {
         if joined != place.spec {
             s.update_spec(&place.spec, &joined, owner.epoch)
                 .await
-                .map_err(|e| spec_error(e, &volume, with, "recording"))?;
+                .map_err(|e| {
+                    spec_error(
+                        e,
+                        &format!("cluster volume {volume}"),
+                        &format!("recording drive {with}"),
+                    )
+                })?;
         }
         // 2. Replaced by the node.
         let with_name = self.names_of(std::slice::from_ref(&with_url)).remove(0);
@@ -274,18 +280,5 @@ impl Agent {
             v.owner = Some(self.name().to_string());
         }
         Ok(Some(v))
-    }
-}
-
-/// The error of a spec write of a replace.
-fn spec_error(e: ClusterError, volume: &str, with: &str, doing: &str) -> NodeError {
-    match e {
-        ClusterError::Deposed { .. } => NodeError::Conflict(format!(
-            "cluster volume {volume}: its spec changed in etcd meanwhile, or this node no longer \
-             owns it; nothing was changed, retry"
-        )),
-        e => NodeError::Unavailable(format!(
-            "cluster volume {volume}: {doing} drive {with} in etcd: {e}; nothing was changed"
-        )),
     }
 }

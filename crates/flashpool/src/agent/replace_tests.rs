@@ -112,6 +112,10 @@ async fn a_replaced_member_is_recorded_and_assembled_by_the_next_owner() {
     // A replace cut short after its first step: the spec lists e1:d4 as
     // joining, and nothing was written to it.
     record_joining(&b, "e1:d4").await;
+    // The cluster's status shows it, on any node.
+    let st = a.status().await.unwrap();
+    let v = st.volumes.iter().find(|v| v.name == "v").unwrap();
+    assert_eq!(v.joining, [a.node.cluster().resolve("e1:d4").unwrap()]);
     // The next owner opens e1:d4 beside the members and leaves it out:
     // every position keeps its member.
     b.move_volume("v", "a").await.unwrap();

@@ -38,6 +38,10 @@ pub struct VolumeStatus {
     pub ana_group: u32,
     #[serde(default)]
     pub drives: Vec<String>,
+    /// Drives a `drive replace` under way is putting in a member's place
+    /// (owners assemble from them too; see docs/cluster.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<String>,
     /// What its owner last noted: who owns it, or why no node could run it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -53,6 +57,9 @@ pub struct ExtentStatus {
     pub layout: String,
     /// Member drive URLs.
     pub drives: Vec<String>,
+    /// Drives a replace under way is putting in a member's place.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -77,6 +77,9 @@ pub fn cluster(api: ApiArgs, cmd: ClusterCmd) -> Result<()> {
             x.nsid,
             x.ana_group
         );
+        for j in &x.joining {
+            outln!("{:<12} joining (a replace under way): {j}", "");
+        }
         for e in &x.extents {
             outln!(
                 "{:<12} extent {} ({}, {} drives)",
@@ -85,6 +88,9 @@ pub fn cluster(api: ApiArgs, cmd: ClusterCmd) -> Result<()> {
                 e.layout,
                 e.drives.len()
             );
+            for j in &e.joining {
+                outln!("{:<12}   joining (a replace under way): {j}", "");
+            }
         }
         // why nobody runs it, when a node said so
         if x.owner.is_none()

@@ -91,6 +91,35 @@ impl Node {
         super::volumes::extents_of(&*self.state.lock().await, name)
     }
 
+    /// Open thin pool `name`'s extents as its metadata lists them: the
+    /// names of those the node runs, and whether it lists one that the node
+    /// does not run. None when no such pool is open here.
+    pub async fn pool_listed_extents(&self, name: &str) -> Option<(Vec<String>, bool)> {
+        let st = self.state.lock().await;
+        let e = st.volumes.get(name)?;
+        if e.pool_waiting.is_some() {
+            return None;
+        }
+        let p = e.thin_pool()?;
+        let (pool, listed) = (p.uuid(), p.extents());
+        let running: Vec<(&str, &str)> = st
+            .volumes
+            .values()
+            .filter_map(|v| {
+                let x = v.extent.as_ref().filter(|x| x.pool == pool)?;
+                Some((v.name.as_str(), x.extent.as_str()))
+            })
+            .filter(|(_, u)| listed.iter().any(|i| i.uuid == *u))
+            .collect();
+        let missing = listed
+            .iter()
+            .any(|i| !running.iter().any(|(_, u)| *u == i.uuid));
+        Some((
+            running.iter().map(|(n, _)| n.to_string()).collect(),
+            missing,
+        ))
+    }
+
     /// Why thin pool `name` is not open here, when it waits for extents
     /// that are not assembled (`None`: open, or no such pool).
     pub async fn pool_waiting(&self, name: &str) -> Option<String> {
