@@ -116,7 +116,11 @@ impl NsReservations {
     /// when it keeps none. Called before this node serves `dev` (the ANA
     /// group still refuses commands). An unreadable record leaves the state
     /// empty and is the error.
+    ///
+    /// Waits for a command that is storing (its record is then the one
+    /// read): the state is never one that the device no longer holds.
     pub fn reload(&self, dev: &dyn BlockDevice) -> Result<(), String> {
+        let _order = self.order.lock();
         let read = match dev.load_record(RecordKind::Reservations) {
             Ok(Some(b)) => resv_record::decode(&b).map_err(|e| e.to_string()),
             Ok(None) => Ok((ReservationState::new(), Vec::new())),
@@ -126,7 +130,6 @@ impl NsReservations {
             Ok((s, p)) => (s, p, Ok(())),
             Err(e) => (ReservationState::new(), Vec::new(), Err(e)),
         };
-        let _order = self.order.lock();
         let mut cur = self.state.lock();
         let mut p = self.preempted.lock();
         self.reserved.store(state.is_reserved(), Ordering::SeqCst);
@@ -248,17 +251,24 @@ impl NsReservations {
 
     /// [`Self::apply`] on the namespace's store worker, a thread that runs
     /// while commands wait for it (one per namespace at most), in the order
-    /// they came. The future resolves once the state is committed, or with
-    /// the command's refusal.
+    /// they came; queued before this returns. `committed` runs on the worker
+    /// right after a commit (the notifications, in the commits' order). The
+    /// future resolves once the state is committed, or with the command's
+    /// refusal.
     pub(crate) fn apply_queued(
         self: &Arc<Self>,
         dev: Arc<dyn BlockDevice>,
         op: impl FnOnce(&mut ReservationState) -> Result<Outcome, Status> + Send + 'static,
+        committed: impl FnOnce(&Outcome) + Send + 'static,
     ) -> impl Future<Output = Result<Outcome, Status>> + Send + 'static {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let me = self.clone();
         let job: Job = Box::new(move || {
-            let _ = tx.send(me.apply(&*dev, op));
+            let r = me.apply(&*dev, op);
+            if let Ok(out) = &r {
+                committed(out);
+            }
+            let _ = tx.send(r);
         });
         let spawn = {
             let mut w = self.worker.lock();

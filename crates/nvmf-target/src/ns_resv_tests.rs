@@ -21,13 +21,17 @@ pub(crate) struct RecordDev {
     pub(crate) record: Mutex<Option<Vec<u8>>>,
     pub(crate) fail: AtomicBool,
     pub(crate) stores: AtomicUsize,
+    /// Stores begun (held ones included).
+    pub(crate) started: AtomicUsize,
+    /// Every record stored, in order.
+    pub(crate) history: Mutex<Vec<Vec<u8>>>,
     held: std::sync::Mutex<bool>,
     let_go: std::sync::Condvar,
 }
 
 /// The longest a held store waits: a test against code that stores on the
 /// calling thread fails on its assertions instead of hanging.
-pub(crate) const HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(3);
+pub(crate) const HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl RecordDev {
     pub(crate) fn new() -> Arc<Self> {
@@ -36,6 +40,8 @@ impl RecordDev {
             record: Mutex::new(None),
             fail: AtomicBool::new(false),
             stores: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
+            history: Mutex::new(Vec::new()),
             held: std::sync::Mutex::new(false),
             let_go: std::sync::Condvar::new(),
         })
@@ -45,6 +51,17 @@ impl RecordDev {
     pub(crate) fn hold(&self, on: bool) {
         *self.held.lock().unwrap() = on;
         self.let_go.notify_all();
+    }
+
+    /// Waits until `n` stores have begun (on another thread).
+    pub(crate) fn wait_started(&self, n: usize) {
+        for _ in 0..5000 {
+            if self.started.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("{n} store(s) never began");
     }
 }
 
@@ -58,6 +75,7 @@ impl BlockDevice for RecordDev {
         Ok(self.record.lock().clone())
     }
     fn store_record(&self, _kind: RecordKind, data: &[u8]) -> Result<(), BlockError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
         let held = self.held.lock().unwrap();
         drop(
             self.let_go
@@ -68,6 +86,7 @@ impl BlockDevice for RecordDev {
             return Err(BlockError::Fenced("test: the volume is fenced".into()));
         }
         self.stores.fetch_add(1, Ordering::SeqCst);
+        self.history.lock().push(data.to_vec());
         *self.record.lock() = Some(data.to_vec());
         Ok(())
     }

@@ -138,23 +138,30 @@ pub fn execute(
     let nsid = ns.nsid;
     if !ns.resv.may_store() {
         let out = ns.resv.apply(&*ns.dev, op)?;
-        return Ok(Ran::Done(after(target, ctrl, nsid, out)));
+        notify(target, ctrl, nsid, &out);
+        return Ok(Ran::Done(drain_after(target, ctrl, nsid, out)));
     }
-    let stored = ns.resv.apply_queued(ns.dev.clone(), op);
+    let (t, c) = (target.clone(), ctrl.clone());
+    let committed = move |out: &Outcome| notify(&t, &c, nsid, out);
+    let stored = ns.resv.apply_queued(ns.dev.clone(), op, committed);
     let (target, ctrl) = (target.clone(), ctrl.clone());
     Ok(Ran::Storing(Box::pin(async move {
-        Ok(after(&target, &ctrl, nsid, stored.await?))
+        Ok(drain_after(&target, &ctrl, nsid, stored.await?))
     })))
 }
 
-/// What a command's committed outcome asks for: the notified hosts' log
-/// entries and AENs, and the preempted hosts' writes to wait for.
-fn after(target: &Target, ctrl: &Controller, nsid: u32, out: Outcome) -> ResvDone {
+/// The notified hosts' log entries and AENs, once a command's outcome is
+/// committed.
+fn notify(target: &Target, ctrl: &Controller, nsid: u32, out: &Outcome) {
     for (host, kind) in &out.notify {
         for c in target.controllers_of(host, ctrl.subnqn()) {
             c.note_reservation(nsid, kind.log_type(), kind.mask_bit());
         }
     }
+}
+
+/// The preempted hosts' writes a committed outcome waits for.
+fn drain_after(target: &Target, ctrl: &Controller, nsid: u32, out: Outcome) -> ResvDone {
     let drain = (!out.abort.is_empty()).then(|| {
         tracing::info!(
             "controller {}: preempt and abort of {} host(s) on nsid {nsid}",
@@ -292,13 +299,20 @@ fn set_ptpl(list: Vec<Namespace>, v: u32) -> Result<FeatureSet, Status> {
         }
         return Ok(FeatureSet::Done);
     }
-    Ok(FeatureSet::Storing(Box::pin(async move {
-        for ns in list {
+    // Queued now, each on its namespace's worker.
+    let stores: Vec<_> = list
+        .iter()
+        .map(|ns| {
             let op = move |s: &mut ReservationState| {
                 s.set_ptpl(on);
                 Ok(Outcome::default())
             };
-            ns.resv.apply_queued(ns.dev.clone(), op).await?;
+            ns.resv.apply_queued(ns.dev.clone(), op, |_| {})
+        })
+        .collect();
+    Ok(FeatureSet::Storing(Box::pin(async move {
+        for st in stores {
+            st.await?;
         }
         Ok(())
     })))

@@ -62,11 +62,12 @@ impl ThinResvDevice {
     }
 
     /// Runs `f`'s etcd call on the agent's runtime and waits for it, at most
-    /// [`STORE_TIMEOUT`]. The caller's thread blocks: the namespace's
-    /// reservation store thread (never a reactor), or the admin queue's
-    /// Set Features (Reservation Persistence), which is rare. A
-    /// caller on the agent's own runtime is refused: the management runtime
-    /// has one worker, which would wait for itself.
+    /// [`STORE_TIMEOUT`] (and a second more on this side, in case that
+    /// runtime is busy: its one worker may itself wait for this namespace's
+    /// reservations, in `reload` at an activation). The caller's thread
+    /// blocks: the namespace's reservation store thread, never a reactor.
+    /// A caller on the agent's own runtime is refused: the management
+    /// runtime has one worker, which would wait for itself.
     fn etcd<T: Send + 'static>(
         &self,
         what: &str,
@@ -79,26 +80,32 @@ impl ThinResvDevice {
                 self.name
             )));
         }
-        let task = self
-            .rt
-            .spawn(async move { tokio::time::timeout(STORE_TIMEOUT, f).await });
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let task = self.rt.spawn(async move {
+            let _ = tx.send(tokio::time::timeout(STORE_TIMEOUT, f).await);
+        });
         let fail = |why: String| {
             BlockError::Config(format!(
                 "thin volume {}: {what} in the cluster (etcd): {why}",
                 self.name
             ))
         };
-        match blockdev::block_on(task) {
+        let late = || fail(format!("no answer within {} s", STORE_TIMEOUT.as_secs()));
+        match rx.recv_timeout(STORE_TIMEOUT + Duration::from_secs(1)) {
             Ok(Ok(Ok(v))) => Ok(v),
             Ok(Ok(Err(ClusterError::Deposed { volume, epoch }))) => Err(BlockError::Fenced(
                 format!("pool {volume} is no longer owned here at epoch {epoch}"),
             )),
             Ok(Ok(Err(e))) => Err(fail(e.to_string())),
-            Ok(Err(_)) => Err(fail(format!(
-                "no answer within {} s",
-                STORE_TIMEOUT.as_secs()
-            ))),
-            Err(e) => Err(fail(e.to_string())),
+            Ok(Err(_)) => Err(late()),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                // Not started yet, it never starts: a refused command changes nothing.
+                task.abort();
+                Err(late())
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err(fail("the management runtime dropped the request".into()))
+            }
         }
     }
 }

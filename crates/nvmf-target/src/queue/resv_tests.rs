@@ -526,6 +526,7 @@ fn a_slow_record_store_holds_only_the_commands_that_store() {
         a.rec.take_resps().is_empty(),
         "the register completes only once its record is stored"
     );
+    dev.wait_started(1);
     assert_eq!(b.write(), OK, "other commands are served meanwhile");
     assert_eq!(b.read(), OK);
     assert_eq!(b.report(), (0, 0, 0), "on the state before the register");
@@ -534,13 +535,25 @@ fn a_slow_record_store_holds_only_the_commands_that_store() {
         b.rec.take_resps().is_empty(),
         "queued behind the first store"
     );
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(dev.started.load(Ordering::SeqCst), 1, "B's waits for A's");
     dev.hold(false);
     drain(&mut a.io, &mut a.rec);
     drain(&mut b.io, &mut b.rec);
     assert!(a.rec.one().status.is_success());
     assert!(b.rec.one().status.is_success());
     assert_eq!(b.report(), (2, 0, 2));
-    assert_eq!(dev.stores.load(Ordering::SeqCst), 2);
+    // Stored in the order they came: A's record, then both.
+    let h = dev.history.lock().clone();
+    let registered = |rec: &[u8]| {
+        let (s, _) = crate::resv_record::decode(rec).unwrap();
+        (s.is_registered(&A), s.is_registered(&B))
+    };
+    assert_eq!(h.len(), 2);
+    assert_eq!(
+        (registered(&h[0]), registered(&h[1])),
+        ((true, false), (true, true))
+    );
 }
 
 /// A store that fails refuses its command and changes nothing; a fenced
@@ -592,6 +605,7 @@ fn set_ptpl_stores_off_the_admin_queue() {
         &mut a.arec,
     );
     assert!(a.arec.take_resps().is_empty(), "waits for its store");
+    dev.wait_started(1);
     a.admin.on_command(
         &feature(admin_opc::GET_FEATURES, 21),
         &[],
