@@ -162,6 +162,29 @@ fn a_bad_path_is_400_json() {
     error_of(&a);
 }
 
+/// A drive named by its URL reaches the handler whole: the client encodes
+/// it as one path segment, and the server decodes it back.
+#[test]
+fn a_drive_url_is_one_path_segment() {
+    let url = "tcp://10.0.1.21:4420/nqn.2026-01.io.flashpool:e1-d3?nsid=1";
+    let seg = crate::client::segment(url);
+    assert!(!seg.contains('/') && !seg.contains('?'), "{seg}");
+    let api = node_api();
+    for head in [
+        format!("GET /v1/drives/{seg}"),
+        format!("POST /v1/drives/{seg}/fail"),
+    ] {
+        let a = http(api, &head, Vec::new());
+        assert_eq!(a.status, 404, "{head}: {}", a.json);
+        assert!(
+            error_of(&a).contains(&format!("{url:?}")),
+            "{head}: {}",
+            a.json
+        );
+    }
+    assert_eq!(crate::client::segment("e1:d3"), "e1:d3");
+}
+
 /// The same layer turns the `Json` extractor's own answers into JSON
 /// (the node's calls parse bodies themselves, so any future route that
 /// uses the extractor is covered too).

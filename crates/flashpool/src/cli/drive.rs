@@ -43,25 +43,28 @@ pub enum DriveCmd {
 /// `flashpool drive ...`.
 pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
     let c = api.client()?;
+    let seg = crate::client::segment;
     let (a, list) = match cmd {
         DriveCmd::List => (c.get("/drives")?, true),
         DriveCmd::Fail { name, force } => (
             c.post(
-                &format!("/drives/{name}/fail"),
+                &format!("/drives/{}/fail", seg(&name)),
                 force.then_some(&FailRequest { force: true }),
             )?,
             false,
         ),
         DriveCmd::Export { name, hosts } => (
             c.post(
-                &format!("/drives/{name}/export"),
+                &format!("/drives/{}/export", seg(&name)),
                 Some(&ExportDriveRequest { hosts }),
             )?,
             false,
         ),
-        DriveCmd::Unexport { name } => (c.delete(&format!("/drives/{name}/export"))?, false),
+        DriveCmd::Unexport { name } => {
+            (c.delete(&format!("/drives/{}/export", seg(&name)))?, false)
+        }
         DriveCmd::ReAdd { name } => {
-            let a = c.post::<()>(&format!("/drives/{name}/re-add"), None)?;
+            let a = c.post::<()>(&format!("/drives/{}/re-add", seg(&name)), None)?;
             if api.json {
                 api.print_json(a.json())?;
             } else {
@@ -72,7 +75,7 @@ pub fn drive(api: ApiArgs, cmd: DriveCmd) -> Result<()> {
         }
         DriveCmd::Replace { name, with } => {
             let a = c.post(
-                &format!("/drives/{name}/replace"),
+                &format!("/drives/{}/replace", seg(&name)),
                 Some(&ReplaceRequest { with }),
             )?;
             if api.json {

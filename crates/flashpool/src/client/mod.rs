@@ -18,6 +18,22 @@ use serde_json::Value;
 
 use crate::api_types::ErrorBody;
 
+/// Bytes a name keeps as they are in a path segment: RFC 3986's unreserved
+/// ones, and `:` (drive names such as `e1:d3` stay readable).
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b':');
+
+/// `name` as one segment of an API path. A remote drive's name may be its
+/// URL (`tcp://10.0.1.21:4420/nqn...?nsid=1`), whose slashes and `?` would
+/// otherwise make another path; the server decodes it back.
+pub fn segment(name: &str) -> String {
+    percent_encoding::utf8_percent_encode(name, SEGMENT).to_string()
+}
+
 pub use endpoint::{Endpoint, api_agent, api_base};
 pub use peer::{BearerToken, PeerApi, PeerError};
 #[cfg(test)]

@@ -161,7 +161,7 @@ impl PeerApi {
         name: &str,
         with: &str,
     ) -> Result<crate::api_types::VolumeInfo, PeerError> {
-        let path = format!("/drives/{name}/replace");
+        let path = format!("/drives/{}/replace", super::segment(name));
         let r = self
             .with_token(self.agent.post(&url(api, &path)))
             .send_json(crate::api_types::ReplaceRequest {
