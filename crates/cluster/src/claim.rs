@@ -11,7 +11,7 @@
 //! volume in between, and only an owner writes the record
 //! ([`Session::put_state`]). Two round trips instead of five.
 
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
 
 use crate::etcd::{decode, encode, txn_gets};
 use crate::keys::VolumeKey;
@@ -52,14 +52,29 @@ impl Session {
 
     /// Tries to become the owner of `vol` at epoch = last epoch + 1. `Some`
     /// when this node owns it (now or already, under this lease), `None` when
-    /// another node does. Of N concurrent claimers exactly one wins.
+    /// another node does, or when `vol` has no spec (deleted). Of N
+    /// concurrent claimers exactly one wins.
     pub async fn claim(&self, vol: &str) -> Result<Option<Owner>, ClusterError> {
+        self.claim_with(vol, true).await
+    }
+
+    /// [`Session::claim`] of a volume about to be made: it has no spec yet
+    /// (its creator writes it once it owns the name).
+    pub async fn claim_new(&self, vol: &str) -> Result<Option<Owner>, ClusterError> {
+        self.claim_with(vol, false).await
+    }
+
+    async fn claim_with(&self, vol: &str, need_spec: bool) -> Result<Option<Owner>, ClusterError> {
         let owner_key = self.vkey(vol, VolumeKey::Owner);
         let epoch_key = self.vkey(vol, VolumeKey::Epoch);
         loop {
             let read = Txn::new().and_then([
                 TxnOp::get(owner_key.clone(), None),
                 TxnOp::get(epoch_key.clone(), None),
+                TxnOp::get(
+                    self.vkey(vol, VolumeKey::Spec),
+                    Some(GetOptions::new().with_keys_only()),
+                ),
             ]);
             let r = self.txn(&format!("read {owner_key}"), read).await?;
             let gets = txn_gets(&r);
@@ -67,8 +82,12 @@ impl Session {
                 let o: Owner = decode(kv)?;
                 return Ok((o.node == self.node() && kv.lease() == self.lease_id()).then_some(o));
             }
+            if need_spec && gets.get(2).is_none_or(|g| g.is_empty()) {
+                // Deleted: nothing to own.
+                return Ok(None);
+            }
             let epoch = epoch_of(gets.get(1).and_then(|g| g.first()))?;
-            if let Some(me) = self.try_claim(vol, epoch).await? {
+            if let Some(me) = self.try_claim(vol, epoch, need_spec).await? {
                 return Ok(Some(me));
             }
         }
@@ -84,7 +103,7 @@ impl Session {
         seen: &VolumeRead,
     ) -> Result<Option<(Owner, bool)>, ClusterError> {
         if seen.owner.is_none()
-            && let Some(me) = self.try_claim(vol, seen.epoch).await?
+            && let Some(me) = self.try_claim(vol, seen.epoch, true).await?
         {
             return Ok(Some((me, true)));
         }
@@ -97,6 +116,7 @@ impl Session {
         &self,
         vol: &str,
         (epoch, rev): (u64, i64),
+        need_spec: bool,
     ) -> Result<Option<Owner>, ClusterError> {
         let owner_key = self.vkey(vol, VolumeKey::Owner);
         let epoch_key = self.vkey(vol, VolumeKey::Epoch);
@@ -104,19 +124,27 @@ impl Session {
             node: self.node().to_string(),
             epoch: epoch + 1,
         };
-        let txn = Txn::new()
-            .when([
-                Compare::version(owner_key.clone(), CompareOp::Equal, 0),
-                Compare::mod_revision(epoch_key.clone(), CompareOp::Equal, rev),
-            ])
-            .and_then([
-                TxnOp::put(
-                    owner_key.clone(),
-                    encode(&me),
-                    Some(PutOptions::new().with_lease(self.lease_id())),
-                ),
-                TxnOp::put(epoch_key, encode(&me.epoch), None),
-            ]);
+        let mut when = vec![
+            Compare::version(owner_key.clone(), CompareOp::Equal, 0),
+            Compare::mod_revision(epoch_key.clone(), CompareOp::Equal, rev),
+        ];
+        if need_spec {
+            // A volume deleted since the claimer read it is not claimed (the
+            // delete took its epoch key too, which then reads as never claimed).
+            when.push(Compare::version(
+                self.vkey(vol, VolumeKey::Spec),
+                CompareOp::Greater,
+                0,
+            ));
+        }
+        let txn = Txn::new().when(when).and_then([
+            TxnOp::put(
+                owner_key.clone(),
+                encode(&me),
+                Some(PutOptions::new().with_lease(self.lease_id())),
+            ),
+            TxnOp::put(epoch_key, encode(&me.epoch), None),
+        ]);
         if !self
             .txn(&format!("claim {owner_key}"), txn)
             .await?

@@ -266,6 +266,19 @@ async fn state_and_handoff_are_guarded_by_the_epoch() {
     assert_eq!(a.spec("v").await.unwrap(), None);
     assert_eq!(a.owner("v").await.unwrap(), None);
     assert_eq!(a.state("v").await.unwrap(), None);
+    // A claim after the delete (a node that read the volume before it, a
+    // drain's pass) takes nothing, and leaves no key behind.
+    let before = a.read_volume("v").await.unwrap();
+    assert_eq!(a.claim_from("v", &before).await.unwrap(), None);
+    assert_eq!(a.claim("v").await.unwrap(), None);
+    assert_eq!(a.owner("v").await.unwrap(), None);
+    let left = cluster::testing::keys_under(&etcd.endpoint(), "/")
+        .await
+        .unwrap();
+    assert!(
+        !left.iter().any(|(k, _)| k.contains("/volumes/v/")),
+        "{left:?}"
+    );
     next_event(
         &mut ev,
         |e| *e == ClusterEvent::SpecDeleted("v".into()),

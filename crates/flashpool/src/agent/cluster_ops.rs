@@ -223,7 +223,7 @@ impl Agent {
             )));
         }
         let ana_group = s.free_ana_group().await.map_err(etcd)?;
-        let Some(owner) = s.claim(&req.name).await.map_err(etcd)? else {
+        let Some(owner) = s.claim_new(&req.name).await.map_err(etcd)? else {
             return Err(NodeError::Conflict(format!(
                 "cluster volume {} is being made by another node",
                 req.name

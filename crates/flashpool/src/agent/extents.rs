@@ -132,8 +132,8 @@ impl Agent {
     /// Assembles cluster pool `spec`'s extents for a takeover at `epoch`,
     /// concurrently, before the pool: members preempted, degraded as each
     /// extent's own record allows. One that fails is logged: the pool then
-    /// waits for it, unless it holds no clusters there (an expansion cut
-    /// short), and the takeover says so.
+    /// waits for it if its checkpoint lists it, and opens without it if not
+    /// (an expansion cut short), and the takeover says so.
     ///
     /// Returns the names of the extents assembled here.
     pub(super) async fn assemble_extents(
@@ -175,7 +175,8 @@ impl Agent {
             let assembled = up.contains(&x.name);
             if assembled {
                 tracing::warn!(
-                    "pool {pool}: volume {}, recorded as its extent, is not one of the pool's                      (an expansion cut short); not kept open",
+                    "pool {pool}: volume {}, recorded as its extent, is not one of the pool's \
+                     (an expansion cut short); not kept open",
                     x.name
                 );
                 self.node

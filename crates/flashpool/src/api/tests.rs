@@ -183,6 +183,16 @@ fn a_drive_url_is_one_path_segment() {
         );
     }
     assert_eq!(crate::client::segment("e1:d3"), "e1:d3");
+    // A name with a query of its own is that name, not another volume with
+    // an option (`volume delete 'db?force=true'` deleted db).
+    let odd = "db?force=true";
+    let a = http(
+        api,
+        &format!("DELETE /v1/volumes/{}", crate::client::segment(odd)),
+        Vec::new(),
+    );
+    assert_eq!(a.status, 404, "{}", a.json);
+    assert!(error_of(&a).contains(&format!("{odd:?}")), "{}", a.json);
 }
 
 /// The same layer turns the `Json` extractor's own answers into JSON

@@ -124,7 +124,10 @@ pub fn node(api: ApiArgs, cmd: NodeCmd) -> Result<()> {
             return Ok(());
         }
     };
-    let a = c.post::<()>(&format!("/nodes/{node}/{verb}"), None)?;
+    let a = c.post::<()>(
+        &format!("/nodes/{}/{verb}", crate::client::segment(node)),
+        None,
+    )?;
     if api.json {
         return api.print_json(a.json());
     }

@@ -73,13 +73,19 @@ pub fn scrub(api: ApiArgs, a: ScrubArgs) -> Result<()> {
     let c = api.client()?;
     let name = &a.name;
     let answer = if a.stop {
-        c.post::<()>(&format!("/volumes/{name}/scrub/stop"), None)?
+        c.post::<()>(
+            &format!("/volumes/{}/scrub/stop", crate::client::segment(name)),
+            None,
+        )?
     } else {
         let req = ScrubRequest {
             repair: a.repair,
             rate: a.rate.clone(),
         };
-        c.post(&format!("/volumes/{name}/scrub"), Some(&req))?
+        c.post(
+            &format!("/volumes/{}/scrub", crate::client::segment(name)),
+            Some(&req),
+        )?
     };
     let id = answer.parse::<JobInfo>()?.id;
     if a.wait {

@@ -77,7 +77,7 @@ impl QosArgs {
 
 /// Shows (no flags) or changes a volume's limits.
 pub fn qos(c: &Client, name: &str, args: &QosArgs, clear: bool) -> Result<crate::client::Answer> {
-    let path = format!("/volumes/{name}/qos");
+    let path = format!("/volumes/{}/qos", crate::client::segment(name));
     match args.request(clear)? {
         None => c.get(&path),
         Some(r) => c.post(&path, Some(&r)),

@@ -131,7 +131,7 @@ pub fn snapshot(api: ApiArgs, cmd: SnapshotCmd) -> Result<()> {
         }
         SnapshotCmd::Delete { name, force } => {
             let q = if force { "?force=true" } else { "" };
-            let a = c.delete(&format!("/volumes/{name}{q}"))?;
+            let a = c.delete(&format!("/volumes/{}{q}", crate::client::segment(&name)))?;
             if api.json {
                 return api.print_json(a.json());
             }
@@ -160,7 +160,10 @@ pub fn pool(api: ApiArgs, cmd: PoolCmd) -> Result<()> {
                 layout,
                 strip,
             };
-            let a = c.post(&format!("/volumes/{pool}/expand"), Some(&req))?;
+            let a = c.post(
+                &format!("/volumes/{}/expand", crate::client::segment(&pool)),
+                Some(&req),
+            )?;
             if api.json {
                 return api.print_json(a.json());
             }
@@ -168,7 +171,7 @@ pub fn pool(api: ApiArgs, cmd: PoolCmd) -> Result<()> {
             return Ok(());
         }
     };
-    let a = c.get(&format!("/volumes/{pool}/check"))?;
+    let a = c.get(&format!("/volumes/{}/check", crate::client::segment(&pool)))?;
     let r: PoolCheckInfo = a.parse()?;
     if api.json {
         api.print_json(a.json())?;

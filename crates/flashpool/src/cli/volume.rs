@@ -253,10 +253,12 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             }
             return Ok(());
         }
-        VolumeCmd::Show { name } => c.get(&format!("/volumes/{name}"))?,
+        VolumeCmd::Show { name } => {
+            c.get(&format!("/volumes/{}", crate::client::segment(&name)))?
+        }
         VolumeCmd::Delete { name, force } => {
             let q = if force { "?force=true" } else { "" };
-            let a = c.delete(&format!("/volumes/{name}{q}"))?;
+            let a = c.delete(&format!("/volumes/{}{q}", crate::client::segment(&name)))?;
             if api.json {
                 api.print_json(a.json())?;
             } else {
@@ -266,7 +268,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             return Ok(());
         }
         VolumeCmd::Grow { name, size, force } => c.post(
-            &format!("/volumes/{name}/grow"),
+            &format!("/volumes/{}/grow", crate::client::segment(&name)),
             Some(&GrowRequest { size, force }),
         )?,
         VolumeCmd::Clone {
@@ -275,7 +277,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             export,
             nsid,
         } => c.post(
-            &format!("/volumes/{snapshot}/clone"),
+            &format!("/volumes/{}/clone", crate::client::segment(&snapshot)),
             Some(&CloneRequest {
                 name: new,
                 export: export_request(export, nsid),
@@ -286,18 +288,18 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             snapshot,
             force,
         } => c.post(
-            &format!("/volumes/{name}/revert"),
+            &format!("/volumes/{}/revert", crate::client::segment(&name)),
             Some(&RevertRequest { snapshot, force }),
         )?,
         VolumeCmd::Export { name, nqn, nsid } => c.post(
-            &format!("/volumes/{name}/export"),
+            &format!("/volumes/{}/export", crate::client::segment(&name)),
             Some(&ExportRequest {
                 nqn,
                 nsid: nsid.unwrap_or(0),
             }),
         )?,
         VolumeCmd::Unexport { name, force } => c.post(
-            &format!("/volumes/{name}/unexport"),
+            &format!("/volumes/{}/unexport", crate::client::segment(&name)),
             force.then_some(&ForceRequest { force: true }),
         )?,
         VolumeCmd::Assemble {
@@ -306,7 +308,7 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             ..
         } => {
             let a = c.post(
-                &format!("/volumes/{name}/assemble"),
+                &format!("/volumes/{}/assemble", crate::client::segment(&name)),
                 Some(&AssembleByName { force }),
             )?;
             print_forced(&a, api.json)?;
@@ -332,7 +334,10 @@ pub fn volume(api: ApiArgs, cmd: VolumeCmd) -> Result<()> {
             a
         }
         VolumeCmd::Move { name, to } => {
-            let a = c.post(&format!("/volumes/{name}/move"), Some(&MoveRequest { to }))?;
+            let a = c.post(
+                &format!("/volumes/{}/move", crate::client::segment(&name)),
+                Some(&MoveRequest { to }),
+            )?;
             if api.json {
                 api.print_json(a.json())?;
             } else {
@@ -588,7 +593,10 @@ fn print_rebuild(r: &RebuildInfo) {
 fn rebuild_status(c: &Client, name: &str, wait: bool, as_json: bool) -> Result<()> {
     let start = Instant::now();
     loop {
-        let a = c.get(&format!("/volumes/{name}/rebuild"))?;
+        let a = c.get(&format!(
+            "/volumes/{}/rebuild",
+            crate::client::segment(name)
+        ))?;
         let v: RebuildStatus = a.parse()?;
         let running = v.rebuild.running || matches!(v.state.as_str(), "rebuilding" | "resyncing");
         if as_json {

@@ -146,7 +146,10 @@ impl PeerApi {
         force: bool,
     ) -> Result<crate::api_types::VolumeInfo, PeerError> {
         let r = self
-            .with_token(self.agent.post(&url(api, &format!("/volumes/{name}/grow"))))
+            .with_token(self.agent.post(&url(
+                api,
+                &format!("/volumes/{}/grow", super::segment(name)),
+            )))
             .send_json(crate::api_types::GrowRequest {
                 size: size.to_string(),
                 force,
@@ -177,7 +180,7 @@ impl PeerApi {
         pool: &str,
         req: &crate::api_types::ExpandPool,
     ) -> Result<crate::api_types::VolumeInfo, PeerError> {
-        let path = format!("/volumes/{pool}/expand");
+        let path = format!("/volumes/{}/expand", super::segment(pool));
         let r = self
             .with_token(self.agent.post(&url(api, &path)))
             .send_json(req);
@@ -191,7 +194,7 @@ impl PeerApi {
         name: &str,
         req: &crate::api_types::ExportRequest,
     ) -> Result<crate::api_types::VolumeInfo, PeerError> {
-        let path = format!("/volumes/{name}/export");
+        let path = format!("/volumes/{}/export", super::segment(name));
         let r = self
             .with_token(self.agent.post(&url(api, &path)))
             .send_json(req);
@@ -205,7 +208,7 @@ impl PeerApi {
         name: &str,
         force: bool,
     ) -> Result<crate::api_types::VolumeInfo, PeerError> {
-        let path = format!("/volumes/{name}/unexport");
+        let path = format!("/volumes/{}/unexport", super::segment(name));
         let r = self
             .with_token(self.agent.post(&url(api, &path)))
             .send_json(crate::api_types::ForceRequest { force });
@@ -214,7 +217,7 @@ impl PeerApi {
 
     /// `DELETE /v1/volumes/{name}` on the node whose API is `api`.
     pub fn delete_volume(&self, api: &str, name: &str, force: bool) -> Result<(), PeerError> {
-        let path = format!("/volumes/{name}?force={force}");
+        let path = format!("/volumes/{}?force={force}", super::segment(name));
         let r = self.with_token(self.agent.delete(&url(api, &path))).call();
         answer::<serde_json::Value>(r).map(|_| ())
     }
@@ -239,7 +242,7 @@ impl PeerApi {
         snapshot: &str,
         req: &crate::api_types::CloneRequest,
     ) -> Result<crate::api_types::VolumeInfo, PeerError> {
-        let path = format!("/volumes/{snapshot}/clone");
+        let path = format!("/volumes/{}/clone", super::segment(snapshot));
         let r = self
             .with_token(self.agent.post(&url(api, &path)))
             .send_json(req);
@@ -253,7 +256,7 @@ impl PeerApi {
         name: &str,
         req: &crate::api_types::RevertRequest,
     ) -> Result<crate::api_types::VolumeInfo, PeerError> {
-        let path = format!("/volumes/{name}/revert");
+        let path = format!("/volumes/{}/revert", super::segment(name));
         let r = self
             .with_token(self.agent.post(&url(api, &path)))
             .send_json(req);

@@ -230,8 +230,16 @@ impl Node {
             // A takeover's resync starts once this node's takeovers are done.
             node.foreground.wait_idle(super::foreground::MAX_WAIT).await;
             loop {
-                if let Some(e) = node.state.lock().await.volumes.get(&name) {
-                    job.set_drives(e.drives.clone());
+                // Only while the node still runs this volume under its name
+                // (a delete refuses while the task is due; a drop fences).
+                match node.state.lock().await.volumes.get(&name) {
+                    Some(e) if e.on_drives().is_some_and(|v| v.same(&vol)) => {
+                        job.set_drives(e.drives.clone());
+                    }
+                    _ => {
+                        job.finish(super::jobs::JobState::Stopped, None);
+                        return;
+                    }
                 }
                 let before = vol.member_states();
                 let mut outcome = vol.rebuild(opts.clone()).await.err().map(|e| e.to_string());

@@ -545,7 +545,7 @@ impl Node {
                  or it would be made again"
             )));
         }
-        if e.on_drives().is_some_and(|v| v.rebuild_progress().running) {
+        if rebuild_due(e) {
             return Err(NodeError::Conflict(format!(
                 "volume {name} is rebuilding; wait for the rebuild to finish"
             )));
@@ -617,10 +617,12 @@ impl Node {
         {
             tracing::warn!("volume {name}: closing its thin pool before delete: {err}");
         }
-        if let Some(vol) = e.on_drives()
-            && let Err(err) = vol.close().await
-        {
-            tracing::warn!("volume {name}: close before delete: {err}");
+        if let Some(vol) = e.on_drives() {
+            if let Err(err) = vol.close().await {
+                tracing::warn!("volume {name}: close before delete: {err}");
+            }
+            // Nothing may write to its drives any more: they are free.
+            vol.fence("the volume was deleted");
         }
         for d in &e.drives {
             if let Some(dr) = st.drives.get(d)
@@ -657,13 +659,15 @@ impl Node {
     }
 }
 
+/// Whether a rebuild of `e` runs or is on its way: a takeover's resync
+/// waits for the node's other takeovers before it starts, and a rebuild
+/// that found more to do starts another pass.
+fn rebuild_due(e: &VolumeEntry) -> bool {
+    e.rebuild_task || e.on_drives().is_some_and(|v| v.rebuild_progress().running)
+}
+
 fn rebuilding(st: &NodeState, name: &str) -> Option<String> {
-    let running = |n: &str| {
-        st.volumes
-            .get(n)
-            .and_then(|e| e.on_drives())
-            .is_some_and(|v| v.rebuild_progress().running)
-    };
+    let running = |n: &str| st.volumes.get(n).is_some_and(rebuild_due);
     std::iter::once(name.to_string())
         .chain(extents_of(st, name))
         .find(|n| running(n))

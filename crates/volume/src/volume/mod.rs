@@ -469,6 +469,12 @@ impl Volume {
         self.inner.flush().await
     }
 
+    /// Whether `other` is this same open volume (a handle of it), not
+    /// another one assembled from the same drives.
+    pub fn same(&self, other: &Volume) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Why the volume is fenced, if it is.
     pub fn fence_reason(&self) -> Option<String> {
         self.inner.fence.reason()

@@ -276,3 +276,28 @@ async fn delete_stops_the_volumes_scrub_first() {
     assert_eq!(j.state, JobState::Stopped, "{j:?}");
     assert_eq!(node.drive("d1").await.unwrap().state, "free");
 }
+
+/// A rebuild whose task waits for the node's takeovers (due, not running
+/// yet) holds a delete off: deleted meanwhile, the volume's drives would be
+/// written by it once it starts. Once it is done, the delete goes through.
+#[tokio::test]
+async fn a_delete_waits_for_a_rebuild_that_is_due() {
+    let node = mem_node(3, 16 * MIB);
+    node.create_volume(req("m", "raid1", &["d0", "d1"]))
+        .await
+        .unwrap();
+    node.fail_drive("d1", false).await.unwrap();
+    // A takeover under way: the rebuild waits for it.
+    let busy = node.foreground.enter();
+    node.replace_drive("d1", "d2").await.unwrap();
+    let e = node.delete_volume("m", true).await.unwrap_err();
+    assert!(e.to_string().contains("rebuilding"), "{e}");
+    assert!(node.volume("m").await.is_ok(), "nothing was changed");
+    drop(busy);
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while let Err(e) = node.delete_volume("m", true).await {
+        assert!(std::time::Instant::now() < until, "never deleted: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(node.volume("m").await.is_err());
+}
