@@ -232,15 +232,33 @@ impl Node {
             loop {
                 // Only while the node still runs this volume under its name
                 // (a delete refuses while the task is due; a drop fences).
-                match node.state.lock().await.volumes.get(&name) {
+                let mut st = node.state.lock().await;
+                match st.volumes.get_mut(&name) {
                     Some(e) if e.on_drives().is_some_and(|v| v.same(&vol)) => {
                         job.set_drives(e.drives.clone());
                     }
-                    _ => {
+                    other => {
                         job.finish(super::jobs::JobState::Stopped, None);
+                        // Another volume under that name now: its own rebuild.
+                        if let Some(e) = other {
+                            e.rebuild_task = false;
+                            let due = e.on_drives().is_some_and(|v| {
+                                v.member_states().iter().any(|s| {
+                                    matches!(
+                                        s,
+                                        MemberState::Rebuilding { .. }
+                                            | MemberState::Resyncing { .. }
+                                    )
+                                })
+                            });
+                            if due {
+                                node.spawn_rebuild(&mut st, &name);
+                            }
+                        }
                         return;
                     }
                 }
+                drop(st);
                 let before = vol.member_states();
                 let mut outcome = vol.rebuild(opts.clone()).await.err().map(|e| e.to_string());
                 job.record_rebuild();
