@@ -379,8 +379,22 @@ impl Agent {
             sw.deactivate();
             sw.drain(Duration::from_secs(5)).await;
         }
+        // Checked again: a rebuild may have come due during the drain.
+        let res = match self.node.delete_waits(name).await {
+            Some(why) => Err(NodeError::Conflict(why)),
+            None => self.node.delete_volume(name, true).await,
+        };
+        if let Err(e) = res {
+            // Refused before it changed anything: served again, as it was.
+            // (No thin volumes: a pool that has any is refused above.)
+            if let Some(dev) = self.node.volume_device(name).await {
+                sv.switch.activate(dev);
+                self.target
+                    .set_ana_state(sv.spec.ana_group, AnaState::Optimized);
+            }
+            return Err(e);
+        }
         self.owned.lock().remove(name);
-        self.node.delete_volume(name, true).await?;
         s.delete_volume(name, epoch).await.map_err(etcd)?;
         let sv = served.remove(name).expect("found");
         self.unserve_all(&sv);

@@ -231,34 +231,17 @@ impl Node {
             node.foreground.wait_idle(super::foreground::MAX_WAIT).await;
             loop {
                 // Only while the node still runs this volume under its name
-                // (a delete refuses while the task is due; a drop fences).
-                let mut st = node.state.lock().await;
-                match st.volumes.get_mut(&name) {
+                // (a delete refuses while the task is due; a drop fences). A
+                // volume assembled again under it has a task of its own.
+                match node.state.lock().await.volumes.get(&name) {
                     Some(e) if e.on_drives().is_some_and(|v| v.same(&vol)) => {
                         job.set_drives(e.drives.clone());
                     }
-                    other => {
+                    _ => {
                         job.finish(super::jobs::JobState::Stopped, None);
-                        // Another volume under that name now: its own rebuild.
-                        if let Some(e) = other {
-                            e.rebuild_task = false;
-                            let due = e.on_drives().is_some_and(|v| {
-                                v.member_states().iter().any(|s| {
-                                    matches!(
-                                        s,
-                                        MemberState::Rebuilding { .. }
-                                            | MemberState::Resyncing { .. }
-                                    )
-                                })
-                            });
-                            if due {
-                                node.spawn_rebuild(&mut st, &name);
-                            }
-                        }
                         return;
                     }
                 }
-                drop(st);
                 let before = vol.member_states();
                 let mut outcome = vol.rebuild(opts.clone()).await.err().map(|e| e.to_string());
                 job.record_rebuild();
@@ -271,7 +254,13 @@ impl Node {
                     Some(e) => tracing::error!("volume {name}: rebuild failed: {e}"),
                 }
                 let mut st = node.state.lock().await;
-                let Some(e) = st.volumes.get_mut(&name) else {
+                let Some(e) = st
+                    .volumes
+                    .get_mut(&name)
+                    .filter(|e| e.on_drives().is_some_and(|v| v.same(&vol)))
+                else {
+                    // Gone, or another volume under its name now: not this
+                    // task's to record or to clear.
                     job.finish(super::jobs::JobState::Stopped, None);
                     return;
                 };

@@ -622,7 +622,7 @@ impl Node {
                 tracing::warn!("volume {name}: close before delete: {err}");
             }
             // Nothing may write to its drives any more: they are free.
-            vol.fence("the volume was deleted");
+            vol.retire("the volume was deleted");
         }
         for d in &e.drives {
             if let Some(dr) = st.drives.get(d)

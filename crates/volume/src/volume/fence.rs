@@ -34,11 +34,19 @@ impl Fence {
     /// Raises the fence; the first reason given is kept. Returns true when
     /// this call raised it.
     pub(crate) fn set(&self, reason: String) -> bool {
+        self.set_as(reason, true)
+    }
+
+    /// [`Self::set`]; `alarm`: log it as the error a fence usually is (not
+    /// for a volume the node retires on purpose, such as a deleted one).
+    pub(crate) fn set_as(&self, reason: String, alarm: bool) -> bool {
         let mut r = self.reason.lock();
         if r.is_some() {
             return false;
         }
-        tracing::error!("volume fenced: {reason}; no further I/O reaches any member");
+        if alarm {
+            tracing::error!("volume fenced: {reason}; no further I/O reaches any member");
+        }
         *r = Some(reason);
         self.on.store(true, Ordering::Release);
         true

@@ -489,6 +489,12 @@ impl Volume {
         self.inner.fence.set(reason.to_string())
     }
 
+    /// [`Self::fence`] of a volume retired on purpose (deleted): the same
+    /// fence, without the error it is logged as otherwise.
+    pub fn retire(&self, reason: &str) -> bool {
+        self.inner.fence.set_as(reason.to_string(), false)
+    }
+
     pub fn stats(&self) -> VolumeStats {
         let s = &self.inner.stats;
         VolumeStats {
