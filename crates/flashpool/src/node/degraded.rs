@@ -380,31 +380,21 @@ mod tests {
     #[test]
     fn an_old_drive_at_a_rebuilding_position_is_left_out() {
         const R: MemberState = MemberState::Rebuilding { checkpoint: 0 };
+        let distrusted = |s: &Superblock, c: &BTreeMap<u16, String>, g: &BTreeMap<u16, u64>| {
+            policy(None).check(s, c, g, &[]).unwrap().distrusted
+        };
         let s = sb(LayoutKind::Raid5, &[A, R, A], 9);
         let (c, mut g) = chosen(&[0, 1, 2]);
         g.insert(0, 9);
         g.insert(2, 9);
         // e1:d0 claims position 1 at generation 5.
-        let out = policy(None).check(&s, &c, &g, &[]).unwrap();
-        assert_eq!(out.distrusted, vec![1]);
+        assert_eq!(distrusted(&s, &c, &g), vec![1]);
         // At the volume's generation (the replacement itself), it stays.
         g.insert(1, 9);
-        assert!(
-            policy(None)
-                .check(&s, &c, &g, &[])
-                .unwrap()
-                .distrusted
-                .is_empty()
-        );
+        assert!(distrusted(&s, &c, &g).is_empty());
         // A failed member is not: the assembly keeps it failed.
         let s = sb(LayoutKind::Raid5, &[A, F, A], 9);
         g.insert(1, 5);
-        assert!(
-            policy(None)
-                .check(&s, &c, &g, &[])
-                .unwrap()
-                .distrusted
-                .is_empty()
-        );
+        assert!(distrusted(&s, &c, &g).is_empty());
     }
 }
