@@ -15,7 +15,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, Txn
 
 use crate::etcd::{decode, encode, txn_gets};
 use crate::keys::VolumeKey;
-use crate::{ClusterError, Handoff, Owner, Session, VolumeState};
+use crate::{ClusterError, Handoff, Owner, Session, VolumeSpec, VolumeState};
 
 /// One volume's owner, handoff, state record and epoch, read at one
 /// revision by [`Session::read_volume`].
@@ -24,6 +24,9 @@ pub struct VolumeRead {
     pub owner: Option<Owner>,
     pub handoff: Option<Handoff>,
     pub state: Option<VolumeState>,
+    /// The spec, read in the same transaction, is marked deleting (a pass
+    /// that listed the specs earlier may not know yet).
+    pub deleting: bool,
     /// The last epoch handed out, and the epoch key's mod revision (0: none).
     epoch: (u64, i64),
 }
@@ -37,6 +40,7 @@ impl Session {
             VolumeKey::Handoff,
             VolumeKey::State,
             VolumeKey::Epoch,
+            VolumeKey::Spec,
         ];
         let read = Txn::new().and_then(keys.map(|k| TxnOp::get(self.vkey(vol, k), None)));
         let r = self.txn(&format!("read volume {vol}"), read).await?;
@@ -47,6 +51,10 @@ impl Session {
             handoff: kv(1).map(decode).transpose()?,
             state: kv(2).map(decode).transpose()?,
             epoch: epoch_of(kv(3))?,
+            deleting: kv(4)
+                .map(decode::<VolumeSpec>)
+                .transpose()?
+                .is_some_and(|s| s.deleting),
         })
     }
 

@@ -38,7 +38,7 @@ impl Session {
         self.update_spec_with(old, spec, epoch, ops).await
     }
 
-    async fn update_spec_with(
+    pub(crate) async fn update_spec_with(
         &self,
         old: &VolumeSpec,
         spec: &VolumeSpec,

@@ -137,6 +137,11 @@ pub struct VolumeSpec {
     /// with the pool, assembled before it (`extent.rs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extents: Vec<ExtentSpec>,
+    /// A delete has begun ([`Session::mark_deleting`]): its owner wipes the
+    /// drives next, so no node may take it over or serve it any more; a
+    /// delete on any node finishes it ([`Session::finish_delete`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
 }
 
 /// One extent of a cluster pool, as [`VolumeSpec::extents`] lists it.
@@ -266,6 +271,8 @@ pub enum ClusterError {
     NsidTaken { nqn: String, nsid: u32 },
     #[error("thin volume {0} changed meanwhile (another request): nothing was done; retry")]
     ThinChanged(String),
+    #[error("volume {0} changed meanwhile (another request): nothing was done; retry")]
+    SpecChanged(String),
     #[error("no free ANA group (1..=128 all used by volume specs)")]
     NoFreeAnaGroup,
     #[error("cannot decode etcd key {key}: {err}")]

@@ -499,24 +499,7 @@ impl Session {
                 CompareOp::Equal,
                 encode(&me),
             )])
-            .and_then(
-                VolumeKey::ALL
-                    .map(|key| TxnOp::delete(self.vkey(vol, key), None))
-                    .into_iter()
-                    .chain(
-                        [
-                            self.inner.keys.thins(vol),
-                            self.inner.keys.extent_states(vol),
-                        ]
-                        .map(|prefix| {
-                            TxnOp::delete(
-                                prefix,
-                                Some(etcd_client::DeleteOptions::new().with_prefix()),
-                            )
-                        }),
-                    )
-                    .collect::<Vec<_>>(),
-            );
+            .and_then(self.delete_ops(vol));
         if self
             .txn(&format!("delete volume {vol}"), txn)
             .await?
@@ -528,6 +511,88 @@ impl Session {
                 volume: vol.to_string(),
                 epoch,
             })
+        }
+    }
+
+    /// Every key of volume `vol`, deleted.
+    fn delete_ops(&self, vol: &str) -> Vec<TxnOp> {
+        VolumeKey::ALL
+            .map(|key| TxnOp::delete(self.vkey(vol, key), None))
+            .into_iter()
+            .chain(
+                [
+                    self.inner.keys.thins(vol),
+                    self.inner.keys.extent_states(vol),
+                ]
+                .map(|prefix| {
+                    TxnOp::delete(
+                        prefix,
+                        Some(etcd_client::DeleteOptions::new().with_prefix()),
+                    )
+                }),
+            )
+            .collect()
+    }
+
+    /// The first step of a delete: marks `spec` deleting, only while this
+    /// node owns it at `epoch` and the spec still reads as `spec`. From
+    /// then on no node takes the volume over or serves it (its drives are
+    /// about to be wiped), and a delete on any node may finish it
+    /// ([`Session::finish_delete`]). Returns the marked spec.
+    pub async fn mark_deleting(
+        &self,
+        spec: &VolumeSpec,
+        epoch: u64,
+    ) -> Result<VolumeSpec, ClusterError> {
+        let marked = VolumeSpec {
+            deleting: true,
+            ..spec.clone()
+        };
+        self.update_spec_with(spec, &marked, epoch, Vec::new())
+            .await?;
+        Ok(marked)
+    }
+
+    /// Takes back [`Session::mark_deleting`] for a delete refused before it
+    /// changed anything.
+    pub async fn unmark_deleting(
+        &self,
+        marked: &VolumeSpec,
+        epoch: u64,
+    ) -> Result<(), ClusterError> {
+        let spec = VolumeSpec {
+            deleting: false,
+            ..marked.clone()
+        };
+        self.update_spec_with(marked, &spec, epoch, Vec::new())
+            .await
+    }
+
+    /// Deletes the keys of a volume whose spec reads as `marked` (marked
+    /// deleting), whoever owns it: the volume is condemned, so the etcd
+    /// part of a delete that failed there may be finished by any node.
+    /// Done already (no spec) is success.
+    pub async fn finish_delete(&self, marked: &VolumeSpec) -> Result<(), ClusterError> {
+        let vol = &marked.name;
+        let key = self.vkey(vol, VolumeKey::Spec);
+        let changed = || ClusterError::SpecChanged(vol.clone());
+        let seen = match self.get_one(&key).await? {
+            None => return Ok(()),
+            Some(kv) if marked.deleting && decode::<VolumeSpec>(&kv)? == *marked => {
+                kv.mod_revision()
+            }
+            Some(_) => return Err(changed()),
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, seen)])
+            .and_then(self.delete_ops(vol));
+        match self
+            .txn(&format!("finish deleting volume {vol}"), txn)
+            .await?
+            .succeeded()
+        {
+            true => Ok(()),
+            false => Err(changed()),
         }
     }
 

@@ -38,6 +38,7 @@ pub fn spec(name: &str, ana_group: u32, thin_pool: bool) -> VolumeSpec {
         model: "flashpool".into(),
         thin_pool,
         extents: Vec::new(),
+        deleting: false,
     }
 }
 

@@ -21,9 +21,27 @@ fn etcd(e: ClusterError) -> NodeError {
         ClusterError::Deposed { .. } => NodeError::Conflict(format!(
             "{e}; the volume changed owner meanwhile, nothing was done; look again"
         )),
-        ClusterError::VolumeExists(_) => NodeError::Conflict(e.to_string()),
+        ClusterError::VolumeExists(_) | ClusterError::SpecChanged(_) => {
+            NodeError::Conflict(e.to_string())
+        }
         _ => NodeError::Internal(format!("cluster state (etcd): {e}")),
     }
+}
+
+/// Volumes whose deletes fail at the etcd step, as if etcd were cut off
+/// just then (`delete_tests.rs`).
+#[cfg(test)]
+pub(super) static FAIL_ETCD_DELETE: parking_lot::Mutex<Vec<String>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// The error of a delete whose drives are wiped but whose cluster record
+/// could not be removed: the record stays, marked deleting.
+fn not_finished(name: &str, e: ClusterError) -> NodeError {
+    NodeError::Unavailable(format!(
+        "cluster volume {name}: deleted here and its drives wiped, but its cluster record \
+         could not be removed ({e}); it stays marked deleting, served by no node. Run the \
+         delete again (on any node) to finish it"
+    ))
 }
 
 /// A volume's state in one word from the member states its owner recorded.
@@ -100,6 +118,7 @@ impl Agent {
                 handoff,
             } = rec;
             let state = match (&owner, &st) {
+                _ if spec.deleting => "deleting".to_string(),
                 (None, _) => "unowned".to_string(),
                 (Some(_), Some(st)) => state_word(st).to_string(),
                 (Some(_), None) => "unknown".to_string(),
@@ -254,6 +273,7 @@ impl Agent {
             model: "flashpool cluster volume".into(),
             thin_pool: req_thin_pool,
             extents: Vec::new(),
+            deleting: false,
         };
         // Served here before etcd tells the others, owned before it is seen,
         // and limited from its first command.
@@ -332,6 +352,9 @@ impl Agent {
         let Some(spec) = s.spec(name).await.map_err(etcd)? else {
             return self.delete_thin(name, force).await;
         };
+        if spec.deleting {
+            return self.finish_delete(&spec).await;
+        }
         if spec.thin_pool {
             let thins = s.thin_specs(name).await.map_err(etcd)?;
             if !thins.is_empty() {
@@ -379,14 +402,32 @@ impl Agent {
             sw.deactivate();
             sw.drain(Duration::from_secs(5)).await;
         }
-        // Checked again: a rebuild may have come due during the drain.
-        let res = match self.node.delete_waits(name).await {
+        // Checked again: a rebuild may have come due during the drain. Then
+        // marked in etcd: no node takes it over once its drives are wiped.
+        let marked = match self.node.delete_waits(name).await {
             Some(why) => Err(NodeError::Conflict(why)),
-            None => self.node.delete_volume(name, true).await,
+            None => s.mark_deleting(&spec, epoch).await.map_err(etcd),
         };
-        if let Err(e) = res {
+        let res = match marked {
+            Ok(m) => self
+                .node
+                .delete_volume(name, true)
+                .await
+                .map_err(|e| (e, Some(m))),
+            Err(e) => Err((e, None)),
+        };
+        if let Err((e, marked)) = res {
             // Refused before it changed anything: served again, as it was.
             // (No thin volumes: a pool that has any is refused above.)
+            if let Some(m) = marked
+                && let Err(err) = s.unmark_deleting(&m, epoch).await
+            {
+                tracing::error!(
+                    "cluster volume {name}: its delete was refused ({e}), but its record \
+                     stays marked deleting ({err}): a delete will finish it"
+                );
+                return Err(e);
+            }
             if let Some(dev) = self.node.volume_device(name).await {
                 sv.switch.activate(dev);
                 self.target
@@ -395,9 +436,53 @@ impl Agent {
             return Err(e);
         }
         self.owned.lock().remove(name);
-        s.delete_volume(name, epoch).await.map_err(etcd)?;
         let sv = served.remove(name).expect("found");
         self.unserve_all(&sv);
+        #[cfg(test)]
+        if FAIL_ETCD_DELETE.lock().iter().any(|n| n == name) {
+            let e = ClusterError::Etcd("refused by the test".into());
+            return Err(not_finished(name, e));
+        }
+        s.delete_volume(name, epoch)
+            .await
+            .map_err(|e| not_finished(name, e))?;
+        Ok(Some(()))
+    }
+
+    /// A delete of volume `marked`, marked deleting by an earlier delete
+    /// whose etcd part failed (or whose owner died meanwhile): whatever is
+    /// left of it here is deleted, then its cluster record. Refused while
+    /// another live node owns it (that node may still be wiping its
+    /// drives).
+    async fn finish_delete(&self, marked: &VolumeSpec) -> NodeResult<Option<()>> {
+        let name = &marked.name;
+        let s = self.session();
+        let mut served = self.served.lock().await;
+        if let Some(o) = s.owner(name).await.map_err(etcd)?
+            && o.node != s.node()
+            && s.nodes()
+                .await
+                .map_err(etcd)?
+                .iter()
+                .any(|n| n.name == o.node)
+        {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {name} is being deleted by node {}; retry the delete there",
+                o.node
+            )));
+        }
+        match self.node.delete_volume(name, true).await {
+            Ok(()) | Err(NodeError::Missing { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        if let Some(sv) = served.remove(name) {
+            self.owned.lock().remove(name);
+            self.unserve_all(&sv);
+        }
+        s.finish_delete(marked)
+            .await
+            .map_err(|e| not_finished(name, e))?;
+        tracing::info!("cluster volume {name}: the delete begun earlier is finished");
         Ok(Some(()))
     }
 
@@ -409,6 +494,12 @@ impl Agent {
             .await
             .map_err(etcd)?
             .ok_or_else(|| NodeError::NotFound(format!("no cluster volume {name}")))?;
+        if spec.deleting {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {name} is being deleted; finish that with \
+                 `flashpool volume delete {name} --force`"
+            )));
+        }
         let owner = s.owner(name).await.map_err(etcd)?.ok_or_else(|| {
             NodeError::Conflict(format!(
                 "cluster volume {name} has no owner right now (a takeover is under way); retry"
@@ -682,6 +773,7 @@ mod tests {
             model: "m".into(),
             thin_pool: false,
             extents: Vec::new(),
+            deleting: false,
         }
     }
 

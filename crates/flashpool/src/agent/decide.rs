@@ -81,6 +81,8 @@ pub struct VolumeView {
     /// `volumes/<v>/handoff`. It may be left unread (`None`) where
     /// [`handoff_matters`] says no decision reads it.
     pub handoff: Option<Handoff>,
+    /// Its spec is marked deleting: a delete wipes (or wiped) its drives.
+    pub deleting: bool,
 }
 
 /// What etcd shows: members and every volume that has a spec.
@@ -206,6 +208,8 @@ pub enum Keep {
     NotEligible,
     /// This owner drains, but no other node may take the volume.
     NowhereToDrain,
+    /// Its delete has begun: nobody serves it; a delete finishes it.
+    Deleting,
 }
 
 /// One volume's steps, in order, and what to remember of it afterwards.
@@ -221,6 +225,8 @@ pub struct Plan {
 
 /// Why a served volume whose spec is gone steps down.
 pub const WHY_DELETED: &str = "its cluster record was deleted";
+/// Why a volume run here steps down when its spec is marked deleting.
+pub const WHY_DELETING: &str = "it is being deleted";
 /// Why a volume run here steps down when its owner key is gone.
 pub const WHY_KEY_GONE: &str = "its ownership key is gone (lease expired or revoked)";
 
@@ -282,6 +288,26 @@ pub fn decide_gone(name: &str, lv: &LocalVolume) -> Option<Plan> {
     })
 }
 
+/// A volume whose delete has begun: whoever its owner, its drives are
+/// (being) wiped, so nothing here may run or serve it, and no node claims it.
+fn deleting(name: &str, lv: &LocalVolume) -> Plan {
+    let mut steps = Vec::new();
+    if lv.epoch.is_some() {
+        steps.push(Action::StepDown {
+            why: WHY_DELETING.to_string(),
+        });
+    }
+    steps.push(match lv.served {
+        true => Action::Unserve,
+        false => Action::Keep(Keep::Deleting),
+    });
+    Plan {
+        volume: name.to_string(),
+        steps,
+        memory: lv.memory.clone(),
+    }
+}
+
 /// Whether `me` is next in line for `volume`, owned by `owner`: the node
 /// that claims it at once if the owner dies ([`claim_turn`]'s rank 0
 /// once the owner is gone) or drains (the draining owner's
@@ -307,6 +333,9 @@ pub fn decide_volume(
     lv: &LocalVolume,
     now: Instant,
 ) -> Plan {
+    if v.deleting {
+        return deleting(&v.name, lv);
+    }
     let mut memory = lv.memory.clone();
     let mut steps = Vec::new();
     if !lv.served {

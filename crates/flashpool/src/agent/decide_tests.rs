@@ -70,6 +70,7 @@ struct Row {
     volume: &'static str,
     owner: Option<Owner>,
     handoff: Option<Handoff>,
+    deleting: bool,
     here: LocalVolume,
     now: Instant,
     want: Vec<Action>,
@@ -96,6 +97,7 @@ fn rows(t0: Instant) -> Vec<Row> {
         volume,
         owner,
         handoff: None,
+        deleting: false,
         here,
         now: t0,
         want,
@@ -502,6 +504,49 @@ fn rows(t0: Instant) -> Vec<Row> {
                 vec![Action::Wait(Wait::Cooldown { until: t(4_000) })],
             )
         },
+        // ---- a delete began (the spec is marked deleting): nobody runs,
+        // serves or claims it, whatever else etcd says
+        Row {
+            deleting: true,
+            ..row(
+                "being deleted, run here (its delete failed in etcd): step down, stop serving",
+                "vol",
+                Some(owner(ME, 3)),
+                running(3),
+                vec![step_down(WHY_DELETING), Action::Unserve],
+            )
+        },
+        Row {
+            deleting: true,
+            ..row(
+                "being deleted, on standby here: stop serving",
+                "vol",
+                Some(owner("c2", 3)),
+                standby(),
+                vec![Action::Unserve],
+            )
+        },
+        Row {
+            deleting: true,
+            ..row(
+                "being deleted, its owner gone, this node first in line: no claim",
+                "vol",
+                None,
+                unseen(),
+                vec![Action::Keep(Keep::Deleting)],
+            )
+        },
+        Row {
+            deleting: true,
+            handoff: Some(handoff(ME, 3)),
+            ..row(
+                "being deleted, owned here but not run (no release) and handed to this node",
+                "vol",
+                Some(owner(ME, 3)),
+                unseen(),
+                vec![Action::Keep(Keep::Deleting)],
+            )
+        },
     ]
 }
 
@@ -514,6 +559,7 @@ fn what_etcd_shows_to_what_the_node_does() {
             name: r.volume.into(),
             owner: r.owner,
             handoff: r.handoff,
+            deleting: r.deleting,
         };
         let got = decide_volume(&members(r.live, r.draining), ME, &v, &r.here, r.now);
         assert_eq!(got.volume, r.volume);
@@ -547,6 +593,7 @@ fn view(vols: &[(&str, Option<Owner>)]) -> ClusterView {
                 name: n.to_string(),
                 owner: o.clone(),
                 handoff: None,
+                deleting: false,
             })
             .collect(),
     }
@@ -634,6 +681,7 @@ fn memory_remembers_a_handoff_from_its_first_sighting() {
         name: "vol".into(),
         owner: None,
         handoff: Some(handoff("c2", 1)),
+        deleting: false,
     };
     let p = decide_volume(&m, ME, &v, &standby(), t0);
     assert_eq!(p.memory.handoff_seen, Some((handoff("c2", 1), t0)));
@@ -692,6 +740,7 @@ fn a_planned_move_from_every_side() {
             name: "vol".into(),
             owner,
             handoff: Some(handoff("c3", 1)),
+            deleting: false,
         };
         decide_volume(&m, me, &v, &lv, t0).steps
     };

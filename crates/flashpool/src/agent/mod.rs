@@ -26,6 +26,8 @@
 
 mod cluster_ops;
 mod decide;
+#[cfg(test)]
+mod delete_tests;
 mod extents;
 #[cfg(test)]
 mod extents_tests;

@@ -88,6 +88,7 @@ impl Agent {
             name: name.clone(),
             owner,
             handoff,
+            deleting: spec.deleting || read.deleting,
         };
         let plan = decide::decide_volume(members, me, &view, &here, Instant::now());
         self.act(s, spec, slot, plan, Some(&read)).await?;

@@ -407,9 +407,10 @@ impl Agent {
         let wanted: BTreeSet<String> = specs
             .iter()
             .filter(|v| {
-                owners
-                    .get(&v.name)
-                    .is_some_and(|o| decide::next_in_line(members, me, &v.name, &o.node))
+                !v.deleting
+                    && owners
+                        .get(&v.name)
+                        .is_some_and(|o| decide::next_in_line(members, me, &v.name, &o.node))
             })
             // a pool's extents are taken over with it
             .flat_map(|v| {

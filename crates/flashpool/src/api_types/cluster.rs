@@ -30,7 +30,8 @@ pub struct VolumeStatus {
     pub owner: Option<String>,
     pub epoch: Option<u64>,
     pub generation: Option<u64>,
-    /// optimal, degraded, rebuilding (as its owner last recorded), or unowned.
+    /// optimal, degraded, rebuilding (as its owner last recorded), unowned,
+    /// or deleting (a delete began and did not finish: run it again).
     pub state: String,
     pub handoff: Option<String>,
     pub nqn: String,

@@ -1,0 +1,131 @@
+//! A cluster delete whose last step (removing the record from etcd) fails
+//! after the drives were wiped: the record stays, marked deleting; no node
+//! serves or takes the volume over, its drives stay held, and a delete on
+//! any node finishes it (not on another node while its owner lives).
+
+use std::sync::Arc;
+
+use super::Agent;
+use super::cluster_ops::FAIL_ETCD_DELETE;
+use super::tests::{NQN, Pair, pair, wait};
+use crate::node::{CreateVolume, ExportRequest, NodeError};
+
+const NAME: &str = "vdel";
+/// The second test's volume: the failing list is shared by the tests.
+const NAME2: &str = "vdel2";
+
+async fn create(a: &Arc<Agent>, name: &str, drives: &[&str]) -> Result<(), NodeError> {
+    a.create(CreateVolume {
+        name: name.into(),
+        layout: Some("raid1".into()),
+        drives: drives.iter().map(|d| d.to_string()).collect(),
+        thin_pool: false,
+        cluster: None,
+        compression: None,
+        pool: None,
+        size: None,
+        strip: None,
+        block_size: None,
+        rebuild_rate: None,
+        export: Some(ExportRequest {
+            nqn: NQN.into(),
+            nsid: 1,
+        }),
+        encrypt: false,
+    })
+    .await
+    .map(|_| ())
+}
+
+fn serves(t: &nvmf_target::Target) -> bool {
+    t.subsystem(NQN).and_then(|s| s.namespace(1)).is_some()
+}
+
+async fn state(a: &Arc<Agent>, name: &str) -> Option<String> {
+    let st = a.status().await.unwrap();
+    st.volumes
+        .into_iter()
+        .find(|v| v.name == name)
+        .map(|v| v.state)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_cut_short_after_the_wipe_is_finished_by_a_retry() {
+    let Some(Pair {
+        etcd: _etcd,
+        enc: _enc,
+        a,
+        ta,
+        b,
+        tb,
+    }) = pair().await
+    else {
+        return;
+    };
+    create(&a, NAME, &["e1:d0", "e1:d1"]).await.unwrap();
+    wait("b to serve vdel on standby", 10, async || serves(&tb)).await;
+
+    FAIL_ETCD_DELETE.lock().push(NAME.into());
+    let e = a.delete(NAME, true).await.unwrap_err();
+    FAIL_ETCD_DELETE.lock().retain(|n| n != NAME);
+    assert!(
+        matches!(&e, NodeError::Unavailable(m) if m.contains("stays marked deleting")),
+        "{e}"
+    );
+    // Before the fix a retry answered "no volume" for ever, and another
+    // node could take over a volume whose drives were wiped.
+    assert_eq!(state(&a, NAME).await.as_deref(), Some("deleting"));
+    assert!(!serves(&ta));
+    wait("b to stop serving vdel", 10, async || !serves(&tb)).await;
+    // Its drives stay held until the record is gone: a create on them is
+    // refused (a drive "in use"), not laid over a half-deleted volume.
+    let e = create(&b, "other", &["e1:d1", "e1:d2"]).await.unwrap_err();
+    assert!(
+        matches!(&e, NodeError::Conflict(m) if m.contains(NAME)),
+        "{e}"
+    );
+
+    // a still lives and owns it: b leaves it to a.
+    let e = b.delete(NAME, true).await.unwrap_err();
+    assert!(
+        matches!(&e, NodeError::Conflict(m) if m.contains("being deleted by node a")),
+        "{e}"
+    );
+    let e = b.move_volume(NAME, "b").await.unwrap_err();
+    assert!(
+        matches!(&e, NodeError::Conflict(m) if m.contains("being deleted")),
+        "{e}"
+    );
+
+    // Its owner gone, any node finishes it; the drives are free again.
+    a.leave().await;
+    b.delete(NAME, true).await.unwrap().expect("found");
+    assert_eq!(state(&b, NAME).await, None);
+    create(&b, NAME, &["e1:d0", "e1:d1"]).await.unwrap();
+    assert_eq!(state(&b, NAME).await.as_deref(), Some("optimal"));
+    b.leave().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn its_owner_finishes_a_delete_cut_short() {
+    let Some(Pair {
+        etcd: _etcd,
+        enc: _enc,
+        a,
+        ta: _ta,
+        b,
+        tb: _tb,
+    }) = pair().await
+    else {
+        return;
+    };
+    create(&a, NAME2, &["e1:d0", "e1:d1"]).await.unwrap();
+    FAIL_ETCD_DELETE.lock().push(NAME2.into());
+    assert!(a.delete(NAME2, true).await.is_err());
+    FAIL_ETCD_DELETE.lock().retain(|n| n != NAME2);
+    a.delete(NAME2, false).await.unwrap().expect("found");
+    assert_eq!(state(&a, NAME2).await, None);
+    assert_eq!(state(&b, NAME2).await, None);
+    a.leave().await;
+    b.leave().await;
+}
