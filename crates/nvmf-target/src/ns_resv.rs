@@ -244,9 +244,13 @@ impl NsReservations {
     }
 
     /// Whether a command may store the record, and so belongs on the store
-    /// worker ([`Self::apply_queued`]) rather than on the reactor.
-    pub(crate) fn may_store(&self) -> bool {
-        self.persistent
+    /// worker ([`Self::apply_queued`]) rather than on the reactor: a shared
+    /// record is stored on every change, a node's own only while PTPL is on
+    /// or when the command sets it (`sets_ptpl`). A PTPL turned on by a
+    /// command queued meanwhile makes a command run here store on the
+    /// reactor: still correct, only slower, and as rare as that race.
+    pub(crate) fn may_store(&self, sets_ptpl: bool) -> bool {
+        self.persistent && (self.shared || sets_ptpl || self.ptpl())
     }
 
     /// [`Self::apply`] on the namespace's store worker, a thread that runs

@@ -123,7 +123,7 @@ fn shared_state_is_stored_on_every_change_and_reloaded_elsewhere() {
     assert!(a.persistent() && a.is_shared());
     setup(&a, &dev);
     // every change stored, PTPL off all along
-    assert!(!a.ptpl());
+    assert!(!a.ptpl() && a.may_store(false));
     assert_eq!(dev.stores.load(Ordering::SeqCst), 5);
     assert_eq!(a.preempted_hosts(), [[3; 16]]);
 
@@ -209,10 +209,14 @@ fn a_local_namespace_stores_only_with_ptpl() {
     let dev = RecordDev::new();
     let r = NsReservations::load(&*dev);
     assert!(r.persistent() && !r.is_shared());
+    // With PTPL off a command stores nothing, so it runs on the reactor;
+    // one that sets PTPL goes to the store worker.
+    assert!(!r.may_store(false) && r.may_store(true));
     register(&r, &dev, 1, 11).unwrap();
     assert_eq!(dev.stores.load(Ordering::SeqCst), 0);
     r.set_ptpl(&*dev, true).unwrap();
     assert_eq!(dev.stores.load(Ordering::SeqCst), 1);
+    assert!(r.may_store(false));
     // a PTPL record comes back on a restart of this node
     let again = NsReservations::load(&*dev);
     assert_eq!(again.snapshot(), r.snapshot());

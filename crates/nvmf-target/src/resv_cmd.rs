@@ -27,7 +27,7 @@ use nvme_wire::reservation::{
     MASK_REGISTRATION_PREEMPTED, MASK_RESERVATION_PREEMPTED, MASK_RESERVATION_RELEASED,
     PERSISTENCE_PTPL, REGISTER_DATA_LEN, RELEASE_DATA_LEN, RESCAP_ALL_TYPES, RESCAP_IEKEY_13,
     RESCAP_PTPL, RegisterCdw10, RegisterData, ReleaseCdw10, ReleaseData, ReportCmd, ResvLogEntry,
-    log_type,
+    cptpl, log_type,
 };
 use nvme_wire::sqe::{Sqe, io_opc};
 use nvme_wire::status::{self, Status};
@@ -116,6 +116,9 @@ pub fn execute(
         cntlid: ctrl.cntlid,
     };
     let bad_data = || Status::generic(status::SC_SGL_INVALID_DATA_LEN);
+    // Register's CPTPL field (0: no change) is the only way a command
+    // changes PTPL.
+    let sets_ptpl = matches!(&cmd, ResvCmd::Register(c) if c.cptpl != cptpl::NO_CHANGE);
     let op: StateOp = match cmd {
         ResvCmd::Report(r) => {
             let ctrls_of = |h: &HostId| target.controller_ids_of(h, ctrl.subnqn());
@@ -136,7 +139,7 @@ pub fn execute(
         }
     };
     let nsid = ns.nsid;
-    if !ns.resv.may_store() {
+    if !ns.resv.may_store(sets_ptpl) {
         let out = ns.resv.apply(&*ns.dev, op)?;
         notify(target, ctrl, nsid, &out);
         return Ok(Ran::Done(drain_after(target, ctrl, nsid, out)));
@@ -293,7 +296,7 @@ fn set_ptpl(list: Vec<Namespace>, v: u32) -> Result<FeatureSet, Status> {
     if on && list.iter().any(|ns| !ns.resv.persistent()) {
         return Err(Status::generic(status::SC_INVALID_FIELD));
     }
-    if !list.iter().any(|ns| ns.resv.may_store()) {
+    if !list.iter().any(|ns| ns.resv.may_store(true)) {
         for ns in &list {
             ns.resv.set_ptpl(&*ns.dev, on)?;
         }
