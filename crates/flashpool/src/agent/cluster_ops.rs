@@ -398,10 +398,27 @@ impl Agent {
         }
         self.target
             .set_ana_state(sv.spec.ana_group, AnaState::Inaccessible);
-        for sw in sv.switches() {
+        let switch = sv.switch.clone();
+        let switches = sv.switches();
+        for sw in &switches {
             sw.deactivate();
+        }
+        // The drain (up to 5 s a switch) without the map: meanwhile the
+        // tasks of the node's other volumes (a takeover) go on.
+        drop(served);
+        for sw in &switches {
             sw.drain(Duration::from_secs(5)).await;
         }
+        let mut served = self.served.lock().await;
+        let Some(sv) = served
+            .get_mut(name)
+            .filter(|sv| sv.epoch == Some(epoch) && Arc::ptr_eq(&sv.switch, &switch))
+        else {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {name} changed while its delete waited for its I/O (this node \
+                 stepped down or let it go); nothing was deleted, look again"
+            )));
+        };
         // Checked again: a rebuild may have come due during the drain. Then
         // marked in etcd: no node takes it over once its drives are wiped.
         let marked = match self.node.delete_waits(name).await {
