@@ -190,12 +190,18 @@ impl MemDevice {
             let src = &buf[s.buf_at..s.buf_at + s.len];
             let chunk = &self.chunks[s.chunk];
             let mut slot = chunk.data.write();
+            let fresh = slot.is_none();
             let mem = slot.get_or_insert_with(|| {
                 let mem = self.new_chunk();
                 chunk.addr.store(mem.addr(), Ordering::Relaxed);
                 mem
             });
             mem.bytes_mut()[s.at..s.at + s.len].copy_from_slice(src);
+            if fresh {
+                // Touched first as small pages (a huge page's fault would
+                // stall this write); merged into one in the background.
+                mem.advise_huge();
+            }
         }
     }
 
