@@ -302,23 +302,45 @@ fn set_ptpl(list: Vec<Namespace>, v: u32) -> Result<FeatureSet, Status> {
         }
         return Ok(FeatureSet::Done);
     }
-    // Queued now, each on its namespace's worker.
-    let stores: Vec<_> = list
-        .iter()
-        .map(|ns| {
-            let op = move |s: &mut ReservationState| {
-                s.set_ptpl(on);
-                Ok(Outcome::default())
-            };
-            ns.resv.apply_queued(ns.dev.clone(), op, |_| {})
-        })
-        .collect();
+    // Queued now, each on its namespace's worker. If one fails, those that
+    // took the new value are set back: a refused command changes nothing.
+    let before: Vec<bool> = list.iter().map(|ns| ns.resv.ptpl()).collect();
+    let stores: Vec<_> = list.iter().map(|ns| queue_ptpl(ns, on)).collect();
     Ok(FeatureSet::Storing(Box::pin(async move {
-        for st in stores {
-            st.await?;
+        let mut refused = None;
+        let mut took = Vec::new();
+        for ((ns, st), was) in list.iter().zip(stores).zip(before) {
+            match st.await {
+                Ok(_) => took.push((ns, was)),
+                Err(e) => {
+                    refused.get_or_insert(e);
+                }
+            }
         }
-        Ok(())
+        let Some(e) = refused else { return Ok(()) };
+        for (ns, was) in took {
+            if was != on && queue_ptpl(ns, was).await.is_err() {
+                tracing::error!(
+                    "nsid {}: Set Features PTPL was refused on another namespace, and its \
+                     own change cannot be taken back",
+                    ns.nsid
+                );
+            }
+        }
+        Err(e)
     })))
+}
+
+/// PTPL set to `on` on `ns`'s store worker.
+fn queue_ptpl(
+    ns: &Namespace,
+    on: bool,
+) -> impl Future<Output = Result<Outcome, Status>> + Send + 'static {
+    let op = move |s: &mut ReservationState| {
+        s.set_ptpl(on);
+        Ok(Outcome::default())
+    };
+    ns.resv.apply_queued(ns.dev.clone(), op, |_| {})
 }
 
 /// Get Features 81h and 83h: (current, changeable) for one namespace.

@@ -631,3 +631,55 @@ fn set_ptpl_stores_off_the_admin_queue() {
     );
     assert_eq!(a.arec.one().dw0, 1);
 }
+
+/// Set Features PTPL over every namespace (NSID FFFFFFFFh) is all or
+/// nothing: a store refused on one namespace sets the others back.
+#[test]
+fn set_ptpl_on_every_namespace_is_undone_where_it_took_when_one_fails() {
+    use crate::subsystem::{Namespace, Subsystem};
+    use nvme_wire::reservation::FID_RESV_PERSISTENCE;
+    let good = crate::ns_resv::tests::RecordDev::new();
+    let bad = crate::ns_resv::tests::RecordDev::new();
+    bad.fail.store(true, Ordering::SeqCst);
+    let t = target_with(Subsystem::new(
+        NQN.into(),
+        "CORE0004".into(),
+        "flashpool core test".into(),
+        true,
+        Vec::new(),
+        vec![
+            Namespace::new(1, good.clone(), [1; 16], [2; 16]),
+            Namespace::new(2, bad.clone(), [3; 16], [4; 16]),
+        ],
+    ));
+    let mut a = host(&t, A);
+    let feature = |opc, cid, nsid| {
+        let mut s = Sqe::new(opc, cid);
+        s.nsid = nsid;
+        s.cdw10 = u32::from(FID_RESV_PERSISTENCE);
+        s.cdw11 = 1;
+        s
+    };
+    a.admin.on_command(
+        &feature(admin_opc::SET_FEATURES, 30, 0xFFFF_FFFF),
+        &[],
+        true,
+        &mut a.arec,
+    );
+    drain(&mut a.admin, &mut a.arec);
+    let c = a.arec.one();
+    assert!(c.cid == 30 && !c.status.is_success(), "{c:?}");
+    for (nsid, cid) in [(1, 31), (2, 32)] {
+        a.admin.on_command(
+            &feature(admin_opc::GET_FEATURES, cid, nsid),
+            &[],
+            true,
+            &mut a.arec,
+        );
+        assert_eq!(a.arec.one().dw0, 0, "nsid {nsid}: PTPL stays off");
+    }
+    // Namespace 1 stored PTPL on, then off again; its record says off.
+    assert_eq!(good.stores.load(Ordering::SeqCst), 2);
+    let again = crate::ns_resv::NsReservations::load(&*good);
+    assert!(!again.ptpl());
+}
