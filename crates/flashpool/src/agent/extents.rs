@@ -172,7 +172,12 @@ impl Agent {
         };
         let mut strays = Vec::new();
         for x in spec.extents.iter().filter(|x| !listed.contains(&x.name)) {
-            let assembled = up.contains(&x.name);
+            // Assembled now, or still running here from an expansion this
+            // node began before (a step-down lets go of the extents its pool
+            // lists, not of this one): let go of either before its drives
+            // are free again.
+            let assembled =
+                up.contains(&x.name) || self.node.volume_device(&x.name).await.is_some();
             if assembled {
                 tracing::warn!(
                     "pool {pool}: volume {}, recorded as its extent, is not one of the pool's \

@@ -310,9 +310,21 @@ async fn the_record_of_an_expansion_cut_short_is_taken_out_by_the_next_owner() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("member of p-x1"), "{e}");
+    // The cut-short expansion had made its volume here already: the move
+    // lets go of it with the pool (before, it stayed open here for ever,
+    // on drives the next owner frees).
+    a.node
+        .create_volume(crate::node::testing::volume(
+            "p-x1",
+            "raid1",
+            &["e1:d3", "e1:d4"],
+        ))
+        .await
+        .unwrap();
 
     a.move_volume("p", "b").await.unwrap();
     assert_eq!(tb.ana_state(g), AnaState::Optimized);
+    assert!(a.node.volume_device("p-x1").await.is_none());
     wait("b to take the record out", 10, async || {
         recorded_extents(&b).await.is_empty()
     })

@@ -569,8 +569,19 @@ impl Agent {
         }
         self.owned.lock().remove(&name);
         self.node.drop_fenced(&name, why).await;
+        self.drop_unlisted_extents(sv, why).await;
         sv.epoch = None;
         self.node.events.emit(observe::stepped_down(&name, why));
+    }
+
+    /// Lets go of pool `sv`'s recorded extents that still run here once the
+    /// pool itself is let go: those its pool lists went with it; one it
+    /// does not list yet (an expansion cut short) would stay open here,
+    /// holding drives that the next owner frees.
+    async fn drop_unlisted_extents(&self, sv: &Served, why: &str) {
+        for x in &sv.spec.extents {
+            self.node.drop_fenced(&x.name, why).await;
+        }
     }
 
     /// The lease is lost: every volume run here steps down. etcd's view
@@ -632,6 +643,8 @@ impl Agent {
             self.node.drop_fenced(&name, "clean handover failed").await;
             clean = false;
         }
+        self.drop_unlisted_extents(sv, "not an extent of its pool, which moved")
+            .await;
         sv.epoch = None;
         if let Err(e) = s.release(&name, epoch).await {
             tracing::warn!("volume {name}: releasing ownership: {e}");
