@@ -38,9 +38,9 @@ pub(super) static FAIL_ETCD_DELETE: parking_lot::Mutex<Vec<String>> =
 /// could not be removed: the record stays, marked deleting.
 fn not_finished(name: &str, e: ClusterError) -> NodeError {
     NodeError::Unavailable(format!(
-        "cluster volume {name}: deleted here and its drives wiped, but its cluster record \
-         could not be removed ({e}); it stays marked deleting, served by no node. Run the \
-         delete again (on any node) to finish it"
+        "cluster volume {name}: deleted on this node, but its cluster record could not be \
+         removed ({e}); it stays marked deleting, served by no node. Run the delete again \
+         (on any node) to finish it"
     ))
 }
 
@@ -423,7 +423,13 @@ impl Agent {
         // marked in etcd: no node takes it over once its drives are wiped.
         let marked = match self.node.delete_waits(name).await {
             Some(why) => Err(NodeError::Conflict(why)),
-            None => s.mark_deleting(&spec, epoch).await.map_err(etcd),
+            None => match s.spec(name).await {
+                Ok(Some(now)) => s.mark_deleting(&now, epoch).await.map_err(etcd),
+                Ok(None) => Err(NodeError::Conflict(format!(
+                    "cluster volume {name} was deleted meanwhile (another request)"
+                ))),
+                Err(e) => Err(etcd(e)),
+            },
         };
         let res = match marked {
             Ok(m) => self
@@ -443,7 +449,11 @@ impl Agent {
                     "cluster volume {name}: its delete was refused ({e}), but its record \
                      stays marked deleting ({err}): a delete will finish it"
                 );
-                return Err(e);
+                return Err(NodeError::Unavailable(format!(
+                    "cluster volume {name}: the delete was refused ({e}), and its record could \
+                     not be taken back from \"deleting\" ({err}): no node serves it now. Run \
+                     the delete again (with --force) to finish it"
+                )));
             }
             if let Some(dev) = self.node.volume_device(name).await {
                 sv.switch.activate(dev);
@@ -489,7 +499,13 @@ impl Agent {
             )));
         }
         match self.node.delete_volume(name, true).await {
-            Ok(()) | Err(NodeError::Missing { .. }) => {}
+            Ok(()) => {}
+            Err(NodeError::Missing { .. }) => tracing::warn!(
+                "cluster volume {name}: its delete is finished here, where it did not run: if \
+                 its owner stopped before it wiped the drives ({}), they still hold its \
+                 superblocks and data",
+                marked.drives.join(", ")
+            ),
             Err(e) => return Err(e),
         }
         if let Some(sv) = served.remove(name) {
@@ -730,7 +746,8 @@ async fn owned_by(s: &Session, node: &str) -> Result<Vec<String>, ClusterError> 
     Ok(s.volumes()
         .await?
         .into_iter()
-        .filter(|r| r.owner.as_ref().is_some_and(|o| o.node == node))
+        // a volume being deleted moves nowhere: a delete finishes it
+        .filter(|r| !r.spec.deleting && r.owner.as_ref().is_some_and(|o| o.node == node))
         .map(|r| r.spec.name)
         .collect())
 }

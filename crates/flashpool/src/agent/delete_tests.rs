@@ -1,7 +1,7 @@
 //! A cluster delete whose last step (removing the record from etcd) fails
 //! after the drives were wiped: the record stays, marked deleting; no node
-//! serves or takes the volume over, its drives stay held, and a delete on
-//! any node finishes it (not on another node while its owner lives).
+//! serves or takes the volume over, and a delete on any node finishes it
+//! (not on another node while its owner lives).
 
 use std::sync::Arc;
 
@@ -15,26 +15,15 @@ const NAME: &str = "vdel";
 const NAME2: &str = "vdel2";
 
 async fn create(a: &Arc<Agent>, name: &str, drives: &[&str]) -> Result<(), NodeError> {
-    a.create(CreateVolume {
-        name: name.into(),
-        layout: Some("raid1".into()),
-        drives: drives.iter().map(|d| d.to_string()).collect(),
-        thin_pool: false,
-        cluster: None,
-        compression: None,
-        pool: None,
-        size: None,
-        strip: None,
-        block_size: None,
-        rebuild_rate: None,
-        export: Some(ExportRequest {
-            nqn: NQN.into(),
-            nsid: 1,
-        }),
-        encrypt: false,
-    })
-    .await
-    .map(|_| ())
+    let export = Some(ExportRequest {
+        nqn: NQN.into(),
+        nsid: 1,
+    });
+    let req = CreateVolume {
+        export,
+        ..crate::node::testing::volume(name, "raid1", drives)
+    };
+    a.create(req).await.map(|_| ())
 }
 
 fn serves(t: &nvmf_target::Target) -> bool {
@@ -77,14 +66,6 @@ async fn a_delete_cut_short_after_the_wipe_is_finished_by_a_retry() {
     assert_eq!(state(&a, NAME).await.as_deref(), Some("deleting"));
     assert!(!serves(&ta));
     wait("b to stop serving vdel", 10, async || !serves(&tb)).await;
-    // Its drives stay held until the record is gone: a create on them is
-    // refused (a drive "in use"), not laid over a half-deleted volume.
-    let e = create(&b, "other", &["e1:d1", "e1:d2"]).await.unwrap_err();
-    assert!(
-        matches!(&e, NodeError::Conflict(m) if m.contains(NAME)),
-        "{e}"
-    );
-
     // a still lives and owns it: b leaves it to a.
     let e = b.delete(NAME, true).await.unwrap_err();
     assert!(
@@ -97,8 +78,12 @@ async fn a_delete_cut_short_after_the_wipe_is_finished_by_a_retry() {
         "{e}"
     );
 
-    // Its owner gone, any node finishes it; the drives are free again.
+    // Its owner gone, no node claims it (its drives were wiped), and any
+    // node finishes its delete; the drives are free again.
     a.leave().await;
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    assert_eq!(b.session().owner(NAME).await.unwrap(), None);
+    assert_eq!(state(&b, NAME).await.as_deref(), Some("deleting"));
     b.delete(NAME, true).await.unwrap().expect("found");
     assert_eq!(state(&b, NAME).await, None);
     create(&b, NAME, &["e1:d0", "e1:d1"]).await.unwrap();

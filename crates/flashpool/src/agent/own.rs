@@ -88,7 +88,8 @@ impl Agent {
             name: name.clone(),
             owner,
             handoff,
-            deleting: spec.deleting || read.deleting,
+            // this read is newer than the pass's list of specs
+            deleting: read.deleting,
         };
         let plan = decide::decide_volume(members, me, &view, &here, Instant::now());
         self.act(s, spec, slot, plan, Some(&read)).await?;
