@@ -455,7 +455,16 @@ impl Agent {
                      the delete again (with --force) to finish it"
                 )));
             }
-            if let Some(dev) = self.node.volume_device(name).await {
+            // Only while etcd still names this node at `epoch`: a mark
+            // refused because ownership moved during the drain must not
+            // advertise the volume here again (the next pass steps down).
+            let still_mine = s
+                .owner(name)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|o| o.node == s.node() && o.epoch == epoch);
+            if still_mine && let Some(dev) = self.node.volume_device(name).await {
                 sv.switch.activate(dev);
                 self.target
                     .set_ana_state(sv.spec.ana_group, AnaState::Optimized);
