@@ -291,6 +291,12 @@ fo_check() {
   tk=$(takeover "$now" "$T_FAULT" "$VOL")
   [ "$FS" != 0 ] && fs_check "$name" "$g"
   [ "$(kv rounds "$g")" -ge 1 ] 2> /dev/null || why="$why no fio round;"
+  # a round fio itself died in (a signal, no error printed: guest-init.sh tool_crash) is not an
+  # error the host saw, but a case needs one round that ran through
+  crashed=$(kv crashed "$g"); crashed=${crashed:-0}
+  [ $(( $(kv rounds "$g") - $(kv failed "$g") - crashed )) -ge 1 ] 2> /dev/null \
+    || why="$why no fio round ran through ($crashed crashed: $(kv crash "$g"));"
+  crash_note=""; [ "$crashed" = 0 ] || crash_note=", $crashed fio crash(es) not counted as failures (first: $(kv crash "$g"))"
   [ "$(kv failed "$g")" = 0 ] || why="$why $(kv failed "$g") fio round(s) failed (first error: $(kv fioerr "$g"); the guest's kernel lines: $RUN/serial.log);"
   [ "$(kv verr "$g")" = 0 ] || why="$why $(kv verr "$g") verify error lines;"
   [ "$(kv ioerr "$g")" = 0 ] || why="$why $(kv ioerr "$g") I/O error lines in the guest kernel log;"
@@ -299,7 +305,7 @@ fo_check() {
   why="$why$F_WHY"
   [ -n "$why" ] && ok=FAIL
   gap=$(case_gap "$T_FAULT")
-  hres "$tag" $ok "${why:+$why }$F_DETAIL; owner $o/$EPOCH0 -> $now/$e${tk:+ ($tk)}${FS_DETAIL:+; $FS_DETAIL}; host-visible stall: clat max $(kv clat_ms "$g") ms, longest I/O gap ${gap:-?} ms; fio $(kv rounds "$g") rounds randwrite $BS qd$QD crc32c, $(kv failed "$g") failed, $(kv verr "$g") verify errors; guest I/O errors $(kv ioerr "$g"); stale writes $stale"
+  hres "$tag" $ok "${why:+$why }$F_DETAIL; owner $o/$EPOCH0 -> $now/$e${tk:+ ($tk)}${FS_DETAIL:+; $FS_DETAIL}; host-visible stall: clat max $(kv clat_ms "$g") ms, longest I/O gap ${gap:-?} ms; fio $(kv rounds "$g") rounds randwrite $BS qd$QD crc32c, $(kv failed "$g") failed, $(kv verr "$g") verify errors$crash_note; guest I/O errors $(kv ioerr "$g"); stale writes $stale"
   echo "$tag clat_ms=$(kv clat_ms "$g") gap_ms=${gap:-} $ok" >> "$RUN/stalls.txt"
   case_timeline "$tag"
   [ $ok = PASS ]
