@@ -144,6 +144,21 @@ pub struct VolumeSpec {
     pub deleting: bool,
 }
 
+impl VolumeSpec {
+    /// The volume or extent of this spec that has drive `url` as a member
+    /// or is putting it in (`joining`): its name, or `None`. A drive that
+    /// a spec names is taken, whatever state the volume is in (a volume
+    /// being deleted still holds its drives until the spec is gone).
+    pub fn holder_of(&self, url: &str) -> Option<&str> {
+        let has = |d: &[String], j: &[String]| d.iter().chain(j).any(|x| x == url);
+        if has(&self.drives, &self.joining) {
+            return Some(&self.name);
+        }
+        let x = self.extents.iter().find(|x| has(&x.drives, &x.joining))?;
+        Some(&x.name)
+    }
+}
+
 /// One extent of a cluster pool, as [`VolumeSpec::extents`] lists it.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ExtentSpec {

@@ -225,7 +225,9 @@ impl Agent {
                 req.name
             )));
         }
-        for spec in s.specs().await.map_err(etcd)? {
+        let specs = s.specs().await.map_err(etcd)?;
+        super::extents::drives_free(&specs, &urls)?;
+        for spec in specs {
             if !req.thin_pool && spec.nqn == x.nqn && spec.nsid == x.nsid {
                 return Err(NodeError::Conflict(format!(
                     "nsid {} of {} serves cluster volume {} already; pick another nsid",

@@ -15,9 +15,18 @@ const NAME: &str = "vdel";
 const NAME2: &str = "vdel2";
 
 async fn create(a: &Arc<Agent>, name: &str, drives: &[&str]) -> Result<(), NodeError> {
+    create_at(a, name, drives, 1).await
+}
+
+async fn create_at(
+    a: &Arc<Agent>,
+    name: &str,
+    drives: &[&str],
+    nsid: u32,
+) -> Result<(), NodeError> {
     let export = Some(ExportRequest {
         nqn: NQN.into(),
-        nsid: 1,
+        nsid,
     });
     let req = CreateVolume {
         export,
@@ -84,6 +93,21 @@ async fn a_delete_cut_short_after_the_wipe_is_finished_by_a_retry() {
     tokio::time::sleep(std::time::Duration::from_millis(700)).await;
     assert_eq!(b.session().owner(NAME).await.unwrap(), None);
     assert_eq!(state(&b, NAME).await.as_deref(), Some("deleting"));
+    // Its drives stay taken while its record names them (no reservation
+    // guards them any more: the delete wiped them and let go).
+    // Before the check, this create wrote its superblocks there.
+    let e = create_at(&b, "vnew", &["e1:d2", "e1:d1"], 2)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, NodeError::Conflict(m) if m.contains("drive") && m.contains("is a member of vdel")),
+        "{e}"
+    );
+    assert_eq!(
+        state(&b, "vnew").await,
+        None,
+        "a refused create changes nothing"
+    );
     b.delete(NAME, true).await.unwrap().expect("found");
     assert_eq!(state(&b, NAME).await, None);
     create(&b, NAME, &["e1:d0", "e1:d1"]).await.unwrap();

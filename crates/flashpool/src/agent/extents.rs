@@ -289,28 +289,28 @@ async fn check_free(s: &Session, name: &str, urls: &[String]) -> NodeResult<()> 
             "a thin volume is called {name} already; name the extent otherwise (name)"
         )));
     }
-    for v in s.specs().await.map_err(etcd)? {
-        let mut drives: Vec<(&str, &String)> = v
-            .drives
-            .iter()
-            .chain(&v.joining)
-            .map(|d| (&*v.name, d))
-            .collect();
-        for x in &v.extents {
-            if x.name == name {
-                return Err(NodeError::Conflict(format!(
-                    "extent {name} of pool {} exists already; name the extent otherwise (name)",
-                    v.name
-                )));
-            }
-            drives.extend(x.drives.iter().chain(&x.joining).map(|d| (&*x.name, d)));
+    let specs = s.specs().await.map_err(etcd)?;
+    for v in &specs {
+        if let Some(x) = v.extents.iter().find(|x| x.name == name) {
+            return Err(NodeError::Conflict(format!(
+                "extent {} of pool {} exists already; name the extent otherwise (name)",
+                x.name, v.name
+            )));
         }
         if v.name == name {
             return Err(NodeError::Conflict(format!(
                 "cluster volume {name} exists already; name the extent otherwise (name)"
             )));
         }
-        if let Some((holder, d)) = drives.iter().find(|(_, d)| urls.contains(d)) {
+    }
+    drives_free(&specs, urls)
+}
+
+/// Refuses drives that a cluster volume or extent holds (a member, or
+/// joining one): writing a new superblock there would destroy it.
+pub(super) fn drives_free(specs: &[cluster::VolumeSpec], urls: &[String]) -> NodeResult<()> {
+    for d in urls {
+        if let Some(holder) = specs.iter().find_map(|v| v.holder_of(d)) {
             return Err(NodeError::Conflict(format!(
                 "drive {d} is a member of {holder} already; nothing was changed"
             )));

@@ -93,16 +93,6 @@ impl Place {
     }
 }
 
-/// Whether `url` is a member of `spec` (or of its extents), or joining one.
-fn holds(spec: &VolumeSpec, url: &str) -> bool {
-    let mut all = spec.drives.iter().chain(&spec.joining);
-    all.any(|d| d == url)
-        || spec
-            .extents
-            .iter()
-            .any(|x| x.drives.iter().chain(&x.joining).any(|d| d == url))
-}
-
 impl Agent {
     /// `POST /v1/drives/{name}/replace` for a member of a cluster volume:
     /// done by the volume's owner (another node passes the request on), in
@@ -121,7 +111,7 @@ impl Agent {
         let s = self.session();
         let specs = s.specs().await.map_err(etcd)?;
         let Some(place) = Place::find(&specs, &url) else {
-            if let Some(v) = specs.iter().find(|v| holds(v, &url)) {
+            if let Some(v) = specs.iter().find(|v| v.holder_of(&url).is_some()) {
                 // Only listed as joining: a replace of v's under way or cut
                 // short, which the spec does not place yet.
                 return Err(NodeError::Conflict(format!(
@@ -157,7 +147,7 @@ impl Agent {
         // A drive this place was already putting in (a replace cut short)
         // may be asked for again; any other in a spec is taken.
         let again = place.joining().contains(&with_url);
-        if !again && let Some(v) = specs.iter().find(|v| holds(v, &with_url)) {
+        if !again && let Some(v) = specs.iter().find(|v| v.holder_of(&with_url).is_some()) {
             return Err(NodeError::Conflict(format!(
                 "drive {with} is a member of {} already; nothing was changed",
                 v.name
