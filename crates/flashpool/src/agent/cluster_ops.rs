@@ -511,12 +511,10 @@ impl Agent {
         }
         match self.node.delete_volume(name, true).await {
             Ok(()) => {}
-            Err(NodeError::Missing { .. }) => tracing::warn!(
-                "cluster volume {name}: its delete is finished here, where it did not run: if \
-                 its owner stopped before it wiped the drives ({}), they still hold its \
-                 superblocks and data",
-                marked.drives.join(", ")
-            ),
+            // Its owner may have stopped before it wiped the drives: wiped
+            // here (again, if it did), while the record still keeps every
+            // other volume off them.
+            Err(NodeError::Missing { .. }) => self.wipe_marked(marked).await,
             Err(e) => return Err(e),
         }
         if let Some(sv) = served.remove(name) {
@@ -528,6 +526,37 @@ impl Agent {
             .map_err(|e| not_finished(name, e))?;
         tracing::info!("cluster volume {name}: the delete begun earlier is finished");
         Ok(Some(()))
+    }
+
+    /// The wipe of a delete finished where the volume did not run: every
+    /// drive its record names (members, joining, extents').
+    async fn wipe_marked(&self, marked: &VolumeSpec) {
+        let name = &marked.name;
+        let mut urls: Vec<String> = marked
+            .drives
+            .iter()
+            .chain(&marked.joining)
+            .cloned()
+            .collect();
+        for x in &marked.extents {
+            urls.extend(x.drives.iter().chain(&x.joining).cloned());
+        }
+        let failed = self.node.wipe_remotes(&urls).await;
+        if failed.is_empty() {
+            tracing::info!(
+                "cluster volume {name}: its drives ({}) wiped here, where it did not run",
+                urls.join(", ")
+            );
+            return;
+        }
+        let why: Vec<String> = failed.iter().map(|(u, e)| format!("{u}: {e}")).collect();
+        tracing::warn!(
+            "cluster volume {name}: its delete is finished, but {} of its drives could not be \
+             wiped here ({}): each may still hold its superblock, its data and its old owner's \
+             reservation",
+            failed.len(),
+            why.join("; ")
+        );
     }
 
     /// `POST /v1/volumes/{name}/move`: a planned move to node `to`.

@@ -13,6 +13,7 @@ use crate::node::{CreateVolume, ExportRequest, NodeError};
 const NAME: &str = "vdel";
 /// The second test's volume: the failing list is shared by the tests.
 const NAME2: &str = "vdel2";
+const NAME3: &str = "vdel3";
 
 async fn create(a: &Arc<Agent>, name: &str, drives: &[&str]) -> Result<(), NodeError> {
     create_at(a, name, drives, 1).await
@@ -136,5 +137,40 @@ async fn its_owner_finishes_a_delete_cut_short() {
     assert_eq!(state(&a, NAME2).await, None);
     assert_eq!(state(&b, NAME2).await, None);
     a.leave().await;
+    b.leave().await;
+}
+
+/// The owner marked the delete and stopped before it wiped the drives: the
+/// node that finishes the delete wipes them, taking its reservation over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_whose_owner_stopped_before_the_wipe_is_wiped_where_it_is_finished() {
+    let Some(Pair {
+        etcd: _etcd,
+        enc: _enc,
+        a,
+        ta: _ta,
+        b,
+        tb,
+    }) = pair().await
+    else {
+        return;
+    };
+    create(&a, NAME3, &["e1:d0", "e1:d1"]).await.unwrap();
+    wait("b to serve vdel3 on standby", 10, async || serves(&tb)).await;
+    // What `Agent::delete` does first, then the owner is gone.
+    let s = a.session();
+    let spec = s.spec(NAME3).await.unwrap().expect("recorded");
+    let epoch = s.owner(NAME3).await.unwrap().expect("owned").epoch;
+    s.mark_deleting(&spec, epoch).await.unwrap();
+    a.leave().await;
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    assert_eq!(b.session().owner(NAME3).await.unwrap(), None);
+
+    b.delete(NAME3, true).await.unwrap().expect("found");
+    assert_eq!(state(&b, NAME3).await, None);
+    // Before, the drives kept a's reservation (and vdel3's superblocks):
+    // this create was refused, "reserved by another node".
+    create(&b, "vnew3", &["e1:d0", "e1:d1"]).await.unwrap();
+    assert_eq!(state(&b, "vnew3").await.as_deref(), Some("optimal"));
     b.leave().await;
 }

@@ -256,6 +256,31 @@ impl Node {
         .await;
     }
 
+    /// Wipes the superblocks of remote drives `urls` that no volume here
+    /// has open: a cluster delete finished on a node where the volume did
+    /// not run, after its owner stopped between marking the delete and
+    /// wiping. Each drive is dialled, claimed over whichever node held it
+    /// (that owner is gone or deposed: its writes end there), wiped and let
+    /// go, every drive at once. Best effort: returns the drives not wiped,
+    /// each with why.
+    pub(crate) async fn wipe_remotes(&self, urls: &[String]) -> Vec<(String, String)> {
+        let wipe = async |url: &String| -> Result<(), String> {
+            let r = self.dial(url).await?;
+            self.claim_remotes(&[(url.as_str(), &r)], true)
+                .await
+                .map_err(|e| e.to_string())?;
+            let dev: Arc<dyn BlockDevice> = r.clone();
+            let wiped = super::wipe_head(&dev).await.map_err(|e| e.to_string());
+            self.unclaim_remotes(&[(url.clone(), r)]).await;
+            wiped
+        };
+        let done = futures_util::future::join_all(urls.iter().map(wipe)).await;
+        urls.iter()
+            .zip(done)
+            .filter_map(|(u, r)| Some((u.clone(), r.err()?)))
+            .collect()
+    }
+
     /// Follows a remote drive's link. When it comes back after its member
     /// was failed, the owner claims it again (its node may have restarted
     /// without the reservation) and re-adds it through the bitmap.
