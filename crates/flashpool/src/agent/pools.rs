@@ -704,15 +704,23 @@ impl Agent {
         s.delete_thin(&t, &spec.nqn, owner.epoch)
             .await
             .map_err(etcd)?;
-        if let Some(ts) = sv.thins.remove(name) {
+        // Unserved under the map (its NSID, free in etcd now, may be given
+        // to a new thin volume at once), drained without it: up to 5 s of
+        // waiting for its I/O must not hold up the node's other volumes.
+        let ts = sv.thins.remove(name);
+        if let Some(ts) = &ts {
             ts.switch.deactivate();
-            ts.switch.drain(Duration::from_secs(5)).await;
             self.unserve_thin(&sv.spec, &ts.spec);
         }
         if let Some(o) = self.owned.lock().get_mut(&pool) {
             o.switches = sv.switches();
         }
         drop(served);
+        if let Some(ts) = ts {
+            ts.switch.drain(Duration::from_secs(5)).await;
+        }
+        // A create of the same name meanwhile is refused by the node (the
+        // volume still exists there) until this delete is done.
         self.node.delete_volume(name, true).await?;
         tracing::info!("thin volume {name}: deleted from cluster pool {pool}");
         Ok(Some(()))
