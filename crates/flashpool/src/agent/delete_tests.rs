@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::Agent;
 use super::cluster_ops::FAIL_ETCD_DELETE;
-use super::tests::{NQN, Pair, pair, wait};
+use super::tests::{NQN, pair, wait};
 use crate::node::{CreateVolume, ExportRequest, NodeError};
 
 const NAME: &str = "vdel";
@@ -50,19 +50,12 @@ async fn state(a: &Arc<Agent>, name: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_cut_short_after_the_wipe_is_finished_by_a_retry() {
-    let Some(Pair {
-        etcd: _etcd,
-        enc: _enc,
-        a,
-        ta,
-        b,
-        tb,
-    }) = pair().await
-    else {
+    let Some(p) = pair().await else {
         return;
     };
-    create(&a, NAME, &["e1:d0", "e1:d1"]).await.unwrap();
-    wait("b to serve vdel on standby", 10, async || serves(&tb)).await;
+    let (a, ta, b, tb) = (&p.a, &p.ta, &p.b, &p.tb);
+    create(a, NAME, &["e1:d0", "e1:d1"]).await.unwrap();
+    wait("b to serve vdel on standby", 10, async || serves(tb)).await;
 
     FAIL_ETCD_DELETE.lock().push(NAME.into());
     let e = a.delete(NAME, true).await.unwrap_err();
@@ -73,9 +66,9 @@ async fn a_delete_cut_short_after_the_wipe_is_finished_by_a_retry() {
     );
     // Before the fix a retry answered "no volume" for ever, and another
     // node could take over a volume whose drives were wiped.
-    assert_eq!(state(&a, NAME).await.as_deref(), Some("deleting"));
-    assert!(!serves(&ta));
-    wait("b to stop serving vdel", 10, async || !serves(&tb)).await;
+    assert_eq!(state(a, NAME).await.as_deref(), Some("deleting"));
+    assert!(!serves(ta));
+    wait("b to stop serving vdel", 10, async || !serves(tb)).await;
     // a still lives and owns it: b leaves it to a.
     let e = b.delete(NAME, true).await.unwrap_err();
     assert!(
@@ -93,11 +86,11 @@ async fn a_delete_cut_short_after_the_wipe_is_finished_by_a_retry() {
     a.leave().await;
     tokio::time::sleep(std::time::Duration::from_millis(700)).await;
     assert_eq!(b.session().owner(NAME).await.unwrap(), None);
-    assert_eq!(state(&b, NAME).await.as_deref(), Some("deleting"));
+    assert_eq!(state(b, NAME).await.as_deref(), Some("deleting"));
     // Its drives stay taken while its record names them (no reservation
     // guards them any more: the delete wiped them and let go).
     // Before the check, this create wrote its superblocks there.
-    let e = create_at(&b, "vnew", &["e1:d2", "e1:d1"], 2)
+    let e = create_at(b, "vnew", &["e1:d2", "e1:d1"], 2)
         .await
         .unwrap_err();
     assert!(
@@ -105,37 +98,30 @@ async fn a_delete_cut_short_after_the_wipe_is_finished_by_a_retry() {
         "{e}"
     );
     assert_eq!(
-        state(&b, "vnew").await,
+        state(b, "vnew").await,
         None,
         "a refused create changes nothing"
     );
     b.delete(NAME, true).await.unwrap().expect("found");
-    assert_eq!(state(&b, NAME).await, None);
-    create(&b, NAME, &["e1:d0", "e1:d1"]).await.unwrap();
-    assert_eq!(state(&b, NAME).await.as_deref(), Some("optimal"));
+    assert_eq!(state(b, NAME).await, None);
+    create(b, NAME, &["e1:d0", "e1:d1"]).await.unwrap();
+    assert_eq!(state(b, NAME).await.as_deref(), Some("optimal"));
     b.leave().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn its_owner_finishes_a_delete_cut_short() {
-    let Some(Pair {
-        etcd: _etcd,
-        enc: _enc,
-        a,
-        ta: _ta,
-        b,
-        tb: _tb,
-    }) = pair().await
-    else {
+    let Some(p) = pair().await else {
         return;
     };
-    create(&a, NAME2, &["e1:d0", "e1:d1"]).await.unwrap();
+    let (a, b) = (&p.a, &p.b);
+    create(a, NAME2, &["e1:d0", "e1:d1"]).await.unwrap();
     FAIL_ETCD_DELETE.lock().push(NAME2.into());
     assert!(a.delete(NAME2, true).await.is_err());
     FAIL_ETCD_DELETE.lock().retain(|n| n != NAME2);
     a.delete(NAME2, false).await.unwrap().expect("found");
-    assert_eq!(state(&a, NAME2).await, None);
-    assert_eq!(state(&b, NAME2).await, None);
+    assert_eq!(state(a, NAME2).await, None);
+    assert_eq!(state(b, NAME2).await, None);
     a.leave().await;
     b.leave().await;
 }
@@ -144,19 +130,12 @@ async fn its_owner_finishes_a_delete_cut_short() {
 /// node that finishes the delete wipes them, taking its reservation over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_whose_owner_stopped_before_the_wipe_is_wiped_where_it_is_finished() {
-    let Some(Pair {
-        etcd: _etcd,
-        enc: _enc,
-        a,
-        ta: _ta,
-        b,
-        tb,
-    }) = pair().await
-    else {
+    let Some(p) = pair().await else {
         return;
     };
-    create(&a, NAME3, &["e1:d0", "e1:d1"]).await.unwrap();
-    wait("b to serve vdel3 on standby", 10, async || serves(&tb)).await;
+    let (a, b, tb) = (&p.a, &p.b, &p.tb);
+    create(a, NAME3, &["e1:d0", "e1:d1"]).await.unwrap();
+    wait("b to serve vdel3 on standby", 10, async || serves(tb)).await;
     // What `Agent::delete` does first, then the owner is gone.
     let s = a.session();
     let spec = s.spec(NAME3).await.unwrap().expect("recorded");
@@ -167,10 +146,10 @@ async fn a_delete_whose_owner_stopped_before_the_wipe_is_wiped_where_it_is_finis
     assert_eq!(b.session().owner(NAME3).await.unwrap(), None);
 
     b.delete(NAME3, true).await.unwrap().expect("found");
-    assert_eq!(state(&b, NAME3).await, None);
+    assert_eq!(state(b, NAME3).await, None);
     // Before, the drives kept a's reservation (and vdel3's superblocks):
     // this create was refused, "reserved by another node".
-    create(&b, "vnew3", &["e1:d0", "e1:d1"]).await.unwrap();
-    assert_eq!(state(&b, "vnew3").await.as_deref(), Some("optimal"));
+    create(b, "vnew3", &["e1:d0", "e1:d1"]).await.unwrap();
+    assert_eq!(state(b, "vnew3").await.as_deref(), Some("optimal"));
     b.leave().await;
 }
