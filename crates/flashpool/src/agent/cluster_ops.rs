@@ -9,24 +9,13 @@ use std::time::{Duration, Instant};
 use cluster::{ClusterError, Handoff, Session, VolumeSpec, VolumeState};
 use nvmf_target::AnaState;
 
+use super::pools::etcd;
 use super::{Agent, OwnedGroup, Served};
 use crate::api_types::{
     ClusterStatus, DrainResult, ExtentStatus, MoveResult, NodeStatus, QosRequest, VolumeStatus,
 };
 use crate::client::{PeerApi, PeerError};
 use crate::node::{CreateVolume, NodeError, NodeResult, VolumeInfo};
-
-fn etcd(e: ClusterError) -> NodeError {
-    match e {
-        ClusterError::Deposed { .. } => NodeError::Conflict(format!(
-            "{e}; the volume changed owner meanwhile, nothing was done; look again"
-        )),
-        ClusterError::VolumeExists(_) | ClusterError::SpecChanged(_) => {
-            NodeError::Conflict(e.to_string())
-        }
-        _ => NodeError::Internal(format!("cluster state (etcd): {e}")),
-    }
-}
 
 /// Volumes whose deletes fail at the etcd step, as if etcd were cut off
 /// just then (`delete_tests.rs`).

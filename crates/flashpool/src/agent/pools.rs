@@ -59,9 +59,11 @@ pub(super) enum NsidChoice {
 pub(super) fn etcd(e: ClusterError) -> NodeError {
     match e {
         ClusterError::Deposed { .. } => NodeError::Conflict(format!(
-            "{e}; the pool changed owner meanwhile, nothing was done; retry"
+            "{e}; the volume or pool changed owner meanwhile, nothing was done; look again \
+             and retry"
         )),
         ClusterError::VolumeExists(_)
+        | ClusterError::SpecChanged(_)
         | ClusterError::NsidTaken { .. }
         | ClusterError::ThinChanged(_) => NodeError::Conflict(e.to_string()),
         _ => NodeError::Internal(format!("cluster state (etcd): {e}")),
