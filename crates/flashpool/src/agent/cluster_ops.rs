@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use cluster::{ClusterError, Handoff, Session, VolumeSpec, VolumeState};
 use nvmf_target::AnaState;
 
-use super::pools::etcd;
+use super::etcd;
 use super::{Agent, OwnedGroup, Served};
 use crate::api_types::{
     ClusterStatus, DrainResult, ExtentStatus, MoveResult, NodeStatus, QosRequest, VolumeStatus,
@@ -215,7 +215,7 @@ impl Agent {
             )));
         }
         let specs = s.specs().await.map_err(etcd)?;
-        super::extents::drives_free(&specs, &urls)?;
+        super::drives_free(&specs, &urls)?;
         for spec in specs {
             if !req.thin_pool && spec.nqn == x.nqn && spec.nsid == x.nsid {
                 return Err(NodeError::Conflict(format!(

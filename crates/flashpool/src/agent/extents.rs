@@ -22,7 +22,8 @@ use std::sync::Arc;
 use cluster::{ExtentSpec, Session, VolumeSpec};
 
 use super::Agent;
-use super::pools::{etcd, owned_pool, spec_error};
+use super::etcd;
+use super::pools::{owned_pool, spec_error};
 use crate::api_types::ExpandPool;
 use crate::node::{AssembleVolume, Degraded, NodeError, NodeResult, Recorded, VolumeInfo};
 
@@ -303,18 +304,5 @@ async fn check_free(s: &Session, name: &str, urls: &[String]) -> NodeResult<()> 
             )));
         }
     }
-    drives_free(&specs, urls)
-}
-
-/// Refuses drives that a cluster volume or extent holds (a member, or
-/// joining one): writing a new superblock there would destroy it.
-pub(super) fn drives_free(specs: &[cluster::VolumeSpec], urls: &[String]) -> NodeResult<()> {
-    for d in urls {
-        if let Some(holder) = specs.iter().find_map(|v| v.holder_of(d)) {
-            return Err(NodeError::Conflict(format!(
-                "drive {d} is a member of {holder} already; nothing was changed"
-            )));
-        }
-    }
-    Ok(())
+    super::drives_free(&specs, urls)
 }

@@ -65,14 +65,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use cluster::{
-    ClusterConfig, LeaseHealth, LivenessListener, NodeRecord, Portal, Session, VolumeSpec,
+    ClusterConfig, ClusterError, LeaseHealth, LivenessListener, NodeRecord, Portal, Session,
+    VolumeSpec,
 };
 use nvmf_target::{AnaState, Subsystem, Target};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::config::Membership;
-use crate::node::Node;
+use crate::node::{Node, NodeError, NodeResult};
 
 pub use pool_snaps::node_pairs;
 pub use switch::{LeaseClock, SwitchDevice};
@@ -581,4 +582,34 @@ async fn sleep_until(t: Option<std::time::Instant>) {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// An etcd error of a management call, as its answer: conflicts (the
+/// owner changed, a name, NSID or record changed meanwhile) are 409, the
+/// rest 500. Nothing was changed either way.
+pub(super) fn etcd(e: ClusterError) -> NodeError {
+    match e {
+        ClusterError::Deposed { .. } => NodeError::Conflict(format!(
+            "{e}; the volume or pool changed owner meanwhile, nothing was done; look again \
+             and retry"
+        )),
+        ClusterError::VolumeExists(_)
+        | ClusterError::SpecChanged(_)
+        | ClusterError::NsidTaken { .. }
+        | ClusterError::ThinChanged(_) => NodeError::Conflict(e.to_string()),
+        _ => NodeError::Internal(format!("cluster state (etcd): {e}")),
+    }
+}
+
+/// Refuses drives that a cluster volume or extent holds (a member, or
+/// joining one): writing a new superblock there would destroy it.
+pub(super) fn drives_free(specs: &[VolumeSpec], urls: &[String]) -> NodeResult<()> {
+    for d in urls {
+        if let Some(holder) = specs.iter().find_map(|v| v.holder_of(d)) {
+            return Err(NodeError::Conflict(format!(
+                "drive {d} is a member of {holder} already; nothing was changed"
+            )));
+        }
+    }
+    Ok(())
 }

@@ -16,8 +16,9 @@ use std::time::Duration;
 use cluster::{ClusterError, Session, ThinSpec, VolumeSpec};
 
 use super::Agent;
+use super::etcd;
 use super::pool_snaps::in_subsystem;
-use super::pools::{Located, NSID_TRIES, etcd, locate, owned_pool};
+use super::pools::{Located, NSID_TRIES, locate, owned_pool};
 use crate::api_types::ExportRequest;
 use crate::node::{NodeError, NodeResult, VolumeInfo};
 

@@ -21,7 +21,8 @@ use cluster::{Session, ThinSpec, VolumeSpec};
 
 use super::Agent;
 use super::cluster_ops::serial_of;
-use super::pools::{Located, NsidChoice, etcd, locate, owned_pool};
+use super::etcd;
+use super::pools::{Located, NsidChoice, locate, owned_pool};
 use crate::api_types::{
     CloneRequest, ExportRequest, RevertRequest, SnapshotGroupRequest, SnapshotPair,
 };

@@ -26,7 +26,7 @@ use nvmf_target::qos::QosLimits;
 
 use super::cluster_ops::serial_of;
 use super::thin_resv::ThinResvDevice;
-use super::{Agent, Served, SwitchDevice};
+use super::{Agent, Served, SwitchDevice, etcd};
 use crate::api_types::{CreateVolume, QosRequest};
 use crate::client::{PeerApi, PeerError};
 use crate::node::{Export, NodeError, NodeResult, VolumeInfo};
@@ -54,20 +54,6 @@ pub(super) enum NsidChoice {
     /// The lowest free one.
     Free,
     Given(u32),
-}
-
-pub(super) fn etcd(e: ClusterError) -> NodeError {
-    match e {
-        ClusterError::Deposed { .. } => NodeError::Conflict(format!(
-            "{e}; the volume or pool changed owner meanwhile, nothing was done; look again \
-             and retry"
-        )),
-        ClusterError::VolumeExists(_)
-        | ClusterError::SpecChanged(_)
-        | ClusterError::NsidTaken { .. }
-        | ClusterError::ThinChanged(_) => NodeError::Conflict(e.to_string()),
-        _ => NodeError::Internal(format!("cluster state (etcd): {e}")),
-    }
 }
 
 /// The error of a spec write (`update_spec`) of `what` (a volume or pool

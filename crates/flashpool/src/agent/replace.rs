@@ -23,7 +23,8 @@ use std::sync::Arc;
 use cluster::{ClusterError, VolumeSpec};
 
 use super::Agent;
-use super::pools::{etcd, spec_error};
+use super::etcd;
+use super::pools::spec_error;
 use crate::node::{NodeError, NodeResult, VolumeInfo};
 
 /// Where a drive's URL sits in the cluster's specs.
