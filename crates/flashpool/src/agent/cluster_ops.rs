@@ -498,17 +498,23 @@ impl Agent {
                 o.node
             )));
         }
-        match self.node.delete_volume(name, true).await {
-            Ok(()) => {}
-            // Its owner may have stopped before it wiped the drives: wiped
-            // here (again, if it did), while the record still keeps every
-            // other volume off them.
-            Err(NodeError::Missing { .. }) => self.wipe_marked(marked).await,
+        let ran_here = match self.node.delete_volume(name, true).await {
+            Ok(()) => true,
+            Err(NodeError::Missing { .. }) => false,
             Err(e) => return Err(e),
-        }
+        };
         if let Some(sv) = served.remove(name) {
             self.owned.lock().remove(name);
             self.unserve_all(&sv);
+        }
+        // The wipe (seconds for a drive that does not answer) without the
+        // map: the tasks of the node's other volumes go on meanwhile.
+        drop(served);
+        if !ran_here {
+            // Its owner may have stopped before it wiped the drives: wiped
+            // here (again, if it did), while the record still keeps every
+            // other volume off them.
+            self.wipe_marked(&s, marked).await?;
         }
         s.finish_delete(marked)
             .await
@@ -518,9 +524,18 @@ impl Agent {
     }
 
     /// The wipe of a delete finished where the volume did not run: every
-    /// drive its record names (members, joining, extents').
-    async fn wipe_marked(&self, marked: &VolumeSpec) {
+    /// drive its record names (members, joining, extents'), while the
+    /// record still reads as `marked` (another node may have finished the
+    /// delete meanwhile, and a new volume taken a drive), and only a drive
+    /// whose superblock is the volume's or one of its extents', or none.
+    async fn wipe_marked(&self, s: &Session, marked: &VolumeSpec) -> NodeResult<()> {
         let name = &marked.name;
+        if s.spec(name).await.map_err(etcd)?.as_ref() != Some(marked) {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {name} changed while its delete was being finished (another \
+                 node finished it?); nothing was wiped here, look again"
+            )));
+        }
         let mut urls: Vec<String> = marked
             .drives
             .iter()
@@ -530,22 +545,28 @@ impl Agent {
         for x in &marked.extents {
             urls.extend(x.drives.iter().chain(&x.joining).cloned());
         }
-        let failed = self.node.wipe_remotes(&urls).await;
+        let ours = |sb: &volume::superblock::Superblock| {
+            let uuid = volume::superblock::uuid_string(&sb.uuid);
+            (sb.name == *name && uuid == marked.uuid)
+                || marked.extents.iter().any(|x| x.name == sb.name)
+        };
+        let failed = self.node.wipe_remotes(&urls, ours).await;
         if failed.is_empty() {
             tracing::info!(
                 "cluster volume {name}: its drives ({}) wiped here, where it did not run",
                 urls.join(", ")
             );
-            return;
+            return Ok(());
         }
         let why: Vec<String> = failed.iter().map(|(u, e)| format!("{u}: {e}")).collect();
         tracing::warn!(
-            "cluster volume {name}: its delete is finished, but {} of its drives could not be \
-             wiped here ({}): each may still hold its superblock, its data and its old owner's \
-             reservation",
+            "cluster volume {name}: its delete is finished, but {} of its drives were not \
+             wiped here ({}): one that did not answer may still hold its superblock, its data \
+             and its old owner's reservation",
             failed.len(),
             why.join("; ")
         );
+        Ok(())
     }
 
     /// `POST /v1/volumes/{name}/move`: a planned move to node `to`.

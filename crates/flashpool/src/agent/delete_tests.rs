@@ -5,6 +5,9 @@
 
 use std::sync::Arc;
 
+use blockdev::BlockDevice;
+use volume::superblock::Superblock;
+
 use super::Agent;
 use super::cluster_ops::FAIL_ETCD_DELETE;
 use super::tests::{NQN, pair, wait};
@@ -38,6 +41,13 @@ async fn create_at(
 
 fn serves(t: &nvmf_target::Target) -> bool {
     t.subsystem(NQN).and_then(|s| s.namespace(1)).is_some()
+}
+
+/// The first 4 KiB of drive `d` (`e1:d0`), read through a new link.
+async fn head_of(a: &Arc<Agent>, d: &str) -> Vec<u8> {
+    let url = a.node.cluster().resolve(d).unwrap();
+    let dev: Arc<dyn BlockDevice> = a.node.dial(&url).await.unwrap();
+    crate::node::read_head(&dev).await.unwrap()
 }
 
 async fn state(a: &Arc<Agent>, name: &str) -> Option<String> {
@@ -147,6 +157,13 @@ async fn a_delete_whose_owner_stopped_before_the_wipe_is_wiped_where_it_is_finis
 
     b.delete(NAME3, true).await.unwrap().expect("found");
     assert_eq!(state(b, NAME3).await, None);
+    for d in ["e1:d0", "e1:d1"] {
+        let head = head_of(b, d).await;
+        assert!(
+            Superblock::decode(&head).is_err(),
+            "{d} still holds vdel3's superblock"
+        );
+    }
     // Before, the drives kept a's reservation (and vdel3's superblocks):
     // this create was refused, "reserved by another node".
     create(b, "vnew3", &["e1:d0", "e1:d1"]).await.unwrap();

@@ -15,6 +15,7 @@ use blockdev::BlockDevice;
 use nvmf_host::ResvType;
 use nvmf_host::remote::{LinkState, RemoteDevice, RemoteOptions};
 use volume::MemberState;
+use volume::superblock::Superblock;
 
 use super::{Drive, Node, NodeError, NodeResult, NodeState};
 
@@ -259,18 +260,37 @@ impl Node {
     /// Wipes the superblocks of remote drives `urls` that no volume here
     /// has open: a cluster delete finished on a node where the volume did
     /// not run, after its owner stopped between marking the delete and
-    /// wiping. Each drive is dialled, claimed over whichever node held it
-    /// (that owner is gone or deposed: its writes end there), wiped and let
-    /// go, every drive at once. Best effort: returns the drives not wiped,
-    /// each with why.
-    pub(crate) async fn wipe_remotes(&self, urls: &[String]) -> Vec<(String, String)> {
+    /// wiping. Each drive is dialled and its superblock read first (reads
+    /// need no reservation): a drive whose superblock `ours` does not own
+    /// holds another volume now and is left alone, untouched. Any other is
+    /// claimed over whichever node held it (that owner is gone or deposed:
+    /// its writes end there), wiped and let go, every drive at once. Best
+    /// effort: returns the drives not wiped, each with why.
+    pub(crate) async fn wipe_remotes(
+        &self,
+        urls: &[String],
+        ours: impl Fn(&Superblock) -> bool,
+    ) -> Vec<(String, String)> {
+        let ours = &ours;
         let wipe = async |url: &String| -> Result<(), String> {
             let r = self.dial(url).await?;
-            self.claim_remotes(&[(url.as_str(), &r)], true)
-                .await
-                .map_err(|e| e.to_string())?;
             let dev: Arc<dyn BlockDevice> = r.clone();
-            let wiped = super::wipe_head(&dev).await.map_err(|e| e.to_string());
+            let head = super::read_head(&dev).await.map_err(|e| e.to_string())?;
+            if let Ok(sb) = Superblock::decode(&head)
+                && !ours(&sb)
+            {
+                return Err(format!(
+                    "it holds volume {:?} now (uuid {}); left alone",
+                    sb.name,
+                    volume::superblock::uuid_string(&sb.uuid)
+                ));
+            }
+            // Let go on every path once claimed: a key left registered
+            // could still write under Registrants Only.
+            let wiped = match self.claim_remotes(&[(url.as_str(), &r)], true).await {
+                Ok(()) => super::wipe_head(&dev).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
             self.unclaim_remotes(&[(url.clone(), r)]).await;
             wiped
         };
