@@ -253,7 +253,7 @@ fo_fault() {
 # ---------------------------------------------------------------- after each case
 # fo_check TAG GUEST_FACTS: the case's RESULT
 fo_check() {
-  local tag=$1 g=$2 name=${1%%#*} ok=PASS why="" o=$OWNER0 now stale tk gap e n
+  local tag=$1 g=$2 name=${1%%#*} ok=PASS why="" o=$OWNER0 now stale tk gap e n ran failed crashed crash_note
   FS_DETAIL=""
   fpc_wait_owner "$VOL" 30 || why="$why no owner;"
   now=$FPC_OWNER; e=$FPC_EPOCH
@@ -294,8 +294,14 @@ fo_check() {
   # a round fio itself died in (a signal, no error printed: guest-init.sh tool_crash) is not an
   # error the host saw, but a case needs one round that ran through
   crashed=$(kv crashed "$g"); crashed=${crashed:-0}
-  [ $(( $(kv rounds "$g") - $(kv failed "$g") - crashed )) -ge 1 ] 2> /dev/null \
-    || why="$why no fio round ran through ($crashed crashed: $(kv crash "$g"));"
+  # the counts come over the serial line: a garbled one must fail the case, not abort the
+  # harness inside $(( ))
+  ran=$(kv rounds "$g"); failed=$(kv failed "$g")
+  case "$ran$failed$crashed" in
+    ''|*[!0-9]*) why="$why garbled round counts (rounds=$ran failed=$failed crashed=$crashed);";;
+    *) [ $((ran - failed - crashed)) -ge 1 ] \
+         || why="$why no fio round ran through ($crashed crashed: $(kv crash "$g"));";;
+  esac
   crash_note=""; [ "$crashed" = 0 ] || crash_note=", $crashed fio crash(es) not counted as failures (first: $(kv crash "$g"))"
   [ "$(kv failed "$g")" = 0 ] || why="$why $(kv failed "$g") fio round(s) failed (first error: $(kv fioerr "$g"); the guest's kernel lines: $RUN/serial.log);"
   [ "$(kv verr "$g")" = 0 ] || why="$why $(kv verr "$g") verify error lines;"

@@ -149,12 +149,12 @@ fio_round() {
 # same data of an earlier round) until /tmp/load-stop; /tmp/load-NAME.res: rounds failed
 # verify_errors clat_max_ms crashed; /tmp/seed-OFFSET: the seed of the region's last round
 load() {
-  local name=$1 off=$2 seed0=$3 n=0 f=0 ve=0 mx=0 k=0 last=ok rc c v base fpid
-  while [ ! -e /tmp/load-stop ] || [ "$last" = crashed ]; do
+  local name=$1 off=$2 seed0=$3 n=0 f=0 ve=0 mx=0 k=0 last=ok extra=0 rc c v base fpid
+  while [ ! -e /tmp/load-stop ] || { [ "$last" = crashed ] && [ $extra = 0 ]; }; do
     # a round that follows a crash after the stop runs once: its region must end written and
     # verified whole under the seed the final check reads, but a tool that keeps dying must not
-    # keep the case waiting
-    [ -e /tmp/load-stop ] && last=ok
+    # keep the case waiting (one such round at most)
+    [ -e /tmp/load-stop ] && extra=1
     n=$((n+1)); echo $((seed0 + n)) > "/tmp/seed-$off"
     # armed once this round's I/O flows (two queue depths completed), disarmed at its end
     rm -f /tmp/io-armed; base=$(iosum)
