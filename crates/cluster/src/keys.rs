@@ -19,6 +19,7 @@
 //! | `names/<t>`             | pool of thin `t` | none         |
 //! | `nsids/<nqn>/<nsid>`    | thin volume name | none         |
 //! | `drain/<name>`          | `true`           | none         |
+//! | `drive-claims/<drive>`  | `<volume>@<node>` | taker's     |
 //!
 //! [`NodeRecord`]: crate::NodeRecord
 //! [`VolumeSpec`]: crate::VolumeSpec
@@ -185,6 +186,12 @@ impl Keys {
         format!("{}nsids/{}/{nsid}", self.prefix, nqn.replace('/', "%2F"))
     }
 
+    /// A drive taken for a change in progress (`drives.rs`; a `/` in the
+    /// drive's URL is escaped).
+    pub(crate) fn drive_claim(&self, url: &str) -> String {
+        format!("{}drive-claims/{}", self.prefix, url.replace('/', "%2F"))
+    }
+
     pub(crate) fn drains(&self) -> String {
         format!("{}drain/", self.prefix)
     }
@@ -242,6 +249,11 @@ mod tests {
         assert!(k.thin_resv("p", "t1").starts_with(&k.thin_resvs("p")));
         assert!(!k.thin_resv("p", "t1").starts_with(&k.thins("p")));
         assert_eq!(k.nsid("nqn.x:a/b", 7), "/flashpool/c1/nsids/nqn.x:a%2Fb/7");
+        assert_eq!(
+            k.drive_claim("nvme://e1/d0"),
+            "/flashpool/c1/drive-claims/nvme:%2F%2Fe1%2Fd0"
+        );
+        assert_eq!(k.parse(&k.drive_claim("nvme://e1/d0")), None);
         assert_eq!(k.parse(&k.slot(3)), None);
         assert_eq!(k.parse(&k.slot_home("a")), None);
         assert_eq!(k.parse("/flashpool/c1/nodes/a/b"), None);

@@ -7,6 +7,7 @@
 //! values and leases).
 
 mod claim;
+mod drives;
 mod etcd;
 mod extent;
 mod keepalive;
@@ -288,6 +289,14 @@ pub enum ClusterError {
     ThinChanged(String),
     #[error("volume {0} changed meanwhile (another request): nothing was done; retry")]
     SpecChanged(String),
+    #[error(
+        "drive {drive} is being taken by a change of volume {by} on node {node} (a create, grow or replace under way): nothing was changed; retry once it is done"
+    )]
+    DriveTaken {
+        drive: String,
+        by: String,
+        node: String,
+    },
     #[error("no free ANA group (1..=128 all used by volume specs)")]
     NoFreeAnaGroup,
     #[error("cannot decode etcd key {key}: {err}")]

@@ -214,6 +214,9 @@ impl Agent {
                 req.name
             )));
         }
+        // Taken until its spec is recorded: another create, grow or replace
+        // cannot pass the check below on them meanwhile (`cluster/src/drives.rs`).
+        let _taken = super::TakenDrives::take(&s, &urls, &req.name).await?;
         let specs = s.specs().await.map_err(etcd)?;
         super::drives_free(&specs, &urls)?;
         for spec in specs {

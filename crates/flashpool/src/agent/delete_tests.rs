@@ -1,7 +1,8 @@
 //! A cluster delete whose last step (removing the record from etcd) fails
 //! after the drives were wiped: the record stays, marked deleting; no node
 //! serves or takes the volume over, and a delete on any node finishes it
-//! (not on another node while its owner lives).
+//! (not on another node while its owner lives). And the drives a create
+//! may take meanwhile: none that a record names or another change holds.
 
 use std::sync::Arc;
 
@@ -168,5 +169,59 @@ async fn a_delete_whose_owner_stopped_before_the_wipe_is_wiped_where_it_is_finis
     // this create was refused, "reserved by another node".
     create(b, "vnew3", &["e1:d0", "e1:d1"]).await.unwrap();
     assert_eq!(state(b, "vnew3").await.as_deref(), Some("optimal"));
+    b.leave().await;
+}
+
+/// A drive that another node has taken for a change under way (a create
+/// between its check and its record) is refused, and the refused create
+/// changes nothing; once it is let go, the create goes through, and lets
+/// go of its own drives once its record names them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_meets_a_drive_taken_by_a_change_on_another_node() {
+    let Some(p) = pair().await else {
+        return;
+    };
+    let (a, b) = (&p.a, &p.b);
+    let claims = async || {
+        cluster::testing::keys_under(&p.etcd.endpoint(), "/flashpool/")
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|(k, _)| k.contains("/drive-claims/"))
+            .map(|(_, v)| v)
+            .collect::<Vec<_>>()
+    };
+    let d1 = vec![a.node.cluster().resolve("e1:d1").unwrap()];
+    b.session().take_drives(&d1, "vother").await.unwrap();
+    // Before the drives were taken in etcd, both creates could pass the
+    // check of the records and write their superblocks over each other.
+    let e = create(a, "vdel4", &["e1:d0", "e1:d1"]).await.unwrap_err();
+    assert!(
+        matches!(&e, NodeError::Conflict(m) if m.contains("being taken by a change of volume vother on node b")),
+        "{e}"
+    );
+    assert_eq!(
+        state(a, "vdel4").await,
+        None,
+        "a refused create changes nothing"
+    );
+    assert_eq!(a.session().spec("vdel4").await.unwrap(), None);
+    assert_eq!(claims().await, vec!["vother@b".to_string()]);
+    b.session().release_drives(&d1, "vother").await.unwrap();
+    create(a, "vdel4", &["e1:d0", "e1:d1"]).await.unwrap();
+    assert_eq!(state(a, "vdel4").await.as_deref(), Some("optimal"));
+    wait("a to let go of the drives it took", 5, async || {
+        claims().await.is_empty()
+    })
+    .await;
+    // Now the record keeps them.
+    let e = create_at(b, "vnew3", &["e1:d2", "e1:d1"], 2)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, NodeError::Conflict(m) if m.contains("is a member of vdel4")),
+        "{e}"
+    );
+    a.leave().await;
     b.leave().await;
 }

@@ -67,6 +67,7 @@ impl Agent {
                 NodeError::BadRequest(format!("{e} (a cluster pool grows on remote drives only)"))
             })?);
         }
+        let _taken = super::TakenDrives::take(&s, &urls, pool).await?;
         check_free(&s, &name, &urls).await?;
         if self.node.volume(&name).await.is_ok() {
             return Err(NodeError::Conflict(format!(

@@ -594,10 +594,54 @@ pub(super) fn etcd(e: ClusterError) -> NodeError {
              and retry"
         )),
         ClusterError::VolumeExists(_)
+        | ClusterError::DriveTaken { .. }
         | ClusterError::SpecChanged(_)
         | ClusterError::NsidTaken { .. }
         | ClusterError::ThinChanged(_) => NodeError::Conflict(e.to_string()),
         _ => NodeError::Internal(format!("cluster state (etcd): {e}")),
+    }
+}
+
+/// Drives taken in etcd for a change of one volume ([`Session::take_drives`]):
+/// from before the change checks that no spec names them
+/// ([`drives_free`], read after the take) until its own spec is recorded.
+/// Let go when dropped, on every path.
+pub(super) struct TakenDrives {
+    s: Session,
+    urls: Vec<String>,
+    what: String,
+}
+
+impl TakenDrives {
+    pub(super) async fn take(s: &Session, urls: &[String], what: &str) -> NodeResult<Self> {
+        s.take_drives(urls, what).await.map_err(etcd)?;
+        Ok(TakenDrives {
+            s: s.clone(),
+            urls: urls.to_vec(),
+            what: what.to_string(),
+        })
+    }
+}
+
+impl Drop for TakenDrives {
+    fn drop(&mut self) {
+        let (s, urls, what) = (
+            self.s.clone(),
+            std::mem::take(&mut self.urls),
+            std::mem::take(&mut self.what),
+        );
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            if let Err(e) = s.release_drives(&urls, &what).await {
+                // Held until this node's lease ends: a change on them meanwhile is refused.
+                tracing::warn!(
+                    "drives {} taken for {what}: not let go: {e}",
+                    urls.join(", ")
+                );
+            }
+        });
     }
 }
 

@@ -148,6 +148,11 @@ impl Agent {
         // A drive this place was already putting in (a replace cut short)
         // may be asked for again; any other in a spec is taken.
         let again = place.joining().contains(&with_url);
+        // Taken until the spec lists it, and the specs read again under it:
+        // no create, grow or other replace can take it meanwhile
+        // (`cluster/src/drives.rs`).
+        let _taken = super::TakenDrives::take(&s, std::slice::from_ref(&with_url), &volume).await?;
+        let specs = s.specs().await.map_err(etcd)?;
         if !again && let Some(v) = specs.iter().find(|v| v.holder_of(&with_url).is_some()) {
             return Err(NodeError::Conflict(format!(
                 "drive {with} is a member of {} already; nothing was changed",
