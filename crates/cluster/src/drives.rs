@@ -9,7 +9,9 @@
 //! spec. The key dies with its node's lease, so a node that stopped
 //! mid-change holds no drive for longer than its lease.
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use std::collections::HashMap;
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use crate::{ClusterError, Session};
 
@@ -21,52 +23,55 @@ impl Session {
     pub async fn take_drives(&self, urls: &[String], what: &str) -> Result<(), ClusterError> {
         let keys: Vec<String> = urls.iter().map(|u| self.keys().drive_claim(u)).collect();
         let value = format!("{what}@{}", self.node());
-        let txn = Txn::new()
-            .when(
-                keys.iter()
-                    .map(|k| Compare::create_revision(k.clone(), CompareOp::Equal, 0))
-                    .collect::<Vec<_>>(),
-            )
-            .and_then(
-                keys.iter()
-                    .map(|k| {
-                        let opts = etcd_client::PutOptions::new().with_lease(self.lease_id());
-                        TxnOp::put(k.clone(), value.clone(), Some(opts))
-                    })
-                    .collect::<Vec<_>>(),
-            )
-            .or_else(
-                keys.iter()
-                    .map(|k| TxnOp::get(k.clone(), None))
-                    .collect::<Vec<_>>(),
-            );
-        let r = self.txn(&format!("take drives for {what}"), txn).await?;
-        if r.succeeded() {
-            return Ok(());
-        }
-        let mut mine = true;
-        for (url, op) in urls.iter().zip(r.op_responses()) {
-            let TxnOpResponse::Get(g) = op else { continue };
-            let Some(kv) = g.kvs().first() else {
-                mine = false;
-                continue;
-            };
-            let by = kv.value_str().unwrap_or("?");
-            if by != value || kv.lease() != self.lease_id() {
-                let (by, node) = by.rsplit_once('@').unwrap_or((by, "?"));
-                return Err(ClusterError::DriveTaken {
-                    drive: url.clone(),
-                    by: by.to_string(),
-                    node: node.to_string(),
-                });
+        // The revision of each key this change holds already (a retry), as
+        // last read: kept as it is; every other key must be absent.
+        let mut mine: HashMap<&str, i64> = HashMap::new();
+        for _ in 0..8 {
+            let when: Vec<Compare> = keys
+                .iter()
+                .map(|k| match mine.get(k.as_str()) {
+                    Some(&rev) => Compare::mod_revision(k.clone(), CompareOp::Equal, rev),
+                    None => Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+                })
+                .collect();
+            let put = PutOptions::new().with_lease(self.lease_id());
+            let txn = Txn::new()
+                .when(when)
+                .and_then(
+                    keys.iter()
+                        .filter(|k| !mine.contains_key(k.as_str()))
+                        .map(|k| TxnOp::put(k.clone(), value.clone(), Some(put.clone())))
+                        .collect::<Vec<_>>(),
+                )
+                .or_else(
+                    keys.iter()
+                        .map(|k| TxnOp::get(k.clone(), None))
+                        .collect::<Vec<_>>(),
+                );
+            let r = self.txn(&format!("take drives for {what}"), txn).await?;
+            if r.succeeded() {
+                return Ok(());
+            }
+            mine.clear();
+            for ((url, k), op) in urls.iter().zip(&keys).zip(r.op_responses()) {
+                let TxnOpResponse::Get(g) = op else { continue };
+                let Some(kv) = g.kvs().first() else { continue };
+                let by = kv.value_str().unwrap_or("?");
+                if by != value || kv.lease() != self.lease_id() {
+                    let (by, node) = by.rsplit_once('@').unwrap_or((by, "?"));
+                    return Err(ClusterError::DriveTaken {
+                        drive: url.clone(),
+                        by: by.to_string(),
+                        node: node.to_string(),
+                    });
+                }
+                mine.insert(k.as_str(), kv.mod_revision());
             }
         }
-        if mine {
-            return Ok(());
-        }
-        // One of them was let go between the transaction and its reads:
-        // take them again.
-        Box::pin(self.take_drives(urls, what)).await
+        Err(ClusterError::Etcd(format!(
+            "drives {} for {what}: changed under every try to take them; retry",
+            urls.join(", ")
+        )))
     }
 
     /// Lets go of drives `urls` taken for `what` (a drive another change

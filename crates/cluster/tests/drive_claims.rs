@@ -45,6 +45,17 @@ async fn a_drive_is_taken_by_one_change_at_a_time() {
     a.take_drives(&urls(&["nvme://e1/d0", "nvme://e2/d0"]), "v1")
         .await
         .unwrap();
+    // A retry that needs one more drive takes it too.
+    a.take_drives(
+        &urls(&["nvme://e1/d0", "nvme://e4/d0", "nvme://e2/d0"]),
+        "v1",
+    )
+    .await
+    .unwrap();
+    assert_eq!(claims(&ep).await.len(), 3);
+    a.release_drives(&urls(&["nvme://e4/d0"]), "v1")
+        .await
+        .unwrap();
     assert!(matches!(
         a.take_drives(&urls(&["nvme://e1/d0"]), "v3").await,
         Err(ClusterError::DriveTaken { .. })
