@@ -530,15 +530,10 @@ impl Agent {
     /// drive its record names (members, joining, extents'), while the
     /// record still reads as `marked` (another node may have finished the
     /// delete meanwhile, and a new volume taken a drive), and only a drive
-    /// whose superblock is the volume's or one of its extents', or none.
+    /// whose superblock is the volume's or one of its extents', or none;
+    /// with the drives taken in etcd meanwhile, as a create takes them.
     async fn wipe_marked(&self, s: &Session, marked: &VolumeSpec) -> NodeResult<()> {
         let name = &marked.name;
-        if s.spec(name).await.map_err(etcd)?.as_ref() != Some(marked) {
-            return Err(NodeError::Conflict(format!(
-                "cluster volume {name} changed while its delete was being finished (another \
-                 node finished it?); nothing was wiped here, look again"
-            )));
-        }
         let mut urls: Vec<String> = marked
             .drives
             .iter()
@@ -547,6 +542,16 @@ impl Agent {
             .collect();
         for x in &marked.extents {
             urls.extend(x.drives.iter().chain(&x.joining).cloned());
+        }
+        // Taken, then the record read again: had another node finished the
+        // delete meanwhile, a create could own a drive by now (it takes the
+        // drive before its check, and its check would have met this record).
+        let _taken = super::TakenDrives::take(s, &urls, name).await?;
+        if s.spec(name).await.map_err(etcd)?.as_ref() != Some(marked) {
+            return Err(NodeError::Conflict(format!(
+                "cluster volume {name} changed while its delete was being finished (another \
+                 node finished it?); nothing was wiped here, look again"
+            )));
         }
         let ours = |sb: &volume::superblock::Superblock| {
             let uuid = volume::superblock::uuid_string(&sb.uuid);

@@ -156,6 +156,24 @@ async fn a_delete_whose_owner_stopped_before_the_wipe_is_wiped_where_it_is_finis
     tokio::time::sleep(std::time::Duration::from_millis(700)).await;
     assert_eq!(b.session().owner(NAME3).await.unwrap(), None);
 
+    // A change under way holds one of its drives: the finish wipes
+    // nothing and leaves the record, marked, for a retry.
+    let d1 = vec![b.node.cluster().resolve("e1:d1").unwrap()];
+    b.session().take_drives(&d1, "vother").await.unwrap();
+    let e = b.delete(NAME3, true).await.unwrap_err();
+    assert!(
+        matches!(&e, NodeError::Conflict(m) if m.contains("being taken by a change of volume vother")),
+        "{e}"
+    );
+    assert_eq!(state(b, NAME3).await.as_deref(), Some("deleting"));
+    for d in ["e1:d0", "e1:d1"] {
+        assert!(
+            Superblock::decode(&head_of(b, d).await).is_ok(),
+            "{d} wiped"
+        );
+    }
+    b.session().release_drives(&d1, "vother").await.unwrap();
+
     b.delete(NAME3, true).await.unwrap().expect("found");
     assert_eq!(state(b, NAME3).await, None);
     for d in ["e1:d0", "e1:d1"] {
