@@ -25,6 +25,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use claim::VolumeRead;
+pub use drives::DriveTake;
 pub use liveness::{LivenessListener, PeerGone, watch_peer_death};
 pub use qos::{PassView, QosOf, QosSpec, QosWrite};
 pub use session::Session;

@@ -216,126 +216,131 @@ impl Agent {
         }
         // Taken until its spec is recorded: another create, grow or replace
         // cannot pass the check below on them meanwhile (`cluster/src/drives.rs`).
-        let _taken = super::TakenDrives::take(&s, &urls, &req.name).await?;
-        let specs = s.specs().await.map_err(etcd)?;
-        super::drives_free(&specs, &urls)?;
-        for spec in specs {
-            if !req.thin_pool && spec.nqn == x.nqn && spec.nsid == x.nsid {
+        let taken = super::TakenDrives::take(&s, &urls, &req.name).await?;
+        let r = async {
+            let specs = s.specs().await.map_err(etcd)?;
+            super::drives_free(&specs, &urls)?;
+            for spec in specs {
+                if !req.thin_pool && spec.nqn == x.nqn && spec.nsid == x.nsid {
+                    return Err(NodeError::Conflict(format!(
+                        "nsid {} of {} serves cluster volume {} already; pick another nsid",
+                        x.nsid, x.nqn, spec.name
+                    )));
+                }
+            }
+            if let Some(sub) = self.target.subsystem(&x.nqn)
+                && !sub.cluster_wide()
+            {
                 return Err(NodeError::Conflict(format!(
-                    "nsid {} of {} serves cluster volume {} already; pick another nsid",
-                    x.nsid, x.nqn, spec.name
+                    "subsystem {} is this node's own ([[subsystem]] in its TOML); cluster volumes need a subsystem of their own",
+                    x.nqn
                 )));
             }
-        }
-        if let Some(sub) = self.target.subsystem(&x.nqn)
-            && !sub.cluster_wide()
-        {
-            return Err(NodeError::Conflict(format!(
-                "subsystem {} is this node's own ([[subsystem]] in its TOML); cluster volumes need a subsystem of their own",
-                x.nqn
-            )));
-        }
-        let ana_group = s.free_ana_group().await.map_err(etcd)?;
-        let Some(owner) = s.claim_new(&req.name).await.map_err(etcd)? else {
-            return Err(NodeError::Conflict(format!(
-                "cluster volume {} is being made by another node",
-                req.name
-            )));
-        };
-        let name = req.name.clone();
-        let req_thin_pool = req.thin_pool;
-        let info = match self.node.create_volume(req).await {
-            Ok(i) => i,
-            Err(e) => {
+            let ana_group = s.free_ana_group().await.map_err(etcd)?;
+            let Some(owner) = s.claim_new(&req.name).await.map_err(etcd)? else {
+                return Err(NodeError::Conflict(format!(
+                    "cluster volume {} is being made by another node",
+                    req.name
+                )));
+            };
+            let name = req.name.clone();
+            let req_thin_pool = req.thin_pool;
+            let info = match self.node.create_volume(req).await {
+                Ok(i) => i,
+                Err(e) => {
+                    let _ = s.release(&name, owner.epoch).await;
+                    return Err(e);
+                }
+            };
+            let spec = VolumeSpec {
+                name: name.clone(),
+                uuid: info.uuid.clone(),
+                nqn: x.nqn.clone(),
+                nsid: x.nsid,
+                ana_group,
+                size_bytes: info.size_bytes,
+                block_size: info.block_size,
+                drives: urls,
+                joining: Vec::new(),
+                layout: info.layout.clone(),
+                hosts: Vec::new(),
+                serial: serial_of(&info.uuid),
+                model: "flashpool cluster volume".into(),
+                thin_pool: req_thin_pool,
+                extents: Vec::new(),
+                deleting: false,
+            };
+            // Served here before etcd tells the others, owned before it is seen,
+            // and limited from its first command.
+            if let Some(l) = limits {
+                self.qos_learnt(&name, l);
+            }
+            let mut served = self.served.lock().await;
+            let undo = async |why: String| {
+                self.node.drop_fenced(&name, &why).await;
                 let _ = s.release(&name, owner.epoch).await;
-                return Err(e);
-            }
-        };
-        let spec = VolumeSpec {
-            name: name.clone(),
-            uuid: info.uuid.clone(),
-            nqn: x.nqn.clone(),
-            nsid: x.nsid,
-            ana_group,
-            size_bytes: info.size_bytes,
-            block_size: info.block_size,
-            drives: urls,
-            joining: Vec::new(),
-            layout: info.layout.clone(),
-            hosts: Vec::new(),
-            serial: serial_of(&info.uuid),
-            model: "flashpool cluster volume".into(),
-            thin_pool: req_thin_pool,
-            extents: Vec::new(),
-            deleting: false,
-        };
-        // Served here before etcd tells the others, owned before it is seen,
-        // and limited from its first command.
-        if let Some(l) = limits {
-            self.qos_learnt(&name, l);
-        }
-        let mut served = self.served.lock().await;
-        let undo = async |why: String| {
-            self.node.drop_fenced(&name, &why).await;
-            let _ = s.release(&name, owner.epoch).await;
-            NodeError::Internal(why)
-        };
-        let sw = match self.serve_standby(&spec) {
-            Ok(sw) => sw,
-            Err(e) => return Err(undo(format!("serving {name}: {e}")).await),
-        };
-        let qos_spec = limits.as_ref().map(super::qos::spec_of);
-        if let Err(e) = s.create_spec_qos(&spec, qos_spec.as_ref()).await {
-            self.unserve(&spec);
-            return Err(undo(format!("recording {name} in etcd: {e}")).await);
-        }
-        if let Some(l) = limits {
-            // learnt again once recorded: a pass that read etcd before
-            // does not take them away (`qos.rs`)
-            self.qos_learnt(&name, l);
-        }
-        // Its member states recorded before it takes any I/O (`record.rs`).
-        // A refused create leaves nothing: not served, not recorded, not owned.
-        let recorded = match self.node.volume_device(&name).await {
-            Some(dev) => self
-                .start_recording(&name, owner.epoch)
-                .await
-                .map(|serving| (dev, serving)),
-            None => Err(format!("volume {name} vanished after its assembly")),
-        };
-        let (dev, serving) = match recorded {
-            Ok(r) => r,
-            Err(e) => {
+                NodeError::Internal(why)
+            };
+            let sw = match self.serve_standby(&spec) {
+                Ok(sw) => sw,
+                Err(e) => return Err(undo(format!("serving {name}: {e}")).await),
+            };
+            let qos_spec = limits.as_ref().map(super::qos::spec_of);
+            if let Err(e) = s.create_spec_qos(&spec, qos_spec.as_ref()).await {
                 self.unserve(&spec);
-                let _ = s.delete_volume(&name, owner.epoch).await;
-                return Err(undo(e).await);
+                return Err(undo(format!("recording {name} in etcd: {e}")).await);
             }
-        };
-        sw.activate(dev);
-        self.owned
-            .lock()
-            .insert(name.clone(), OwnedGroup::new(ana_group, vec![sw.clone()]));
-        served.insert(name.clone(), Served::new(spec, sw, Some(owner.epoch)));
-        self.target.set_ana_state(ana_group, AnaState::Optimized);
-        self.record_serving(&name, &serving).await;
-        tracing::info!(
-            "cluster volume {name}: created, owned here at epoch {}, nsid {} of {} (ANA group {ana_group})",
-            owner.epoch,
-            x.nsid,
-            x.nqn
-        );
-        drop(served);
-        if let Some(l) = limits {
-            self.tell_qos(&name, &Default::default(), &l);
+            if let Some(l) = limits {
+                // learnt again once recorded: a pass that read etcd before
+                // does not take them away (`qos.rs`)
+                self.qos_learnt(&name, l);
+            }
+            // Its member states recorded before it takes any I/O (`record.rs`).
+            // A refused create leaves nothing: not served, not recorded, not owned.
+            let recorded = match self.node.volume_device(&name).await {
+                Some(dev) => self
+                    .start_recording(&name, owner.epoch)
+                    .await
+                    .map(|serving| (dev, serving)),
+                None => Err(format!("volume {name} vanished after its assembly")),
+            };
+            let (dev, serving) = match recorded {
+                Ok(r) => r,
+                Err(e) => {
+                    self.unserve(&spec);
+                    let _ = s.delete_volume(&name, owner.epoch).await;
+                    return Err(undo(e).await);
+                }
+            };
+            sw.activate(dev);
+            self.owned
+                .lock()
+                .insert(name.clone(), OwnedGroup::new(ana_group, vec![sw.clone()]));
+            served.insert(name.clone(), Served::new(spec, sw, Some(owner.epoch)));
+            self.target.set_ana_state(ana_group, AnaState::Optimized);
+            self.record_serving(&name, &serving).await;
+            tracing::info!(
+                "cluster volume {name}: created, owned here at epoch {}, nsid {} of {} (ANA group {ana_group})",
+                owner.epoch,
+                x.nsid,
+                x.nqn
+            );
+            drop(served);
+            if let Some(l) = limits {
+                self.tell_qos(&name, &Default::default(), &l);
+            }
+            // The agent serves it, not the node: the answer says where.
+            let mut v = self.node.volume(&name).await?;
+            v.export = (!req_thin_pool).then_some(crate::node::Export {
+                nqn: x.nqn,
+                nsid: x.nsid,
+                from_config: false,
+            });
+            Ok(v)
         }
-        // The agent serves it, not the node: the answer says where.
-        let mut v = self.node.volume(&name).await?;
-        v.export = (!req_thin_pool).then_some(crate::node::Export {
-            nqn: x.nqn,
-            nsid: x.nsid,
-            from_config: false,
-        });
-        Ok(v)
+        .await;
+        taken.release().await;
+        r
     }
 
     /// `DELETE /v1/volumes/{name}` of a cluster volume, on its owner.
@@ -546,35 +551,40 @@ impl Agent {
         // Taken, then the record read again: had another node finished the
         // delete meanwhile, a create could own a drive by now (it takes the
         // drive before its check, and its check would have met this record).
-        let _taken = super::TakenDrives::take(s, &urls, name).await?;
-        if s.spec(name).await.map_err(etcd)?.as_ref() != Some(marked) {
-            return Err(NodeError::Conflict(format!(
-                "cluster volume {name} changed while its delete was being finished (another \
-                 node finished it?); nothing was wiped here, look again"
-            )));
-        }
-        let ours = |sb: &volume::superblock::Superblock| {
-            let uuid = volume::superblock::uuid_string(&sb.uuid);
-            (sb.name == *name && uuid == marked.uuid)
-                || marked.extents.iter().any(|x| x.name == sb.name)
-        };
-        let failed = self.node.wipe_remotes(&urls, ours).await;
-        if failed.is_empty() {
-            tracing::info!(
-                "cluster volume {name}: its drives ({}) wiped here, where it did not run",
-                urls.join(", ")
+        let taken = super::TakenDrives::take(s, &urls, name).await?;
+        let r = async {
+            if s.spec(name).await.map_err(etcd)?.as_ref() != Some(marked) {
+                return Err(NodeError::Conflict(format!(
+                    "cluster volume {name} changed while its delete was being finished (another \
+                     node finished it?); nothing was wiped here, look again"
+                )));
+            }
+            let ours = |sb: &volume::superblock::Superblock| {
+                let uuid = volume::superblock::uuid_string(&sb.uuid);
+                (sb.name == *name && uuid == marked.uuid)
+                    || marked.extents.iter().any(|x| x.name == sb.name)
+            };
+            let failed = self.node.wipe_remotes(&urls, ours).await;
+            if failed.is_empty() {
+                tracing::info!(
+                    "cluster volume {name}: its drives ({}) wiped here, where it did not run",
+                    urls.join(", ")
+                );
+                return Ok(());
+            }
+            let why: Vec<String> = failed.iter().map(|(u, e)| format!("{u}: {e}")).collect();
+            tracing::warn!(
+                "cluster volume {name}: its delete is finished, but {} of its drives were not \
+                 wiped here ({}): one that did not answer may still hold its superblock, its data \
+                 and its old owner's reservation",
+                failed.len(),
+                why.join("; ")
             );
-            return Ok(());
+            Ok(())
         }
-        let why: Vec<String> = failed.iter().map(|(u, e)| format!("{u}: {e}")).collect();
-        tracing::warn!(
-            "cluster volume {name}: its delete is finished, but {} of its drives were not \
-             wiped here ({}): one that did not answer may still hold its superblock, its data \
-             and its old owner's reservation",
-            failed.len(),
-            why.join("; ")
-        );
-        Ok(())
+        .await;
+        taken.release().await;
+        r
     }
 
     /// `POST /v1/volumes/{name}/move`: a planned move to node `to`.

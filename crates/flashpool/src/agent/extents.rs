@@ -67,68 +67,73 @@ impl Agent {
                 NodeError::BadRequest(format!("{e} (a cluster pool grows on remote drives only)"))
             })?);
         }
-        let _taken = super::TakenDrives::take(&s, &urls, pool).await?;
-        check_free(&s, &name, &urls).await?;
-        if self.node.volume(&name).await.is_ok() {
-            return Err(NodeError::Conflict(format!(
-                "this node has a volume called {name} already; name the extent otherwise (name)"
-            )));
-        }
-        // The map is held only for this check and to note the new extent,
-        // not while the extent is made (connects, superblocks, a sync): no
-        // other volume's takeover waits for an expansion. A settle
-        // meanwhile takes the extents from etcd as well, and one that closes
-        // the pool (a move) waits for the node's expansion, which then
-        // fails or is recorded already (see the module's comment).
-        owned_pool(&mut *self.served.lock().await, pool, owner.epoch)?;
-        let mut grown = spec.clone();
-        grown.extents.push(ExtentSpec {
-            name: name.clone(),
-            drives: urls,
-            joining: Vec::new(),
-            layout: req.layout.clone().unwrap_or_else(|| spec.layout.clone()),
-        });
-        // Recorded first (see the module's comment).
-        s.update_spec(&spec, &grown, owner.epoch)
-            .await
-            .map_err(|e| {
-                spec_error(
-                    e,
-                    &format!("pool {pool}"),
-                    &format!("recording its new extent {name}"),
-                )
-            })?;
-        let r = ExpandPool {
-            name: Some(name.clone()),
-            ..req
-        };
-        // Its member states recorded before the pool can write to it.
-        let hook = self.extent_hook(pool, &name, owner.epoch);
-        let res = self.node.expand_pool_with(pool, r, Some(hook)).await;
-        // The extent's volume is kept when the pool may name it (a failed
-        // metadata write labels it so): its record stays then, for the
-        // next owner. (No volume of that name was here before.)
-        let kept = res.is_ok()
-            || self
-                .node
-                .volume(&name)
-                .await
-                .is_ok_and(|v| v.extent_of.as_deref().is_some_and(|p| !p.is_empty()));
-        if !kept {
-            if let Err(e) = s.update_spec(&grown, &spec, owner.epoch).await {
-                tracing::warn!(
-                    "pool {pool}: extent {name} was not made, and its record stays ({e}); the \
-                     pool's next owner finds no volume there and opens the pool without it"
-                );
+        let taken = super::TakenDrives::take(&s, &urls, pool).await?;
+        let r = async {
+            check_free(&s, &name, &urls).await?;
+            if self.node.volume(&name).await.is_ok() {
+                return Err(NodeError::Conflict(format!(
+                    "this node has a volume called {name} already; name the extent otherwise (name)"
+                )));
             }
-            return res.map(Some);
+            // The map is held only for this check and to note the new extent,
+            // not while the extent is made (connects, superblocks, a sync): no
+            // other volume's takeover waits for an expansion. A settle
+            // meanwhile takes the extents from etcd as well, and one that closes
+            // the pool (a move) waits for the node's expansion, which then
+            // fails or is recorded already (see the module's comment).
+            owned_pool(&mut *self.served.lock().await, pool, owner.epoch)?;
+            let mut grown = spec.clone();
+            grown.extents.push(ExtentSpec {
+                name: name.clone(),
+                drives: urls,
+                joining: Vec::new(),
+                layout: req.layout.clone().unwrap_or_else(|| spec.layout.clone()),
+            });
+            // Recorded first (see the module's comment).
+            s.update_spec(&spec, &grown, owner.epoch)
+                .await
+                .map_err(|e| {
+                    spec_error(
+                        e,
+                        &format!("pool {pool}"),
+                        &format!("recording its new extent {name}"),
+                    )
+                })?;
+            let r = ExpandPool {
+                name: Some(name.clone()),
+                ..req
+            };
+            // Its member states recorded before the pool can write to it.
+            let hook = self.extent_hook(pool, &name, owner.epoch);
+            let res = self.node.expand_pool_with(pool, r, Some(hook)).await;
+            // The extent's volume is kept when the pool may name it (a failed
+            // metadata write labels it so): its record stays then, for the
+            // next owner. (No volume of that name was here before.)
+            let kept = res.is_ok()
+                || self
+                    .node
+                    .volume(&name)
+                    .await
+                    .is_ok_and(|v| v.extent_of.as_deref().is_some_and(|p| !p.is_empty()));
+            if !kept {
+                if let Err(e) = s.update_spec(&grown, &spec, owner.epoch).await {
+                    tracing::warn!(
+                        "pool {pool}: extent {name} was not made, and its record stays ({e}); the \
+                         pool's next owner finds no volume there and opens the pool without it"
+                    );
+                }
+                return res.map(Some);
+            }
+            if let Some(sv) = self.served.lock().await.get_mut(pool) {
+                sv.spec.extents = grown.extents;
+            }
+            let mut v = res?;
+            v.owner = Some(self.name().to_string());
+            Ok(Some(v))
         }
-        if let Some(sv) = self.served.lock().await.get_mut(pool) {
-            sv.spec.extents = grown.extents;
-        }
-        let mut v = res?;
-        v.owner = Some(self.name().to_string());
-        Ok(Some(v))
+        .await;
+        taken.release().await;
+        r
     }
 
     /// Assembles cluster pool `spec`'s extents for a takeover at `epoch`,

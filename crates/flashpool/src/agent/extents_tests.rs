@@ -126,6 +126,19 @@ async fn a_cluster_pool_grows_and_its_extent_moves_with_it() {
         a.expand("t1", grow_on(&["e1:d3", "e1:d4"])).await,
         Ok(None)
     ));
+    // A drive held by a change under way: refused, nothing changed.
+    let d4 = vec![b.node.cluster().resolve("e1:d4").unwrap()];
+    let held = b.session().take_drives(&d4, "vother").await.unwrap();
+    let e = b
+        .expand("p", grow_on(&["e1:d3", "e1:d4"]))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("being taken by a change of volume vother"),
+        "{e}"
+    );
+    b.session().release_drives(&held).await.unwrap();
     assert!(recorded_extents(&a).await.is_empty());
     assert_eq!(pool_of(&a).await, (base, vec![]));
     assert!(a.node.volume("p-x1").await.is_err());

@@ -608,39 +608,62 @@ pub(super) fn etcd(e: ClusterError) -> NodeError {
 /// Let go when dropped, on every path.
 pub(super) struct TakenDrives {
     s: Session,
-    urls: Vec<String>,
-    what: String,
+    take: Option<cluster::DriveTake>,
 }
 
 impl TakenDrives {
     pub(super) async fn take(s: &Session, urls: &[String], what: &str) -> NodeResult<Self> {
-        s.take_drives(urls, what).await.map_err(etcd)?;
+        let take = s.take_drives(urls, what).await.map_err(etcd)?;
         Ok(TakenDrives {
             s: s.clone(),
-            urls: urls.to_vec(),
-            what: what.to_string(),
+            take: Some(take),
         })
+    }
+}
+
+impl TakenDrives {
+    /// Lets go now, awaited: a retry right after the change's answer does
+    /// not meet its drives. What could not be let go is tried again in
+    /// the background (as on drop).
+    pub(super) async fn release(mut self) {
+        if let Some(take) = self.take.take()
+            && self.s.release_drives(&take).await.is_err()
+        {
+            self.take = Some(take);
+        }
     }
 }
 
 impl Drop for TakenDrives {
     fn drop(&mut self) {
-        let (s, urls, what) = (
-            self.s.clone(),
-            std::mem::take(&mut self.urls),
-            std::mem::take(&mut self.what),
-        );
+        let (s, Some(take)) = (self.s.clone(), self.take.take()) else {
+            return;
+        };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "drives {} taken for a change: not let go (no runtime); they stay taken until \
+                 this node stops",
+                take.urls().join(", ")
+            );
             return;
         };
         rt.spawn(async move {
-            if let Err(e) = s.release_drives(&urls, &what).await {
-                // Held until this node's lease ends: a change on them meanwhile is refused.
-                tracing::warn!(
-                    "drives {} taken for {what}: not let go: {e}",
-                    urls.join(", ")
-                );
+            let mut last = None;
+            for wait in [0, 500, 2000] {
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                match s.release_drives(&take).await {
+                    Ok(()) => return,
+                    Err(e) => last = Some(e),
+                }
             }
+            // Held until this node's lease ends (it stops): a change on
+            // them meanwhile is refused (docs/cluster.md, `drive-claims/`).
+            tracing::warn!(
+                "drives {} taken for a change: not let go: {}; they stay taken until this node \
+                 stops, or `etcdctl del` of their drive-claims/ keys",
+                take.urls().join(", "),
+                last.map_or_else(String::new, |e| e.to_string())
+            );
         });
     }
 }

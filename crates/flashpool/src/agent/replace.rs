@@ -151,130 +151,135 @@ impl Agent {
         // Taken until the spec lists it, and the specs read again under it:
         // no create, grow or other replace can take it meanwhile
         // (`cluster/src/drives.rs`).
-        let _taken = super::TakenDrives::take(&s, std::slice::from_ref(&with_url), &volume).await?;
-        let specs = s.specs().await.map_err(etcd)?;
-        if !again && let Some(v) = specs.iter().find(|v| v.holder_of(&with_url).is_some()) {
-            return Err(NodeError::Conflict(format!(
-                "drive {with} is a member of {} already; nothing was changed",
-                v.name
-            )));
-        }
-        let served_here = {
-            let served = self.served.lock().await;
-            served
-                .get(&volume)
-                .is_some_and(|sv| sv.epoch == Some(owner.epoch))
-        };
-        if !served_here {
-            return Err(NodeError::Conflict(format!(
-                "cluster volume {volume} is not served here yet; retry"
-            )));
-        }
-        // The node's own name for the member (the name it opened it by), or
-        // `-` where no drive holds the position (a replace cut short whose
-        // old drive is gone).
-        let run = place.volume().to_string();
-        let member = self
-            .node
-            .volume(&run)
-            .await?
-            .members
-            .get(place.position)
-            .map(|m| m.drive.clone())
-            .ok_or_else(|| {
-                NodeError::Internal(format!("volume {run} has no position {}", place.position))
-            })?;
-        // 1. Recorded as joining.
-        let joined = place.edit(&place.spec, |_, j| {
-            if !j.contains(&with_url) {
-                j.push(with_url.clone());
+        let taken = super::TakenDrives::take(&s, std::slice::from_ref(&with_url), &volume).await?;
+        let r = async {
+            let specs = s.specs().await.map_err(etcd)?;
+            if !again && let Some(v) = specs.iter().find(|v| v.holder_of(&with_url).is_some()) {
+                return Err(NodeError::Conflict(format!(
+                    "drive {with} is a member of {} already; nothing was changed",
+                    v.name
+                )));
             }
-        });
-        if joined != place.spec {
-            s.update_spec(&place.spec, &joined, owner.epoch)
-                .await
-                .map_err(|e| {
-                    spec_error(
-                        e,
-                        &format!("cluster volume {volume}"),
-                        &format!("recording drive {with}"),
-                    )
-                })?;
-        }
-        // 2. Replaced by the node.
-        let with_name = self.names_of(std::slice::from_ref(&with_url)).remove(0);
-        // Asked again, a deposed owner may hold the drive's reservation from
-        // its own try: the drive is this volume's (the spec says so), so it
-        // is preempted.
-        let res = if member == with_name {
-            // Put in already (a replace cut short after its node's step):
-            // only the record is left to finish.
-            self.node.volume(&run).await
-        } else if member == "-" {
-            self.node
-                .replace_missing(&run, place.position, &with_name, again)
-                .await
-        } else {
-            self.node.replace_drive_as(&member, &with_name, again).await
-        };
-        let mut v = match res {
-            Ok(v) => v,
-            Err(e) => {
-                // Not taken back where the drive got the position all the
-                // same (an error after its superblock was written).
-                let placed = self.node.volume(&run).await.is_ok_and(|v| {
-                    v.members
-                        .get(place.position)
-                        .is_some_and(|m| m.drive == with_name)
-                });
-                if joined != place.spec
-                    && !placed
-                    && let Err(back) = s.update_spec(&joined, &place.spec, owner.epoch).await
-                {
-                    tracing::warn!(
-                        "cluster volume {volume}: the replace of {name} was refused ({e}); {with} \
-                         stays listed as joining ({back}), which claims no position"
-                    );
-                }
-                return Err(e);
-            }
-        };
-        // 3. In the member's place: over the spec as it is now (another
-        // change, an extent, may have come between), once more if it moved.
-        let mut recorded = Err(ClusterError::Deposed {
-            volume: volume.clone(),
-            epoch: owner.epoch,
-        });
-        for _ in 0..2 {
-            let Some(now) = s.spec(&volume).await.map_err(etcd)? else {
-                break;
+            let served_here = {
+                let served = self.served.lock().await;
+                served
+                    .get(&volume)
+                    .is_some_and(|sv| sv.epoch == Some(owner.epoch))
             };
-            let done = place.edit(&now, |d, j| {
-                d[place.position] = with_url.clone();
-                j.retain(|x| *x != with_url);
-            });
-            recorded = s.update_spec(&now, &done, owner.epoch).await;
-            if recorded.is_ok() {
-                if let Some(sv) = self.served.lock().await.get_mut(&volume) {
-                    sv.spec.drives = done.drives;
-                    sv.spec.joining = done.joining;
-                    sv.spec.extents = done.extents;
-                }
-                break;
+            if !served_here {
+                return Err(NodeError::Conflict(format!(
+                    "cluster volume {volume} is not served here yet; retry"
+                )));
             }
+            // The node's own name for the member (the name it opened it by), or
+            // `-` where no drive holds the position (a replace cut short whose
+            // old drive is gone).
+            let run = place.volume().to_string();
+            let member = self
+                .node
+                .volume(&run)
+                .await?
+                .members
+                .get(place.position)
+                .map(|m| m.drive.clone())
+                .ok_or_else(|| {
+                    NodeError::Internal(format!("volume {run} has no position {}", place.position))
+                })?;
+            // 1. Recorded as joining.
+            let joined = place.edit(&place.spec, |_, j| {
+                if !j.contains(&with_url) {
+                    j.push(with_url.clone());
+                }
+            });
+            if joined != place.spec {
+                s.update_spec(&place.spec, &joined, owner.epoch)
+                    .await
+                    .map_err(|e| {
+                        spec_error(
+                            e,
+                            &format!("cluster volume {volume}"),
+                            &format!("recording drive {with}"),
+                        )
+                    })?;
+            }
+            // 2. Replaced by the node.
+            let with_name = self.names_of(std::slice::from_ref(&with_url)).remove(0);
+            // Asked again, a deposed owner may hold the drive's reservation from
+            // its own try: the drive is this volume's (the spec says so), so it
+            // is preempted.
+            let res = if member == with_name {
+                // Put in already (a replace cut short after its node's step):
+                // only the record is left to finish.
+                self.node.volume(&run).await
+            } else if member == "-" {
+                self.node
+                    .replace_missing(&run, place.position, &with_name, again)
+                    .await
+            } else {
+                self.node.replace_drive_as(&member, &with_name, again).await
+            };
+            let mut v = match res {
+                Ok(v) => v,
+                Err(e) => {
+                    // Not taken back where the drive got the position all the
+                    // same (an error after its superblock was written).
+                    let placed = self.node.volume(&run).await.is_ok_and(|v| {
+                        v.members
+                            .get(place.position)
+                            .is_some_and(|m| m.drive == with_name)
+                    });
+                    if joined != place.spec
+                        && !placed
+                        && let Err(back) = s.update_spec(&joined, &place.spec, owner.epoch).await
+                    {
+                        tracing::warn!(
+                            "cluster volume {volume}: the replace of {name} was refused ({e}); {with} \
+                             stays listed as joining ({back}), which claims no position"
+                        );
+                    }
+                    return Err(e);
+                }
+            };
+            // 3. In the member's place: over the spec as it is now (another
+            // change, an extent, may have come between), once more if it moved.
+            let mut recorded = Err(ClusterError::Deposed {
+                volume: volume.clone(),
+                epoch: owner.epoch,
+            });
+            for _ in 0..2 {
+                let Some(now) = s.spec(&volume).await.map_err(etcd)? else {
+                    break;
+                };
+                let done = place.edit(&now, |d, j| {
+                    d[place.position] = with_url.clone();
+                    j.retain(|x| *x != with_url);
+                });
+                recorded = s.update_spec(&now, &done, owner.epoch).await;
+                if recorded.is_ok() {
+                    if let Some(sv) = self.served.lock().await.get_mut(&volume) {
+                        sv.spec.drives = done.drives;
+                        sv.spec.joining = done.joining;
+                        sv.spec.extents = done.extents;
+                    }
+                    break;
+                }
+            }
+            if let Err(e) = recorded {
+                // The new drive holds the position at a newer generation: every
+                // owner assembles from it while it is listed as joining.
+                return Err(NodeError::Unavailable(format!(
+                    "cluster volume {volume}: {with} replaced {name} and is being rebuilt, but the \
+                     spec still lists it as joining ({e}); owners assemble from it all the same. \
+                     Ask for the replace again to finish the record"
+                )));
+            }
+            if place.extent.is_none() {
+                v.owner = Some(self.name().to_string());
+            }
+            Ok(Some(v))
         }
-        if let Err(e) = recorded {
-            // The new drive holds the position at a newer generation: every
-            // owner assembles from it while it is listed as joining.
-            return Err(NodeError::Unavailable(format!(
-                "cluster volume {volume}: {with} replaced {name} and is being rebuilt, but the \
-                 spec still lists it as joining ({e}); owners assemble from it all the same. \
-                 Ask for the replace again to finish the record"
-            )));
-        }
-        if place.extent.is_none() {
-            v.owner = Some(self.name().to_string());
-        }
-        Ok(Some(v))
+        .await;
+        taken.release().await;
+        r
     }
 }

@@ -78,6 +78,18 @@ async fn a_replaced_member_is_recorded_and_assembled_by_the_next_owner() {
     assert!(members(&a).await.iter().all(|(_, s)| s == "active"));
     // A drive of no cluster volume is left to the node.
     assert!(b.replace_drive("e1:d4", "e1:d3").await.unwrap().is_none());
+    // The new drive held by a change under way (a create between its check
+    // and its record): refused at the owner, nothing changed.
+    let d3 = vec![b.node.cluster().resolve("e1:d3").unwrap()];
+    let held = b.session().take_drives(&d3, "vother").await.unwrap();
+    let e = b.replace_drive("e1:d1", "e1:d3").await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("being taken by a change of volume vother"),
+        "{e}"
+    );
+    assert_eq!(spec_drives(&a).await, ["e1:d0", "e1:d1", "e1:d2"]);
+    b.session().release_drives(&held).await.unwrap();
 
     // Asked of b, which does not own v: a replaces it and records it.
     let v = b.replace_drive("e1:d1", "e1:d3").await.unwrap().unwrap();
