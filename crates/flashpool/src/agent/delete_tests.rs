@@ -246,6 +246,12 @@ async fn a_create_meets_a_drive_taken_by_a_change_on_another_node() {
         claims().await.is_empty(),
         "a refused create lets go before it answers"
     );
+    // A drive listed twice is the request's mistake (400), not etcd's.
+    let e = create_at(b, "vdup", &["e1:d2", "e1:d2"], 3)
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, NodeError::BadRequest(_)), "{e}");
+    assert!(claims().await.is_empty());
     a.leave().await;
     b.leave().await;
 }
