@@ -10,7 +10,7 @@ use blockdev::BlockDevice;
 use volume::superblock::Superblock;
 
 use super::Agent;
-use super::cluster_ops::FAIL_ETCD_DELETE;
+use super::lifecycle::FAIL_ETCD_DELETE;
 use super::tests::{NQN, pair, wait};
 use crate::node::{CreateVolume, ExportRequest, NodeError};
 

@@ -67,8 +67,7 @@ impl Agent {
                 NodeError::BadRequest(format!("{e} (a cluster pool grows on remote drives only)"))
             })?);
         }
-        let taken = super::TakenDrives::take(&s, &urls, pool).await?;
-        let r = async {
+        super::with_drives(&s, &urls.clone(), pool, async {
             check_free(&s, &name, &urls).await?;
             if self.node.volume(&name).await.is_ok() {
                 return Err(NodeError::Conflict(format!(
@@ -130,10 +129,8 @@ impl Agent {
             let mut v = res?;
             v.owner = Some(self.name().to_string());
             Ok(Some(v))
-        }
-        .await;
-        taken.release().await;
-        r
+        })
+        .await
     }
 
     /// Assembles cluster pool `spec`'s extents for a takeover at `epoch`,

@@ -18,8 +18,8 @@
 //! which volumes a pass settles and the per-volume tasks that settle them,
 //! concurrently; `own.rs` gathers one volume's views and carries its
 //! actions out (taking over, letting go); `peers.rs` the other nodes,
-//! `cluster_ops.rs` the cluster operations the API calls into (create,
-//! move, drain, status); `pools.rs` and `pool_snaps.rs` the cluster
+//! `lifecycle.rs` the create and delete of cluster volumes, `cluster_ops.rs`
+//! the other calls from the API (move, drain, status); `pools.rs` and `pool_snaps.rs` the cluster
 //! pools' thin volumes, snapshots and clones; `views.rs` what the volume
 //! list shows of them; `observe.rs` the events and metrics it tells;
 //! `qos.rs` the volumes' QoS limits, kept in etcd and applied by every node.
@@ -31,6 +31,7 @@ mod delete_tests;
 mod extents;
 #[cfg(test)]
 mod extents_tests;
+mod lifecycle;
 mod observe;
 mod own;
 mod peers;
@@ -602,30 +603,43 @@ pub(super) fn etcd(e: ClusterError) -> NodeError {
     }
 }
 
-/// Drives taken in etcd for a change of one volume ([`Session::take_drives`]):
-/// from before the change checks that no spec names them
-/// ([`drives_free`], read after the take) until its own spec is recorded.
-/// Let go when dropped, on every path.
-pub(super) struct TakenDrives {
+/// Runs `change` with `urls` taken in etcd ([`Session::take_drives`]) for
+/// a change of volume `what`: taken before the change checks that no spec
+/// names them ([`drives_free`], which `change` reads after the take) and
+/// held until its own spec is recorded, then let go before the answer, so
+/// a retry right after it does not meet them. A change that meets a held
+/// drive is refused (409) before `change` starts.
+pub(super) async fn with_drives<T>(
+    s: &Session,
+    urls: &[String],
+    what: &str,
+    change: impl std::future::Future<Output = NodeResult<T>>,
+) -> NodeResult<T> {
+    let taken = TakenDrives::take(s, urls, what).await?;
+    let r = change.await;
+    taken.release().await;
+    r
+}
+
+/// Drives taken for one change; let go when dropped, on every path
+/// (a cancelled change included).
+struct TakenDrives {
     s: Session,
     take: Option<cluster::DriveTake>,
 }
 
 impl TakenDrives {
-    pub(super) async fn take(s: &Session, urls: &[String], what: &str) -> NodeResult<Self> {
+    async fn take(s: &Session, urls: &[String], what: &str) -> NodeResult<Self> {
         let take = s.take_drives(urls, what).await.map_err(etcd)?;
         Ok(TakenDrives {
             s: s.clone(),
             take: Some(take),
         })
     }
-}
 
-impl TakenDrives {
-    /// Lets go now, awaited: a retry right after the change's answer does
-    /// not meet its drives. What could not be let go is tried again in
+    /// Lets go now, awaited. What could not be let go is tried again in
     /// the background (as on drop).
-    pub(super) async fn release(mut self) {
+    async fn release(mut self) {
         if let Some(take) = self.take.take()
             && self.s.release_drives(&take).await.is_err()
         {

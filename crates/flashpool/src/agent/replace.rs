@@ -151,8 +151,7 @@ impl Agent {
         // Taken until the spec lists it, and the specs read again under it:
         // no create, grow or other replace can take it meanwhile
         // (`cluster/src/drives.rs`).
-        let taken = super::TakenDrives::take(&s, std::slice::from_ref(&with_url), &volume).await?;
-        let r = async {
+        super::with_drives(&s, std::slice::from_ref(&with_url), &volume, async {
             let specs = s.specs().await.map_err(etcd)?;
             if !again && let Some(v) = specs.iter().find(|v| v.holder_of(&with_url).is_some()) {
                 return Err(NodeError::Conflict(format!(
@@ -277,9 +276,7 @@ impl Agent {
                 v.owner = Some(self.name().to_string());
             }
             Ok(Some(v))
-        }
-        .await;
-        taken.release().await;
-        r
+        })
+        .await
     }
 }
