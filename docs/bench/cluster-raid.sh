@@ -19,6 +19,8 @@
 #      BIN (default $CARGO_TARGET_DIR or target, release/flashpool)  OUT=/tmp/flashpool-cluster
 #      OWNER_IO=14620 OWNER_API=19610  REACTORS=1 (per enclosure)  OWNER_REACTORS=2
 #      POLL_US (every node's [node] poll_us; default: the node's default)
+#      PERF=record|syscalls: perf record -g of the owner during the first random-read round
+#      ($OUT/owner-rr.perf), or its syscalls counted ($OUT/owner-rr.syscalls)
 # Needs node identity ([node] name), drive export (export = true) and remote members
 # ([[peer]], peer:drive names): see tests/cluster/lib.sh for the TOMLs it writes.
 set -u
@@ -125,6 +127,11 @@ vol() {   # NAME LAYOUT DRIVES: create + export as nsid 1, ROUNDS x seq write, d
     # (and each node's ticks over the whole run, ramp included: who spent it)
     for r in $(seq 1 "$ROUNDS"); do
       ticks "$OPID,$EPIDS" > "$OUT/$name-rr-r$r.t0"
+      # PERF: where the owner's CPU goes in round 1, for 2 s after the ramp
+      case "${PERF:-}:$r" in
+        record:1) (sleep 1.5; perf record -q -g -p "$OPID" -o "$OUT/owner-rr.perf" -- sleep 2 > /dev/null 2>&1) & ;;
+        syscalls:1) (sleep 1.5; perf stat -e 'syscalls:sys_enter_*' -p "$OPID" -o "$OUT/owner-rr.syscalls" -- sleep 2 > /dev/null 2>&1) & ;;
+      esac
       bench "$name-rr-r$r" "tcp://127.0.0.1:$IO/$NQN?nsid=1" $RR --target-pid "$OPID,$EPIDS"
       ticks "$OPID,$EPIDS" > "$OUT/$name-rr-r$r.t1"
     done

@@ -9,6 +9,7 @@
 //! asks to be settled again when the wait is over.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cluster::{ClusterError, Handoff, Session, VolumeRead, VolumeSpec, VolumeState};
@@ -135,8 +136,7 @@ impl Agent {
                     .events
                     .emit(observe::pool_released(name, since.elapsed()));
                 report.steps.serving = Instant::now();
-                self.record_serving(name, &serving).await;
-                self.report_served(s, name, report).await;
+                self.report_served(s, name, &serving, report).await;
             }
             None => self.kick_after(name, HELD_RETRY),
         }
@@ -487,8 +487,7 @@ impl Agent {
         );
         // A held pool tells this when it is released (`release_held`).
         if let Some(report) = report {
-            self.record_serving(&name, &serving).await;
-            self.report_served(s, &name, report).await;
+            self.report_served(s, &name, &serving, report).await;
         }
         self.forget_stray_extents(s, sv, epoch, &strays).await;
     }
@@ -496,7 +495,19 @@ impl Agent {
     /// Tells that `name` is served here since `report.steps.serving`: as the
     /// end of a planned move if the handoff that brought it is still
     /// current (and clears that handoff), else as a takeover.
-    async fn report_served(self: &Arc<Self>, s: &Session, name: &str, report: TakeoverReport) {
+    ///
+    /// Only a planned move writes a record now to say the volume is served
+    /// (its mover waits for it, `cluster_ops.rs`); after a takeover nobody
+    /// waits for it, and `serving` is in the volume's next record anyway:
+    /// one etcd write less per volume when a node's many volumes are taken
+    /// over at once.
+    async fn report_served(
+        self: &Arc<Self>,
+        s: &Session,
+        name: &str,
+        serving: &AtomicBool,
+        report: TakeoverReport,
+    ) {
         let TakeoverReport {
             epoch,
             from,
@@ -514,12 +525,14 @@ impl Agent {
             _ => steps.first_seen,
         };
         if planned {
+            self.record_serving(name, serving).await;
             let _ = s.clear_handoff(name).await;
             let took = steps.serving.saturating_duration_since(move_from);
             self.obs.moves.record(took);
             let e = observe::moved(name, epoch, from.as_deref(), took, &steps);
             self.node.events.emit(e);
         } else {
+            serving.store(true, Ordering::SeqCst);
             self.obs.takeovers.record(steps.total());
             let e = observe::took_over(name, epoch, from.as_deref(), &steps);
             self.node.events.emit(e);

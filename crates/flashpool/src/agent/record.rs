@@ -25,10 +25,12 @@ impl Agent {
     /// Installs the record hook on volume `name`, owned here at `epoch`,
     /// and writes the first record. Before the volume takes any I/O.
     ///
-    /// Returns the switch that [`Agent::record_serving`] turns on once the
-    /// volume is served: the records say so from then on. Only then: a
-    /// planned move answers when it reads that flag, so a first record
-    /// that said "served" would answer before the group is Optimized.
+    /// Returns the switch turned on once the volume is served (written
+    /// at once by [`Agent::record_serving`] after a create or a planned
+    /// move; after a takeover the next record carries it): the records say
+    /// so from then on. Only then: a planned move answers when it reads
+    /// that flag, so a first record that said "served" would answer before
+    /// the group is Optimized.
     pub(super) async fn start_recording(
         self: &Arc<Self>,
         name: &str,
