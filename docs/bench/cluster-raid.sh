@@ -19,8 +19,8 @@
 #      BIN (default $CARGO_TARGET_DIR or target, release/flashpool)  OUT=/tmp/flashpool-cluster
 #      OWNER_IO=14620 OWNER_API=19610  REACTORS=1 (per enclosure)  OWNER_REACTORS=2
 #      POLL_US (every node's [node] poll_us; default: the node's default)
-#      PERF=record|syscalls: perf record -g of the owner during the first random-read round
-#      ($OUT/owner-rr.perf), or its syscalls counted ($OUT/owner-rr.syscalls)
+#      PERF=record|syscalls: perf record -g of the owner during each volume's first random-read
+#      round ($OUT/VOLUME-rr.perf), or its syscalls counted ($OUT/VOLUME-rr.syscalls)
 # Needs node identity ([node] name), drive export (export = true) and remote members
 # ([[peer]], peer:drive names): see tests/cluster/lib.sh for the TOMLs it writes.
 set -u
@@ -72,6 +72,8 @@ bench() {
 }
 SEQ="--rw write --bs ${BS:-128k} --qd 16 --runtime $RUNTIME --ramp $RAMP"
 RR="--rw randread --bs 4k --qd 32 --runtime $RUNTIME --ramp $RAMP"
+# secs DURATION: 1s, 500ms or 2 as seconds (for sleep; RAMP in s or ms)
+secs() { case $1 in *ms) awk -v v="${1%ms}" 'BEGIN { print v / 1000 }';; *s) echo "${1%s}";; *) echo "$1";; esac; }
 # ticks PID,PID...: utime+stime of each, one per line
 ticks() { local p; for p in ${1//,/ }; do awk '{sub(/.*\) /, ""); print $12 + $13}' "/proc/$p/stat"; done; }
 cli() { timeout 600 "$FPC_BIN" "$@" --api "127.0.0.1:$API" $(fpc_auth); }
@@ -127,10 +129,10 @@ vol() {   # NAME LAYOUT DRIVES: create + export as nsid 1, ROUNDS x seq write, d
     # (and each node's ticks over the whole run, ramp included: who spent it)
     for r in $(seq 1 "$ROUNDS"); do
       ticks "$OPID,$EPIDS" > "$OUT/$name-rr-r$r.t0"
-      # PERF: where the owner's CPU goes in round 1, for 2 s after the ramp
+      # PERF: where the owner's CPU goes in round 1, for 2 s from 0.5 s after the ramp
       case "${PERF:-}:$r" in
-        record:1) (sleep 1.5; perf record -q -g -p "$OPID" -o "$OUT/owner-rr.perf" -- sleep 2 > /dev/null 2>&1) & ;;
-        syscalls:1) (sleep 1.5; perf stat -e 'syscalls:sys_enter_*' -p "$OPID" -o "$OUT/owner-rr.syscalls" -- sleep 2 > /dev/null 2>&1) & ;;
+        record:1) (sleep "$(secs "$RAMP")"; sleep 0.5; perf record -q -g -p "$OPID" -o "$OUT/$name-rr.perf" -- sleep 2 > /dev/null 2>&1) & ;;
+        syscalls:1) (sleep "$(secs "$RAMP")"; sleep 0.5; perf stat -e 'syscalls:sys_enter_*' -p "$OPID" -o "$OUT/$name-rr.syscalls" -- sleep 2 > /dev/null 2>&1) & ;;
       esac
       bench "$name-rr-r$r" "tcp://127.0.0.1:$IO/$NQN?nsid=1" $RR --target-pid "$OPID,$EPIDS"
       ticks "$OPID,$EPIDS" > "$OUT/$name-rr-r$r.t1"

@@ -31,6 +31,25 @@ pub struct VolumeRead {
     epoch: (u64, i64),
 }
 
+impl VolumeRead {
+    /// From the keys read at one revision; `epoch`: the epoch key's.
+    pub(crate) fn new(
+        owner: Option<Owner>,
+        handoff: Option<Handoff>,
+        state: Option<VolumeState>,
+        deleting: bool,
+        epoch: Option<&KeyValue>,
+    ) -> Result<VolumeRead, ClusterError> {
+        Ok(VolumeRead {
+            owner,
+            handoff,
+            state,
+            deleting,
+            epoch: epoch_of(epoch)?,
+        })
+    }
+}
+
 impl Session {
     /// Reads `vol`'s owner, handoff, state and epoch keys in one
     /// transaction (one round trip, one revision).
@@ -46,16 +65,16 @@ impl Session {
         let r = self.txn(&format!("read volume {vol}"), read).await?;
         let gets = txn_gets(&r);
         let kv = |i: usize| gets.get(i).and_then(|g| g.first());
-        Ok(VolumeRead {
-            owner: kv(0).map(decode).transpose()?,
-            handoff: kv(1).map(decode).transpose()?,
-            state: kv(2).map(decode).transpose()?,
-            epoch: epoch_of(kv(3))?,
-            deleting: kv(4)
+        VolumeRead::new(
+            kv(0).map(decode).transpose()?,
+            kv(1).map(decode).transpose()?,
+            kv(2).map(decode).transpose()?,
+            kv(4)
                 .map(decode::<VolumeSpec>)
                 .transpose()?
                 .is_some_and(|s| s.deleting),
-        })
+            kv(3),
+        )
     }
 
     /// Tries to become the owner of `vol` at epoch = last epoch + 1. `Some`
@@ -116,6 +135,24 @@ impl Session {
             return Ok(Some((me, true)));
         }
         Ok(self.claim(vol).await?.map(|o| (o, false)))
+    }
+
+    /// A claim on `seen`, which shows no owner, and nothing else: `None`
+    /// when its transaction fails (something claimed, released or deleted
+    /// the volume since `seen`), where [`Session::claim_from`] would read
+    /// again and claim whatever it finds unowned then.
+    pub async fn claim_on(
+        &self,
+        vol: &str,
+        seen: &VolumeRead,
+    ) -> Result<Option<(Owner, bool)>, ClusterError> {
+        if seen.owner.is_some() {
+            return Ok(None);
+        }
+        Ok(self
+            .try_claim(vol, seen.epoch, true)
+            .await?
+            .map(|me| (me, true)))
     }
 
     /// One claim transaction: owner key absent and the epoch key as

@@ -213,7 +213,10 @@ pub struct VolumeState {
     pub members: Vec<String>,
     pub note: String,
     /// The owner of `epoch` serves it (its group Optimized): a move is
-    /// over. The owner records the states before it serves, then this.
+    /// over. The owner records the states before it serves; then it
+    /// records this at once after a create, or where a move may wait for
+    /// it (a handoff recorded, or unknown); otherwise (a takeover) with its
+    /// next record.
     #[serde(default)]
     pub serving: bool,
 }

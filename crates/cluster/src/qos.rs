@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::etcd::{decode, encode};
 use crate::keys::{Key, VolumeKey};
-use crate::{ClusterError, Owner, Session, VolumeSpec};
+use crate::{ClusterError, Handoff, Owner, Session, VolumeRead, VolumeSpec, VolumeState};
 
 /// `volumes/<v>/qos`: a served volume's limits (0: none), as every node
 /// applies them to its namespace. No key: unlimited.
@@ -144,26 +144,71 @@ impl Session {
         let keys = self.keys();
         let kvs = self.get_prefix(&keys.volumes()).await?;
         let mut v = PassView::default();
+        let mut parts: BTreeMap<&str, ReadParts> = BTreeMap::new();
         for kv in &kvs {
             let key = std::str::from_utf8(kv.key()).unwrap_or_default();
-            match keys.parse(key) {
-                Some(Key::Volume(_, VolumeKey::Spec)) => v.specs.push(decode(kv)?),
-                Some(Key::Volume(n, VolumeKey::Qos)) => match decode(kv) {
+            let Some(Key::Volume(n, k)) = keys.parse(key) else {
+                continue;
+            };
+            let part = parts.entry(n).or_default();
+            match k {
+                VolumeKey::Spec => {
+                    let spec: VolumeSpec = decode(kv)?;
+                    part.spec = Some(spec.deleting);
+                    v.specs.push(spec);
+                }
+                VolumeKey::Qos => match decode(kv) {
                     Ok(q) => {
                         v.qos.insert(n.to_string(), q);
                     }
                     Err(e) => tracing::warn!("ignoring QoS limits: {e}"),
                 },
-                Some(Key::Volume(n, VolumeKey::Owner)) => {
-                    v.owners.insert(n.to_string(), decode(kv)?);
+                VolumeKey::Owner => {
+                    let o: Owner = decode(kv)?;
+                    part.owner = Some(o.clone());
+                    v.owners.insert(n.to_string(), o);
                 }
-                Some(Key::Volume(n, VolumeKey::Handoff)) => {
+                VolumeKey::Handoff => {
                     v.handoffs.insert(n.to_string());
+                    part.handoff = Some(decode(kv));
                 }
-                _ => {}
+                VolumeKey::State => part.state = Some(decode(kv)),
+                VolumeKey::Epoch => part.epoch = Some(kv),
+            }
+        }
+        // Each volume's keys as `read_volume` reads them, from the same
+        // snapshot; a volume whose handoff, record or epoch does not decode
+        // gets none (its settle reads it again, and fails alone).
+        for (n, p) in parts {
+            if let Some(deleting) = p.spec
+                && let Ok(r) = p.read(deleting)
+            {
+                v.reads.insert(n.to_string(), r);
             }
         }
         Ok(v)
+    }
+}
+
+/// One volume's keys in [`Session::pass_view`]'s range, gathered.
+#[derive(Default)]
+struct ReadParts<'a> {
+    spec: Option<bool>,
+    owner: Option<Owner>,
+    handoff: Option<Result<Handoff, ClusterError>>,
+    state: Option<Result<VolumeState, ClusterError>>,
+    epoch: Option<&'a etcd_client::KeyValue>,
+}
+
+impl ReadParts<'_> {
+    fn read(self, deleting: bool) -> Result<VolumeRead, ClusterError> {
+        VolumeRead::new(
+            self.owner,
+            self.handoff.transpose()?,
+            self.state.transpose()?,
+            deleting,
+            self.epoch,
+        )
     }
 }
 
@@ -175,6 +220,11 @@ pub struct PassView {
     pub owners: BTreeMap<String, Owner>,
     /// Volumes with a planned move recorded.
     pub handoffs: std::collections::BTreeSet<String>,
+    /// Every volume with a spec (but one whose handoff, record or epoch key
+    /// does not decode): its keys as [`Session::read_volume`] reads them,
+    /// at this view's revision (a settle that starts at once may
+    /// decide on it instead of reading its keys again: `agent/runner.rs`).
+    pub reads: BTreeMap<String, VolumeRead>,
 }
 
 /// The op that leaves `key` holding `q`: a put, or a delete when `q` is

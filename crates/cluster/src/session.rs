@@ -711,14 +711,14 @@ impl Session {
             .transpose()
     }
 
-    pub async fn clear_handoff(&self, vol: &str) -> Result<(), ClusterError> {
+    /// Removes handoff `h` of `vol`, done (its new owner serves it). Only
+    /// `h`: a newer one (another move asked for since) stays.
+    pub async fn clear_handoff(&self, vol: &str, h: &Handoff) -> Result<(), ClusterError> {
         let key = self.vkey(vol, VolumeKey::Handoff);
-        self.op(&format!("delete {key}"), |mut c| {
-            let k = key.clone();
-            async move { c.delete(k, None).await }
-        })
-        .await
-        .map(|_| ())
+        let txn = Txn::new()
+            .when([Compare::value(key.clone(), CompareOp::Equal, encode(h))])
+            .and_then([TxnOp::delete(key.clone(), None)]);
+        self.txn(&format!("delete {key}"), txn).await.map(|_| ())
     }
 
     /// Marks (or unmarks) `node` as draining; persistent, not leased.

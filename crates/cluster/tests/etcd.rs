@@ -249,7 +249,14 @@ async fn state_and_handoff_are_guarded_by_the_epoch() {
         Duration::from_secs(2),
     )
     .await;
-    b.clear_handoff("v").await.unwrap();
+    // Only the handoff named: a newer one stays.
+    let other = Handoff {
+        to: "c".into(),
+        epoch: 2,
+    };
+    b.clear_handoff("v", &other).await.unwrap();
+    assert_eq!(b.handoff("v").await.unwrap(), Some(h.clone()));
+    b.clear_handoff("v", &h).await.unwrap();
     next_event(
         &mut ev,
         |e| *e == ClusterEvent::HandoffCleared("v".into()),
@@ -453,6 +460,28 @@ async fn one_range_read_gives_what_reads_per_volume_give() {
     assert_eq!(names, ["v1", "v10", "v2", "v3"]);
     assert_eq!(ranged[3].handoff, Some(h));
     assert!(ranged[2].owner.is_none() && ranged[2].state.is_none());
+    // A pass's view holds each volume's keys as read_volume reads them, its
+    // epoch (which a claim on the read compares) included.
+    let view = a.pass_view().await.unwrap();
+    assert_eq!(view.reads.len(), 4);
+    for v in ["v1", "v10", "v2", "v3"] {
+        assert_eq!(view.reads[v], a.read_volume(v).await.unwrap(), "{v}");
+    }
+    // A claim on a pass's read fails once another claim came between
+    // (the epoch key moved on, although the volume is unowned again):
+    // claim_on then claims nothing; claim_from reads again and claims.
+    let stale = view.reads["v2"].clone();
+    let b = join(&eps, "b").await;
+    assert_eq!(b.claim("v2").await.unwrap().unwrap().epoch, 1);
+    assert!(b.release("v2", 1).await.unwrap());
+    assert_eq!(a.claim_on("v2", &stale).await.unwrap(), None);
+    let (o, unchanged) = a.claim_from("v2", &stale).await.unwrap().unwrap();
+    assert_eq!((o.epoch, unchanged), (2, false));
+    // On a read nobody came after, the claim holds, its read still current.
+    a.create_spec(&spec("v4", 5)).await.unwrap();
+    let view = a.pass_view().await.unwrap();
+    let (o, unchanged) = a.claim_on("v4", &view.reads["v4"]).await.unwrap().unwrap();
+    assert_eq!((o.epoch, unchanged), (1, true));
 }
 
 fn thin(name: &str, pool: &str, nsid: u32) -> cluster::ThinSpec {

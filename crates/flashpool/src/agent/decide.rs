@@ -20,8 +20,9 @@
 //!
 //! The agent (`runner.rs`) carries them out concurrently: each volume in
 //! its own task, a bounded number at a time, at most one task per volume,
-//! each re-reading its volume's keys just before deciding it: its owner,
-//! and its handoff where [`handoff_matters`]. A pass names only the volumes
+//! each on its volume's keys as read just before it (by its pass, or by
+//! itself where the pass's read may be older than its own last change):
+//! its owner, and its handoff where [`handoff_matters`]. A pass names only the volumes
 //! the etcd events since the last pass were about (all of them on the
 //! periodic resync, or when the members change), so its etcd reads follow
 //! what changed.

@@ -158,9 +158,12 @@ pub struct Agent {
     /// Tests: a volume's takeover waits this long first (a slow member).
     #[cfg(test)]
     stall: Mutex<HashMap<String, Duration>>,
-    /// Tests: how many volume settles (one owner read each) ran.
+    /// Tests: how many volume settles ran.
     #[cfg(test)]
     settles: std::sync::atomic::AtomicUsize,
+    /// Tests: how many of them read their volume's keys (not their pass's read).
+    #[cfg(test)]
+    volume_reads: std::sync::atomic::AtomicUsize,
     /// Tests: how many reads of a pool's thin volumes' reservations fail.
     #[cfg(test)]
     fail_resv_reads: std::sync::atomic::AtomicUsize,
@@ -266,6 +269,8 @@ impl Agent {
             stall: Mutex::new(HashMap::new()),
             #[cfg(test)]
             settles: std::sync::atomic::AtomicUsize::new(0),
+            #[cfg(test)]
+            volume_reads: std::sync::atomic::AtomicUsize::new(0),
             #[cfg(test)]
             fail_resv_reads: std::sync::atomic::AtomicUsize::new(0),
             owned: Mutex::new(BTreeMap::new()),

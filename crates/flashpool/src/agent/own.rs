@@ -17,6 +17,7 @@ use nvmf_target::AnaState;
 
 use super::decide::{self, Action, COOLDOWN, LocalVolume, Members, Plan, VolumeView, Wait};
 use super::observe::{self, Steps};
+use super::runner::PassRead;
 use super::{Agent, OwnedGroup, Served};
 use crate::node::{AssembleVolume, Degraded, Recorded};
 
@@ -45,16 +46,27 @@ struct TakeoverReport {
     handoff_now: Option<Option<Handoff>>,
 }
 
+/// The keys of a volume that a decision was made on: read for it, or its
+/// pass's read ([`PassRead::usable`]), which a claim trusts no further than
+/// its own compare.
+#[derive(Clone, Copy)]
+pub(super) struct Seen<'a> {
+    read: &'a VolumeRead,
+    of_pass: bool,
+}
+
 impl Agent {
     /// Brings one volume's ownership where etcd says it should be: reads
     /// its keys, decides, acts. `slot` is the volume as served here (none
-    /// for a spec not served here yet).
+    /// for a spec not served here yet); `pass`: its keys as its pass read
+    /// them, decided on where [`PassRead::usable`] allows.
     pub(super) async fn settle(
         self: &Arc<Self>,
         s: &Session,
         members: &Members,
         spec: &VolumeSpec,
         slot: &mut Option<Served>,
+        pass: Option<PassRead>,
     ) -> Result<(), ClusterError> {
         let name = &spec.name;
         let me = s.node();
@@ -71,7 +83,20 @@ impl Agent {
         }
         // One round trip for the owner, handoff, epoch and state keys: a
         // claim and a takeover go on from this read (`cluster/claim.rs`).
-        let read = s.read_volume(name).await?;
+        // None at all for a volume the pass's own read may stand for: a
+        // survivor of a node that owned N volumes reads none of them again.
+        let run_here = slot.as_ref().is_some_and(|sv| sv.epoch.is_some());
+        let (read, of_pass) = match pass.and_then(|p| p.usable(me, run_here)) {
+            Some(r) => (r, true),
+            None => {
+                #[cfg(test)]
+                if !run_here {
+                    self.volume_reads
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                (s.read_volume(name).await?, false)
+            }
+        };
         let owner = read.owner.clone();
         self.seen_owner(name, spec.ana_group, owner.as_ref());
         let handoff = if decide::handoff_matters(owner.as_ref(), me) {
@@ -93,7 +118,11 @@ impl Agent {
             deleting: read.deleting,
         };
         let plan = decide::decide_volume(members, me, &view, &here, Instant::now());
-        self.act(s, spec, slot, plan, Some(&read)).await?;
+        let seen = Seen {
+            read: &read,
+            of_pass,
+        };
+        self.act(s, spec, slot, plan, Some(seen)).await?;
         // A pool's thin volumes: served as etcd lists them (one range read).
         if spec.thin_pool
             && let Some(sv) = slot
@@ -105,7 +134,7 @@ impl Agent {
     }
 
     /// Pool `name`, owned here with its group held (see
-    /// [`OwnedGroup::held`]): Optimized and recorded as served once every
+    /// [`OwnedGroup::held`]): Optimized and served once every
     /// thin volume is served with its reservations (`ready`); until then
     /// it is settled again soon.
     async fn release_held(self: &Arc<Self>, s: &Session, name: &str, ready: bool) {
@@ -187,7 +216,7 @@ impl Agent {
         spec: &VolumeSpec,
         slot: &mut Option<Served>,
         plan: Plan,
-        seen: Option<&VolumeRead>,
+        seen: Option<Seen<'_>>,
     ) -> Result<(), ClusterError> {
         let mut memory = Some(plan.memory);
         for step in plan.steps {
@@ -211,7 +240,7 @@ impl Agent {
         spec: &VolumeSpec,
         slot: &mut Option<Served>,
         step: Action,
-        seen: Option<&VolumeRead>,
+        seen: Option<Seen<'_>>,
     ) -> Result<bool, ClusterError> {
         let name = &spec.name;
         match step {
@@ -273,7 +302,14 @@ impl Agent {
                 };
                 let claim_started = Instant::now();
                 let claimed = match seen {
-                    Some(r) => s.claim_from(name, r).await?,
+                    // Only on that read: had anything claimed, released or
+                    // marked it since, that comes as a watch event, and the
+                    // volume is settled again on a newer read.
+                    Some(Seen {
+                        read,
+                        of_pass: true,
+                    }) if read.owner.is_none() => s.claim_on(name, read).await?,
+                    Some(Seen { read, .. }) => s.claim_from(name, read).await?,
                     None => s.claim(name).await?.map(|o| (o, false)),
                 };
                 let Some((o, unchanged)) = claimed else {
@@ -281,7 +317,7 @@ impl Agent {
                     return Ok(true);
                 };
                 // the state record as of the claim, when the read still holds it
-                let current = seen.filter(|_| unchanged);
+                let current = seen.map(|x| x.read).filter(|_| unchanged);
                 let claimed = Instant::now();
                 self.memory_of(name, |m| m.unowned_since = None);
                 // from the first pass that saw it unowned, or from when its
@@ -496,8 +532,8 @@ impl Agent {
     /// end of a planned move if the handoff that brought it is still
     /// current (and clears that handoff), else as a takeover.
     ///
-    /// Only a planned move writes a record now to say the volume is served
-    /// (its mover waits for it, `cluster_ops.rs`); after a takeover nobody
+    /// Only where a move may wait for it (`cluster_ops.rs`) is a record
+    /// written now to say the volume is served; after a takeover nobody
     /// waits for it, and `serving` is in the volume's next record anyway:
     /// one etcd write less per volume when a node's many volumes are taken
     /// over at once.
@@ -516,23 +552,30 @@ impl Agent {
             handoff_now,
         } = report;
         let current = match handoff_now {
-            Some(h) => h,
-            None => s.handoff(name).await.ok().flatten(),
+            Some(h) => Ok(h),
+            None => s.handoff(name).await,
         };
+        // Written at once wherever a move may wait for it: a handoff to
+        // here, one to another node (a second move asked for while a pool
+        // was held here: the first one's mover still waits), or no answer.
+        if !matches!(current, Ok(None)) {
+            self.record_serving(name, serving).await;
+        } else {
+            serving.store(true, Ordering::SeqCst);
+        }
+        let current = current.ok().flatten();
         let planned = current.as_ref().is_some_and(|h| h.to == s.node());
         let move_from = match handoff_seen {
             Some((h, at)) if current.as_ref() == Some(&h) => at.min(steps.first_seen),
             _ => steps.first_seen,
         };
-        if planned {
-            self.record_serving(name, serving).await;
-            let _ = s.clear_handoff(name).await;
+        if let Some(h) = current.as_ref().filter(|_| planned) {
+            let _ = s.clear_handoff(name, h).await;
             let took = steps.serving.saturating_duration_since(move_from);
             self.obs.moves.record(took);
             let e = observe::moved(name, epoch, from.as_deref(), took, &steps);
             self.node.events.emit(e);
         } else {
-            serving.store(true, Ordering::SeqCst);
             self.obs.takeovers.record(steps.total());
             let e = observe::took_over(name, epoch, from.as_deref(), &steps);
             self.node.events.emit(e);
@@ -562,6 +605,9 @@ impl Agent {
         if let Some(mut st) = recorded {
             // the record's members and generation stay as they are
             st.epoch = epoch;
+            // at this epoch it is not served: a move waiting for the flag
+            // must not read the last owner's
+            st.serving = false;
             st.note = format!("not served: {} could not run it: {why}", s.node());
             if let Err(e) = s.put_state(name, &st).await {
                 tracing::warn!("volume {name}: noting why it is not served: {e}");

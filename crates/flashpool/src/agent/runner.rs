@@ -8,7 +8,8 @@
 //! since the last pass (a burst of events is one pass), or every volume on
 //! the periodic resync and whenever the members change. The pass does not
 //! wait for its tasks, so a slow or failing takeover delays no other
-//! volume; each task reads its own volume's keys, decides
+//! volume; each task takes its volume's keys from the pass's read where
+//! that is safe ([`PassRead::usable`]; else it reads them itself), decides
 //! ([`super::decide`]) and acts ([`Agent::settle`]). At most one task runs
 //! per volume (a volume named again while its task runs is settled once
 //! more after it), and at most [`concurrency`] at once.
@@ -16,9 +17,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use cluster::{ClusterError, ClusterEvent, Owner, Session, VolumeSpec};
+use cluster::{ClusterError, ClusterEvent, Owner, Session, VolumeRead, VolumeSpec};
 use tokio::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Semaphore};
 
 use super::decide::{self, Members};
@@ -35,6 +36,40 @@ pub(super) fn concurrency() -> usize {
     // time (docs/performance.md, "A drain of 48 volumes").
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (8 * cores).max(32)
+}
+
+/// A volume's keys as its pass read them ([`cluster::PassView::reads`]),
+/// and when that read was sent.
+pub(super) struct PassRead {
+    pub read: VolumeRead,
+    pub at: Instant,
+}
+
+impl PassRead {
+    /// How old a pass's read may be when its volume's task decides on it.
+    /// A task that waited longer (for a slot, or for the API's hold on the
+    /// served map) reads its keys again.
+    const FRESH: Duration = Duration::from_millis(250);
+
+    /// The read, if `name`'s task may decide on it instead of reading
+    /// again: fresh, of a volume not run here, and not owned by this node.
+    ///
+    /// Why that is safe: for such a volume a decision can only serve it on
+    /// standby, stop serving it (deleting), keep, wait or claim. A claim
+    /// on this read compares the owner key (absent) and the epoch key's
+    /// revision and claims nothing if they moved (`Session::claim_on`):
+    /// anything that claimed, released or marked the volume since the read
+    /// claimed it first. Whatever changed since comes as a watch event,
+    /// which settles the volume once more, on a newer read. A volume run here, or owned by
+    /// this node, is different: a change this node made itself after the
+    /// read (its own takeover, release or handoff, by a task that ended
+    /// since) would be undone by a decision on it.
+    pub(super) fn usable(self, me: &str, run_here: bool) -> Option<VolumeRead> {
+        (self.at.elapsed() < Self::FRESH
+            && !run_here
+            && self.read.owner.as_ref().is_none_or(|o| o.node != me))
+        .then_some(self.read)
+    }
 }
 
 /// The volumes served here. A volume's task takes its [`Served`] out while
@@ -280,6 +315,7 @@ impl Agent {
             .into_iter()
             .map(|v| (v.name.clone(), v))
             .collect();
+        let mut reads = view.reads;
         let news = self
             .owner_news(
                 s.node(),
@@ -320,7 +356,11 @@ impl Agent {
         names.extend(news);
         for name in names {
             let spec = specs.remove(&name);
-            self.start(s, &members, name, spec);
+            let read = reads.remove(&name).map(|r| PassRead {
+                read: r,
+                at: read_at,
+            });
+            self.start(s, &members, name, spec, read);
         }
         Ok(())
     }
@@ -445,13 +485,15 @@ impl Agent {
             .collect()
     }
 
-    /// Starts `name`'s task, or asks the one running to go again after.
+    /// Starts `name`'s task, or asks the one running to go again after
+    /// (`read` is dropped then: that settle's next pass reads anew).
     fn start(
         self: &Arc<Self>,
         s: &Session,
         members: &Arc<Members>,
         name: String,
         spec: Option<VolumeSpec>,
+        read: Option<PassRead>,
     ) {
         {
             let mut acting = self.acting.lock();
@@ -476,7 +518,7 @@ impl Agent {
                 let _acting = a.served.acting().await;
                 // a task queued before the lease was lost acts on nothing
                 if s.is_valid() {
-                    a.settle_one(&s, &members, &name, spec.as_ref()).await;
+                    a.settle_one(&s, &members, &name, spec.as_ref(), read).await;
                 }
             }
             a.queued.lock().remove(&name);
@@ -493,6 +535,7 @@ impl Agent {
         members: &Members,
         name: &str,
         spec: Option<&VolumeSpec>,
+        read: Option<PassRead>,
     ) {
         #[cfg(test)]
         self.settles
@@ -517,7 +560,7 @@ impl Agent {
             (spec, _) => spec,
         };
         let r = match (spec, &slot) {
-            (Some(spec), _) => self.settle(s, members, spec, &mut slot).await,
+            (Some(spec), _) => self.settle(s, members, spec, &mut slot, read).await,
             (None, Some(sv)) => {
                 let here = self.local_volume(name, Some(sv), None);
                 match decide::decide_gone(name, &here) {

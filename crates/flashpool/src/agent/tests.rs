@@ -595,8 +595,19 @@ async fn takes_over_many_volumes_concurrently() {
     let (c, tc) = member("c", &enc, &etcd.endpoint()).await;
     move_all(&a, &c, &tc, &groups).await;
     *a.permits.lock() = Arc::new(tokio::sync::Semaphore::new(super::runner::concurrency()));
+    let reads = || a.volume_reads.load(std::sync::atomic::Ordering::Relaxed);
+    let reads_before = reads();
     let (concurrent, n2) = revoke_and_time(&a, &ta, &c, &groups).await;
+    let reads2 = reads() - reads_before;
     report("concurrent takeover", &concurrent, n2);
+    // Each settle of the takeover decided on its pass's range read: no
+    // volume's keys were read again one by one (`runner.rs`, `PassRead`);
+    // a periodic pass's settle of a volume run here may read its own.
+    eprintln!("concurrent takeover: {reads2} reads of one volume's keys");
+    assert!(
+        reads2 < N / 2,
+        "{reads2} reads of one volume's keys to take over {N} volumes"
+    );
     // One settle per volume, for its owner key's deletion: the claims'
     // own owner events are noted without another settle
     // (`runner.rs`, `owner_news`); before, each took a second one.
