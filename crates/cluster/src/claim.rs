@@ -137,22 +137,20 @@ impl Session {
         Ok(self.claim(vol).await?.map(|o| (o, false)))
     }
 
-    /// A claim on `seen`, which shows no owner, and nothing else: `None`
-    /// when its transaction fails (something claimed, released or deleted
-    /// the volume since `seen`), where [`Session::claim_from`] would read
-    /// again and claim whatever it finds unowned then.
+    /// A claim on `seen` and nothing else: `None` when `seen` shows an
+    /// owner or the claim's transaction fails (something claimed, released
+    /// or deleted the volume since `seen`), where [`Session::claim_from`]
+    /// would read again and claim whatever it finds unowned then. On
+    /// success `seen`'s state record is still the current one.
     pub async fn claim_on(
         &self,
         vol: &str,
         seen: &VolumeRead,
-    ) -> Result<Option<(Owner, bool)>, ClusterError> {
+    ) -> Result<Option<Owner>, ClusterError> {
         if seen.owner.is_some() {
             return Ok(None);
         }
-        Ok(self
-            .try_claim(vol, seen.epoch, true)
-            .await?
-            .map(|me| (me, true)))
+        self.try_claim(vol, seen.epoch, true).await
     }
 
     /// One claim transaction: owner key absent and the epoch key as

@@ -308,7 +308,7 @@ impl Agent {
                     Some(Seen {
                         read,
                         of_pass: true,
-                    }) if read.owner.is_none() => s.claim_on(name, read).await?,
+                    }) => s.claim_on(name, read).await?.map(|o| (o, true)),
                     Some(Seen { read, .. }) => s.claim_from(name, read).await?,
                     None => s.claim(name).await?.map(|o| (o, false)),
                 };
@@ -570,7 +570,11 @@ impl Agent {
             _ => steps.first_seen,
         };
         if let Some(h) = current.as_ref().filter(|_| planned) {
-            let _ = s.clear_handoff(name, h).await;
+            if let Err(e) = s.clear_handoff(name, h).await {
+                // Served all the same: a handoff left over is ignored once
+                // stale (decide.rs), and the next move overwrites it.
+                tracing::warn!("volume {name}: served, but its handoff was not cleared: {e}");
+            }
             let took = steps.serving.saturating_duration_since(move_from);
             self.obs.moves.record(took);
             let e = observe::moved(name, epoch, from.as_deref(), took, &steps);
