@@ -16,7 +16,7 @@ use nvmf_host::{
 use nvmf_target::{AnaState, ListenerConfig, ListenerKind, Server, Target, TlsMode};
 
 use super::pools_tests::{pool_req, thin};
-use super::tests::{NQN, Pair, create_v, pair, wait};
+use super::tests::{NQN, Pair, create_v, events_of, pair, wait};
 use crate::api_types::EventKind;
 
 const WX: ResvType = ResvType::WriteExclusive;
@@ -361,7 +361,12 @@ async fn a_pool_is_not_served_until_its_thin_reservations_are_read() {
     assert_eq!(moved.to, "b");
     assert!(b.owned.lock().get("p").is_some_and(|o| o.held.is_none()));
     // Told as it happened: held once, then released, and only then moved,
-    // with the hold in the move's time.
+    // with the hold in the move's time. The move answers once b's record
+    // says served; b tells of it just after (flaked once without the wait).
+    wait("b's moved event", 10, async || {
+        !events_of(b, "moved", Some("p")).is_empty()
+    })
+    .await;
     let told: Vec<_> = b
         .node
         .events
