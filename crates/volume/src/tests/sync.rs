@@ -202,6 +202,148 @@ fn a_takeover_defers_a_mirrors_crash_resync_to_the_background() {
     });
 }
 
+/// A takeover (or move) before the last owner's mirror resync ended (copy
+/// 1 still Resyncing, its checkpoint past a region written since, torn by
+/// the crash) defers again instead of resyncing every dirty region before
+/// it serves: the checkpoint goes back to 0, reads of both torn blocks come
+/// from copy 0, and the background pass makes the copies agree.
+#[test]
+fn a_takeover_during_a_mirrors_resync_defers_it_again() {
+    block_on(async {
+        let rig = Rig::new(2, 8);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
+            .await
+            .unwrap();
+        // The first crash: stripe 5 (region 2 of 4) torn on copy 1.
+        let (lba5, lba1) = (5 * u64::from(STRIP) / BS, u64::from(STRIP) / BS);
+        super::vwrite(&vol, lba5, &[0xAAu8; 4096]).await.unwrap();
+        drop(vol);
+        let (at5, at1) = (META + lba5 * BS, META + lba1 * BS);
+        super::put_member_bytes(&rig.mems[1], at5, &[0x55u8; 4096]);
+        let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+            .await
+            .unwrap();
+        assert!(deferred);
+        // Its resync got past stripe 3 (as far as the superblocks know),
+        // then stripe 1 (region 0) was written to both copies.
+        {
+            let mut m = vol.inner.members.write();
+            m.states[1] = MemberState::Resyncing { checkpoint: 4 };
+            m.changed();
+            m.version += 1;
+        }
+        vol.inner.persist_superblock(true).await;
+        super::vwrite(&vol, lba1, &[0xBBu8; 4096]).await.unwrap();
+        // The second crash tears stripe 1 on copy 1, below its checkpoint.
+        drop(vol);
+        super::put_member_bytes(&rig.mems[1], at1, &[0x66u8; 4096]);
+        let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+            .await
+            .unwrap();
+        assert!(deferred, "resynced before serving");
+        assert_eq!(
+            vol.member_states(),
+            [
+                MemberState::Active,
+                MemberState::Resyncing { checkpoint: 0 }
+            ]
+        );
+        // Nothing copied yet, and every read comes from copy 0.
+        assert_eq!(super::member_bytes(&rig.mems[1], at1, 4096), [0x66u8; 4096]);
+        assert_eq!(super::member_bytes(&rig.mems[1], at5, 4096), [0x55u8; 4096]);
+        for _ in 0..4 {
+            assert_eq!(vread(&vol, lba1, 1).await, [0xBBu8; 4096]);
+            assert_eq!(vread(&vol, lba5, 1).await, [0xAAu8; 4096]);
+        }
+        vol.rebuild(RebuildOptions::default()).await.unwrap();
+        assert!(
+            vol.member_states()
+                .iter()
+                .all(|s| *s == MemberState::Active)
+        );
+        assert_eq!(super::member_bytes(&rig.mems[1], at1, 4096), [0xBBu8; 4096]);
+        assert_eq!(super::member_bytes(&rig.mems[1], at5, 4096), [0xAAu8; 4096]);
+        vol.close().await.unwrap();
+        drop(vol);
+        let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+            .await
+            .unwrap();
+        assert!(!deferred);
+        vol.close().await.unwrap();
+    });
+}
+
+/// A three-way mirror taken over with a copy missing defers too: two
+/// copies are there, one of record and one Resyncing; the missing one stays
+/// Failed (the bitmap held for its re-add).
+#[test]
+fn a_takeover_with_a_mirror_copy_missing_defers_with_two_left() {
+    block_on(async {
+        let rig = Rig::new(3, 8);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
+            .await
+            .unwrap();
+        let lba = 5 * u64::from(STRIP) / BS;
+        super::vwrite(&vol, lba, &[0xAAu8; 4096]).await.unwrap();
+        drop(vol);
+        let at = META + lba * BS;
+        super::put_member_bytes(&rig.mems[1], at, &[0x55u8; 4096]);
+        rig.faults[2].fail_now();
+        let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+            .await
+            .unwrap();
+        assert!(deferred);
+        assert_eq!(
+            vol.member_states(),
+            [
+                MemberState::Active,
+                MemberState::Resyncing { checkpoint: 0 },
+                MemberState::Failed
+            ]
+        );
+        for _ in 0..4 {
+            assert_eq!(vread(&vol, lba, 1).await, [0xAAu8; 4096]);
+        }
+        vol.rebuild(RebuildOptions::default()).await.unwrap();
+        assert_eq!(super::member_bytes(&rig.mems[1], at, 4096), [0xAAu8; 4096]);
+        assert_eq!(vol.member_states()[1], MemberState::Active);
+        assert_eq!(vol.member_states()[2], MemberState::Failed);
+    });
+}
+
+/// A mirror with a member Rebuilding (a replacement not yet full) resyncs
+/// its dirty regions before it serves, as before: the rebuild's checkpoint
+/// cannot go back without rebuilding the whole member.
+#[test]
+fn a_takeover_during_a_mirrors_rebuild_resyncs_first() {
+    block_on(async {
+        let rig = Rig::new(3, 8);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
+            .await
+            .unwrap();
+        let lba = u64::from(STRIP) / BS;
+        {
+            let mut m = vol.inner.members.write();
+            m.states[2] = MemberState::Rebuilding { checkpoint: 4 };
+            m.changed();
+            m.version += 1;
+        }
+        vol.inner.persist_superblock(true).await;
+        super::vwrite(&vol, lba, &[0xBBu8; 4096]).await.unwrap();
+        drop(vol);
+        let at = META + lba * BS;
+        super::put_member_bytes(&rig.mems[1], at, &[0x66u8; 4096]);
+        let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+            .await
+            .unwrap();
+        assert!(!deferred);
+        assert_eq!(super::member_bytes(&rig.mems[1], at, 4096), [0xBBu8; 4096]);
+        for _ in 0..6 {
+            assert_eq!(vread(&vol, lba, 1).await, [0xBBu8; 4096]);
+        }
+    });
+}
+
 /// A takeover's assembly of a parity layout its owner left dirty serves
 /// before the resync: the dirty regions are unsynced (held on disk across
 /// another crash), a write there is fine, and the background sync makes

@@ -160,15 +160,17 @@ impl Volume {
     }
 
     /// [`Volume::assemble`] for a takeover, which must serve soon: a
-    /// volume whose members are all Active and whose bitmaps mark regions
-    /// dirty (its owner crashed) does not resync them before it returns.
+    /// volume whose bitmaps mark regions dirty (its owner crashed) does not
+    /// resync them before it returns.
     ///
-    /// - A mirror takes its first member as the copy of record and every
-    ///   other one as Resyncing over the dirty regions (as after a re-add):
-    ///   reads there come from the first alone, so every read of a block
-    ///   returns the same data, and [`Volume::rebuild`] copies them over in
-    ///   the background (the superblocks say so: a crash before it ends
-    ///   resumes it).
+    /// - A mirror takes its first Active member as the copy of record and
+    ///   every other one not Failed as Resyncing over the dirty regions (as
+    ///   after a re-add), also when some were Resyncing already (the last
+    ///   owner's resync or re-add had not ended): reads there come from the
+    ///   copy of record alone, so every read of a block returns the same
+    ///   data, and [`Volume::rebuild`] copies them over in the background
+    ///   (the superblocks say so: a crash before it ends resumes it). Not
+    ///   while a member is Rebuilding, or with one member left.
     /// - A parity layout keeps the dirty regions as unsynced, as `create`
     ///   does (`sync.rs`): reads of present data need no parity, a write
     ///   there keeps parity no worse than it was, and
@@ -177,8 +179,9 @@ impl Volume {
     ///   leaves those stripes' reconstruction unreliable, which is the
     ///   window a resync before serving had too.
     ///
-    /// Returns the volume and whether it left such a resync to do. A volume
-    /// with a member missing resyncs first, as [`Volume::assemble`] does.
+    /// Returns the volume and whether it left such a resync to do. A parity
+    /// volume with a member missing or not Active resyncs first, as
+    /// [`Volume::assemble`] does.
     pub async fn assemble_deferring_resync(
         members: Vec<Arc<dyn BlockDevice>>,
     ) -> Result<(Volume, bool), VolumeError> {
@@ -445,33 +448,33 @@ impl Volume {
 
 impl Inner {
     /// What both deferring steps start from: the members' bitmaps merged
-    /// and the regions they mark dirty, when the bitmap is not held, the
-    /// volume has `min_members` or more and every member is Active before
-    /// and after the read (a failed bitmap read fails its member). `None`:
-    /// nothing to defer; nothing changed.
-    async fn dirty_while_all_active(&self, min_members: usize) -> Option<(Vec<u8>, Vec<u64>)> {
-        let all_active = || {
-            let m = self.members.read();
-            m.states.len() >= min_members && m.states.iter().all(|s| *s == MemberState::Active)
-        };
-        if self.intent.held() || !all_active() {
+    /// and the regions they mark dirty, when `ok` holds for the member
+    /// states before and after the read (a failed bitmap read fails its
+    /// member). `None`: nothing to defer; nothing changed.
+    async fn dirty_while(
+        &self,
+        ok: impl Fn(&[MemberState]) -> bool,
+    ) -> Option<(Vec<u8>, Vec<u64>)> {
+        let ok_now = || ok(&self.members.read().states);
+        if !ok_now() {
             return None;
         }
         let merged = self.read_bitmaps().await;
         let regions = self.intent.dirty_regions(&merged);
-        (!regions.is_empty() && all_active()).then_some((merged, regions))
+        (!regions.is_empty() && ok_now()).then_some((merged, regions))
     }
 
     /// [`Volume::assemble_deferring_resync`]'s step for parity layouts: with
-    /// every member Active, the regions the bitmaps mark dirty become
-    /// unsynced (held and on every member's bitmap) for the background
-    /// sync. False: nothing dirty, not a parity layout, or a member not
-    /// Active; nothing changed.
+    /// every member Active and the bitmap not held, the regions the bitmaps
+    /// mark dirty become unsynced (held and on every member's bitmap) for
+    /// the background sync. False: nothing dirty, not a parity layout, or a
+    /// member not Active; nothing changed.
     async fn defer_parity_resync(&self) -> bool {
-        if matches!(self.parity.code, Code::None | Code::Mirror) {
+        if matches!(self.parity.code, Code::None | Code::Mirror) || self.intent.held() {
             return false;
         }
-        let Some((_, regions)) = self.dirty_while_all_active(1).await else {
+        let all_active = |s: &[MemberState]| s.iter().all(|s| *s == MemberState::Active);
+        let Some((_, regions)) = self.dirty_while(all_active).await else {
             return false;
         };
         tracing::info!(
@@ -482,29 +485,40 @@ impl Inner {
         true
     }
 
-    /// [`Volume::assemble_deferring_resync`]'s step: on a mirror with
-    /// every member Active, the regions the bitmaps mark dirty become the
-    /// stale set of every member but the first, which turn Resyncing (the
-    /// bits held until [`Volume::rebuild`] ends). False: nothing dirty,
-    /// or not a mirror with all members Active; nothing changed.
+    /// [`Volume::assemble_deferring_resync`]'s step for mirrors: the first
+    /// Active member is the copy of record, and every other member not
+    /// Failed turns Resyncing from stripe 0 over the regions the bitmaps
+    /// mark dirty (the bits held until [`Volume::rebuild`] ends).
+    ///
+    /// Also when members are Resyncing already (a takeover or move before
+    /// the last owner's resync or re-add ended): their stale set grows by
+    /// the new dirty regions, and their checkpoint goes back to 0, as a
+    /// region written below it may be torn now. Resyncing in the
+    /// background is what they were doing anyway; before, such a volume
+    /// resynced every dirty region before it served (up to 64 MiB each).
+    /// False: nothing dirty, not a mirror, a member Rebuilding (its
+    /// checkpoint could not go back without a full rebuild), or fewer than
+    /// two members with an Active one among them; nothing changed.
     async fn defer_mirror_resync(&self) -> bool {
         if self.parity.code != Code::Mirror {
             return false;
         }
-        let Some((merged, _)) = self.dirty_while_all_active(2).await else {
+        let Some((merged, _)) = self.dirty_while(|s| mirror_source(s).is_some()).await else {
             return false;
         };
         let mut m = self.members.write();
         // Checked again under the lock that changes the states.
-        if m.states.iter().any(|s| *s != MemberState::Active) {
+        let Some(source) = mirror_source(&m.states) else {
             return false;
-        }
+        };
         // Held before any member turns Resyncing: no flush may clear a bit
         // of a region the others have not been given yet.
         self.hold_bitmap(true);
         self.intent.load(&merged);
-        for st in m.states.iter_mut().skip(1) {
-            *st = MemberState::Resyncing { checkpoint: 0 };
+        for (i, st) in m.states.iter_mut().enumerate() {
+            if i != source && *st != MemberState::Failed {
+                *st = MemberState::Resyncing { checkpoint: 0 };
+            }
         }
         m.stale = Some(Arc::new(StaleRegions {
             region_stripes: self.intent.region_stripes,
@@ -514,6 +528,20 @@ impl Inner {
         m.version += 1;
         true
     }
+}
+
+/// The member a mirror's deferred resync copies from: the first Active one,
+/// where no member is Rebuilding and another one (Active or Resyncing) is
+/// there to copy to.
+fn mirror_source(states: &[MemberState]) -> Option<usize> {
+    let rebuilding = states
+        .iter()
+        .any(|s| matches!(s, MemberState::Rebuilding { .. }));
+    let present = states.iter().filter(|s| **s != MemberState::Failed).count();
+    if rebuilding || present < 2 {
+        return None;
+    }
+    states.iter().position(|s| *s == MemberState::Active)
 }
 
 impl Inner {
