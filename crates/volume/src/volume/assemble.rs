@@ -488,27 +488,34 @@ impl Inner {
     /// [`Volume::assemble_deferring_resync`]'s step for mirrors: the first
     /// Active member is the copy of record, and every other member not
     /// Failed turns Resyncing from stripe 0 over the regions the bitmaps
-    /// mark dirty (the bits held until [`Volume::rebuild`] ends).
+    /// mark dirty (the bits held until [`Volume::rebuild`] ends). Either
+    /// every member is Active and the bitmap not held (the owner crashed:
+    /// the dirty regions are its last few seconds of writes), or every
+    /// member besides the copy of record and the Failed ones is Resyncing
+    /// already (a takeover or move before the last owner's resync or a
+    /// re-add ended): their stale set grows by the new dirty regions, and
+    /// their checkpoint goes back to 0, as a region written below it may be
+    /// torn now. Before, that case resynced every dirty region before it
+    /// served (up to 64 MiB each).
     ///
-    /// Also when members are Resyncing already (a takeover or move before
-    /// the last owner's resync or re-add ended): their stale set grows by
-    /// the new dirty regions, and their checkpoint goes back to 0, as a
-    /// region written below it may be torn now. Resyncing in the
-    /// background is what they were doing anyway; before, such a volume
-    /// resynced every dirty region before it served (up to 64 MiB each).
-    /// False: nothing dirty, not a mirror, a member Rebuilding (its
-    /// checkpoint could not go back without a full rebuild), or fewer than
-    /// two members with an Active one among them; nothing changed.
+    /// Not when a held bitmap would demote a copy that is Active now: its
+    /// bits then cover everything written since a member failed, and that
+    /// copy would stop counting for redundancy over all of it until the
+    /// background pass ends; such a volume resyncs first, as before. Nor
+    /// while a member is Rebuilding (its checkpoint could not go back
+    /// without a full rebuild). False: nothing dirty or nothing deferred;
+    /// nothing changed.
     async fn defer_mirror_resync(&self) -> bool {
         if self.parity.code != Code::Mirror {
             return false;
         }
-        let Some((merged, _)) = self.dirty_while(|s| mirror_source(s).is_some()).await else {
+        let held = self.intent.held();
+        let Some((merged, _)) = self.dirty_while(|s| mirror_source(s, held).is_some()).await else {
             return false;
         };
         let mut m = self.members.write();
         // Checked again under the lock that changes the states.
-        let Some(source) = mirror_source(&m.states) else {
+        let Some(source) = mirror_source(&m.states, self.intent.held()) else {
             return false;
         };
         // Held before any member turns Resyncing: no flush may clear a bit
@@ -530,18 +537,22 @@ impl Inner {
     }
 }
 
-/// The member a mirror's deferred resync copies from: the first Active one,
-/// where no member is Rebuilding and another one (Active or Resyncing) is
-/// there to copy to.
-fn mirror_source(states: &[MemberState]) -> Option<usize> {
-    let rebuilding = states
+/// The member a mirror's deferred resync copies from (the first Active
+/// one), where it may be deferred ([`Inner::defer_mirror_resync`]): every
+/// member Active with the bitmap not `held`, or every other member present
+/// Resyncing already; another one there to copy to, and none Rebuilding.
+fn mirror_source(states: &[MemberState], held: bool) -> Option<usize> {
+    let source = states.iter().position(|s| *s == MemberState::Active)?;
+    let mut others = states
         .iter()
-        .any(|s| matches!(s, MemberState::Rebuilding { .. }));
-    let present = states.iter().filter(|s| **s != MemberState::Failed).count();
-    if rebuilding || present < 2 {
-        return None;
-    }
-    states.iter().position(|s| *s == MemberState::Active)
+        .enumerate()
+        .filter(|(i, s)| *i != source && **s != MemberState::Failed)
+        .map(|(_, s)| s)
+        .peekable();
+    others.peek()?;
+    let all_active = states.iter().all(|s| *s == MemberState::Active);
+    let all_resyncing = others.all(|s| matches!(s, MemberState::Resyncing { .. }));
+    ((all_active && !held) || all_resyncing).then_some(source)
 }
 
 impl Inner {
@@ -690,7 +701,8 @@ fn region_stripes_wanted(region_bytes: u64, strip_bytes: u32, stripes: u64) -> u
 
 #[cfg(test)]
 mod tests {
-    use super::region_stripes_wanted;
+    use super::{mirror_source, region_stripes_wanted};
+    use crate::superblock::MemberState;
 
     const MIB: u64 = 1 << 20;
     const STRIP: u32 = 64 << 10;
@@ -720,5 +732,31 @@ mod tests {
         assert_eq!(region_stripes_wanted(2 * u64::from(STRIP), STRIP, 100), 2);
         assert_eq!(region_stripes_wanted(3 * u64::from(STRIP), STRIP, 100), 4);
         assert_eq!(region_stripes_wanted(64 * MIB, STRIP, 100), 1024);
+    }
+
+    #[test]
+    fn a_mirror_defers_only_where_no_active_copy_is_demoted() {
+        use MemberState::{Active as A, Failed as F};
+        let r = MemberState::Resyncing { checkpoint: 7 };
+        let b = MemberState::Rebuilding { checkpoint: 7 };
+        // A crash with every copy Active: the first is the copy of record.
+        assert_eq!(mirror_source(&[A, A], false), Some(0));
+        assert_eq!(mirror_source(&[A, A, A], false), Some(0));
+        // ... but not with the bitmap held (bits since another failure).
+        assert_eq!(mirror_source(&[A, A], true), None);
+        // The last owner's resync or a re-add had not ended.
+        assert_eq!(mirror_source(&[A, r], true), Some(0));
+        assert_eq!(mirror_source(&[r, A], true), Some(1));
+        assert_eq!(mirror_source(&[A, r, F], true), Some(0));
+        assert_eq!(mirror_source(&[F, r, A], true), Some(2));
+        // An Active copy would be demoted over every held bit.
+        assert_eq!(mirror_source(&[A, A, F], true), None);
+        assert_eq!(mirror_source(&[A, A, r], true), None);
+        // Nothing to copy to, nothing to copy from, or a rebuild.
+        assert_eq!(mirror_source(&[A, F], true), None);
+        assert_eq!(mirror_source(&[A], false), None);
+        assert_eq!(mirror_source(&[r, r], true), None);
+        assert_eq!(mirror_source(&[A, b], true), None);
+        assert_eq!(mirror_source(&[A, r, b], true), None);
     }
 }
