@@ -140,6 +140,52 @@ fn scrub_reports_progress_and_mismatches_and_stops_when_asked() {
     });
 }
 
+/// A raid1 of `n` copies whose owner "crashed" after writing 0xAA to
+/// stripe 5 (region 2 of 4): the volume dropped with its bit set, and copy
+/// 1 torn there (0x55) behind its back. The stripe's first LBA and its
+/// byte offset on a member.
+async fn torn_mirror(n: usize) -> (Rig, u64, u64) {
+    let rig = Rig::new(n, 8);
+    let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
+        .await
+        .unwrap();
+    let lba = 5 * u64::from(STRIP) / BS;
+    super::vwrite(&vol, lba, &[0xAAu8; 4096]).await.unwrap();
+    drop(vol);
+    let at = META + lba * BS;
+    super::put_member_bytes(&rig.mems[1], at, &[0x55u8; 4096]);
+    (rig, lba, at)
+}
+
+/// Sets `member`'s state as if the volume had got there (a rebuild or
+/// resync under way), in memory and in the superblocks.
+async fn set_state(vol: &Volume, member: usize, state: MemberState) {
+    {
+        let mut m = vol.inner.members.write();
+        m.states[member] = state;
+        m.changed();
+        m.version += 1;
+    }
+    vol.inner.persist_superblock(true).await;
+}
+
+/// Closes `vol` clean and assembles it again as a takeover would: nothing
+/// dirty, nothing deferred, every copy Active.
+async fn closed_clean_defers_nothing(rig: &Rig, vol: Volume) {
+    vol.close().await.unwrap();
+    drop(vol);
+    let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
+        .await
+        .unwrap();
+    assert!(!deferred);
+    assert!(
+        vol.member_states()
+            .iter()
+            .all(|s| *s == MemberState::Active)
+    );
+    vol.close().await.unwrap();
+}
+
 /// A takeover's assembly of a mirror its owner left dirty (a crash with the
 /// copies torn) serves before the resync: the first copy is the one of
 /// record, the other Resyncing over the dirty regions; every read returns
@@ -148,17 +194,7 @@ fn scrub_reports_progress_and_mismatches_and_stops_when_asked() {
 #[test]
 fn a_takeover_defers_a_mirrors_crash_resync_to_the_background() {
     block_on(async {
-        let rig = Rig::new(2, 8);
-        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
-            .await
-            .unwrap();
-        // Stripe 5 (region 2 of 4) written, then a "crash": the volume is
-        // dropped with its bit set, and copy 1 torn behind its back.
-        let lba = 5 * u64::from(STRIP) / BS;
-        super::vwrite(&vol, lba, &[0xAAu8; 4096]).await.unwrap();
-        drop(vol);
-        let at = META + lba * BS;
-        super::put_member_bytes(&rig.mems[1], at, &[0x55u8; 4096]);
+        let (rig, lba, at) = torn_mirror(2).await;
         let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
             .await
             .unwrap();
@@ -186,19 +222,7 @@ fn a_takeover_defers_a_mirrors_crash_resync_to_the_background() {
             super::member_bytes(&rig.mems[1], at, 4096),
             vec![0xAAu8; 4096]
         );
-        vol.close().await.unwrap();
-        drop(vol);
-        // Closed clean: nothing dirty, nothing deferred.
-        let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
-            .await
-            .unwrap();
-        assert!(!deferred);
-        assert!(
-            vol.member_states()
-                .iter()
-                .all(|s| *s == MemberState::Active)
-        );
-        vol.close().await.unwrap();
+        closed_clean_defers_nothing(&rig, vol).await;
     });
 }
 
@@ -210,29 +234,17 @@ fn a_takeover_defers_a_mirrors_crash_resync_to_the_background() {
 #[test]
 fn a_takeover_during_a_mirrors_resync_defers_it_again() {
     block_on(async {
-        let rig = Rig::new(2, 8);
-        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
-            .await
-            .unwrap();
-        // The first crash: stripe 5 (region 2 of 4) torn on copy 1.
-        let (lba5, lba1) = (5 * u64::from(STRIP) / BS, u64::from(STRIP) / BS);
-        super::vwrite(&vol, lba5, &[0xAAu8; 4096]).await.unwrap();
-        drop(vol);
-        let (at5, at1) = (META + lba5 * BS, META + lba1 * BS);
-        super::put_member_bytes(&rig.mems[1], at5, &[0x55u8; 4096]);
+        // The first crash: stripe 5 torn on copy 1.
+        let (rig, lba5, at5) = torn_mirror(2).await;
+        let lba1 = u64::from(STRIP) / BS;
+        let at1 = META + lba1 * BS;
         let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
             .await
             .unwrap();
         assert!(deferred);
         // Its resync got past stripe 3 (as far as the superblocks know),
         // then stripe 1 (region 0) was written to both copies.
-        {
-            let mut m = vol.inner.members.write();
-            m.states[1] = MemberState::Resyncing { checkpoint: 4 };
-            m.changed();
-            m.version += 1;
-        }
-        vol.inner.persist_superblock(true).await;
+        set_state(&vol, 1, MemberState::Resyncing { checkpoint: 4 }).await;
         super::vwrite(&vol, lba1, &[0xBBu8; 4096]).await.unwrap();
         // The second crash tears stripe 1 on copy 1, below its checkpoint.
         drop(vol);
@@ -263,13 +275,7 @@ fn a_takeover_during_a_mirrors_resync_defers_it_again() {
         );
         assert_eq!(super::member_bytes(&rig.mems[1], at1, 4096), [0xBBu8; 4096]);
         assert_eq!(super::member_bytes(&rig.mems[1], at5, 4096), [0xAAu8; 4096]);
-        vol.close().await.unwrap();
-        drop(vol);
-        let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
-            .await
-            .unwrap();
-        assert!(!deferred);
-        vol.close().await.unwrap();
+        closed_clean_defers_nothing(&rig, vol).await;
     });
 }
 
@@ -281,15 +287,7 @@ fn a_takeover_during_a_mirrors_resync_defers_it_again() {
 #[test]
 fn a_takeover_with_a_mirror_copy_missing_resyncs_first() {
     block_on(async {
-        let rig = Rig::new(3, 8);
-        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
-            .await
-            .unwrap();
-        let lba = 5 * u64::from(STRIP) / BS;
-        super::vwrite(&vol, lba, &[0xAAu8; 4096]).await.unwrap();
-        drop(vol);
-        let at = META + lba * BS;
-        super::put_member_bytes(&rig.mems[1], at, &[0x55u8; 4096]);
+        let (rig, _, at) = torn_mirror(3).await;
         rig.faults[2].fail_now();
         let (vol, deferred) = Volume::assemble_deferring_resync(rig.members())
             .await
@@ -318,13 +316,7 @@ fn a_takeover_during_a_mirrors_rebuild_resyncs_first() {
             .await
             .unwrap();
         let lba = u64::from(STRIP) / BS;
-        {
-            let mut m = vol.inner.members.write();
-            m.states[2] = MemberState::Rebuilding { checkpoint: 4 };
-            m.changed();
-            m.version += 1;
-        }
-        vol.inner.persist_superblock(true).await;
+        set_state(&vol, 2, MemberState::Rebuilding { checkpoint: 4 }).await;
         super::vwrite(&vol, lba, &[0xBBu8; 4096]).await.unwrap();
         drop(vol);
         let at = META + lba * BS;
