@@ -1,13 +1,15 @@
 //! Re-add through the write-intent bitmap: a failed member comes back and
 //! only what it missed is resynced.
 
+use std::sync::Arc;
+
 use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
 
 use super::{BS, Model, Rig, STRIP, cfg, random_write, spare, vwrite};
 use crate::fault::FaultDevice;
 use crate::layout::LayoutKind;
 use crate::rebuild::RebuildOptions;
-use crate::superblock::{MemberState, Superblock};
+use crate::superblock::{MemberState, SB_BYTES, Superblock};
 use crate::testutil::{Rng, block_on};
 use crate::volume::{Volume, VolumeError};
 
@@ -335,5 +337,53 @@ fn settle_intents_clears_idle_bits_without_a_host_flush() {
                 "the cleared bits are not on disk"
             );
         }
+    });
+}
+
+/// A copy that joins while the bitmap is held (a replacement, a re-add)
+/// gets the bits held so far on its own disk: assembled later without the
+/// copy that was there all along, a member still Resyncing is still stale
+/// where it missed writes. Before, the replacement's bitmap was zeroed and
+/// the re-added one kept its own: C was read back without the write below
+/// (checked with the bitmap asserts left out).
+#[test]
+fn a_joining_copy_gets_the_held_bitmap_on_its_disk() {
+    block_on(async {
+        let rig = Rig::new(3, 64);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
+            .await
+            .unwrap();
+        let mut model = Model::new(&vol);
+        // C goes away; a write it misses sets a held bit.
+        rig.faults[2].fail_now();
+        let x = 20 * u64::from(STRIP) / BS;
+        let data = vec![0xABu8; 2 * BS as usize];
+        vwrite(&vol, x, &data).await.unwrap();
+        model.apply(x, &data);
+        assert_eq!(vol.member_states()[2], MemberState::Failed);
+        // B is replaced and rebuilt; then C comes back through re-add.
+        vol.fail_member(1).await.unwrap();
+        let b2 = spare(&rig);
+        vol.replace_member(1, b2.clone()).await.unwrap();
+        vol.rebuild(RebuildOptions::default()).await.unwrap();
+        rig.faults[2].heal();
+        vol.re_add(2, rig.faults[2].clone()).await.unwrap();
+        let on = |d: &Arc<dyn BlockDevice>| super::member_bytes(d, SB_BYTES as u64, 4096);
+        let (b2, c): (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) = (b2, rig.faults[2].clone());
+        let a = on(&rig.mems[0]);
+        assert!(a.iter().any(|&x| x != 0), "the held bit is on A");
+        assert!(on(&b2) == a, "the replacement's bitmap differs from A's");
+        assert!(on(&c) == a, "the re-added copy's bitmap differs from A's");
+        // A crash, and A is gone at the next assembly.
+        drop(vol);
+        let vol = Volume::assemble(vec![b2.clone(), c]).await.unwrap();
+        assert!(matches!(
+            vol.member_states()[2],
+            MemberState::Resyncing { .. }
+        ));
+        vol.rebuild(RebuildOptions::default()).await.unwrap();
+        // B' gone too: C alone has every write.
+        vol.fail_member(1).await.unwrap();
+        model.check(&vol, "C alone, after A and B' went").await;
     });
 }

@@ -27,7 +27,8 @@ use blockdev::{BlockDevice, BlockOp};
 
 use super::fence::FencedMember;
 use super::member_io::{abuf, abuf_from, dev_io, recycle, zbuf};
-use super::{Inner, StaleRegions, Volume, VolumeError};
+use super::{Inner, Members, StaleRegions, Volume, VolumeError};
+use crate::intent::IntentLog;
 use crate::superblock::{MemberState, SB_BYTES, Superblock, uuid_string};
 
 /// What [`Volume::re_add`] did.
@@ -191,15 +192,12 @@ impl Volume {
         inner.prepare_member(index, &dev).await?;
         if let Some(reason) = why_full {
             tracing::warn!("re-add of member {index}: {reason}; rebuilding it in full");
-            inner.wipe_bitmap(index, &dev).await?;
-            {
-                let mut m = inner.members.write();
-                m.devs[index] = dev;
-                m.states[index] = MemberState::Rebuilding { checkpoint: 0 };
-                m.failed_at[index] = 0;
-                m.changed();
-                m.version += 1;
-            }
+            inner
+                .admit_member(index, dev, |m| {
+                    m.states[index] = MemberState::Rebuilding { checkpoint: 0 };
+                    m.failed_at[index] = 0;
+                })
+                .await?;
             inner.persist_superblock(true).await;
             return Ok(ReAddReport {
                 index,
@@ -209,19 +207,21 @@ impl Volume {
                 stale_stripes: 0,
             });
         }
-        let stale = Arc::new(StaleRegions {
-            region_stripes: inner.intent.region_stripes,
-            bits: inner.intent.set_bits(),
-        });
+        // Its stale set is read with the member swapped in: a writer sets
+        // its bit before it takes its view of the members, so a write that
+        // skipped the member (still Failed in its view) has its bit in it.
+        let stale = inner
+            .admit_member(index, dev, |m| {
+                let stale = Arc::new(StaleRegions {
+                    region_stripes: inner.intent.region_stripes,
+                    bits: inner.intent.set_bits(),
+                });
+                m.states[index] = MemberState::Resyncing { checkpoint: 0 };
+                m.stale = Some(merge_stale(m.stale.take(), stale.clone()));
+                stale
+            })
+            .await?;
         let (regions, stripes) = inner.stale_count(&stale);
-        {
-            let mut m = inner.members.write();
-            m.devs[index] = dev;
-            m.states[index] = MemberState::Resyncing { checkpoint: 0 };
-            m.stale = Some(merge_stale(m.stale.take(), stale));
-            m.changed();
-            m.version += 1;
-        }
         inner.persist_superblock(true).await;
         if inner.fence.is_set() {
             return Err(VolumeError::Fenced(inner.fence.error().to_string()));
@@ -307,21 +307,43 @@ impl Inner {
         Ok(())
     }
 
-    /// Zeroes a member's intent bitmap.
-    pub(crate) async fn wipe_bitmap(
+    /// Puts `dev` in as member `index` (then `set` changes the states, its
+    /// result returned) with the volume's intent bitmap as it is now on its
+    /// disk, not zeroes nor what it carried: while the bitmap is held its
+    /// bits are the record of what an absent member missed, and a block
+    /// whose bits were set before `dev` joined is not written again, so a
+    /// later assembly without the copies that were there before must still
+    /// find them on `dev`. Under the bitmap's `io` lock, which every bitmap
+    /// write to the members holds: none runs between the image and the
+    /// swap, and any after it reaches `dev` as well. The image is on `dev`
+    /// before any superblock names it.
+    pub(crate) async fn admit_member<R>(
         &self,
         index: usize,
-        dev: &Arc<dyn BlockDevice>,
-    ) -> Result<(), VolumeError> {
-        let bytes = self.intent.bytes();
-        let (_, r) = dev_io(
-            dev,
+        dev: Arc<dyn BlockDevice>,
+        set: impl FnOnce(&mut Members) -> R,
+    ) -> Result<R, VolumeError> {
+        let _io = self.intent.io.lock().await;
+        let blocks = IntentLog::blocks_for(self.intent.regions) as usize;
+        let mut image = Vec::with_capacity(self.intent.bytes());
+        for b in 0..blocks {
+            image.extend_from_slice(&self.intent.snapshot_block(b));
+        }
+        let (buf, r) = dev_io(
+            &dev,
             BlockOp::Write { fua: true },
             SB_BYTES as u64,
-            bytes,
-            zbuf(bytes),
+            image.len(),
+            abuf_from(&image),
         )
         .await;
-        r.map_err(|source| VolumeError::MemberIo { index, source })
+        recycle(buf);
+        r.map_err(|source| VolumeError::MemberIo { index, source })?;
+        let mut m = self.members.write();
+        m.devs[index] = dev;
+        let out = set(&mut m);
+        m.changed();
+        m.version += 1;
+        Ok(out)
     }
 }

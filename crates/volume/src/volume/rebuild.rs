@@ -5,10 +5,10 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use blockdev::{BlockDevice, BlockOp};
+use blockdev::BlockDevice;
 use futures_util::future::join_all;
 
-use super::member_io::{abuf, dev_io, recycle, zbuf};
+use super::member_io::{abuf, recycle};
 use super::{OpError, StaleRegions, Volume, VolumeError};
 use crate::rebuild::{RebuildOptions, RebuildProgress, RunningGuard};
 use crate::superblock::MemberState;
@@ -35,28 +35,17 @@ impl Volume {
             )));
         }
         self.check_replacement(index, &dev)?;
-        // Clear whatever bitmap the device carried, so it cannot cause resyncs.
-        let bytes = inner.intent.bytes();
-        let (_, r) = dev_io(
-            &dev,
-            BlockOp::Write { fua: true },
-            crate::superblock::SB_BYTES as u64,
-            bytes,
-            zbuf(bytes),
-        )
-        .await;
-        r.map_err(|source| VolumeError::MemberIo { index, source })?;
-        // And whatever journal it carried, for the same reason; then the
-        // device-kept record, so that it survives every member being
-        // replaced in turn (and no stale slot of an earlier life remains).
+        // Clear whatever journal the device carried, so it cannot be
+        // replayed; then the device-kept record, so that it survives every
+        // member being replaced in turn (and no stale slot of an earlier
+        // life remains). Its bitmap becomes the volume's, bits held for
+        // other members included (`admit_member`).
         inner.prepare_member(index, &dev).await?;
-        {
-            let mut m = inner.members.write();
-            m.devs[index] = dev;
-            m.states[index] = MemberState::Rebuilding { checkpoint: 0 };
-            m.changed();
-            m.version += 1;
-        }
+        inner
+            .admit_member(index, dev, |m| {
+                m.states[index] = MemberState::Rebuilding { checkpoint: 0 };
+            })
+            .await?;
         inner.persist_superblock(true).await;
         tracing::info!("member {index} replaced; rebuild pending");
         Ok(())
