@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use blockdev::{AlignedBuf, BlockDevice, BlockOp, IoRequest};
 
-use super::{BS, Model, Rig, STRIP, cfg, random_write, spare, vwrite};
+use super::{BS, Model, RES, Rig, STRIP, cfg, random_write, spare, vwrite};
 use crate::fault::FaultDevice;
 use crate::layout::LayoutKind;
 use crate::rebuild::RebuildOptions;
@@ -385,5 +385,96 @@ fn a_joining_copy_gets_the_held_bitmap_on_its_disk() {
         // B' gone too: C alone has every write.
         vol.fail_member(1).await.unwrap();
         model.check(&vol, "C alone, after A and B' went").await;
+    });
+}
+
+/// Two replacements of one position at once: both found it Failed before
+/// either put its device in, and both went in (the second's journal wipe
+/// and bitmap write landing on a device the first had made a member).
+/// One goes in; the other is refused and changes nothing.
+#[test]
+fn one_of_two_concurrent_replacements_of_a_member_goes_in() {
+    block_on(async {
+        let rig = Rig::new(4, 64);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        let mut model = Model::new(&vol);
+        let mut rng = Rng::new(11);
+        for _ in 0..20 {
+            random_write(&mut rng, &vol, &mut model).await;
+        }
+        vol.fail_member(2).await.unwrap();
+        let (x, y) = (spare(&rig), spare(&rig));
+        x.set_yields(3, 5);
+        y.set_yields(3, 7);
+        let (rx, ry) = futures_util::future::join(
+            vol.replace_member(2, x.clone()),
+            vol.replace_member(2, y.clone()),
+        )
+        .await;
+        assert!(rx.is_ok(), "{rx:?}");
+        assert!(ry.is_err(), "the second change went in too");
+        assert_eq!(member_write_blocks(&y), 0, "the refused device was written");
+        vol.rebuild(RebuildOptions::default()).await.unwrap();
+        assert!(
+            vol.member_states()
+                .iter()
+                .all(|s| *s == MemberState::Active)
+        );
+        model.check(&vol, "after the replacement").await;
+    });
+}
+
+/// A reservation stored while a replacement joins: the store writes the
+/// members it sees, which did not yet include the new device, and the
+/// device's record area was written before. The new copy must end up with
+/// the newest record: after the others are gone, it is the one read.
+#[test]
+fn a_record_stored_while_a_member_joins_reaches_it() {
+    block_on(async {
+        let rig = Rig::new(2, 64);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
+            .await
+            .unwrap();
+        vol.store_record(RES, b"before").unwrap();
+        vol.fail_member(1).await.unwrap();
+        let b2 = spare(&rig);
+        b2.set_yields(4, 3);
+        let mut last = b"before".to_vec();
+        {
+            let mut join = std::pin::pin!(vol.replace_member(1, b2.clone()));
+            // A store at each point where the join waits for its device
+            // before it is in.
+            let mut stores = 0;
+            loop {
+                let once = std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(std::future::Future::poll(join.as_mut(), cx))
+                });
+                if let std::task::Poll::Ready(r) = once.await {
+                    r.unwrap();
+                    break;
+                }
+                // Only while it is not yet a member: a store after that
+                // reaches it as it reaches the others.
+                if stores == 8 || vol.member_states()[1] != MemberState::Failed {
+                    join.await.unwrap();
+                    break;
+                }
+                stores += 1;
+                last = format!("store {stores}").into_bytes();
+                vol.store_record(RES, &last).unwrap();
+            }
+            assert!(stores >= 2, "the join never waited ({stores} stores)");
+        }
+        vol.rebuild(RebuildOptions::default()).await.unwrap();
+        drop(vol);
+        let b2: Arc<dyn BlockDevice> = b2;
+        let vol = Volume::assemble(vec![b2]).await.unwrap();
+        assert_eq!(
+            vol.load_record(RES).unwrap(),
+            Some(last),
+            "the new copy lacks the newest record"
+        );
     });
 }

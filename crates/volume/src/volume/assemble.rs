@@ -656,6 +656,7 @@ impl Inner {
                 snapshot: None,
             }),
             sb_lock: tokio::sync::Mutex::new(()),
+            membership: tokio::sync::Mutex::new(()),
             locks: (0..LOCK_SHARDS)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),

@@ -324,8 +324,8 @@ impl Inner {
     }
 
     /// The record area as a new member must carry it: the current record in
-    /// its slot, the other slot empty.
-    pub(crate) fn record_area_image(&self) -> Vec<u8> {
+    /// its slot, the other slot empty; and the record's generation.
+    pub(crate) fn record_area_image(&self) -> (Vec<u8>, u64) {
         let mut area = vec![0u8; records::AREA_BYTES as usize];
         let st = self.records.lock();
         if let Some(data) = &st.data {
@@ -338,6 +338,6 @@ impl Inner {
             );
             area[at..at + records::SLOT_BYTES].copy_from_slice(&slot);
         }
-        area
+        (area, st.generation)
     }
 }

@@ -300,6 +300,11 @@ pub(crate) struct Inner {
     data_blocks: Vec<u64>,
     pub members: RwLock<Members>,
     sb_lock: tokio::sync::Mutex<()>,
+    /// Held by a replacement or re-add from its check that the member is
+    /// Failed until the new device is in: two at one position would both
+    /// pass the check, and the second would zero the journal of a device
+    /// the first had already put in.
+    pub(crate) membership: tokio::sync::Mutex<()>,
     locks: Box<[tokio::sync::Mutex<()>]>,
     pub intent: IntentLog,
     use_intent: bool,

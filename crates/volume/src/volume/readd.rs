@@ -102,6 +102,7 @@ impl Volume {
                 inner.layout.kind()
             )));
         }
+        let _change = inner.membership.lock().await;
         let (state, failed_at, generation) = {
             let m = inner.members.read();
             (m.states[index], m.failed_at[index], m.generation)
@@ -187,8 +188,7 @@ impl Volume {
         } else {
             None
         };
-        // Its old journal records must never be replayed over newer data;
-        // its record area takes the current record.
+        // Its old journal records must never be replayed over newer data.
         inner.prepare_member(index, &dev).await?;
         if let Some(reason) = why_full {
             tracing::warn!("re-add of member {index}: {reason}; rebuilding it in full");
@@ -272,8 +272,8 @@ impl Inner {
         (regions, count)
     }
 
-    /// Zeroes a returning member's journal and writes the current record
-    /// into its record area (as a replacement gets them).
+    /// Zeroes a joining member's journal, so that its old records are
+    /// never replayed over newer data.
     pub(crate) async fn prepare_member(
         &self,
         index: usize,
@@ -291,32 +291,50 @@ impl Inner {
             .await;
             r.map_err(|source| VolumeError::MemberIo { index, source })?;
         }
-        if self.records_at != 0 {
-            let area = self.record_area_image();
-            let b = abuf_from(&area);
-            let (_, r) = dev_io(
-                dev,
-                BlockOp::Write { fua: true },
-                self.records_at,
-                area.len(),
-                b,
-            )
-            .await;
-            r.map_err(|source| VolumeError::MemberIo { index, source })?;
-        }
         Ok(())
     }
 
+    /// Writes the record area as a new member must carry it to `dev`: the
+    /// generation it holds, None when the volume keeps no record area.
+    async fn write_record_area(
+        &self,
+        index: usize,
+        dev: &Arc<dyn BlockDevice>,
+    ) -> Result<Option<u64>, VolumeError> {
+        if self.records_at == 0 {
+            return Ok(None);
+        }
+        let (area, generation) = self.record_area_image();
+        let (b, r) = dev_io(
+            dev,
+            BlockOp::Write { fua: true },
+            self.records_at,
+            area.len(),
+            abuf_from(&area),
+        )
+        .await;
+        recycle(b);
+        r.map_err(|source| VolumeError::MemberIo { index, source })?;
+        Ok(Some(generation))
+    }
+
     /// Puts `dev` in as member `index` (then `set` changes the states, its
-    /// result returned) with the volume's intent bitmap as it is now on its
-    /// disk, not zeroes nor what it carried: while the bitmap is held its
-    /// bits are the record of what an absent member missed, and a block
-    /// whose bits were set before `dev` joined is not written again, so a
-    /// later assembly without the copies that were there before must still
-    /// find them on `dev`. Under the bitmap's `io` lock, which every bitmap
-    /// write to the members holds: none runs between the image and the
-    /// swap, and any after it reaches `dev` as well. The image is on `dev`
-    /// before any superblock names it.
+    /// result returned) with the volume's intent bitmap and device-kept
+    /// record as they are now on its disk, not zeroes nor what it carried.
+    ///
+    /// The bitmap: while it is held its bits are the record of what an
+    /// absent member missed, and a block whose bits were set before `dev`
+    /// joined is not written again, so a later assembly without the copies
+    /// that were there before must still find them on `dev`. Under the
+    /// bitmap's `io` lock, which every bitmap write to the members holds:
+    /// none runs between the image and the swap, and any after it reaches
+    /// `dev` as well.
+    ///
+    /// The record: a store writes the members it sees, so the swap happens
+    /// under the record's lock, with the generation written to `dev` still
+    /// the newest; a store that came in between is written to `dev` again.
+    ///
+    /// Both are on `dev` before any superblock names it.
     pub(crate) async fn admit_member<R>(
         &self,
         index: usize,
@@ -339,11 +357,32 @@ impl Inner {
         .await;
         recycle(buf);
         r.map_err(|source| VolumeError::MemberIo { index, source })?;
-        let mut m = self.members.write();
-        m.devs[index] = dev;
-        let out = set(&mut m);
-        m.changed();
-        m.version += 1;
-        Ok(out)
+        let mut written = self.write_record_area(index, &dev).await?;
+        loop {
+            // A store holds the lock across its writes (on a thread of its
+            // own), so it is tried, not waited for, on this task's thread.
+            {
+                let st = match written {
+                    None => None,
+                    Some(_) => self.records.try_lock(),
+                };
+                if written.is_none() || st.as_ref().map(|s| s.generation) == written {
+                    let mut m = self.members.write();
+                    m.devs[index] = dev;
+                    let out = set(&mut m);
+                    m.changed();
+                    m.version += 1;
+                    return Ok(out);
+                }
+            }
+            // The store takes a few milliseconds of FUA writes; tests drive
+            // volumes without a tokio runtime (no timer), where it yields.
+            if tokio::runtime::Handle::try_current().is_ok() {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            } else {
+                tokio::task::yield_now().await;
+            }
+            written = self.write_record_area(index, &dev).await?;
+        }
     }
 }

@@ -22,6 +22,7 @@ impl Volume {
         dev: std::sync::Arc<dyn BlockDevice>,
     ) -> Result<(), VolumeError> {
         let inner = &self.inner;
+        let _change = inner.membership.lock().await;
         let state = inner
             .members
             .read()
@@ -36,10 +37,9 @@ impl Volume {
         }
         self.check_replacement(index, &dev)?;
         // Clear whatever journal the device carried, so it cannot be
-        // replayed; then the device-kept record, so that it survives every
-        // member being replaced in turn (and no stale slot of an earlier
-        // life remains). Its bitmap becomes the volume's, bits held for
-        // other members included (`admit_member`).
+        // replayed. Its record area and bitmap become the volume's (the
+        // record survives every member being replaced in turn; bits held
+        // for other members are kept: `admit_member`).
         inner.prepare_member(index, &dev).await?;
         inner
             .admit_member(index, dev, |m| {
