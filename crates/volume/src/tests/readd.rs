@@ -478,3 +478,42 @@ fn a_record_stored_while_a_member_joins_reaches_it() {
         );
     });
 }
+
+/// The same with the stores on a thread of their own, as a node's
+/// reservation stores run: a join that finds the record's lock held tries
+/// again, and the new copy still ends up with the newest record.
+#[test]
+fn records_stored_from_another_thread_while_a_member_joins_reach_it() {
+    block_on(async {
+        let rig = Rig::new(2, 64);
+        let vol = Arc::new(
+            Volume::create(rig.members(), cfg(LayoutKind::Raid1))
+                .await
+                .unwrap(),
+        );
+        vol.store_record(RES, b"before").unwrap();
+        vol.fail_member(1).await.unwrap();
+        let b2 = spare(&rig);
+        b2.set_yields(2, 9);
+        let storer = {
+            let vol = vol.clone();
+            std::thread::spawn(move || {
+                let mut last = b"before".to_vec();
+                let mut n = 0u32;
+                while n < 20 || vol.member_states()[1] == MemberState::Failed {
+                    n += 1;
+                    last = format!("store {n}").into_bytes();
+                    vol.store_record(RES, &last).unwrap();
+                }
+                last
+            })
+        };
+        vol.replace_member(1, b2.clone()).await.unwrap();
+        let last = storer.join().unwrap();
+        vol.rebuild(RebuildOptions::default()).await.unwrap();
+        drop(vol);
+        let b2: Arc<dyn BlockDevice> = b2;
+        let vol = Volume::assemble(vec![b2]).await.unwrap();
+        assert_eq!(vol.load_record(RES).unwrap(), Some(last));
+    });
+}

@@ -324,10 +324,12 @@ impl Inner {
     }
 
     /// The record area as a new member must carry it: the current record in
-    /// its slot, the other slot empty; and the record's generation.
-    pub(crate) fn record_area_image(&self) -> (Vec<u8>, u64) {
+    /// its slot, the other slot empty; and the record's generation. None
+    /// while a store holds the record (on a thread of its own; not waited
+    /// for here, on an async task's thread).
+    pub(crate) fn record_area_image(&self) -> Option<(Vec<u8>, u64)> {
         let mut area = vec![0u8; records::AREA_BYTES as usize];
-        let st = self.records.lock();
+        let st = self.records.try_lock()?;
         if let Some(data) = &st.data {
             let at = (records::slot_at(0, st.generation)) as usize;
             let slot = records::encode(
@@ -338,6 +340,6 @@ impl Inner {
             );
             area[at..at + records::SLOT_BYTES].copy_from_slice(&slot);
         }
-        (area, st.generation)
+        Some((area, st.generation))
     }
 }

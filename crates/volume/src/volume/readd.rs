@@ -304,7 +304,12 @@ impl Inner {
         if self.records_at == 0 {
             return Ok(None);
         }
-        let (area, generation) = self.record_area_image();
+        let (area, generation) = loop {
+            match self.record_area_image() {
+                Some(image) => break image,
+                None => pause().await,
+            }
+        };
         let (b, r) = dev_io(
             dev,
             BlockOp::Write { fua: true },
@@ -332,7 +337,10 @@ impl Inner {
     ///
     /// The record: a store writes the members it sees, so the swap happens
     /// under the record's lock, with the generation written to `dev` still
-    /// the newest; a store that came in between is written to `dev` again.
+    /// the newest. A store in between (rare: a host's reservation command)
+    /// makes it start again, without the `io` lock meanwhile, so new-region
+    /// writes do not wait on stores; after [`JOIN_TRIES`] it is refused and
+    /// `dev` is not a member.
     ///
     /// Both are on `dev` before any superblock names it.
     pub(crate) async fn admit_member<R>(
@@ -341,27 +349,27 @@ impl Inner {
         dev: Arc<dyn BlockDevice>,
         set: impl FnOnce(&mut Members) -> R,
     ) -> Result<R, VolumeError> {
-        let _io = self.intent.io.lock().await;
-        let blocks = IntentLog::blocks_for(self.intent.regions) as usize;
-        let mut image = Vec::with_capacity(self.intent.bytes());
-        for b in 0..blocks {
-            image.extend_from_slice(&self.intent.snapshot_block(b));
-        }
-        let (buf, r) = dev_io(
-            &dev,
-            BlockOp::Write { fua: true },
-            SB_BYTES as u64,
-            image.len(),
-            abuf_from(&image),
-        )
-        .await;
-        recycle(buf);
-        r.map_err(|source| VolumeError::MemberIo { index, source })?;
-        let mut written = self.write_record_area(index, &dev).await?;
-        loop {
-            // A store holds the lock across its writes (on a thread of its
-            // own), so it is tried, not waited for, on this task's thread.
+        for _ in 0..JOIN_TRIES {
+            let written = self.write_record_area(index, &dev).await?;
+            let _io = self.intent.io.lock().await;
+            let blocks = IntentLog::blocks_for(self.intent.regions) as usize;
+            let mut image = Vec::with_capacity(self.intent.bytes());
+            for b in 0..blocks {
+                image.extend_from_slice(&self.intent.snapshot_block(b));
+            }
+            let (buf, r) = dev_io(
+                &dev,
+                BlockOp::Write { fua: true },
+                SB_BYTES as u64,
+                image.len(),
+                abuf_from(&image),
+            )
+            .await;
+            recycle(buf);
+            r.map_err(|source| VolumeError::MemberIo { index, source })?;
             {
+                // A store holds the lock across its writes (on a thread of
+                // its own): tried, never waited for, on this task's thread.
                 let st = match written {
                     None => None,
                     Some(_) => self.records.try_lock(),
@@ -375,14 +383,26 @@ impl Inner {
                     return Ok(out);
                 }
             }
-            // The store takes a few milliseconds of FUA writes; tests drive
-            // volumes without a tokio runtime (no timer), where it yields.
-            if tokio::runtime::Handle::try_current().is_ok() {
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-            } else {
-                tokio::task::yield_now().await;
-            }
-            written = self.write_record_area(index, &dev).await?;
+            drop(_io);
+            pause().await;
         }
+        Err(VolumeError::Config(format!(
+            "member {index}: the volume's reservation record changed {JOIN_TRIES} times while              the new device joined; nothing changed, try again"
+        )))
+    }
+}
+
+/// Attempts of [`Inner::admit_member`] before it gives up on a record that
+/// keeps changing.
+const JOIN_TRIES: usize = 100;
+
+/// Waits a little for a record store on another thread: a millisecond on a
+/// tokio runtime; a yield where none drives this task's timers (tests, and
+/// `blockdev::block_on`).
+async fn pause() {
+    if tokio::runtime::Handle::try_current().is_ok() && !blockdev::in_block_on() {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    } else {
+        tokio::task::yield_now().await;
     }
 }
