@@ -89,6 +89,37 @@ pub struct FaultDevice {
     /// Completions yield to the executor up to this many times.
     max_yields: AtomicU32,
     rng: AtomicU64,
+    /// I/O submitted while set completes only once it is cleared.
+    hung: Arc<Hung>,
+    /// The member hangs when its write count reaches this.
+    hang_at_write: AtomicU64,
+}
+
+/// A hung device's gate: the completions waiting for it to clear.
+#[derive(Default)]
+struct Hung {
+    on: AtomicBool,
+    waiting: parking_lot::Mutex<Vec<std::task::Waker>>,
+}
+
+/// An I/O of a hung device: done at submit, answered once the gate clears.
+struct HeldIo {
+    io: IoFuture,
+    hung: Arc<Hung>,
+}
+
+impl Future for HeldIo {
+    type Output = blockdev::IoDone;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.hung.on.load(Ordering::SeqCst) {
+            self.hung.waiting.lock().push(cx.waker().clone());
+            // Cleared between the check and the push: not lost.
+            if self.hung.on.load(Ordering::SeqCst) {
+                return Poll::Pending;
+            }
+        }
+        Pin::new(&mut self.io).poll(cx)
+    }
 }
 
 /// Completes an I/O only after yielding `left` times, so concurrent requests
@@ -136,6 +167,8 @@ impl FaultDevice {
             fua_writes: AtomicU64::new(0),
             max_yields: AtomicU32::new(0),
             rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
+            hung: Arc::default(),
+            hang_at_write: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -160,9 +193,33 @@ impl FaultDevice {
     }
 
     fn deliver(&self, io: IoFuture) -> IoFuture {
+        let io = if self.hung.on.load(Ordering::SeqCst) {
+            IoFuture::Pending(Box::pin(HeldIo {
+                io,
+                hung: self.hung.clone(),
+            }))
+        } else {
+            io
+        };
         match self.yields() {
             0 => io,
             left => IoFuture::Pending(Box::pin(Yielding { io, left })),
+        }
+    }
+
+    /// From its `n`th write on (0: the next one), the device answers no
+    /// I/O until [`FaultDevice::unhang`], as a drive that stopped completing
+    /// commands (each I/O is done at submit; only its answer waits).
+    pub fn hang_after_writes(&self, n: u64) {
+        let done = self.writes.load(Ordering::SeqCst);
+        self.hang_at_write.store(done + n, Ordering::SeqCst);
+    }
+
+    /// Answers the I/O held since it hung.
+    pub fn unhang(&self) {
+        self.hung.on.store(false, Ordering::SeqCst);
+        for w in self.hung.waiting.lock().drain(..) {
+            w.wake();
         }
     }
 
@@ -235,6 +292,10 @@ impl BlockDevice for FaultDevice {
             }
             if n >= self.fail_at_write.load(Ordering::SeqCst) {
                 self.failed.store(true, Ordering::SeqCst);
+            }
+            if n >= self.hang_at_write.load(Ordering::SeqCst) {
+                self.hang_at_write.store(u64::MAX, Ordering::SeqCst);
+                self.hung.on.store(true, Ordering::SeqCst);
             }
         } else if req.op == BlockOp::Read {
             self.reads.fetch_add(1, Ordering::SeqCst);

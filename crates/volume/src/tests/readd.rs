@@ -517,3 +517,62 @@ fn records_stored_from_another_thread_while_a_member_joins_reach_it() {
         assert_eq!(vol.load_record(RES).unwrap(), Some(last));
     });
 }
+
+/// A joining device that stops answering stalls its own join only: the
+/// volume's writes that need a new intent bit go on meanwhile (its bitmap
+/// was written under the bitmap's `io` lock, which those writes wait on),
+/// and once it answers it gets the bits they set.
+#[test]
+fn a_hung_joining_device_does_not_stall_the_volumes_writes() {
+    use std::task::Poll;
+    block_on(async {
+        let rig = Rig::new(2, 64);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
+            .await
+            .unwrap();
+        let mut model = Model::new(&vol);
+        vol.fail_member(1).await.unwrap();
+        let b2 = spare(&rig);
+        // Its first write (the bitmap or the record area, whichever goes
+        // first) lands; it hangs from its second on.
+        b2.hang_after_writes(1);
+        let mut stalled = false;
+        let writer = async {
+            // Each write in a region of its own: each sets a new bit.
+            for i in 1..=4u64 {
+                let lba = i * 4 * u64::from(STRIP) / BS;
+                let data = vec![i as u8; BS as usize];
+                let mut w = std::pin::pin!(vwrite(&vol, lba, &data));
+                let mut polls = 0;
+                loop {
+                    let once = std::future::poll_fn(|cx| Poll::Ready(w.as_mut().poll(cx))).await;
+                    if let Poll::Ready(r) = once {
+                        r.unwrap();
+                        model.apply(lba, &data);
+                        break;
+                    }
+                    polls += 1;
+                    if polls == 10_000 {
+                        stalled = true;
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                if stalled {
+                    break;
+                }
+            }
+            b2.unhang();
+        };
+        let (r, ()) = futures_util::future::join(vol.replace_member(1, b2.clone()), writer).await;
+        r.unwrap();
+        assert!(!stalled, "a write waited on the hung device's join");
+        let on = |d: &Arc<dyn BlockDevice>| super::member_bytes(d, SB_BYTES as u64, 4096);
+        let b2: Arc<dyn BlockDevice> = b2;
+        let a = on(&rig.mems[0]);
+        assert!(on(&b2) == a, "the new device lacks bits set while it hung");
+        vol.rebuild(RebuildOptions::default()).await.unwrap();
+        vol.fail_member(0).await.unwrap();
+        model.check(&vol, "the new copy alone").await;
+    });
+}

@@ -28,7 +28,7 @@ use blockdev::{BlockDevice, BlockOp};
 use super::fence::FencedMember;
 use super::member_io::{abuf, abuf_from, dev_io, recycle, zbuf};
 use super::{Inner, Members, StaleRegions, Volume, VolumeError};
-use crate::intent::IntentLog;
+use crate::intent::{BITMAP_BLOCK, IntentLog};
 use crate::superblock::{MemberState, SB_BYTES, Superblock, uuid_string};
 
 /// What [`Volume::re_add`] did.
@@ -323,6 +323,27 @@ impl Inner {
         Ok(Some(generation))
     }
 
+    /// Writes bitmap blocks from `first` on to `dev` (FUA).
+    async fn write_bitmap_blocks(
+        &self,
+        index: usize,
+        dev: &Arc<dyn BlockDevice>,
+        first: usize,
+        blocks: &[Vec<u8>],
+    ) -> Result<(), VolumeError> {
+        let image = blocks.concat();
+        let (buf, r) = dev_io(
+            dev,
+            BlockOp::Write { fua: true },
+            (SB_BYTES + first * BITMAP_BLOCK) as u64,
+            image.len(),
+            abuf_from(&image),
+        )
+        .await;
+        recycle(buf);
+        r.map_err(|source| VolumeError::MemberIo { index, source })
+    }
+
     /// Puts `dev` in as member `index` (then `set` changes the states, its
     /// result returned) with the volume's intent bitmap and device-kept
     /// record as they are now on its disk, not zeroes nor what it carried.
@@ -349,24 +370,30 @@ impl Inner {
         dev: Arc<dyn BlockDevice>,
         set: impl FnOnce(&mut Members) -> R,
     ) -> Result<R, VolumeError> {
+        // The bitmap goes to `dev` first without the `io` lock, so a device
+        // that hangs stalls only its own join, not the writes of the volume
+        // that need a new bit; under the lock only what changed meanwhile is
+        // written again.
+        let blocks = IntentLog::blocks_for(self.intent.regions) as usize;
+        let snapshot = || -> Vec<Vec<u8>> {
+            (0..blocks)
+                .map(|b| self.intent.snapshot_block(b).to_vec())
+                .collect()
+        };
+        let mut on_dev = snapshot();
+        if blocks > 0 {
+            self.write_bitmap_blocks(index, &dev, 0, &on_dev).await?;
+        }
         for _ in 0..JOIN_TRIES {
             let written = self.write_record_area(index, &dev).await?;
             let _io = self.intent.io.lock().await;
-            let blocks = IntentLog::blocks_for(self.intent.regions) as usize;
-            let mut image = Vec::with_capacity(self.intent.bytes());
-            for b in 0..blocks {
-                image.extend_from_slice(&self.intent.snapshot_block(b));
+            let now = snapshot();
+            let mut changed = (0..blocks).filter(|&b| now[b] != on_dev[b]);
+            if let (Some(first), Some(last)) = (changed.clone().next(), changed.next_back()) {
+                self.write_bitmap_blocks(index, &dev, first, &now[first..=last])
+                    .await?;
             }
-            let (buf, r) = dev_io(
-                &dev,
-                BlockOp::Write { fua: true },
-                SB_BYTES as u64,
-                image.len(),
-                abuf_from(&image),
-            )
-            .await;
-            recycle(buf);
-            r.map_err(|source| VolumeError::MemberIo { index, source })?;
+            on_dev = now;
             {
                 // A store holds the lock across its writes (on a thread of
                 // its own): tried, never waited for, on this task's thread.
@@ -387,7 +414,8 @@ impl Inner {
             pause().await;
         }
         Err(VolumeError::Config(format!(
-            "member {index}: the volume's reservation record changed {JOIN_TRIES} times while              the new device joined; nothing changed, try again"
+            "member {index}: the volume's reservation record changed {JOIN_TRIES} times while \
+             the new device joined; nothing changed, try again"
         )))
     }
 }
