@@ -25,6 +25,15 @@ async fn vflush(vol: &Volume) {
     .expect("flush");
 }
 
+/// A 2-way raid1 on a fresh rig.
+async fn two_way_mirror() -> (Rig, Volume) {
+    let rig = Rig::new(2, 64);
+    let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
+        .await
+        .unwrap();
+    (rig, vol)
+}
+
 fn member_write_blocks(f: &FaultDevice) -> u64 {
     f.stats().write_blocks
 }
@@ -433,10 +442,7 @@ fn one_of_two_concurrent_replacements_of_a_member_goes_in() {
 #[test]
 fn a_record_stored_while_a_member_joins_reaches_it() {
     block_on(async {
-        let rig = Rig::new(2, 64);
-        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
-            .await
-            .unwrap();
+        let (rig, vol) = two_way_mirror().await;
         vol.store_record(RES, b"before").unwrap();
         vol.fail_member(1).await.unwrap();
         let b2 = spare(&rig);
@@ -485,12 +491,8 @@ fn a_record_stored_while_a_member_joins_reaches_it() {
 #[test]
 fn records_stored_from_another_thread_while_a_member_joins_reach_it() {
     block_on(async {
-        let rig = Rig::new(2, 64);
-        let vol = Arc::new(
-            Volume::create(rig.members(), cfg(LayoutKind::Raid1))
-                .await
-                .unwrap(),
-        );
+        let (rig, vol) = two_way_mirror().await;
+        let vol = Arc::new(vol);
         vol.store_record(RES, b"before").unwrap();
         vol.fail_member(1).await.unwrap();
         let b2 = spare(&rig);
@@ -526,10 +528,7 @@ fn records_stored_from_another_thread_while_a_member_joins_reach_it() {
 fn a_hung_joining_device_does_not_stall_the_volumes_writes() {
     use std::task::Poll;
     block_on(async {
-        let rig = Rig::new(2, 64);
-        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid1))
-            .await
-            .unwrap();
+        let (rig, vol) = two_way_mirror().await;
         let mut model = Model::new(&vol);
         vol.fail_member(1).await.unwrap();
         let b2 = spare(&rig);
