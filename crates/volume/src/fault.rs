@@ -215,6 +215,11 @@ impl FaultDevice {
         self.hang_at_write.store(done + n, Ordering::SeqCst);
     }
 
+    /// Whether it hangs now.
+    pub fn is_hung(&self) -> bool {
+        self.hung.on.load(Ordering::SeqCst)
+    }
+
     /// Answers the I/O held since it hung.
     pub fn unhang(&self) {
         self.hung.on.store(false, Ordering::SeqCst);

@@ -136,7 +136,10 @@ impl IntentLog {
         Some((block, Self::snapshot_locked(&mut st, block)))
     }
 
-    /// With `io` held: the current contents of `block`.
+    /// With `io` held: the current contents of `block`. Taken without it
+    /// (a joining member's first image), it only makes later bitmap writes
+    /// write more: it marks the block's bits as persisted no further than
+    /// they are set in memory.
     pub fn snapshot_block(&self, block: usize) -> Vec<u8> {
         let mut st = self.state.lock();
         Self::snapshot_locked(&mut st, block)

@@ -521,9 +521,9 @@ fn records_stored_from_another_thread_while_a_member_joins_reach_it() {
 }
 
 /// A joining device that stops answering stalls its own join only: the
-/// volume's writes that need a new intent bit go on meanwhile (its bitmap
-/// was written under the bitmap's `io` lock, which those writes wait on),
-/// and once it answers it gets the bits they set.
+/// volume's writes that need a new intent bit go on meanwhile (before, its
+/// bitmap was written under the bitmap's `io` lock, which those writes wait
+/// on), and once it answers it gets the bits they set.
 #[test]
 fn a_hung_joining_device_does_not_stall_the_volumes_writes() {
     use std::task::Poll;
@@ -537,6 +537,17 @@ fn a_hung_joining_device_does_not_stall_the_volumes_writes() {
         b2.hang_after_writes(1);
         let mut stalled = false;
         let writer = async {
+            // The join runs until the device hangs under it.
+            for _ in 0..10_000 {
+                if b2.is_hung() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert!(
+                b2.is_hung(),
+                "the join never reached the device's second write"
+            );
             // Each write in a region of its own: each sets a new bit.
             for i in 1..=4u64 {
                 let lba = i * 4 * u64::from(STRIP) / BS;
@@ -561,6 +572,7 @@ fn a_hung_joining_device_does_not_stall_the_volumes_writes() {
                     break;
                 }
             }
+            assert!(b2.is_hung(), "the writes did not overlap the hang");
             b2.unhang();
         };
         let (r, ()) = futures_util::future::join(vol.replace_member(1, b2.clone()), writer).await;

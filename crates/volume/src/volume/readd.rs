@@ -351,10 +351,14 @@ impl Inner {
     /// The bitmap: while it is held its bits are the record of what an
     /// absent member missed, and a block whose bits were set before `dev`
     /// joined is not written again, so a later assembly without the copies
-    /// that were there before must still find them on `dev`. Under the
-    /// bitmap's `io` lock, which every bitmap write to the members holds:
-    /// none runs between the image and the swap, and any after it reaches
-    /// `dev` as well.
+    /// that were there before must still find them on `dev`. The image goes
+    /// to `dev` without the bitmap's `io` lock (which every bitmap write to
+    /// the members holds), so a device that stops answering holds up only
+    /// its own join; the swap happens under the lock once `dev` holds what
+    /// the bitmap holds then (blocks changed meanwhile are written again,
+    /// unlocked, and checked again), so any bitmap write after it reaches
+    /// `dev` as well. While the bitmap is held bits are only set, so this
+    /// ends; the last try writes them under the lock.
     ///
     /// The record: a store writes the members it sees, so the swap happens
     /// under the record's lock, with the generation written to `dev` still
@@ -370,10 +374,6 @@ impl Inner {
         dev: Arc<dyn BlockDevice>,
         set: impl FnOnce(&mut Members) -> R,
     ) -> Result<R, VolumeError> {
-        // The bitmap goes to `dev` first without the `io` lock, so a device
-        // that hangs stalls only its own join, not the writes of the volume
-        // that need a new bit; under the lock only what changed meanwhile is
-        // written again.
         let blocks = IntentLog::blocks_for(self.intent.regions) as usize;
         let snapshot = || -> Vec<Vec<u8>> {
             (0..blocks)
@@ -384,16 +384,21 @@ impl Inner {
         if blocks > 0 {
             self.write_bitmap_blocks(index, &dev, 0, &on_dev).await?;
         }
-        for _ in 0..JOIN_TRIES {
-            let written = self.write_record_area(index, &dev).await?;
-            let _io = self.intent.io.lock().await;
+        let mut written = self.write_record_area(index, &dev).await?;
+        for attempt in 1..=JOIN_TRIES {
+            let io = self.intent.io.lock().await;
             let now = snapshot();
             let mut changed = (0..blocks).filter(|&b| now[b] != on_dev[b]);
             if let (Some(first), Some(last)) = (changed.clone().next(), changed.next_back()) {
-                self.write_bitmap_blocks(index, &dev, first, &now[first..=last])
-                    .await?;
+                let span = &now[first..=last];
+                if attempt < JOIN_TRIES {
+                    drop(io);
+                    self.write_bitmap_blocks(index, &dev, first, span).await?;
+                    on_dev = now;
+                    continue;
+                }
+                self.write_bitmap_blocks(index, &dev, first, span).await?;
             }
-            on_dev = now;
             {
                 // A store holds the lock across its writes (on a thread of
                 // its own): tried, never waited for, on this task's thread.
@@ -410,8 +415,9 @@ impl Inner {
                     return Ok(out);
                 }
             }
-            drop(_io);
+            drop(io);
             pause().await;
+            written = self.write_record_area(index, &dev).await?;
         }
         Err(VolumeError::Config(format!(
             "member {index}: the volume's reservation record changed {JOIN_TRIES} times while \
