@@ -254,8 +254,10 @@ impl ThinPool {
         let mut list = (*cur).clone();
         list.push(e.clone());
         p.state.lock().owner.resize((first + clusters) as usize, 0);
-        p.alloc.lock().grow(first + clusters);
+        // The extent is found by its clusters before any is handed out: a
+        // write given one before would be mapped past the base device.
         p.ext.store(Arc::new(list));
+        p.alloc.lock().grow(first + clusters);
         p.checkpoint(&mut j).await?;
         tracing::info!(
             "thin pool {}: added extent {} on {}: {clusters} clusters of {} KiB (now {} in all)",

@@ -236,11 +236,12 @@ impl ThinIo {
         p: Piece,
         mut buf: AlignedBuf,
     ) -> (AlignedBuf, Result<(), BlockError>) {
-        if self.vol.map.get(p.vc).is_none() && !self.vol.has_parent() {
+        if self.vol.surely_unmapped(p.vc) {
             // Unallocated (a write racing this read may be allocating it;
             // either order is a valid outcome). A snapshot taken meanwhile
-            // sets the parent before it clears the map, so a miss here with
-            // no parent was a true miss when the map was read.
+            // sets the parent before it clears the map, and a merge of the
+            // parent fills the map before it changes the parent, so a miss
+            // with no parent on both sides of it was a true miss.
             buf[..p.len as usize].fill(0);
             return (buf, self.vol.check_live());
         }
@@ -628,7 +629,7 @@ impl ThinIo {
         p: Piece,
         reserved: &Mutex<Vec<u32>>,
     ) -> Result<(), BlockError> {
-        if self.vol.map.get(p.vc).is_none() && !self.vol.has_parent() {
+        if self.vol.surely_unmapped(p.vc) {
             return Ok(());
         }
         let lock = self.vol.lock(p.vc);

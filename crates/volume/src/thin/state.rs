@@ -219,20 +219,53 @@ impl VolInner {
     /// Ancestors are snapshots, whose clusters never change (compaction
     /// moves a chunk only with every reader's lock held) and are freed
     /// only when no descendant can read them.
+    ///
+    /// A snapshot deleted with one child is merged into it unlocked for the
+    /// child's descendants: its clusters are copied into the child's map,
+    /// then the child's parent changes. A walk that read the child's map
+    /// before the copy and its parent after would miss them both, so each
+    /// step reads the parent before and after the map, and starts again
+    /// when it changed.
     pub(crate) fn inherited(&self, vc: u64) -> Option<Loc> {
-        let mut at = self.parent.load_full();
-        while let Some(a) = at {
-            if let Some(p) = a.map.get(vc) {
-                return Some(p);
+        'walk: loop {
+            let mut at = self.parent.load_full();
+            while let Some(a) = at {
+                let before = a.parent.load_full();
+                if let Some(p) = a.map.get(vc) {
+                    return Some(p);
+                }
+                let after = a.parent.load_full();
+                if !same_parent(&before, &after) {
+                    continue 'walk;
+                }
+                at = after;
             }
-            at = a.parent.load_full();
+            return None;
         }
-        None
     }
 
     /// Where `vc` reads from: this volume's own cluster, else an ancestor's.
+    /// Its own map and parent change together twice: a snapshot sets the
+    /// parent, then empties the map; a merge of the parent fills the map,
+    /// then changes the parent. The parent is read on both sides of the
+    /// map, and a change between starts again.
     pub(crate) fn resolve(&self, vc: u64) -> Option<Loc> {
-        self.map.get(vc).or_else(|| self.inherited(vc))
+        loop {
+            let before = self.parent.load_full();
+            if let Some(p) = self.map.get(vc) {
+                return Some(p);
+            }
+            if same_parent(&before, &self.parent.load_full()) {
+                return self.inherited(vc);
+            }
+        }
+    }
+
+    /// Whether `vc` is unmapped here and in every ancestor, checked without
+    /// a lock: no parent before and after an own-map miss (see
+    /// [`VolInner::resolve`]).
+    pub(crate) fn surely_unmapped(&self, vc: u64) -> bool {
+        !self.has_parent() && self.map.get(vc).is_none() && !self.has_parent()
     }
 
     pub(crate) fn lock(&self, vc: u64) -> &RwLock<()> {
@@ -541,4 +574,13 @@ pub(crate) struct PoolInner {
     /// Blocks of pack clusters taken: committed, being written, or freed
     /// but not yet durably (a superset of `State::pack`).
     pub(crate) packer: Mutex<Packer>,
+}
+
+/// Whether two reads of a parent found the same volume (or none).
+fn same_parent(a: &Option<Arc<VolInner>>, b: &Option<Arc<VolInner>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    }
 }

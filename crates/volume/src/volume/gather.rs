@@ -26,7 +26,8 @@
 //! on a timer and is woken by the part that fills the stripe, so waiting
 //! costs no CPU. A score of recent windows (full or not) stops the waiting
 //! where it does not pay; every 64th candidate probes again. Outside a
-//! tokio runtime (no timer) nothing waits.
+//! tokio runtime, or inside `blockdev::block_on` (no timer either),
+//! nothing waits.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -219,6 +220,7 @@ impl Gather {
         if !seq
             || self.in_flight.load(Ordering::Relaxed) < 2
             || tokio::runtime::Handle::try_current().is_err()
+            || blockdev::in_block_on()
         {
             return false;
         }
@@ -352,6 +354,11 @@ impl Inner {
             let _ = w.send(out);
         }
         recycle(super::write::unshare(shared));
+        // Its own part goes back to write itself too, as the others did
+        // (not once fenced: no write may go out then).
+        if r.is_err() && !self.fence.is_set() {
+            return self.write_stripe(exts, src, fua).await;
+        }
         r
     }
 }
