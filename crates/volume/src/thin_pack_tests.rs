@@ -285,3 +285,57 @@ fn a_compressed_pool_grows_by_an_extent_and_its_chunks_there_survive_reopen() {
         pool.check_with_device().await.unwrap();
     });
 }
+
+/// Writes whole chunks into `v` from chunk 0 on until the pool is full;
+/// returns how many went in.
+async fn fill_pool(v: &dyn BlockDevice, mut data: impl FnMut() -> Vec<u8>) -> u64 {
+    let mut c = 0u64;
+    loop {
+        match twrite(v, c * CB / BS, &data()).await {
+            Ok(()) => c += 1,
+            Err(blockdev::BlockError::NoSpace) => return c,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// On a full pool, a compressible overwrite of an uncompressed chunk of the
+/// volume's own is written in place (it needs no space); it was refused
+/// for want of room for the compressed chunk.
+#[test]
+fn a_compressible_overwrite_on_a_full_pool_is_written_in_place() {
+    block_on(async {
+        let pool = ThinPool::format_compressed(dev(&mem(4 << 20)), CB, Compression::Lz4)
+            .await
+            .unwrap();
+        let v = pool.create_volume("v", 64 << 20, 4096).await.unwrap();
+        let mut rng = Rng::new(21);
+        let n = fill_pool(&v, || rand_data(&mut rng, CB as usize)).await;
+        assert!(n > 4);
+        let d = compressible(&mut rng, CB as usize);
+        twrite(&v, 0, &d).await.unwrap();
+        assert!(tread(&v, 0, CB / BS).await == d);
+        pool.check_with_device().await.unwrap();
+    });
+}
+
+/// Deallocating compressed chunks of the volume's own frees them without
+/// taking a cluster each; on a full pool it was refused (No Space), just
+/// when space was to be reclaimed.
+#[test]
+fn deallocating_compressed_chunks_on_a_full_pool_needs_no_space() {
+    block_on(async {
+        let pool = ThinPool::format_compressed(dev(&mem(4 << 20)), CB, Compression::Lz4)
+            .await
+            .unwrap();
+        let v = pool.create_volume("v", 64 << 20, 4096).await.unwrap();
+        let mut rng = Rng::new(22);
+        let n = fill_pool(&v, || compressible(&mut rng, CB as usize)).await;
+        assert!(n > 4);
+        tzero(&v, BlockOp::Deallocate, 0, n * CB / BS)
+            .await
+            .unwrap();
+        assert!(tread(&v, 0, n * CB / BS).await.iter().all(|&b| b == 0));
+        pool.check_with_device().await.unwrap();
+    });
+}

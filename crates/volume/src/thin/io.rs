@@ -535,8 +535,15 @@ impl ThinIo {
             None => self.vol.inherited(vc).is_some(),
             Some(at) => at.raw().is_none(),
         };
+        // A whole cluster takes one only where unmapping it would show an
+        // ancestor's data and it cannot be zeroed in place: a compressed
+        // chunk of its own with no ancestor's below is just unmapped
+        // (`zero_clusters`).
+        let hide = |vc: u64| {
+            !matches!(self.vol.map.get(vc), Some(Loc::Raw(_))) && self.vol.inherited(vc).is_some()
+        };
         let need = partial.iter().filter(|p| cow(p.vc)).count()
-            + cands.iter().filter(|&&vc| cow(vc)).count();
+            + cands.iter().filter(|&&vc| hide(vc)).count();
         let reserved = Mutex::new(self.pool.reserve(need)?);
         let r = async {
             let res = join_all(partial.iter().map(|&p| self.zero_piece(p, &reserved))).await;

@@ -203,6 +203,20 @@ impl ThinIo {
             Err(e) => return (buf, Err(e)),
         };
         let r = match z {
+            // A cluster of its own, uncompressed, is written in place when
+            // no room is left for the compressed chunk: an overwrite needs
+            // no space (and a multi-cluster write reserved none for it).
+            Some(z) if matches!(own, Some(Loc::Raw(_))) => {
+                match self.store_packed(p.vc, z, reserved).await {
+                    Err(BlockError::NoSpace) => {
+                        self.store_raw(p.vc, own, chunk, fua, reserved).await
+                    }
+                    r => {
+                        recycle(chunk);
+                        r
+                    }
+                }
+            }
             Some(z) => {
                 recycle(chunk);
                 self.store_packed(p.vc, z, reserved).await
