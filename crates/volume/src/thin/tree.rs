@@ -246,6 +246,10 @@ impl ThinPool {
                 super::shown(snapshot)
             )));
         }
+        // Compaction moves a chunk with every reader's lock held and checks
+        // that no reader came meanwhile; a clone is a new reader that would
+        // read without any, so it waits for the snapshot's locks.
+        let _quiet = quiesce(std::slice::from_ref(&s)).await;
         let mut j = p.journal.lock().await;
         p.check_poisoned().map_err(|_| ThinError::Poisoned)?;
         let vol = {
