@@ -286,17 +286,26 @@ fn a_compressed_pool_grows_by_an_extent_and_its_chunks_there_survive_reopen() {
     });
 }
 
-/// Writes whole chunks into `v` from chunk 0 on until the pool is full;
-/// returns how many went in.
-async fn fill_pool(v: &dyn BlockDevice, mut data: impl FnMut() -> Vec<u8>) -> u64 {
+/// A 4 MiB LZ4 pool whose volume "v" was written with whole chunks of
+/// `data` from chunk 0 on until the pool was full; how many went in.
+async fn full_pool(
+    rng: &mut Rng,
+    data: fn(&mut Rng, usize) -> Vec<u8>,
+) -> (ThinPool, crate::thin::ThinVolume, u64) {
+    let pool = ThinPool::format_compressed(dev(&mem(4 << 20)), CB, Compression::Lz4)
+        .await
+        .unwrap();
+    let v = pool.create_volume("v", 64 << 20, 4096).await.unwrap();
     let mut c = 0u64;
     loop {
-        match twrite(v, c * CB / BS, &data()).await {
+        match twrite(&v, c * CB / BS, &data(rng, CB as usize)).await {
             Ok(()) => c += 1,
-            Err(blockdev::BlockError::NoSpace) => return c,
+            Err(blockdev::BlockError::NoSpace) => break,
             Err(e) => panic!("{e}"),
         }
     }
+    assert!(c > 4, "{c} chunks");
+    (pool, v, c)
 }
 
 /// On a full pool, a compressible overwrite of an uncompressed chunk of the
@@ -305,13 +314,8 @@ async fn fill_pool(v: &dyn BlockDevice, mut data: impl FnMut() -> Vec<u8>) -> u6
 #[test]
 fn a_compressible_overwrite_on_a_full_pool_is_written_in_place() {
     block_on(async {
-        let pool = ThinPool::format_compressed(dev(&mem(4 << 20)), CB, Compression::Lz4)
-            .await
-            .unwrap();
-        let v = pool.create_volume("v", 64 << 20, 4096).await.unwrap();
         let mut rng = Rng::new(21);
-        let n = fill_pool(&v, || rand_data(&mut rng, CB as usize)).await;
-        assert!(n > 4);
+        let (pool, v, _) = full_pool(&mut rng, rand_data).await;
         let d = compressible(&mut rng, CB as usize);
         twrite(&v, 0, &d).await.unwrap();
         assert!(tread(&v, 0, CB / BS).await == d);
@@ -325,13 +329,8 @@ fn a_compressible_overwrite_on_a_full_pool_is_written_in_place() {
 #[test]
 fn deallocating_compressed_chunks_on_a_full_pool_needs_no_space() {
     block_on(async {
-        let pool = ThinPool::format_compressed(dev(&mem(4 << 20)), CB, Compression::Lz4)
-            .await
-            .unwrap();
-        let v = pool.create_volume("v", 64 << 20, 4096).await.unwrap();
         let mut rng = Rng::new(22);
-        let n = fill_pool(&v, || compressible(&mut rng, CB as usize)).await;
-        assert!(n > 4);
+        let (pool, v, n) = full_pool(&mut rng, compressible).await;
         tzero(&v, BlockOp::Deallocate, 0, n * CB / BS)
             .await
             .unwrap();
