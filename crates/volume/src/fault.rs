@@ -112,7 +112,11 @@ impl Future for HeldIo {
     type Output = blockdev::IoDone;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if self.hung.on.load(Ordering::SeqCst) {
-            self.hung.waiting.lock().push(cx.waker().clone());
+            let mut waiting = self.hung.waiting.lock();
+            if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                waiting.push(cx.waker().clone());
+            }
+            drop(waiting);
             // Cleared between the check and the push: not lost.
             if self.hung.on.load(Ordering::SeqCst) {
                 return Poll::Pending;

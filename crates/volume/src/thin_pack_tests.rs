@@ -315,10 +315,21 @@ async fn full_pool(
 fn a_compressible_overwrite_on_a_full_pool_is_written_in_place() {
     block_on(async {
         let mut rng = Rng::new(21);
-        let (pool, v, _) = full_pool(&mut rng, rand_data).await;
+        let (pool, v, n) = full_pool(&mut rng, rand_data).await;
         let d = compressible(&mut rng, CB as usize);
         twrite(&v, 0, &d).await.unwrap();
         assert!(tread(&v, 0, CB / BS).await == d);
+        // One write of two chunks with one cluster free: the compressible
+        // overwrite of its own raw chunk must not take the cluster reserved
+        // for the new chunk beside it (which then found none, after the
+        // first had gone in).
+        tzero(&v, BlockOp::Deallocate, (n - 1) * CB / BS, CB / BS)
+            .await
+            .unwrap();
+        let mut two = compressible(&mut rng, CB as usize);
+        two.extend(rand_data(&mut rng, CB as usize));
+        twrite(&v, (n - 2) * CB / BS, &two).await.unwrap();
+        assert!(tread(&v, (n - 2) * CB / BS, 2 * CB / BS).await == two);
         pool.check_with_device().await.unwrap();
     });
 }

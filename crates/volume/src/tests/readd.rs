@@ -502,10 +502,13 @@ fn records_stored_from_another_thread_while_a_member_joins_reach_it() {
             std::thread::spawn(move || {
                 let mut last = b"before".to_vec();
                 let mut n = 0u32;
-                while n < 20 || vol.member_states()[1] == MemberState::Failed {
+                // Stores with gaps, as a host's reservation commands come:
+                // a join needs one gap between two stores to go in.
+                while n < 20 || (n < 2000 && vol.member_states()[1] == MemberState::Failed) {
                     n += 1;
                     last = format!("store {n}").into_bytes();
                     vol.store_record(RES, &last).unwrap();
+                    std::thread::sleep(std::time::Duration::from_micros(50));
                 }
                 last
             })
@@ -532,8 +535,8 @@ fn a_hung_joining_device_does_not_stall_the_volumes_writes() {
         let mut model = Model::new(&vol);
         vol.fail_member(1).await.unwrap();
         let b2 = spare(&rig);
-        // Its first write (the bitmap or the record area, whichever goes
-        // first) lands; it hangs from its second on.
+        // Its first write (the bitmap image) lands; it hangs from its
+        // second on (the record area), before the join takes the io lock.
         b2.hang_after_writes(1);
         let mut stalled = false;
         let writer = async {

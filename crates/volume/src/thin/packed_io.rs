@@ -206,8 +206,13 @@ impl ThinIo {
             // A cluster of its own, uncompressed, is written in place when
             // no room is left for the compressed chunk: an overwrite needs
             // no space (and a multi-cluster write reserved none for it).
+            // It draws on no cluster the write reserved for its other
+            // pieces (none was reserved for it).
             Some(z) if matches!(own, Some(Loc::Raw(_))) => {
-                match self.store_packed(p.vc, z, reserved).await {
+                let mine = Mutex::new(Vec::new());
+                let r = self.store_packed(p.vc, z, &mine).await;
+                self.pool.release(&mine.into_inner());
+                match r {
                     Err(BlockError::NoSpace) => {
                         self.store_raw(p.vc, own, chunk, fua, reserved).await
                     }

@@ -301,9 +301,11 @@ pub(crate) struct Inner {
     pub members: RwLock<Members>,
     sb_lock: tokio::sync::Mutex<()>,
     /// Held by a replacement or re-add from its check that the member is
-    /// Failed until the new device is in: two at one position would both
-    /// pass the check, and the second would zero the journal of a device
-    /// the first had already put in.
+    /// Failed until it returns: two at one position would both pass the
+    /// check, and the second would zero the journal of a device the first
+    /// had already put in. One per volume (changes of membership are rare):
+    /// a joining device that hangs holds up the volume's other changes of
+    /// membership too, not its I/O.
     pub(crate) membership: tokio::sync::Mutex<()>,
     locks: Box<[tokio::sync::Mutex<()>]>,
     pub intent: IntentLog,

@@ -304,10 +304,15 @@ impl Inner {
         if self.records_at == 0 {
             return Ok(None);
         }
+        let mut tries = 0;
         let (area, generation) = loop {
             match self.record_area_image() {
                 Some(image) => break image,
-                None => pause().await,
+                None if tries < JOIN_TRIES => {
+                    tries += 1;
+                    pause().await;
+                }
+                None => return Err(record_busy(index)),
             }
         };
         let (b, r) = dev_io(
@@ -419,11 +424,16 @@ impl Inner {
             pause().await;
             written = self.write_record_area(index, &dev).await?;
         }
-        Err(VolumeError::Config(format!(
-            "member {index}: the volume's reservation record changed {JOIN_TRIES} times while \
-             the new device joined; nothing changed, try again"
-        )))
+        Err(record_busy(index))
     }
+}
+
+/// A join that gave up on a record that kept changing (or stayed locked).
+fn record_busy(index: usize) -> VolumeError {
+    VolumeError::Config(format!(
+        "member {index}: the volume's reservation record was being stored through \
+         {JOIN_TRIES} tries while the new device joined; nothing changed, try again"
+    ))
 }
 
 /// Attempts of [`Inner::admit_member`] before it gives up on a record that
