@@ -1421,11 +1421,14 @@ run_checks() {
         answer_guest "cli:$cname" "$([ $crc = 0 ] && echo ok || echo fail)"
       done < <(serial | grep -a '^@@HOST cli:' || true)
     fi
+    HOST_DOING="cluster requests (since $(el "$t0") s)"
     [ "$CL_ON" = 1 ] && has_marker '@@HOST cluster' && cluster_poll
     if [ $rev = 1 ] && [ $rev_done = 0 ] && has_marker '@@HOST rev-target-ready'; then
       rev_done=1
+      HOST_DOING="reverse checks (since $(el "$t0") s)"
       run_reverse
     fi
+    HOST_DOING="polling the guest (since $(el "$t0") s)"
     if [ -z "$kato_cid" ] && has_marker '@@HOST kato-armed'; then
       kato_cid=$(serial | grep -a '^@@HOST kato-armed' | sed -n 's/.*cntlid=\([0-9]*\).*/\1/p' | head -n1)
       kato_t=$(ts)
@@ -1460,7 +1463,11 @@ run_checks() {
         hres kato-timeout FAIL "no 'controller $kato_cid freed' within ${lim} s of poweroff"
       fi
     else
-      hres kato-timeout FAIL "guest never armed the KATO check (cntlid=${kato_cid:-none}, done=${done_t:+yes})"
+      # where the guest stopped: the only clue a CI log's summary keeps of a stuck guest
+      local ls ll
+      ls=$(serial | grep -a '^@@ .*STEP' | tail -n 1 | sed 's/^@@ //' | cut -c1-100)
+      ll=$(serial | tr -d '\r' | grep -av '^[[:space:]]*$' | tail -n 1 | cut -c1-120)
+      hres kato-timeout FAIL "guest never armed the KATO check (cntlid=${kato_cid:-none}, done=${done_t:+yes}) after $(el "$t0") s; its last step: ${ls:-none}; its last line: ${ll:-none}; the host was last at: ${HOST_DOING:-start}"
     fi
   fi
   if kill -0 "$QPID" 2>/dev/null; then

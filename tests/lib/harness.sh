@@ -142,8 +142,11 @@ guest_progress() {
   serial | grep -aE '^(@@ .*STEP|RESULT )' | tail -n +"$((GUEST_SHOWN+1))" | sed 's/^@@ /[guest] /; s/^RESULT/[guest] RESULT/'
   GUEST_SHOWN=$n
 }
+# (bounded: a connect whose SYNs go unanswered would retry for two minutes, and the host's
+# loop, which also watches the guest, would stand still meanwhile)
 send_ctl() {  # message to the guest through hostfwd 127.0.0.1:CTL_PORT -> guest:5555
-  (exec 3<>"/dev/tcp/127.0.0.1/$CTL_PORT" && printf '%s\n' "$1" >&3 && sleep "${CTL_LINGER:-0.5}") 2>/dev/null || true
+  timeout 10 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" && printf "%s\n" "$2" >&3 && sleep "$3"' \
+    _ "$CTL_PORT" "$1" "${CTL_LINGER:-0.5}" 2>/dev/null || true
 }
 # answer_guest ACTION "STATUS [PAYLOAD]": repeat until the guest acknowledges (ANSWER_TRIES
 # times, ANSWER_PAUSE s apart)

@@ -172,9 +172,10 @@ impl Node {
                 .await
                 .map_err(|err| NodeError::Internal(format!("volume {v}: {err}")))?;
         }
-        vol.replace_member(p, dev)
-            .await
-            .map_err(|err| NodeError::BadRequest(format!("volume {v}: {err}")))?;
+        vol.replace_member(p, dev).await.map_err(|err| match err {
+            volume::VolumeError::Busy(_) => NodeError::Conflict(format!("volume {v}: {err}")),
+            _ => NodeError::BadRequest(format!("volume {v}: {err}")),
+        })?;
         let e = st.volumes.get_mut(v).expect("checked above");
         e.drives[p] = with.to_string();
         if let Some(d) = st.drives.get_mut(with) {

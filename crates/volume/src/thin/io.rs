@@ -504,30 +504,11 @@ impl ThinIo {
         // Every cluster that reads as non-zero now: this volume's own and
         // its ancestors'. (A snapshot taken meanwhile moves own clusters to
         // an ancestor, so each is decided again under its lock.)
-        let mut cands: Vec<u64> = Vec::new();
-        if first_full < end_full {
-            cands.extend(
-                self.vol
-                    .map
-                    .mapped(first_full, end_full)
-                    .into_iter()
-                    .map(|(vc, _)| vc),
-            );
-            let mut at = self.vol.parent.load_full();
-            if at.is_some() {
-                while let Some(a) = at {
-                    cands.extend(
-                        a.map
-                            .mapped(first_full, end_full)
-                            .into_iter()
-                            .map(|(vc, _)| vc),
-                    );
-                    at = a.parent.load_full();
-                }
-                cands.sort_unstable();
-                cands.dedup();
-            }
-        }
+        let cands = if first_full < end_full {
+            self.vol.mapped_in_chain(first_full, end_full)
+        } else {
+            Vec::new()
+        };
         // Hiding an ancestor's data takes a cluster: take them all first, so
         // that running out of space fails before anything changes.
         // (A compressed chunk of its own is rewritten to a new place too.)

@@ -261,6 +261,34 @@ impl VolInner {
         }
     }
 
+    /// The clusters in `first..end` that read as data: mapped here or in an
+    /// ancestor, sorted. Read without locks like [`VolInner::resolve`]:
+    /// each map between two reads of its parent, and a change between
+    /// starts the walk again (a merge moving mappings down the chain while
+    /// it ran would otherwise hide them from both reads).
+    pub(crate) fn mapped_in_chain(&self, first: u64, end: u64) -> Vec<u64> {
+        'walk: loop {
+            let mut out: Vec<u64> = Vec::new();
+            let mut ancestor: Option<Arc<VolInner>> = None;
+            loop {
+                let node: &VolInner = ancestor.as_deref().unwrap_or(self);
+                let before = node.parent.load_full();
+                out.extend(node.map.mapped(first, end).into_iter().map(|(vc, _)| vc));
+                let after = node.parent.load_full();
+                if !same_parent(&before, &after) {
+                    continue 'walk;
+                }
+                match after {
+                    Some(a) => ancestor = Some(a),
+                    None => break,
+                }
+            }
+            out.sort_unstable();
+            out.dedup();
+            return out;
+        }
+    }
+
     /// Whether `vc` is unmapped here and in every ancestor, checked without
     /// a lock: no parent before and after an own-map miss (see
     /// [`VolInner::resolve`]).

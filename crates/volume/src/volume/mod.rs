@@ -196,6 +196,10 @@ pub enum VolumeError {
     /// members missing); nothing changed.
     #[error("{0}")]
     CannotRebuild(String),
+    /// Something the change needed kept changing under it (the record
+    /// while a member joined); nothing changed, and a retry may pass.
+    #[error("{0}")]
+    Busy(String),
 }
 
 /// Counters of what the stripe engine did, for tests and metrics.

@@ -382,7 +382,7 @@ impl Inner {
         let blocks = IntentLog::blocks_for(self.intent.regions) as usize;
         let snapshot = || -> Vec<Vec<u8>> {
             (0..blocks)
-                .map(|b| self.intent.snapshot_block(b).to_vec())
+                .map(|b| self.intent.snapshot_block(b))
                 .collect()
         };
         let mut on_dev = snapshot();
@@ -430,7 +430,7 @@ impl Inner {
 
 /// A join that gave up on a record that kept changing (or stayed locked).
 fn record_busy(index: usize) -> VolumeError {
-    VolumeError::Config(format!(
+    VolumeError::Busy(format!(
         "member {index}: the volume's reservation record was being stored through \
          {JOIN_TRIES} tries while the new device joined; nothing changed, try again"
     ))
