@@ -9,7 +9,8 @@
 
 up() { cut -d' ' -f1 /proc/uptime; }
 log() { echo "@@ [$(up)] $*"; }
-finish() { log "guest done"; echo "@@HOST guest-done"; sync; poweroff -f; }
+# (the marker twice: a kernel message on the console can land inside a line)
+finish() { log "guest done"; echo "@@HOST guest-done"; sleep 0.2; echo "@@HOST guest-done"; sync; poweroff -f; }
 # guest_boot: busybox applets, PATH, the pseudo file systems
 guest_boot() {
   /bin/busybox --install -s
@@ -133,6 +134,9 @@ wait_host() {
   i=0; HOSTSAYS=""
   while [ $i -lt $(($2 * 10)) ]; do
     if grep -q "^DONE $1 " /tmp/ctl; then HOSTSAYS=$(grep "^DONE $1 " /tmp/ctl | head -n1); break; fi
+    # again every 5 s: a kernel message on the console can land inside the line, and the
+    # host reads only lines that begin with the marker (it acts on each action once)
+    [ $i -gt 0 ] && [ $((i % 50)) = 0 ] && echo "@@HOST $1${3:+ $3}"
     [ -z "$WAIT_HOOK" ] || $WAIT_HOOK
     if ! kill -0 $ncpid 2> /dev/null; then nc -l -p 5555 >> /tmp/ctl 2> /dev/null & ncpid=$!; fi
     sleep 0.1; i=$((i+1))

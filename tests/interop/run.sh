@@ -994,6 +994,7 @@ if [ "$REV" = 1 ]; then
   fi
   log "sha256 of /dev/ram0 bytes $off..+$len: $g (all-zero: $z); first block starts with $m"
   echo "@@HOST rev-sha256 off=$off len=$len sha=$g zero=$z magic=${m:-none}"
+  sleep 0.2; echo "@@HOST rev-sha256 off=$off len=$len sha=$g zero=$z magic=${m:-none}"   # twice: see finish
   rm $P/subsystems/$NQN_REV 2>/dev/null; echo 0 > $S/namespaces/1/enable
 fi
 
@@ -1008,6 +1009,7 @@ if nvconnect $NQN_MEM --keep-alive-tmo=$KATO; then
   sha_dev $DEV 0 1 > /dev/null
   res kato-connect PASS "$CTRL cntlid=$cid kato=$k"
   echo "@@HOST kato-armed cntlid=$cid kato=$KATO"
+  sleep 0.2; echo "@@HOST kato-armed cntlid=$cid kato=$KATO"   # twice: see finish
 else
   res kato-connect FAIL
 fi
@@ -1230,7 +1232,7 @@ run_reverse() {
   answer_guest rev-target-ready "ok 0 $dsize mapfail=$mapfail"
   local i=0 line=""
   while [ $i -lt 240 ] && kill -0 "$QPID" 2>/dev/null; do
-    line=$(serial | grep -a '^@@HOST rev-sha256' | head -n1 || true)
+    line=$(serial | grep -a '^@@HOST rev-sha256 .* magic=[0-9a-fnoe]*$' | head -n1 || true)
     [ -n "$line" ] && break
     sleep 0.25; i=$((i+1))
   done
@@ -1430,7 +1432,7 @@ run_checks() {
     fi
     HOST_DOING="polling the guest (since $(el "$t0") s)"
     if [ -z "$kato_cid" ] && has_marker '@@HOST kato-armed'; then
-      kato_cid=$(serial | grep -a '^@@HOST kato-armed' | sed -n 's/.*cntlid=\([0-9]*\).*/\1/p' | head -n1)
+      kato_cid=$(serial | grep -a '^@@HOST kato-armed' | sed -n 's/.*cntlid=\([0-9]*\) kato=[0-9]*$/\1/p' | head -n1)
       kato_t=$(ts)
     fi
     if [ -z "$done_t" ] && has_marker '@@HOST guest-done'; then
