@@ -123,6 +123,42 @@ fn random_small_and_lone_writes_do_not_wait() {
     });
 }
 
+#[test]
+fn a_stream_inside_block_on_opens_no_window() {
+    // `blockdev::block_on` on a runtime's thread: the runtime's timer does
+    // not run while it blocks, so a window there would wait for a stripe
+    // that the blocked writes behind it cannot fill. (On a thread of its
+    // own, so that such a hang fails the test instead of stalling it.)
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(std::panic::catch_unwind(stream_in_block_on)));
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(r) => r.unwrap_or_else(|p| std::panic::resume_unwind(p)),
+        Err(_) => panic!("a stream of partial writes inside block_on hung"),
+    }
+}
+
+fn stream_in_block_on() {
+    rt(async {
+        let rig = Rig::new(5, 16);
+        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+            .await
+            .unwrap();
+        for f in &rig.faults {
+            f.set_yields(2, 3);
+        }
+        let per = vol.layout().stripe_data_blocks();
+        let mut model = Model::new(&vol);
+        let len = (per * 3 / 4).max(1);
+        blockdev::block_on(stream(&vol, &mut model, &[len; 8], 5));
+        let st = vol.stats();
+        assert_eq!((st.gathered_stripes, st.gather_timeouts), (0, 0), "{st:?}");
+        model.check(&vol, "block_on").await;
+        // The same stream on the runtime gathers (the test above is not vacuous).
+        stream(&vol, &mut model, &[len; 8], 6).await;
+        assert!(vol.stats().gathered_stripes > 0, "{:?}", vol.stats());
+    });
+}
+
 /// Polls `f` once; whether it is still pending.
 fn pending<F: Future>(f: Pin<&mut F>) -> bool {
     f.poll(&mut Context::from_waker(Waker::noop())).is_pending()

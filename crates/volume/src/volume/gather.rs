@@ -277,7 +277,6 @@ impl Inner {
         let rel = exts[0].col as u64 * self.layout.strip_blocks() + exts[0].row;
         let g = &self.gather;
         // Decided under the lock, awaited after it.
-        // Decided under the lock, awaited after it.
         let role = {
             let mut open = g.open.lock();
             if let Some(o) = open.get_mut(&stripe) {
