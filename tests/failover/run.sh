@@ -191,7 +191,7 @@ run_checks() {
         [ "$action" = guest-done ] && { done_t=$(ts); continue; }
         handle "$action" "$args"
         lastout=$(ts)
-      done < <(tail -n +"$((last + 1))" "$RUN/serial.log" | head -n "$((n - last))" | cut -d' ' -f2- | grep -a '^@@HOST [^-]' | grep -av '^@@HOST-ACK')
+      done < <(tail -n +"$((last + 1))" "$RUN/serial.log" | head -n "$((n - last))" | cut -d' ' -f2- | grep -a '^@@HOST [^-]' | grep -av '^@@HOST-ACK' | grep -avE "$CORRUPT_MARKER")
       last=$n
     fi
     [ -n "$done_t" ] && { say "guest powered off after $(el "$t0") s"; break; }

@@ -1283,6 +1283,7 @@ cluster_poll() {
     name=${line#@@HOST }; name=${name%% *}
     case " $CL_DONE " in *" $name "*) continue;; esac
     CL_DONE="$CL_DONE $name"
+    HOST_DOING="$name from $(el "$T0") s"
     case $name in
       cluster-up)
         if [ -n "$CL_NOTE" ]; then hres cluster-up FAIL "cannot run here: $CL_NOTE"; st=fail
@@ -1296,6 +1297,7 @@ cluster_poll() {
       *) continue;;
     esac
     answer_guest "$name" "$st" || true
+    HOST_DOING="$HOST_DOING to $(el "$T0") s"
   done < <(serial | grep -aE '^@@HOST cluster(-up|-down|:)' || true)
   return 0
 }
@@ -1423,14 +1425,13 @@ run_checks() {
         answer_guest "cli:$cname" "$([ $crc = 0 ] && echo ok || echo fail)"
       done < <(serial | grep -a '^@@HOST cli:' || true)
     fi
-    HOST_DOING="cluster requests (since $(el "$t0") s)"
     [ "$CL_ON" = 1 ] && has_marker '@@HOST cluster' && cluster_poll
     if [ $rev = 1 ] && [ $rev_done = 0 ] && has_marker '@@HOST rev-target-ready'; then
       rev_done=1
-      HOST_DOING="reverse checks (since $(el "$t0") s)"
+      HOST_DOING="reverse checks from $(el "$t0") s"
       run_reverse
+      HOST_DOING="$HOST_DOING to $(el "$t0") s"
     fi
-    HOST_DOING="polling the guest (since $(el "$t0") s)"
     if [ -z "$kato_cid" ] && has_marker '@@HOST kato-armed'; then
       kato_cid=$(serial | grep -a '^@@HOST kato-armed' | sed -n 's/.*cntlid=\([0-9]*\) kato=[0-9]*$/\1/p' | head -n1)
       kato_t=$(ts)
@@ -1443,6 +1444,10 @@ run_checks() {
   done
 
   guest_progress
+  # the kato-armed line may have come in the same pass as guest-done
+  if [ -z "$kato_cid" ]; then
+    kato_cid=$(serial | grep -a '^@@HOST kato-armed' | sed -n 's/.*cntlid=\([0-9]*\) kato=[0-9]*$/\1/p' | head -n1 || true)
+  fi
   # 9. KATO: QEMU is still alive (-no-shutdown), the guest silent; wait for the target
   if [ $mode = flashpool ]; then
     if [ -n "$kato_cid" ] && [ -n "$done_t" ]; then
@@ -1467,9 +1472,9 @@ run_checks() {
     else
       # where the guest stopped: the only clue a CI log's summary keeps of a stuck guest
       local ls ll
-      ls=$(serial | grep -a '^@@ .*STEP' | tail -n 1 | sed 's/^@@ //' | cut -c1-100)
-      ll=$(serial | tr -d '\r' | grep -av '^[[:space:]]*$' | tail -n 1 | cut -c1-120)
-      hres kato-timeout FAIL "guest never armed the KATO check (cntlid=${kato_cid:-none}, done=${done_t:+yes}) after $(el "$t0") s; its last step: ${ls:-none}; its last line: ${ll:-none}; the host was last at: ${HOST_DOING:-start}"
+      ls=$(serial | grep -a '^@@ .*STEP' | tail -n 1 | sed 's/^@@ //' | cut -c1-100 || true)
+      ll=$(serial | grep -av '^[[:space:]]*$' | tail -n 1 | cut -c1-120 || true)
+      hres kato-timeout FAIL "guest never armed the KATO check (cntlid=${kato_cid:-none}, done=${done_t:+yes}) after $(el "$t0") s; its last step: ${ls:-none}; its last line: ${ll:-none}; the host's last action: ${HOST_DOING:-none}"
     fi
   fi
   if kill -0 "$QPID" 2>/dev/null; then

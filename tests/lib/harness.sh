@@ -128,9 +128,12 @@ qemu_start() {
 # stamp_lines: each line of stdin as "EPOCH TEXT" (its arrival time; no CR)
 stamp_lines() { local l; while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "${l//$'\r'/}"; done; }
 # serial: the guest's console so far, as it printed it
+# A kernel console message can land inside a line the guest writes: a "@@HOST" line with a
+# kernel timestamp in it is such a line, and is left out (the guest says its requests again).
+CORRUPT_MARKER='^@@HOST.*\[ *[0-9]+\.[0-9]{6}\]'
 serial() {
-  if [ "${SERIAL_STAMPED:-0}" = 1 ]; then cut -d' ' -f2- "$RUN/serial.log" 2> /dev/null || true
-  else tr -d '\r' 2>/dev/null < "$RUN/guest-serial.log" || true; fi
+  { if [ "${SERIAL_STAMPED:-0}" = 1 ]; then cut -d' ' -f2- "$RUN/serial.log" 2> /dev/null
+    else tr -d '\r' 2>/dev/null < "$RUN/guest-serial.log"; fi; } | grep -avE "$CORRUPT_MARKER" || true
 }
 # (no 'grep -q' after a pipe: with pipefail an early exit of grep fails the pipe)
 has_marker() { serial | grep -a "^$1" > /dev/null; }

@@ -305,9 +305,11 @@ impl Node {
             vol.re_add(p, dev).await
         };
         let rep = rep.map_err(|err| match err {
-            VolumeError::ReAddRefused { .. } | VolumeError::Fenced(_) | VolumeError::Busy(_) => NodeError::Conflict(
-                format!("volume {v}: drive {name}: {err}; nothing was changed"),
-            ),
+            VolumeError::ReAddRefused { .. } | VolumeError::Fenced(_) | VolumeError::Busy(_) => {
+                NodeError::Conflict(format!(
+                    "volume {v}: drive {name}: {err}; nothing was changed"
+                ))
+            }
             _ => NodeError::Internal(format!("volume {v}: re-add of drive {name}: {err}")),
         })?;
         if let Some(d) = st.drives.get_mut(name) {

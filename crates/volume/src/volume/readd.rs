@@ -380,11 +380,8 @@ impl Inner {
         set: impl FnOnce(&mut Members) -> R,
     ) -> Result<R, VolumeError> {
         let blocks = IntentLog::blocks_for(self.intent.regions) as usize;
-        let snapshot = || -> Vec<Vec<u8>> {
-            (0..blocks)
-                .map(|b| self.intent.snapshot_block(b))
-                .collect()
-        };
+        let snapshot =
+            || -> Vec<Vec<u8>> { (0..blocks).map(|b| self.intent.snapshot_block(b)).collect() };
         let mut on_dev = snapshot();
         if blocks > 0 {
             self.write_bitmap_blocks(index, &dev, 0, &on_dev).await?;
@@ -432,7 +429,7 @@ impl Inner {
 fn record_busy(index: usize) -> VolumeError {
     VolumeError::Busy(format!(
         "member {index}: the volume's reservation record was being stored through \
-         {JOIN_TRIES} tries while the new device joined; nothing changed, try again"
+         {JOIN_TRIES} tries while the new device joined; it was not put in, so try again"
     ))
 }
 
