@@ -81,16 +81,22 @@ fn a_stream_of_partial_writes_makes_full_stripes() {
     });
 }
 
+/// A raid5 on 5 members whose I/O completes a few polls later.
+async fn slow_raid5() -> (Rig, Volume) {
+    let rig = Rig::new(5, 16);
+    let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
+        .await
+        .unwrap();
+    for f in &rig.faults {
+        f.set_yields(2, 3);
+    }
+    (rig, vol)
+}
+
 #[test]
 fn random_small_and_lone_writes_do_not_wait() {
     rt(async {
-        let rig = Rig::new(5, 16);
-        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
-            .await
-            .unwrap();
-        for f in &rig.faults {
-            f.set_yields(2, 3);
-        }
+        let (_rig, vol) = slow_raid5().await;
         let per = vol.layout().stripe_data_blocks();
         let mut model = Model::new(&vol);
         let mut rng = Rng::new(7);
@@ -139,13 +145,7 @@ fn a_stream_inside_block_on_opens_no_window() {
 
 fn stream_in_block_on() {
     rt(async {
-        let rig = Rig::new(5, 16);
-        let vol = Volume::create(rig.members(), cfg(LayoutKind::Raid5))
-            .await
-            .unwrap();
-        for f in &rig.faults {
-            f.set_yields(2, 3);
-        }
+        let (_rig, vol) = slow_raid5().await;
         let per = vol.layout().stripe_data_blocks();
         let mut model = Model::new(&vol);
         let len = (per * 3 / 4).max(1);
