@@ -4,6 +4,7 @@
 //! all of them checked against a model and by `check_with_device`.
 
 use std::collections::BTreeMap;
+use std::pin::pin;
 
 use blockdev::{BlockDevice, BlockError, BlockOp};
 
@@ -230,6 +231,37 @@ fn shrink_cuts_only_an_unused_end() {
         assert!(all(&got[4096..8192], 1) && all(&got[..4096], 0));
         checked(&pool).await;
     });
+}
+
+#[test]
+fn a_write_that_waited_out_a_shrink_writes_nothing_past_the_new_end() {
+    block_on(async {
+        let pool = ThinPool::format(dev(&mem(4 << 20)), CB).await.unwrap();
+        let v = pool.create_volume("v", 4 * CB, 4096).await.unwrap();
+        // The shrink takes the volume's locks, then waits for the journal.
+        let j = v.pool.journal.lock().await;
+        let mut shrink = pin!(pool.shrink_volume("v", 3 * CB + CB / 2));
+        assert!(pending(shrink.as_mut()));
+        // A write into the half of the last cluster that goes, checked
+        // against the old size, waits for its cluster's lock.
+        let mut w = pin!(twrite(&v, 3 * PER + PER / 2, &[7u8; 4096]));
+        assert!(pending(w.as_mut()));
+        drop(j);
+        shrink.await.unwrap();
+        let e = w.await.unwrap_err();
+        assert!(matches!(e, BlockError::OutOfRange { .. }), "{e:?}");
+        // Grown back, the cut part reads zeroes.
+        pool.grow_volume("v", 4 * CB).await.unwrap();
+        assert!(all(&tread(&v, 3 * PER, PER).await, 0));
+        checked(&pool).await;
+    });
+}
+
+/// Polls `f` once; whether it is still pending.
+fn pending<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> bool {
+    let waker = std::task::Waker::noop();
+    f.poll(&mut std::task::Context::from_waker(waker))
+        .is_pending()
 }
 
 /// The model of one visible volume or snapshot.

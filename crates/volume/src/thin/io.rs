@@ -209,6 +209,20 @@ impl ThinIo {
         u64::from(self.vol.meta.block_size)
     }
 
+    /// The error for a piece that reaches past the volume's end: shrunk
+    /// below it after the request was checked (the shrink had every lock
+    /// while this request waited for one). Not even the cut part of the
+    /// last cluster is written: a later grow must read zeroes there.
+    pub(crate) fn cut_off(&self, p: Piece) -> Option<BlockError> {
+        let cb = self.pool.geom.cluster_bytes;
+        let size = self.vol.size();
+        (p.vc * cb + p.off + p.len > size).then(|| BlockError::OutOfRange {
+            lba: (p.vc * cb + p.off) / self.bs(),
+            blocks: p.len / self.bs(),
+            num_blocks: size / self.bs(),
+        })
+    }
+
     pub(crate) async fn read(&self, start: u64, end: u64, mut buf: AlignedBuf) -> IoDone {
         let cb = self.pool.geom.cluster_bytes;
         if let Some(p) = single_piece(cb, start, end) {
@@ -385,15 +399,8 @@ impl ThinIo {
         p: Piece,
         fill: Fill,
     ) -> (Option<AlignedBuf>, Result<(), BlockError>) {
-        if p.vc >= self.vol.vclusters() {
-            // Shrunk below this piece after the request was checked.
+        if let Some(e) = self.cut_off(p) {
             self.pool.release(&[c]);
-            let bs = self.bs();
-            let e = BlockError::OutOfRange {
-                lba: (p.vc * self.pool.geom.cluster_bytes + p.off) / bs,
-                blocks: p.len / bs,
-                num_blocks: self.vol.size() / bs,
-            };
             return (fill.into_buf(), Err(e));
         }
         if self.pool.compressed() {

@@ -148,13 +148,7 @@ impl ThinIo {
     ) -> (Option<AlignedBuf>, Result<(), BlockError>) {
         let cb = self.pool.geom.cluster_bytes;
         let (off, len) = (p.off as usize, p.len as usize);
-        if p.vc >= self.vol.vclusters() {
-            let bs = u64::from(self.vol.meta.block_size);
-            let e = BlockError::OutOfRange {
-                lba: (p.vc * cb + p.off) / bs,
-                blocks: p.len / bs,
-                num_blocks: self.vol.size() / bs,
-            };
+        if let Some(e) = self.cut_off(p) {
             return (fill.into_buf(), Err(e));
         }
         let own = self.vol.map.get(p.vc);
