@@ -238,21 +238,61 @@ fn a_write_that_waited_out_a_shrink_writes_nothing_past_the_new_end() {
     block_on(async {
         let pool = ThinPool::format(dev(&mem(4 << 20)), CB).await.unwrap();
         let v = pool.create_volume("v", 4 * CB, 4096).await.unwrap();
+        let w = pool.create_volume("w", 4 * CB, 4096).await.unwrap();
         // The shrink takes the volume's locks, then waits for the journal.
         let j = v.pool.journal.lock().await;
         let mut shrink = pin!(pool.shrink_volume("v", 3 * CB + CB / 2));
         assert!(pending(shrink.as_mut()));
-        // A write into the half of the last cluster that goes, checked
-        // against the old size, waits for its cluster's lock.
-        let mut w = pin!(twrite(&v, 3 * PER + PER / 2, &[7u8; 4096]));
-        assert!(pending(w.as_mut()));
+        // Writes checked against the old size wait for the last cluster's
+        // lock: one into the half that stays (it maps the cluster), then
+        // one into the half that goes (it finds the cluster mapped).
+        let mut stays = pin!(twrite(&v, 3 * PER, &[6u8; 4096]));
+        assert!(pending(stays.as_mut()));
+        let mut goes = pin!(twrite(&v, 3 * PER + PER / 2, &[7u8; 4096]));
+        assert!(pending(goes.as_mut()));
         drop(j);
         shrink.await.unwrap();
-        let e = w.await.unwrap_err();
+        stays.await.unwrap();
+        let e = goes.await.unwrap_err();
         assert!(matches!(e, BlockError::OutOfRange { .. }), "{e:?}");
         // Grown back, the cut part reads zeroes.
         pool.grow_volume("v", 4 * CB).await.unwrap();
-        assert!(all(&tread(&v, 3 * PER, PER).await, 0));
+        let got = tread(&v, 3 * PER, PER).await;
+        assert!(all(&got[..4096], 6) && all(&got[4096..], 0));
+        // Alone: nothing maps the last cluster before the write.
+        let j = w.pool.journal.lock().await;
+        let mut shrink = pin!(pool.shrink_volume("w", 3 * CB + CB / 2));
+        assert!(pending(shrink.as_mut()));
+        let mut goes = pin!(twrite(&w, 3 * PER + PER / 2, &[7u8; 4096]));
+        assert!(pending(goes.as_mut()));
+        drop(j);
+        shrink.await.unwrap();
+        let e = goes.await.unwrap_err();
+        assert!(matches!(e, BlockError::OutOfRange { .. }), "{e:?}");
+        pool.grow_volume("w", 4 * CB).await.unwrap();
+        assert!(all(&tread(&w, 3 * PER, PER).await, 0));
+        checked(&pool).await;
+    });
+}
+
+#[test]
+fn deallocating_to_the_end_of_an_odd_size_volume_over_a_snapshot() {
+    block_on(async {
+        // 3.5 clusters: a Deallocate to the end takes the last one whole,
+        // and hiding the snapshot's data there gives it a zeroed cluster.
+        let pool = ThinPool::format(dev(&mem(4 << 20)), CB).await.unwrap();
+        let v = pool
+            .create_volume("v", 3 * CB + CB / 2, 4096)
+            .await
+            .unwrap();
+        pattern(&v, 3 * PER, 2, 4).await;
+        pool.snapshot(&[("v", "s")]).await.unwrap();
+        tzero(&v, BlockOp::Deallocate, 2 * PER, PER + PER / 2)
+            .await
+            .unwrap();
+        assert!(all(&tread(&v, 2 * PER, PER + PER / 2).await, 0));
+        let s = pool.volume("s").unwrap();
+        assert!(all(&tread(&s, 3 * PER, 2).await, 4));
         checked(&pool).await;
     });
 }

@@ -209,14 +209,23 @@ impl ThinIo {
         u64::from(self.vol.meta.block_size)
     }
 
-    /// The error for a piece that reaches past the volume's end: shrunk
-    /// below it after the request was checked (the shrink had every lock
-    /// while this request waited for one). Not even the cut part of the
-    /// last cluster is written: a later grow must read zeroes there.
-    pub(crate) fn cut_off(&self, p: Piece) -> Option<BlockError> {
+    /// The error for a piece of data that reaches past the volume's end
+    /// (or a piece of zeroes that starts there): shrunk below it after the
+    /// request was checked, while it waited for a lock the shrink held.
+    /// Checked under the piece's lock (a shrink takes them all), so not
+    /// even the cut part of the last cluster is written: a later grow must
+    /// read zeroes there. Zeroes past the end are what it reads anyway (a
+    /// Deallocate to the end zeroes the last cluster whole).
+    pub(crate) fn cut_off(&self, p: Piece, zeroes: bool) -> Option<BlockError> {
         let cb = self.pool.geom.cluster_bytes;
         let size = self.vol.size();
-        (p.vc * cb + p.off + p.len > size).then(|| BlockError::OutOfRange {
+        let start = p.vc * cb + p.off;
+        let past = if zeroes {
+            start >= size
+        } else {
+            start + p.len > size
+        };
+        past.then(|| BlockError::OutOfRange {
             lba: (p.vc * cb + p.off) / self.bs(),
             blocks: p.len / self.bs(),
             num_blocks: size / self.bs(),
@@ -341,7 +350,12 @@ impl ThinIo {
             return Err(buf);
         }
         let _g = self.vol.lock(p.vc).read().await;
-        if let Err(e) = self.vol.check_live() {
+        if let Some(e) = self
+            .vol
+            .check_live()
+            .err()
+            .or_else(|| self.cut_off(p, false))
+        {
             return Ok((buf, Err(e)));
         }
         match raw(self) {
@@ -371,7 +385,12 @@ impl ThinIo {
         let lock = self.vol.lock(p.vc);
         let raw = |s: &Self| s.vol.map.get(p.vc).and_then(Loc::raw);
         let _g = lock.write().await;
-        if let Err(e) = self.vol.check_live() {
+        if let Some(e) = self
+            .vol
+            .check_live()
+            .err()
+            .or_else(|| self.cut_off(p, false))
+        {
             return (buf, Err(e));
         }
         if let Some(c) = raw(self) {
@@ -399,7 +418,7 @@ impl ThinIo {
         p: Piece,
         fill: Fill,
     ) -> (Option<AlignedBuf>, Result<(), BlockError>) {
-        if let Some(e) = self.cut_off(p) {
+        if let Some(e) = self.cut_off(p, matches!(fill, Fill::Zero)) {
             self.pool.release(&[c]);
             return (fill.into_buf(), Err(e));
         }

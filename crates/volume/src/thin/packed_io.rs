@@ -148,7 +148,7 @@ impl ThinIo {
     ) -> (Option<AlignedBuf>, Result<(), BlockError>) {
         let cb = self.pool.geom.cluster_bytes;
         let (off, len) = (p.off as usize, p.len as usize);
-        if let Some(e) = self.cut_off(p) {
+        if let Some(e) = self.cut_off(p, matches!(fill, Fill::Zero)) {
             return (fill.into_buf(), Err(e));
         }
         let own = self.vol.map.get(p.vc);
