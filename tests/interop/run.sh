@@ -1302,6 +1302,11 @@ cluster_poll() {
   return 0
 }
 
+# kato_armed_cid: the cntlid of the guest's first whole "kato-armed" line (none: empty)
+kato_armed_cid() {
+  serial | grep -a '^@@HOST kato-armed' | sed -n 's/.*cntlid=\([0-9]*\) kato=[0-9]*$/\1/p' | head -n1 || true
+}
+
 # run_checks (do_run: tests/lib/harness.sh)
 run_checks() {
   local t0=$T0 accel rc=0 tb="" restart_done=0 kato_cid="" kato_t="" done_t="" st
@@ -1433,7 +1438,7 @@ run_checks() {
       HOST_DOING="$HOST_DOING to $(el "$t0") s"
     fi
     if [ -z "$kato_cid" ] && has_marker '@@HOST kato-armed'; then
-      kato_cid=$(serial | grep -a '^@@HOST kato-armed' | sed -n 's/.*cntlid=\([0-9]*\) kato=[0-9]*$/\1/p' | head -n1)
+      kato_cid=$(kato_armed_cid)
       kato_t=$(ts)
     fi
     if [ -z "$done_t" ] && has_marker '@@HOST guest-done'; then
@@ -1446,7 +1451,7 @@ run_checks() {
   guest_progress
   # the kato-armed line may have come in the same pass as guest-done
   if [ -z "$kato_cid" ]; then
-    kato_cid=$(serial | grep -a '^@@HOST kato-armed' | sed -n 's/.*cntlid=\([0-9]*\) kato=[0-9]*$/\1/p' | head -n1 || true)
+    kato_cid=$(kato_armed_cid)
   fi
   # 9. KATO: QEMU is still alive (-no-shutdown), the guest silent; wait for the target
   if [ $mode = flashpool ]; then

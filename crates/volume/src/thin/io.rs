@@ -226,7 +226,7 @@ impl ThinIo {
             start + p.len > size
         };
         past.then(|| BlockError::OutOfRange {
-            lba: (p.vc * cb + p.off) / self.bs(),
+            lba: start / self.bs(),
             blocks: p.len / self.bs(),
             num_blocks: size / self.bs(),
         })
